@@ -1,0 +1,43 @@
+// BF16 -> MXFP4 row quantization (the paper's BF16ToFP4Row): the MoE expert input is quantized to MXFP4 before
+// the expert-parallel dispatch and cached in this form for backward and recompute.
+//
+// Rules (OCP MX v1.0 sec. 6.3, DESIGN.md "Number formats"), per block of 32 contiguous elements of a row:
+//   amax = max |v|. A NaN or +-Inf in the block -> scale 0xFF and codes 0 (the block decodes to NaN; counted).
+//   amax = 0 -> scale byte 0 and codes 0. Otherwise e = mx_scale_exponent(amax, mode) (floor: OCP, ceil: no
+//   clipping), clamped to [-127, 127]; scale byte e + 127; code_i = E2M1(v_i * 2^-e) with the exact
+//   power-of-two product rounded to nearest even (or stochastically, see Rounding).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/types.h"
+#include "kernels/formats/formats.h"
+
+namespace fp4moe {
+
+enum class Rounding : int {
+  rne = 0,         // round to nearest, ties to even
+  stochastic = 1,  // up with probability proportional to proximity; uniform_from_counter(seed, m * K + k)
+};
+
+struct MxQuantConfig {
+  MxScaleMode scale_mode = MxScaleMode::floor;
+  Rounding rounding = Rounding::rne;
+  uint64_t seed = 0;  // stochastic rounding only; the result does not depend on the launch shape
+};
+
+// x      [M, K] BF16, row-major, device, 16-byte aligned.
+// codes  [M, K/2] uint8 packed E2M1, device, 16-byte aligned.   scales [M, K/32] uint8 UE8M0, device.
+// nonfinite_blocks: optional device counter, incremented by the number of blocks holding NaN/Inf.
+// Rejects: M < 0, K <= 0 or K % 32 != 0 (the message names the shape), null or misaligned pointers.
+// M = 0 launches nothing.
+void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
+                       const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream);
+
+// CPU reference, same layouts on host memory. Returns the number of NaN/Inf blocks.
+int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
+                              const MxQuantConfig& cfg);
+
+}  // namespace fp4moe
