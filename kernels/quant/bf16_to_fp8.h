@@ -44,4 +44,13 @@ void bf16_to_fp8_block128(const bf16* w, int64_t N, int64_t K, Fp8ScaleMode mode
 int64_t bf16_to_fp8_block128_ref(const bf16* w, int64_t N, int64_t K, Fp8ScaleMode mode, bool transpose,
                                  uint8_t* codes, float* scales);
 
+// Host dequantization of the three FP8 layouts (layouts.h) to fp32: value = e4m3(code) * scale. Used by tests,
+// the CLI and error reports. Column output y is [M, K] row-major again (the inverse of the transpose); padding
+// columns are ignored. block128 with transpose = true reads W^T codes and writes W^T [K, N].
+void fp8_row_dequantize_ref(const uint8_t* codes, const float* scales, int64_t M, int64_t K, float* y);
+void fp8_col_dequantize_ref(const uint8_t* codes, const float* scales, int64_t M, int64_t K, const int32_t* offsets,
+                            int64_t G, float* y);
+void fp8_block128_dequantize_ref(const uint8_t* codes, const float* scales, int64_t N, int64_t K, bool transpose,
+                                 float* y);
+
 }  // namespace fp4moe
