@@ -26,17 +26,26 @@ struct MxQuantConfig {
   MxScaleMode scale_mode = MxScaleMode::floor;
   Rounding rounding = Rounding::rne;
   uint64_t seed = 0;  // stochastic rounding only; the result does not depend on the launch shape
+  // Stochastic rounding only: index of the first row of `x` in the full tensor, so that a tensor quantized in
+  // several launches over row ranges (x + r0 * K, row_offset = r0) draws the same numbers as one launch over all
+  // rows: element (m, k) of the launch uses uniform_from_counter(seed, (row_offset + m) * K + k). Must be >= 0.
+  int64_t row_offset = 0;
 };
 
 // x      [M, K] BF16, row-major, device, 16-byte aligned.
-// codes  [M, K/2] uint8 packed E2M1, device, 16-byte aligned.   scales [M, K/32] uint8 UE8M0, device.
-// nonfinite_blocks: optional device counter, incremented by the number of blocks holding NaN/Inf.
-// Rejects: M < 0, K <= 0 or K % 32 != 0 (the message names the shape), null or misaligned pointers.
-// M = 0 launches nothing.
+// codes  [M, K/2] uint8 packed E2M1 (layouts.h), device, 16-byte aligned.
+// scales [M, K/32] uint8 UE8M0, device, any alignment (so that a launch over rows r0.. may pass scales + r0*K/32).
+// nonfinite_blocks: optional device counter (8-byte aligned), incremented by the number of blocks holding NaN/Inf;
+//   the caller zeroes it.
+// Every byte of codes and scales is written. Reads and writes stay inside the three tensors.
+// Rejects (fp4moe::Error, before any launch): M < 0, K <= 0 or K % 32 != 0 (the message names the shape),
+// M * K beyond 2^62, an unknown scale mode or rounding, row_offset < 0, and for M > 0 null or misaligned pointers.
+// M = 0 launches nothing and accepts null pointers. Asynchronous on `stream`.
 void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                        const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream);
 
-// CPU reference, same layouts on host memory. Returns the number of NaN/Inf blocks.
+// CPU reference, same layouts on host memory, same rejections (alignment aside). Returns the number of NaN/Inf
+// blocks. Written element by element from the rule above; the GPU kernel must match it bit for bit.
 int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                               const MxQuantConfig& cfg);
 
