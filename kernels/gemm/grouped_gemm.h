@@ -1,0 +1,129 @@
+// Grouped GEMMs of the MoE experts (Group Linear) over ragged token groups, through cuBLASLt.
+//
+// Per expert g with M_g = offsets[g+1] - offsets[g] routed tokens (rows offsets[g] .. offsets[g+1]-1):
+//   Fprop  Y_g  = X_g  W_g^T    X [M, K], W [G, N, K], Y  [M, N]
+//   Dgrad  dX_g = dY_g W_g      dY [M, N], W [G, N, K], dX [M, K]
+//   Wgrad  dW_g = dY_g^T X_g    dY [M, N], X [M, K],    dW [G, N, K]   (M_g = 0 gives dW_g = 0)
+// All row-major, FP32 accumulation. Outputs BF16, or FP32, where Wgrad may also accumulate into an FP32 master
+// gradient (dW_g += ...; an empty group then leaves dW_g unchanged).
+//
+// Precisions (DESIGN.md "Recipes"; DeepSeek-V3's fine-grained FP8 scheme, TransformerEngine Float8BlockScaling):
+//   bf16: BF16 operands as they are.
+//   fp8:  E4M3 operands with FP32 scales in the layouts of kernels/quant/layouts.h:
+//         Fprop: X as an FP8 1x128 row tensor, W as G stacked FP8 128x128 block tensors [N, K]
+//                (cuBLASLt VEC128_32F x BLK128x128_32F);
+//         Dgrad: dY as an FP8 1x128 row tensor [M, N], W^T as G stacked 128x128 block tensors [K, N]
+//                (bf16_to_fp8_block128 with transpose = true);
+//         Wgrad: dY and X as FP8 column tensors over the same split (1x128 blocks along tokens, each group
+//                zero-padded to a multiple of 16 tokens; VEC128_32F x VEC128_32F).
+//         Stacked block tensors: expert g's codes at g * rows * cols bytes, its scales at
+//         g * fp8_block_scale_count(rows, cols) floats.
+//
+// Routing counts on the host: each entry point takes the device offsets and ONE host copy of the same offsets
+// (GroupSplit). The caller fetches that copy once per MoE layer and step, where the token counts per expert
+// become known (after the dispatch's count exchange, before the expert GEMMs), and passes the same copy to the
+// Fprop, Dgrad and Wgrad of all the layer's expert GEMMs. The GEMMs themselves never synchronise: one stream,
+// one cuBLASLt call per non-empty expert (plus at most three small 4-row calls for the ragged tails at the end
+// of the tensor), launched back to back.
+//
+// Shape rules: N % 16 == 0 and K % 16 == 0 (FP8 tensor cores read 16-byte rows; the quantizers impose the same);
+// any M_g >= 0. All device pointers 16-byte aligned. Rejected with fp4moe::Error before anything is launched:
+// bad shapes, null or misaligned pointers, host offsets that are not a valid split (kernels/common/offsets.h),
+// accumulation into a BF16 output, and accumulation for Fprop/Dgrad (their ragged tails are computed in place).
+//
+// Ragged groups with FP8 (cuBLASLt refuses block-scaled GEMMs whose token count is not a multiple of 4):
+// group g's GEMM covers round_up(M_g, 4) rows; the 1..3 extra rows belong to later groups, which are computed
+// afterwards on the same stream and overwrite them. Where those rows would run past the end of the tensor, the
+// last 1..3 rows are copied to a zero-padded 4-row scratch, computed there and copied out. Every output row is
+// written exactly by its own group in the end; nothing past M is read or written.
+//
+// Not thread-safe; one GroupedGemm per stream (it owns the cuBLASLt workspace and a scratch buffer that grows on
+// demand with cudaMalloc, which synchronises the device: call reserve() once up front to avoid that).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/types.h"
+#include "kernels/gemm/cublaslt_matmul.h"
+
+namespace fp4moe {
+
+// Ragged expert groups: int32 offsets [G+1], offsets[0] = 0, non-decreasing, offsets[G] = M (the routed tokens).
+struct GroupSplit {
+  const int32_t* offsets = nullptr;       // device [G+1]: read by kernels on the stream
+  const int32_t* host_offsets = nullptr;  // host [G+1]: the same values, the layer's one host copy
+  int64_t G = 0;
+};
+
+enum class GemmOutType { bf16, fp32 };
+
+struct GemmOutput {
+  void* data = nullptr;  // device, row-major, bf16 or fp32 as `type` says
+  GemmOutType type = GemmOutType::bf16;
+  bool accumulate = false;  // Wgrad with fp32 only: out += product
+};
+
+// FP8 1x128 row tensor (layouts.h): codes E4M3 [rows, cols] row-major, scales fp32 [ceil(cols/128), round_up(rows,4)].
+struct Fp8RowOperand {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+};
+
+// FP8 column tensor over the split's groups (layouts.h "FP8 column tensor over ragged groups").
+struct Fp8ColOperand {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+};
+
+// G stacked FP8 128x128 block tensors [rows, cols] (layouts.h), expert after expert.
+struct Fp8BlockStack {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+};
+
+class GroupedGemm {
+ public:
+  GroupedGemm() = default;
+  ~GroupedGemm();
+  GroupedGemm(const GroupedGemm&) = delete;
+  GroupedGemm& operator=(const GroupedGemm&) = delete;
+
+  // BF16 operands. x [M, K], w [G, N, K], dy [M, N] (device, row-major, bf16).
+  void fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K, const GroupSplit& split, GemmOutput y,
+                  cudaStream_t stream);
+  void dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K, const GroupSplit& split, GemmOutput dx,
+                  cudaStream_t stream);
+  void wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K, const GroupSplit& split, GemmOutput dw,
+                  cudaStream_t stream);
+
+  // FP8 operands (layouts above). fprop: x row [M, K], w stack of [N, K]. dgrad: dy row [M, N], w_t stack of
+  // [K, N] (W^T). wgrad: dy column [M, N] and x column [M, K] over `split`.
+  void fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t K, const GroupSplit& split, GemmOutput y,
+                 cudaStream_t stream);
+  void dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int64_t K, const GroupSplit& split, GemmOutput dx,
+                 cudaStream_t stream);
+  void wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split, GemmOutput dw,
+                 cudaStream_t stream);
+
+  // Grows the scratch for FP8 Fprop/Dgrad up to M tokens, reduction dimension R (K for Fprop, N for Dgrad),
+  // output width P (N for Fprop, K for Dgrad) and G groups, so that later calls within those bounds allocate
+  // nothing. Bytes held: scratch_bytes(M, R, P, G).
+  void reserve(int64_t M, int64_t R, int64_t P, int64_t G);
+  static size_t scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G);
+
+  CublasLtMatmul& lt() { return lt_; }
+
+ private:
+  // FP8 row operand [M, R] times each expert's block tensor [P, R]^T into out [M, P] (Fprop and Dgrad).
+  void row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8BlockStack blocks, int64_t P, int64_t R,
+                            const GroupSplit& split, GemmOutput out, cudaStream_t stream);
+  void ensure_scratch(size_t bytes);
+
+  CublasLtMatmul lt_;
+  void* scratch_ = nullptr;
+  size_t scratch_capacity_ = 0;
+};
+
+}  // namespace fp4moe
