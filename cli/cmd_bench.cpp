@@ -1,0 +1,95 @@
+// `fp4moe bench <name> [args...]`: runs the benchmark program bench_<name> from the benchmarks/ folder next to
+// the fp4moe binary, passing every remaining argument through (e.g. --h5 PATH, --benchmark_filter=...).
+// `fp4moe bench --list` lists the programs found there.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace fs = std::filesystem;
+
+namespace fp4moe::cli {
+
+namespace {
+
+struct BenchOptions {
+  bool list = false;
+  std::vector<std::string> args;  // name, then the program's own arguments
+};
+
+fs::path benchmarks_dir() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw CliError(fmt::format("cannot locate the fp4moe binary (/proc/self/exe: {})", ec.message()));
+  return self.parent_path() / "benchmarks";
+}
+
+std::vector<std::string> available(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("bench_", 0) == 0 && e.is_regular_file() && ::access(e.path().c_str(), X_OK) == 0)
+      names.push_back(f.substr(6));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) {
+    if (!s.empty()) s += ", ";
+    s += x;
+  }
+  return s.empty() ? "none built" : s;
+}
+
+int run_bench(const BenchOptions& o) {
+  const fs::path dir = benchmarks_dir();
+  const auto names = available(dir);
+  if (o.list) {
+    if (names.empty()) fmt::print("no benchmark programs in {} (build them first)\n", dir.string());
+    for (const auto& n : names) fmt::print("{}\n", n);
+    return kExitOk;
+  }
+  if (o.args.empty()) throw CliError(fmt::format("name a benchmark (available: {}) or pass --list", joined(names)));
+  const std::string& name = o.args[0];
+  const fs::path prog = dir / ("bench_" + name);
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    throw CliError(fmt::format("no benchmark '{}' ({} not found; available: {})", name, prog.string(), joined(names)));
+  std::vector<std::string> argv_s = {prog.string()};
+  argv_s.insert(argv_s.end(), o.args.begin() + 1, o.args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  ::execv(prog.c_str(), argv.data());  // returns only on failure
+  throw std::runtime_error(fmt::format("cannot run {}: {}", prog.string(), std::strerror(errno)));
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* sub = app.add_subcommand("bench", "run a benchmark program: fp4moe bench <name> [its arguments...]");
+  sub->add_flag("--list", o->list, "list the benchmark programs");
+  sub->add_option("name_and_args", o->args, "benchmark name (e.g. convert) followed by its own arguments");
+  sub->prefix_command();  // everything after the name goes to the program untouched
+  return {sub, [o, sub] {
+            // With prefix_command, the arguments from the first unknown option on arrive as extras, in order.
+            BenchOptions opts = *o;
+            for (const auto& a : sub->remaining()) opts.args.push_back(a);
+            return run_bench(opts);
+          }};
+}
+
+}  // namespace fp4moe::cli

@@ -1,0 +1,88 @@
+#include "cli/quantize_input.h"
+
+#include <fmt/format.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "kernels/common/check.h"
+#include "kernels/formats/formats.h"
+#include "results/h5_read.h"
+
+namespace fp4moe::cli {
+
+uint16_t f64_to_bf16_bits(double v) {
+  if (std::isnan(v)) return f32_to_bf16_bits(std::nanf(""));
+  if (std::fabs(v) > static_cast<double>(FLT_MAX))  // beyond the largest float: past BF16's rounding midpoint too
+    return v > 0 ? 0x7F80 : 0xFF80;
+  float f = static_cast<float>(v);  // round to nearest
+  if (static_cast<double>(f) != v) {
+    // Round to odd: truncate toward zero, then set the last bit to record that bits were lost.
+    if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+    f = f32_from_bits(f32_bits(f) | 1u);
+  }
+  return f32_to_bf16_bits(f);
+}
+
+static std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) t += ", ";
+    t += std::to_string(s[i]);
+  }
+  return t + "]";
+}
+
+Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) throw CliError(fmt::format("input file '{}' does not exist", file));
+  std::unique_ptr<H5Reader> reader;
+  try {
+    reader = std::make_unique<H5Reader>(file);
+  } catch (const Error& e) {
+    throw CliError(fmt::format("cannot read input file '{}': {}", file, e.what()));
+  }
+  if (!reader->has_dataset(dataset)) {
+    std::string present;
+    for (const auto& d : reader->datasets()) {
+      if (!present.empty()) present += ", ";
+      present += d;
+    }
+    throw CliError(fmt::format("no dataset '{}' in '{}' (datasets present: {})", dataset, file,
+                               present.empty() ? "none" : present));
+  }
+  H5DatasetInfo info = reader->info(dataset);
+  if (info.shape.size() != 2)
+    throw CliError(fmt::format("dataset '{}' in '{}' has rank {} (shape {}), expected a 2-D [M, K] matrix", dataset,
+                               file, info.shape.size(), shape_text(info.shape)));
+  Bf16Matrix out;
+  out.M = info.shape[0];
+  out.K = info.shape[1];
+  if (out.M == 0 || out.K == 0)
+    throw CliError(fmt::format("dataset '{}' in '{}' is empty (shape {})", dataset, file, shape_text(info.shape)));
+  if (info.type == "float32" || info.type == "float64") {
+    std::vector<double> v = reader->read_f64(dataset);
+    out.bits.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out.bits[i] = f64_to_bf16_bits(v[i]);
+    out.source_type = info.type;
+  } else if (info.type == "uint16") {
+    auto tag = reader->string_attribute(dataset, "dtype");
+    if (tag != "bfloat16")
+      throw CliError(fmt::format("dataset '{}' in '{}' is uint16 without the attribute dtype=\"bfloat16\" (got {}); "
+                                 "uint16 input must hold BF16 bit patterns and say so",
+                                 dataset, file, tag ? "dtype=\"" + *tag + "\"" : "no dtype attribute"));
+    out.bits = reader->read_u16(dataset);
+    out.source_type = "bfloat16";
+  } else {
+    throw CliError(fmt::format("dataset '{}' in '{}' holds {}, expected float32, float64 or uint16 BF16 bits "
+                               "(attribute dtype=\"bfloat16\")",
+                               dataset, file, info.type));
+  }
+  return out;
+}
+
+}  // namespace fp4moe::cli

@@ -1,0 +1,292 @@
+"""`fp4moe quantize` on the CPU: output datasets, shapes and layouts decoded independently with numpy, the block
+scales against the format rules, small dequantization errors, and a clear one-line error (exit code 2) for each
+bad input. The binary is $FP4MOE_BUILD/fp4moe (ctest sets FP4MOE_BUILD to the build folder)."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
+
+
+def e4m3_table():
+    """Value of each E4M3 (OCP E4M3FN) byte; 0x7F and 0xFF are NaN."""
+    t = np.empty(256)
+    for b in range(256):
+        e, m = (b >> 3) & 15, b & 7
+        v = m * 2.0**-9 if e == 0 else (8 + m) * 2.0 ** (e - 10)
+        t[b] = np.nan if (b & 0x7F) == 0x7F else (-v if b & 0x80 else v)
+    return t
+
+
+E4M3 = e4m3_table()
+
+
+def bf16_bits(values):
+    """float32 -> BF16 bits, round to nearest even (finite inputs)."""
+    u = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_to_f64(bits):
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def pow2_fp8_exponent(amax):
+    """The smallest p with amax <= 448 * 2^p (exact), as the pow2 FP8 block scale."""
+    p = int(np.ceil(np.log2(amax / 448.0)))
+    while amax > 448.0 * 2.0**p:
+        p += 1
+    while amax <= 448.0 * 2.0 ** (p - 1):
+        p -= 1
+    return p
+
+
+def binary():
+    build = os.environ.get("FP4MOE_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+    return os.path.join(build, "fp4moe")
+
+
+class QuantizeCli(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.exe = binary()
+        if not os.access(cls.exe, os.X_OK):
+            raise unittest.SkipTest(f"{cls.exe} is not built (set FP4MOE_BUILD to the build folder)")
+        cls.tmp = tempfile.mkdtemp(prefix="fp4moe_cli_quantize_")
+        rng = np.random.default_rng(20260131)
+        # Tokens of very different magnitude and a few outlier channels, as in MoE activations.
+        x = rng.standard_normal((300, 256)) * np.exp2(rng.integers(-6, 7, (300, 1)))
+        x[:, ::37] *= 24.0
+        cls.x32 = x.astype(np.float32)
+        cls.input = os.path.join(cls.tmp, "in.h5")
+        with h5py.File(cls.input, "w") as f:
+            f["x"] = cls.x32
+            f["x64"] = x  # float64: rounded once to BF16 by the CLI
+            f["bits"] = bf16_bits(cls.x32)
+            f["bits"].attrs["dtype"] = "bfloat16"
+            f["bits_untagged"] = bf16_bits(cls.x32)
+            f["cube"] = np.zeros((2, 3, 32), dtype=np.float32)
+            f["ints"] = np.zeros((4, 32), dtype=np.int32)
+            f["k48"] = cls.x32[:, :48]
+            f["w"] = cls.x32[:288]
+            f["ties"] = np.array([[1 + 2.0**-8 + 2.0**-40, 1 + 2.0**-8, -(1 + 3 * 2.0**-8 - 2.0**-45)] + [0.0] * 13])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def quantize(self, *args, dataset="x", expect_rc=0):
+        out = os.path.join(self.tmp, f"q{abs(hash((dataset,) + args))}.h5")
+        cmd = [self.exe, "quantize", "--input", self.input, "--dataset", dataset, "--output", out, *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, expect_rc, f"{' '.join(cmd)}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+        return out, r
+
+    def check_common(self, path, fmt):
+        with h5py.File(path, "r") as f:
+            for name in ("schema_version", "git_sha", "date", "gpu", "driver", "cuda", "cublaslt", "nccl", "host",
+                         "command"):
+                self.assertIn(name, f.attrs, name)
+            self.assertEqual(f.attrs["format"], fmt)
+            self.assertEqual(f.attrs["device"], "cpu")
+            self.assertEqual((f.attrs["M"], f.attrs["K"]), (300, 256))
+            x = bf16_to_f64(f["input_bf16"][()])
+            np.testing.assert_array_equal(f["input_bf16"][()], bf16_bits(self.x32))
+            self.assertEqual(f["input_bf16"].attrs["dtype"], "bfloat16")
+            y = f["dequantized"][()]
+            self.assertEqual(y.dtype, np.float32)
+            self.assertEqual(y.shape, (300, 256))
+            rel = np.sqrt(np.sum((y - x) ** 2) / np.sum(x**2))
+            self.assertAlmostEqual(f.attrs["rel_l2_error"], rel, delta=1e-9 * max(rel, 1e-30))
+            self.assertEqual(f.attrs["max_abs_error"], np.max(np.abs(y - x)))
+            self.assertEqual(f.attrs["nonfinite_blocks"], 0)
+            return x, y, {k: f[k][()] for k in f.keys()}, dict(f.attrs)
+
+    def test_mxfp4_layout_scales_and_error(self):
+        for mode in ("floor", "ceil"):
+            out, r = self.quantize("--format", "mxfp4", "--scale-mode", mode)
+            x, y, d, attrs = self.check_common(out, "mxfp4")
+            codes, scales = d["codes"], d["scales"]
+            self.assertEqual((codes.dtype, codes.shape), (np.uint8, (300, 128)))
+            self.assertEqual((scales.dtype, scales.shape), (np.uint8, (300, 8)))
+            # Decode independently: element 2i in the low nibble, 2i+1 in the high nibble; scale 2^(b - 127).
+            vals = np.empty((300, 256))
+            vals[:, 0::2] = E2M1[codes & 15]
+            vals[:, 1::2] = E2M1[codes >> 4]
+            decoded = vals * np.exp2(np.repeat(scales.astype(np.float64) - 127, 32, axis=1))
+            np.testing.assert_array_equal(decoded.astype(np.float32), y)
+            # The shared exponent: floor(log2 amax) - 2 (OCP) or the smallest e with amax <= 6 * 2^e (ceil).
+            amax = np.abs(x).reshape(300, 8, 32).max(axis=2)
+            e = np.floor(np.log2(amax)) - 2 if mode == "floor" else np.ceil(np.log2(amax / 6))
+            np.testing.assert_array_equal(scales.astype(np.int64) - 127, e.astype(np.int64))
+            clipped = np.sum(np.abs(x) > 6 * np.exp2(np.repeat(e, 32, axis=1)))
+            self.assertEqual(attrs["saturated_elements"], clipped)
+            if mode == "ceil":
+                self.assertEqual(clipped, 0)
+            self.assertGreater(attrs["rel_l2_error"], 0.0)
+            self.assertLess(attrs["rel_l2_error"], 0.2)
+            self.assertIn("relative L2 error", r.stdout)
+            self.assertIn("saturated/clipped", r.stdout)
+            self.assertIn("NaN/Inf blocks      0 of 2400", r.stdout)
+
+    def test_mxfp4_stochastic_rounding_depends_on_the_seed(self):
+        a, _ = self.quantize("--format", "mxfp4", "--rounding", "stochastic", "--seed", "1")
+        b, _ = self.quantize("--format", "mxfp4", "--rounding", "stochastic", "--seed", "2")
+        rne, _ = self.quantize("--format", "mxfp4")
+        with h5py.File(a) as fa, h5py.File(b) as fb, h5py.File(rne) as fr:
+            self.assertFalse(np.array_equal(fa["codes"][()], fb["codes"][()]))
+            np.testing.assert_array_equal(fa["scales"][()], fr["scales"][()])
+            self.assertEqual(fa.attrs["rounding"], "stochastic")
+            self.assertLess(fa.attrs["rel_l2_error"], 0.3)
+
+    def test_fp8_row_layout_scales_and_error(self):
+        out, _ = self.quantize("--format", "fp8-row")
+        x, y, d, attrs = self.check_common(out, "fp8-row")
+        codes, scales = d["codes"], d["scales"]
+        self.assertEqual((codes.dtype, codes.shape), (np.uint8, (300, 256)))
+        self.assertEqual((scales.dtype, scales.shape), (np.float32, (2, 300)))  # [ceil(K/128), round_up(M, 4)]
+        decoded = E4M3[codes] * np.repeat(scales.T.astype(np.float64), 128, axis=1)
+        np.testing.assert_array_equal(decoded.astype(np.float32), y)
+        amax = np.abs(x).reshape(300, 2, 128).max(axis=2)
+        want = np.array([[2.0 ** pow2_fp8_exponent(a) for a in row] for row in amax])
+        np.testing.assert_array_equal(scales.T, want)
+        self.assertEqual(attrs["saturated_elements"], 0)
+        self.assertGreater(attrs["rel_l2_error"], 0.0)
+        self.assertLess(attrs["rel_l2_error"], 0.05)
+
+    def test_fp8_row_fp32_scales(self):
+        out, _ = self.quantize("--format", "fp8-row", "--scale-mode", "fp32")
+        x, _, d, attrs = self.check_common(out, "fp8-row")
+        amax = np.abs(x).reshape(300, 2, 128).max(axis=2).astype(np.float32)
+        np.testing.assert_array_equal(d["scales"].T, amax / np.float32(448))
+        self.assertEqual(attrs["scale_mode"], "fp32")
+        self.assertLess(attrs["rel_l2_error"], 0.05)
+
+    def test_fp8_col_ragged_groups(self):
+        groups = [162, 0, 100, 38]
+        out, _ = self.quantize("--format", "fp8-col", "--groups", ",".join(map(str, groups)))
+        x, y, d, attrs = self.check_common(out, "fp8-col")
+        off = np.concatenate([[0], np.cumsum(groups)])
+        np.testing.assert_array_equal(d["group_offsets"], off)
+        self.assertEqual(d["group_offsets"].dtype, np.int32)
+        K = 256
+        ld = [(m + 15) // 16 * 16 for m in groups]
+        nb = [(m + 127) // 128 for m in groups]
+        self.assertEqual(d["codes"].shape, (K * sum(ld),))
+        self.assertEqual(d["scales"].shape, (K * sum(nb),))
+        decoded = np.full((300, K), np.nan)
+        for g, m_g in enumerate(groups):
+            c = d["codes"][K * sum(ld[:g]):K * sum(ld[:g + 1])].reshape(K, ld[g])
+            s = d["scales"][K * sum(nb[:g]):K * sum(nb[:g + 1])].reshape(nb[g], K)
+            self.assertTrue(np.all(c[:, m_g:] == 0), "padding columns must be zero")
+            for t in range(m_g):
+                decoded[off[g] + t] = E4M3[c[:, t]] * s[t // 128].astype(np.float64)
+            for b in range(nb[g]):  # blocks of 128 tokens along each feature
+                amax = np.abs(x[off[g] + 128 * b:off[g] + min(128 * (b + 1), m_g)]).max(axis=0)
+                np.testing.assert_array_equal(s[b], [2.0 ** pow2_fp8_exponent(a) for a in amax])
+        np.testing.assert_array_equal(decoded.astype(np.float32), y)
+        self.assertLess(attrs["rel_l2_error"], 0.05)
+
+    def test_fp8_col_default_is_one_group(self):
+        out, _ = self.quantize("--format", "fp8-col")
+        with h5py.File(out) as f:
+            np.testing.assert_array_equal(f["group_offsets"][()], [0, 300])
+
+    def test_fp8_block(self):
+        # A weight-like [N, K] = [288, 256] input: 128x128 blocks, the last row of blocks partial.
+        out, _ = self.quantize("--format", "fp8-block", dataset="w")
+        with h5py.File(out) as f:
+            codes, scales, y = f["codes"][()], f["scales"][()], f["dequantized"][()]
+            x = bf16_to_f64(f["input_bf16"][()])
+        self.assertEqual(codes.shape, (288, 256))
+        self.assertEqual(scales.shape, (3, 4))  # [ceil(N/128), round_up(ceil(K/128), 4)]
+        sc = scales[:, :2].astype(np.float64)
+        decoded = E4M3[codes] * np.repeat(np.repeat(sc, 128, axis=0)[:288], 128, axis=1)
+        np.testing.assert_array_equal(decoded.astype(np.float32), y)
+        for nb in range(3):
+            for kb in range(2):
+                amax = np.abs(x[128 * nb:128 * (nb + 1), 128 * kb:128 * (kb + 1)]).max()
+                self.assertEqual(sc[nb, kb], 2.0 ** pow2_fp8_exponent(amax))
+        self.assertLess(np.sqrt(np.sum((y - x) ** 2) / np.sum(x**2)), 0.05)
+
+    def test_bf16_bits_and_float64_inputs_match_float32(self):
+        ref, _ = self.quantize("--format", "mxfp4")
+        bits, _ = self.quantize("--format", "mxfp4", dataset="bits")
+        f64, _ = self.quantize("--format", "mxfp4", dataset="x64")
+        with h5py.File(ref) as a, h5py.File(bits) as b:
+            np.testing.assert_array_equal(a["codes"][()], b["codes"][()])
+            np.testing.assert_array_equal(a["scales"][()], b["scales"][()])
+            self.assertEqual(b.attrs["input_dtype"], "bfloat16")
+        with h5py.File(f64) as c:
+            self.assertEqual(c.attrs["input_dtype"], "float64")
+            # float64 -> BF16 directly (float32 inputs were already rounded once from these values).
+            direct = bf16_to_f64(c["input_bf16"][()])
+            x64 = h5py.File(self.input)["x64"][()]
+            self.assertLessEqual(np.max(np.abs(direct - x64) / np.abs(x64)), 2.0**-8)
+
+    def test_float64_rounds_once_to_bf16(self):
+        out, _ = self.quantize("--format", "fp8-row", dataset="ties")
+        with h5py.File(out) as f:
+            got = f["input_bf16"][()][0, :3]
+        # 1 + 2^-8 + 2^-40 lies above the tie: BF16 1 + 2^-7 (through float32 it would tie and round to 1.0);
+        # 1 + 2^-8 is the tie itself: to even, 1.0; the third lies below the tie 1 + 3 * 2^-8: 1 + 2^-7.
+        np.testing.assert_array_equal(got, [0x3F81, 0x3F80, 0xBF81])
+
+    def test_bad_inputs_exit_2_with_one_clear_line(self):
+        cases = [
+            (["--format", "mxfp4"], "missing.h5", "x", "input file '{input}' does not exist"),
+            (["--format", "mxfp4"], None, "nope", "no dataset 'nope' in '{input}' (datasets present: bits, "),
+            (["--format", "mxfp4"], None, "cube", "has rank 3 (shape [2, 3, 32]), expected a 2-D [M, K] matrix"),
+            (["--format", "mxfp4"], None, "ints", "holds int32, expected float32, float64 or uint16"),
+            (["--format", "mxfp4"], None, "bits_untagged", "is uint16 without the attribute dtype=\"bfloat16\""),
+            (["--format", "mxfp4"], None, "k48",
+             "mxfp4 needs K (the last dimension) to be a multiple of 32: dataset 'k48' has shape [M, K] = [300, 48]"),
+            (["--format", "fp8-col", "--groups", "162,0,2577"], None, "x",
+             "--groups '162,0,2577' sums to 2739 rows, expected the 300 rows of the input (M)"),
+            (["--format", "fp8-col", "--groups", "100,100"], None, "x",
+             "--groups '100,100' sums to 200 rows, expected the 300 rows of the input (M)"),
+            (["--format", "fp8-col", "--groups", "100,-5,205"], None, "x", "'-5' is not a row count"),
+            (["--format", "fp8-row", "--groups", "300"], None, "x", "--groups applies to fp8-col only"),
+            (["--format", "fp8-row", "--scale-mode", "ceil"], None, "x",
+             "--scale-mode ceil does not apply to fp8-row (expected pow2 or fp32)"),
+            (["--format", "mxfp4", "--scale-mode", "pow2"], None, "x",
+             "--scale-mode pow2 does not apply to mxfp4 (expected floor or ceil)"),
+            (["--format", "fp8-row", "--rounding", "stochastic"], None, "x", "applies to mxfp4 only"),
+            (["--format", "fp8-block"], None, "x", "fp8-block needs N (the first dimension) to be a multiple of 16"),
+        ]
+        for args, input_override, dataset, expected in cases:
+            with self.subTest(args=args, dataset=dataset):
+                inp = os.path.join(self.tmp, input_override) if input_override else self.input
+                out = os.path.join(self.tmp, "never.h5")
+                cmd = [self.exe, "quantize", "--input", inp, "--dataset", dataset, "--output", out, *args]
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(expected.format(input=inp), r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertTrue(r.stderr.startswith("fp4moe quantize: error: "), r.stderr)
+                self.assertFalse(os.path.exists(out))
+                self.assertEqual([n for n in os.listdir(self.tmp) if ".tmp-" in n], [])
+        # An unknown format is refused by the argument parser, with the same exit code.
+        _, r = self.quantize("--format", "nvfp4", expect_rc=2)
+        self.assertIn("--format", r.stderr)
+
+    def test_cuda_without_a_gpu_is_a_clear_error(self):
+        env = subprocess.run([self.exe, "env"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(env.returncode, 0)
+        for line in ("driver:", "CUDA runtime:", "cuBLASLt:", "NCCL:"):
+            self.assertIn(line, env.stdout)
+        if "no CUDA device" not in env.stdout:
+            self.skipTest("a CUDA device is present: --device cuda runs (covered on the GPU machine)")
+        _, r = self.quantize("--format", "mxfp4", "--device", "cuda", expect_rc=2)
+        self.assertIn("--device cuda: no CUDA device (", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
