@@ -28,8 +28,9 @@ test: build
 test-gpu: build
 	cd $(BUILD) && FP4MOE_REQUIRE_GPU=1 ctest --output-on-failure
 
+# On a Hopper machine: the benchmark programs, their logs and HDF5 results under runs/bench-<date>/.
 bench: build
-	bash scripts/gpu_run.sh --bench-only
+	BUILD=$(BUILD) bash scripts/gpu_run.sh --out runs/bench-$$(date +%Y%m%d-%H%M%S) --bench-only --skip-build
 
 # Training data: corpus from Debian and npm packages, sentencepiece tokenizer, token shards, all in DATA_CACHE
 # (scripts/data/build_data.py; stages already up to date are skipped).
