@@ -1,0 +1,563 @@
+// bench_convert: the conversion kernels of kernels/quant/ against the device-to-device copy of the same byte
+// count (the ceiling) and the direct MXFP4 -> FP8 conversions against the naive MXFP4 -> BF16 -> FP8 path.
+//
+//   bench_convert [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=fp8_col]
+//
+// Timing: CUDA events around a batch of launches, one per rotated input copy (enough copies that together they
+// exceed twice the L2, so every launch reads from HBM), after a warm-up launch on each copy; Google Benchmark's
+// manual time, at least 0.05 s per case. Inputs are seeded random BF16 with a realistic spread (a normal times
+// per-token powers of two in 2^[-4, 4] and 1/64 outlier channels x32; weights N(0, 0.02^2)); MXFP4 inputs are
+// those quantized by bf16_to_mxfp4_row. Bytes count the minimal traffic: what a launch must read plus write.
+// After the run: a table `case | shape | us | GB/s | x copy | speedup` (x copy: the fraction of the copy
+// bandwidth measured in the same run at the closest byte count; speedup: naive time over direct time) with a
+// geometric-mean summary, and with --h5 the table /bench/convert of an HDF5 result file (results/h5_file.h).
+//
+// Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
+// expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
+// gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "benchmarks/bench_util.cuh"
+#include "kernels/common/check.h"
+#include "kernels/common/types.h"
+#include "kernels/quant/bf16_to_fp8.h"
+#include "kernels/quant/bf16_to_mxfp4_row.h"
+#include "kernels/quant/layouts.h"
+#include "kernels/quant/mxfp4_row_to_fp8_col.h"
+#include "kernels/quant/mxfp4_row_to_fp8_row.h"
+#include "kernels/quant/mxfp4_to_bf16.h"
+#include "results/env_info.h"
+#include "results/h5_file.h"
+#include "results/run_info.h"
+
+namespace fp4moe::bench {
+namespace {
+
+constexpr double kMinTimeS = 0.05;
+
+// One launch of the case on input copy `copy`.
+using LaunchFn = std::function<void(int copy, cudaStream_t stream)>;
+
+struct Workload {
+  DevicePool pool;
+  LaunchFn launch;
+};
+
+struct CaseSpec {
+  std::string kase, shape, recipe;
+  int64_t bytes = 0;        // minimal traffic of one launch: bytes read + bytes written
+  int64_t working_set = 0;  // bytes one launch touches, intermediates included (sizes the rotation)
+  std::function<void(Workload&, int copies)> build;  // allocates and fills `copies` inputs, sets launch
+  std::string name() const { return kase + "/" + shape; }
+};
+
+struct Measured {
+  bool ok = false;
+  double seconds = 0;
+  int64_t launches = 0;
+  int copies = 0;
+};
+
+std::vector<CaseSpec> g_cases;
+std::map<std::string, Measured> g_measured;
+int64_t g_l2_bytes = 0;
+int64_t g_budget_bytes = 0;
+
+// ---- inputs ---------------------------------------------------------------------------------------------------
+
+uint64_t seed_of(int copy) { return 0xC0FFEEull + 7919ull * static_cast<uint64_t>(copy); }
+
+bf16* random_bf16(DevicePool& pool, int64_t M, int64_t K, int copy, const Spread& s) {
+  bf16* x = pool.alloc<bf16>(M * K);
+  fill_bf16_random(x, M, K, seed_of(copy), s);
+  return x;
+}
+
+struct MxTensor {
+  uint8_t* codes;
+  uint8_t* scales;
+};
+
+// An MXFP4 row tensor quantized (floor, RNE) from random activations.
+MxTensor random_mxfp4(DevicePool& pool, int64_t M, int64_t K, int copy) {
+  MxTensor t{pool.alloc<uint8_t>(M * K / 2), pool.alloc<uint8_t>(M * K / kMxBlock)};
+  DevicePool scratch;
+  bf16* x = random_bf16(scratch, M, K, copy, activation_spread());
+  bf16_to_mxfp4_row(x, M, K, t.codes, t.scales, MxQuantConfig{}, nullptr, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return t;
+}
+
+// Balanced expert groups: offsets [G+1], sizes floor or ceil of M/G.
+std::vector<int32_t> balanced_offsets(int64_t M, int64_t G) {
+  std::vector<int32_t> off(G + 1);
+  for (int64_t g = 0; g <= G; ++g) off[g] = static_cast<int32_t>(g * M / G);
+  return off;
+}
+
+struct ColBytes {
+  int64_t codes = 0, scales = 0;  // bytes of an FP8 column tensor over the groups
+};
+ColBytes col_bytes(const std::vector<int32_t>& off, int64_t K) {
+  ColBytes b;
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    int64_t m_g = off[g + 1] - off[g];
+    b.codes += K * fp8_col_group_ld(m_g);
+    b.scales += 4 * K * ceil_div(m_g, kFp8Block);
+  }
+  return b;
+}
+
+int32_t* device_offsets(DevicePool& pool, const std::vector<int32_t>& off) {
+  int32_t* d = pool.alloc<int32_t>(static_cast<int64_t>(off.size()));
+  CUDA_CHECK(cudaMemcpy(d, off.data(), off.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// ---- cases ----------------------------------------------------------------------------------------------------
+
+std::string shape_of(int64_t M, int64_t K) { return fmt::format("{}x{}", M, K); }
+
+void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, const char* variant) {
+  int64_t bytes = 2 * M * K + M * K / 2 + M * K / kMxBlock;
+  MxQuantConfig cfg;
+  cfg.scale_mode = mode;
+  cfg.rounding = rounding;
+  cfg.seed = 1234;
+  g_cases.push_back({fmt::format("bf16_to_mxfp4_row/{}", variant), shape_of(M, K), "mxfp4", bytes, bytes,
+                     [=](Workload& w, int copies) {
+                       std::vector<bf16*> x;
+                       std::vector<MxTensor> out;
+                       for (int c = 0; c < copies; ++c) {
+                         x.push_back(random_bf16(w.pool, M, K, c, activation_spread()));
+                         out.push_back({w.pool.alloc<uint8_t>(M * K / 2), w.pool.alloc<uint8_t>(M * K / kMxBlock)});
+                       }
+                       w.launch = [=](int c, cudaStream_t s) {
+                         bf16_to_mxfp4_row(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
+                       };
+                     }});
+}
+
+void add_mxfp4_to_fp8_row(int64_t M, int64_t K, bool naive) {
+  int64_t in = M * K / 2 + M * K / kMxBlock, out = M * K + 4 * fp8_row_scale_count(M, K);
+  // The naive path writes the BF16 tensor and reads it back.
+  int64_t bytes = in + out + (naive ? 4 * M * K : 0);
+  g_cases.push_back({naive ? "mxfp4_row_to_fp8_row_naive" : "mxfp4_row_to_fp8_row", shape_of(M, K), "mxfp4", bytes,
+                     in + out + (naive ? 2 * M * K : 0), [=](Workload& w, int copies) {
+                       std::vector<MxTensor> x;
+                       std::vector<uint8_t*> codes;
+                       std::vector<float*> scales;
+                       std::vector<bf16*> ws;
+                       for (int c = 0; c < copies; ++c) {
+                         x.push_back(random_mxfp4(w.pool, M, K, c));
+                         codes.push_back(w.pool.alloc<uint8_t>(M * K));
+                         scales.push_back(w.pool.alloc<float>(fp8_row_scale_count(M, K)));
+                         if (naive) ws.push_back(w.pool.alloc<bf16>(M * K));
+                       }
+                       w.launch = [=](int c, cudaStream_t s) {
+                         if (naive)
+                           mxfp4_row_to_fp8_row_naive(x[c].codes, x[c].scales, M, K, ws[c], codes[c], scales[c], s);
+                         else
+                           mxfp4_row_to_fp8_row(x[c].codes, x[c].scales, M, K, codes[c], scales[c], s);
+                       };
+                     }});
+}
+
+void add_mxfp4_to_fp8_col(int64_t M, int64_t K, int64_t G, bool naive) {
+  std::vector<int32_t> off = balanced_offsets(M, G);
+  ColBytes cb = col_bytes(off, K);
+  int64_t in = M * K / 2 + M * K / kMxBlock + 4 * (G + 1), out = cb.codes + cb.scales;
+  int64_t bytes = in + out + (naive ? 4 * M * K : 0);
+  g_cases.push_back(
+      {naive ? "mxfp4_row_to_fp8_col_naive" : "mxfp4_row_to_fp8_col", fmt::format("{}/g{}", shape_of(M, K), G),
+       "mxfp4", bytes, in + out + (naive ? 2 * M * K : 0), [=](Workload& w, int copies) {
+         int32_t* d_off = device_offsets(w.pool, off);
+         std::vector<MxTensor> x;
+         std::vector<uint8_t*> codes;
+         std::vector<float*> scales;
+         std::vector<bf16*> ws;
+         for (int c = 0; c < copies; ++c) {
+           x.push_back(random_mxfp4(w.pool, M, K, c));
+           codes.push_back(w.pool.alloc<uint8_t>(fp8_col_codes_capacity(M, K, G)));
+           scales.push_back(w.pool.alloc<float>(fp8_col_scales_capacity(M, K, G)));
+           if (naive) ws.push_back(w.pool.alloc<bf16>(M * K));
+         }
+         w.launch = [=](int c, cudaStream_t s) {
+           if (naive) {
+             mxfp4_to_bf16(x[c].codes, x[c].scales, M, K, ws[c], s);
+             bf16_to_fp8_col(ws[c], M, K, d_off, G, off.data(), Fp8ScaleMode::pow2, codes[c], scales[c], nullptr, s);
+           } else {
+             mxfp4_row_to_fp8_col(x[c].codes, x[c].scales, M, K, d_off, G, off.data(), codes[c], scales[c], s);
+           }
+         };
+       }});
+}
+
+void add_bf16_to_fp8_row(int64_t M, int64_t K) {
+  int64_t bytes = 2 * M * K + M * K + 4 * fp8_row_scale_count(M, K);
+  g_cases.push_back({"bf16_to_fp8_row", shape_of(M, K), "fp8", bytes, bytes, [=](Workload& w, int copies) {
+                       std::vector<bf16*> x;
+                       std::vector<uint8_t*> codes;
+                       std::vector<float*> scales;
+                       for (int c = 0; c < copies; ++c) {
+                         x.push_back(random_bf16(w.pool, M, K, c, activation_spread()));
+                         codes.push_back(w.pool.alloc<uint8_t>(M * K));
+                         scales.push_back(w.pool.alloc<float>(fp8_row_scale_count(M, K)));
+                       }
+                       w.launch = [=](int c, cudaStream_t s) {
+                         bf16_to_fp8_row(x[c], M, K, Fp8ScaleMode::pow2, codes[c], scales[c], nullptr, s);
+                       };
+                     }});
+}
+
+void add_bf16_to_fp8_col(int64_t M, int64_t K, int64_t G) {
+  std::vector<int32_t> off = balanced_offsets(M, G);
+  ColBytes cb = col_bytes(off, K);
+  int64_t bytes = 2 * M * K + 4 * (G + 1) + cb.codes + cb.scales;
+  g_cases.push_back({"bf16_to_fp8_col", fmt::format("{}/g{}", shape_of(M, K), G), "fp8", bytes, bytes,
+                     [=](Workload& w, int copies) {
+                       int32_t* d_off = device_offsets(w.pool, off);
+                       std::vector<bf16*> x;
+                       std::vector<uint8_t*> codes;
+                       std::vector<float*> scales;
+                       for (int c = 0; c < copies; ++c) {
+                         x.push_back(random_bf16(w.pool, M, K, c, activation_spread()));
+                         codes.push_back(w.pool.alloc<uint8_t>(fp8_col_codes_capacity(M, K, G)));
+                         scales.push_back(w.pool.alloc<float>(fp8_col_scales_capacity(M, K, G)));
+                       }
+                       w.launch = [=](int c, cudaStream_t s) {
+                         bf16_to_fp8_col(x[c], M, K, d_off, G, off.data(), Fp8ScaleMode::pow2, codes[c], scales[c],
+                                         nullptr, s);
+                       };
+                     }});
+}
+
+void add_bf16_to_fp8_block128(int64_t N, int64_t K, bool transpose) {
+  int64_t scale_count = transpose ? fp8_block_scale_count(K, N) : fp8_block_scale_count(N, K);
+  int64_t bytes = 2 * N * K + N * K + 4 * scale_count;
+  g_cases.push_back({transpose ? "bf16_to_fp8_block128_t" : "bf16_to_fp8_block128", shape_of(N, K), "fp8", bytes,
+                     bytes, [=](Workload& w, int copies) {
+                       std::vector<bf16*> x;
+                       std::vector<uint8_t*> codes;
+                       std::vector<float*> scales;
+                       for (int c = 0; c < copies; ++c) {
+                         x.push_back(random_bf16(w.pool, N, K, c, weight_spread()));
+                         codes.push_back(w.pool.alloc<uint8_t>(N * K));
+                         scales.push_back(w.pool.alloc<float>(scale_count));
+                       }
+                       w.launch = [=](int c, cudaStream_t s) {
+                         bf16_to_fp8_block128(x[c], N, K, Fp8ScaleMode::pow2, transpose, codes[c], scales[c], nullptr,
+                                              s);
+                       };
+                     }});
+}
+
+void add_mxfp4_to_bf16(int64_t M, int64_t K) {
+  int64_t bytes = M * K / 2 + M * K / kMxBlock + 2 * M * K;
+  g_cases.push_back({"mxfp4_to_bf16", shape_of(M, K), "mxfp4", bytes, bytes, [=](Workload& w, int copies) {
+                       std::vector<MxTensor> x;
+                       std::vector<bf16*> y;
+                       for (int c = 0; c < copies; ++c) {
+                         x.push_back(random_mxfp4(w.pool, M, K, c));
+                         y.push_back(w.pool.alloc<bf16>(M * K));
+                       }
+                       w.launch = [=](int c, cudaStream_t s) { mxfp4_to_bf16(x[c].codes, x[c].scales, M, K, y[c], s); };
+                     }});
+}
+
+// The ceiling: a device-to-device copy moving the same number of bytes (half read, half written).
+void add_copy(int64_t bytes) {
+  int64_t n = bytes / 2;
+  g_cases.push_back({"copy", fmt::format("{}B", bytes), "copy", 2 * n, 2 * n, [=](Workload& w, int copies) {
+                       std::vector<char*> src, dst;
+                       for (int c = 0; c < copies; ++c) {
+                         src.push_back(w.pool.alloc<char>(n));
+                         dst.push_back(w.pool.alloc<char>(n));
+                         CUDA_CHECK(cudaMemset(src.back(), 0x3C + c, n));  // not zeros
+                       }
+                       w.launch = [=](int c, cudaStream_t s) {
+                         CUDA_CHECK(cudaMemcpyAsync(dst[c], src[c], n, cudaMemcpyDeviceToDevice, s));
+                       };
+                     }});
+}
+
+void define_cases() {
+  const int64_t tokens[] = {4096, 16384, 65536};
+  const int64_t hidden[] = {7168, 5120, 2048, 1536};
+  const int64_t experts[] = {8, 16, 32};
+  for (int64_t M : tokens)
+    for (int64_t K : hidden) {
+      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, "floor_rne");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::ceil, Rounding::stochastic, "ceil_sr");
+      add_mxfp4_to_fp8_row(M, K, false);
+      add_mxfp4_to_fp8_row(M, K, true);
+      for (int64_t G : experts) {
+        add_mxfp4_to_fp8_col(M, K, G, false);
+        add_mxfp4_to_fp8_col(M, K, G, true);
+      }
+      add_bf16_to_fp8_row(M, K);
+      for (int64_t G : experts) add_bf16_to_fp8_col(M, K, G);
+      add_mxfp4_to_bf16(M, K);
+    }
+  const int64_t weights[][2] = {{4096, 7168}, {7168, 2048}, {3072, 5120}, {5120, 1536}};
+  for (const auto& w : weights) {
+    add_bf16_to_fp8_block128(w[0], w[1], false);
+    add_bf16_to_fp8_block128(w[0], w[1], true);
+  }
+  // One copy per byte count, sizes within 1% of each other sharing one (bandwidth is flat at that scale).
+  std::set<int64_t> sizes;
+  for (const auto& c : g_cases) sizes.insert(c.bytes / 2 * 2);
+  int64_t last = 0;
+  for (int64_t b : sizes)
+    if (last == 0 || static_cast<double>(b) > 1.01 * static_cast<double>(last)) {
+      add_copy(b);
+      last = b;
+    }
+}
+
+// ---- running --------------------------------------------------------------------------------------------------
+
+// The workload of the case being measured: it stays allocated while Google Benchmark calls the same case again
+// with more iterations, and is freed when the next case starts (or by release_workload at the end).
+struct WorkloadCache {
+  std::unique_ptr<Workload> workload;
+  const CaseSpec* spec = nullptr;
+  int copies = 0;
+};
+WorkloadCache g_cache;
+
+void release_workload() { g_cache = WorkloadCache{}; }
+
+void run_case(benchmark::State& state, const CaseSpec* spec) {
+  Measured& m = g_measured[spec->name()];
+  m = Measured{};
+  try {
+    if (g_cache.spec != spec) {
+      release_workload();
+      int copies = rotation_copies(spec->working_set, g_l2_bytes, g_budget_bytes);
+      auto w = std::make_unique<Workload>();
+      spec->build(*w, copies);
+      for (int c = 0; c < copies; ++c) w->launch(c, nullptr);  // warm-up
+      CUDA_CHECK(cudaDeviceSynchronize());
+      g_cache = WorkloadCache{std::move(w), spec, copies};
+    }
+  } catch (const std::exception& e) {
+    release_workload();
+    state.SkipWithError(e.what());
+    return;
+  }
+  const int copies = g_cache.copies;
+  Workload& w = *g_cache.workload;
+  EventTimer timer;
+  double total = 0;
+  int64_t launches = 0;
+  for (auto _ : state) {
+    try {
+      double s = timer.time(copies, nullptr, [&](int c) { w.launch(c, nullptr); });
+      state.SetIterationTime(s / copies);
+      total += s;
+      launches += copies;
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      release_workload();
+      return;
+    }
+  }
+  state.counters["bytes"] = static_cast<double>(spec->bytes);
+  state.counters["GB/s"] = total > 0 ? static_cast<double>(spec->bytes) * launches / total * 1e-9 : 0.0;
+  state.counters["copies"] = copies;
+  m = Measured{true, total, launches, copies};
+}
+
+// ---- summary --------------------------------------------------------------------------------------------------
+
+struct Row {
+  const CaseSpec* spec;
+  double us = 0, gbps = 0, fraction = NAN, speedup = NAN;
+};
+
+double geomean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += std::log(x);
+  return v.empty() ? NAN : std::exp(s / static_cast<double>(v.size()));
+}
+
+std::vector<Row> summarize() {
+  std::vector<Row> rows;
+  for (const auto& c : g_cases) {
+    auto it = g_measured.find(c.name());
+    if (it == g_measured.end() || !it->second.ok || it->second.launches == 0) continue;
+    Row r{&c};
+    r.us = it->second.seconds / static_cast<double>(it->second.launches) * 1e6;
+    r.gbps = static_cast<double>(c.bytes) / r.us * 1e-3;
+    rows.push_back(r);
+  }
+  for (auto& r : rows) {
+    if (r.spec->recipe == "copy") {
+      r.fraction = 1.0;
+      continue;
+    }
+    const Row* best = nullptr;
+    for (const auto& c : rows)
+      if (c.spec->recipe == "copy" &&
+          (!best || std::fabs(std::log(static_cast<double>(c.spec->bytes) / r.spec->bytes)) <
+                        std::fabs(std::log(static_cast<double>(best->spec->bytes) / r.spec->bytes))))
+        best = &c;
+    if (best) r.fraction = r.gbps / best->gbps;
+    if (r.spec->kase == "mxfp4_row_to_fp8_row" || r.spec->kase == "mxfp4_row_to_fp8_col")
+      for (const auto& n : rows)
+        if (n.spec->kase == r.spec->kase + "_naive" && n.spec->shape == r.spec->shape) r.speedup = n.us / r.us;
+  }
+  return rows;
+}
+
+void print_table(const std::vector<Row>& rows) {
+  fmt::print("\n{:<30} | {:<16} | {:>10} | {:>8} | {:>6} | {:>7}\n", "case", "shape", "us", "GB/s", "x copy",
+             "speedup");
+  fmt::print("{:-<30}-+-{:-<16}-+-{:->10}-+-{:->8}-+-{:->6}-+-{:->7}\n", "", "", "", "", "", "");
+  std::vector<double> fractions, speedups;
+  for (const auto& r : rows) {
+    if (r.spec->recipe == "copy") continue;
+    fmt::print("{:<30} | {:<16} | {:>10.2f} | {:>8.1f} | {:>6} | {:>7}\n", r.spec->kase, r.spec->shape, r.us, r.gbps,
+               std::isnan(r.fraction) ? "-" : fmt::format("{:.2f}", r.fraction),
+               std::isnan(r.speedup) ? "-" : fmt::format("{:.2f}x", r.speedup));
+    if (!std::isnan(r.fraction) && r.fraction > 0) fractions.push_back(r.fraction);
+    if (!std::isnan(r.speedup) && r.speedup > 0) speedups.push_back(r.speedup);
+  }
+  fmt::print("geomean: {:.2f} x copy over {} conversions; direct over naive {:.2f}x over {} pairs\n",
+             geomean(fractions), fractions.size(), geomean(speedups), speedups.size());
+  int failed = 0;
+  for (const auto& c : g_cases) {
+    auto it = g_measured.find(c.name());
+    if (it != g_measured.end() && !it->second.ok) ++failed;
+  }
+  if (failed) fmt::print("{} case(s) failed: see the errors above\n", failed);
+}
+
+void write_h5(const std::string& path, const std::vector<Row>& rows, const std::string& command) {
+  Table t;
+  t.add_column("case", ColumnType::str)
+      .add_column("shape", ColumnType::str)
+      .add_column("recipe", ColumnType::str)
+      .add_column("time_us", ColumnType::f64)
+      .add_column("tflops", ColumnType::f64)
+      .add_column("gbps", ColumnType::f64)
+      .add_column("fraction_of_copy_bw", ColumnType::f64)
+      .add_column("speedup", ColumnType::f64);
+  for (const auto& r : rows)
+    t.add_row({r.spec->kase, r.spec->shape, r.spec->recipe, r.us, 0.0, r.gbps, r.fraction, r.speedup});
+  t.set_attribute("gbps_counts", "minimal traffic: bytes read + bytes written by one launch");
+  t.set_attribute("fraction_of_copy_bw", "gbps over the device-to-device copy's at the closest byte count");
+  t.set_attribute("speedup", "naive MXFP4 -> BF16 -> FP8 time over the direct conversion's (NaN: not a direct case)");
+  t.set_attribute("l2_bytes", g_l2_bytes);
+  t.set_attribute("min_time_s", kMinTimeS);
+  ResultFile f;
+  fill_root_attributes(f, command);
+  f.add_table("/bench/convert", std::move(t));
+  f.write(path);
+}
+
+bool has_flag(int argc, char** argv, const char* flag) {
+  const size_t n = std::strlen(flag);
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.compare(0, n, flag) != 0) continue;
+    if (a.size() == n) return true;
+    if (a[n] == '=' && a.substr(n + 1) != "false" && a.substr(n + 1) != "0") return true;
+  }
+  return false;
+}
+
+// Removes "--h5 PATH" / "--h5=PATH" from argv (Google Benchmark rejects flags it does not know).
+std::string take_h5_flag(int& argc, char** argv) {
+  std::string path;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--h5" && i + 1 < argc) path = argv[++i];
+    else if (a.rfind("--h5=", 0) == 0) path = a.substr(5);
+    else argv[out++] = argv[i];
+  }
+  argc = out;
+  return path;
+}
+
+}  // namespace
+}  // namespace fp4moe::bench
+
+int main(int argc, char** argv) {
+  using namespace fp4moe;
+  using namespace fp4moe::bench;
+  const std::string command = command_line(argc, argv);
+  const std::string h5_path = take_h5_flag(argc, argv);
+  const bool listing = has_flag(argc, argv, "--benchmark_list_tests");
+
+  define_cases();
+  for (const auto& c : g_cases)
+    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(kMinTimeS);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  if (listing) {
+    benchmark::RunSpecifiedBenchmarks();
+    return 0;
+  }
+
+  std::string why = why_no_cuda_device();
+  if (!why.empty()) {
+    std::fprintf(stderr, "bench_convert: %s: the conversion benchmarks need a Hopper GPU\n", why.c_str());
+    return 1;
+  }
+  try {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    FP4MOE_CHECK(p.major == 9, "the kernels are built for sm_90a (Hopper); device {} is {} (sm_{}{})", dev, p.name,
+                 p.major, p.minor);
+    int l2 = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    g_l2_bytes = l2;
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    g_budget_bytes = static_cast<int64_t>(free_b) / 10 * 7;
+    fmt::print("bench_convert on {} (L2 {:.0f} MiB): inputs rotated over >= 2x L2, min time {} s per case\n", p.name,
+               l2 / 1048576.0, kMinTimeS);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_convert: %s\n", e.what());
+    return 1;
+  }
+
+  benchmark::RunSpecifiedBenchmarks();
+  release_workload();
+  benchmark::Shutdown();
+
+  std::vector<Row> rows = summarize();
+  print_table(rows);
+  int rc = 0;
+  for (const auto& [name, m] : g_measured)
+    if (!m.ok) rc = 1;
+  if (!h5_path.empty()) {
+    try {
+      write_h5(h5_path, rows, command);
+      fmt::print("wrote {} (/bench/convert, {} rows)\n", h5_path, rows.size());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_convert: %s\n", e.what());
+      rc = 1;
+    }
+  }
+  return rc;
+}
