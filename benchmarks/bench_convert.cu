@@ -7,7 +7,8 @@
 // exceed twice the L2, so every launch reads from HBM), after a warm-up launch on each copy; Google Benchmark's
 // manual time, at least 0.05 s per case. Inputs are seeded random BF16 with a realistic spread (a normal times
 // per-token powers of two in 2^[-4, 4] and 1/64 outlier channels x32; weights N(0, 0.02^2)); MXFP4 inputs are
-// those quantized by bf16_to_mxfp4_row. Bytes count the minimal traffic: what a launch must read plus write.
+// those quantized by bf16_to_mxfp4_row. Bytes count the minimal traffic: what a launch must read plus write (for
+// the naive paths, the BF16 intermediate written and read back too; their speedup compares times, not GB/s).
 // After the run: a table `case | shape | us | GB/s | x copy | speedup` (x copy: the fraction of the copy
 // bandwidth measured in the same run at the closest byte count; speedup: naive time over direct time) with a
 // geometric-mean summary, and with --h5 the table /bench/convert of an HDF5 result file (results/h5_file.h).

@@ -75,6 +75,10 @@ class QuantizeCli(unittest.TestCase):
             f["ints"] = np.zeros((4, 32), dtype=np.int32)
             f["k48"] = cls.x32[:, :48]
             f["w"] = cls.x32[:288]
+            bad = cls.x32.copy()
+            bad[5, 40] = np.nan  # MX block (5, 1), FP8 block (5, 0)
+            bad[7, 200] = -np.inf  # MX block (7, 6), FP8 block (7, 1)
+            f["nonfinite"] = bad
             f["ties"] = np.array([[1 + 2.0**-8 + 2.0**-40, 1 + 2.0**-8, -(1 + 3 * 2.0**-8 - 2.0**-45)] + [0.0] * 13])
 
     @classmethod
@@ -237,6 +241,25 @@ class QuantizeCli(unittest.TestCase):
         # 1 + 2^-8 + 2^-40 lies above the tie: BF16 1 + 2^-7 (through float32 it would tie and round to 1.0);
         # 1 + 2^-8 is the tie itself: to even, 1.0; the third lies below the tie 1 + 3 * 2^-8: 1 + 2^-7.
         np.testing.assert_array_equal(got, [0x3F81, 0x3F80, 0xBF81])
+
+    def test_nonfinite_blocks_are_counted_and_decode_to_nan(self):
+        for fmt, blocks, nan_cols in (("mxfp4", "2 of 2400", [(5, 32, 64), (7, 192, 224)]),
+                                      ("fp8-row", "2 of 600", [(5, 0, 128), (7, 128, 256)])):
+            out, r = self.quantize("--format", fmt, dataset="nonfinite")
+            self.assertIn(f"NaN/Inf blocks      {blocks}", r.stdout)
+            with h5py.File(out) as f:
+                self.assertEqual(f.attrs["nonfinite_blocks"], 2)
+                y = f["dequantized"][()]
+                x = bf16_to_f64(f["input_bf16"][()])
+                rel = f.attrs["rel_l2_error"]
+            mask = np.zeros_like(y, dtype=bool)
+            for row, lo, hi in nan_cols:
+                mask[row, lo:hi] = True
+            self.assertTrue(np.all(np.isnan(y[mask])), fmt)
+            self.assertFalse(np.any(np.isnan(y[~mask])), fmt)
+            # The error figures cover the finite blocks only.
+            want = np.sqrt(np.sum((y[~mask] - x[~mask]) ** 2) / np.sum(x[~mask] ** 2))
+            self.assertAlmostEqual(rel, want, delta=1e-9 * want)
 
     def test_bad_inputs_exit_2_with_one_clear_line(self):
         cases = [
