@@ -352,13 +352,18 @@ def _rst_walk(lines: list[str], out: list[str]) -> None:
                 i += 1
             continue
 
-        # Simple tables: from a border line to a border line followed by a blank line.
+        # Simple tables: from a border line to a border line followed by a blank line (without one, only the
+        # block up to the next blank line is dropped).
         if _RST_SIMPLE_TABLE_BORDER.match(stripped):
-            i += 1
-            while i < n and not (_RST_SIMPLE_TABLE_BORDER.match(lines[i].strip())
-                                 and (i + 1 == n or not lines[i + 1].strip())):
-                i += 1
-            i += 1
+            j = i + 1
+            while j < n and not (_RST_SIMPLE_TABLE_BORDER.match(lines[j].strip())
+                                 and (j + 1 == n or not lines[j + 1].strip())):
+                j += 1
+            if j == n:
+                j = i
+                while j < n and lines[j].strip():
+                    j += 1
+            i = j + 1
             continue
 
         # Grid tables.

@@ -161,6 +161,10 @@ Last words |version| here [#]_.
             "Last words version here.",
         ])
 
+    def test_unterminated_simple_table_drops_only_its_block(self):
+        paras = extract_text.rst_to_paragraphs("Before.\n\n=====  =====\nbroken table\n\nAfter the table.\n")
+        self.assertEqual(paras, ["Before.", "After the table."])
+
     def test_inline_markup(self):
         f = extract_text.rst_inline_to_text
         self.assertEqual(f(":class:`!Foo` and :meth:`~a.b.method`"), "Foo and method")
