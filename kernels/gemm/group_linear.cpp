@@ -1,0 +1,137 @@
+#include "kernels/gemm/group_linear.h"
+
+#include "kernels/common/check.h"
+#include "kernels/quant/bf16_to_fp8.h"
+#include "kernels/quant/layouts.h"
+#include "kernels/quant/mxfp4_row_to_fp8_col.h"
+#include "kernels/quant/mxfp4_row_to_fp8_row.h"
+
+namespace fp4moe {
+
+const char* group_linear_recipe_name(GroupLinearRecipe r) {
+  switch (r) {
+    case GroupLinearRecipe::bf16: return "bf16";
+    case GroupLinearRecipe::fp8: return "fp8";
+    case GroupLinearRecipe::mxfp4: return "mxfp4";
+  }
+  return "?";
+}
+
+void* GroupLinear::Buffer::ensure(size_t n) {
+  n = n < 16 ? 16 : n;
+  if (n <= bytes) return ptr;
+  if (ptr) CUDA_CHECK(cudaFree(ptr));  // synchronises: no queued work still uses the old buffer
+  ptr = nullptr;
+  bytes = 0;
+  CUDA_CHECK(cudaMalloc(&ptr, n));
+  bytes = n;
+  return ptr;
+}
+
+GroupLinear::Buffer::~Buffer() {
+  if (ptr) cudaFree(ptr);
+}
+
+GroupLinear::GroupLinear(int64_t G, int64_t N, int64_t K, GroupLinearRecipe recipe, Fp8ScaleMode scale_mode)
+    : G_(G), N_(N), K_(K), recipe_(recipe), scale_mode_(scale_mode) {
+  FP4MOE_CHECK(G >= 1 && N >= 16 && K >= 16 && N % 16 == 0 && K % 16 == 0,
+               "GroupLinear: expected G >= 1 and N, K positive multiples of 16, got G={} N={} K={}", G, N, K);
+  FP4MOE_CHECK(recipe != GroupLinearRecipe::mxfp4 || K % kMxBlock == 0,
+               "GroupLinear: the mxfp4 recipe needs K % 32 == 0 (MX blocks), got K={}", K);
+}
+
+GroupLinear::~GroupLinear() = default;
+
+void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
+  FP4MOE_CHECK(w != nullptr, "GroupLinear::set_weights: null weights (expected BF16 [G, N, K] = [{}, {}, {}])", G_, N_,
+               K_);
+  w_ = w;
+  if (recipe_ == GroupLinearRecipe::bf16) return;
+  const int64_t count = fp8_block_scale_count(N_, K_), count_t = fp8_block_scale_count(K_, N_);
+  auto* wc = static_cast<uint8_t*>(w_codes_.ensure(static_cast<size_t>(G_ * N_ * K_)));
+  auto* ws = static_cast<float*>(w_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count)));
+  auto* tc = static_cast<uint8_t*>(wt_codes_.ensure(static_cast<size_t>(G_ * N_ * K_)));
+  auto* ts = static_cast<float*>(wt_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count_t)));
+  for (int64_t g = 0; g < G_; ++g) {
+    bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, false, wc + g * N_ * K_, ws + g * count, nullptr,
+                         stream);
+    bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, true, tc + g * N_ * K_, ts + g * count_t, nullptr,
+                         stream);
+  }
+}
+
+void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream) {
+  const char* what = "GroupLinear::forward";
+  FP4MOE_CHECK(w_ != nullptr, "{}: set_weights was not called", what);
+  FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr,
+               "{}: expected a split of {} groups with its host copy of the offsets, got G={}", what, G_, split.G);
+  const bool mx = recipe_ == GroupLinearRecipe::mxfp4;
+  FP4MOE_CHECK(mx ? (x.mx_codes && x.mx_scales) : x.x != nullptr,
+               "{}: the {} recipe takes {} input", what, group_linear_recipe_name(recipe_),
+               mx ? "an MXFP4 (codes and scales)" : "a BF16");
+  const int64_t M = split.host_offsets[G_];
+  const GemmOutput out{y, GemmOutType::bf16, false};
+  cached_ = x;
+  cached_M_ = M;
+  if (recipe_ == GroupLinearRecipe::bf16) {
+    gemm_.fprop_bf16(x.x, w_, N_, K_, split, out, stream);
+    return;
+  }
+  auto* rc = static_cast<uint8_t*>(row_codes_.ensure(static_cast<size_t>(M * K_)));
+  auto* rs = static_cast<float*>(row_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(M, K_))));
+  if (mx) {
+    if (M > 0) mxfp4_row_to_fp8_row(x.mx_codes, x.mx_scales, M, K_, rc, rs, stream);
+  } else if (M > 0) {
+    bf16_to_fp8_row(x.x, M, K_, scale_mode_, rc, rs, nullptr, stream);
+  }
+  gemm_.fprop_fp8({rc, rs}, {static_cast<uint8_t*>(w_codes_.ptr), static_cast<float*>(w_scales_.ptr)}, N_, K_, split,
+                  out, stream);
+  if (!mx) {
+    // The fp8 recipe caches X as its FP8 column copy (what Wgrad reads), not as BF16.
+    auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_))));
+    auto* cs = static_cast<float*>(
+        xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_))));
+    bf16_to_fp8_col(x.x, M, K_, split.offsets, G_, split.host_offsets, scale_mode_, cc, cs, nullptr, stream);
+    cached_.x = nullptr;
+  }
+}
+
+void GroupLinear::backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream) {
+  const char* what = "GroupLinear::backward";
+  FP4MOE_CHECK(cached_M_ >= 0, "{}: no forward to differentiate", what);
+  FP4MOE_CHECK(dy != nullptr, "{}: null dY (expected BF16 [M, N])", what);
+  FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr && split.host_offsets[G_] == cached_M_,
+               "{}: the split must be the forward's ({} groups, {} tokens)", what, G_, cached_M_);
+  const int64_t M = cached_M_;
+  if (recipe_ == GroupLinearRecipe::bf16) {
+    if (dx) gemm_.dgrad_bf16(dy, w_, N_, K_, split, GemmOutput{dx, GemmOutType::bf16, false}, stream);
+    if (dw_master)
+      gemm_.wgrad_bf16(dy, cached_.x, N_, K_, split, GemmOutput{dw_master, GemmOutType::fp32, true}, stream);
+    return;
+  }
+  if (dx) {
+    auto* rc = static_cast<uint8_t*>(row_codes_.ensure(static_cast<size_t>(M * N_)));
+    auto* rs =
+        static_cast<float*>(row_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(M, N_))));
+    if (M > 0) bf16_to_fp8_row(dy, M, N_, scale_mode_, rc, rs, nullptr, stream);
+    gemm_.dgrad_fp8({rc, rs}, {static_cast<uint8_t*>(wt_codes_.ptr), static_cast<float*>(wt_scales_.ptr)}, N_, K_,
+                    split, GemmOutput{dx, GemmOutType::bf16, false}, stream);
+  }
+  if (dw_master) {
+    auto* dc = static_cast<uint8_t*>(dycol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, N_, G_))));
+    auto* ds = static_cast<float*>(
+        dycol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, N_, G_))));
+    bf16_to_fp8_col(dy, M, N_, split.offsets, G_, split.host_offsets, scale_mode_, dc, ds, nullptr, stream);
+    if (recipe_ == GroupLinearRecipe::mxfp4) {
+      auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_))));
+      auto* cs = static_cast<float*>(
+          xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_))));
+      mxfp4_row_to_fp8_col(cached_.mx_codes, cached_.mx_scales, M, K_, split.offsets, G_, split.host_offsets, cc, cs,
+                           stream);
+    }
+    gemm_.wgrad_fp8({dc, ds}, {static_cast<uint8_t*>(xcol_codes_.ptr), static_cast<float*>(xcol_scales_.ptr)}, N_,
+                    K_, split, GemmOutput{dw_master, GemmOutType::fp32, true}, stream);
+  }
+}
+
+}  // namespace fp4moe

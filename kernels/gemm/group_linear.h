@@ -1,0 +1,88 @@
+// Group Linear: one linear layer of the routed MoE experts, Y_g = X_g W_g^T for G experts over ragged token
+// groups, forward and backward, in the three recipes of DESIGN.md "Recipes":
+//
+// | recipe | Fprop                               | Dgrad                    | Wgrad                              |
+// | bf16   | BF16 X, W                            | BF16 dY, W               | BF16 dY, X (cached BF16 X)          |
+// | fp8    | X -> FP8 1x128 row, W -> 128x128     | dY -> 1x128 row, W^T     | dY, X as FP8 columns (1x128 along  |
+// |        | (bf16_to_fp8_row / _block128)        | (block128, transpose)    | tokens); the FP8 X column copy is   |
+// |        |                                      |                          | made in forward and cached          |
+// | mxfp4  | X arrives as MXFP4 (dispatched in    | as fp8                   | X via MXFP4 -> FP8 column (direct), |
+// |        | MXFP4) -> FP8 row (direct)           |                          | from the cached MXFP4 X only        |
+//
+// (the paper: FP4 storage and communication with FP8 compute; DeepSeek-V3's fine-grained FP8 for the fp8 recipe).
+// Weights stay BF16 parameters [G, N, K]; the weight gradient accumulates into an FP32 master gradient [G, N, K].
+// All GEMMs go through GroupedGemm (grouped_gemm.h); shape rules are its own (N, K multiples of 16), plus
+// K % 32 == 0 for the mxfp4 recipe (MX blocks of 32).
+//
+// Routing counts: forward and backward take the layer's GroupSplit, whose host copy of the offsets the caller
+// fetched once for this layer and step (grouped_gemm.h); nothing here synchronises with the device.
+// What the caller keeps alive between forward and backward: the bf16 recipe's X, the mxfp4 recipe's MXFP4 X
+// (the layer keeps pointers, not copies); the fp8 recipe caches its own FP8 column copy of X.
+// Buffers (FP8 copies of weights and activations) are owned by the layer and grow on demand with cudaMalloc,
+// which synchronises the device the first time a larger batch arrives. Not thread-safe; one stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/types.h"
+#include "kernels/formats/formats.h"
+#include "kernels/gemm/grouped_gemm.h"
+
+namespace fp4moe {
+
+enum class GroupLinearRecipe { bf16, fp8, mxfp4 };
+const char* group_linear_recipe_name(GroupLinearRecipe r);
+
+// The layer's input: BF16 [M, K] for the bf16 and fp8 recipes; MXFP4 row tensor for mxfp4 (layouts.h: codes
+// [M, K/2], UE8M0 scales [M, K/32]), as bf16_to_mxfp4_row writes it before the dispatch.
+struct GroupLinearInput {
+  const bf16* x = nullptr;
+  const uint8_t* mx_codes = nullptr;
+  const uint8_t* mx_scales = nullptr;
+};
+
+class GroupLinear {
+ public:
+  // G experts, N outputs, K inputs. scale_mode: FP8 block scales (pow2 as TransformerEngine, or fp32).
+  GroupLinear(int64_t G, int64_t N, int64_t K, GroupLinearRecipe recipe, Fp8ScaleMode scale_mode = Fp8ScaleMode::pow2);
+  ~GroupLinear();
+  GroupLinear(const GroupLinear&) = delete;
+  GroupLinear& operator=(const GroupLinear&) = delete;
+
+  // w: BF16 parameters [G, N, K], device; call again after every optimizer step. The fp8/mxfp4 recipes quantize
+  // W and W^T to 128x128 blocks here (2G launches); the bf16 recipe keeps the pointer.
+  void set_weights(const bf16* w, cudaStream_t stream);
+
+  // y [M, N] BF16, device, M = split.host_offsets[G]. Rejects a missing weight, the wrong kind of input for the
+  // recipe, and everything GroupedGemm rejects.
+  void forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream);
+
+  // dy [M, N] BF16 with the forward's split. dx [M, K] BF16 (null: no Dgrad, e.g. the first layer);
+  // dw_master [G, N, K] FP32 += dW (null: no Wgrad). Rejects a backward without a forward.
+  void backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream);
+
+  GroupedGemm& gemm() { return gemm_; }
+
+ private:
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    void* ensure(size_t n);
+    ~Buffer();
+  };
+
+  int64_t G_, N_, K_;
+  GroupLinearRecipe recipe_;
+  Fp8ScaleMode scale_mode_;
+  GroupedGemm gemm_;
+  const bf16* w_ = nullptr;
+  Buffer w_codes_, w_scales_, wt_codes_, wt_scales_;  // FP8 W [G, N, K] and W^T [G, K, N]
+  Buffer row_codes_, row_scales_;                     // FP8 row copy of X (forward) or dY (backward)
+  Buffer xcol_codes_, xcol_scales_, dycol_codes_, dycol_scales_;
+  GroupLinearInput cached_{};
+  int64_t cached_M_ = -1;
+};
+
+}  // namespace fp4moe
