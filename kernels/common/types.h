@@ -12,12 +12,12 @@ using bf16 = __nv_bfloat16;  // 2 bytes, the bits of an IEEE fp32's top half
 
 inline uint16_t bf16_bits(bf16 x) {
   uint16_t b;
-  std::memcpy(&b, &x, 2);
+  std::memcpy(&b, static_cast<const void*>(&x), 2);
   return b;
 }
 inline bf16 bf16_from_bits(uint16_t b) {
   bf16 x;
-  std::memcpy(&x, &b, 2);
+  std::memcpy(static_cast<void*>(&x), &b, 2);
   return x;
 }
 
