@@ -34,6 +34,7 @@ struct TokenBlockFinder {
   struct Storage {
     typename Scan::TempStorage scan;
     int group;
+    int32_t row0, rows;  // offsets[g] and M_g of the group found, kept from the scan's own loads
     unsigned long long prefix;
   };
 
@@ -45,15 +46,22 @@ struct TokenBlockFinder {
     // Item i of thread t is group t * kItems + i; packed (token blocks << 32) | padding columns, both small:
     // token blocks <= 2^31 / 128 + 1024 and padding <= 15 * 1024, so the packed sum never carries.
     unsigned long long items[kItems];
+    int32_t lo[kItems], hi[kItems];
     bool bad = false;
     const int first = threadIdx.x * kItems;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      int g = first + i;
+      lo[i] = g < G ? offsets[g] : 0;
+      hi[i] = g < G ? offsets[g + 1] : 0;
+    }
+#pragma unroll
     for (int i = 0; i < kItems; ++i) {
       int g = first + i;
       items[i] = 0;
       if (g < G) {
-        int32_t lo = offsets[g], hi = offsets[g + 1];
-        int64_t rows = int64_t{hi} - lo;
-        if (rows < 0 || (g == 0 && lo != 0) || (g == G - 1 && hi != M)) bad = true;
+        int64_t rows = int64_t{hi[i]} - lo[i];
+        if (rows < 0 || (g == 0 && lo[i] != 0) || (g == G - 1 && hi[i] != M)) bad = true;
         if (rows > 0)
           items[i] = (static_cast<unsigned long long>((rows + kFp8Block - 1) / kFp8Block) << 32) |
                      static_cast<unsigned long long>(fp8_col_group_ld(rows) - rows);
@@ -63,17 +71,19 @@ struct TokenBlockFinder {
     if (__syncthreads_or(bad)) return false;
     unsigned long long excl[kItems];
     Scan(s.scan).ExclusiveSum(items, excl);
+#pragma unroll
     for (int i = 0; i < kItems; ++i) {
       long long q0 = static_cast<long long>(excl[i] >> 32), n = static_cast<long long>(items[i] >> 32);
       if (slot >= q0 && slot < q0 + n) {  // exactly one item of one thread holds the slot, if any
         s.group = first + i;
+        s.row0 = lo[i];
+        s.rows = hi[i] - lo[i];
         s.prefix = excl[i];
       }
     }
     __syncthreads();
-    const int g = s.group;
-    if (g < 0) return false;
-    const int64_t row0 = offsets[g], rows = int64_t{offsets[g + 1]} - row0;
+    if (s.group < 0) return false;
+    const int64_t row0 = s.row0, rows = s.rows;
     const long long q = static_cast<long long>(s.prefix >> 32);
     const int64_t pad = static_cast<int64_t>(s.prefix & 0xFFFFFFFFull);
     const int block = static_cast<int>(slot - q);

@@ -1,0 +1,25 @@
+// Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), so that a thread block can load its next tile
+// while it converts the current one without staging the data in registers.
+#pragma once
+
+#include <cstdint>
+
+namespace fp4moe::detail {
+
+// Copies 16 bytes from gmem to smem, or writes 16 zero bytes when !valid (gmem is then not read, but must still
+// be a valid address). Both addresses 16-byte aligned. Bypasses L1 (.cg): the data is read once.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+}  // namespace fp4moe::detail
