@@ -48,13 +48,27 @@ __device__ __forceinline__ uint4 convert16(uint32_t w0, uint32_t w1, E2M1ToE4M3L
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// Index: the integer type of unit indices, 32-bit when every index fits (cheap division by units per row).
+// Division of a 32-bit unit index n < 2^31 by a fixed d >= 2 with one multiply-high and one shift (Granlund and
+// Montgomery 1994, theorem 4.2 with N = 31): L = ceil(log2 d), m = ceil(2^(31 + L) / d) < 2^32 (2^31 when d is
+// a power of two), and n / d = (n * m) >> (31 + L) = umulhi(n, m) >> (L - 1) for every n < 2^31.
+struct UnitDivider {
+  uint32_t multiplier = 0, shift = 0;
+  static UnitDivider make(uint32_t d) {
+    int L = 0;
+    while ((uint64_t{1} << L) < d) ++L;
+    return {static_cast<uint32_t>(((uint64_t{1} << (31 + L)) + d - 1) / d), static_cast<uint32_t>(L - 1)};
+  }
+  __device__ __forceinline__ uint32_t divide(uint32_t n) const { return __umulhi(n, multiplier) >> shift; }
+};
+
+// Index: the integer type of unit indices, 32-bit when every index fits (division by units per row through
+// UnitDivider), else 64-bit (plain division).
 // kWholeGroups: K % 128 == 0 and in_scales 4-byte aligned, so a group's four scale bytes are one aligned word.
 template <typename Index, bool kWholeGroups>
 __global__ void __launch_bounds__(kThreads)
 mxfp4_row_to_fp8_row_kernel(const uint2* __restrict__ in_codes, const uint8_t* __restrict__ in_scales,
-                            Index M, Index units_per_row, Index num_units, uint4* __restrict__ out_codes,
-                            float* __restrict__ out_scales) {
+                            Index M, Index units_per_row, UnitDivider row_of_unit, Index num_units,
+                            uint4* __restrict__ out_codes, float* __restrict__ out_scales) {
   const Index blocks_per_row = units_per_row / kUnitsPerBlock;  // K / 32
   const Index scale_ld = (M + 3) / 4 * 4;                       // fp8_row_scale_ld(M)
   const Index sweep = static_cast<Index>(gridDim.x) * kThreads * kUnitsPerThread;
@@ -66,7 +80,10 @@ mxfp4_row_to_fp8_row_kernel(const uint2* __restrict__ in_codes, const uint8_t* _
     for (int j = 0; j < kUnitsPerThread; ++j) {
       const Index u = base + j * kThreads + threadIdx.x;
       if (u >= num_units) continue;
-      row[j] = u / units_per_row;
+      if constexpr (std::is_same_v<Index, uint32_t>)
+        row[j] = row_of_unit.divide(u);
+      else
+        row[j] = u / units_per_row;
       unit_in_row[j] = u - row[j] * units_per_row;
       codes[j] = __ldcs(in_codes + u);
       const Index first_block = unit_in_row[j] / kUnitsPerGroup * kBlocksPerGroup;
@@ -132,12 +149,13 @@ void mxfp4_row_to_fp8_row(const uint8_t* in_codes, const uint8_t* in_scales, int
   const int64_t max_index = num_units + blocks_needed * kThreads * kUnitsPerThread;
   const bool narrow = max_index < (int64_t{1} << 31) && scale_entries < (int64_t{1} << 31);
   const bool whole_groups = K % kFp8Block == 0 && (reinterpret_cast<uintptr_t>(in_scales) & 3u) == 0;
+  const UnitDivider row_of_unit = narrow ? UnitDivider::make(static_cast<uint32_t>(units_per_row)) : UnitDivider{};
   auto launch = [&](auto index_zero, auto whole_groups_tag) {
     using Index = decltype(index_zero);
     constexpr auto kernel = mxfp4_row_to_fp8_row_kernel<Index, decltype(whole_groups_tag)::value>;
     const unsigned grid = detail::mx_grid_blocks<kernel, kThreads>(blocks_needed);
     kernel<<<grid, kThreads, 0, stream>>>(codes8, in_scales, static_cast<Index>(M), static_cast<Index>(units_per_row),
-                                          static_cast<Index>(num_units), out16, out_scales);
+                                          row_of_unit, static_cast<Index>(num_units), out16, out_scales);
   };
   if (narrow && whole_groups) launch(uint32_t{0}, std::true_type{});
   else if (narrow) launch(uint32_t{0}, std::false_type{});
