@@ -388,12 +388,6 @@ struct Row {
   double us = 0, gbps = 0, fraction = NAN, speedup = NAN;
 };
 
-double geomean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += std::log(x);
-  return v.empty() ? NAN : std::exp(s / static_cast<double>(v.size()));
-}
-
 std::vector<Row> summarize() {
   std::vector<Row> rows;
   for (const auto& c : g_cases) {
@@ -446,16 +440,9 @@ void print_table(const std::vector<Row>& rows) {
   if (failed) fmt::print("{} case(s) failed: see the errors above\n", failed);
 }
 
-void write_h5(const std::string& path, const std::vector<Row>& rows, const std::string& command) {
-  Table t;
-  t.add_column("case", ColumnType::str)
-      .add_column("shape", ColumnType::str)
-      .add_column("recipe", ColumnType::str)
-      .add_column("time_us", ColumnType::f64)
-      .add_column("tflops", ColumnType::f64)
-      .add_column("gbps", ColumnType::f64)
-      .add_column("fraction_of_copy_bw", ColumnType::f64)
-      .add_column("speedup", ColumnType::f64);
+// The /bench/convert table (bench_util.cuh's columns).
+Table result_table(const std::vector<Row>& rows) {
+  Table t = bench_table();
   for (const auto& r : rows)
     t.add_row({r.spec->kase, r.spec->shape, r.spec->recipe, r.us, 0.0, r.gbps, r.fraction, r.speedup});
   t.set_attribute("gbps_counts", "minimal traffic: bytes read + bytes written by one launch");
@@ -463,35 +450,7 @@ void write_h5(const std::string& path, const std::vector<Row>& rows, const std::
   t.set_attribute("speedup", "naive MXFP4 -> BF16 -> FP8 time over the direct conversion's (NaN: not a direct case)");
   t.set_attribute("l2_bytes", g_l2_bytes);
   t.set_attribute("min_time_s", kMinTimeS);
-  ResultFile f;
-  fill_root_attributes(f, command);
-  f.add_table("/bench/convert", std::move(t));
-  f.write(path);
-}
-
-bool has_flag(int argc, char** argv, const char* flag) {
-  const size_t n = std::strlen(flag);
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.compare(0, n, flag) != 0) continue;
-    if (a.size() == n) return true;
-    if (a[n] == '=' && a.substr(n + 1) != "false" && a.substr(n + 1) != "0") return true;
-  }
-  return false;
-}
-
-// Removes "--h5 PATH" / "--h5=PATH" from argv (Google Benchmark rejects flags it does not know).
-std::string take_h5_flag(int& argc, char** argv) {
-  std::string path;
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--h5" && i + 1 < argc) path = argv[++i];
-    else if (a.rfind("--h5=", 0) == 0) path = a.substr(5);
-    else argv[out++] = argv[i];
-  }
-  argc = out;
-  return path;
+  return t;
 }
 
 }  // namespace
@@ -551,14 +510,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   for (const auto& [name, m] : g_measured)
     if (!m.ok) rc = 1;
-  if (!h5_path.empty()) {
-    try {
-      write_h5(h5_path, rows, command);
-      fmt::print("wrote {} (/bench/convert, {} rows)\n", h5_path, rows.size());
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "bench_convert: %s\n", e.what());
-      rc = 1;
-    }
-  }
+  if (!h5_path.empty() && write_bench_result("bench_convert", h5_path, "convert", result_table(rows), command) != 0)
+    rc = 1;
   return rc;
 }

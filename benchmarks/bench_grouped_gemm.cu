@@ -1,7 +1,7 @@
 // bench_grouped_gemm: the grouped expert GEMMs of kernels/gemm/grouped_gemm.h (Fprop, Dgrad, Wgrad; BF16 and
 // block-scaled FP8) against the same library's dense GEMM over the same total tokens (one group, the ceiling).
 //
-//   bench_grouped_gemm [Google Benchmark flags, e.g. --benchmark_filter=fp8]
+//   bench_grouped_gemm [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=fp8]
 //
 // Shapes: DeepSeek-V3 routed experts, fused gate/up (N = 4096, K = 7168) and down (N = 7168, K = 2048), 16384
 // routed tokens per GPU split over 8 experts (about 2048 each) or 32 experts (about 512 each); the split is
@@ -10,8 +10,10 @@
 // 32 x 512 down case (117 MB), so launches read from HBM.
 // Timing: CUDA events around one grouped call (all its cuBLASLt launches), Google Benchmark's manual time, after a
 // warm-up call that also fills the plan cache. FLOPs: 2 * M * N * K with M the routed tokens.
-// After the run: `case | shape | us | TFLOP/s | x dense` (x dense: TFLOP/s over the dense GEMM's of the same
-// recipe, op and shape measured in the same run) with a geometric-mean summary.
+// After the run: `case | shape | us | TFLOP/s | x dense | x bf16` (x dense: TFLOP/s over the dense GEMM's of the
+// same recipe, op and shape measured in the same run; x bf16: the BF16 time of the same op and shape over the FP8
+// time) with geometric-mean summaries, and with --h5 the table /bench/grouped_gemm of an HDF5 result file
+// (bench_util.cuh's columns, then fraction_of_dense, experts, n, k; gbps and fraction_of_copy_bw are NaN).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -23,11 +25,14 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_util.cuh"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/quant/layouts.h"
+#include "results/env_info.h"
+#include "results/run_info.h"
 
 namespace fp4moe::bench_gemm {
 namespace {
@@ -235,46 +240,92 @@ void run_case(benchmark::State& state, const Case* c) {
   if (stop) cudaEventDestroy(stop);
 }
 
-double geomean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += std::log(x);
-  return v.empty() ? NAN : std::exp(s / static_cast<double>(v.size()));
-}
+// ---- summary ------------------------------------------------------------------------------------------------------
 
-void print_table() {
-  fmt::print("\n{:<22} | {:<14} | {:>9} | {:>8} | {:>7}\n", "case", "shape", "us", "TFLOP/s", "x dense");
-  fmt::print("{:-<22}-+-{:-<14}-+-{:->9}-+-{:->8}-+-{:->7}\n", "", "", "", "", "");
-  std::vector<double> ratios;
+struct Row {
+  const Case* c;
+  double us = 0, tflops = 0;
+  double fraction_of_dense = NAN;  // TFLOP/s over the dense GEMM's of the same op, recipe, N and K (grouped rows)
+  double speedup = NAN;            // BF16 time over FP8 time of the same op and shape (FP8 rows)
+};
+
+// One row per measured case, in definition order, with the ratios to the cases measured beside it.
+std::vector<Row> summarize() {
+  std::vector<Row> rows;
   for (const Case& c : g_cases) {
     auto it = g_measured.find(c.name());
     if (it == g_measured.end() || !it->second.ok || it->second.calls == 0) continue;
     const Measured& m = it->second;
-    const double us = m.seconds / static_cast<double>(m.calls) * 1e6;
-    const double tflops = static_cast<double>(m.flops) / us * 1e-6;
-    double ratio = NAN;
-    if (!c.dense)
-      for (const Case& d : g_cases) {
-        auto jt = g_measured.find(d.name());
-        if (d.dense && d.op == c.op && d.recipe == c.recipe && d.N == c.N && d.K == c.K && jt != g_measured.end() &&
-            jt->second.ok && jt->second.calls > 0) {
-          const double dense_tflops = static_cast<double>(jt->second.flops) * jt->second.calls / jt->second.seconds * 1e-12;
-          ratio = tflops / dense_tflops;
-        }
-      }
-    fmt::print("{:<22} | {:<14} | {:>9.1f} | {:>8.1f} | {:>7}\n", fmt::format("{} {}", c.op, c.recipe), c.shape, us,
-               tflops, c.dense ? "ceiling" : (std::isnan(ratio) ? "-" : fmt::format("{:.2f}", ratio)));
-    if (!std::isnan(ratio)) ratios.push_back(ratio);
+    Row r{&c};
+    r.us = m.seconds / static_cast<double>(m.calls) * 1e6;
+    r.tflops = static_cast<double>(m.flops) / r.us * 1e-6;
+    rows.push_back(r);
   }
-  fmt::print("geomean: {:.2f} x dense over {} grouped cases\n", geomean(ratios), ratios.size());
+  for (Row& r : rows)
+    for (const Row& o : rows) {
+      const Case &c = *r.c, &d = *o.c;
+      if (!c.dense && d.dense && d.op == c.op && d.recipe == c.recipe && d.N == c.N && d.K == c.K)
+        r.fraction_of_dense = r.tflops / o.tflops;
+      if (c.recipe == "fp8" && d.recipe == "bf16" && d.op == c.op && d.shape == c.shape && d.dense == c.dense)
+        r.speedup = o.us / r.us;
+    }
+  return rows;
+}
+
+std::string ratio_cell(double v, const char* suffix) {
+  return std::isnan(v) ? std::string("-") : fmt::format("{:.2f}{}", v, suffix);
+}
+
+void print_table(const std::vector<Row>& rows) {
+  fmt::print("\n{:<22} | {:<14} | {:>9} | {:>8} | {:>7} | {:>7}\n", "case", "shape", "us", "TFLOP/s", "x dense",
+             "x bf16");
+  fmt::print("{:-<22}-+-{:-<14}-+-{:->9}-+-{:->8}-+-{:->7}-+-{:->7}\n", "", "", "", "", "", "");
+  std::vector<double> fractions, speedups;
+  for (const Row& r : rows) {
+    fmt::print("{:<22} | {:<14} | {:>9.1f} | {:>8.1f} | {:>7} | {:>7}\n", fmt::format("{} {}", r.c->op, r.c->recipe),
+               r.c->shape, r.us, r.tflops, r.c->dense ? std::string("ceiling") : ratio_cell(r.fraction_of_dense, ""),
+               ratio_cell(r.speedup, "x"));
+    if (!std::isnan(r.fraction_of_dense)) fractions.push_back(r.fraction_of_dense);
+    if (!std::isnan(r.speedup) && !r.c->dense) speedups.push_back(r.speedup);
+  }
+  fmt::print("geomean: {:.2f} x dense over {} grouped cases; FP8 over BF16 {:.2f}x over {} grouped pairs\n",
+             bench::geomean(fractions), fractions.size(), bench::geomean(speedups), speedups.size());
+}
+
+// The /bench/grouped_gemm table: case = op ("fprop", "dgrad", "wgrad"; "_dense" appended for the one-group
+// ceiling), shape as printed ("up 8x2048": V3 fused gate/up, 8 experts of about 2048 tokens), recipe bf16/fp8.
+Table result_table(const std::vector<Row>& rows) {
+  Table t = bench::bench_table();
+  t.add_column("fraction_of_dense", ColumnType::f64)
+      .add_column("experts", ColumnType::i64)
+      .add_column("n", ColumnType::i64)
+      .add_column("k", ColumnType::i64);
+  const double not_measured = NAN;  // gbps and fraction_of_copy_bw do not apply to GEMMs
+  for (const Row& r : rows)
+    t.add_row({r.c->op + (r.c->dense ? "_dense" : ""), r.c->shape, r.c->recipe, r.us, r.tflops, not_measured,
+               not_measured, r.speedup, r.fraction_of_dense, r.c->G, r.c->N, r.c->K});
+  t.set_attribute("tflops", fmt::format("2 * M * N * K over the time of one grouped call, M = {} routed tokens",
+                                        kTokens));
+  t.set_attribute("speedup", "BF16 time over FP8 time of the same op and shape (NaN on BF16 rows)");
+  t.set_attribute("fraction_of_dense",
+                  "TFLOP/s over the dense GEMM's (one group of all tokens) of the same op, recipe, N and K measured "
+                  "in the same run (NaN on dense rows)");
+  t.set_attribute("shape", "up: N=4096, K=7168 (DeepSeek-V3 fused gate/up); down: N=7168, K=2048; GxM: G experts "
+                           "of about M tokens each (ragged +-25 %)");
+  t.set_attribute("gbps", "not measured for GEMMs (NaN)");
+  t.set_attribute("min_time_s", kMinTimeS);
+  return t;
 }
 
 }  // namespace
 }  // namespace fp4moe::bench_gemm
 
 int main(int argc, char** argv) {
+  using namespace fp4moe;
   using namespace fp4moe::bench_gemm;
-  bool listing = false;
-  for (int i = 1; i < argc; ++i) listing = listing || std::string(argv[i]).rfind("--benchmark_list_tests", 0) == 0;
+  const std::string command = command_line(argc, argv);
+  const std::string h5_path = bench::take_h5_flag(argc, argv);
+  const bool listing = bench::has_flag(argc, argv, "--benchmark_list_tests");
   define_cases();
   for (const auto& c : g_cases)
     benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
@@ -287,16 +338,20 @@ int main(int argc, char** argv) {
     benchmark::RunSpecifiedBenchmarks();
     return 0;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "bench_grouped_gemm: no CUDA device: the grouped GEMM benchmarks need a Hopper GPU\n");
+  const std::string why = why_no_cuda_device();
+  if (!why.empty()) {
+    std::fprintf(stderr, "bench_grouped_gemm: %s: the grouped GEMM benchmarks need a Hopper GPU\n", why.c_str());
     return 1;
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  print_table();
+  const std::vector<Row> rows = summarize();
+  print_table(rows);
   int rc = 0;
   for (const auto& [name, m] : g_measured)
     if (!m.ok) rc = 1;
+  if (!h5_path.empty() &&
+      bench::write_bench_result("bench_grouped_gemm", h5_path, "grouped_gemm", result_table(rows), command) != 0)
+    rc = 1;
   return rc;
 }

@@ -1,18 +1,27 @@
 // Shared by the benchmark programs (header only: each bench_<family>.cu is its own executable):
 // device buffers, seeded random inputs with a realistic spread, the number of rotated input copies needed to
-// defeat the L2, and CUDA-event timing of a batch of launches.
+// defeat the L2, CUDA-event timing of a batch of launches, the command-line flags every program takes besides
+// Google Benchmark's own (--h5 PATH), and the /bench/<family> table of the HDF5 result file.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include "kernels/common/check.h"
 #include "kernels/formats/formats.h"
+#include "results/h5_file.h"
+#include "results/run_info.h"
+#include "results/table.h"
 
 namespace fp4moe::bench {
 
@@ -111,5 +120,81 @@ class EventTimer {
  private:
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
+
+// ---- summaries ------------------------------------------------------------------------------------------------
+
+// Geometric mean of positive ratios; NaN for an empty list.
+inline double geomean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += std::log(x);
+  return v.empty() ? NAN : std::exp(s / static_cast<double>(v.size()));
+}
+
+// ---- command line ---------------------------------------------------------------------------------------------
+
+// True when argv holds `flag` alone or as `flag=VALUE` with VALUE other than "false" and "0".
+inline bool has_flag(int argc, char** argv, const char* flag) {
+  const size_t n = std::strlen(flag);
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.compare(0, n, flag) != 0) continue;
+    if (a.size() == n) return true;
+    if (a[n] == '=' && a.substr(n + 1) != "false" && a.substr(n + 1) != "0") return true;
+  }
+  return false;
+}
+
+// Removes "--h5 PATH" / "--h5=PATH" from argv (Google Benchmark rejects flags it does not know) and returns PATH
+// ("" when absent).
+inline std::string take_h5_flag(int& argc, char** argv) {
+  std::string path;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--h5" && i + 1 < argc) path = argv[++i];
+    else if (a.rfind("--h5=", 0) == 0) path = a.substr(5);
+    else argv[out++] = argv[i];
+  }
+  argc = out;
+  return path;
+}
+
+// ---- result file ----------------------------------------------------------------------------------------------
+
+// An empty /bench/<family> table with the columns every family has (DESIGN.md "Results"), in this order:
+// case, shape, recipe (strings); time_us (microseconds per launch or call), tflops (TFLOP/s), gbps (GB/s of
+// minimal traffic), fraction_of_copy_bw, speedup (float64; NaN where a column does not apply to a row).
+// A family may add its own columns after these (add_column before the first row).
+inline Table bench_table() {
+  Table t;
+  t.add_column("case", ColumnType::str)
+      .add_column("shape", ColumnType::str)
+      .add_column("recipe", ColumnType::str)
+      .add_column("time_us", ColumnType::f64)
+      .add_column("tflops", ColumnType::f64)
+      .add_column("gbps", ColumnType::f64)
+      .add_column("fraction_of_copy_bw", ColumnType::f64)
+      .add_column("speedup", ColumnType::f64);
+  return t;
+}
+
+// Writes `table` as /bench/<family> of a new result file at `path` (atomically; root attributes from this
+// machine's environment and `command`, results/run_info.h) and prints "wrote PATH (...)"; on failure prints
+// "<program>: <reason>" to stderr. Returns 0 when written, 1 otherwise.
+inline int write_bench_result(const char* program, const std::string& path, const std::string& family, Table table,
+                              const std::string& command) {
+  try {
+    const int64_t rows = table.rows();
+    ResultFile f;
+    fill_root_attributes(f, command);
+    f.add_table("/bench/" + family, std::move(table));
+    f.write(path);
+    fmt::print("wrote {} (/bench/{}, {} rows)\n", path, family, rows);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
+}
 
 }  // namespace fp4moe::bench
