@@ -23,6 +23,8 @@ build: configure
 # CPU tests everywhere; GPU tests run when a GPU is present and are reported as skipped otherwise.
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@$(BUILD)/fp4moe env | grep -q 'no CUDA device' && \
+	  echo "note: the GPU tests (ctest label gpu) were skipped: $$($(BUILD)/fp4moe env | grep -o 'no CUDA device.*')" || true
 
 # On a machine with a GPU: every test must run (a skipped GPU test is a failure here).
 test-gpu: build
@@ -38,6 +40,23 @@ DATA_CACHE ?= data/cache
 data:
 	@bash scripts/setup.sh --check-only || bash scripts/setup.sh
 	/usr/bin/python3 scripts/data/build_data.py --cache $(DATA_CACHE) --jobs $(JOBS)
+
+# On a Hopper machine: the reproduction suite (repro/scenarios/*.toml). SCALE: smoke (minutes), default (every
+# benchmark case) or full (everything the scenarios have; the same as default for now). Writes
+# $(RUNS)/<date>-<gpu>.h5 and $(RUNS)/<date>-<gpu>/ (TABLES.md, plots, logs). Without a GPU it says what to run.
+SCALE ?= default
+RUNS  ?= runs
+repro-table:
+	@bash scripts/setup.sh --check-only || bash scripts/setup.sh
+	@$(MAKE) --no-print-directory build BUILD=$(BUILD)
+	@test -n "$(PYTHON)" || { echo "make: no python3 imports pandas, matplotlib, h5py and numpy: run make setup" >&2; exit 1; }
+	$(PYTHON) repro/run.py --build $(BUILD) --scale $(SCALE) --out $(RUNS)
+
+# TABLES.md and plots of one run file: make report RUN=runs/<date>-<gpu>.h5 (written to runs/<date>-<gpu>/).
+report:
+	@test -n "$(RUN)" || { echo "make report: name the run file: make report RUN=runs/<date>-<gpu>.h5" >&2; exit 2; }
+	@test -n "$(PYTHON)" || { echo "make: no python3 imports pandas, matplotlib, h5py and numpy: run make setup" >&2; exit 1; }
+	$(PYTHON) reports/report.py $(RUN)
 
 clean:
 	rm -rf $(BUILD)

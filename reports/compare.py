@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Side-by-side Markdown comparison of two fp4moe run files.
+
+    reports/compare.py A.h5 B.h5 [--out FILE]
+
+Prints (or writes to FILE) the root attributes of both files; for every /repro table either file has, its rows
+matched by `row`: the paper value, ours in A and in B, B - A and B / A; for every /bench table, its rows matched by
+(case, shape, recipe): time_us in A and B with B / A, and the table's headline rate (tflops where the table has
+any above zero, else gbps) in A and B with B / A. A row or table present in one file only shows "-" for the other.
+Both files must have the schema_version this code reads (result_file.SCHEMA_VERSION); any other is refused.
+Exit codes: 0 written, 1 a file of another schema (refused), 2 bad arguments or an unreadable file.
+"""
+
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pandas as pd  # noqa: E402
+
+from reports import result_file  # noqa: E402
+from reports.report import load_run  # noqa: E402
+
+ATTRIBUTES = ["schema_version", "git_sha", "date", "gpu", "driver", "cuda", "cublaslt", "nccl", "host", "scale"]
+BENCH_KEY = ["case", "shape", "recipe"]
+
+
+def _num(v):
+    return f"{v:.4g}" if result_file.is_number(v) else "-"
+
+
+def _esc(v):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v).replace("|", "\\|")
+
+
+def _ratio(a, b):
+    return b / a if result_file.is_number(a) and result_file.is_number(b) and a != 0 else math.nan
+
+
+def _delta(a, b):
+    return b - a if result_file.is_number(a) and result_file.is_number(b) else math.nan
+
+
+def _table(header, rows, numeric_from):
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if i >= numeric_from else "---" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def _outer(a, b, key):
+    """Outer join of two DataFrames (None for a missing table) on `key`, suffixes _a and _b, A's order first."""
+    empty = pd.DataFrame(columns=key)
+    a = a if a is not None else (b.iloc[0:0] if b is not None else empty)
+    b = b if b is not None else a.iloc[0:0]
+    return a.merge(b, on=key, how="outer", suffixes=("_a", "_b"), sort=False)
+
+
+def compare_repro(da, db):
+    m = _outer(da, db, ["row"])
+    rows = []
+    for _, r in m.iterrows():
+        paper = r.get("paper_a") if isinstance(r.get("paper_a"), str) else r.get("paper_b")
+        oa, ob = r.get("ours_a", math.nan), r.get("ours_b", math.nan)
+        rows.append([_esc(r["row"]), _esc(paper or "-"), _num(oa), _num(ob), _num(_delta(oa, ob)),
+                     _num(_ratio(oa, ob))])
+    return _table(["row", "paper", "ours A", "ours B", "B - A", "B / A"], rows, 2)
+
+
+def _rate_column(*dfs):
+    for df in dfs:
+        if df is not None and "tflops" in df.columns and (pd.to_numeric(df["tflops"], errors="coerce") > 0).any():
+            return "tflops"
+    return "gbps"
+
+
+def compare_bench(da, db):
+    key = [k for k in BENCH_KEY if all(d is None or k in d.columns for d in (da, db))]
+    rate = _rate_column(da, db)
+    m = _outer(da, db, key)
+    rows = []
+    for _, r in m.iterrows():
+        ta, tb = r.get("time_us_a", math.nan), r.get("time_us_b", math.nan)
+        ra, rb = r.get(f"{rate}_a", math.nan), r.get(f"{rate}_b", math.nan)
+        rows.append([_esc(r[k]) for k in key] + [_num(ta), _num(tb), _num(_ratio(ta, tb)), _num(ra), _num(rb),
+                                                  _num(_ratio(ra, rb))])
+    header = key + ["time_us A", "time_us B", "time B / A", f"{rate} A", f"{rate} B", f"{rate} B / A"]
+    return _table(header, rows, len(key))
+
+
+def render(path_a, path_b):
+    """Markdown text comparing two run files. Raises OSError and result_file.SchemaError."""
+    a, b = load_run(path_a), load_run(path_b)
+    out = ["# Comparison", "", f"A: `{path_a}`", "", f"B: `{path_b}`", ""]
+    out += _table(["attribute", "A", "B"],
+                  [[k, _esc(a["attrs"].get(k)), _esc(b["attrs"].get(k))] for k in ATTRIBUTES
+                   if k in a["attrs"] or k in b["attrs"]], 3)
+    for kind, fn in (("repro", compare_repro), ("bench", compare_bench)):
+        for p in sorted(set(a[kind]) | set(b[kind])):
+            da, db = (a[kind].get(p, (None,))[0], b[kind].get(p, (None,))[0])
+            only = "" if da is not None and db is not None else (" (only in A)" if db is None else " (only in B)")
+            out += ["", f"## {p}{only}", ""] + fn(da, db)
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="side-by-side comparison of two fp4moe run files")
+    p.add_argument("a", help="run file A (the reference)")
+    p.add_argument("b", help="run file B")
+    p.add_argument("--out", help="write the comparison here instead of printing it")
+    args = p.parse_args(argv)
+    try:
+        text = render(args.a, args.b)
+    except result_file.SchemaError as e:
+        print(f"compare: refused: {e}", file=sys.stderr)
+        return 1
+    except (OSError, KeyError) as e:
+        print(f"compare: cannot read the run files: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"compare: wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""TABLES.md and PNG plots of one run file (`make report RUN=runs/<date>-<gpu>.h5`; repro/run.py calls the same
+write_report after a run).
+
+    reports/report.py RUN.h5 [--out DIR]
+
+DIR (default: RUN without .h5, e.g. runs/20261129-120000-nvidia-h200/) receives
+    TABLES.md                           the run's root attributes; for each /repro/<scenario> table the paper value,
+                                        ours and their ratio with the source of each row; then every /bench table
+                                        in full with the geometric means of its ratio columns (bench_report.py)
+    <family>_fraction_of_copy.png       per kernel: bandwidth as a fraction of the copy's measured in the same run
+                                        (geometric mean over shapes, whiskers from the lowest to the highest)
+    <family>_tflops.png                 per case and shape: TFLOP/s, one bar per recipe
+A plot is drawn for each /bench table that has the values for it (fraction_of_copy_bw on non-copy rows; tflops
+above zero). Files whose schema_version is not result_file.SCHEMA_VERSION are refused.
+Exit codes: 0 written, 1 no /repro or /bench table in the file, 2 unreadable file or other schema.
+"""
+
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import h5py  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from reports import bench_report, result_file  # noqa: E402
+
+REPRO_SHOWN = [("row", "row"), ("paper", "paper"), ("ours", "ours"), ("ratio", "ours / paper"), ("unit", "unit"),
+               ("paper_source", "source"), ("note", "note")]
+
+
+def load_run(path):
+    """{"attrs", "repro": {path: (DataFrame, attrs)}, "bench": {path: (DataFrame, attrs)}} of a run file.
+    Raises OSError for an unreadable file and result_file.SchemaError for another schema."""
+    with h5py.File(path, "r") as f:
+        result_file.check_schema(path, f)
+        run = {"attrs": result_file.root_attributes(f), "repro": {}, "bench": {}}
+        for kind in ("repro", "bench"):
+            for p, df in result_file.tables_under(f, kind).items():
+                run[kind][p] = (df, result_file.table_attributes(f, p))
+    return run
+
+
+def _num(v, digits=3):
+    return "-" if not result_file.is_number(v) else f"{v:.{digits}g}"
+
+
+def _esc(v):
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def repro_markdown(df):
+    lines = ["| " + " | ".join(h for _, h in REPRO_SHOWN) + " |", "|---|---|---:|---:|---|---|---|"]
+    for _, r in df.iterrows():
+        cells = []
+        for c, _ in REPRO_SHOWN:
+            v = r[c]
+            cells.append(_num(v, 4 if c == "ours" else 3) if c in ("ours", "ratio") else (_esc(v) if v != "" else "-"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def family_of(table_path):
+    """"/bench/convert" -> "convert", "/bench/gemm/fp8" -> "gemm_fp8"."""
+    return table_path.split("/", 2)[2].replace("/", "_")
+
+
+def _geomean_min_max(values):
+    v = [x for x in values if math.isfinite(x) and x > 0]
+    return (math.exp(sum(math.log(x) for x in v) / len(v)), min(v), max(v)) if v else None
+
+
+def plot_fraction_of_copy(df, title, path):
+    """Bars per case: geometric mean of fraction_of_copy_bw over its shapes, whiskers min..max. False when the
+    table has nothing to plot."""
+    if "fraction_of_copy_bw" not in df.columns:
+        return False
+    rows = df[df["recipe"] != "copy"] if "recipe" in df.columns else df
+    cases, means, lo, hi = [], [], [], []
+    for case in dict.fromkeys(rows["case"]):
+        g = _geomean_min_max(rows[rows["case"] == case]["fraction_of_copy_bw"].astype(float).tolist())
+        if g:
+            cases.append(case)
+            means.append(g[0])
+            lo.append(g[0] - g[1])
+            hi.append(g[2] - g[0])
+    if not cases:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(cases) + 1.6))
+    y = np.arange(len(cases))
+    ax.barh(y, means, xerr=[lo, hi], color="#4C72B0", capsize=3)
+    ax.axvline(1.0, color="black", linewidth=1, linestyle="--", label="device-to-device copy")
+    ax.set_yticks(y, cases)
+    ax.invert_yaxis()
+    ax.set_xlabel("bandwidth / copy bandwidth (geometric mean over shapes; whiskers: min to max)")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_tflops(df, title, path):
+    """Horizontal bars: TFLOP/s per (case, shape), one bar per recipe. False when no row has tflops > 0."""
+    if "tflops" not in df.columns:
+        return False
+    rows = df[np.isfinite(df["tflops"].astype(float)) & (df["tflops"].astype(float) > 0)]
+    if rows.empty:
+        return False
+    labels = list(dict.fromkeys(f"{c} {s}" for c, s in zip(rows["case"], rows["shape"])))
+    recipes = list(dict.fromkeys(rows["recipe"])) if "recipe" in rows.columns else [""]
+    height = 0.8 / len(recipes)
+    fig, ax = plt.subplots(figsize=(9, 0.4 * len(labels) * max(1, len(recipes) / 2) + 1.6))
+    y = np.arange(len(labels))
+    for i, recipe in enumerate(recipes):
+        sub = rows[rows["recipe"] == recipe] if recipe else rows
+        values = {f"{c} {s}": t for c, s, t in zip(sub["case"], sub["shape"], sub["tflops"].astype(float))}
+        ax.barh(y + (i - (len(recipes) - 1) / 2) * height, [values.get(lb, 0.0) for lb in labels], height,
+                label=recipe or None)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("TFLOP/s")
+    ax.set_title(title)
+    if recipes != [""]:
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_plots(run, out_dir):
+    """Draws every plot the run's /bench tables allow into out_dir; returns {table path: [file names]}."""
+    gpu = run["attrs"].get("gpu", "unknown GPU")
+    plots = {}
+    for p, (df, _) in run["bench"].items():
+        fam = family_of(p)
+        names = []
+        name = f"{fam}_fraction_of_copy.png"
+        if plot_fraction_of_copy(df, f"{p}: bandwidth vs copy ({gpu})", os.path.join(out_dir, name)):
+            names.append(name)
+        name = f"{fam}_tflops.png"
+        if plot_tflops(df, f"{p}: TFLOP/s ({gpu})", os.path.join(out_dir, name)):
+            names.append(name)
+        plots[p] = names
+    return plots
+
+
+def render_markdown(run, plots, run_name=""):
+    """TABLES.md text of a loaded run; plots: {table path: [png file names]} linked under each table."""
+    attrs = run["attrs"]
+    out = [f"# Reproduction tables: {attrs.get('gpu', 'unknown GPU')}", ""]
+    if run_name:
+        out += [f"Run file `{run_name}`" + (f", scale `{attrs['scale']}`." if "scale" in attrs else "."), ""]
+    out += ["| attribute | value |", "|---|---|"]
+    known = result_file.ROOT_ATTRIBUTES
+    for k in known + sorted(k for k in attrs if k not in known):
+        if k in attrs:
+            out.append(f"| {k} | {_esc(attrs[k])} |")
+    for p, (df, a) in run["repro"].items():
+        name = p.split("/", 2)[2]
+        out += ["", f"## {name}: {a.get('title', '')}".rstrip(": "), ""]
+        facts = []
+        if "benchmark" in a:
+            flt = a.get("filter", "")
+            facts.append(f"benchmark `{a['benchmark']}`" + (f" with `--benchmark_filter={flt}`" if flt else
+                                                            " (every case)"))
+        if "budget_gpu_minutes" in a:
+            took = a.get("elapsed_s")
+            facts.append(f"budget {_num(a['budget_gpu_minutes'])} GPU-minutes" +
+                         (f", took {_num(took / 60)} min" if result_file.is_number(took) else ""))
+        if "exit_code" in a:
+            facts.append(f"exit code {a['exit_code']}")
+        if facts:
+            sentence = "; ".join(facts)
+            out += [sentence[0].upper() + sentence[1:] + ".", ""]
+        out.append(repro_markdown(df))
+    if run["bench"]:
+        out += ["", "## Benchmark tables"]
+    for p, (df, a) in run["bench"].items():
+        out += ["", f"### {p}", "", f"{len(df)} rows" + (f"; `{_esc(a['command'])}`." if a.get("command") else "."),
+                "", bench_report.markdown_table(df)]
+        summary = bench_report.ratio_summary(df)
+        if summary:
+            out += ["", summary]
+        for png in plots.get(p, []):
+            out += ["", f"![{p}]({png})"]
+    return "\n".join(out) + "\n"
+
+
+def default_out_dir(run_path):
+    base = run_path[:-3] if run_path.endswith(".h5") else run_path + ".report"
+    return base
+
+
+def write_report(run_path, out_dir=None):
+    """Writes TABLES.md and the plots of `run_path` into out_dir (default_out_dir when None); returns
+    (TABLES.md path, [png paths], number of tables); writes nothing and returns (None, [], 0) for a file without
+    /repro or /bench tables. Raises OSError / result_file.SchemaError."""
+    run = load_run(run_path)
+    if not run["repro"] and not run["bench"]:
+        return None, [], 0
+    out_dir = out_dir or default_out_dir(run_path)
+    os.makedirs(out_dir, exist_ok=True)
+    plots = write_plots(run, out_dir)
+    md = os.path.join(out_dir, "TABLES.md")
+    with open(md + ".tmp", "w", encoding="utf-8") as f:
+        f.write(render_markdown(run, plots, os.path.basename(run_path)))
+    os.replace(md + ".tmp", md)
+    pngs = [os.path.join(out_dir, n) for names in plots.values() for n in names]
+    return md, pngs, len(run["repro"]) + len(run["bench"])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="TABLES.md and plots of one fp4moe run file")
+    p.add_argument("run", help="HDF5 run file (repro/run.py writes runs/<date>-<gpu>.h5)")
+    p.add_argument("--out", help="folder for TABLES.md and the plots (default: the run file's name without .h5)")
+    a = p.parse_args(argv)
+    try:
+        md, pngs, n = write_report(a.run, a.out)
+    except result_file.SchemaError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    except (OSError, KeyError) as e:
+        print(f"report: cannot read '{a.run}': {e}", file=sys.stderr)
+        return 2
+    if n == 0:
+        print(f"report: '{a.run}' holds no /repro or /bench table", file=sys.stderr)
+        return 1
+    print(f"report: wrote {md} and {len(pngs)} plot(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

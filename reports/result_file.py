@@ -1,0 +1,111 @@
+"""Reading and writing fp4moe HDF5 result files from Python, in the layout of results/h5_file.h.
+
+    /                      root attributes: schema_version (int64), git_sha, date, gpu, driver, cuda, cublaslt,
+                           nccl, host, command (UTF-8 strings); results/run_info.h
+    /<group>/.../<table>   one group per table: one 1-D dataset per column (float64, int64 or variable-length
+                           UTF-8 strings, all of the table's length), the group attribute `columns` (the column
+                           order, variable-length UTF-8 strings) and the table's own attributes
+
+SCHEMA_VERSION is the layout this code reads and writes; it must equal kResultSchemaVersion in
+results/run_info.h (tests/python/test_repro.py checks that). check_schema() refuses any other version.
+"""
+
+import math
+
+import h5py
+import numpy as np
+
+from reports.bench_report import read_table  # noqa: F401  (one reader of table groups, shared)
+
+SCHEMA_VERSION = 1
+ROOT_ATTRIBUTES = ["schema_version", "git_sha", "date", "gpu", "driver", "cuda", "cublaslt", "nccl", "host", "command"]
+STR = h5py.string_dtype("utf-8")
+
+
+class SchemaError(Exception):
+    """A result file whose schema_version is missing or not SCHEMA_VERSION."""
+
+
+def text(v):
+    """An attribute value as plain Python (bytes decoded, numpy scalars unwrapped)."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def root_attributes(f):
+    """{name: value} of an open file's root attributes."""
+    return {k: text(v) for k, v in f.attrs.items()}
+
+
+def check_schema(path, f):
+    """Raises SchemaError unless the open file `f` (read from `path`) has schema_version == SCHEMA_VERSION."""
+    if "schema_version" not in f.attrs:
+        raise SchemaError(f"'{path}' has no schema_version root attribute: it is not an fp4moe result file, or one "
+                          f"older than schema version {SCHEMA_VERSION}")
+    v = text(f.attrs["schema_version"])
+    if not isinstance(v, int) or v != SCHEMA_VERSION:
+        raise SchemaError(f"'{path}' has schema_version {v}; this code reads version {SCHEMA_VERSION} only "
+                          f"(results/run_info.h kResultSchemaVersion): use the reports/ of the fp4moe version that "
+                          f"wrote the file")
+
+
+def tables_under(f, prefix):
+    """{"/<prefix>/<name>": DataFrame} for every table group under the group `prefix` of an open file, in name order
+    (empty when the group is absent)."""
+    tables = {}
+    if prefix in f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Group) and "columns" in obj.attrs:
+                tables[f"/{prefix}/{name}"] = read_table(obj)
+        f[prefix].visititems(visit)
+    return dict(sorted(tables.items()))
+
+
+def table_attributes(f, path):
+    """{name: value} of a table group's attributes, `columns` left out."""
+    return {k: text(v) for k, v in f[path].attrs.items() if k != "columns"}
+
+
+def set_attribute(obj, name, value):
+    """Writes one attribute as results/h5_file.h does: str -> variable-length UTF-8, int -> int64, float -> float64."""
+    if isinstance(value, str):
+        obj.attrs.create(name, value, dtype=STR)
+    elif isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"attribute '{name}': booleans are not part of the result schema (use int or str)")
+    elif isinstance(value, (int, np.integer)):
+        obj.attrs.create(name, np.int64(value))
+    elif isinstance(value, (float, np.floating)):
+        obj.attrs.create(name, np.float64(value))
+    else:
+        raise TypeError(f"attribute '{name}': expected str, int or float, got {type(value).__name__}")
+
+
+def write_table(f, path, columns, attributes=None):
+    """Writes a table group at `path` of an open, writable file.
+
+    columns: list of (name, kind, values) with kind "str", "f64" or "i64" and values of one length.
+    attributes: {name: str | int | float} set on the group. Rejects mismatched lengths and unknown kinds."""
+    lengths = {len(values) for _, _, values in columns}
+    if len(lengths) > 1:
+        raise ValueError(f"table '{path}': columns of different lengths {sorted(lengths)}")
+    g = f.create_group(path)
+    for name, kind, values in columns:
+        if kind == "str":
+            g.create_dataset(name, data=np.array([str(v) for v in values], dtype=object), dtype=STR)
+        elif kind == "f64":
+            g.create_dataset(name, data=np.asarray(values, dtype=np.float64).reshape(-1))
+        elif kind == "i64":
+            g.create_dataset(name, data=np.asarray(values, dtype=np.int64).reshape(-1))
+        else:
+            raise ValueError(f"table '{path}', column '{name}': kind must be str, f64 or i64, not '{kind}'")
+    g.attrs.create("columns", [name for name, _, _ in columns], dtype=STR)
+    for k, v in (attributes or {}).items():
+        set_attribute(g, k, v)
+    return g
+
+
+def is_number(v):
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""The reproduction suite behind `make repro-table`: runs each scenario's benchmark on this machine's Hopper GPU and
+puts our numbers beside the papers'.
+
+    repro/run.py [--build build] [--scale smoke|default|full] [--out runs] [--only NAME ...]
+                 [--scenarios repro/scenarios] [--fp4moe PATH]
+
+1. Asks `<build>/fp4moe env` for the GPU. Without a CUDA device, or with one that is not a Hopper (sm_90), it says
+   so in one line with what to run instead and exits 1.
+2. Runs the benchmark of each scenario (repro/scenarios/*.toml, format in repro/scenario.py) with the scenario's
+   --benchmark_filter for the scale and --h5, printing "[i/n] name: ..." progress lines with the elapsed time
+   (the program's own output goes to the log). Scales: smoke (a few cases, minutes), default (every case the
+   benchmark has), full ("everything the scenario has": the same as default until a scenario defines more).
+3. Merges every benchmark's table and the reproduced tables into one file, <out>/<date>-<gpu>.h5 (repro/merge.py;
+   written under a temporary name and renamed), e.g. runs/20261129-120000-nvidia-h200.h5.
+4. Writes <out>/<date>-<gpu>/TABLES.md and the PNG plots (reports/report.py, the code `make report` runs), beside
+   logs/<benchmark>.log and bench/<benchmark>.h5 (each program's own output and result file).
+
+Exit codes: 0 every scenario ran; 1 no suitable GPU, or a benchmark failed (the run file still holds what the others
+measured); 2 bad arguments, a bad scenario file, or no fp4moe binary in the build folder.
+"""
+
+import argparse
+import datetime
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import h5py  # noqa: E402
+
+from reports import report, result_file  # noqa: E402
+from repro import merge, ours, scenario  # noqa: E402
+
+GPU_LINE = re.compile(r"^GPU (\d+):\s+(.+?) \(sm_(\d+)\)")
+NO_GPU = re.compile(r"no CUDA device(?: \((.*)\))?")
+HEARTBEAT_S = 30
+
+
+class RunError(Exception):
+    """Stops the run with a one-line message and an exit code."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def fmt_elapsed(seconds):
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def detect_gpu(fp4moe):
+    """(GPU name, count) of this machine from `fp4moe env`. Raises RunError: code 2 when the binary is missing or
+    fails, code 1 without a CUDA device or with a GPU that is not a Hopper."""
+    if not os.access(fp4moe, os.X_OK):
+        raise RunError(f"{fp4moe} not found: build first (`make build`, or `make repro-table`, which builds)", 2)
+    try:
+        r = subprocess.run([fp4moe, "env"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RunError(f"cannot run `{fp4moe} env`: {e}", 2) from None
+    if r.returncode != 0:
+        raise RunError(f"`{fp4moe} env` failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[:300]}", 2)
+    gpus = [m for m in map(GPU_LINE.match, r.stdout.splitlines()) if m]
+    if not gpus:
+        m = NO_GPU.search(r.stdout)
+        why = m.group(0) if m else "no CUDA device reported by `fp4moe env`"
+        raise RunError(f"{why}: the reproduction suite needs a Hopper GPU (H100/H200); on this machine run "
+                       f"`make test` instead (CPU tests; GPU tests are reported as skipped)", 1)
+    name, sm = gpus[0].group(2), gpus[0].group(3)
+    if not sm.startswith("9"):
+        raise RunError(f"GPU 0 is {name} (sm_{sm}): the kernels are built for sm_90a, the suite needs a Hopper GPU "
+                       f"(H100/H200); on this machine run `make test` instead", 1)
+    return name, len(gpus)
+
+
+def run_stem(gpu_name, gpu_count, now):
+    """"20261129-120000-nvidia-h200" (with "-x8" for eight identical GPUs)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "gpu"
+    if gpu_count > 1:
+        slug += f"-x{gpu_count}"
+    return f"{now:%Y%m%d-%H%M%S}-{slug}"
+
+
+def run_benchmark(prog, args, log_path, label, budget_min):
+    """Runs prog with args, its output to log_path; prints a progress line every HEARTBEAT_S seconds (cases done,
+    elapsed) and once if the budget is passed. Returns (exit code, elapsed seconds)."""
+    start = time.monotonic()
+    done = [0]
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("$ " + shlex.join([prog] + args) + "\n")
+        log.flush()
+        try:
+            p = subprocess.Popen([prog] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 errors="replace", bufsize=1)
+        except OSError as e:
+            log.write(f"cannot start: {e}\n")
+            print(f"{label}: cannot start {prog}: {e}", flush=True)
+            return 127, 0.0
+
+        def pump():
+            for line in p.stdout:
+                log.write(line)
+                log.flush()
+                if "/manual_time" in line and not line.startswith("-"):
+                    done[0] += 1
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        last, warned = start, False
+        while True:
+            try:
+                rc = p.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now - last >= HEARTBEAT_S:
+                print(f"{label}: {done[0]} cases done, {fmt_elapsed(now - start)} elapsed", flush=True)
+                last = now
+            if not warned and now - start > 60 * budget_min:
+                print(f"{label}: past its budget of {budget_min:g} GPU-minutes, still running", flush=True)
+                warned = True
+        reader.join()
+    return rc, time.monotonic() - start
+
+
+def read_bench_table(path, family):
+    """The /bench/<family> table of a benchmark's result file, or None when absent or unreadable."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with h5py.File(path, "r") as f:
+            result_file.check_schema(path, f)
+            g = f.get(f"bench/{family}")
+            return None if g is None else result_file.read_table(g)
+    except (OSError, result_file.SchemaError) as e:
+        print(f"repro: cannot read {path}: {e}", file=sys.stderr)
+        return None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="run the reproduction scenarios on this Hopper GPU")
+    p.add_argument("--build", default="build", help="build folder holding fp4moe and benchmarks/ (default: build)")
+    p.add_argument("--scale", choices=scenario.SCALES, default="default",
+                   help="smoke: a few cases; default: every case; full: everything the scenarios have (= default now)")
+    p.add_argument("--out", default="runs", help="folder of run files (default: runs)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios (file stems)")
+    p.add_argument("--scenarios", default=os.path.join(ROOT, "repro", "scenarios"), help="scenario folder")
+    p.add_argument("--fp4moe", help="the fp4moe binary asked for the GPU (default: BUILD/fp4moe)")
+    a = p.parse_args(argv)
+    command = shlex.join(["repro/run.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    try:
+        return run(a, command)
+    except RunError as e:
+        print(f"repro: {e}", file=sys.stderr)
+        return e.code
+    except scenario.ScenarioError as e:
+        print(f"repro: scenario {e}", file=sys.stderr)
+        return 2
+    except (merge.MergeError, result_file.SchemaError, OSError) as e:
+        print(f"repro: cannot write the run file: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("repro: interrupted; no run file written", file=sys.stderr)
+        return 130
+
+
+def run(a, command):
+    scenarios = scenario.load_all(a.scenarios, a.only)
+    gpu, count = detect_gpu(a.fp4moe or os.path.join(a.build, "fp4moe"))
+    stem = run_stem(gpu, count, datetime.datetime.now())
+    run_dir = os.path.join(a.out, stem)
+    for sub in ("logs", "bench"):
+        os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
+    n = len(scenarios)
+    total_budget = sum(s.budget_gpu_minutes[a.scale] for s in scenarios)
+    print(f"repro: {n} scenario(s) on {gpu}{f' x{count}' if count > 1 else ''}, scale {a.scale}, "
+          f"budget {total_budget:g} GPU-minutes; output {run_dir}.h5 and {run_dir}/", flush=True)
+
+    t0 = time.monotonic()
+    bench_files, repro_tables, failed = [], [], []
+    for i, s in enumerate(scenarios, 1):
+        label = f"[{i}/{n}] {s.name}"
+        prog = os.path.join(a.build, "benchmarks", s.benchmark)
+        h5 = os.path.join(run_dir, "bench", f"{s.benchmark}.h5")
+        log = os.path.join(run_dir, "logs", f"{s.benchmark}.log")
+        flt = s.filter[a.scale]
+        args = ["--h5", h5] + ([f"--benchmark_filter={flt}"] if flt else [])
+        budget = s.budget_gpu_minutes[a.scale]
+        print(f"{label}: {s.benchmark}{' (filter ' + flt + ')' if flt else ' (every case)'}, budget {budget:g} "
+              f"GPU-minutes; {fmt_elapsed(time.monotonic() - t0)} elapsed in all", flush=True)
+        if os.path.exists(h5):
+            os.remove(h5)
+        if not os.access(prog, os.X_OK):
+            print(f"{label}: {prog} is not built", flush=True)
+            rc, took = 127, 0.0
+        else:
+            rc, took = run_benchmark(prog, args, log, label, budget)
+        df = read_bench_table(h5, s.family)
+        rows = len(df) if df is not None else 0
+        if rc != 0 or df is None:
+            failed.append(s.name)
+        print(f"{label}: {'done' if rc == 0 else f'{s.benchmark} exited with {rc} (log: {log})'} in "
+              f"{fmt_elapsed(took)}, /bench/{s.family} {rows} rows", flush=True)
+        if df is not None and h5 not in bench_files:
+            bench_files.append(h5)
+        attrs = {"title": s.title, "benchmark": s.benchmark, "family": s.family, "scale": a.scale, "filter": flt,
+                 "budget_gpu_minutes": float(budget), "elapsed_s": float(took), "exit_code": int(rc),
+                 "scenario_file": os.path.relpath(s.path, ROOT)}
+        repro_tables.append((s.name, ours.repro_rows(s, df), attrs))
+
+    if not bench_files:
+        raise RunError(f"no benchmark wrote a result file ({', '.join(failed)} failed; logs in {run_dir}/logs)", 1)
+    run_path = f"{run_dir}.h5"
+    merge.merge_run(run_path, bench_files, repro_tables, {"command": command, "scale": a.scale})
+    md, pngs, _ = report.write_report(run_path, run_dir)
+    print(f"repro: wrote {run_path}, {md} and {len(pngs)} plot(s) in {fmt_elapsed(time.monotonic() - t0)}",
+          flush=True)
+    if failed:
+        print(f"repro: failed: {', '.join(failed)} (see {run_dir}/logs)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

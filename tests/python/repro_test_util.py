@@ -1,0 +1,109 @@
+"""Small result files for the reproduction-suite tests, written with h5py alone in the layout of results/h5_file.h
+(independently of reports/result_file.py, which the tests check), from seeded random benchmark tables shaped like
+those of bench_convert and bench_grouped_gemm."""
+
+import math
+
+import h5py
+import numpy as np
+
+STR = h5py.string_dtype("utf-8")
+ROOT_ATTRS = {"git_sha": "0123abcd", "date": "2026-11-29T12:00:00Z", "gpu": "NVIDIA H200",
+              "driver": "570.86.15 (CUDA 12.8)", "cuda": "13.0", "cublaslt": "13.1.0", "nccl": "2.28.3",
+              "host": "node7", "command": "bench --h5 x.h5"}
+
+
+def write_table(f, path, columns, attrs=None):
+    """columns: {name: list}; strings stored as variable-length UTF-8, ints as int64, floats as float64."""
+    g = f.create_group(path)
+    for name, values in columns.items():
+        if values and isinstance(values[0], str):
+            g.create_dataset(name, data=np.array(values, dtype=object), dtype=STR)
+        elif values and isinstance(values[0], (int, np.integer)):
+            g.create_dataset(name, data=np.asarray(values, dtype=np.int64))
+        else:
+            g.create_dataset(name, data=np.asarray(values, dtype=np.float64))
+    g.attrs.create("columns", list(columns), dtype=STR)
+    for k, v in (attrs or {}).items():
+        g.attrs.create(k, v, dtype=STR) if isinstance(v, str) else g.attrs.create(k, v)
+    return g
+
+
+def write_root(f, schema_version=1, **overrides):
+    if schema_version is not None:
+        f.attrs["schema_version"] = np.int64(schema_version)
+    for k, v in {**ROOT_ATTRS, **overrides}.items():
+        f.attrs.create(k, v, dtype=STR)
+
+
+def convert_table(seed):
+    """/bench/convert columns: conversion kernels over two row shapes and two grouped column shapes, plus copies."""
+    rng = np.random.default_rng(seed)
+    cols = {c: [] for c in ["case", "shape", "recipe", "time_us", "tflops", "gbps", "fraction_of_copy_bw", "speedup"]}
+
+    def add(case, shape, recipe, speedup=math.nan):
+        cols["case"].append(case)
+        cols["shape"].append(shape)
+        cols["recipe"].append(recipe)
+        cols["time_us"].append(float(rng.uniform(20, 400)))
+        cols["tflops"].append(0.0)
+        cols["gbps"].append(float(rng.uniform(1500, 4000)))
+        cols["fraction_of_copy_bw"].append(1.0 if recipe == "copy" else float(rng.uniform(0.4, 0.95)))
+        cols["speedup"].append(speedup)
+
+    for shape in ["4096x7168", "16384x2048"]:
+        add("bf16_to_mxfp4_row/floor_rne", shape, "mxfp4")
+        add("mxfp4_row_to_fp8_row", shape, "mxfp4", float(rng.uniform(1.3, 2.2)))
+        add("mxfp4_row_to_fp8_row_naive", shape, "mxfp4")
+        add("bf16_to_fp8_row", shape, "fp8")
+    for shape in ["4096x7168/g8", "16384x2048/g32"]:
+        add("mxfp4_row_to_fp8_col", shape, "mxfp4", float(rng.uniform(1.3, 2.2)))
+        add("mxfp4_row_to_fp8_col_naive", shape, "mxfp4")
+        add("bf16_to_fp8_col", shape, "fp8")
+    for b in ["1000000B", "5000000B"]:
+        add("copy", b, "copy")
+    return cols
+
+
+def gemm_table(seed):
+    """/bench/grouped_gemm columns: Fprop/Dgrad/Wgrad x BF16/FP8 over two grouped shapes and their dense ceilings."""
+    rng = np.random.default_rng(seed)
+    cols = {c: [] for c in ["case", "shape", "recipe", "time_us", "tflops", "gbps", "fraction_of_copy_bw", "speedup",
+                            "fraction_of_dense", "experts", "n", "k"]}
+    for op in ["fprop", "dgrad", "wgrad"]:
+        for name, n, k in [("up", 4096, 7168), ("down", 7168, 2048)]:
+            for experts, shape, dense in [(8, f"{name} 8x2048", False), (32, f"{name} 32x512", False),
+                                          (1, f"{name} 1x16384", True)]:
+                t_bf16 = float(rng.uniform(500, 900))
+                for recipe in ["bf16", "fp8"]:
+                    t = t_bf16 if recipe == "bf16" else t_bf16 / float(rng.uniform(1.2, 1.9))
+                    cols["case"].append(op + ("_dense" if dense else ""))
+                    cols["shape"].append(shape)
+                    cols["recipe"].append(recipe)
+                    cols["time_us"].append(t)
+                    cols["tflops"].append(2 * 16384 * n * k / t * 1e-6)
+                    cols["gbps"].append(math.nan)
+                    cols["fraction_of_copy_bw"].append(math.nan)
+                    cols["speedup"].append(t_bf16 / t if recipe == "fp8" else math.nan)
+                    cols["fraction_of_dense"].append(math.nan if dense else float(rng.uniform(0.6, 1.0)))
+                    cols["experts"].append(experts)
+                    cols["n"].append(n)
+                    cols["k"].append(k)
+    return cols
+
+
+def write_bench_file(path, family, columns, schema_version=1, **root):
+    with h5py.File(path, "w") as f:
+        write_root(f, schema_version, **root)
+        write_table(f, f"/bench/{family}", columns, {"note": f"{family} test table"})
+
+
+def geomean(values):
+    v = np.asarray(values, dtype=np.float64)
+    return float(np.exp(np.mean(np.log(v))))
+
+
+def rows_where(columns, **conds):
+    """Indices of the rows whose cells equal every condition."""
+    n = len(columns["case"])
+    return [i for i in range(n) if all(columns[c][i] == v for c, v in conds.items())]
