@@ -4,15 +4,20 @@ JOBS    ?= $(shell nproc)
 # The first interpreter that can import what reports/ needs (Debian's python3 has them after setup).
 PYTHON  ?= $(shell for p in python3 /usr/bin/python3; do $$p -c 'import pandas, matplotlib, h5py, numpy' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: all setup configure build test test-gpu bench data repro-table report clean
+.PHONY: all setup configure cmake-configure build test test-gpu bench data repro-table report clean
 
 all: build
 
 setup:
 	@bash scripts/setup.sh
 
+# Set-up first, then configure in a second make so that PYTHON is looked up after the packages are installed.
 $(BUILD)/build.ninja:
 	@bash scripts/setup.sh --check-only || bash scripts/setup.sh
+	@$(MAKE) --no-print-directory cmake-configure
+
+cmake-configure:
+	@test -n "$(PYTHON)" || { echo "make: no python3 imports pandas, matplotlib, h5py and numpy: run make setup" >&2; exit 1; }
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_PYTHON=$(PYTHON)
 
 configure: $(BUILD)/build.ninja
@@ -38,8 +43,8 @@ bench: build
 # (scripts/data/build_data.py; stages already up to date are skipped).
 DATA_CACHE ?= data/cache
 data:
-	@bash scripts/setup.sh --check-only || bash scripts/setup.sh
-	/usr/bin/python3 scripts/data/build_data.py --cache $(DATA_CACHE) --jobs $(JOBS)
+	@bash scripts/setup.sh --with-data --check-only || bash scripts/setup.sh --with-data
+	python3 scripts/data/build_data.py --cache $(DATA_CACHE) --jobs $(JOBS)
 
 # On a Hopper machine: the reproduction suite (repro/scenarios/*.toml). SCALE: smoke (minutes), default (every
 # benchmark case) or full (everything the scenarios have; the same as default for now). Writes

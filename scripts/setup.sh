@@ -1,25 +1,55 @@
 #!/usr/bin/env bash
-# Installs the system packages fp4moe needs on Debian/Ubuntu. Idempotent: it installs only what is missing
-# and says what it installs. The CUDA toolkit (>= 12.3, for sm_90a) must already be present.
-#   scripts/setup.sh               install what is missing
-#   scripts/setup.sh --check-only  exit 1 if something is missing, install nothing
+# Installs the system packages fp4moe needs on Debian/Ubuntu. Idempotent: each package is probed by what the
+# project uses from it (a command, a header, a Python module), only what is missing is installed, and the
+# script says what it installs. The CUDA toolkit (>= 12.3, for sm_90a) must already be present.
+#   scripts/setup.sh [--with-data]               install what is missing (--with-data: also what `make data` needs)
+#   scripts/setup.sh [--with-data] --check-only  exit 1 if something is missing, install nothing
 set -euo pipefail
 
-packages=(
-  build-essential cmake ninja-build pkg-config
-  libcli11-dev libfmt-dev libhdf5-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libsentencepiece-dev sentencepiece
-  python3-numpy python3-pandas python3-matplotlib python3-h5py
-)
-# `make data` fetches npm packages with `npm pack`: Debian's npm unless Node.js already brings one.
-command -v npm >/dev/null || packages+=(npm)
+check_only=0 with_data=0
+for arg in "$@"; do
+  case "$arg" in
+    --check-only) check_only=1 ;;
+    --with-data) with_data=1 ;;
+    *) echo "setup: unknown argument '$arg' (expected --check-only, --with-data)" >&2; exit 2 ;;
+  esac
+done
 
-check_only=0
-[[ "${1:-}" == "--check-only" ]] && check_only=1
+has_cmd() { command -v "$1" >/dev/null 2>&1; }
+has_file() { for f in "$@"; do [[ -e "$f" ]] && return 0; done; return 1; }
+has_py() {  # a module importable by the python3 on PATH or by the system's /usr/bin/python3
+  for p in python3 /usr/bin/python3; do has_cmd "$p" && "$p" -c "import $1" 2>/dev/null && return 0; done
+  return 1
+}
+
+# package | probe
+checks=(
+  "g++|has_cmd g++"
+  "make|has_cmd make"
+  "cmake|has_cmd cmake"
+  "ninja-build|has_cmd ninja"
+  "pkg-config|has_cmd pkg-config"
+  "libcli11-dev|has_file /usr/include/CLI/CLI.hpp"
+  "libfmt-dev|has_file /usr/include/fmt/format.h"
+  "libhdf5-dev|has_file /usr/include/hdf5/serial/hdf5.h /usr/include/hdf5.h"
+  "libgtest-dev|has_file /usr/include/gtest/gtest.h"
+  "libgmock-dev|has_file /usr/include/gmock/gmock.h"
+  "libbenchmark-dev|has_file /usr/include/benchmark/benchmark.h"
+  "python3-numpy|has_py numpy"
+  "python3-pandas|has_py pandas"
+  "python3-matplotlib|has_py matplotlib"
+  "python3-h5py|has_py h5py"
+)
+if [[ $with_data -eq 1 ]]; then
+  checks+=("sentencepiece|has_cmd spm_train")
+  # `make data` fetches npm packages with `npm pack`: Debian's npm unless Node.js already brings one.
+  checks+=("npm|has_cmd npm")
+fi
 
 missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+for c in "${checks[@]}"; do
+  pkg="${c%%|*}" probe="${c#*|}"
+  $probe || missing+=("$pkg")
 done
 
 nvcc_path=$(command -v nvcc || true)
@@ -31,21 +61,21 @@ if [[ -z "$nvcc_path" ]]; then
 fi
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-  [[ $check_only -eq 1 ]] || echo "setup: all packages present (nvcc: $nvcc_path)"
+  [[ $check_only -eq 1 ]] || echo "setup: everything needed is present (nvcc: $nvcc_path)"
   exit 0
 fi
 if [[ $check_only -eq 1 ]]; then
-  echo "setup: missing packages: ${missing[*]}" >&2
+  echo "setup: missing: ${missing[*]}" >&2
   exit 1
 fi
 
-if ! command -v apt-get >/dev/null; then
+if ! has_cmd apt-get; then
   echo "setup: apt-get not found; install these packages by hand: ${missing[*]}" >&2
   exit 1
 fi
 sudo=""
 [[ $(id -u) -ne 0 ]] && sudo="sudo"
 echo "setup: installing ${missing[*]}"
-$sudo apt-get update -q
+$sudo apt-get update -q || { echo "setup: apt-get update failed (no network?); install by hand: ${missing[*]}" >&2; exit 1; }
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 echo "setup: done"
