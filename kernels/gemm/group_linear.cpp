@@ -60,6 +60,36 @@ void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
   }
 }
 
+size_t GroupLinear::held_activation_bytes(GroupLinearRecipe recipe, int64_t M, int64_t K, int64_t G) {
+  FP4MOE_CHECK(M >= 0 && K >= 1 && G >= 1, "GroupLinear::held_activation_bytes: expected M >= 0, K >= 1, G >= 1, "
+               "got M={} K={} G={}", M, K, G);
+  switch (recipe) {
+    case GroupLinearRecipe::bf16: return static_cast<size_t>(M * K) * sizeof(bf16);
+    case GroupLinearRecipe::fp8:
+      return static_cast<size_t>(fp8_col_codes_capacity(M, K, G)) +
+             sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K, G));
+    case GroupLinearRecipe::mxfp4:
+      FP4MOE_CHECK(K % kMxBlock == 0, "GroupLinear::held_activation_bytes: the mxfp4 recipe needs K % 32 == 0, got K={}",
+                   K);
+      return static_cast<size_t>(M * (K / 2) + M * (K / kMxBlock));
+  }
+  FP4MOE_CHECK(false, "GroupLinear::held_activation_bytes: unknown recipe {}", static_cast<int>(recipe));
+  return 0;
+}
+
+size_t GroupLinear::held_activation_bytes() const {
+  FP4MOE_CHECK(cached_M_ >= 0, "GroupLinear::held_activation_bytes: no forward yet (nothing is held)");
+  return held_activation_bytes(recipe_, cached_M_, K_, G_);
+}
+
+size_t GroupLinear::weight_copy_bytes(GroupLinearRecipe recipe, int64_t G, int64_t N, int64_t K) {
+  FP4MOE_CHECK(G >= 1 && N >= 1 && K >= 1, "GroupLinear::weight_copy_bytes: expected G, N, K >= 1, got {} {} {}", G,
+               N, K);
+  if (recipe == GroupLinearRecipe::bf16) return 0;
+  const int64_t scales = fp8_block_scale_count(N, K) + fp8_block_scale_count(K, N);
+  return static_cast<size_t>(G * (2 * N * K + static_cast<int64_t>(sizeof(float)) * scales));
+}
+
 void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream) {
   const char* what = "GroupLinear::forward";
   FP4MOE_CHECK(w_ != nullptr, "{}: set_weights was not called", what);

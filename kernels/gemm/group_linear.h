@@ -63,6 +63,24 @@ class GroupLinear {
   // dw_master [G, N, K] FP32 += dW (null: no Wgrad). Rejects a backward without a forward.
   void backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream);
 
+  // Activation bytes that must stay alive from a forward over M tokens in G groups to its backward (DESIGN.md
+  // "Recipes", column "cached for backward"), whoever owns them:
+  //   bf16:  the caller's BF16 X [M, K]: 2 M K bytes;
+  //   fp8:   the layer's FP8 column copy of X, as allocated: fp8_col_codes_capacity(M, K, G) E4M3 codes plus
+  //          fp8_col_scales_capacity(M, K, G) FP32 scales (layouts.h); the caller's BF16 X may be freed after
+  //          forward;
+  //   mxfp4: the caller's MXFP4 X (layouts.h): M K / 2 bytes of E2M1 codes plus M K / 32 UE8M0 scale bytes.
+  // Not counted: the weights and their FP8 copies (held for the whole step: weight_copy_bytes), and the scratch
+  // of one pass (FP8 row copies of X and dY, the dY columns), whose contents are dead between forward and
+  // backward although the layer keeps the allocations for reuse. Rejects M < 0, K < 1 or G < 1.
+  static size_t held_activation_bytes(GroupLinearRecipe recipe, int64_t M, int64_t K, int64_t G);
+  // The same for this layer's last forward. Rejects a call before any forward.
+  size_t held_activation_bytes() const;
+
+  // FP8 copies of the weights held for the whole step (fp8 and mxfp4: W [G, N, K] and W^T [G, K, N] as E4M3
+  // codes, 2 G N K bytes, plus their FP32 128x128 block scales; bf16: 0). The BF16 parameters are not counted.
+  static size_t weight_copy_bytes(GroupLinearRecipe recipe, int64_t G, int64_t N, int64_t K);
+
   GroupedGemm& gemm() { return gemm_; }
 
  private:
