@@ -22,7 +22,8 @@ namespace {
 
 struct BenchOptions {
   bool list = false;
-  std::vector<std::string> args;  // name, then the program's own arguments
+  std::string name;               // the benchmark program's name (bench_<name>)
+  std::vector<std::string> args;  // the program's own arguments, in the order given
 };
 
 fs::path benchmarks_dir() {
@@ -61,13 +62,13 @@ int run_bench(const BenchOptions& o) {
     for (const auto& n : names) fmt::print("{}\n", n);
     return kExitOk;
   }
-  if (o.args.empty()) throw CliError(fmt::format("name a benchmark (available: {}) or pass --list", joined(names)));
-  const std::string& name = o.args[0];
+  if (o.name.empty()) throw CliError(fmt::format("name a benchmark (available: {}) or pass --list", joined(names)));
+  const std::string& name = o.name;
   const fs::path prog = dir / ("bench_" + name);
   if (std::find(names.begin(), names.end(), name) == names.end())
     throw CliError(fmt::format("no benchmark '{}' ({} not found; available: {})", name, prog.string(), joined(names)));
   std::vector<std::string> argv_s = {prog.string()};
-  argv_s.insert(argv_s.end(), o.args.begin() + 1, o.args.end());
+  argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -82,12 +83,15 @@ Command add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* sub = app.add_subcommand("bench", "run a benchmark program: fp4moe bench <name> [its arguments...]");
   sub->add_flag("--list", o->list, "list the benchmark programs");
-  sub->add_option("name_and_args", o->args, "benchmark name (e.g. convert) followed by its own arguments");
-  sub->prefix_command();  // everything after the name goes to the program untouched
+  sub->add_option("name", o->name, "benchmark name (e.g. convert), followed by the program's own arguments");
+  // One positional only: once the name is taken, prefix_command stops parsing at the next argument, so that every
+  // argument after the name reaches the program untouched and in order ("--h5 PATH" stays "--h5 PATH"; a
+  // positional vector here would collect the words first and pass the options after them).
+  sub->prefix_command();
   return {sub, [o, sub] {
-            // With prefix_command, the arguments from the first unknown option on arrive as extras, in order.
             BenchOptions opts = *o;
-            for (const auto& a : sub->remaining()) opts.args.push_back(a);
+            opts.args = sub->remaining();
+            if (!opts.args.empty() && opts.args.front() == "--") opts.args.erase(opts.args.begin());
             return run_bench(opts);
           }};
 }
