@@ -37,6 +37,19 @@ static std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
+// An fp4moe::Error message without its " (file.cpp:123)" suffix: the user is told what was wrong with the input,
+// not where in the sources it was noticed.
+static std::string without_source_location(const std::string& msg) {
+  const size_t open = msg.rfind(" (");
+  if (open == std::string::npos || msg.empty() || msg.back() != ')') return msg;
+  const std::string inner = msg.substr(open + 2, msg.size() - open - 3);
+  const size_t colon = inner.rfind(':');
+  if (colon == std::string::npos || colon + 1 == inner.size() ||
+      inner.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+    return msg;
+  return msg.substr(0, open);
+}
+
 Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset) {
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CliError(fmt::format("input file '{}' does not exist", file));
@@ -44,7 +57,7 @@ Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset)
   try {
     reader = std::make_unique<H5Reader>(file);
   } catch (const Error& e) {
-    throw CliError(fmt::format("cannot read input file '{}': {}", file, e.what()));
+    throw CliError(fmt::format("cannot read input file '{}': {}", file, without_source_location(e.what())));
   }
   if (!reader->has_dataset(dataset)) {
     std::string present;

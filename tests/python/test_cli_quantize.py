@@ -299,6 +299,64 @@ class QuantizeCli(unittest.TestCase):
         _, r = self.quantize("--format", "nvfp4", expect_rc=2)
         self.assertIn("--format", r.stderr)
 
+    def run_cli(self, *args):
+        return subprocess.run([self.exe, "quantize", *args], capture_output=True, text=True, timeout=60)
+
+    def assert_one_line_error(self, r, expected):
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertTrue(r.stderr.startswith("fp4moe quantize: error: "), r.stderr)
+        self.assertIn(expected, r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertNotRegex(r.stderr, r"\.(cpp|h):\d+\)", "no source locations in user errors")
+
+    def test_bad_output_paths_fail_before_the_input_is_read(self):
+        # The input named here does not exist: each output error must come first, so the input is never read.
+        missing_input = os.path.join(self.tmp, "not_read.h5")
+        base = ["--input", missing_input, "--dataset", "x", "--format", "mxfp4"]
+        missing_dir = os.path.join(self.tmp, "no_such_dir", "q.h5")
+        cases = [
+            (missing_dir, f"--output '{missing_dir}': directory '{os.path.dirname(missing_dir)}' does not exist"),
+            (self.tmp, f"--output '{self.tmp}' is a directory, expected the path of a file to write"),
+            ("", "--output is empty"),
+        ]
+        for out, expected in cases:
+            with self.subTest(output=out):
+                self.assert_one_line_error(self.run_cli(*base, "--output", out), expected)
+        self.assertFalse(os.path.exists(os.path.dirname(missing_dir)))
+        if os.geteuid() != 0:  # root writes anywhere
+            ro = os.path.join(self.tmp, "read_only")
+            os.mkdir(ro, 0o555)
+            self.assert_one_line_error(self.run_cli(*base, "--output", os.path.join(ro, "q.h5")),
+                                       f"directory '{ro}' is not writable")
+
+    def test_output_may_not_replace_the_input(self):
+        before = os.stat(self.input)
+        for out in (self.input, os.path.join(os.path.dirname(self.input), ".", os.path.basename(self.input))):
+            r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--output", out)
+            self.assert_one_line_error(r, "is the input file: write the result to another path")
+        after = os.stat(self.input)
+        self.assertEqual((before.st_size, before.st_mtime_ns, before.st_ino), (after.st_size, after.st_mtime_ns,
+                                                                              after.st_ino))
+        with h5py.File(self.input, "r") as f:
+            self.assertIn("x", f)
+
+    def test_unreadable_input_message_names_the_file_not_the_source(self):
+        junk = os.path.join(self.tmp, "junk.h5")
+        with open(junk, "w", encoding="utf-8") as f:
+            f.write("not an HDF5 file\n")
+        r = self.run_cli("--input", junk, "--dataset", "x", "--format", "mxfp4", "--output",
+                         os.path.join(self.tmp, "never.h5"))
+        self.assert_one_line_error(r, f"cannot read input file '{junk}': '{junk}' is not an HDF5 file")
+
+    def test_too_many_groups_for_the_cuda_kernel(self):
+        groups = ",".join(["0"] * 1024 + ["300"])  # 1025 groups: the CPU reference takes them, the kernel does not
+        r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "fp8-col", "--groups", groups,
+                         "--device", "cuda", "--output", os.path.join(self.tmp, "never.h5"))
+        self.assert_one_line_error(r, "--groups lists 1025 groups: the cuda column kernel takes at most 1024")
+        out, _ = self.quantize("--format", "fp8-col", "--groups", groups)
+        with h5py.File(out) as f:
+            self.assertEqual(f["group_offsets"].shape, (1026,))
+
     def test_cuda_without_a_gpu_is_a_clear_error(self):
         env = subprocess.run([self.exe, "env"], capture_output=True, text=True, timeout=60)
         self.assertEqual(env.returncode, 0)
