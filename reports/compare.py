@@ -7,8 +7,11 @@ Prints (or writes to FILE) the root attributes of both files; for every /repro t
 matched by `row`: the paper value, ours in A and in B, B - A and B / A; for every /bench table, its rows matched by
 (case, shape, recipe): time_us in A and B with B / A, and the table's headline rate (tflops where the table has
 any above zero, else gbps) in A and B with B / A. A row or table present in one file only shows "-" for the other.
-Both files must have the schema_version this code reads (result_file.SCHEMA_VERSION); any other is refused.
-Exit codes: 0 written, 1 a file of another schema (refused), 2 bad arguments or an unreadable file.
+Both files must have the schema_version this code reads (result_file.SCHEMA_VERSION); any other is refused, and so
+is a result file that holds no /repro or /bench table (e.g. an `fp4moe quantize` output). FILE is written under a
+temporary name and renamed.
+Exit codes: 0 written, 1 a file of another schema or without tables (refused), 2 bad arguments, an unreadable
+file or an output that cannot be written.
 """
 
 import argparse
@@ -93,6 +96,10 @@ def compare_bench(da, db):
 def render(path_a, path_b):
     """Markdown text comparing two run files. Raises OSError and result_file.SchemaError."""
     a, b = load_run(path_a), load_run(path_b)
+    for path, run in ((path_a, a), (path_b, b)):
+        if not run["repro"] and not run["bench"]:
+            raise result_file.SchemaError(f"'{path}' holds no /repro or /bench table: it is not a run or benchmark "
+                                          f"result file")
     out = ["# Comparison", "", f"A: `{path_a}`", "", f"B: `{path_b}`", ""]
     out += _table(["attribute", "A", "B"],
                   [[k, _esc(a["attrs"].get(k)), _esc(b["attrs"].get(k))] for k in ATTRIBUTES
@@ -117,11 +124,19 @@ def main(argv=None):
         print(f"compare: refused: {e}", file=sys.stderr)
         return 1
     except (OSError, KeyError) as e:
-        print(f"compare: cannot read the run files: {e}", file=sys.stderr)
+        print(f"compare: cannot read the run files: {result_file.one_line(e)}", file=sys.stderr)
         return 2
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        tmp = f"{args.out}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, args.out)
+        except OSError as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            print(f"compare: cannot write '{args.out}': {result_file.one_line(e)}", file=sys.stderr)
+            return 2
         print(f"compare: wrote {args.out}")
     else:
         sys.stdout.write(text)

@@ -38,7 +38,8 @@ REPRO_SHOWN = [("row", "row"), ("paper", "paper"), ("ours", "ours"), ("ratio", "
 
 def load_run(path):
     """{"attrs", "repro": {path: (DataFrame, attrs)}, "bench": {path: (DataFrame, attrs)}} of a run file.
-    Raises OSError for an unreadable file and result_file.SchemaError for another schema."""
+    Raises OSError for a missing or unreadable file and result_file.SchemaError for another schema."""
+    result_file.check_readable(path)
     with h5py.File(path, "r") as f:
         result_file.check_schema(path, f)
         run = {"attrs": result_file.root_attributes(f), "repro": {}, "bench": {}}
@@ -201,20 +202,27 @@ def default_out_dir(run_path):
     return base
 
 
+class ReportWriteError(OSError):
+    """The run file was read but the report could not be written (a folder that cannot be created or written)."""
+
+
 def write_report(run_path, out_dir=None):
     """Writes TABLES.md and the plots of `run_path` into out_dir (default_out_dir when None); returns
     (TABLES.md path, [png paths], number of tables); writes nothing and returns (None, [], 0) for a file without
-    /repro or /bench tables. Raises OSError / result_file.SchemaError."""
+    /repro or /bench tables. Raises OSError (ReportWriteError when writing fails) / result_file.SchemaError."""
     run = load_run(run_path)
     if not run["repro"] and not run["bench"]:
         return None, [], 0
     out_dir = out_dir or default_out_dir(run_path)
-    os.makedirs(out_dir, exist_ok=True)
-    plots = write_plots(run, out_dir)
     md = os.path.join(out_dir, "TABLES.md")
-    with open(md + ".tmp", "w", encoding="utf-8") as f:
-        f.write(render_markdown(run, plots, os.path.basename(run_path)))
-    os.replace(md + ".tmp", md)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        plots = write_plots(run, out_dir)
+        with open(md + ".tmp", "w", encoding="utf-8") as f:
+            f.write(render_markdown(run, plots, os.path.basename(run_path)))
+        os.replace(md + ".tmp", md)
+    except OSError as e:
+        raise ReportWriteError(f"cannot write the report into '{out_dir}': {result_file.one_line(e)}") from None
     pngs = [os.path.join(out_dir, n) for names in plots.values() for n in names]
     return md, pngs, len(run["repro"]) + len(run["bench"])
 
@@ -229,8 +237,11 @@ def main(argv=None):
     except result_file.SchemaError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2
+    except ReportWriteError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
     except (OSError, KeyError) as e:
-        print(f"report: cannot read '{a.run}': {e}", file=sys.stderr)
+        print(f"report: cannot read '{a.run}': {result_file.one_line(e)}", file=sys.stderr)
         return 2
     if n == 0:
         print(f"report: '{a.run}' holds no /repro or /bench table", file=sys.stderr)

@@ -11,6 +11,7 @@ results/run_info.h (tests/python/test_repro.py checks that). check_schema() refu
 """
 
 import math
+import os
 
 import h5py
 import numpy as np
@@ -105,6 +106,20 @@ def write_table(f, path, columns, attributes=None):
     for k, v in (attributes or {}).items():
         set_attribute(g, k, v)
     return g
+
+
+def one_line(error):
+    """An exception's message on one line (h5py's messages may span several), for "tool: what was wrong" lines."""
+    return " ".join(str(error).split())
+
+
+def check_readable(path):
+    """Raises FileNotFoundError / IsADirectoryError with a one-line message unless `path` is an existing file, so
+    that a missing run file or a folder is named plainly rather than through h5py's low-level message."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"'{path}' does not exist")
+    if not os.path.isfile(path):
+        raise IsADirectoryError(f"'{path}' is not a file")
 
 
 def is_number(v):

@@ -577,6 +577,49 @@ class Reports(Tmp):
         self.assertEqual(r.returncode, 2)
         self.assertNotIn("Traceback", r.stderr)
 
+    def assert_one_line(self, r, code, tool, expected):
+        self.assertEqual(r.returncode, code, r.stdout + r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertTrue(r.stderr.startswith(f"{tool}: "), r.stderr)
+        self.assertIn(expected, r.stderr)
+
+    def test_missing_files_and_folders_are_named_on_one_line(self):
+        run = self.path("r.h5")
+        write_run(run, [1.5, 3.0])
+        missing, folder = self.path("missing.h5"), self.path("folder.h5")
+        os.mkdir(folder)
+        for tool, script in (("report", [REPORT_PY]), ("compare", [COMPARE_PY, run])):
+            for path, expected in ((missing, f"'{missing}' does not exist"), (folder, f"'{folder}' is not a file")):
+                with self.subTest(tool=tool, path=path):
+                    r = subprocess.run([sys.executable, *script, path], capture_output=True, text=True)
+                    self.assert_one_line(r, 2, tool, expected)
+
+    def test_compare_refuses_a_file_without_tables(self):
+        run, quantized = self.path("r.h5"), self.path("quantized.h5")
+        write_run(run, [1.5, 3.0])
+        with h5py.File(quantized, "w") as f:  # a result file of another kind: root attributes and arrays only
+            util.write_root(f)
+            f["codes"] = np.zeros((4, 16), dtype=np.uint8)
+        for args in ((run, quantized), (quantized, run)):
+            r = subprocess.run([sys.executable, COMPARE_PY, *args], capture_output=True, text=True)
+            self.assert_one_line(r, 1, "compare", f"refused: '{quantized}' holds no /repro or /bench table")
+            self.assertEqual(r.stdout, "")
+
+    def test_outputs_that_cannot_be_written(self):
+        run = self.path("r.h5")
+        write_run(run, [1.5, 3.0])
+        blocker = self.path("plain_file")
+        with open(blocker, "w", encoding="utf-8") as f:
+            f.write("x")
+        out = os.path.join(blocker, "cmp.md")  # a folder that cannot exist: its parent is a file
+        r = subprocess.run([sys.executable, COMPARE_PY, run, run, "--out", out], capture_output=True, text=True)
+        self.assert_one_line(r, 2, "compare", f"cannot write '{out}'")
+        r = subprocess.run([sys.executable, REPORT_PY, run, "--out", os.path.join(blocker, "rep")],
+                           capture_output=True, text=True)
+        self.assert_one_line(r, 2, "report", f"cannot write the report into '{os.path.join(blocker, 'rep')}'")
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["plain_file", "r.h5"])
+
     def test_report_module_is_what_the_runner_uses(self):
         run = self.path("r.h5")
         write_run(run, [1.5, 3.0])
