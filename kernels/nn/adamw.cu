@@ -1,0 +1,175 @@
+// AdamW step and global gradient norm kernels (adamw.h). Memory-bound, grid-stride: four FP32 elements per 16-byte
+// access when every pointer allows it (param: 8 bytes), a scalar tail (and scalar path otherwise). The norm adds
+// squares in double: per thread, then per block (warp shuffles, then the 8 warp sums in order) into one of
+// kGradNormSlots workspace slots owned by that block (launches of one stream run in order, so each slot sees a
+// fixed sequence of additions), then one block adds the slots in order: deterministic, no atomics.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/nn/adamw.h"
+#include "kernels/nn/nn_checks.h"
+#include "kernels/nn/nn_vec.cuh"
+
+namespace fp4moe {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+static_assert(kGradNormSlots % kThreads == 0, "the final sum gives each thread the same number of slots");
+
+// Per-step constants, prepared on the host in double and rounded to FP32.
+struct AdamWConstants {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+  float lr_times_wd;   // lr * weight_decay
+  float step_size;     // lr / (1 - beta1^step)
+  float sqrt_bc2;      // sqrt(1 - beta2^step)
+};
+
+__device__ __forceinline__ void adamw_element(float& w, float& m, float& v, float g, const AdamWConstants& k) {
+  m = k.beta1 * m + k.one_minus_beta1 * g;
+  v = k.beta2 * v + k.one_minus_beta2 * (g * g);
+  w = w - k.lr_times_wd * w;
+  w = w - k.step_size * (m / (sqrtf(v) / k.sqrt_bc2 + k.eps));
+}
+
+__global__ void __launch_bounds__(kThreads)
+adamw_kernel(float* __restrict__ master, bf16* __restrict__ param, const float* __restrict__ grad,
+             float* __restrict__ m_buf, float* __restrict__ v_buf, int64_t n, bool vec,
+             const float* __restrict__ grad_scale, AdamWConstants k) {
+  const float scale = grad_scale != nullptr ? *grad_scale : 1.0f;
+  const int64_t stride = int64_t{gridDim.x} * kThreads;
+  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  const int64_t n4 = vec ? n / 4 : 0;
+  for (int64_t i = first; i < n4; i += stride) {
+    float4 w = reinterpret_cast<const float4*>(master)[i];
+    float4 m = reinterpret_cast<const float4*>(m_buf)[i];
+    float4 v = reinterpret_cast<const float4*>(v_buf)[i];
+    const float4 g = reinterpret_cast<const float4*>(grad)[i];
+    adamw_element(w.x, m.x, v.x, g.x * scale, k);
+    adamw_element(w.y, m.y, v.y, g.y * scale, k);
+    adamw_element(w.z, m.z, v.z, g.z * scale, k);
+    adamw_element(w.w, m.w, v.w, g.w * scale, k);
+    reinterpret_cast<float4*>(master)[i] = w;
+    reinterpret_cast<float4*>(m_buf)[i] = m;
+    reinterpret_cast<float4*>(v_buf)[i] = v;
+    __nv_bfloat162 p[2] = {__floats2bfloat162_rn(w.x, w.y), __floats2bfloat162_rn(w.z, w.w)};
+    reinterpret_cast<uint2*>(param)[i] = *reinterpret_cast<const uint2*>(p);
+  }
+  for (int64_t i = n4 * 4 + first; i < n; i += stride) {
+    float w = master[i], m = m_buf[i], v = v_buf[i];
+    adamw_element(w, m, v, grad[i] * scale, k);
+    master[i] = w;
+    m_buf[i] = m;
+    v_buf[i] = v;
+    param[i] = __float2bfloat16_rn(w);
+  }
+}
+
+// Sum over the block (256 threads) in a fixed order; the result is valid in thread 0.
+__device__ __forceinline__ double block_sum(double s) {
+  __shared__ double warp_sums[kWarps];
+  s = nn_detail::warp_sum(s);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
+  __syncthreads();
+  double total = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
+  return total;
+}
+
+// slots[blockIdx.x] += sum of grad^2 over this block's grid-stride share of grad [n].
+__global__ void __launch_bounds__(kThreads)
+grad_sum_squares_kernel(const float* __restrict__ grad, int64_t n, bool vec, double* __restrict__ slots) {
+  const int64_t stride = int64_t{gridDim.x} * kThreads;
+  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  const int64_t n4 = vec ? n / 4 : 0;
+  double s = 0;
+  for (int64_t i = first; i < n4; i += stride) {
+    const float4 g = reinterpret_cast<const float4*>(grad)[i];
+    const double x = g.x, y = g.y, z = g.z, w = g.w;
+    s += x * x + y * y + z * z + w * w;
+  }
+  for (int64_t i = n4 * 4 + first; i < n; i += stride) {
+    const double x = grad[i];
+    s += x * x;
+  }
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) slots[blockIdx.x] += total;
+}
+
+// norm = sqrt(sum of slots), clip scale as grad_clip_scale (adamw_ref.cpp). One block.
+__global__ void __launch_bounds__(kThreads)
+grad_norm_finish_kernel(const double* __restrict__ slots, float max_norm, float* __restrict__ norm_out,
+                        float* __restrict__ clip_scale_out) {
+  constexpr int kPerThread = kGradNormSlots / kThreads;
+  double s = 0;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) s += slots[threadIdx.x * kPerThread + i];
+  const double total = block_sum(s);
+  if (threadIdx.x != 0) return;
+  const double norm = sqrt(total);
+  *norm_out = static_cast<float>(norm);
+  if (clip_scale_out != nullptr) {
+    float scale = __int_as_float(0x7FC00000);  // NaN for a non-finite norm
+    if (isfinite(norm)) {
+      const double r = static_cast<double>(max_norm) / (norm + 1e-6);
+      scale = r < 1.0 ? static_cast<float>(r) : 1.0f;
+    }
+    *clip_scale_out = scale;
+  }
+}
+
+unsigned grid_for(int64_t items, int64_t cap) {
+  return static_cast<unsigned>(std::clamp<int64_t>(ceil_div(items, kThreads), 1, cap));
+}
+
+}  // namespace
+
+void adamw_step(const AdamWTensor& t, const AdamWConfig& cfg, const float* grad_scale, cudaStream_t stream) {
+  const char* what = "adamw_step";
+  nn_detail::check_adamw(what, t, cfg, /*device=*/true);
+  if (grad_scale != nullptr) nn_detail::check_aligned(what, "grad_scale", grad_scale, 4);
+  if (t.n == 0) return;
+  const double b1 = cfg.beta1, b2 = cfg.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(cfg.step));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(cfg.step));
+  const AdamWConstants k{cfg.beta1,
+                         static_cast<float>(1.0 - b1),
+                         cfg.beta2,
+                         static_cast<float>(1.0 - b2),
+                         cfg.eps,
+                         static_cast<float>(static_cast<double>(cfg.lr) * cfg.weight_decay),
+                         static_cast<float>(cfg.lr / bc1),
+                         static_cast<float>(std::sqrt(bc2))};
+  const bool vec = nn_detail::is_aligned(t.master, 16) && nn_detail::is_aligned(t.grad, 16) &&
+                   nn_detail::is_aligned(t.m, 16) && nn_detail::is_aligned(t.v, 16) &&
+                   nn_detail::is_aligned(t.param, 8);
+  adamw_kernel<<<grid_for(vec ? ceil_div(t.n, 4) : t.n, 132 * 16), kThreads, 0, stream>>>(
+      t.master, t.param, t.grad, t.m, t.v, t.n, vec, grad_scale, k);
+  CUDA_CHECK_LAUNCH();
+}
+
+void grad_global_norm(const GradTensor* tensors, int count, float max_norm, double* workspace, float* norm_out,
+                      float* clip_scale_out, cudaStream_t stream) {
+  const char* what = "grad_global_norm";
+  nn_detail::check_grad_tensors(what, tensors, count, max_norm, /*device=*/true);
+  nn_detail::check_not_null(what, "workspace", workspace);
+  nn_detail::check_aligned(what, "workspace", workspace, 8);
+  nn_detail::check_not_null(what, "norm_out", norm_out);
+  nn_detail::check_aligned(what, "norm_out", norm_out, 4);
+  if (clip_scale_out != nullptr) nn_detail::check_aligned(what, "clip_scale_out", clip_scale_out, 4);
+  CUDA_CHECK(cudaMemsetAsync(workspace, 0, kGradNormSlots * sizeof(double), stream));
+  for (int i = 0; i < count; ++i) {
+    const GradTensor& g = tensors[i];
+    if (g.n == 0) continue;
+    const bool vec = nn_detail::is_aligned(g.grad, 16);
+    // The grid depends only on n: the same tensor list always sums in the same order.
+    const unsigned grid = grid_for(ceil_div(g.n, 4 * 4), kGradNormSlots);
+    grad_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(g.grad, g.n, vec, workspace);
+    CUDA_CHECK_LAUNCH();
+  }
+  grad_norm_finish_kernel<<<1, kThreads, 0, stream>>>(workspace, max_norm, norm_out, clip_scale_out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace fp4moe
