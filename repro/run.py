@@ -3,13 +3,16 @@
 puts our numbers beside the papers'.
 
     repro/run.py [--build build] [--scale smoke|default|full] [--out runs] [--only NAME ...]
-                 [--scenarios repro/scenarios] [--fp4moe PATH]
+                 [--scenarios repro/scenarios] [--fp4moe PATH] [--peer-python PATH]
 
 1. Asks `<build>/fp4moe env` for the GPU. Without a CUDA device, or with one that is not a Hopper (sm_90), it says
    so in one line with what to run instead and exits 1.
 2. Runs the benchmark of each scenario (repro/scenarios/*.toml, format in repro/scenario.py) with the scenario's
    --benchmark_filter for the scale and --h5, printing "[i/n] name: ..." progress lines with the elapsed time
-   (the program's own output goes to the log). Scales: smoke (a few cases, minutes), default (every case the
+   (the program's own output goes to the log). A scenario with a peer (a PyTorch program in benchmarks/peers/)
+   then runs it with --h5 of the same file and the same filter (--filter); its table joins the benchmark's for the
+   scenario's rules. A peer that exits 3 (PyTorch, CUDA or its operators missing) is skipped with a note, not a
+   failure; the rows that needed it say why they have no value. Scales: smoke (a few cases, minutes), default (every case the
    benchmark has), full ("everything the scenario has": the same as default until a scenario defines more).
 3. Merges every benchmark's table and the reproduced tables into one file, <out>/<date>-<gpu>.h5 (repro/merge.py;
    written under a temporary name and renamed), e.g. runs/20261129-120000-nvidia-h200.h5.
@@ -41,6 +44,7 @@ from repro import merge, ours, scenario  # noqa: E402
 GPU_LINE = re.compile(r"^GPU (\d+):\s+(.+?) \(sm_(\d+)\)")
 NO_GPU = re.compile(r"no CUDA device(?: \((.*)\))?")
 HEARTBEAT_S = 30
+PEER_UNAVAILABLE = 3  # a peer's exit code when this machine lacks what it needs (e.g. PyTorch): skipped, not failed
 
 
 class RunError(Exception):
@@ -145,6 +149,34 @@ def read_bench_table(path, family):
         return None
 
 
+def last_line(path):
+    """The last non-empty line of a log file ("" when there is none)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def run_peer(a, s, h5, flt, run_dir, label, budget):
+    """Runs the scenario's peer after its benchmark, adding /bench/<peer_family> to the benchmark's file h5.
+    Returns (exit code, elapsed seconds, why it did not run or "")."""
+    name = os.path.splitext(os.path.basename(s.peer))[0]
+    log = os.path.join(run_dir, "logs", f"{name}.log")
+    args = [os.path.join(ROOT, s.peer), "--h5", h5] + (["--filter", flt] if flt else [])
+    rc, took = run_benchmark(a.peer_python, args, log, label, budget)
+    if rc == 0:
+        print(f"{label}: peer {name} done in {fmt_elapsed(took)}", flush=True)
+        return rc, took, ""
+    why = last_line(log) or f"exit code {rc}"
+    if rc == PEER_UNAVAILABLE:
+        print(f"{label}: peer {name} skipped: {why}", flush=True)
+    else:
+        print(f"{label}: peer {name} exited with {rc} (log: {log})", flush=True)
+    return rc, took, why
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="run the reproduction scenarios on this Hopper GPU")
     p.add_argument("--build", default="build", help="build folder holding fp4moe and benchmarks/ (default: build)")
@@ -154,6 +186,8 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios (file stems)")
     p.add_argument("--scenarios", default=os.path.join(ROOT, "repro", "scenarios"), help="scenario folder")
     p.add_argument("--fp4moe", help="the fp4moe binary asked for the GPU (default: BUILD/fp4moe)")
+    p.add_argument("--peer-python", default=sys.executable,
+                   help="the Python that runs the PyTorch peers (default: this one)")
     a = p.parse_args(argv)
     command = shlex.join(["repro/run.py"] + (sys.argv[1:] if argv is None else list(argv)))
     try:
@@ -209,12 +243,28 @@ def run(a, command):
             failed.append(s.name)
         print(f"{label}: {'done' if rc == 0 else f'{s.benchmark} exited with {rc} (log: {log})'} in "
               f"{fmt_elapsed(took)}, /bench/{s.family} {rows} rows", flush=True)
-        if df is not None and h5 not in bench_files:
-            bench_files.append(h5)
         attrs = {"title": s.title, "benchmark": s.benchmark, "family": s.family, "scale": a.scale, "filter": flt,
                  "budget_gpu_minutes": float(budget), "elapsed_s": float(took), "exit_code": int(rc),
                  "scenario_file": os.path.relpath(s.path, ROOT)}
-        repro_tables.append((s.name, ours.repro_rows(s, df), attrs))
+        table, peer_why = df, ""
+        if s.peer:
+            prc, ptook, peer_why = run_peer(a, s, h5, flt, run_dir, label, budget)
+            if prc not in (0, PEER_UNAVAILABLE):
+                failed.append(f"{s.name} (peer)")
+            peer_df = read_bench_table(h5, s.peer_family)
+            if peer_df is not None:
+                import pandas as pd
+                table = peer_df if df is None else pd.concat([df, peer_df], ignore_index=True)
+            attrs.update({"peer": s.peer, "peer_family": s.peer_family, "peer_exit_code": int(prc),
+                          "peer_elapsed_s": float(ptook), "peer_note": peer_why})
+        if table is not None and h5 not in bench_files:
+            bench_files.append(h5)
+        computed = ours.repro_rows(s, table)
+        if peer_why:
+            for r in computed:
+                if r["count"] == 0:
+                    r["note"] = "; ".join(x for x in [r["note"], f"the peer did not run: {peer_why}"] if x)
+        repro_tables.append((s.name, computed, attrs))
 
     if not bench_files:
         raise RunError(f"no benchmark wrote a result file ({', '.join(failed)} failed; logs in {run_dir}/logs)", 1)

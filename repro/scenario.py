@@ -7,6 +7,9 @@ computes ours from the benchmark's table:
     title = "..."                         # one line
     benchmark = "bench_convert"           # program in <build>/benchmarks/, run with --h5 PATH
     family = "convert"                    # it writes the table /bench/<family>
+    peer = "benchmarks/peers/x_torch.py"  # optional: a peer program (Python, run after the benchmark with --h5 of
+    peer_family = "x_torch"               #   the same file and --filter REGEX) adding /bench/<peer_family>; its
+                                          #   rows join the benchmark's for the rules below (repro/run.py)
     [budget_gpu_minutes]                  # wall-clock GPU-minutes per scale (numbers > 0)
     smoke = 3
     default = 15
@@ -86,6 +89,8 @@ class Scenario:
     budget_gpu_minutes: dict
     filter: dict
     rows: list
+    peer: str = ""         # path of the peer program relative to the repository root ("" without one)
+    peer_family: str = ""  # its table under /bench
 
 
 def paper_value(text):
@@ -199,10 +204,18 @@ def load(path):
     family = _string(path, doc, "family", "")
     if not re.fullmatch(r"[a-z0-9_]+", family):
         _fail(path, f"'family' must be the table name under /bench (lower case, digits, _), got {family!r}")
+    peer, peer_family = doc.get("peer", ""), doc.get("peer_family", "")
+    if peer or peer_family:
+        if not isinstance(peer, str) or not re.fullmatch(r"benchmarks/peers/[a-z0-9_]+\.py", peer):
+            _fail(path, f"'peer' must name a program benchmarks/peers/<name>.py, got {peer!r}")
+        if not isinstance(peer_family, str) or not re.fullmatch(r"[a-z0-9_]+", peer_family) or peer_family == family:
+            _fail(path, f"'peer_family' must be the peer's table name under /bench (lower case, digits, _; not the "
+                        f"benchmark's own '{family}'), got {peer_family!r}")
     return Scenario(name=os.path.splitext(os.path.basename(path))[0], path=path, title=_string(path, doc, "title", ""),
                     benchmark=benchmark, family=family,
                     budget_gpu_minutes=_per_scale(path, doc, "budget_gpu_minutes", "budget"),
-                    filter=_per_scale(path, doc, "filter", "filter"), rows=parsed)
+                    filter=_per_scale(path, doc, "filter", "filter"), rows=parsed, peer=peer,
+                    peer_family=peer_family)
 
 
 def load_all(folder, only=None):

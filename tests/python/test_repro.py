@@ -68,6 +68,8 @@ def benchmark_cells(family, name):
     "op/recipe/shape[/dense]" -> case op[_dense], recipe, shape. bench_convert: "case/shape" where both may hold a
     '/', so every split is a candidate."""
     parts = name.split("/")
+    if family in ("group_linear", "group_linear_torch"):  # "case/recipe/layer/e<G>/t<tokens>/<split>"
+        return {"case": [parts[0]], "recipe": [parts[1]], "shape": [" ".join(parts[2:6])]}
     if family == "grouped_gemm":
         dense = parts[-1] == "dense"
         return {"case": [parts[0] + ("_dense" if dense else "")], "recipe": [parts[1]], "shape": [parts[2]]}
@@ -78,7 +80,7 @@ def benchmark_cells(family, name):
 class ScenarioFiles(Tmp):
     def test_every_scenario_parses_and_names_its_parts(self):
         scns = scenario.load_all(SCENARIOS)
-        self.assertEqual([s.name for s in scns], ["conversion_kernels", "group_linear_gemm"])
+        self.assertEqual([s.name for s in scns], ["conversion_kernels", "group_linear", "group_linear_gemm"])
         for s in scns:
             with self.subTest(s.name):
                 self.assertTrue(s.title)
@@ -198,6 +200,11 @@ class ScenarioFiles(Tmp):
                 full = subprocess.run([prog, "--benchmark_list_tests"], capture_output=True, text=True, timeout=60)
                 self.assertLess(len(listed), len(full.stdout.splitlines()))
                 cells = [benchmark_cells(s.family, line.split("/min_time")[0]) for line in listed]
+                if s.peer:  # the peer's cases under the same filter (listing needs no PyTorch)
+                    peer = subprocess.run([sys.executable, os.path.join(ROOT, s.peer), "--list", "--filter",
+                                           s.filter["smoke"]], capture_output=True, text=True, timeout=60)
+                    self.assertEqual(peer.returncode, 0, peer.stderr)
+                    cells += [benchmark_cells(s.peer_family, line) for line in peer.stdout.splitlines()]
                 for row in s.rows:
                     rule = row.ours
                     for sel in [rule.value, rule.numerator, rule.denominator]:
@@ -406,7 +413,7 @@ class FakeMachine(Tmp):
         conv, gemm = util.convert_table(21), util.gemm_table(22)
         build = self.fake_build(self.H200, {"bench_convert": ("convert", self.jsonable(conv), 0),
                                             "bench_grouped_gemm": ("grouped_gemm", self.jsonable(gemm), 0)})
-        r = self.run_py(build, "--scale", "smoke")
+        r = self.run_py(build, "--scale", "smoke", "--only", "conversion_kernels", "group_linear_gemm")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("[1/2] conversion_kernels: bench_convert (filter ", r.stdout)
         self.assertIn("[2/2] group_linear_gemm: bench_grouped_gemm (filter ", r.stdout)
@@ -448,7 +455,7 @@ class FakeMachine(Tmp):
         gemm = util.gemm_table(23)
         build = self.fake_build(self.H200, {"bench_convert": ("convert", {}, 3),
                                             "bench_grouped_gemm": ("grouped_gemm", self.jsonable(gemm), 0)})
-        r = self.run_py(build, "--scale", "default")
+        r = self.run_py(build, "--scale", "default", "--only", "conversion_kernels", "group_linear_gemm")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("bench_convert exited with 3", r.stdout)
         self.assertIn("failed: conversion_kernels", r.stderr)

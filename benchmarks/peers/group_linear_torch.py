@@ -1,0 +1,509 @@
+#!/usr/bin/env python3
+"""group_linear_torch: the PyTorch peer of bench_group_linear, run on the same GPU. The same Group Linear (the MoE
+routed experts' linear layer, Y_g = X_g W_g^T over ragged token groups), forward, backward and forward+backward,
+on the same layers, experts, tokens and splits, in two PyTorch recipes:
+
+    torch_bf16  torch._grouped_mm on BF16 operands (Fprop, Dgrad; Wgrad as the 2d x 2d grouped product dY^T X)
+    torch_fp8   torch._scaled_grouped_mm with rowwise FP8 (E4M3) scales, quantization included: X and dY rowwise
+                along the reduction dimension for Fprop and Dgrad, dY and X per expert along tokens for Wgrad
+                (per-group column scales), power-of-two scales as TransformerEngine and torchao round them; the
+                quantizers are plain PyTorch operations (amax, scale, cast), no fused kernels
+
+    benchmarks/peers/group_linear_torch.py --h5 PATH [--filter REGEX] [--all] [--min-time S]
+    benchmarks/peers/group_linear_torch.py --list [--filter REGEX] [--all]      (no torch needed)
+    benchmarks/peers/group_linear_torch.py --list-splits                          (no torch needed)
+
+Cases are named as bench_group_linear names its own, <pass>/<recipe>/<layer>/e<experts>/t<tokens>/<split>, so that
+one --benchmark_filter regular expression selects the same configurations in both (--filter: re.search on the name).
+Splits: exactly bench_group_linear's (balanced, and Zipf with the same integer rule; --list-splits prints them in the
+same format as `bench_group_linear --list_splits`). Each expert's tokens are padded with zero rows to a multiple of 16
+(as PyTorch MoE code such as torchtitan pads them for the FP8 grouped GEMMs); FLOPs count the real tokens only.
+Weights are quantized once outside the timed region (once per optimizer step), as in bench_group_linear; dW comes
+out in BF16 (the grouped GEMMs' only output type), where our layer accumulates into an FP32 master gradient.
+Check before timing (once per configuration): outputs finite and mostly nonzero, and for torch_fp8 a relative L2
+error against the BF16 recipe's outputs below 0.25 (a wrong scale or operand layout fails the case).
+Timing: CUDA events around one pass, at least 5 passes and --min-time seconds after a warm-up; the median.
+
+Writes the table /bench/group_linear_torch into the HDF5 result file PATH (reports/result_file.py; the layout of
+results/h5_file.h): added to the file when it exists (the benchmark's own result file; replaced if already there),
+else a new file with the root attributes of this machine. Written to a temporary copy and renamed. Columns: those of
+/bench/group_linear (case = pass, shape "<layer> e<experts> t<tokens> <split>", recipe torch_bf16 or torch_fp8,
+time_us, tflops, ...), speedup NaN (the ratios to our recipes are computed by the reproduction suite), plus
+rel_err_vs_bf16 and padded_tokens.
+
+Exit codes: 0 every selected case ran; 1 a case failed or the file could not be written; 2 bad arguments;
+3 PyTorch, CUDA, a Hopper GPU or the grouped GEMM operators are missing (one line on stderr saying which).
+"""
+
+import argparse
+import datetime
+import math
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+PROGRAM = "group_linear_torch"
+FAMILY = "group_linear_torch"
+UNAVAILABLE = 3
+LAYERS = {"v3_fc1": (4096, 7168), "v3_fc2": (7168, 2048), "v2_fc1": (3072, 5120), "v2_fc2": (5120, 1536)}
+PASSES = ("fwd", "bwd", "fwd+bwd")
+RECIPES = ("torch_bf16", "torch_fp8")
+ZIPF_UNIT = 1 << 40
+TOKEN_ALIGN = 16
+E4M3_MAX = 448.0
+MAX_REL_ERR = 0.25
+
+
+class Unavailable(Exception):
+    """What this machine lacks to run the peer (exit 3)."""
+
+
+# ---- splits and cases (no torch) ---------------------------------------------------------------------------------
+
+def balanced_split(experts, tokens):
+    """tokens // experts each, the first tokens % experts groups one more (bench_group_linear's balanced_split)."""
+    sizes = [tokens // experts] * experts
+    for g in range(tokens % experts):
+        sizes[g] += 1
+    return sizes
+
+
+def zipf_split(experts, tokens):
+    """bench_group_linear's zipf_split, in the same integer arithmetic: expert g has rank (7 g + 3) mod G and weight
+    floor(2^40 / (rank + 1)); size floor(tokens w / sum w), the remaining tokens one each to the largest remainders
+    (ties: lower g first), then every empty group takes one token from the (first) largest."""
+    if experts < 1 or experts % 7 == 0 or tokens < experts:
+        raise ValueError(f"zipf_split: expected experts >= 1 not a multiple of 7 and tokens >= experts, got "
+                         f"{experts}, {tokens}")
+    w = [ZIPF_UNIT // ((7 * g + 3) % experts + 1) for g in range(experts)]
+    total = sum(w)
+    sizes = [tokens * wg // total for wg in w]
+    rem = [tokens * wg % total for wg in w]
+    left = tokens - sum(sizes)
+    for g in sorted(range(experts), key=lambda g: -rem[g])[:left]:
+        sizes[g] += 1
+    for g in range(experts):
+        if sizes[g] == 0:
+            sizes[g] += 1
+            sizes[max(range(experts), key=sizes.__getitem__)] -= 1
+    return sizes
+
+
+def split_sizes(split, experts, tokens):
+    if split == "zipf":
+        return zipf_split(experts, tokens)
+    if split == "balanced":
+        return balanced_split(experts, tokens)
+    raise ValueError(f"unknown split '{split}' (expected balanced or zipf)")
+
+
+def split_lines():
+    """The lines `bench_group_linear --list_splits` prints: "e<G> t<tokens> <split>: sizes"."""
+    return [f"e{g} t{t} {s}: {' '.join(map(str, split_sizes(s, g, t)))}"
+            for g in (8, 16, 32) for t in (16384, 32768, 65536) for s in ("balanced", "zipf")]
+
+
+def configurations(all_grid):
+    """(layer, experts, tokens, split) in bench_group_linear's order: the default subset, or the whole grid."""
+    experts = (8, 16, 32) if all_grid else (8, 32)
+    tokens = (16384, 32768, 65536) if all_grid else (16384,)
+    return [(layer, g, t, s) for layer in LAYERS for t in tokens for g in experts for s in ("balanced", "zipf")]
+
+
+def case_name(pass_, recipe, layer, experts, tokens, split):
+    return f"{pass_}/{recipe}/{layer}/e{experts}/t{tokens}/{split}"
+
+
+def selected_cases(all_grid, pattern):
+    """[(configuration, recipe, pass)] whose name matches `pattern` (re.search; None: all)."""
+    rx = re.compile(pattern) if pattern else None
+    out = []
+    for cfg in configurations(all_grid):
+        for recipe in RECIPES:
+            for p in PASSES:
+                if rx is None or rx.search(case_name(p, recipe, *cfg)):
+                    out.append((cfg, recipe, p))
+    return out
+
+
+def flops(pass_, tokens, n, k):
+    """fwd 2 M N K, bwd 4 M N K (Dgrad and Wgrad), fwd+bwd 6 M N K; M the real routed tokens."""
+    return {"fwd": 2, "bwd": 4, "fwd+bwd": 6}[pass_] * tokens * n * k
+
+
+def round_up(v, a):
+    return (v + a - 1) // a * a
+
+
+# ---- torch ---------------------------------------------------------------------------------------------------------
+
+def require_torch():
+    """The torch module, or Unavailable saying what is missing."""
+    try:
+        import torch
+    except ImportError as e:
+        raise Unavailable(f"PyTorch is not installed ({e}); the peer needs torch with CUDA on a Hopper GPU") from None
+    if not torch.cuda.is_available():
+        raise Unavailable(f"PyTorch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda}); "
+                          f"the peer needs a Hopper GPU")
+    major, minor = torch.cuda.get_device_capability(0)
+    if major != 9:
+        raise Unavailable(f"GPU 0 is {torch.cuda.get_device_name(0)} (sm_{major}{minor}): the peer measures "
+                          f"torch._scaled_grouped_mm on Hopper (sm_90)")
+    for op in ("_grouped_mm", "_scaled_grouped_mm"):
+        if not hasattr(torch, op):
+            raise Unavailable(f"PyTorch {torch.__version__} has no torch.{op} (grouped GEMMs need 2.8 or later)")
+    return torch
+
+
+def quantize_rows(torch, t):
+    """t [..., C] -> (E4M3 codes [..., C], FP32 dequantization scales [...]) with one power-of-two scale per row:
+    s = 2^floor(log2(448 / amax)), code = E4M3(v s) (saturated); amax = 0 gives s = 1."""
+    amax = t.abs().amax(dim=-1, keepdim=True).float()
+    s = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax))), torch.ones_like(amax))
+    q = (t.float() * s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, (1.0 / s).squeeze(-1).contiguous()
+
+
+def quantize_group_columns(torch, t, gid, experts):
+    """t [M, C] (tokens x features) -> (E4M3 codes of t^T [C, M], row-major; FP32 dequantization scales [G * C],
+    expert-major), one power-of-two scale per expert and feature (amax over the expert's tokens): the layout
+    torch._scaled_grouped_mm takes for a 2d x 2d grouped product over token groups."""
+    a = t.abs().float()
+    amax = torch.zeros(experts, t.shape[1], device=t.device, dtype=torch.float32).index_reduce_(0, gid, a, "amax")
+    s = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax))), torch.ones_like(amax))
+    q = (t.float() * s[gid]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.t().contiguous(), (1.0 / s).reshape(-1).contiguous()
+
+
+class Workload:
+    """One configuration and recipe: inputs, quantized weights and the three passes as callables."""
+
+    def __init__(self, torch, recipe, n, k, sizes, seed):
+        self.torch, self.recipe, self.n, self.k = torch, recipe, n, k
+        dev = "cuda"
+        g = len(sizes)
+        padded = [round_up(s, TOKEN_ALIGN) for s in sizes]
+        self.tokens, self.padded_tokens = sum(sizes), sum(padded)
+        starts = [0]
+        for p in padded[:-1]:
+            starts.append(starts[-1] + p)
+        real = torch.cat([torch.arange(s0, s0 + s, device=dev) for s0, s in zip(starts, sizes)])
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(seed)
+
+        def rows(m, c, lo, hi, outliers):
+            # a normal times a per-row power of two in 2^[lo, hi], x32 on one column in 64 (bench_util.cuh's spread)
+            v = torch.randn(m, c, device=dev, generator=gen)
+            v *= torch.exp2(torch.randint(lo, hi + 1, (m, 1), device=dev, generator=gen).float())
+            if outliers:
+                v[:, torch.randperm(c, device=dev, generator=gen)[: c // 64]] *= 32.0
+            return v.to(torch.bfloat16)
+
+        self.x = torch.zeros(self.padded_tokens, k, device=dev, dtype=torch.bfloat16)
+        self.x[real] = rows(self.tokens, k, -4, 4, True)
+        self.dy = torch.zeros(self.padded_tokens, n, device=dev, dtype=torch.bfloat16)
+        self.dy[real] = rows(self.tokens, n, -2, 2, False)
+        self.w = (torch.randn(g, n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+        self.real = real
+        self.offs = torch.tensor(padded, device=dev, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        self.gid = torch.repeat_interleave(torch.arange(g, device=dev), torch.tensor(padded, device=dev))
+        self.experts = g
+        self.wgrad_mat_a_view = True  # dY^T as a transposed view for the BF16 Wgrad (a copy if torch refuses it)
+        if recipe == "torch_fp8":  # once per optimizer step: outside the timed region
+            wq, self.sw = quantize_rows(torch, self.w)                                 # [G, N, K], scales [G, N]
+            self.wq_t = wq.transpose(-2, -1)                                           # [G, K, N] column-major
+            wtq, self.swt = quantize_rows(torch, self.w.transpose(-2, -1).contiguous())  # [G, K, N], scales [G, K]
+            self.wtq_t = wtq.transpose(-2, -1)                                         # [G, N, K] column-major
+            self.weight_copy_bytes = 2 * g * n * k + 4 * (g * n + g * k)
+        else:
+            self.weight_copy_bytes = 0
+        # Held from forward to backward: the BF16 X in both recipes (torch_fp8 quantizes X per expert along tokens
+        # again in backward, as torchao's float8 grouped GEMM keeps the high-precision input).
+        self.held_bytes = 2 * self.padded_tokens * k
+        self.y = self.dx = self.dw = None
+
+    # -- passes --
+    def forward(self):
+        t = self.torch
+        if self.recipe == "torch_bf16":
+            self.y = t._grouped_mm(self.x, self.w.transpose(-2, -1), offs=self.offs)
+        else:
+            xq, sx = quantize_rows(t, self.x)
+            self.y = t._scaled_grouped_mm(xq, self.wq_t, sx, self.sw, offs=self.offs, out_dtype=t.bfloat16,
+                                          use_fast_accum=True)
+
+    def backward(self):
+        t = self.torch
+        if self.recipe == "torch_bf16":
+            self.dx = t._grouped_mm(self.dy, self.w, offs=self.offs)
+            dyt = self.dy.t() if self.wgrad_mat_a_view else self.dy.t().contiguous()
+            self.dw = t._grouped_mm(dyt, self.x, offs=self.offs)
+        else:
+            dyq, sdy = quantize_rows(t, self.dy)
+            self.dx = t._scaled_grouped_mm(dyq, self.wtq_t, sdy, self.swt, offs=self.offs, out_dtype=t.bfloat16,
+                                           use_fast_accum=True)
+            dyc, sdyc = quantize_group_columns(t, self.dy, self.gid, self.experts)  # dY^T [N, M]
+            xc, sxc = quantize_group_columns(t, self.x, self.gid, self.experts)     # X^T [K, M]
+            self.dw = t._scaled_grouped_mm(dyc, xc.t(), sdyc, sxc, offs=self.offs, out_dtype=t.bfloat16,
+                                           use_fast_accum=True)
+
+    def run(self, pass_):
+        if pass_ in ("fwd", "fwd+bwd"):
+            self.forward()
+        if pass_ in ("bwd", "fwd+bwd"):
+            self.backward()
+
+    # -- check --
+    def outputs(self):
+        return {"Y": self.y[self.real].float(), "dX": self.dx[self.real].float(), "dW": self.dw.float()}
+
+    def check(self, reference=None):
+        """Runs forward and backward once; raises RuntimeError on non-finite or mostly zero outputs, or (with the
+        BF16 workload of the same configuration as reference) a relative L2 error above MAX_REL_ERR. Returns the
+        largest relative error (NaN without reference)."""
+        t = self.torch
+        self.forward()
+        try:
+            self.backward()
+        except (RuntimeError, ValueError):
+            if self.recipe != "torch_bf16" or not self.wgrad_mat_a_view:
+                raise
+            self.wgrad_mat_a_view = False  # this torch wants dY^T contiguous for the 2d x 2d product
+            self.backward()
+        t.cuda.synchronize()
+        worst = math.nan
+        mine = self.outputs()
+        theirs = reference.outputs() if reference is not None else {}
+        for name, v in mine.items():
+            bad = int((~t.isfinite(v)).sum())
+            nonzero = int((v != 0).sum())
+            if bad or 2 * nonzero <= v.numel():
+                raise RuntimeError(f"{name} has {bad} NaN/Inf and {nonzero} nonzero of {v.numel()} elements "
+                                   f"(expected all finite, mostly nonzero)")
+            if name in theirs:
+                ref = theirs[name]
+                err = float((v - ref).norm() / ref.norm())
+                worst = err if math.isnan(worst) else max(worst, err)
+                if not err < MAX_REL_ERR:
+                    raise RuntimeError(f"{name}: relative L2 error {err:.3g} against the BF16 recipe (expected < "
+                                       f"{MAX_REL_ERR}): the FP8 operands or their scales are laid out wrongly")
+        return worst
+
+
+def time_pass(torch, work, pass_, min_time_s, min_iters=5, max_iters=10000):
+    """Median seconds of one pass over CUDA events, after a warm-up pass."""
+    work.run(pass_)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    while len(times) < max_iters and (len(times) < min_iters or sum(times) < min_time_s):
+        start.record()
+        work.run(pass_)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e-3)
+    times.sort()
+    n = len(times)
+    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+
+
+# ---- result file ---------------------------------------------------------------------------------------------------
+
+COLUMNS = [("case", "str"), ("shape", "str"), ("recipe", "str"), ("time_us", "f64"), ("tflops", "f64"),
+           ("gbps", "f64"), ("fraction_of_copy_bw", "f64"), ("speedup", "f64"), ("pass", "str"), ("layer", "str"),
+           ("experts", "i64"), ("tokens", "i64"), ("split", "str"), ("n", "i64"), ("k", "i64"),
+           ("speedup_vs_bf16", "f64"), ("fraction_of_dense", "f64"), ("held_bytes", "f64"),
+           ("weight_copy_bytes", "f64"), ("rel_err_vs_bf16", "f64"), ("padded_tokens", "i64")]
+
+
+def table_attributes(torch, command):
+    return {
+        "time_us": "median over the timed passes (CUDA events), microseconds",
+        "tflops": "fwd 2 M N K, bwd 4 M N K, fwd+bwd 6 M N K over time_us; M = tokens (real, not padded)",
+        "speedup": "NaN: the ratios to bench_group_linear's recipes are computed by the reproduction suite",
+        "speedup_vs_bf16": "time of torch_bf16 over this row's, same pass and shape",
+        "held_bytes": "activation bytes kept from forward to backward: the BF16 X (padded) in both recipes",
+        "weight_copy_bytes": "FP8 copies of W and W^T with their rowwise scales (0 for torch_bf16)",
+        "rel_err_vs_bf16": "largest relative L2 error of Y, dX, dW against torch_bf16 (torch_fp8 rows)",
+        "padded_tokens": "routed tokens after padding each expert to a multiple of 16",
+        "recipe": "torch_bf16: torch._grouped_mm; torch_fp8: torch._scaled_grouped_mm, rowwise power-of-two "
+                  "scales, quantization in plain PyTorch operations included; weights quantized before timing",
+        "torch_version": str(torch.__version__),
+        "peer_command": command,
+        "gbps": "not measured (NaN)",
+    }
+
+
+def root_attributes(torch, command):
+    """Root attributes for a new result file (results/run_info.h's names), from what this process can see."""
+    from reports import result_file
+
+    def run(cmd):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=ROOT)
+            return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown"
+
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001 (no NCCL in this build of torch)
+        nccl = "unknown"
+    return {"schema_version": result_file.SCHEMA_VERSION, "git_sha": run(["git", "rev-parse", "HEAD"]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "gpu": torch.cuda.get_device_name(0),
+            "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]),
+            "cuda": str(torch.version.cuda), "cublaslt": "unknown (PyTorch's)", "nccl": nccl,
+            "host": socket.gethostname(), "command": command}
+
+
+def write_into(path, rows, attributes, new_file_root):
+    """Adds (or replaces) /bench/group_linear_torch in the result file `path`, or creates it with the root
+    attributes `new_file_root()`; through a temporary copy renamed over `path`."""
+    import h5py
+
+    from reports import result_file
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        if os.path.exists(path):
+            with h5py.File(path, "r") as f:
+                result_file.check_schema(path, f)
+            shutil.copyfile(path, tmp)
+            mode = "r+"
+        else:
+            mode = "w"
+        with h5py.File(tmp, mode) as f:
+            if mode == "w":
+                for k, v in new_file_root().items():
+                    result_file.set_attribute(f, k, v)
+            if f"bench/{FAMILY}" in f:
+                del f[f"bench/{FAMILY}"]
+            result_file.write_table(f, f"/bench/{FAMILY}", [(c, kind, [r[c] for r in rows]) for c, kind in COLUMNS],
+                                    attributes)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+# ---- main ----------------------------------------------------------------------------------------------------------
+
+def measure(torch, cases, min_time_s):
+    """Rows of the table for the selected cases, and the names of the cases that failed."""
+    rows, failed = [], []
+    by_cfg = {}
+    for cfg, recipe, p in cases:
+        by_cfg.setdefault(cfg, {}).setdefault(recipe, []).append(p)
+    for cfg, recipes in by_cfg.items():
+        layer, experts, tokens, split = cfg
+        n, k = LAYERS[layer]
+        sizes = split_sizes(split, experts, tokens)
+        times = {}
+        ref = None
+        # torch_bf16 first: it is torch_fp8's reference in the check
+        for recipe in RECIPES:
+            if recipe not in recipes and not (recipe == "torch_bf16" and "torch_fp8" in recipes):
+                continue
+            name0 = case_name("*", recipe, *cfg)
+            try:
+                work = Workload(torch, recipe, n, k, sizes, seed=1000 * experts + tokens + (n ^ k))
+                err = work.check(ref if recipe == "torch_fp8" else None)
+            except (RuntimeError, ValueError) as e:
+                print(f"{PROGRAM}: {name0}: {e}", file=sys.stderr, flush=True)
+                failed += [case_name(p, recipe, *cfg) for p in recipes.get(recipe, [])]
+                continue
+            for p in recipes.get(recipe, []):
+                name = case_name(p, recipe, *cfg)
+                try:
+                    s = time_pass(torch, work, p, min_time_s)
+                except (RuntimeError, ValueError) as e:
+                    print(f"{PROGRAM}: {name}: {e}", file=sys.stderr, flush=True)
+                    failed.append(name)
+                    continue
+                times[(recipe, p)] = s
+                us = s * 1e6
+                tf = flops(p, tokens, n, k) / s * 1e-12
+                print(f"{name:<48} {us:10.1f} us {tf:8.1f} TFLOP/s", flush=True)
+                rows.append({"case": p, "shape": f"{layer} e{experts} t{tokens} {split}", "recipe": recipe,
+                             "time_us": us, "tflops": tf, "gbps": math.nan, "fraction_of_copy_bw": math.nan,
+                             "speedup": math.nan, "pass": p, "layer": layer, "experts": experts, "tokens": tokens,
+                             "split": split, "n": n, "k": k, "speedup_vs_bf16": math.nan,
+                             "fraction_of_dense": math.nan, "held_bytes": float(work.held_bytes),
+                             "weight_copy_bytes": float(work.weight_copy_bytes), "rel_err_vs_bf16": err,
+                             "padded_tokens": work.padded_tokens})
+            if recipe == "torch_bf16":
+                ref = work
+            else:
+                del work
+            torch.cuda.empty_cache()
+        ref = None
+        torch.cuda.empty_cache()
+        for r in rows:
+            if (r["layer"], r["experts"], r["tokens"], r["split"]) == cfg and ("torch_bf16", r["pass"]) in times:
+                r["speedup_vs_bf16"] = times[("torch_bf16", r["pass"])] * 1e6 / r["time_us"]
+    return rows, failed
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="PyTorch peer of bench_group_linear (torch._grouped_mm BF16, "
+                                            "torch._scaled_grouped_mm rowwise FP8)")
+    p.add_argument("--h5", help="HDF5 result file to add /bench/group_linear_torch to (created if absent)")
+    p.add_argument("--filter", default="", help="regular expression on case names (re.search), as "
+                                                "--benchmark_filter for bench_group_linear")
+    p.add_argument("--all", action="store_true", help="the whole grid (experts 8/16/32, tokens 16k/32k/64k)")
+    p.add_argument("--min-time", type=float, default=0.05, help="seconds of timed passes per case (default 0.05)")
+    p.add_argument("--list", action="store_true", help="print the selected case names and exit (no torch needed)")
+    p.add_argument("--list-splits", action="store_true", help="print every split of the grid and exit")
+    a = p.parse_args(argv)
+    try:
+        cases = selected_cases(a.all, a.filter)
+    except re.error as e:
+        print(f"{PROGRAM}: --filter is not a regular expression ({e}): {a.filter!r}", file=sys.stderr)
+        return 2
+    if a.list_splits:
+        print("\n".join(split_lines()))
+        return 0
+    if a.list:
+        for cfg, recipe, pass_ in cases:
+            print(case_name(pass_, recipe, *cfg))
+        return 0
+    if not a.h5:
+        print(f"{PROGRAM}: name the result file: --h5 PATH", file=sys.stderr)
+        return 2
+    if not cases:
+        print(f"{PROGRAM}: no case matches --filter {a.filter!r}", file=sys.stderr)
+        return 2
+    try:
+        torch = require_torch()
+    except Unavailable as e:
+        print(f"{PROGRAM}: {e}", file=sys.stderr)
+        return UNAVAILABLE
+    command = shlex.join(["benchmarks/peers/group_linear_torch.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    print(f"{PROGRAM}: {len(cases)} cases on {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    rows, failed = measure(torch, cases, a.min_time)
+    rc = 1 if failed else 0
+    if rows:
+        try:
+            write_into(a.h5, rows, table_attributes(torch, command), lambda: root_attributes(torch, command))
+            print(f"wrote {a.h5} (/bench/{FAMILY}, {len(rows)} rows)", flush=True)
+        except Exception as e:  # noqa: BLE001 (h5py raises OSError, KeyError, ...; one line either way)
+            print(f"{PROGRAM}: cannot write {a.h5}: {e}", file=sys.stderr)
+            rc = 1
+    if failed:
+        print(f"{PROGRAM}: failed: {', '.join(failed)}", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
