@@ -249,8 +249,15 @@ def main(argv=None) -> int:
     p.add_argument("--refresh", action="store_true", help="download the packages again")
     p.add_argument("--force", action="store_true", help="rebuild every stage")
     args = p.parse_args(argv)
-    if args.vocab_size > 65536:
-        p.error("--vocab-size must fit uint16 tokens (<= 65536)")
+    if not 1 <= args.vocab_size <= 65536:
+        p.error(f"--vocab-size {args.vocab_size}: must be in [1, 65536] (uint16 tokens)")
+    for name, value, low, high in (("--jobs", args.jobs, 1, None), ("--val-per-10000", args.val_per_10000, 0, 10000),
+                                   ("--min-doc-bytes", args.min_doc_bytes, 0, None),
+                                   ("--max-line-bytes", args.max_line_bytes, 1, None),
+                                   ("--sample-mb", args.sample_mb, 1, None),
+                                   ("--shard-tokens", args.shard_tokens, 1, None)):
+        if value < low or (high is not None and value > high):
+            p.error(f"{name} {value}: must be {f'in [{low}, {high}]' if high is not None else f'>= {low}'}")
 
     cache = Path(args.cache)
     downloads = cache / "downloads"

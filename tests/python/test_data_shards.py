@@ -207,5 +207,28 @@ class TokenizerAndShardStagesTest(TempDirTest):
             self.assertTrue(all(line.strip() for line in f))
 
 
+class BuildDataArgumentsTest(TempDirTest):
+    def test_out_of_range_arguments_stop_before_any_stage(self):
+        cases = [(["--jobs", "0"], "--jobs 0: must be >= 1"),
+                 (["--vocab-size", "70000"], "--vocab-size 70000: must be in [1, 65536]"),
+                 (["--vocab-size", "0"], "--vocab-size 0: must be in [1, 65536]"),
+                 (["--val-per-10000", "10001"], "--val-per-10000 10001: must be in [0, 10000]"),
+                 (["--val-per-10000", "-1"], "--val-per-10000 -1: must be in [0, 10000]"),
+                 (["--min-doc-bytes", "-5"], "--min-doc-bytes -5: must be >= 0"),
+                 (["--max-line-bytes", "0"], "--max-line-bytes 0: must be >= 1"),
+                 (["--sample-mb", "0"], "--sample-mb 0: must be >= 1"),
+                 (["--shard-tokens", "0"], "--shard-tokens 0: must be >= 1")]
+        cache = self.path("cache")
+        script = os.path.join(os.path.dirname(build_data.__file__), "build_data.py")
+        for args, expected in cases:
+            with self.subTest(args=args):
+                r = subprocess.run([sys.executable, script, "--cache", cache, *args], capture_output=True, text=True,
+                                   timeout=60)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(expected, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+                self.assertFalse(os.path.exists(cache), "no stage may run")
+
+
 if __name__ == "__main__":
     unittest.main()
