@@ -7,13 +7,16 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -144,18 +147,40 @@ inline bool has_flag(int argc, char** argv, const char* flag) {
   return false;
 }
 
+// Makes sure the result file `path` can be written before any benchmark runs (the write comes only after all of
+// them): creates its folder when missing, and ends the program (exit code 2, one line on stderr) when the path is
+// a folder, its folder cannot be created, or the folder is not writable.
+inline void prepare_h5_output(const char* program, const std::string& path) {
+  namespace fs = std::filesystem;
+  auto refuse = [&](const std::string& why) {
+    std::fprintf(stderr, "%s: --h5 '%s': %s\n", program, path.c_str(), why.c_str());
+    std::exit(2);
+  };
+  if (path.empty()) refuse("empty path, expected the HDF5 result file to write");
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) refuse("is a folder, expected the path of a file to write");
+  const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) {
+    fs::create_directories(dir, ec);
+    if (ec) refuse(fmt::format("cannot create the folder '{}': {}", dir.string(), ec.message()));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) refuse(fmt::format("the folder '{}' is not writable", dir.string()));
+}
+
 // Removes "--h5 PATH" / "--h5=PATH" from argv (Google Benchmark rejects flags it does not know) and returns PATH
-// ("" when absent).
+// ("" when absent); a given PATH is checked at once with prepare_h5_output (argv[0] names the program).
 inline std::string take_h5_flag(int& argc, char** argv) {
   std::string path;
+  bool given = false;
   int out = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--h5" && i + 1 < argc) path = argv[++i];
-    else if (a.rfind("--h5=", 0) == 0) path = a.substr(5);
+    if (a == "--h5" && i + 1 < argc) path = argv[++i], given = true;
+    else if (a.rfind("--h5=", 0) == 0) path = a.substr(5), given = true;
     else argv[out++] = argv[i];
   }
   argc = out;
+  if (given) prepare_h5_output(argv[0], path);
   return path;
 }
 

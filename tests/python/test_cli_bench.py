@@ -1,6 +1,7 @@
 """`fp4moe bench NAME ARGS...` hands ARGS to benchmarks/bench_NAME untouched and in order (`--h5 PATH` must stay
-`--h5 PATH`). The binary is copied with a stand-in benchmark program beside it (fp4moe finds benchmarks/ next to
-its own executable), which prints each argument it receives on its own line. The binary is $FP4MOE_BUILD/fp4moe."""
+`--h5 PATH`), and the benchmark programs check their --h5 path before they run. For the first, the binary is
+copied with a stand-in benchmark program beside it (fp4moe finds benchmarks/ next to its own executable), which
+prints each argument it receives on its own line. The binary is $FP4MOE_BUILD/fp4moe."""
 
 import os
 import shutil
@@ -65,6 +66,56 @@ class BenchCli(unittest.TestCase):
         r = self.bench()
         self.assertEqual(r.returncode, 2)
         self.assertIn("name a benchmark (available: echo) or pass --list", r.stderr)
+
+
+class BenchResultPath(unittest.TestCase):
+    """--h5 PATH is checked before any benchmark runs (the file is written only after all of them): a missing
+    folder is created, a path that cannot be written ends the program with exit code 2 and one line. The check
+    comes before the GPU is looked for, so it runs on any machine."""
+
+    PROGRAMS = ("bench_convert", "bench_grouped_gemm")
+
+    def setUp(self):
+        self.build = os.path.dirname(binary())
+        self.tmp = tempfile.mkdtemp(prefix="fp4moe_bench_h5_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def programs(self):
+        found = [p for p in self.PROGRAMS if os.access(os.path.join(self.build, "benchmarks", p), os.X_OK)]
+        if not found:
+            self.skipTest(f"no benchmark program built in {self.build}/benchmarks")
+        return found
+
+    def run_program(self, prog, *args):
+        return subprocess.run([os.path.join(self.build, "benchmarks", prog), *args], capture_output=True, text=True,
+                              timeout=120)
+
+    def test_unwritable_paths_fail_at_once(self):
+        blocker = os.path.join(self.tmp, "plain_file")
+        with open(blocker, "w", encoding="utf-8") as f:
+            f.write("x")
+        cases = [(os.path.join(blocker, "sub", "r.h5"), "cannot create the folder"),
+                 (self.tmp, "is a folder, expected the path of a file to write")]
+        for prog in self.programs():
+            for path, expected in cases:
+                for args in (["--h5", path], [f"--h5={path}"]):
+                    with self.subTest(prog=prog, args=args):
+                        r = self.run_program(prog, *args, "--benchmark_filter=^$")
+                        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                        self.assertIn(f"--h5 '{path}': {expected}", r.stderr)
+                        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            r = self.run_program(prog, "--h5=")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("empty path", r.stderr)
+
+    def test_a_missing_folder_is_created_before_the_run(self):
+        for prog in self.programs():
+            with self.subTest(prog=prog):
+                folder = os.path.join(self.tmp, prog, "runs")
+                self.run_program(prog, "--h5", os.path.join(folder, "r.h5"), "--benchmark_list_tests")
+                self.assertTrue(os.path.isdir(folder))
 
 
 if __name__ == "__main__":
