@@ -5,6 +5,7 @@
 // splits, and write per-split partial sums that a second kernel adds in split order (no atomics: deterministic).
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "kernels/nn/nn_checks.h"
 #include "kernels/nn/nn_vec.cuh"
@@ -22,9 +23,10 @@ constexpr int kWarps = kThreads / 32;
 static_assert(kThreads % 32 == 0, "whole warps: the row sums shuffle across all lanes");
 
 // x [N, C] -> y [N, C], rstd [N]. One warp per row; lanes take the row's kVec-element chunks in turn.
+// x is not __restrict__: y may be x (each lane reads its chunk before writing it).
 template <int kVec>
 __global__ void __launch_bounds__(kThreads)
-rmsnorm_forward_kernel(const bf16* __restrict__ x, const bf16* __restrict__ weight, int64_t N, int64_t C, float eps,
+rmsnorm_forward_kernel(const bf16* x, const bf16* __restrict__ weight, int64_t N, int64_t C, float eps,
                        bf16* y, float* __restrict__ rstd) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);

@@ -2,6 +2,8 @@
 // grid-stride sequence of kVec-element chunks (kVec = 8: one 16-byte access per tensor, when F % 8 == 0 and the
 // pointers are 16-byte aligned; kVec = 1 otherwise); a chunk never crosses a row since F % kVec == 0.
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 
 #include "kernels/nn/nn_checks.h"
 #include "kernels/nn/nn_vec.cuh"
@@ -64,7 +66,8 @@ unsigned grid_for(int64_t chunks) {
 }
 
 // Shape and pointer checks; returns whether the 16-byte path applies.
-bool check_swiglu(const char* what, int64_t M, int64_t F, std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+bool check_swiglu(const char* what, int64_t M, int64_t F,
+                  std::initializer_list<std::pair<const char*, const void*>> ptrs) {
   nn_detail::check_matrix_shape(what, "M", M, "F", F);
   nn_detail::check_elements(what, M, 2 * F);
   bool vec = F % 8 == 0;
