@@ -22,7 +22,9 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 out="" bench_only=0 skip_build=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --out) out="${2:-}"; shift 2 ;;
+    --out)
+      [[ $# -ge 2 && -n "$2" ]] || { echo "gpu_run.sh: --out needs a folder (--out DIR)" >&2; exit 2; }
+      out="$2"; shift 2 ;;
     --out=*) out="${1#--out=}"; shift ;;
     --bench-only) bench_only=1; shift ;;
     --skip-build) skip_build=1; shift ;;
