@@ -32,6 +32,12 @@ __device__ __forceinline__ void adamw_element(float& w, float& m, float& v, floa
   w = w - k.step_size * (m / (sqrtf(v) / k.sqrt_bc2 + k.eps));
 }
 
+// Two FP32 values rounded to BF16 (nearest even), packed: lo in bits 0..15, hi in bits 16..31.
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+}
+
 __global__ void __launch_bounds__(kThreads)
 adamw_kernel(float* __restrict__ master, bf16* __restrict__ param, const float* __restrict__ grad,
              float* __restrict__ m_buf, float* __restrict__ v_buf, int64_t n, bool vec,
@@ -52,8 +58,7 @@ adamw_kernel(float* __restrict__ master, bf16* __restrict__ param, const float* 
     reinterpret_cast<float4*>(master)[i] = w;
     reinterpret_cast<float4*>(m_buf)[i] = m;
     reinterpret_cast<float4*>(v_buf)[i] = v;
-    __nv_bfloat162 p[2] = {__floats2bfloat162_rn(w.x, w.y), __floats2bfloat162_rn(w.z, w.w)};
-    reinterpret_cast<uint2*>(param)[i] = *reinterpret_cast<const uint2*>(p);
+    reinterpret_cast<uint2*>(param)[i] = make_uint2(bf16x2_bits(w.x, w.y), bf16x2_bits(w.z, w.w));
   }
   for (int64_t i = n4 * 4 + first; i < n; i += stride) {
     float w = master[i], m = m_buf[i], v = v_buf[i];

@@ -1,7 +1,8 @@
 // Decoupled RoPE kernels (rope.h). Elementwise and memory-bound: each thread rotates kPairs consecutive pairs of one
-// head (kPairs = 4: one 16-byte access, when D % 8 == 0, the strides are multiples of 8 and the data 16-byte aligned;
-// kPairs = 1: one 4-byte access), grid-stride over T x H x D / (2 kPairs) units. The FP32 inverse frequencies
-// travel in the kernel arguments; the angle is fl32(p * inv_freq[i]) and sincosf reduces it over its full range.
+// token in every head (kPairs = 4: one 16-byte access per head, when D % 8 == 0, the strides are multiples of 8 and
+// the data 16-byte aligned; kPairs = 1: one 4-byte access), grid-stride over T x D / (2 kPairs) units. The FP32
+// inverse frequencies travel in the kernel arguments; the angle is fl32(p * inv_freq[i]) and sincosf reduces it over
+// its full range.
 #include <algorithm>
 
 #include "kernels/nn/nn_checks.h"
@@ -17,6 +18,8 @@ struct InvFreqTable {
   float v[kRopeMaxDim / 2];
 };
 
+// Unit = (token t, group j of kPairs pairs): the angles' sincosf is computed once per unit and reused for the H
+// heads (128 for q_pe), which keeps the kernel memory-bound.
 template <int kPairs>
 __global__ void __launch_bounds__(kThreads)
 rope_kernel(const bf16* x, int64_t x_token_stride, int64_t x_head_stride, bf16* y, int64_t y_token_stride,
@@ -24,37 +27,40 @@ rope_kernel(const bf16* x, int64_t x_token_stride, int64_t x_head_stride, bf16* 
             bool inverse, InvFreqTable inv_freq) {
   constexpr int kVec = 2 * kPairs;
   static_assert(kVec == 2 || kVec == 8, "one pair (4 bytes) or four pairs (16 bytes) per access");
-  const int64_t units_per_head = D / kVec;
-  const int64_t units = T * H * units_per_head;
+  const int64_t units_per_token = D / kVec;
+  const int64_t units = T * units_per_token;
   for (int64_t u = int64_t{blockIdx.x} * kThreads + threadIdx.x; u < units; u += int64_t{gridDim.x} * kThreads) {
-    const int64_t j = u % units_per_head, th = u / units_per_head;
-    const int64_t h = th % H, t = th / H;
+    const int64_t j = u % units_per_token, t = u / units_per_token;
     const int64_t d0 = j * kVec;
-    const bf16* xp = x + t * x_token_stride + h * x_head_stride + d0;
-    bf16* yp = y + t * y_token_stride + h * y_head_stride + d0;
-    float v[kVec];
-    if constexpr (kVec == 8) {
-      nn_detail::load_bf16<8>(xp, v);
-    } else {
-      const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(xp);
-      v[0] = __low2float(pair);
-      v[1] = __high2float(pair);
-    }
     const float p = static_cast<float>(position_offset + t % period);
-    float out[kVec];
+    float cos_a[kPairs], sin_a[kPairs];
 #pragma unroll
     for (int k = 0; k < kPairs; ++k) {
-      const float a = __fmul_rn(p, inv_freq.v[d0 / 2 + k]);
-      float s, c;
-      sincosf(a, &s, &c);
-      if (inverse) s = -s;
-      out[2 * k] = v[2 * k] * c - v[2 * k + 1] * s;
-      out[2 * k + 1] = v[2 * k] * s + v[2 * k + 1] * c;
+      sincosf(__fmul_rn(p, inv_freq.v[d0 / 2 + k]), &sin_a[k], &cos_a[k]);
+      if (inverse) sin_a[k] = -sin_a[k];
     }
-    if constexpr (kVec == 8) {
-      nn_detail::store_bf16<8>(yp, out);
-    } else {
-      *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(out[0], out[1]);
+    const bf16* xp = x + t * x_token_stride + d0;
+    bf16* yp = y + t * y_token_stride + d0;
+#pragma unroll 4
+    for (int64_t h = 0; h < H; ++h) {
+      float v[kVec], out[kVec];
+      if constexpr (kVec == 8) {
+        nn_detail::load_bf16<8>(xp + h * x_head_stride, v);
+      } else {
+        const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(xp + h * x_head_stride);
+        v[0] = __low2float(pair);
+        v[1] = __high2float(pair);
+      }
+#pragma unroll
+      for (int k = 0; k < kPairs; ++k) {
+        out[2 * k] = v[2 * k] * cos_a[k] - v[2 * k + 1] * sin_a[k];
+        out[2 * k + 1] = v[2 * k] * sin_a[k] + v[2 * k + 1] * cos_a[k];
+      }
+      if constexpr (kVec == 8) {
+        nn_detail::store_bf16<8>(yp + h * y_head_stride, out);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(yp + h * y_head_stride) = __floats2bfloat162_rn(out[0], out[1]);
+      }
     }
   }
 }
@@ -68,7 +74,7 @@ void rope_launch(const char* what, RopeTensor x, int64_t T, int64_t H, int64_t D
   const int64_t period = cfg.seq_len > 0 ? cfg.seq_len : T;
   const bool vec = D % 8 == 0 && x.token_stride % 8 == 0 && x.head_stride % 8 == 0 && y.token_stride % 8 == 0 &&
                    y.head_stride % 8 == 0 && nn_detail::is_aligned(x.data, 16) && nn_detail::is_aligned(y.data, 16);
-  const int64_t units = T * H * D / (vec ? 8 : 2);
+  const int64_t units = T * D / (vec ? 8 : 2);
   const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(units, kThreads), 1, 132 * 16));
   if (vec)
     rope_kernel<4><<<grid, kThreads, 0, stream>>>(x.data, x.token_stride, x.head_stride, y.data, y.token_stride,
