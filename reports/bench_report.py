@@ -12,6 +12,7 @@ Exit codes: 0 written, 1 no /bench table in the file, 2 bad arguments or unreada
 
 import argparse
 import math
+import os
 import sys
 
 import h5py
@@ -106,17 +107,25 @@ def main(argv=None):
     p.add_argument("result", help="HDF5 result file")
     p.add_argument("--out", help="write the report here instead of printing it")
     a = p.parse_args(argv)
+    if not os.path.isfile(a.result):
+        why = "not a file" if os.path.exists(a.result) else "no such file"
+        print(f"bench_report: cannot read '{a.result}': {why}", file=sys.stderr)
+        return 2
     try:
         text, n = render(a.result)
     except (OSError, KeyError) as e:
-        print(f"bench_report: cannot read '{a.result}': {e}", file=sys.stderr)
+        print(f"bench_report: cannot read '{a.result}': {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if n == 0:
         print(f"bench_report: '{a.result}' holds no /bench table", file=sys.stderr)
         return 1
     if a.out:
-        with open(a.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(a.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            print(f"bench_report: cannot write '{a.out}': {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
         print(f"bench_report: wrote {a.out} ({n} tables)")
     else:
         sys.stdout.write(text)

@@ -114,6 +114,21 @@ class BenchReport(unittest.TestCase):
         self.assertIn("cannot read", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
 
+    def test_folders_and_unwritable_outputs_are_one_line_errors(self):
+        blocker = os.path.join(self.tmp, "plain_file")
+        with open(blocker, "w", encoding="utf-8") as f:
+            f.write("x")
+        missing, out = os.path.join(self.tmp, "missing.h5"), os.path.join(blocker, "r.md")
+        for args, expected in (([self.tmp], f"cannot read '{self.tmp}': not a file"),
+                               ([missing], f"cannot read '{missing}': no such file"),
+                               ([self.path, "--out", out], f"cannot write '{out}'")):
+            with self.subTest(args=args):
+                r = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(f"bench_report: {expected}", r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
