@@ -397,6 +397,21 @@ def write_into(path, rows, attributes, new_file_root):
         raise
 
 
+def unwritable(path):
+    """Why the result file `path` cannot be written ("" when it can), checked before anything is measured; creates
+    its folder when missing."""
+    if os.path.isdir(path):
+        return "is a folder, expected the path of a file to write"
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        return f"cannot create the folder '{folder}': {e.strerror}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder '{folder}' is not writable"
+    return ""
+
+
 # ---- main ----------------------------------------------------------------------------------------------------------
 
 def measure(torch, cases, min_time_s):
@@ -483,6 +498,10 @@ def main(argv=None):
         return 2
     if not cases:
         print(f"{PROGRAM}: no case matches --filter {a.filter!r}", file=sys.stderr)
+        return 2
+    why = unwritable(a.h5)
+    if why:
+        print(f"{PROGRAM}: --h5 '{a.h5}': {why}", file=sys.stderr)
         return 2
     try:
         torch = require_torch()

@@ -276,7 +276,8 @@ class PeerProgram(Tmp):
 
     def test_bad_arguments(self):
         for args, message in [(["--filter", "(v3"], "not a regular expression"), ([], "--h5 PATH"),
-                              (["--h5", self.path("x.h5"), "--filter", "no-such-case"], "no case matches")]:
+                              (["--h5", self.path("x.h5"), "--filter", "no-such-case"], "no case matches"),
+                              (["--h5", self.tmp], "is a folder")]:
             with self.subTest(message):
                 r = self.run_peer(*args)
                 self.assertEqual(r.returncode, 2, r.stderr)
