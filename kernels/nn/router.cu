@@ -192,9 +192,26 @@ __global__ void router_backward_kernel(const float* __restrict__ probs, const in
   for (int e = lane; e < E; e += 32) dx[e] = __fmul_rn(p[e], __fsub_rn(dp[e], dot));
 }
 
+__global__ void bias_update_kernel(const int32_t* __restrict__ counts, int E, int64_t total, float gamma,
+                                   float* __restrict__ bias) {
+  const int e = threadIdx.x;
+  if (e >= E) return;
+  const int64_t load = static_cast<int64_t>(counts[e]) * E;
+  if (load > total) bias[e] = __fsub_rn(bias[e], gamma);
+  else if (load < total) bias[e] = __fadd_rn(bias[e], gamma);
+}
+
 unsigned blocks_for_tokens(int64_t T) { return static_cast<unsigned>((T + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 }  // namespace
+
+void router_bias_update(const int32_t* counts, int64_t E, int64_t total_assignments, float gamma, float* bias,
+                        cudaStream_t stream) {
+  detail::check_bias_update("router_bias_update", counts, E, total_assignments, gamma, bias);
+  bias_update_kernel<<<1, static_cast<unsigned>(E), 0, stream>>>(counts, static_cast<int>(E), total_assignments,
+                                                                  gamma, bias);
+  CUDA_CHECK_LAUNCH();
+}
 
 void expert_counts_and_offsets(const int32_t* topk_idx, int64_t T, int64_t k, int64_t E, int32_t* counts,
                                int32_t* offsets, cudaStream_t stream) {

@@ -6,8 +6,8 @@
 //
 //   v3 (DeepSeek-V3, sec. 2.1.1-2.1.2): s = sigmoid(logit) [T, E]; the top-k experts by s + bias (bias FP32 [E],
 //      the auxiliary-loss-free balancing bias, used for the selection only); weight_j = scale * s_j / sum_l s_l
-//      over the k selected experts. No auxiliary loss, no gradient to the bias (it is updated from the counts
-//      outside the backward). V3's group-limited routing (n_group / topk_group) is not applied.
+//      over the k selected experts. No auxiliary loss, no gradient to the bias (router_bias_update moves it from
+//      the counts after each step). V3's group-limited routing (n_group / topk_group) is not applied.
 //   v2 (DeepSeek-V2, sec. 2.2.3): p = softmax(logit) over E; the top-k experts by p; weight_j = scale * p_j (not
 //      renormalised, V2's norm_topk_prob = false); expert-level balance loss
 //         aux = alpha * sum_e f_e P_e,  f_e = E / (k T) * count_e,  P_e = (1/T) sum_t p[t, e],
@@ -67,6 +67,15 @@ inline void check_router_shape(const char* what, int64_t T, int64_t E, const Rou
   FP4MOE_CHECK(T <= (int64_t{1} << 31) / cfg.top_k - 1,
                "{}: T * top_k must fit in int32 (offsets are int32), got T={} top_k={}", what, T, cfg.top_k);
 }
+inline void check_bias_update(const char* what, const int32_t* counts, int64_t E, int64_t total, float gamma,
+                              const float* bias) {
+  FP4MOE_CHECK(E >= 1 && E <= kRouterMaxExperts, "{}: expert count E must be in [1, {}], got E={}", what,
+               kRouterMaxExperts, E);
+  FP4MOE_CHECK(total >= 0, "{}: total_assignments (T * k) must be >= 0, got {}", what, total);
+  FP4MOE_CHECK(gamma >= 0.0f && gamma < 3.4e38f, "{}: bias update speed gamma must be finite and >= 0, got {}",
+               what, gamma);
+  FP4MOE_CHECK(counts != nullptr && bias != nullptr, "{}: counts [E] and bias [E] must not be null", what);
+}
 }  // namespace detail
 
 // Forward on the device, asynchronous on `stream`. All pointers device memory:
@@ -93,6 +102,15 @@ void router_backward(const float* probs, const int32_t* topk_idx, const int32_t*
 void expert_counts_and_offsets(const int32_t* topk_idx, int64_t T, int64_t k, int64_t E, int32_t* counts,
                                int32_t* offsets, cudaStream_t stream);
 
+// Auxiliary-loss-free balancing (DeepSeek-V3 sec. 2.1.2), once per optimizer step: with mean load
+// T k / E (total_assignments = T k over the step), bias[e] -= gamma for an overloaded expert (count_e > mean),
+// bias[e] += gamma for an underloaded one (count_e < mean), unchanged at the mean; compared exactly in integers
+// (count_e * E against total_assignments). counts [E] int32, bias [E] FP32 updated in place, device memory. With
+// expert parallelism the counts must be the global ones (summed over ranks) so that every rank moves alike.
+// Rejects gamma < 0 or not finite, E outside [1, kRouterMaxExperts], total_assignments < 0, null pointers.
+void router_bias_update(const int32_t* counts, int64_t E, int64_t total_assignments, float gamma, float* bias,
+                        cudaStream_t stream);
+
 // ---- CPU references (router_ref.cpp), Real = float or double, host memory, same layouts and rejections -------
 // The forward also validates nothing about the values (logits may be anything finite). Written from the rules
 // above, sequential sums in index order.
@@ -104,6 +122,9 @@ void router_forward_ref(const Real* logits, const Real* bias, int64_t T, int64_t
 template <typename Real>
 void router_backward_ref(const Real* probs, const int32_t* topk_idx, const int32_t* counts, const Real* dweights,
                          int64_t T, int64_t E, const RouterConfig& cfg, Real aux_grad, Real* dlogits);
+
+// Same rule and rejections as router_bias_update; host memory.
+void router_bias_update_ref(const int32_t* counts, int64_t E, int64_t total_assignments, float gamma, float* bias);
 
 // Rejects topk_idx entries outside [0, E) or repeated within a token (message names the token).
 void expert_counts_and_offsets_ref(const int32_t* topk_idx, int64_t T, int64_t k, int64_t E, int32_t* counts,

@@ -39,6 +39,15 @@ void expert_counts_and_offsets_ref(const int32_t* topk_idx, int64_t T, int64_t k
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
 }
 
+void router_bias_update_ref(const int32_t* counts, int64_t E, int64_t total_assignments, float gamma, float* bias) {
+  detail::check_bias_update("router_bias_update_ref", counts, E, total_assignments, gamma, bias);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t load = static_cast<int64_t>(counts[e]) * E;  // compared with the mean times E
+    if (load > total_assignments) bias[e] -= gamma;
+    else if (load < total_assignments) bias[e] += gamma;
+  }
+}
+
 template <typename Real>
 void router_forward_ref(const Real* logits, const Real* bias, int64_t T, int64_t E, const RouterConfig& cfg,
                         Real* probs, int32_t* topk_idx, Real* topk_weight, int32_t* counts, int32_t* offsets,

@@ -218,6 +218,31 @@ TEST(NnRefRouter, V3GradientIsZeroForUnselectedExperts) {
   for (double d : dlogits) EXPECT_NEAR(d, 0.0, 1e-15);
 }
 
+TEST(NnRefRouter, BiasUpdateMovesOverAndUnderloadedExperts) {
+  // T k = 12 over E = 4: mean load 3. Expert 0 (5) and 2 (4) are overloaded, 1 (3) at the mean, 3 (0) starved.
+  const std::vector<int32_t> counts = {5, 3, 4, 0};
+  std::vector<float> bias = {0.5f, -0.25f, 0.0f, 1.0f};
+  router_bias_update_ref(counts.data(), 4, 12, 0.125f, bias.data());
+  EXPECT_EQ(bias, (std::vector<float>{0.375f, -0.25f, -0.125f, 1.125f}));
+  // A mean that is not an integer (T k = 7 over E = 2: 3.5): 4 is over, 3 under, exactly.
+  const std::vector<int32_t> counts2 = {4, 3};
+  std::vector<float> bias2 = {0.0f, 0.0f};
+  router_bias_update_ref(counts2.data(), 2, 7, 0.001f, bias2.data());
+  EXPECT_EQ(bias2, (std::vector<float>{-0.001f, 0.001f}));
+  // gamma = 0 leaves the bias alone.
+  router_bias_update_ref(counts2.data(), 2, 7, 0.0f, bias2.data());
+  EXPECT_EQ(bias2, (std::vector<float>{-0.001f, 0.001f}));
+
+  expect_error_mentions([&] { router_bias_update_ref(counts.data(), 4, 12, -0.1f, bias.data()); },
+                        {"gamma must be finite and >= 0"});
+  expect_error_mentions([&] { router_bias_update_ref(counts.data(), 4, 12, NAN, bias.data()); }, {"gamma"});
+  expect_error_mentions([&] { router_bias_update_ref(counts.data(), 4, -1, 0.1f, bias.data()); },
+                        {"total_assignments", "-1"});
+  expect_error_mentions([&] { router_bias_update_ref(counts.data(), 0, 12, 0.1f, bias.data()); }, {"E=0"});
+  expect_error_mentions([&] { router_bias_update(counts.data(), 4, 12, 0.1f, nullptr, nullptr); },
+                        {"router_bias_update", "must not be null"});
+}
+
 TEST(NnRefRouter, RejectsBadArguments) {
   std::vector<float> x(8), p(8), w(8);
   std::vector<int32_t> idx(8), counts(8), offsets(9);

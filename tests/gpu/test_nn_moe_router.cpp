@@ -236,5 +236,30 @@ TEST(NnMoeRouter, CountsAndOffsetsOfGivenAssignments) {
   EXPECT_EQ(ref_offsets[E], T * k);
 }
 
+TEST(NnMoeRouter, BiasUpdateMatchesReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  for (int64_t E : {1, 7, 256, 1024}) {
+    SCOPED_TRACE("E=" + std::to_string(E));
+    std::mt19937 rng(static_cast<uint32_t>(E));
+    std::vector<int32_t> counts(E);
+    int64_t total = 0;
+    for (auto& c : counts) {
+      c = static_cast<int32_t>(rng() % 9);
+      total += c;
+    }
+    if (E > 2) counts[1] = static_cast<int32_t>(total / E);  // near the mean
+    total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    std::vector<float> bias = uniform(E, 13), ref = bias;
+    router_bias_update_ref(counts.data(), E, total, 0.001f, ref.data());
+    DeviceBuffer<int32_t> d_counts(E);
+    DeviceBuffer<float> d_bias(E);
+    d_counts.upload(counts);
+    d_bias.upload(bias);
+    router_bias_update(d_counts.ptr, E, total, 0.001f, d_bias.ptr, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(d_bias.download(), ref));
+  }
+}
+
 }  // namespace
 }  // namespace fp4moe
