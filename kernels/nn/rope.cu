@@ -1,8 +1,8 @@
 // Decoupled RoPE kernels (rope.h). Elementwise and memory-bound: each thread rotates kPairs consecutive pairs of one
-// token in every head (kPairs = 4: one 16-byte access per head, when D % 8 == 0, the strides are multiples of 8 and
-// the data 16-byte aligned; kPairs = 1: one 4-byte access), grid-stride over T x D / (2 kPairs) units. The FP32
-// inverse frequencies travel in the kernel arguments; the angle is fl32(p * inv_freq[i]) and sincosf reduces it over
-// its full range.
+// token in up to 16 heads (kPairs = 4: one 16-byte access per head, when D % 8 == 0, the strides are multiples of 8
+// and the data 16-byte aligned; kPairs = 1: one 4-byte access), grid-stride over T x ceil(H / 16) x D / (2 kPairs)
+// units. The FP32 inverse frequencies travel in the kernel arguments; the angle is fl32(p * inv_freq[i]) and
+// sincosf reduces it over its full range.
 #include <algorithm>
 
 #include "kernels/nn/nn_checks.h"
@@ -18,8 +18,11 @@ struct InvFreqTable {
   float v[kRopeMaxDim / 2];
 };
 
-// Unit = (token t, group j of kPairs pairs): the angles' sincosf is computed once per unit and reused for the H
-// heads (128 for q_pe), which keeps the kernel memory-bound.
+// Unit = (token t, group j of kPairs pairs, group of up to kHeadsPerUnit heads): the angles' sincosf is computed
+// once per unit and reused for its heads (q_pe has 128), which keeps the kernel memory-bound while small T still
+// spreads over many threads.
+constexpr int64_t kHeadsPerUnit = 16;
+
 template <int kPairs>
 __global__ void __launch_bounds__(kThreads)
 rope_kernel(const bf16* x, int64_t x_token_stride, int64_t x_head_stride, bf16* y, int64_t y_token_stride,
@@ -27,10 +30,12 @@ rope_kernel(const bf16* x, int64_t x_token_stride, int64_t x_head_stride, bf16* 
             bool inverse, InvFreqTable inv_freq) {
   constexpr int kVec = 2 * kPairs;
   static_assert(kVec == 2 || kVec == 8, "one pair (4 bytes) or four pairs (16 bytes) per access");
-  const int64_t units_per_token = D / kVec;
-  const int64_t units = T * units_per_token;
+  const int64_t pair_groups = D / kVec, head_groups = (H + kHeadsPerUnit - 1) / kHeadsPerUnit;
+  const int64_t units = T * head_groups * pair_groups;
   for (int64_t u = int64_t{blockIdx.x} * kThreads + threadIdx.x; u < units; u += int64_t{gridDim.x} * kThreads) {
-    const int64_t j = u % units_per_token, t = u / units_per_token;
+    const int64_t j = u % pair_groups, rest = u / pair_groups;
+    const int64_t h0 = (rest % head_groups) * kHeadsPerUnit, t = rest / head_groups;
+    const int64_t h1 = h0 + kHeadsPerUnit < H ? h0 + kHeadsPerUnit : H;
     const int64_t d0 = j * kVec;
     const float p = static_cast<float>(position_offset + t % period);
     float cos_a[kPairs], sin_a[kPairs];
@@ -42,7 +47,7 @@ rope_kernel(const bf16* x, int64_t x_token_stride, int64_t x_head_stride, bf16* 
     const bf16* xp = x + t * x_token_stride + d0;
     bf16* yp = y + t * y_token_stride + d0;
 #pragma unroll 4
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = h0; h < h1; ++h) {
       float v[kVec], out[kVec];
       if constexpr (kVec == 8) {
         nn_detail::load_bf16<8>(xp + h * x_head_stride, v);
@@ -74,7 +79,7 @@ void rope_launch(const char* what, RopeTensor x, int64_t T, int64_t H, int64_t D
   const int64_t period = cfg.seq_len > 0 ? cfg.seq_len : T;
   const bool vec = D % 8 == 0 && x.token_stride % 8 == 0 && x.head_stride % 8 == 0 && y.token_stride % 8 == 0 &&
                    y.head_stride % 8 == 0 && nn_detail::is_aligned(x.data, 16) && nn_detail::is_aligned(y.data, 16);
-  const int64_t units = T * D / (vec ? 8 : 2);
+  const int64_t units = T * ceil_div(H, kHeadsPerUnit) * (D / (vec ? 8 : 2));
   const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(units, kThreads), 1, 132 * 16));
   if (vec)
     rope_kernel<4><<<grid, kThreads, 0, stream>>>(x.data, x.token_stride, x.head_stride, y.data, y.token_stride,
