@@ -5,6 +5,7 @@
 // accumulating into an existing master gradient. Outputs are poisoned; a second forward must repeat every bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -217,6 +218,71 @@ TEST(NnMoeCrossEntropy, RejectsBackwardWithoutForward) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("needs the forward of the same tokens first"), std::string::npos) << e.what();
   }
+}
+
+// The chunk kernels on their own, on FP32 logits given directly (no GEMM): the online softmax over column ranges
+// of one [T, V] matrix (pointer logits + v0, ld = V) against log-sum-exp in double, and each chunk's dlogits
+// against (softmax - onehot) * dloss / n_valid rounded to BF16.
+TEST(NnMoeCrossEntropy, ChunkKernelsOnGivenLogits) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t T = 77, V = 1031, chunk = 200;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> logits(T * V);
+  for (auto& v : logits) v = nd(rng);
+  for (int64_t v = 0; v < V; ++v) logits[5 * V + v] = 80.0f + 0.001f * static_cast<float>(v);  // exp would overflow
+  std::vector<int32_t> targets(T);
+  for (int64_t t = 0; t < T; ++t) targets[t] = t % 9 == 4 ? kIgnoreIndex : static_cast<int32_t>(rng() % V);
+  targets[7] = static_cast<int32_t>(V - 1);  // in the short last chunk
+  targets[8] = 0;
+
+  DeviceBuffer<float> d_logits(T * V), stats(4 * T), loss(T), mean(1);
+  DeviceBuffer<int32_t> d_targets(T), n_valid(1);
+  DeviceBuffer<bf16> dlogits(T * V);
+  d_logits.upload(logits);
+  d_targets.upload(targets);
+  for (auto* b : {&stats, &loss, &mean}) b->poison(0xFF);
+  n_valid.poison(0xFF);
+  dlogits.poison(0xFF);
+  float *m = stats.ptr, *s = stats.ptr + T, *z = stats.ptr + 2 * T, *lse = stats.ptr + 3 * T;
+  const float dloss = 2.0f;
+  cross_entropy_init(T, m, s, z, nullptr);
+  for (int64_t v0 = 0; v0 < V; v0 += chunk)
+    cross_entropy_chunk_update(d_logits.ptr + v0, V, T, v0, std::min(chunk, V - v0), d_targets.ptr, m, s, z, nullptr);
+  cross_entropy_finalize(m, s, z, d_targets.ptr, T, V, lse, loss.ptr, mean.ptr, n_valid.ptr, nullptr);
+  for (int64_t v0 = 0; v0 < V; v0 += chunk)
+    cross_entropy_chunk_dlogits(d_logits.ptr + v0, V, T, v0, std::min(chunk, V - v0), d_targets.ptr, lse,
+                                n_valid.ptr, dloss, dlogits.ptr + v0, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  const auto g_loss = loss.download();
+  const auto g_dlogits = dlogits.download();
+  int64_t valid = 0;
+  double total = 0;
+  std::vector<double> ref_lse(T);
+  for (int64_t t = 0; t < T; ++t) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(logits[t * V + v]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[t * V + v] - mx);
+    ref_lse[t] = mx + std::log(sum);
+    if (targets[t] == kIgnoreIndex) {
+      EXPECT_EQ(g_loss[t], 0.0f);
+      continue;
+    }
+    const double ref = ref_lse[t] - logits[t * V + targets[t]];
+    EXPECT_NEAR(g_loss[t], ref, 1e-5 * (std::fabs(ref_lse[t]) + 1)) << "token " << t;
+    total += ref;
+    ++valid;
+  }
+  EXPECT_EQ(n_valid.download()[0], valid);
+  EXPECT_NEAR(mean.download()[0], total / valid, 1e-5 * std::fabs(total / valid) + 1e-6);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = 0; v < V; ++v) {
+      const double p = std::exp(logits[t * V + v] - ref_lse[t]);
+      const double ref = targets[t] == kIgnoreIndex ? 0.0 : (p - (v == targets[t] ? 1.0 : 0.0)) * dloss / valid;
+      const double got = bf16_bits_to_f32(bf16_bits(g_dlogits[t * V + v]));
+      ASSERT_NEAR(got, ref, 5e-3 * std::fabs(ref) + 1e-9) << "dlogits token " << t << " entry " << v;
+    }
 }
 
 }  // namespace
