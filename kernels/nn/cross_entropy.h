@@ -17,8 +17,10 @@
 //
 // Targets int32 [T]: kIgnoreIndex (-100, PyTorch's default) marks a token without loss (padding); a target outside
 // [0, V) other than -100 gives a NaN loss for that token (the device cannot throw; it poisons the mean, visibly).
-// n_valid = 0 gives loss 0 and zero gradients. Reductions run in a fixed order (deterministic run to run); the
-// GPU matches the CPU reference up to rounding (GEMM order, expf/logf), not bit for bit.
+// n_valid = 0 gives loss 0 and zero gradients (T < 2^24: n_valid is counted in FP32). The kernels' reductions run
+// in a fixed order and the GEMMs are cuBLASLt's (bitwise reproducible on one GPU and toolkit, as cuBLAS documents),
+// so results repeat run to run; the GPU matches the CPU reference up to rounding (GEMM order, expf/logf, BF16
+// dlogits), not bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,7 +39,8 @@ constexpr int32_t kIgnoreIndex = -100;
 
 namespace detail {
 inline void check_cross_entropy_shape(const char* what, int64_t T, int64_t C, int64_t V, int64_t chunk) {
-  FP4MOE_CHECK(T >= 0, "{}: token count T must be >= 0, got T={}", what, T);
+  FP4MOE_CHECK(T >= 0 && T < (int64_t{1} << 24),
+               "{}: token count T must be in [0, 2^24) (tokens are counted in FP32), got T={}", what, T);
   FP4MOE_CHECK(C >= 8 && C % 8 == 0, "{}: hidden size C must be a positive multiple of 8 (16-byte BF16 rows), got C={}",
                what, C);
   FP4MOE_CHECK(V >= 1 && V < (int64_t{1} << 31), "{}: vocabulary V must be in [1, 2^31), got V={}", what, V);

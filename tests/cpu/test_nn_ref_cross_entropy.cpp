@@ -187,6 +187,8 @@ TEST(NnRefCrossEntropy, RejectsBadArguments) {
   expect_error_mentions([&] { detail::check_cross_entropy_shape("lm_head", 4, 16, 100, 100); },
                         {"chunk must be a positive multiple of 8", "chunk=100"});
   expect_error_mentions([&] { detail::check_cross_entropy_shape("lm_head", 4, 16, 0, 64); }, {"V=0"});
+  expect_error_mentions([&] { detail::check_cross_entropy_shape("lm_head", int64_t{1} << 24, 16, 10, 64); },
+                        {"2^24", "T=16777216"});
   expect_error_mentions([&] { LmHeadCrossEntropy bad(20, 1000, 64); }, {"LmHeadCrossEntropy", "C=20"});
 }
 
