@@ -229,7 +229,8 @@ Command add_quantize_command(CLI::App& app) {
       ->check(CLI::IsMember({"floor", "ceil", "pow2", "fp32"}));
   sub->add_option("--rounding", o->rounding, "mxfp4 rounding: rne (default) or stochastic")
       ->check(CLI::IsMember({"rne", "stochastic"}));
-  sub->add_option("--seed", o->seed, "seed of stochastic rounding (default 0)");
+  sub->add_option("--seed", o->seed, "seed of stochastic rounding (default 0)")
+      ->check(CLI::NonNegativeNumber);  // CLI11 would read -1 into the unsigned seed as 2^64 - 1
   sub->add_option("--groups", o->groups, "fp8-col: rows per group, e.g. 162,0,2577 (default: one group)");
   sub->add_option("--device", o->device, "cpu (references, default) or cuda (kernels)")
       ->check(CLI::IsMember({"cpu", "cuda"}));

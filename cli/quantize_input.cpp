@@ -50,6 +50,18 @@ static std::string without_source_location(const std::string& msg) {
   return msg.substr(0, open);
 }
 
+// read() of a dataset's elements; a failure (a damaged file, a missing external data file) becomes a one-line
+// CliError naming the file and the dataset.
+template <typename Read>
+static auto read_or_explain(const std::string& file, const std::string& dataset, Read read) {
+  try {
+    return read();
+  } catch (const Error& e) {
+    throw CliError(fmt::format("cannot read dataset '{}' of '{}': {}", dataset, file,
+                               without_source_location(e.what())));
+  }
+}
+
 Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset) {
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CliError(fmt::format("input file '{}' does not exist", file));
@@ -78,7 +90,7 @@ Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset)
   if (out.M == 0 || out.K == 0)
     throw CliError(fmt::format("dataset '{}' in '{}' is empty (shape {})", dataset, file, shape_text(info.shape)));
   if (info.type == "float32" || info.type == "float64") {
-    std::vector<double> v = reader->read_f64(dataset);
+    std::vector<double> v = read_or_explain(file, dataset, [&] { return reader->read_f64(dataset); });
     out.bits.resize(v.size());
     for (size_t i = 0; i < v.size(); ++i) out.bits[i] = f64_to_bf16_bits(v[i]);
     out.source_type = info.type;
@@ -88,7 +100,7 @@ Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset)
       throw CliError(fmt::format("dataset '{}' in '{}' is uint16 without the attribute dtype=\"bfloat16\" (got {}); "
                                  "uint16 input must hold BF16 bit patterns and say so",
                                  dataset, file, tag ? "dtype=\"" + *tag + "\"" : "no dtype attribute"));
-    out.bits = reader->read_u16(dataset);
+    out.bits = read_or_explain(file, dataset, [&] { return reader->read_u16(dataset); });
     out.source_type = "bfloat16";
   } else {
     throw CliError(fmt::format("dataset '{}' in '{}' holds {}, expected float32, float64 or uint16 BF16 bits "

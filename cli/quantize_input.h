@@ -16,7 +16,7 @@ struct Bf16Matrix {
 // Reads `dataset` of `file`: float32 or float64 (rounded to BF16, nearest even), or uint16 holding BF16 bits
 // (then the dataset must carry the string attribute dtype="bfloat16"). Throws CliError (one line) for a missing
 // file, a file that is not HDF5, a missing dataset (listing those present), a rank other than 2, an empty
-// matrix or another element type.
+// matrix, another element type, or elements that cannot be read (a damaged file, a missing external data file).
 Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset);
 
 // float64 -> BF16 bits with a single rounding to nearest even (no double rounding through float32): the value

@@ -298,6 +298,9 @@ class QuantizeCli(unittest.TestCase):
         # An unknown format is refused by the argument parser, with the same exit code.
         _, r = self.quantize("--format", "nvfp4", expect_rc=2)
         self.assertIn("--format", r.stderr)
+        # So is a negative seed (it would wrap around in the unsigned seed).
+        _, r = self.quantize("--format", "mxfp4", "--rounding", "stochastic", "--seed", "-1", expect_rc=2)
+        self.assertIn("--seed", r.stderr)
 
     def run_cli(self, *args):
         return subprocess.run([self.exe, "quantize", *args], capture_output=True, text=True, timeout=60)
@@ -347,6 +350,16 @@ class QuantizeCli(unittest.TestCase):
         r = self.run_cli("--input", junk, "--dataset", "x", "--format", "mxfp4", "--output",
                          os.path.join(self.tmp, "never.h5"))
         self.assert_one_line_error(r, f"cannot read input file '{junk}': '{junk}' is not an HDF5 file")
+
+    def test_unreadable_elements_are_a_one_line_error(self):
+        # A dataset whose elements live in an external raw file that is gone: the header reads, the data does not.
+        path = os.path.join(self.tmp, "external.h5")
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", (4, 32), dtype="f4", external=[("gone.bin", 0, h5py.h5f.UNLIMITED)])
+        r = self.run_cli("--input", path, "--dataset", "x", "--format", "mxfp4", "--output",
+                         os.path.join(self.tmp, "never.h5"))
+        self.assert_one_line_error(r, f"cannot read dataset 'x' of '{path}': ")
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "never.h5")))
 
     def test_too_many_groups_for_the_cuda_kernel(self):
         groups = ",".join(["0"] * 1024 + ["300"])  # 1025 groups: the CPU reference takes them, the kernel does not
