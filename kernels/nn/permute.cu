@@ -1,6 +1,6 @@
 // MoE token permutation kernels (permute.h). BF16 tensors are handled as their uint16 bit patterns and widened /
 // rounded with the exact codecs of formats.h, so that the CPU reference in float reproduces them bit for bit.
-// The map: one block per expert, a block prefix sum over the assignments in order. The copies and combines: one
+// The map: one block per expert, a block prefix sum of match counts over tiles of assignments in order. The copies and combines: one
 // block per output row (grid-striding), threads along the hidden dimension, sums over the k slots in slot order.
 #include <cub/block/block_scan.cuh>
 
@@ -14,29 +14,43 @@ namespace fp4moe {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kMapItems = 8;  // assignments per thread and tile in permute_map
 constexpr int64_t kMaxGrid = 65536;
 
 __device__ __forceinline__ float widen(uint16_t b) { return bf16_bits_to_f32(b); }
 
+// One block per expert e. The assignments are walked in tiles of kThreads * kMapItems; thread i of a tile owns
+// kMapItems consecutive assignments, so an exclusive block sum of the per-thread match counts gives each thread
+// the rank of its first match: rows follow assignment order (stable) with no atomics.
 __global__ void permute_map_kernel(const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ offsets,
                                    int64_t n, int32_t* __restrict__ row_of, int32_t* __restrict__ assignment_of) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage temp;
   const int e = blockIdx.x;
-  const int32_t first = offsets[e];
+  const int32_t first_row = offsets[e];
   int base = 0;
-  for (int64_t a0 = 0; a0 < n; a0 += kThreads) {
-    const int64_t a = a0 + threadIdx.x;
-    const int flag = (a < n && topk_idx[a] == e) ? 1 : 0;
+  for (int64_t a0 = 0; a0 < n; a0 += static_cast<int64_t>(kThreads) * kMapItems) {
+    const int64_t first = a0 + static_cast<int64_t>(threadIdx.x) * kMapItems;
+    unsigned matches = 0;
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < kMapItems; ++i)
+      if (first + i < n && topk_idx[first + i] == e) {
+        matches |= 1u << i;
+        ++count;
+      }
     int prefix = 0, total = 0;
-    Scan(temp).ExclusiveSum(flag, prefix, total);
-    if (flag) {
-      const int32_t r = first + base + prefix;
-      row_of[a] = r;
-      assignment_of[r] = static_cast<int32_t>(a);
-    }
+    Scan(temp).ExclusiveSum(count, prefix, total);
+    int32_t r = first_row + base + prefix;
+#pragma unroll
+    for (int i = 0; i < kMapItems; ++i)
+      if (matches & (1u << i)) {
+        row_of[first + i] = r;
+        assignment_of[r] = static_cast<int32_t>(first + i);
+        ++r;
+      }
     base += total;
-    __syncthreads();  // temp storage is reused by the next chunk
+    __syncthreads();  // temp storage is reused by the next tile
   }
 }
 

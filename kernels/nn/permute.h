@@ -44,7 +44,8 @@ inline void check_permute_shape(const char* what, int64_t T, int64_t k, int64_t 
 
 // topk_idx [T, k], offsets [E+1] (from expert_counts_and_offsets on the same topk_idx) -> row_of [T*k],
 // assignment_of [T*k]. One block per expert scans the assignments in order (a block prefix sum of matches):
-// deterministic, O(E * T * k) reads. Rejects (before any launch): bad shapes, k > E, null pointers.
+// deterministic, no atomics, E * T * k int32 reads (mostly from L2). Rejects (before any launch): bad shapes,
+// k > E, null pointers.
 void permute_map(const int32_t* topk_idx, const int32_t* offsets, int64_t T, int64_t k, int64_t E, int32_t* row_of,
                  int32_t* assignment_of, cudaStream_t stream);
 
