@@ -260,6 +260,14 @@ def main(argv=None) -> int:
             p.error(f"{name} {value}: must be {f'in [{low}, {high}]' if high is not None else f'>= {low}'}")
 
     cache = Path(args.cache)
+    if cache.exists() and not cache.is_dir():
+        p.error(f"--cache {args.cache}: not a folder")
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--cache {args.cache}: cannot create the folder: {e.strerror or e}")
+    if not os.access(cache, os.W_OK | os.X_OK):
+        p.error(f"--cache {args.cache}: the folder is not writable")
     downloads = cache / "downloads"
     t0 = time.time()
     try:
@@ -268,6 +276,9 @@ def main(argv=None) -> int:
         stage_tokenizer(args, cache / "corpus", cache / "tokenizer")
         stage_shards(args, cache / "corpus", cache / "tokenizer", cache / "shards")
     except (fetch.FetchError, tokenizer.TokenizerError, token_shard.ShardError, subprocess.SubprocessError) as e:
+        print(f"data: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a full disk, a cache file removed or made read-only while the tool ran
         print(f"data: error: {e}", file=sys.stderr)
         return 1
     log(f"data: done in {time.time() - t0:.0f} s; shards and stats in {cache / 'shards'}")

@@ -229,6 +229,20 @@ class BuildDataArgumentsTest(TempDirTest):
                 self.assertNotIn("Traceback", r.stderr)
                 self.assertFalse(os.path.exists(cache), "no stage may run")
 
+    def test_a_cache_that_cannot_be_a_folder_is_refused(self):
+        blocker = self.path("plain_file")
+        with open(blocker, "w", encoding="utf-8") as f:
+            f.write("x")
+        script = os.path.join(os.path.dirname(build_data.__file__), "build_data.py")
+        for cache, expected in ((blocker, f"--cache {blocker}: not a folder"),
+                                (os.path.join(blocker, "cache"), "cannot create the folder")):
+            with self.subTest(cache=cache):
+                r = subprocess.run([sys.executable, script, "--cache", cache], capture_output=True, text=True,
+                                   timeout=60)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(expected, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
