@@ -7,15 +7,14 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_test_util import binary  # noqa: E402
+
 ECHO_PROGRAM = '#!/bin/sh\nfor a in "$@"; do printf "[%s]\\n" "$a"; done\n'
-
-
-def binary():
-    build = os.environ.get("FP4MOE_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
-    return os.path.join(build, "fp4moe")
 
 
 class BenchCli(unittest.TestCase):

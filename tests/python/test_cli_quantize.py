@@ -5,11 +5,15 @@ bad input. The binary is $FP4MOE_BUILD/fp4moe (ctest sets FP4MOE_BUILD to the bu
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_test_util import binary  # noqa: E402
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
 
@@ -45,11 +49,6 @@ def pow2_fp8_exponent(amax):
     while amax <= 448.0 * 2.0 ** (p - 1):
         p -= 1
     return p
-
-
-def binary():
-    build = os.environ.get("FP4MOE_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
-    return os.path.join(build, "fp4moe")
 
 
 class QuantizeCli(unittest.TestCase):
