@@ -9,7 +9,8 @@
 // Output file: /codes uint8, /scales (uint8 UE8M0 for mxfp4, float32 for fp8) in the layouts of
 // kernels/quant/layouts.h, /input_bf16 uint16 [M, K] (attribute dtype="bfloat16"), /dequantized float32 [M, K],
 // /group_offsets int32 [G+1] (fp8-col); root attributes: the run's provenance (results/run_info.h), the options
-// and the error figures. Errors are measured against the BF16 input the quantizer saw.
+// and the error figures. Errors are measured against the BF16 input the quantizer saw; finite float32/float64 input
+// values beyond BF16's range become +-Inf there (counted: input_overflow_elements, and a line of the report).
 #include <fmt/format.h>
 
 #include <unistd.h>
@@ -193,6 +194,7 @@ int run_quantize(const QuantizeOptions& o) {
   out.set_attribute("saturated_fraction", static_cast<double>(q.saturated) / total);
   out.set_attribute("blocks", q.blocks);
   out.set_attribute("nonfinite_blocks", q.nonfinite_blocks);
+  out.set_attribute("input_overflow_elements", x.overflowed);
   out.add_array("/codes", q.codes_shape, q.codes);
   if (mx) out.add_array("/scales", q.scales_shape, q.scales_ue8m0);
   else out.add_array("/scales", q.scales_shape, q.scales_f32);
@@ -209,6 +211,9 @@ int run_quantize(const QuantizeOptions& o) {
   fmt::print("  saturated/clipped   {:.6e} ({} of {} elements)\n", static_cast<double>(q.saturated) / total,
              q.saturated, M * K);
   fmt::print("  NaN/Inf blocks      {} of {}\n", q.nonfinite_blocks, q.blocks);
+  if (x.overflowed > 0)
+    fmt::print("  beyond BF16 range   {} finite input values rounded to +-Inf (their blocks count as NaN/Inf)\n",
+               x.overflowed);
   fmt::print("wrote {}: /codes uint8 {}, /scales {} {}, /dequantized float32 [{}, {}]\n", o.output,
              shape_text(q.codes_shape), mx ? "uint8" : "float32", shape_text(q.scales_shape), M, K);
   return kExitOk;

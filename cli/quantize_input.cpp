@@ -92,7 +92,10 @@ Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset)
   if (info.type == "float32" || info.type == "float64") {
     std::vector<double> v = read_or_explain(file, dataset, [&] { return reader->read_f64(dataset); });
     out.bits.resize(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out.bits[i] = f64_to_bf16_bits(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) {
+      out.bits[i] = f64_to_bf16_bits(v[i]);
+      out.overflowed += std::isfinite(v[i]) && (out.bits[i] & 0x7FFFu) == 0x7F80u;
+    }
     out.source_type = info.type;
   } else if (info.type == "uint16") {
     auto tag = reader->string_attribute(dataset, "dtype");

@@ -11,6 +11,7 @@ struct Bf16Matrix {
   std::vector<uint16_t> bits;  // [M, K] row-major BF16 bit patterns
   int64_t M = 0, K = 0;
   std::string source_type;     // "float32", "float64" or "bfloat16"
+  int64_t overflowed = 0;      // finite float32/float64 values beyond BF16's range, rounded to +-Inf
 };
 
 // Reads `dataset` of `file`: float32 or float64 (rounded to BF16, nearest even), or uint16 holding BF16 bits

@@ -360,6 +360,31 @@ class QuantizeCli(unittest.TestCase):
         self.assert_one_line_error(r, f"cannot read dataset 'x' of '{path}': ")
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "never.h5")))
 
+    def test_values_beyond_bf16_range_are_counted(self):
+        path = os.path.join(self.tmp, "huge.h5")
+        x = np.ones((2, 64))
+        x[0, 3] = 3.4e38  # finite in float32 and float64, beyond BF16's largest value (about 3.39e38): +Inf
+        x[1, 40] = -1e300
+        x[1, 41] = 3.3e38  # within BF16's range
+        with h5py.File(path, "w") as f:
+            f["x64"] = x
+            f["x32"] = x.astype(np.float32)
+        for name, overflowed in (("x64", 2), ("x32", 1)):  # -1e300 is already -Inf in float32
+            with self.subTest(dataset=name):
+                out = os.path.join(self.tmp, f"huge_{name}.h5")
+                r = self.run_cli("--input", path, "--dataset", name, "--format", "mxfp4", "--output", out)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(f"beyond BF16 range   {overflowed} finite input values rounded to +-Inf", r.stdout)
+                with h5py.File(out) as f:
+                    self.assertEqual(f.attrs["input_overflow_elements"], overflowed)
+                    self.assertEqual(f.attrs["nonfinite_blocks"], 2)
+                    bits = f["input_bf16"][()]
+                self.assertEqual((bits[0, 3], bits[1, 40], bits[1, 41] & 0x7F80), (0x7F80, 0xFF80, 0x7F00))
+        out, r = self.quantize("--format", "mxfp4")
+        self.assertNotIn("beyond BF16 range", r.stdout)
+        with h5py.File(out) as f:
+            self.assertEqual(f.attrs["input_overflow_elements"], 0)
+
     def test_too_many_groups_for_the_cuda_kernel(self):
         groups = ",".join(["0"] * 1024 + ["300"])  # 1025 groups: the CPU reference takes them, the kernel does not
         r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "fp8-col", "--groups", groups,
