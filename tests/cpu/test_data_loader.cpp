@@ -535,6 +535,21 @@ TEST(FindTokenShards, ListsInNumberOrderAndRejectsGaps) {
             std::string::npos);
 }
 
+TEST(FindTokenShards, SplitIsPlainTextAndOddNamesAreIgnored) {
+  TempDir dir;
+  for (const char* name : {"a.b_000.bin", "aXb_000.bin", "aXb_001.bin", "a.b_99999999999999999999999.bin",
+                           "a.b_.bin", "a.b_01x.bin", "a.b_001.bin.tmp"})
+    write_token_shard(dir.file(name), std::vector<uint16_t>{1, 2, 3}, 10, 2);
+  const auto dir_path = fs::path(dir.file("")).parent_path().string();
+  const auto got = find_token_shards(dir_path, "a.b");  // '.' is a character here, not "any character"
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(fs::path(got[0]).filename().string(), "a.b_000.bin");
+  EXPECT_NE(error_of([&] { find_token_shards(dir_path, "a("); }).find("no a(_NNN.bin"), std::string::npos);
+  EXPECT_NE(error_of([&] { find_token_shards(dir_path, ""); }).find("split name '' must be"), std::string::npos);
+  EXPECT_NE(error_of([&] { find_token_shards(dir_path, "x/y"); }).find("split name 'x/y' must be"),
+            std::string::npos);
+}
+
 // The shards `make data` wrote, when present (FP4MOE_TOKEN_SHARDS, else data/cache/shards of this source tree):
 // every shard validates and batches are windows of the 32768-token vocabulary.
 TEST(MakeDataShards, ValidateAndBatch) {

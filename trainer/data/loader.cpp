@@ -4,7 +4,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <regex>
 
 #include "kernels/common/check.h"
 
@@ -155,25 +154,41 @@ void DataLoader::restore(const DataLoaderState& s) {
   if (rebuild) build_order();
 }
 
+// NNN of "SPLIT_NNN.bin", or -1 when `name` is not a shard of `split` (compared as plain text: a split name is not
+// a pattern). At most 9 digits, so that the number always fits.
+static int64_t shard_number(const std::string& name, const std::string& split) {
+  const std::string prefix = split + "_", suffix = ".bin";
+  if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
 std::vector<std::string> find_token_shards(const std::string& dir, const std::string& split) {
   namespace fs = std::filesystem;
   std::error_code ec;
   FP4MOE_CHECK(fs::is_directory(dir, ec), "token shards: '{}' is not a folder (run `make data` to make the shards)",
                dir);
-  const std::regex pattern(split + R"(_(\d+)\.bin)");
-  std::map<uint64_t, std::string> found;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && std::regex_match(name, m, pattern))
-      found.emplace(std::stoull(m[1].str()), entry.path().string());
+  FP4MOE_CHECK(!split.empty() && split.find('/') == std::string::npos,
+               "token shards: split name '{}' must be a non-empty file name prefix such as train or val", split);
+  std::map<int64_t, std::string> found;
+  fs::directory_iterator it(dir, ec), end;
+  FP4MOE_CHECK(!ec, "token shards: cannot list '{}': {}", dir, ec.message());
+  for (; it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const int64_t index = shard_number(name, split);
+    if (index >= 0 && it->is_regular_file(ec)) found.emplace(index, it->path().string());
   }
+  FP4MOE_CHECK(!ec, "token shards: cannot list '{}': {}", dir, ec.message());
   FP4MOE_CHECK(!found.empty(), "token shards: no {}_NNN.bin in '{}' (run `make data` to make the shards)", split,
                dir);
   std::vector<std::string> paths;
   for (const auto& [index, path] : found) {
-    FP4MOE_CHECK(index == paths.size(), "token shards: {}_{:03d}.bin is missing from '{}' (found up to {})", split,
-                 paths.size(), dir, path);
+    FP4MOE_CHECK(index == static_cast<int64_t>(paths.size()),
+                 "token shards: {}_{:03d}.bin is missing from '{}' (the next one present is {})", split, paths.size(),
+                 dir, path);
     paths.push_back(path);
   }
   return paths;

@@ -96,7 +96,9 @@ class DataLoader {
 };
 
 // The shards of one split in a folder made by `make data`: DIR/SPLIT_NNN.bin (NNN = 000, 001, ... without gaps),
-// in number order. Throws fp4moe::Error when the folder has none, naming the folder and the pattern.
+// in number order; `split` is matched as plain text (not a pattern), NNN as 1 to 9 digits. Throws fp4moe::Error
+// when the folder has none or cannot be listed, when a number is missing, or for an empty split name or one with
+// a '/', naming the folder and the pattern.
 std::vector<std::string> find_token_shards(const std::string& dir, const std::string& split);
 
 }  // namespace fp4moe
