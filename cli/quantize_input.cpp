@@ -102,7 +102,7 @@ Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset)
     if (tag != "bfloat16")
       throw CliError(fmt::format("dataset '{}' in '{}' is uint16 without the attribute dtype=\"bfloat16\" (got {}); "
                                  "uint16 input must hold BF16 bit patterns and say so",
-                                 dataset, file, tag ? "dtype=\"" + *tag + "\"" : "no dtype attribute"));
+                                 dataset, file, tag ? "dtype=\"" + *tag + "\"" : "no string attribute dtype"));
     out.bits = read_or_explain(file, dataset, [&] { return reader->read_u16(dataset); });
     out.source_type = "bfloat16";
   } else {

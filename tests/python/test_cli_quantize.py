@@ -385,6 +385,18 @@ class QuantizeCli(unittest.TestCase):
         with h5py.File(out) as f:
             self.assertEqual(f.attrs["input_overflow_elements"], 0)
 
+    def test_uint16_needs_a_string_dtype_attribute(self):
+        path = os.path.join(self.tmp, "tags.h5")
+        with h5py.File(path, "w") as f:
+            for name, tag in (("number", 3), ("other", "float16")):
+                f[name] = bf16_bits(self.x32[:4])
+                f[name].attrs["dtype"] = tag
+        for name, got in (("number", "got no string attribute dtype"), ("other", 'got dtype="float16"')):
+            with self.subTest(dataset=name):
+                r = self.run_cli("--input", path, "--dataset", name, "--format", "mxfp4", "--output",
+                                 os.path.join(self.tmp, "never.h5"))
+                self.assert_one_line_error(r, got)
+
     def test_too_many_groups_for_the_cuda_kernel(self):
         groups = ",".join(["0"] * 1024 + ["300"])  # 1025 groups: the CPU reference takes them, the kernel does not
         r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "fp8-col", "--groups", groups,
