@@ -1,0 +1,172 @@
+// The reference trainer's configuration: model shape, training schedule, recipe per layer class and recompute
+// policy (DESIGN.md "Trainer"), read from a TOML file through CLI11's config reader, with any option overridable
+// on the command line: `fp4moe train --config configs/small.toml --train.lr 3e-4`.
+//
+// Every option is named `section.key`, in the file as
+//
+//   [train]
+//   lr = 3e-4            # a comment
+//
+// and on the command line as `--train.lr 3e-4`; the command line wins over the file. Sections: model, moe,
+// train, recipe, recompute (see the presets in configs/ for every key with its meaning).
+//
+// The TOML subset CLI11 2.1's reader understands, and so the one these files may use: `[section]` headers,
+// `key = value` lines, integers, floats (3e-4), booleans, "strings" without escapes and without '#' (a '#'
+// starts a comment anywhere on the line), arrays of strings ["a", "b"] (also over several lines). No inline
+// tables, no multi-line strings, no dotted keys inside a section.
+//
+// Loading rejects (fp4moe::Error naming the file and the key): an unreadable file, a key no option has, a value
+// that does not convert (hidden = "abc"), a key given twice. Validation (validate_config) then rejects shapes and
+// settings that cannot run, before anything is allocated; validate_data opens the shard headers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "kernels/nn/router.h"
+
+namespace fp4moe {
+
+// Precision of a class of linear layers (DESIGN.md "Recipes"): bf16, fp8 (1x128 / 128x128 block-scaled FP8,
+// DeepSeek-V3's fine-grained FP8) or mxfp4 (paper 1: MXFP4 storage and communication, FP8 compute).
+enum class Recipe { bf16, fp8, mxfp4 };
+const char* recipe_name(Recipe r);
+// Throws fp4moe::Error for anything but "bf16", "fp8" or "mxfp4"; `what` names the option in the message.
+Recipe parse_recipe(const std::string& text, const std::string& what);
+
+// What to do with a step whose loss or gradient norm is not finite: skip the update (the step still counts) or
+// stop the run with an error.
+enum class NonFinitePolicy { skip, stop };
+
+// Modules recomputed in backward instead of kept from forward, named as in Megatron-Core's
+// --recompute-modules; `full` recomputes the whole layer (and must stand alone).
+inline const std::vector<std::string>& recompute_module_names() {
+  static const std::vector<std::string> names = {"mla_up_proj", "core_attn", "layernorm",     "moe_act",
+                                                 "moe",         "mlp",       "shared_experts", "full"};
+  return names;
+}
+
+// The decoder's shape (DeepSeek-V2/V3 naming, as in their Hugging Face configs).
+struct ModelConfig {
+  std::string name;                // preset name, for reports
+  int64_t vocab_size = 0;          // tokenizer vocabulary (training data: <= 65536, uint16 token shards)
+  int64_t hidden = 0;              // d_model
+  int64_t layers = 0;              // decoder layers
+  int64_t n_dense_layers = 0;      // the first n layers have a dense SwiGLU FFN, the others MoE
+  int64_t heads = 0;               // attention heads
+  int64_t q_lora_rank = 0;         // query down-projection rank (0: a direct hidden -> heads * qk projection)
+  int64_t kv_lora_rank = 0;        // joint key/value compression rank
+  int64_t qk_nope_head_dim = 0;    // per-head query/key dims without RoPE
+  int64_t qk_rope_head_dim = 0;    // per-head decoupled RoPE dims (the RoPE key is shared by all heads)
+  int64_t v_head_dim = 0;          // per-head value dims
+  int64_t dense_ffn = 0;           // intermediate size of the dense SwiGLU FFN
+  double rope_theta = 10000.0;     // RoPE base
+  double norm_eps = 1e-6;          // RMSNorm epsilon
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+};
+
+// The MoE layers: routed experts through Group Linear, shared experts as a dense SwiGLU of n * expert_ffn.
+struct MoeConfig {
+  int64_t routed_experts = 0;
+  int64_t shared_experts = 0;
+  int64_t top_k = 0;
+  int64_t expert_ffn = 0;              // intermediate size of one expert
+  RouterStyle router = RouterStyle::v3_sigmoid;  // "v3": sigmoid + aux-loss-free bias; "v2": softmax + aux loss
+  double routed_scale = 1.0;           // routed_scaling_factor (V3: 2.5, V2: 16)
+  double aux_alpha = 0.0;              // v2: expert balance loss coefficient (V2: 0.003)
+  double bias_update_rate = 0.0;       // v3: aux-loss-free bias update speed gamma (V3: 0.001)
+};
+
+struct TrainingConfig {
+  std::string data_dir;          // folder of token shards made by `make data` (train_NNN.bin, val_NNN.bin)
+  int64_t seq_len = 0;           // T tokens per row
+  int64_t micro_batch = 0;       // rows per micro-batch (per GPU)
+  int64_t grad_accum = 1;        // micro-batches per optimizer step
+  int64_t steps = 0;             // optimizer steps
+  double lr = 0;                 // peak learning rate
+  int64_t warmup_steps = 0;      // linear warm-up from 0 to lr
+  double min_lr = 0;             // cosine decay from lr to min_lr at `steps`
+  double weight_decay = 0;       // AdamW decoupled weight decay
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;        // global gradient-norm clip (0: none)
+  uint64_t seed = 0;             // weights, data order, stochastic rounding
+  int64_t eval_interval = 0;     // steps between evaluations (0: none)
+  int64_t eval_steps = 0;        // validation batches per evaluation
+  NonFinitePolicy non_finite = NonFinitePolicy::skip;
+  int64_t checkpoint_interval = 0;  // steps between checkpoints (0: none)
+  std::string checkpoint_dir;        // where checkpoints go (needed when checkpoint_interval > 0)
+
+  int64_t tokens_per_step() const { return seq_len * micro_batch * grad_accum; }
+};
+
+// Recipe per layer class. Embedding, LM head, router and norms stay BF16/FP32 and the attention core BF16
+// whatever is chosen here (DESIGN.md "Recipes").
+struct RecipeConfig {
+  Recipe attention = Recipe::bf16;       // MLA projections (q down/up, kv down/up, output)
+  Recipe dense_mlp = Recipe::bf16;       // dense SwiGLU FFN of the first n_dense_layers
+  Recipe shared_experts = Recipe::bf16;  // the shared experts of MoE layers
+  Recipe routed_experts = Recipe::bf16;  // Group Linear of the routed experts
+};
+
+struct RecomputeConfig {
+  std::vector<std::string> modules;  // subset of recompute_module_names(); empty: keep every activation
+  bool has(const std::string& module) const;
+};
+
+struct TrainerConfig {
+  ModelConfig model;
+  MoeConfig moe;
+  TrainingConfig train;
+  RecipeConfig recipe;
+  RecomputeConfig recompute;
+
+  bool is_moe_layer(int64_t layer) const { return layer >= model.n_dense_layers; }
+};
+
+// Registers every configuration option on `app` as `--section.key`, bound to `cfg` (whose current values become
+// the defaults shown by --help), and a `--config FILE` option. Call load_config_file after app.parse().
+class ConfigOptions {
+ public:
+  ConfigOptions(CLI::App& app, TrainerConfig& cfg);
+  // Reads the file named by --config, if any, and assigns every key not already given on the command line, then
+  // converts the text options (recipes, router, policy, recompute) into `cfg`. Throws fp4moe::Error as described
+  // at the top of this file.
+  void load_config_file();
+  const std::string& config_path() const { return config_path_; }
+
+ private:
+  CLI::App& app_;
+  TrainerConfig& cfg_;
+  std::string config_path_;
+  std::string router_, non_finite_, recipe_attention_, recipe_dense_, recipe_shared_, recipe_routed_;
+};
+
+// Parses `args` (without a program name: {"--config", "configs/tiny.toml", "--train.lr", "1e-3"}) into a config
+// and validates it with validate_config. Throws fp4moe::Error (also for command-line parse errors).
+TrainerConfig parse_config_args(const std::vector<std::string>& args);
+
+// Rejects, with a message naming the option and the rule: non-positive sizes; heads not dividing hidden (as in
+// every DeepSeek shape); an odd qk_rope_head_dim (RoPE rotates pairs); n_dense_layers > layers; top_k > routed
+// experts or routed experts beyond the router kernels' limit (1024); vocab_size < 2; dimensions the GEMMs
+// cannot take (hidden, ffn sizes and ranks multiples of 16; multiples of 32 for an mxfp4 class, MX
+// blocks); bad schedule values (warm-up > steps, min_lr > lr, betas outside [0, 1), eps <= 0, negative clip or
+// weight decay); checkpoint_interval > 0 without checkpoint_dir; unknown or duplicate recompute modules, and
+// `full` combined with others. The MoE settings are checked only when some layer is MoE.
+void validate_config(const TrainerConfig& cfg);
+
+// Checks the data before anything is allocated: model.vocab_size <= 65536 (uint16 tokens), train.data_dir exists
+// and holds train shards (and val shards when eval_interval > 0), and every shard header's vocabulary equals
+// model.vocab_size (TokenShard, header only). Throws fp4moe::Error naming the folder or file.
+void validate_data(const TrainerConfig& cfg);
+
+// A canonical text of the settings a checkpoint depends on (the [model] and [moe] sections and the recipe), one
+// `key = value` line each, and its 64-bit FNV-1a hash: a checkpoint written under one hash is refused under
+// another. Schedule and data settings are not part of it (a run may be resumed with a longer schedule).
+std::string model_config_text(const TrainerConfig& cfg);
+uint64_t model_config_hash(const TrainerConfig& cfg);
+
+}  // namespace fp4moe
