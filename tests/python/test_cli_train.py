@@ -1,0 +1,173 @@
+"""`fp4moe train`: the dry run of every preset (parameter counts checked against an independent count from the
+preset read with Python's own TOML parser), command-line overrides, the not-yet-built training loop (exit 2),
+and a clear one-line error (exit code 2, no source location) for each bad configuration. Seeded token shards in
+a temporary folder stand in for `make data`. The binary is $FP4MOE_BUILD/fp4moe."""
+
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+import unittest
+from array import array
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "data"))
+import token_shard  # noqa: E402
+
+PRESETS = ("tiny", "small", "v3", "v2")
+
+
+def binary():
+    build = os.environ.get("FP4MOE_BUILD", os.path.join(ROOT, "build"))
+    return os.path.join(build, "fp4moe")
+
+
+def write_shards(folder, vocab, seed):
+    os.makedirs(folder, exist_ok=True)
+    rng = random.Random(seed)
+    for split in ("train", "val"):
+        tokens = array("H", (rng.randrange(3, vocab) if rng.random() > 0.01 else 2 for _ in range(5000)))
+        tokens.append(2)
+        token_shard.write_shard(os.path.join(folder, f"{split}_000.bin"), tokens, vocab, 2)
+
+
+def expected_counts(cfg):
+    """Total and activated parameters per token, from the architecture (trainer/flops.h's conventions)."""
+    m, e = cfg["model"], cfg["moe"]
+    d, heads = m["hidden"], m["heads"]
+    dq = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
+    q = d * m["q_lora_rank"] + m["q_lora_rank"] + m["q_lora_rank"] * heads * dq if m["q_lora_rank"] else d * heads * dq
+    kv = d * (m["kv_lora_rank"] + m["qk_rope_head_dim"]) + m["kv_lora_rank"]
+    kv += m["kv_lora_rank"] * heads * (m["qk_nope_head_dim"] + m["v_head_dim"])
+    attn = q + kv + heads * m["v_head_dim"] * d + 2 * d  # with the layer's two norms
+    expert = 3 * d * e["expert_ffn"]
+    bias = e["routed_experts"] if e["router"] == "v3" else 0
+    dense_layer = attn + 3 * d * m["dense_ffn"]
+    dense, moe = m["n_dense_layers"], m["layers"] - m["n_dense_layers"]
+    router = e["routed_experts"] * d + bias
+    table = m["vocab_size"] * d
+    total = 2 * table + d + dense * dense_layer + moe * (attn + router + (e["routed_experts"] + e["shared_experts"]) * expert)
+    activated = table + 2 * d + dense * dense_layer + moe * (attn + router + (e["top_k"] + e["shared_experts"]) * expert)
+    return total, activated
+
+
+class TrainCli(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.exe = binary()
+        if not os.access(cls.exe, os.X_OK):
+            raise unittest.SkipTest(f"{cls.exe} is not built (set FP4MOE_BUILD to the build folder)")
+        cls.tmp = tempfile.mkdtemp(prefix="fp4moe_cli_train_")
+        cls.data = os.path.join(cls.tmp, "shards")
+        write_shards(cls.data, 32768, 20261129)
+        cls.small_vocab = os.path.join(cls.tmp, "shards_1000")
+        write_shards(cls.small_vocab, 1000, 7)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def train(self, *args, config="tiny", data=None, expect_rc=0):
+        cmd = [self.exe, "train"]
+        if config:
+            cmd += ["--config", os.path.join("configs", f"{config}.toml") if config in PRESETS else config]
+        cmd += ["--train.data_dir", data or self.data, *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        self.assertEqual(r.returncode, expect_rc, f"{' '.join(cmd)}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+        return r
+
+    def rejected(self, *parts, args=(), **kw):
+        r = self.train("--dry-run", *args, expect_rc=2, **kw)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertTrue(lines[0].startswith("fp4moe train: error: "), r.stderr)
+        self.assertIsNone(re.search(r"\.cpp:\d+\)", lines[0]), f"source location in a user error: {lines[0]}")
+        for p in parts:
+            self.assertIn(p, lines[0])
+        self.assertEqual(r.stdout, "")
+
+    @staticmethod
+    def field(out, name):
+        m = re.search(rf"^{re.escape(name)}: (\d+)", out, re.M)
+        return int(m.group(1)) if m else None
+
+    def test_dry_run_of_every_preset_matches_an_independent_count(self):
+        for name in PRESETS:
+            with self.subTest(name):
+                with open(os.path.join(ROOT, "configs", f"{name}.toml"), "rb") as f:
+                    cfg = tomllib.load(f)  # the presets are plain TOML, readable by any parser
+                r = self.train("--dry-run", config=name)
+                total, activated = expected_counts(cfg)
+                self.assertEqual(self.field(r.stdout, "parameters total"), total, r.stdout)
+                self.assertEqual(self.field(r.stdout, "parameters activated per token"), activated, r.stdout)
+                t = cfg["train"]
+                tokens = t["seq_len"] * t["micro_batch"] * t["grad_accum"]
+                self.assertIn(f"tokens per step: {tokens} ", r.stdout)
+                self.assertIn(f"hidden {cfg['model']['hidden']},", r.stdout)
+                self.assertRegex(r.stdout, r"model flops per token \(seq_len \d+, causal\): forward [0-9.e+]+")
+                self.assertEqual(r.stderr, "")
+
+    def test_command_line_overrides_the_file(self):
+        base = self.train("--dry-run")
+        wider = self.train("--dry-run", "--moe.top_k", "3")
+        with open(os.path.join(ROOT, "configs", "tiny.toml"), "rb") as f:
+            cfg = tomllib.load(f)
+        m, e = cfg["model"], cfg["moe"]
+        per_expert = 3 * m["hidden"] * e["expert_ffn"] * (m["layers"] - m["n_dense_layers"])
+        grow = (3 - e["top_k"]) * per_expert
+        self.assertEqual(self.field(wider.stdout, "parameters activated per token"),
+                         self.field(base.stdout, "parameters activated per token") + grow)
+        self.assertIn("top-3", wider.stdout)
+        r = self.train("--dry-run", "--recipe.routed_experts", "mxfp4", "--recompute.modules", "moe_act", "core_attn")
+        self.assertIn("routed_experts mxfp4", r.stdout)
+        self.assertIn("recompute: moe_act core_attn", r.stdout)
+
+    def test_without_dry_run_says_the_loop_is_not_built(self):
+        r = self.train(expect_rc=2)
+        self.assertIn("training loop is not built yet", r.stderr)
+        self.assertEqual(r.stdout, "")
+
+    def test_bad_shapes_are_rejected(self):
+        self.rejected("model.heads = 5 does not divide model.hidden = 64", args=("--model.heads", "5"))
+        self.rejected("moe.top_k = 9 exceeds moe.routed_experts = 8", args=("--moe.top_k", "9"))
+        self.rejected("model.n_dense_layers = 3", "model.layers = 2", args=("--model.n_dense_layers", "3"))
+        self.rejected("moe.expert_ffn = 48", "multiple of 32",
+                      args=("--moe.expert_ffn", "48", "--recipe.routed_experts", "mxfp4"))
+
+    def test_bad_names_are_rejected(self):
+        self.rejected("recipe.dense_mlp = 'fp6'", "bf16, fp8 or mxfp4", args=("--recipe.dense_mlp", "fp6"))
+        self.rejected("unknown module 'attn'", "mla_up_proj", args=("--recompute.modules", "attn"))
+        self.rejected("'full'", "cannot be combined", args=("--recompute.modules", "full", "moe"))
+        self.rejected("moe.router = 'v1'", args=("--moe.router", "v1"))
+        self.rejected("train.non_finite = 'retry'", args=("--train.non_finite", "retry"))
+        r = self.train("--dry-run", "--model.hiddn", "64", expect_rc=2)  # unknown option on the command line
+        self.assertIn("model.hiddn", r.stderr)
+
+    def test_bad_files_are_rejected(self):
+        unknown = os.path.join(self.tmp, "unknown.toml")
+        with open(os.path.join(ROOT, "configs", "tiny.toml")) as f:
+            text = f.read()
+        with open(unknown, "w") as f:
+            f.write(text.replace("[moe]\n", "[moe]\nexperts = 8\n"))
+        self.rejected(unknown, "unknown option 'moe.experts'", config=unknown)
+        missing = os.path.join(self.tmp, "missing.toml")
+        self.rejected(missing, "does not exist", config=missing)
+        self.rejected("no configuration", "--config", config=None)
+
+    def test_bad_data_is_rejected(self):
+        missing = os.path.join(self.tmp, "no_shards_here")
+        self.rejected(missing, "not a folder", data=missing)
+        empty = os.path.join(self.tmp, "empty")
+        os.makedirs(empty, exist_ok=True)
+        self.rejected(empty, "train", data=empty)
+        shard = os.path.join(self.small_vocab, "train_000.bin")
+        self.rejected(shard, "1000", "32768", data=self.small_vocab)
+        self.rejected("model.vocab_size = 129280 exceeds 65536", args=("--model.vocab_size", "129280"))
+
+
+if __name__ == "__main__":
+    unittest.main()
