@@ -116,6 +116,7 @@ void bf16_to_fp8_block128(const bf16* w, int64_t N, int64_t K, Fp8ScaleMode mode
   FP4MOE_CHECK(w != nullptr && codes != nullptr && scales != nullptr, "{}: null pointer (w, codes or scales)", what);
   FP4MOE_CHECK(detail::aligned16(w) && detail::aligned16(codes) && detail::aligned16(scales),
                "{}: w, codes and scales must be 16-byte aligned", what);
+  detail::check_nonfinite_counter(what, nonfinite_blocks);
   dim3 grid(static_cast<unsigned>(ceil_div(K, kTile)), static_cast<unsigned>(ceil_div(N, kTile)));
   if (transpose)
     bf16_to_fp8_block128_kernel<true><<<grid, kThreads, 0, stream>>>(w, N, K, mode, codes, scales, nonfinite_blocks);

@@ -111,6 +111,7 @@ void bf16_to_fp8_col(const bf16* x, int64_t M, int64_t K, const int32_t* offsets
   FP4MOE_CHECK(M == 0 || x != nullptr, "{}: input pointer is null", what);
   FP4MOE_CHECK(detail::aligned16(x) && detail::aligned16(codes), "{}: x and codes must be 16-byte aligned", what);
   FP4MOE_CHECK((reinterpret_cast<uintptr_t>(scales) & 3u) == 0, "{}: scales must be 4-byte aligned", what);
+  detail::check_nonfinite_counter(what, nonfinite_blocks);
   if (host_offsets) validate_group_offsets(host_offsets, G, M, what);
   if (M == 0) return;  // every group is empty
 

@@ -67,6 +67,7 @@ void bf16_to_fp8_row(const bf16* x, int64_t M, int64_t K, Fp8ScaleMode mode, uin
   FP4MOE_CHECK(mode == Fp8ScaleMode::pow2 || mode == Fp8ScaleMode::fp32, "{}: unknown scale mode {}", what,
                static_cast<int>(mode));
   FP4MOE_CHECK(ceil_div(K, kFp8Block) <= 65535, "{}: K={} too large (at most {})", what, K, 65535 * kFp8Block);
+  detail::check_nonfinite_counter(what, nonfinite_blocks);
   if (M == 0) return;
   FP4MOE_CHECK(x != nullptr && codes != nullptr && scales != nullptr, "{}: null pointer (x, codes or scales)", what);
   FP4MOE_CHECK(detail::aligned16(x) && detail::aligned16(codes) && detail::aligned16(scales),

@@ -24,4 +24,11 @@ inline void check_fp8_shape(const char* what, const char* tensor, const char* ro
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// The optional device counter of NaN/Inf blocks: null, or 8-byte aligned (the kernels add to it atomically).
+inline void check_nonfinite_counter(const char* what, const unsigned long long* counter) {
+  FP4MOE_CHECK((reinterpret_cast<uintptr_t>(counter) & 7u) == 0,
+               "{}: nonfinite_blocks must be null or an 8-byte aligned device counter, got address {}", what,
+               static_cast<const void*>(counter));
+}
+
 }  // namespace fp4moe::detail
