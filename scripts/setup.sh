@@ -17,8 +17,8 @@ done
 
 has_cmd() { command -v "$1" >/dev/null 2>&1; }
 has_file() { for f in "$@"; do [[ -e "$f" ]] && return 0; done; return 1; }
-has_py() {  # a module importable by the python3 on PATH or by the system's /usr/bin/python3
-  for p in python3 /usr/bin/python3; do has_cmd "$p" && "$p" -c "import $1" 2>/dev/null && return 0; done
+has_py() {  # one interpreter (the python3 on PATH or the system's /usr/bin/python3) that imports them all
+  for p in python3 /usr/bin/python3; do has_cmd "$p" && "$p" -c "import $*" 2>/dev/null && return 0; done
   return 1
 }
 
@@ -35,10 +35,13 @@ checks=(
   "libgtest-dev|has_file /usr/include/gtest/gtest.h"
   "libgmock-dev|has_file /usr/include/gmock/gmock.h"
   "libbenchmark-dev|has_file /usr/include/benchmark/benchmark.h"
-  "python3-numpy|has_py numpy"
-  "python3-pandas|has_py pandas"
-  "python3-matplotlib|has_py matplotlib"
-  "python3-h5py|has_py h5py"
+)
+# The reports need numpy, pandas, matplotlib and h5py in the same interpreter; else Debian's, for /usr/bin/python3.
+has_py numpy, pandas, matplotlib, h5py || checks+=(
+  "python3-numpy|/usr/bin/python3 -c 'import numpy' 2>/dev/null"
+  "python3-pandas|/usr/bin/python3 -c 'import pandas' 2>/dev/null"
+  "python3-matplotlib|/usr/bin/python3 -c 'import matplotlib' 2>/dev/null"
+  "python3-h5py|/usr/bin/python3 -c 'import h5py' 2>/dev/null"
 )
 if [[ $with_data -eq 1 ]]; then
   checks+=("sentencepiece|has_cmd spm_train")
@@ -49,7 +52,7 @@ fi
 missing=()
 for c in "${checks[@]}"; do
   pkg="${c%%|*}" probe="${c#*|}"
-  $probe || missing+=("$pkg")
+  eval "$probe" || missing+=("$pkg")
 done
 
 nvcc_path=$(command -v nvcc || true)
@@ -57,6 +60,13 @@ nvcc_path=$(command -v nvcc || true)
 if [[ -z "$nvcc_path" ]]; then
   echo "setup: the CUDA toolkit (nvcc >= 12.3) was not found on PATH or in /usr/local/cuda." >&2
   echo "setup: install NVIDIA's CUDA toolkit for your distribution, then run this again." >&2
+  exit 1
+fi
+
+nvcc_release=$("$nvcc_path" --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+read -r nvcc_major nvcc_minor <<<"${nvcc_release:-0 0}"
+if (( nvcc_major < 12 || (nvcc_major == 12 && nvcc_minor < 3) )); then
+  echo "setup: $nvcc_path is CUDA ${nvcc_major}.${nvcc_minor}; fp4moe needs CUDA >= 12.3 (sm_90a, block-scaled FP8 in cuBLASLt)." >&2
   exit 1
 fi
 
