@@ -76,7 +76,7 @@ TokenShardHeader write_token_shard(const std::string& path, std::span<const uint
   h.tokenizer_crc32 = tokenizer_crc32;
   h.header_crc32 = token_shard_header_crc32(h);
 
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());  // one temporary per writer
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   FP4MOE_CHECK(f != nullptr, "token shard '{}': cannot create: {}", tmp, std::strerror(errno));
   bool ok = std::fwrite(&h, sizeof h, 1, f) == 1 &&
