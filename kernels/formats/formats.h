@@ -208,6 +208,9 @@ enum class MxScaleMode : int {
 };
 
 // Shared exponent e (unclamped result clamped to [-127, 127]) for a block with finite amax > 0.
+// Near the top of the fp32 range the rule's own result is not representable on decode: in ceil mode an amax of
+// 1.5 * 2^127 or more gives e = 126 and code 4, so the block's largest element dequantizes to 2^128 = +-Inf in
+// fp32/BF16 (and in the direct FP8 path's scale * code). Real activations are nowhere near; the CLI counts it.
 FP4MOE_HD int mx_scale_exponent(float amax, MxScaleMode mode) {
   int f = floor_log2(amax);
   int e;
@@ -223,7 +226,9 @@ enum class Fp8ScaleMode : int {
   fp32 = 1,  // s = amax / 448 in fp32; codes E4M3(v * (448 / amax))
 };
 
-// Exponent p of the pow2 scale for a finite amax > 0: the smallest p with amax <= 448 * 2^p (exact).
+// Exponent p of the pow2 scale for a finite amax > 0: the smallest p with amax <= 448 * 2^p (exact), clamped to
+// [-126, 127] so that 1/s stays a normal fp32. For amax >= 1.9375 * 2^127 the largest code rounds up to 256 and
+// 256 * 2^120 overflows fp32 on dequantization (+-Inf), a limit of the rule rather than of the code.
 FP4MOE_HD int fp8_pow2_scale_exponent(float amax) {
   int f = floor_log2(amax);
   int p = (normalized_fraction(amax) <= 0x600000u) ? f - 8 : f - 7;  // 448 = 1.75 * 2^8
