@@ -22,7 +22,9 @@
 // t (0-based) attends to t + 1 keys, so a sequence of T tokens has T (T + 1) / 2 (query, key) pairs, each costing
 // 2 H dq (Q K^T) + 2 H dv (P V) FLOPs:
 //     attention per token per layer = (T + 1) / 2 x 2 H (dq + dv) = H (dq + dv) (T + 1).
-// MLA is counted as trained (keys and values up-projected, not absorbed into the queries). Element-wise work
+// MLA is counted as trained (keys and values up-projected, not absorbed into the queries). At T = 4096 this gives
+// 250.5e9 training FLOPs per token for DeepSeek-V3 and 155.3e9 for V2, DeepSeek's published 250 and 155 GFLOPs
+// ("Insights into DeepSeek-V3", ISCA 2025, table 2). Element-wise work
 // (norms, RoPE, softmax, SwiGLU, router top-k, cross-entropy) is left out. Training = 3 x forward (backward =
 // Dgrad + Wgrad = 2 x forward). Recomputation is not counted (model FLOPs, not hardware FLOPs).
 //

@@ -46,6 +46,18 @@ TEST(TrainerFlops, DeepSeekV2ProductionShapeGivesThePublishedTotals) {
   EXPECT_EQ(c.router, 59 * 160 * 5120);                                 // v2: softmax router, no bias
 }
 
+// DeepSeek's published training compute per token at sequence length 4096 ("Insights into DeepSeek-V3", ISCA
+// 2025, table 2): 250 GFLOPs for V3 and 155 GFLOPs for V2; both count causal attention as half the T x T work.
+TEST(TrainerFlops, TrainingFlopsPerTokenMatchDeepSeeksPublishedFigures) {
+  EXPECT_NEAR(model_flops_per_token(v3_production(), 4096).training, 250e9, 0.01 * 250e9);
+  EXPECT_NEAR(model_flops_per_token(v2_production(), 4096).training, 155e9, 0.01 * 155e9);
+  // Counting the full T x T square instead would overshoot both by more than 10%.
+  const TrainerConfig v3 = v3_production();
+  const double square = model_flops_per_token(v3, 4096).training +
+                        3.0 * v3.model.layers * attention_flops_per_token(v3.model, 4096) * (4096.0 / 4097.0);
+  EXPECT_GT(square, 1.1 * 250e9);
+}
+
 TEST(TrainerFlops, CountsMoveWithTheShapeAsTheFormulasSay) {
   const TrainerConfig base = parse_config_args({"--config", preset("small")});
   const ParameterCounts c0 = count_parameters(base);

@@ -111,6 +111,27 @@ class TrainCli(unittest.TestCase):
                 self.assertRegex(r.stdout, r"model flops per token \(seq_len \d+, causal\): forward [0-9.e+]+")
                 self.assertEqual(r.stderr, "")
 
+    def test_production_shapes_give_the_published_totals(self):
+        # DeepSeek-V3 (671B total, 37B activated) and V2 (236B, 21B), published to the nearest billion; their
+        # vocabularies fit no uint16 token shard, hence --no-data-check.
+        for name, layers, dense, experts, vocab, total_b, activated_b in (("v3", 61, 3, 256, 129280, 671, 37),
+                                                                          ("v2", 60, 1, 160, 102400, 236, 21)):
+            with self.subTest(name):
+                with open(os.path.join(ROOT, "configs", f"{name}.toml"), "rb") as f:
+                    cfg = tomllib.load(f)
+                cfg["model"].update(layers=layers, n_dense_layers=dense, vocab_size=vocab)
+                cfg["moe"]["routed_experts"] = experts
+                r = self.train("--dry-run", "--no-data-check", "--model.layers", str(layers), "--model.n_dense_layers",
+                               str(dense), "--moe.routed_experts", str(experts), "--model.vocab_size", str(vocab),
+                               config=name)
+                total, activated = expected_counts(cfg)
+                self.assertEqual(self.field(r.stdout, "parameters total"), total)
+                self.assertEqual(self.field(r.stdout, "parameters activated per token"), activated)
+                self.assertEqual(round(total / 1e9), total_b)
+                self.assertEqual(round(activated / 1e9), activated_b)
+                self.assertIn("not checked", r.stdout)
+        self.train("--no-data-check", expect_rc=2)  # only with --dry-run
+
     def test_command_line_overrides_the_file(self):
         base = self.train("--dry-run")
         wider = self.train("--dry-run", "--moe.top_k", "3")
