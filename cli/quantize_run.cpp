@@ -37,6 +37,26 @@ struct Device {
 
 const bf16* as_bf16(const std::vector<uint16_t>& x) { return reinterpret_cast<const bf16*>(x.data()); }
 
+// One quantizer launch on the device (the cuda path): uploads x, allocates zeroed device arrays of the sizes of
+// `codes` and `scales` and a zeroed non-finite block counter, calls launch(x, codes, scales, counter) with the
+// device pointers (x as BF16), synchronizes, downloads codes and scales into the host vectors and returns the
+// counter (the blocks that held a NaN or an Inf).
+template <typename Scale, typename Launch>
+int64_t quantize_on_device(const std::vector<uint16_t>& x, std::vector<uint8_t>& codes, std::vector<Scale>& scales,
+                           Launch launch) {
+  Device<uint16_t> dx(x);
+  Device<uint8_t> dc(codes.size());
+  Device<Scale> ds(scales.size());
+  Device<unsigned long long> dn(1);
+  launch(reinterpret_cast<const bf16*>(dx.ptr), dc.ptr, ds.ptr, dn.ptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  dc.download(codes);
+  ds.download(scales);
+  std::vector<unsigned long long> n;
+  dn.download(n);
+  return static_cast<int64_t>(n[0]);
+}
+
 // Elements whose magnitude exceeds the format's largest value at their block's scale (they were clipped).
 // limit(m, k) returns the block's largest representable magnitude, or NaN for a NaN block (skipped).
 template <typename Limit>
@@ -59,16 +79,10 @@ QuantizeResult run_mxfp4(const std::vector<uint16_t>& x, int64_t M, int64_t K, c
   r.codes.resize(M * K / 2);
   r.scales_ue8m0.resize(M * K / kMxBlock);
   if (s.cuda) {
-    Device<uint16_t> dx(x);
-    Device<uint8_t> dc(r.codes.size()), ds(r.scales_ue8m0.size());
-    Device<unsigned long long> dn(1);
-    bf16_to_mxfp4_row(reinterpret_cast<const bf16*>(dx.ptr), M, K, dc.ptr, ds.ptr, s.mx, dn.ptr, nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    dc.download(r.codes);
-    ds.download(r.scales_ue8m0);
-    std::vector<unsigned long long> n;
-    dn.download(n);
-    r.nonfinite_blocks = static_cast<int64_t>(n[0]);
+    r.nonfinite_blocks = quantize_on_device(
+        x, r.codes, r.scales_ue8m0, [&](const bf16* dx, uint8_t* dc, uint8_t* ds, unsigned long long* dn) {
+          bf16_to_mxfp4_row(dx, M, K, dc, ds, s.mx, dn, nullptr);
+        });
   } else {
     r.nonfinite_blocks = bf16_to_mxfp4_row_ref(as_bf16(x), M, K, r.codes.data(), r.scales_ue8m0.data(), s.mx);
   }
@@ -93,17 +107,10 @@ QuantizeResult run_fp8_row(const std::vector<uint16_t>& x, int64_t M, int64_t K,
   r.codes.resize(M * K);
   r.scales_f32.resize(fp8_row_scale_count(M, K));
   if (s.cuda) {
-    Device<uint16_t> dx(x);
-    Device<uint8_t> dc(r.codes.size());
-    Device<float> ds(r.scales_f32.size());
-    Device<unsigned long long> dn(1);
-    bf16_to_fp8_row(reinterpret_cast<const bf16*>(dx.ptr), M, K, s.fp8_mode, dc.ptr, ds.ptr, dn.ptr, nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    dc.download(r.codes);
-    ds.download(r.scales_f32);
-    std::vector<unsigned long long> n;
-    dn.download(n);
-    r.nonfinite_blocks = static_cast<int64_t>(n[0]);
+    r.nonfinite_blocks = quantize_on_device(
+        x, r.codes, r.scales_f32, [&](const bf16* dx, uint8_t* dc, float* ds, unsigned long long* dn) {
+          bf16_to_fp8_row(dx, M, K, s.fp8_mode, dc, ds, dn, nullptr);
+        });
   } else {
     r.nonfinite_blocks = bf16_to_fp8_row_ref(as_bf16(x), M, K, s.fp8_mode, r.codes.data(), r.scales_f32.data());
   }
@@ -135,19 +142,11 @@ QuantizeResult run_fp8_col(const std::vector<uint16_t>& x, int64_t M, int64_t K,
   r.codes.resize(fp8_col_codes_capacity(M, K, G));
   r.scales_f32.resize(fp8_col_scales_capacity(M, K, G));
   if (s.cuda) {
-    Device<uint16_t> dx(x);
     Device<int32_t> doff(off);
-    Device<uint8_t> dc(r.codes.size());
-    Device<float> ds(r.scales_f32.size());
-    Device<unsigned long long> dn(1);
-    bf16_to_fp8_col(reinterpret_cast<const bf16*>(dx.ptr), M, K, doff.ptr, G, off.data(), s.fp8_mode, dc.ptr, ds.ptr,
-                    dn.ptr, nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    dc.download(r.codes);
-    ds.download(r.scales_f32);
-    std::vector<unsigned long long> n;
-    dn.download(n);
-    r.nonfinite_blocks = static_cast<int64_t>(n[0]);
+    r.nonfinite_blocks = quantize_on_device(
+        x, r.codes, r.scales_f32, [&](const bf16* dx, uint8_t* dc, float* ds, unsigned long long* dn) {
+          bf16_to_fp8_col(dx, M, K, doff.ptr, G, off.data(), s.fp8_mode, dc, ds, dn, nullptr);
+        });
   } else {
     r.nonfinite_blocks =
         bf16_to_fp8_col_ref(as_bf16(x), M, K, off.data(), G, s.fp8_mode, r.codes.data(), r.scales_f32.data());
@@ -176,18 +175,10 @@ QuantizeResult run_fp8_block(const std::vector<uint16_t>& x, int64_t M, int64_t 
   r.codes.resize(M * K);
   r.scales_f32.resize(fp8_block_scale_count(M, K));
   if (s.cuda) {
-    Device<uint16_t> dx(x);
-    Device<uint8_t> dc(r.codes.size());
-    Device<float> ds(r.scales_f32.size());
-    Device<unsigned long long> dn(1);
-    bf16_to_fp8_block128(reinterpret_cast<const bf16*>(dx.ptr), M, K, s.fp8_mode, false, dc.ptr, ds.ptr, dn.ptr,
-                         nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    dc.download(r.codes);
-    ds.download(r.scales_f32);
-    std::vector<unsigned long long> n;
-    dn.download(n);
-    r.nonfinite_blocks = static_cast<int64_t>(n[0]);
+    r.nonfinite_blocks = quantize_on_device(
+        x, r.codes, r.scales_f32, [&](const bf16* dx, uint8_t* dc, float* ds, unsigned long long* dn) {
+          bf16_to_fp8_block128(dx, M, K, s.fp8_mode, false, dc, ds, dn, nullptr);
+        });
   } else {
     r.nonfinite_blocks =
         bf16_to_fp8_block128_ref(as_bf16(x), M, K, s.fp8_mode, false, r.codes.data(), r.scales_f32.data());
