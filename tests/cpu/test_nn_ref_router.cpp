@@ -15,18 +15,12 @@
 
 #include "kernels/common/check.h"
 #include "kernels/nn/router.h"
+#include "nn_ref_test_util.h"
 
 namespace fp4moe {
 namespace {
 
-void expect_error_mentions(const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected fp4moe::Error";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
+using test::expect_error_mentions;
 
 template <typename Real>
 struct Routed {
