@@ -151,6 +151,17 @@ void define_cases(bool all) {
 
 // ---- device inputs and checks -------------------------------------------------------------------------------------
 
+__global__ void fill_codes_kernel(uint8_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint8_t c = static_cast<uint8_t>(mix64(seed ^ static_cast<uint64_t>(i)) >> 56);
+    p[i] = (c & 0x7F) == 0x7F ? 0x38 : c;  // any finite E4M3 code (NaN -> 1.0)
+  }
+}
+__global__ void fill_scales_kernel(float* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = exp2_exact(static_cast<int>(mix64(seed ^ static_cast<uint64_t>(i)) % 9) - 6);
+}
+
 // counts[0] += elements that are NaN or +-Inf, counts[1] += nonzero elements.
 template <typename T>
 __global__ void count_values_kernel(const T* p, int64_t n, unsigned long long* counts) {
@@ -164,12 +175,14 @@ __global__ void count_values_kernel(const T* p, int64_t n, unsigned long long* c
   if (nonzero) atomicAdd(&counts[1], nonzero);
 }
 
+unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 65536))); }
+
 // Rejects (fp4moe::Error) a tensor with a NaN/Inf element (an unwritten element of a NaN-poisoned output, or an
 // overflow) or with at most half of its elements nonzero.
 template <typename T>
 void check_output(const char* what, const T* p, int64_t n, unsigned long long* d_counts) {
   CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(unsigned long long)));
-  count_values_kernel<T><<<bench::grid_for(n), 256>>>(p, n, d_counts);
+  count_values_kernel<T><<<grid_for(n), 256>>>(p, n, d_counts);
   CUDA_CHECK_LAUNCH();
   unsigned long long h[2] = {0, 0};
   CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
@@ -215,8 +228,18 @@ std::unique_ptr<Workload> build(const Case& c) {
   if (c.dense) {  // the ceiling: FP8 GEMMs alone over one group, operands seeded E4M3 codes and power-of-two scales
     w->gemm = std::make_unique<GroupedGemm>();
     GroupedGemm& gemm = *w->gemm;
-    auto codes = [&](int64_t n, uint64_t seed) { return bench::random_e4m3_codes(p, n, seed); };
-    auto scales = [&](int64_t n, uint64_t seed) { return bench::random_pow2_scales(p, n, seed); };
+    auto codes = [&](int64_t n, uint64_t seed) {
+      uint8_t* q = p.alloc<uint8_t>(n);
+      fill_codes_kernel<<<grid_for(n), 256>>>(q, n, seed);
+      CUDA_CHECK_LAUNCH();
+      return q;
+    };
+    auto scales = [&](int64_t n, uint64_t seed) {
+      float* q = p.alloc<float>(n);
+      fill_scales_kernel<<<grid_for(n), 256>>>(q, n, seed);
+      CUDA_CHECK_LAUNCH();
+      return q;
+    };
     const Fp8RowOperand x{codes(M * K, 1), scales(fp8_row_scale_count(M, K), 2)};
     const Fp8BlockStack wt{codes(N * K, 3), scales(fp8_block_scale_count(N, K), 4)};
     const Fp8RowOperand dy{codes(M * N, 5), scales(fp8_row_scale_count(M, N), 6)};

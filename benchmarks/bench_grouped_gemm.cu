@@ -43,19 +43,41 @@ constexpr int64_t kTokens = 16384;
 
 // ---- device inputs ----------------------------------------------------------------------------------------------
 
+__global__ void fill_codes_kernel(uint8_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint8_t c = static_cast<uint8_t>(mix64(seed ^ static_cast<uint64_t>(i)) >> 56);
+    p[i] = (c & 0x7F) == 0x7F ? 0x38 : c;  // any finite E4M3 code (NaN -> 1.0)
+  }
+}
+__global__ void fill_scales_kernel(float* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = exp2_exact(static_cast<int>(mix64(seed ^ static_cast<uint64_t>(i)) % 9) - 6);
+}
 __global__ void fill_bf16_kernel(bf16* p, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     p[i] = __float2bfloat16_rn(2.0f * uniform_from_counter(seed, static_cast<uint64_t>(i)) - 1.0f);
 }
 
+unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
+
 // Device allocations of one case, freed together (bench_util.cuh's DevicePool), with seeded random contents.
 class Pool : public bench::DevicePool {
  public:
-  uint8_t* codes(int64_t n, uint64_t seed) { return bench::random_e4m3_codes(*this, n, seed); }
-  float* scales(int64_t n, uint64_t seed) { return bench::random_pow2_scales(*this, n, seed); }
+  uint8_t* codes(int64_t n, uint64_t seed) {
+    uint8_t* p = alloc<uint8_t>(n);
+    fill_codes_kernel<<<grid_for(n), 256>>>(p, n, seed);
+    CUDA_CHECK_LAUNCH();
+    return p;
+  }
+  float* scales(int64_t n, uint64_t seed) {
+    float* p = alloc<float>(n);
+    fill_scales_kernel<<<grid_for(n), 256>>>(p, n, seed);
+    CUDA_CHECK_LAUNCH();
+    return p;
+  }
   bf16* values(int64_t n, uint64_t seed) {
     bf16* p = alloc<bf16>(n);
-    fill_bf16_kernel<<<bench::grid_for(n), 256>>>(p, n, seed);
+    fill_bf16_kernel<<<grid_for(n), 256>>>(p, n, seed);
     CUDA_CHECK_LAUNCH();
     return p;
   }

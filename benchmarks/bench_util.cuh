@@ -1,5 +1,5 @@
 // Shared by the benchmark programs (header only: each bench_<family>.cu is its own executable):
-// device buffers, seeded random inputs with a realistic spread and random FP8 operands, the number of rotated input copies needed to
+// device buffers, seeded random inputs with a realistic spread, the number of rotated input copies needed to
 // defeat the L2, CUDA-event timing of a batch of launches, the command-line flags every program takes besides
 // Google Benchmark's own (--h5 PATH), and the /bench/<family> table of the HDF5 result file.
 #pragma once
@@ -84,40 +84,6 @@ inline void fill_bf16_random(__nv_bfloat16* x, int64_t M, int64_t K, uint64_t se
   int64_t blocks = std::min<int64_t>((M * K + 255) / 256, 65536);
   fill_bf16_random_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, M, K, seed, s);
   CUDA_CHECK_LAUNCH();
-}
-
-__global__ void fill_e4m3_codes_kernel(uint8_t* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint8_t c = static_cast<uint8_t>(mix64(seed ^ static_cast<uint64_t>(i)) >> 56);
-    p[i] = (c & 0x7F) == 0x7F ? 0x38 : c;  // any finite E4M3 code (NaN -> 1.0)
-  }
-}
-__global__ void fill_pow2_scales_kernel(float* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    p[i] = exp2_exact(static_cast<int>(mix64(seed ^ static_cast<uint64_t>(i)) % 9) - 6);
-}
-
-// Blocks of 256 threads for a grid-stride loop over n elements: at least 1, at most 65536.
-inline unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 65536)));
-}
-
-// n E4M3 codes (uint8) allocated from `pool`, seeded random over every finite code (the NaN codes 0x7F and 0xFF
-// become 0x38, 1.0): FP8 GEMM operands whose values depend on (seed, index) only.
-inline uint8_t* random_e4m3_codes(DevicePool& pool, int64_t n, uint64_t seed) {
-  uint8_t* p = pool.alloc<uint8_t>(n);
-  fill_e4m3_codes_kernel<<<grid_for(n), 256>>>(p, n, seed);
-  CUDA_CHECK_LAUNCH();
-  return p;
-}
-
-// n FP32 scales allocated from `pool`, seeded random powers of two from 2^-6 to 2^2 (the pow2 scales of FP8 GEMM
-// operands; values depend on (seed, index) only).
-inline float* random_pow2_scales(DevicePool& pool, int64_t n, uint64_t seed) {
-  float* p = pool.alloc<float>(n);
-  fill_pow2_scales_kernel<<<grid_for(n), 256>>>(p, n, seed);
-  CUDA_CHECK_LAUNCH();
-  return p;
 }
 
 // Number of input copies to rotate through so that their combined working set exceeds twice the L2 (each launch
