@@ -29,7 +29,6 @@
 #include <string>
 #include <vector>
 
-#include "benchmarks/bench_main.cuh"
 #include "benchmarks/bench_util.cuh"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
@@ -460,11 +459,28 @@ Table result_table(const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   using namespace fp4moe;
   using namespace fp4moe::bench;
-  const ProgramArgs args = take_program_args(argc, argv);
+  const std::string command = command_line(argc, argv);
+  const std::string h5_path = take_h5_flag(argc, argv);
+  const bool listing = has_flag(argc, argv, "--benchmark_list_tests");
+
   define_cases();
-  if (auto rc = start_benchmarks("bench_convert", "the conversion benchmarks need a Hopper GPU", args, argc, argv,
-                                 g_cases, kMinTimeS, run_case))
-    return *rc;
+  for (const auto& c : g_cases)
+    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(kMinTimeS);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  if (listing) {
+    benchmark::RunSpecifiedBenchmarks();
+    return 0;
+  }
+
+  std::string why = why_no_cuda_device();
+  if (!why.empty()) {
+    std::fprintf(stderr, "bench_convert: %s: the conversion benchmarks need a Hopper GPU\n", why.c_str());
+    return 1;
+  }
   try {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -491,9 +507,10 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows = summarize();
   print_table(rows);
-  int rc = exit_code_of(g_measured);
-  if (!args.h5_path.empty() &&
-      write_bench_result("bench_convert", args.h5_path, "convert", result_table(rows), args.command) != 0)
+  int rc = 0;
+  for (const auto& [name, m] : g_measured)
+    if (!m.ok) rc = 1;
+  if (!h5_path.empty() && write_bench_result("bench_convert", h5_path, "convert", result_table(rows), command) != 0)
     rc = 1;
   return rc;
 }

@@ -38,7 +38,6 @@
 #include <string>
 #include <vector>
 
-#include "benchmarks/bench_main.cuh"
 #include "benchmarks/bench_util.cuh"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
@@ -495,25 +494,41 @@ void print_splits() {
 int main(int argc, char** argv) {
   using namespace fp4moe;
   using namespace fp4moe::bench_gl;
-  const bench::ProgramArgs args = bench::take_program_args(argc, argv);
+  const std::string command = command_line(argc, argv);
+  const std::string h5_path = bench::take_h5_flag(argc, argv);
   const bool all = take_flag(argc, argv, "--all");
   if (take_flag(argc, argv, "--list_splits")) {
     print_splits();
     return 0;
   }
+  const bool listing = bench::has_flag(argc, argv, "--benchmark_list_tests");
   define_cases(all);
-  if (auto rc = bench::start_benchmarks("bench_group_linear", "the Group Linear benchmarks need a Hopper GPU", args,
-                                        argc, argv, g_cases, kMinTimeS, run_case))
-    return *rc;
+  for (const auto& c : g_cases)
+    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(kMinTimeS);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  if (listing) {
+    benchmark::RunSpecifiedBenchmarks();
+    return 0;
+  }
+  const std::string why = why_no_cuda_device();
+  if (!why.empty()) {
+    std::fprintf(stderr, "bench_group_linear: %s: the Group Linear benchmarks need a Hopper GPU\n", why.c_str());
+    return 1;
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   g_workload.reset();
   const std::vector<Row> rows = summarize();
   print_table(rows);
-  int rc = bench::exit_code_of(g_measured);
-  if (!args.h5_path.empty() &&
-      bench::write_bench_result("bench_group_linear", args.h5_path, "group_linear", result_table(rows),
-                                args.command) != 0)
+  int rc = 0;
+  for (const auto& [name, m] : g_measured)
+    if (!m.ok) rc = 1;
+  if (!h5_path.empty() &&
+      bench::write_bench_result("bench_group_linear", h5_path, "group_linear", result_table(rows), command) != 0)
     rc = 1;
   return rc;
 }

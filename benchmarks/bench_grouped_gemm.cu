@@ -25,7 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "benchmarks/bench_main.cuh"
 #include "benchmarks/bench_util.cuh"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
@@ -60,9 +59,19 @@ __global__ void fill_bf16_kernel(bf16* p, int64_t n, uint64_t seed) {
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
 
-// Device allocations of one case, freed together (bench_util.cuh's DevicePool), with seeded random contents.
-class Pool : public bench::DevicePool {
+// Device allocations of one case, freed together.
+class Pool {
  public:
+  ~Pool() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <typename T>
+  T* alloc(int64_t count) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)));
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
   uint8_t* codes(int64_t n, uint64_t seed) {
     uint8_t* p = alloc<uint8_t>(n);
     fill_codes_kernel<<<grid_for(n), 256>>>(p, n, seed);
@@ -81,6 +90,9 @@ class Pool : public bench::DevicePool {
     CUDA_CHECK_LAUNCH();
     return p;
   }
+
+ private:
+  std::vector<void*> ptrs_;
 };
 
 // ---- cases --------------------------------------------------------------------------------------------------------
@@ -311,19 +323,35 @@ Table result_table(const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   using namespace fp4moe;
   using namespace fp4moe::bench_gemm;
-  const bench::ProgramArgs args = bench::take_program_args(argc, argv);
+  const std::string command = command_line(argc, argv);
+  const std::string h5_path = bench::take_h5_flag(argc, argv);
+  const bool listing = bench::has_flag(argc, argv, "--benchmark_list_tests");
   define_cases();
-  if (auto rc = bench::start_benchmarks("bench_grouped_gemm", "the grouped GEMM benchmarks need a Hopper GPU", args,
-                                        argc, argv, g_cases, kMinTimeS, run_case))
-    return *rc;
+  for (const auto& c : g_cases)
+    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(kMinTimeS);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  if (listing) {
+    benchmark::RunSpecifiedBenchmarks();
+    return 0;
+  }
+  const std::string why = why_no_cuda_device();
+  if (!why.empty()) {
+    std::fprintf(stderr, "bench_grouped_gemm: %s: the grouped GEMM benchmarks need a Hopper GPU\n", why.c_str());
+    return 1;
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   const std::vector<Row> rows = summarize();
   print_table(rows);
-  int rc = bench::exit_code_of(g_measured);
-  if (!args.h5_path.empty() &&
-      bench::write_bench_result("bench_grouped_gemm", args.h5_path, "grouped_gemm", result_table(rows),
-                                args.command) != 0)
+  int rc = 0;
+  for (const auto& [name, m] : g_measured)
+    if (!m.ok) rc = 1;
+  if (!h5_path.empty() &&
+      bench::write_bench_result("bench_grouped_gemm", h5_path, "grouped_gemm", result_table(rows), command) != 0)
     rc = 1;
   return rc;
 }
