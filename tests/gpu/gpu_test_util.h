@@ -1,20 +1,15 @@
-// Helpers shared by the GPU tests: device detection with a clear skip reason, device buffers, poisoning, bitwise
-// comparison of results and expected rejections.
+// Helpers shared by the GPU tests: device detection with a clear skip reason, device buffers, poisoning.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
 #include "kernels/common/check.h"
-#include "kernels/common/types.h"
 
 namespace fp4moe::test {
 
@@ -59,32 +54,6 @@ struct DeviceBuffer {
     if (n) CUDA_CHECK(cudaMemset(ptr, byte, n * sizeof(T)));
   }
 };
-
-// The bit patterns of BF16 values (for bitwise comparison and printing).
-inline std::vector<uint16_t> bits_of(const std::vector<bf16>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_bits(v[i]);
-  return out;
-}
-
-// Index of the first element whose bytes differ, or -1 when a and b are bitwise equal; 0 when the sizes differ.
-template <typename T>
-int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
-  return -1;
-}
-
-// Runs `f`, expects fp4moe::Error with every one of `parts` in its message.
-inline void expect_error_mentions(const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected fp4moe::Error";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
 
 }  // namespace fp4moe::test
 

@@ -86,21 +86,6 @@ inline std::vector<float> random_f32(size_t n, uint32_t seed, double mean = 0.0,
   return v;
 }
 
-// n BF16 values from N(0, stddev) drawn in float and rounded (seeded) into b, and their exact widenings into `wide`
-// (float or double), for references that take the same values unrounded.
-template <typename Wide>
-void random_bf16_widened(size_t n, float stddev, uint32_t seed, std::vector<bf16>& b, std::vector<Wide>& wide) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, stddev);
-  b.resize(n);
-  wide.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint16_t bits = f32_to_bf16_bits(nd(rng));
-    b[i] = bf16_from_bits(bits);
-    wide[i] = bf16_bits_to_f32(bits);
-  }
-}
-
 // Expects |gpu[i] - ref[i]| <= rtol * |ref[i]| + atol(i) for every i (NaN never passes); reports the count and the
 // first mismatches. rtol = 2^-7 allows one BF16 rounding step (one ulp) on top of the FP32 arithmetic error
 // that atol bounds.

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
-#include "gpu/nn_test_util.h"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
@@ -24,7 +23,6 @@ namespace fp4moe {
 namespace {
 
 using test::DeviceBuffer;
-using test::random_bf16_widened;
 
 struct Case {
   int64_t T, C, V, chunk;
@@ -32,6 +30,18 @@ struct Case {
 };
 const Case kCases[] = {{1, 8, 1, 8, 0},          {37, 64, 1000, 256, 0},  {129, 576, 5003, 1024, 5},
                        {5, 16, 100, 8192, 2},     {64, 128, 32000, 8192, 7}, {200, 32, 777, 8, 3}};
+
+void random_bf16(size_t n, float stddev, uint32_t seed, std::vector<bf16>& b, std::vector<double>& d) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, stddev);
+  b.resize(n);
+  d.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t bits = f32_to_bf16_bits(nd(rng));
+    b[i] = bf16_from_bits(bits);
+    d[i] = bf16_bits_to_f32(bits);
+  }
+}
 
 // sqrt(sum (a - b)^2 / sum b^2), and the largest |a - b| against the largest |b|.
 void expect_relative_error(const std::vector<float>& gpu, const std::vector<double>& ref, double max_rel,
@@ -55,8 +65,8 @@ void check_case(const Case& c) {
                " chunk=" + std::to_string(c.chunk));
   std::vector<bf16> h, w;
   std::vector<double> hd, wd;
-  random_bf16_widened(c.T * c.C, 1.0f, 1, h, hd);
-  random_bf16_widened(c.V * c.C, 2.0f / std::sqrt(static_cast<float>(c.C)), 2, w, wd);
+  random_bf16(c.T * c.C, 1.0f, 1, h, hd);
+  random_bf16(c.V * c.C, 2.0f / std::sqrt(static_cast<float>(c.C)), 2, w, wd);
   std::vector<int32_t> targets(c.T);
   std::mt19937 rng(3);
   for (int64_t t = 0; t < c.T; ++t)
@@ -123,8 +133,8 @@ TEST(NnMoeCrossEntropy, ChunkSizeDoesNotChangeTheLoss) {
   const int64_t T = 48, C = 64, V = 3001;
   std::vector<bf16> h, w;
   std::vector<double> hd, wd;
-  random_bf16_widened(T * C, 1.0f, 4, h, hd);
-  random_bf16_widened(V * C, 0.25f, 5, w, wd);
+  random_bf16(T * C, 1.0f, 4, h, hd);
+  random_bf16(V * C, 0.25f, 5, w, wd);
   std::vector<int32_t> targets(T);
   for (int64_t t = 0; t < T; ++t) targets[t] = static_cast<int32_t>((t * 977) % V);
   DeviceBuffer<bf16> d_h(T * C), d_w(V * C);
@@ -149,8 +159,8 @@ TEST(NnMoeCrossEntropy, AllTokensIgnored) {
   const int64_t T = 10, C = 16, V = 50;
   std::vector<bf16> h, w;
   std::vector<double> hd, wd;
-  random_bf16_widened(T * C, 1.0f, 6, h, hd);
-  random_bf16_widened(V * C, 1.0f, 7, w, wd);
+  random_bf16(T * C, 1.0f, 6, h, hd);
+  random_bf16(V * C, 1.0f, 7, w, wd);
   std::vector<float> dw_init(V * C, 0.25f);
   DeviceBuffer<bf16> d_h(T * C), d_w(V * C);
   DeviceBuffer<int32_t> d_targets(T);
@@ -177,8 +187,8 @@ TEST(NnMoeCrossEntropy, TargetOutsideTheVocabularyGivesNaN) {
   const int64_t T = 4, C = 8, V = 20;
   std::vector<bf16> h, w;
   std::vector<double> hd, wd;
-  random_bf16_widened(T * C, 1.0f, 8, h, hd);
-  random_bf16_widened(V * C, 1.0f, 9, w, wd);
+  random_bf16(T * C, 1.0f, 8, h, hd);
+  random_bf16(V * C, 1.0f, 9, w, wd);
   DeviceBuffer<bf16> d_h(T * C), d_w(V * C);
   DeviceBuffer<int32_t> d_targets(T);
   DeviceBuffer<float> d_loss(T), d_mean(1);

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
-#include "gpu/nn_test_util.h"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
@@ -25,10 +24,7 @@
 namespace fp4moe {
 namespace {
 
-using test::bits_of;
 using test::DeviceBuffer;
-using test::first_mismatch;
-using test::random_bf16_widened;
 
 struct Shape {
   int64_t T, k, E, D;
@@ -54,10 +50,38 @@ std::vector<int32_t> assignments(const Shape& s, uint32_t seed) {
   return idx;
 }
 
+// BF16 N(0, 1) values and their exact float widenings.
+void random_bf16(size_t n, uint32_t seed, std::vector<bf16>& b, std::vector<float>& f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  b.resize(n);
+  f.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t bits = f32_to_bf16_bits(nd(rng));
+    b[i] = bf16_from_bits(bits);
+    f[i] = bf16_bits_to_f32(bits);
+  }
+}
+
+std::vector<uint16_t> bits_of(const std::vector<bf16>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_bits(v[i]);
+  return out;
+}
+
 std::vector<uint16_t> rounded(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16_bits(v[i]);
   return out;
+}
+
+// Index of the first differing element, or -1.
+template <typename T>
+int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
+  return -1;
 }
 
 struct Results {
@@ -73,10 +97,10 @@ void check_permute(const Shape& s) {
   const auto idx = assignments(s, static_cast<uint32_t>(s.T + 7 * s.E));
   std::vector<bf16> x, dxs, ys, dy;
   std::vector<float> xf, dxsf, ysf, dyf;
-  random_bf16_widened(s.T * s.D, 1.0f, 1, x, xf);
-  random_bf16_widened(n * s.D, 1.0f, 2, dxs, dxsf);
-  random_bf16_widened(n * s.D, 1.0f, 3, ys, ysf);
-  random_bf16_widened(s.T * s.D, 1.0f, 4, dy, dyf);
+  random_bf16(s.T * s.D, 1, x, xf);
+  random_bf16(n * s.D, 2, dxs, dxsf);
+  random_bf16(n * s.D, 3, ys, ysf);
+  random_bf16(s.T * s.D, 4, dy, dyf);
   std::vector<float> w(n);
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
@@ -156,7 +180,7 @@ TEST(NnMoePermute, MisalignedRowsTakeTheScalarPath) {
   const auto idx = assignments(s, 3);
   std::vector<bf16> x;
   std::vector<float> xf;
-  random_bf16_widened(s.T * s.D + 1, 1.0f, 6, x, xf);
+  random_bf16(s.T * s.D + 1, 6, x, xf);
   DeviceBuffer<int32_t> d_idx(s.T * s.k), counts(s.E), offsets(s.E + 1), row_of(s.T * s.k), assignment_of(s.T * s.k);
   DeviceBuffer<bf16> d_x(s.T * s.D + 1), d_xs(s.T * s.k * s.D);
   d_idx.upload(idx);

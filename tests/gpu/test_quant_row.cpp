@@ -28,10 +28,7 @@
 namespace fp4moe {
 namespace {
 
-using test::bits_of;
 using test::DeviceBuffer;
-using test::expect_error_mentions;
-using test::first_mismatch;
 
 constexpr unsigned char kPoison = 0xA5;
 const int64_t kRows[] = {1, 7, 128, 4099};
@@ -65,6 +62,21 @@ struct Guarded {
   }
 };
 
+std::vector<uint16_t> bits_of(const std::vector<bf16>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = bf16_bits(v[i]);
+  return b;
+}
+
+// Index of the first difference, or -1.
+template <typename T>
+int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
+  return -1;
+}
+
 // Activation-like BF16 [M, K]: N(0, 1) with a few outliers (x1e4), some tiny values (down to BF16 subnormals),
 // an all-zero row (row 3, when it exists), and NaN/Inf in a few blocks when `nonfinite` is set.
 std::vector<bf16> activations(int64_t M, int64_t K, uint32_t seed, bool nonfinite) {
@@ -88,6 +100,16 @@ std::vector<bf16> activations(int64_t M, int64_t K, uint32_t seed, bool nonfinit
     for (int j = 0; j < 5; ++j) x[rng() % (M * K)] = bf16_from_bits(specials[j % 4]);
   }
   return x;
+}
+
+// Runs `f`, expects fp4moe::Error with every one of `parts` in its message.
+void expect_error_mentions(const std::function<void()>& f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected fp4moe::Error";
+  } catch (const Error& e) {
+    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
 }
 
 // ---- BF16 -> MXFP4 --------------------------------------------------------------------------------------------
