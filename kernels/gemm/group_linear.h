@@ -46,21 +46,25 @@ struct GroupLinearInput {
 class GroupLinear {
  public:
   // G experts, N outputs, K inputs. scale_mode: FP8 block scales (pow2 as TransformerEngine, or fp32).
+  // Rejects (fp4moe::Error): G < 1, N or K not a positive multiple of 16, and K % 32 != 0 for the mxfp4 recipe.
+  // Allocates nothing (buffers grow on the first set_weights and forward).
   GroupLinear(int64_t G, int64_t N, int64_t K, GroupLinearRecipe recipe, Fp8ScaleMode scale_mode = Fp8ScaleMode::pow2);
   ~GroupLinear();
   GroupLinear(const GroupLinear&) = delete;
   GroupLinear& operator=(const GroupLinear&) = delete;
 
   // w: BF16 parameters [G, N, K], device; call again after every optimizer step. The fp8/mxfp4 recipes quantize
-  // W and W^T to 128x128 blocks here (2G launches); the bf16 recipe keeps the pointer.
+  // W and W^T to 128x128 blocks here (2G launches); the bf16 recipe keeps the pointer. Rejects a null w.
   void set_weights(const bf16* w, cudaStream_t stream);
 
-  // y [M, N] BF16, device, M = split.host_offsets[G]. Rejects a missing weight, the wrong kind of input for the
-  // recipe, and everything GroupedGemm rejects.
+  // y [M, N] BF16, device, M = split.host_offsets[G]. Rejects (before any launch) a forward before set_weights,
+  // a split whose G differs from the layer's or that has no host copy of the offsets, the wrong kind of input for
+  // the recipe (null x for bf16/fp8, null mx_codes or mx_scales for mxfp4), and everything GroupedGemm rejects.
   void forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream);
 
   // dy [M, N] BF16 with the forward's split. dx [M, K] BF16 (null: no Dgrad, e.g. the first layer);
-  // dw_master [G, N, K] FP32 += dW (null: no Wgrad). Rejects a backward without a forward.
+  // dw_master [G, N, K] FP32 += dW (null: no Wgrad). Rejects a backward without a forward, a null dy, and a
+  // split other than the forward's (another G or another token count M).
   void backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream);
 
   // Activation bytes that must stay alive from a forward over M tokens in G groups to its backward (DESIGN.md
@@ -79,6 +83,7 @@ class GroupLinear {
 
   // FP8 copies of the weights held for the whole step (fp8 and mxfp4: W [G, N, K] and W^T [G, K, N] as E4M3
   // codes, 2 G N K bytes, plus their FP32 128x128 block scales; bf16: 0). The BF16 parameters are not counted.
+  // Rejects G, N or K < 1.
   static size_t weight_copy_bytes(GroupLinearRecipe recipe, int64_t G, int64_t N, int64_t K);
 
   GroupedGemm& gemm() { return gemm_; }
