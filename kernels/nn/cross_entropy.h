@@ -88,6 +88,9 @@ class LmHeadCrossEntropy {
 };
 
 // ---- the per-chunk kernels, on their own (device pointers; asynchronous; the class above chains them) ---------
+// Each rejects (fp4moe::Error, before any launch) T < 0 and, for T > 0, null pointers; the chunk kernels also
+// v0 < 0, width < 1 and ld < width; finalize also V < 1 and a null loss_mean or n_valid (for any T).
+// T = 0 launches nothing, except finalize, which writes loss_mean = 0 and n_valid = 0.
 // Running statistics m [T], s [T], z [T] FP32: set to -inf, 0, NaN.
 void cross_entropy_init(int64_t T, float* m, float* s, float* z, cudaStream_t stream);
 // logits [T, ld] FP32 row-major holding vocabulary entries [v0, v0 + width) in columns 0..width-1.

@@ -49,6 +49,8 @@ inline void check_permute_shape(const char* what, int64_t T, int64_t k, int64_t 
 void permute_map(const int32_t* topk_idx, const int32_t* offsets, int64_t T, int64_t k, int64_t E, int32_t* row_of,
                  int32_t* assignment_of, cudaStream_t stream);
 
+// The four passes below reject (fp4moe::Error, before any launch) the shape rules above (T < 0, k < 1, D < 1,
+// T * k beyond int32) and, for T > 0, null pointers. Row maps come from permute_map on the same topk_idx.
 // x [T, D] -> xs [T*k, D].
 void permute_forward(const bf16* x, const int32_t* assignment_of, int64_t T, int64_t k, int64_t D, bf16* xs,
                      cudaStream_t stream);

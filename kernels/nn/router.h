@@ -93,12 +93,16 @@ void router_forward(const float* logits, const float* bias, int64_t T, int64_t E
 
 // Backward on the device: dweights [T, k] FP32 (gradient of topk_weight) -> dlogits [T, E] FP32 (every element
 // written). probs, topk_idx, counts as the forward wrote them. aux_grad: upstream gradient of aux_loss (v2).
+// Rejects (fp4moe::Error, before any launch): the rules of check_router_shape and, for T > 0, null pointers.
+// T = 0 launches nothing.
 void router_backward(const float* probs, const int32_t* topk_idx, const int32_t* counts, const float* dweights,
                      int64_t T, int64_t E, const RouterConfig& cfg, float aux_grad, float* dlogits,
                      cudaStream_t stream);
 
 // Counts and offsets of top-k assignments alone (the router forward calls it): topk_idx [T, k] int32 device,
 // entries in [0, E) (not checked on the device) -> counts [E], offsets [E+1] int32 device.
+// Rejects: T < 0, k < 1, k > E, E outside [1, kRouterMaxExperts], T * k beyond int32, null counts or offsets, and
+// a null topk_idx for T > 0. T = 0 writes zero counts and offsets.
 void expert_counts_and_offsets(const int32_t* topk_idx, int64_t T, int64_t k, int64_t E, int32_t* counts,
                                int32_t* offsets, cudaStream_t stream);
 

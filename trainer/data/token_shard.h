@@ -57,9 +57,10 @@ uint32_t crc32(const void* data, size_t bytes, uint32_t crc = 0);
 // CRC-32 of header bytes 0..51 (the header_crc32 field covers everything before it).
 uint32_t token_shard_header_crc32(const TokenShardHeader& h);
 
-// Writes a shard at `path` (to path + ".tmp", then renamed): tokens [token_count] uint16, documents delimited by
-// eot_token. Fills document_count and the CRCs. Throws fp4moe::Error for vocab_size outside [1, 65536], an
-// eot_token or a token not below vocab_size, or an I/O failure. Returns the header written.
+// Writes a shard at `path` (to path + ".tmp-<pid>", one temporary per writer process, then renamed): tokens
+// [token_count] uint16, documents delimited by eot_token. Fills document_count and the CRCs. Throws fp4moe::Error
+// for vocab_size outside [1, 65536], an eot_token or a token not below vocab_size, or an I/O failure. Returns the
+// header written.
 TokenShardHeader write_token_shard(const std::string& path, std::span<const uint16_t> tokens, uint32_t vocab_size,
                                    uint32_t eot_token, uint32_t tokenizer_crc32 = 0);
 
