@@ -22,6 +22,7 @@ namespace fp4moe {
 
 // ---- raw float bits --------------------------------------------------------------------------------------
 
+// The IEEE-754 binary32 bits of f and back (no conversion: a reinterpretation).
 FP4MOE_HD uint32_t f32_bits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
@@ -42,6 +43,7 @@ FP4MOE_HD float f32_from_bits(uint32_t u) {
 #endif
 }
 
+// Classification on the bits, immune to fast-math assumptions: finite = neither Inf nor NaN.
 FP4MOE_HD bool f32_is_finite(float f) { return (f32_bits(f) & 0x7F800000u) != 0x7F800000u; }
 FP4MOE_HD bool f32_is_nan(float f) { return (f32_bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
 
@@ -84,6 +86,7 @@ FP4MOE_HD uint32_t rne_shift_right(uint32_t x, int s) {
 
 // ---- BF16 --------------------------------------------------------------------------------------------------
 
+// BF16 bits (the top half of an fp32) -> fp32, exact.
 FP4MOE_HD float bf16_bits_to_f32(uint16_t b) { return f32_from_bits(static_cast<uint32_t>(b) << 16); }
 
 // Round to nearest even; NaN stays a quiet NaN with its sign; overflow rounds to +-Inf as IEEE does.
@@ -103,6 +106,7 @@ FP4MOE_HD uint32_t e2m1_half_units(uint32_t mag_code) {
   return (mag_code < 4) ? mag_code : ((2u + (mag_code & 1u)) << ((mag_code >> 1) - 1u));
 }
 
+// E2M1 code (low 4 bits: sign bit 3, magnitude code 0..7; OCP MX v1.0 sec. 5.3.3) -> fp32, exact; code 8 is -0.
 FP4MOE_HD float e2m1_to_f32(uint8_t code) {
   float m = 0.5f * static_cast<float>(e2m1_half_units(code & 7u));
   return (code & 8u) ? -m : m;
@@ -158,6 +162,8 @@ FP4MOE_HD float uniform_from_counter(uint64_t seed, uint64_t index) {
 constexpr uint8_t kUE8M0NaN = 0xFF;
 constexpr int kUE8M0Bias = 127;
 
+// UE8M0 scale byte (OCP MX v1.0 sec. 5.4.1) -> 2^(b - 127) as an exact fp32 (b = 0: 2^-127, a subnormal);
+// 0xFF -> NaN.
 FP4MOE_HD float ue8m0_to_f32(uint8_t b) {
   if (b == kUE8M0NaN) return f32_from_bits(0x7FC00000u);
   return exp2_exact(static_cast<int>(b) - kUE8M0Bias);
@@ -168,6 +174,8 @@ FP4MOE_HD float ue8m0_to_f32(uint8_t b) {
 constexpr float kE4M3Max = 448.0f;
 constexpr uint8_t kE4M3NaN = 0x7F;
 
+// E4M3 code (OCP FP8 E4M3FN: bias 7, subnormals down to 2^-9, max 448, no Inf) -> fp32, exact; 0x7F and 0xFF
+// (S.1111.111) -> NaN.
 FP4MOE_HD float e4m3_to_f32(uint8_t code) {
   uint32_t e = (code >> 3) & 0xFu, m = code & 7u;
   float mag;

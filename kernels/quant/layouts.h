@@ -33,6 +33,8 @@ constexpr int kMxBlock = 32;       // elements per MX block (OCP MX v1.0)
 constexpr int kFp8Block = 128;     // elements per FP8 1x128 block, and the side of a 128x128 weight block
 constexpr int kColAlign = 16;      // token padding of each group in an FP8 column tensor
 
+// Index helpers of the layouts above (shapes >= 0, no checks: callers validate first).
+// FP8 1x128 row tensor [rows, cols]: scale leading dimension round_up(rows, 4), scale count, index of scale (r, b).
 FP4MOE_HD int64_t fp8_row_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
 FP4MOE_HD int64_t fp8_row_scale_count(int64_t rows, int64_t cols) {
   return (cols + kFp8Block - 1) / kFp8Block * fp8_row_scale_ld(rows);
@@ -41,12 +43,15 @@ FP4MOE_HD int64_t fp8_row_scale_index(int64_t r, int64_t block, int64_t rows) {
   return block * fp8_row_scale_ld(rows) + r;
 }
 
+// FP8 column tensor: L_g = round_up(M_g, 16) of one group; code bytes and scale floats to allocate for any split
+// of M rows into G groups.
 FP4MOE_HD int64_t fp8_col_group_ld(int64_t m_g) { return (m_g + kColAlign - 1) / kColAlign * kColAlign; }
 FP4MOE_HD int64_t fp8_col_codes_capacity(int64_t M, int64_t K, int64_t G) { return K * (M + (kColAlign - 1) * G); }
 FP4MOE_HD int64_t fp8_col_scales_capacity(int64_t M, int64_t K, int64_t G) {
   return K * ((M + kFp8Block - 1) / kFp8Block + G);
 }
 
+// FP8 128x128 block tensor [N, K]: scale leading dimension round_up(ceil(K/128), 4) and scale count.
 FP4MOE_HD int64_t fp8_block_scale_ld(int64_t K) { return ((K + kFp8Block - 1) / kFp8Block + 3) / 4 * 4; }
 FP4MOE_HD int64_t fp8_block_scale_count(int64_t N, int64_t K) {
   return (N + kFp8Block - 1) / kFp8Block * fp8_block_scale_ld(K);
