@@ -1,0 +1,73 @@
+// The reference trainer's model: a DeepSeek-style decoder (DESIGN.md "Trainer") with hand-written forward and
+// backward, one class per layer (trainer/model/*.h).
+//
+//   tokens [B*T] -> embed [V, d] -> per layer l:
+//        h = h + MLA(RMSNorm(h))                                   (trainer/model/mla.h)
+//        h = h + FFN(RMSNorm(h))   dense SwiGLU for l < n_dense_layers, else MoE (trainer/model/moe.h)
+//   -> RMSNorm -> LM head [V, d] -> cross-entropy (vocabulary-chunked, kernels/nn/cross_entropy.h)
+//
+// Activations kept for backward are allocated once, at construction, for micro_batch x seq_len tokens
+// (MemCategory::activations); parameters live in a ParamStore. Deterministic: the same weights and batch give
+// bitwise the same loss and gradients (no floating-point atomics on the training path).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/model/context.h"
+#include "trainer/model/params.h"
+
+namespace fp4moe {
+
+// What one forward (and backward) produced, for logging. Device values are copied back by read().
+struct StepStats {
+  float loss = 0.0f;      // mean cross-entropy over the micro-batch's valid targets (nats/token)
+  float aux_loss = 0.0f;  // v2 router balance loss summed over MoE layers (0 for v3), already in the gradient
+  int64_t tokens = 0;     // valid targets
+};
+
+class Model {
+ public:
+  // Validates `cfg` (validate_config), registers and allocates every tensor for batches of up to
+  // cfg.train.micro_batch rows of cfg.train.seq_len tokens. Throws fp4moe::Error before allocating anything
+  // for a bad config; an allocation over mem's budget throws with mem's report.
+  Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Weights from `seed` (ParamStore::init; the init std of each tensor is documented in model.cpp).
+  void init_weights(uint64_t seed);
+
+  // tokens, targets: device int32 [B * T] with T = cfg.train.seq_len, 1 <= B <= cfg.train.micro_batch; row b holds
+  // tokens b*T .. b*T+T-1 of one sequence (attention is causal within a row). Tokens must be in [0, vocab);
+  // targets in [0, vocab) or kIgnoreIndex (-100), not counted. Asynchronous on the model's stream.
+  //
+  // Forward only (evaluation): the mean loss over valid targets -> stats.
+  StepStats forward(const int32_t* tokens, const int32_t* targets, int64_t B);
+  // Forward and backward: every parameter's grad += grad_scale * d(loss)/d(param), where loss is the mean
+  // cross-entropy of this micro-batch (+ the v2 aux loss). Use grad_scale = 1 / grad_accum to average over
+  // micro-batches. Grads are not zeroed here (ParamStore::zero_grads).
+  StepStats forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, float grad_scale);
+
+  // Once per optimizer step, after the update: the v3 router's aux-loss-free bias update from the expert loads
+  // counted over the step's micro-batches (then the counts restart). No-op for v2 and dense models.
+  void end_step();
+
+  ParamStore& params() { return store_; }
+  const TrainerConfig& config() const { return cfg_; }
+  ModelContext& context() { return ctx_; }
+
+ private:
+  struct Impl;
+  TrainerConfig cfg_;
+  ParamStore store_;
+  ModelContext ctx_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fp4moe

@@ -1,0 +1,92 @@
+// The model's trainable parameters and non-trainable state, in one place (DESIGN.md "Trainer").
+//
+// Each parameter is a row-major tensor (linear weights [out, in] as in PyTorch's nn.Linear; routed experts
+// [E, out, in]) with four device copies: `param` BF16 (what forward and backward read), `master` FP32 (what the
+// optimizer updates), `grad` FP32 (what backward accumulates into, +=), and the AdamW moments `m`, `v` FP32.
+// Names follow one scheme, e.g. "embed", "layers.0.attn.q_down", "layers.1.moe.experts.fc1", "lm_head", so that
+// checkpoints and the PyTorch parity check can match tensors by name.
+//
+// Use: layers call add()/add_state() in their constructors and keep the returned pointers (stable: the store is a
+// deque); allocate() then gives every tensor its device memory (weights under MemCategory::weights, grads under
+// grads, m and v under optimizer) in one block per kind, so a tensor's pointers are views into those blocks;
+// init() fills them. Adding after allocate() throws.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "kernels/common/types.h"
+#include "trainer/memory.h"
+
+namespace fp4moe {
+
+enum class ParamInit { normal, ones, zeros };
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;  // row-major
+  int64_t n = 0;               // elements (product of shape)
+  ParamInit init = ParamInit::normal;
+  float init_std = 0.0f;       // standard deviation of ParamInit::normal
+  bool decay = true;           // AdamW weight decay applies (matrices); false for norm weights
+  bf16* param = nullptr;       // device [n]
+  float* master = nullptr;     // device [n]
+  float* grad = nullptr;       // device [n], accumulated by backward
+  float* m = nullptr;          // device [n]
+  float* v = nullptr;          // device [n]
+};
+
+// Non-trainable FP32 state saved in checkpoints (e.g. the v3 router's aux-loss-free bias [E]); zero-initialised.
+struct StateTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t n = 0;
+  float* data = nullptr;  // device [n], counted under MemCategory::weights
+};
+
+class ParamStore {
+ public:
+  ParamStore() = default;
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  // Registers a parameter; throws for a duplicate name, an empty or non-positive shape, or after allocate().
+  Param& add(const std::string& name, std::vector<int64_t> shape, ParamInit init, float init_std, bool decay);
+  StateTensor& add_state(const std::string& name, std::vector<int64_t> shape);
+
+  // Device memory for everything registered (pointers are 256-byte aligned per tensor).
+  void allocate(DeviceMemory& mem);
+  bool allocated() const { return allocated_; }
+
+  // Deterministic initialisation from `seed`: element i of the parameter named `name` draws N(0, init_std^2) from
+  // a counter-based generator keyed by (seed, FNV-1a hash of name, i), so a tensor's values do not depend on the
+  // order or number of the others. Writes master (FP32) and param (its BF16 rounding, RNE), zeroes grad, m, v
+  // and the state tensors. Host-generated, then copied; synchronous.
+  void init(uint64_t seed, cudaStream_t stream);
+  void zero_grads(cudaStream_t stream);
+  // param := BF16(master) for every tensor (after loading masters from a checkpoint).
+  void refresh_bf16_from_master(cudaStream_t stream);
+
+  std::deque<Param>& params() { return params_; }
+  const std::deque<Param>& params() const { return params_; }
+  std::deque<StateTensor>& states() { return states_; }
+  const Param* find(const std::string& name) const;  // null if absent
+  int64_t total_elements() const;
+
+ private:
+  std::deque<Param> params_;
+  std::deque<StateTensor> states_;
+  bool allocated_ = false;
+  DeviceArray<bf16> param_block_;
+  DeviceArray<float> master_block_, grad_block_, m_block_, v_block_, state_block_;
+};
+
+// The host generator used by init(): a standard normal for (seed, key, index), via splitmix64 and Box-Muller.
+float param_init_normal(uint64_t seed, uint64_t key, uint64_t index);
+uint64_t param_name_key(const std::string& name);  // FNV-1a 64 of the name
+
+}  // namespace fp4moe
