@@ -13,7 +13,8 @@ DIR (default: RUN without .h5, e.g. runs/20261129-120000-nvidia-h200/) receives
     <family>_tflops.png                 per case and shape: TFLOP/s, one bar per recipe
 A plot is drawn for each /bench table that has the values for it (fraction_of_copy_bw on non-copy rows; tflops
 above zero). Files whose schema_version is not result_file.SCHEMA_VERSION are refused.
-Exit codes: 0 written, 1 no /repro or /bench table in the file, 2 unreadable file or other schema.
+For /train/<run> groups (fp4moe train): a summary row per run and train_loss.png (reports/train_report.py).
+Exit codes: 0 written, 1 no /repro, /bench or /train table in the file, 2 unreadable file or other schema.
 """
 
 import argparse
@@ -30,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from reports import bench_report, result_file  # noqa: E402
+from reports import bench_report, result_file, train_report  # noqa: E402
 
 REPRO_SHOWN = [("row", "row"), ("paper", "paper"), ("ours", "ours"), ("ratio", "ours / paper"), ("unit", "unit"),
                ("paper_source", "source"), ("note", "note")]
@@ -46,6 +47,7 @@ def load_run(path):
         for kind in ("repro", "bench"):
             for p, df in result_file.tables_under(f, kind).items():
                 run[kind][p] = (df, result_file.table_attributes(f, p))
+    run["train"] = train_report.load_train_runs(path)
     return run
 
 
@@ -152,6 +154,10 @@ def write_plots(run, out_dir):
         if plot_tflops(df, f"{p}: TFLOP/s ({gpu})", os.path.join(out_dir, name)):
             names.append(name)
         plots[p] = names
+    if run.get("train"):
+        name = "train_loss.png"
+        if train_report.plot_loss(run["train"], os.path.join(out_dir, name), f"training runs ({gpu})"):
+            plots["/train"] = [name]
     return plots
 
 
@@ -184,6 +190,10 @@ def render_markdown(run, plots, run_name=""):
             sentence = "; ".join(facts)
             out += [sentence[0].upper() + sentence[1:] + ".", ""]
         out.append(repro_markdown(df))
+    if run.get("train"):
+        out += ["", "## Training runs", "", train_report.markdown(run["train"])]
+        for png in plots.get("/train", []):
+            out += ["", f"![training runs]({png})"]
     if run["bench"]:
         out += ["", "## Benchmark tables"]
     for p, (df, a) in run["bench"].items():
@@ -211,7 +221,7 @@ def write_report(run_path, out_dir=None):
     (TABLES.md path, [png paths], number of tables); writes nothing and returns (None, [], 0) for a file without
     /repro or /bench tables. Raises OSError (ReportWriteError when writing fails) / result_file.SchemaError."""
     run = load_run(run_path)
-    if not run["repro"] and not run["bench"]:
+    if not run["repro"] and not run["bench"] and not run["train"]:
         return None, [], 0
     out_dir = out_dir or default_out_dir(run_path)
     md = os.path.join(out_dir, "TABLES.md")
@@ -224,7 +234,7 @@ def write_report(run_path, out_dir=None):
     except OSError as e:
         raise ReportWriteError(f"cannot write the report into '{out_dir}': {result_file.one_line(e)}") from None
     pngs = [os.path.join(out_dir, n) for names in plots.values() for n in names]
-    return md, pngs, len(run["repro"]) + len(run["bench"])
+    return md, pngs, len(run["repro"]) + len(run["bench"]) + len(run["train"])
 
 
 def main(argv=None):
@@ -244,7 +254,7 @@ def main(argv=None):
         print(f"report: cannot read '{a.run}': {result_file.one_line(e)}", file=sys.stderr)
         return 2
     if n == 0:
-        print(f"report: '{a.run}' holds no /repro or /bench table", file=sys.stderr)
+        print(f"report: '{a.run}' holds no /repro, /bench or /train table", file=sys.stderr)
         return 1
     print(f"report: wrote {md} and {len(pngs)} plot(s)")
     return 0

@@ -533,7 +533,7 @@ class Reports(Tmp):
         r = subprocess.run([sys.executable, REPORT_PY, empty, "--out", self.path("e")], capture_output=True,
                            text=True)
         self.assertEqual(r.returncode, 1)
-        self.assertIn("holds no /repro or /bench table", r.stderr)
+        self.assertIn("holds no /repro, /bench or /train table", r.stderr)
         self.assertFalse(os.path.exists(self.path("e")))
 
     def test_compare_side_by_side(self):

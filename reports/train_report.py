@@ -1,0 +1,138 @@
+"""Training runs in a result file (`/train/<run>`, DESIGN.md "Results"): a summary table and loss-curve plots.
+
+    /train/<run>/steps   one row per optimizer step: step, tokens, loss, lr, grad_norm, tokens_per_s, mfu,
+                         peak_act_gib, peak_total_gib, skipped (columns other than step/tokens/loss are optional)
+    /train/<run>/eval    one row per evaluation: step, tokens, val_loss
+    attributes           of /train/<run> or of its tables: the run's config (recipe, model name, ...)
+
+summarize(steps, evals) -> dict of the numbers a report quotes; markdown(runs) -> a Markdown table with one row per
+run; plot_loss(runs, path) -> training loss (a running mean over `smooth` steps) and validation loss against
+tokens, one colour per run. Relative deviations (paper 1: fp8 +0.29%, mxfp4 +0.61% vs bf16) come from
+deviation(runs, baseline), on the last validation loss of runs that saw the same tokens.
+"""
+
+import math
+
+import h5py
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from reports import result_file  # noqa: E402
+
+
+def load_train_runs(path):
+    """{run name: {"steps": DataFrame, "eval": DataFrame or None, "attrs": {...}}} for every /train/<run> group of
+    a result file (schema-checked); empty when the file has none."""
+    result_file.check_readable(path)
+    runs = {}
+    with h5py.File(path, "r") as f:
+        result_file.check_schema(path, f)
+        if "train" not in f:
+            return runs
+        for name, g in f["train"].items():
+            if not isinstance(g, h5py.Group) or "steps" not in g:
+                continue
+            attrs = {k: result_file.text(v) for k, v in g.attrs.items()}
+            steps = result_file.read_table(g["steps"])
+            evals = result_file.read_table(g["eval"]) if "eval" in g else None
+            attrs.update({k: result_file.text(v) for k, v in g["steps"].attrs.items() if k != "columns"})
+            runs[name] = {"steps": steps, "eval": evals, "attrs": attrs}
+    return runs
+
+
+def _finite(values):
+    v = np.asarray(values, dtype=float)
+    return v[np.isfinite(v)]
+
+
+def summarize(steps, evals, tail=None):
+    """Numbers of one run: steps, tokens, final train loss (mean of the last `tail` finite losses, default 5% of the
+    steps, at least 1), last and best validation loss, median tokens/s and MFU over the steps after the first 10%
+    (warm-up of clocks and caches), peak memory, skipped steps."""
+    n = len(steps)
+    out = {"steps": int(steps["step"].max()) if n else 0, "tokens": int(steps["tokens"].max()) if n else 0}
+    losses = _finite(steps["loss"]) if n else np.array([])
+    k = tail or max(1, n // 20)
+    out["train_loss"] = float(losses[-k:].mean()) if losses.size else math.nan
+    if evals is not None and len(evals):
+        v = _finite(evals["val_loss"])
+        out["val_loss"] = float(v[-1]) if v.size else math.nan
+        out["best_val_loss"] = float(v.min()) if v.size else math.nan
+    else:
+        out["val_loss"] = out["best_val_loss"] = math.nan
+    settled = steps.iloc[n // 10:] if n >= 10 else steps
+    for col in ("tokens_per_s", "mfu"):
+        vals = _finite(settled[col]) if col in steps.columns and len(settled) else np.array([])
+        out[col] = float(np.median(vals)) if vals.size else math.nan
+    for col in ("peak_act_gib", "peak_total_gib"):
+        vals = _finite(steps[col]) if col in steps.columns and n else np.array([])
+        out[col] = float(vals.max()) if vals.size else math.nan
+    out["skipped"] = int(steps["skipped"].astype(int).max()) if "skipped" in steps.columns and n else 0
+    return out
+
+
+def deviation(runs, baseline):
+    """{run: relative deviation of its last validation loss from the baseline run's} (None when either is
+    missing); the paper's loss-deviation row: (L_run - L_bf16) / L_bf16."""
+    base = summarize(runs[baseline]["steps"], runs[baseline]["eval"])["val_loss"] if baseline in runs else math.nan
+    out = {}
+    for name, r in runs.items():
+        v = summarize(r["steps"], r["eval"])["val_loss"]
+        out[name] = (v - base) / base if math.isfinite(v) and math.isfinite(base) and base else None
+    return out
+
+
+def _fmt(v, digits=4):
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}g}"
+
+
+def markdown(runs):
+    """One row per run: steps, tokens, train loss, validation loss (last, best), tokens/s, MFU, peaks, skipped."""
+    head = ("| run | steps | tokens | train loss | val loss | best val | tokens/s | MFU | peak act GiB | "
+            "peak total GiB | skipped |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in runs.items():
+        s = summarize(r["steps"], r["eval"])
+        mfu = f"{100 * s['mfu']:.1f}%" if math.isfinite(s["mfu"]) else "-"
+        lines.append(f"| {name} | {s['steps']} | {s['tokens']:,} | {_fmt(s['train_loss'])} | {_fmt(s['val_loss'])} | "
+                     f"{_fmt(s['best_val_loss'])} | {_fmt(s['tokens_per_s'], 3)} | {mfu} | "
+                     f"{_fmt(s['peak_act_gib'], 3)} | {_fmt(s['peak_total_gib'], 3)} | {s['skipped']} |")
+    return "\n".join(lines)
+
+
+def plot_loss(runs, path, title="loss", smooth=20):
+    """Training loss (running mean over `smooth` steps, thin) and validation loss (markers) against tokens.
+    False when no run has a finite loss."""
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    drawn = False
+    for i, (name, r) in enumerate(runs.items()):
+        color = f"C{i % 10}"
+        st = r["steps"]
+        loss = np.asarray(st["loss"], dtype=float)
+        ok = np.isfinite(loss)
+        if ok.any():
+            tokens = np.asarray(st["tokens"], dtype=float)[ok]
+            w = max(1, min(smooth, int(ok.sum())))
+            mean = np.convolve(loss[ok], np.ones(w) / w, mode="valid")
+            ax.plot(tokens[w - 1:], mean, color=color, linewidth=1.0, alpha=0.8, label=f"{name} train")
+            drawn = True
+        ev = r["eval"]
+        if ev is not None and len(ev):
+            ax.plot(np.asarray(ev["tokens"], dtype=float), np.asarray(ev["val_loss"], dtype=float), "o--",
+                    color=color, markersize=3.5, linewidth=0.8, label=f"{name} val")
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
