@@ -1,0 +1,91 @@
+// The MoE feed-forward layer of the decoder (DESIGN.md "Trainer"; DeepSeek-V2 sec. 2.2, DeepSeek-V3 sec. 2.1.2):
+// a router, E routed SwiGLU experts of width expert_ffn (dropless, top-k per token) and shared experts.
+//
+//   forward   router (trainer/model/moe_router.h): logits = x W_r^T (FP32), top-k, weights, counts, offsets;
+//             ONE device-to-host copy of the offsets [E+1] (and the v2 loss) into pinned memory and one stream
+//             synchronisation per layer forward: the grouped expert GEMMs need every expert's token count on the
+//             host (GroupSplit, kernels/gemm/grouped_gemm.h)
+//             routed experts (trainer/model/moe_experts.h): permute, fc1 GroupLinear, swiglu, fc2 GroupLinear,
+//             unpermute with the top-k weights (which already include routed_scale) -> y_routed [M, d]
+//             shared experts: SwigluMlp "<prefix>.shared" of width shared_experts * expert_ffn (when > 0)
+//             y = y_routed + y_shared (add_bf16: one FP32 add, one BF16 rounding)
+//   backward  routed: unpermute_backward -> d rows and d weights, expert GEMMs, permute_backward -> dx_routed BF16;
+//             dx32 [M, d] FP32 = dx_routed; shared fc1 Dgrad += into dx32; router_backward -> dlogits (FP32,
+//             cast to BF16) -> router Dgrad += into dx32, router Wgrad; dx = BF16(dx32).
+//
+// Parameters (under `prefix`, e.g. "layers.1.moe"): "<prefix>.router" [E, d]; "<prefix>.experts.fc1" [E, 2f, d]
+// (per expert gate | up rows, swiglu.h); "<prefix>.experts.fc2" [E, d, f]; "<prefix>.shared.fc1"
+// [2 s f, d] and "<prefix>.shared.fc2" [d, s f] (s = shared_experts); v3 state "<prefix>.router_bias" [E] FP32.
+// Init: N(0, 0.02^2), except the fc2 of routed and shared experts (they write into the residual stream):
+// N(0, (0.02 / sqrt(2 * model.layers))^2).
+//
+// Recipes: routed experts cfg.recipe.routed_experts (bf16, fp8, mxfp4 through GroupLinear); shared experts
+// cfg.recipe.shared_experts (Linear: bf16 only for now); the router stays BF16 x BF16 -> FP32.
+//
+// Memory: activations and scratch sized at construction for max_tokens tokens (see the member comments of this
+// file, moe_router.h and moe_experts.h). M = 0 is a no-op (no device work); experts with no token are skipped.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/common/types.h"
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/model/context.h"
+#include "trainer/model/moe_experts.h"
+#include "trainer/model/moe_router.h"
+#include "trainer/model/params.h"
+#include "trainer/model/swiglu_mlp.h"
+
+namespace fp4moe {
+
+class MoeLayer {
+ public:
+  // Shapes from cfg.model.hidden and cfg.moe; rejects (fp4moe::Error) what MoeRouter, MoeRoutedExperts and
+  // SwigluMlp reject (see their headers). Call validate_config first for the friendlier messages.
+  MoeLayer(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
+           DeviceMemory& mem);
+
+  // x [M, d] BF16 -> y [M, d] BF16 (overwritten; must not overlap x). 0 <= M <= max_tokens. Synchronises the
+  // stream once (the routing counts, above).
+  void forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
+  // dy [M, d], x the pointer forward saw (still valid) -> dx [M, d] BF16 (overwritten, written last); every
+  // parameter grad of the layer += (FP32). M must equal the last forward's. The v2 balance loss is
+  // differentiated with upstream gradient aux_grad_scale (set_aux_grad_scale).
+  void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx);
+
+  // The v2 balance loss of the last forward (alpha already applied; 0 for v3 and for M = 0). Host value, no sync.
+  float aux_loss_host() const { return router_.aux_loss_host(); }
+  // Upstream gradient of the v2 balance loss used by backward (default 1: the loss is added to the objective as
+  // is). A model that scales its loss by grad_scale = 1 / grad_accum sets the same factor here.
+  void set_aux_grad_scale(float g) { aux_grad_scale_ = g; }
+  // Once per optimizer step: v3 bias update from the expert counts of the step's micro-batches (those whose
+  // backward ran), then the counts restart; v2: nothing.
+  void end_step(ModelContext& ctx) { router_.end_step(ctx); }
+  // Device [M, top_k] int32: the experts of the last forward (forced or not).
+  const int32_t* topk_idx() const { return router_.topk_idx(); }
+  // Parity checks: later forwards take the experts from this device [M, top_k] int32 array (entries in [0, E),
+  // distinct per token; kept alive by the caller) instead of the router's top-k; scores and weights are computed as
+  // usual for those experts (kernels/nn/router_gates.h). null restores normal routing.
+  void force_routing(const int32_t* topk_or_null) { router_.force_routing(topk_or_null); }
+
+  const MoeRouter& router() const { return router_; }
+  const MoeRoutedExperts& experts() const { return experts_; }
+  const SwigluMlp* shared() const { return shared_.get(); }  // null without shared experts
+
+ private:
+  std::string prefix_;
+  int64_t d_, k_, max_tokens_;
+  float aux_grad_scale_ = 1.0f;
+  int64_t last_M_ = -1;
+  MoeRouter router_;
+  MoeRoutedExperts experts_;
+  std::unique_ptr<SwigluMlp> shared_;
+  DeviceArray<bf16> scratch_;      // [max_tokens, d] shared output (forward), dx_routed (backward)  (workspace)
+  DeviceArray<float> dx32_;        // [max_tokens, d] FP32 sum of the dx contributions              (workspace)
+  DeviceArray<float> dweights_;    // [max_tokens, k] FP32 gradient of the router's top-k weights   (workspace)
+};
+
+}  // namespace fp4moe

@@ -1,0 +1,81 @@
+// The routed experts of one MoE layer (part of MoeLayer, trainer/model/moe.h), dropless, on one device:
+//
+//   permute_map, permute_forward    x [M, d] -> xs [R, d], R = M k rows grouped by expert (kernels/nn/permute.h)
+//   fc1  GroupLinear G = E, N = 2f, K = d   "<prefix>.experts.fc1" [E, 2f, d]    h  [R, 2f] (gate | up)
+//   swiglu                                                                       a  [R, f]
+//   fc2  GroupLinear G = E, N = d, K = f    "<prefix>.experts.fc2" [E, d, f]     ys [R, d]
+//   unpermute_forward with topk_weight [M, k] (routed_scale is already in the router's weights) -> y [M, d]
+// Backward in reverse: unpermute_backward -> dys [R, d] and dweights [M, k] FP32; fc2 Dgrad/Wgrad; swiglu
+// backward; fc1 Dgrad/Wgrad; permute_backward -> dx [M, d] BF16. Expert Wgrads accumulate into the FP32 grads.
+//
+// Recipe (cfg.recipe.routed_experts, kernels/gemm/group_linear.h):
+//   bf16  xs and a are kept as BF16 (GroupLinear's Wgrad reads the caller's X).
+//   fp8   GroupLinear keeps its own FP8 column copies of X; xs and a are scratch.
+//   mxfp4 xs and a are quantized to MXFP4 rows (bf16_to_mxfp4_row, OCP floor scales, RNE) and kept in that form
+//         only (GroupLinear converts them directly to FP8 for Fprop and Wgrad); xs and a in BF16 are scratch.
+//         On one device the permuted rows are quantized, which gives the codes that quantizing x before an
+//         expert-parallel dispatch would (the rule is per row).
+// The fp8/mxfp4 recipes quantize the expert weights in every forward (GroupLinear::set_weights: the BF16
+// parameters change after each optimizer step). GroupLinear's own buffers (FP8 copies, cuBLASLt workspace) come
+// from cudaMalloc inside kernels/gemm and are not counted by DeviceMemory.
+// Experts that receive no token are skipped by the grouped GEMMs (their grads stay unchanged).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/common/types.h"
+#include "kernels/gemm/group_linear.h"
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/model/context.h"
+#include "trainer/model/moe_router.h"
+#include "trainer/model/params.h"
+
+namespace fp4moe {
+
+GroupLinearRecipe group_linear_recipe(Recipe r);
+
+class MoeRoutedExperts {
+ public:
+  // E experts of width f on hidden d, top-k; fc1 init N(0, 0.02^2), fc2 N(0, fc2_init_std^2).
+  // Rejects (fp4moe::Error): what GroupLinear rejects (d, f multiples of 16; of 32 for mxfp4), max_tokens < 0.
+  MoeRoutedExperts(ParamStore& store, const std::string& prefix, int64_t E, int64_t d, int64_t f, int64_t k,
+                   Recipe recipe, float fc2_init_std, int64_t max_tokens, DeviceMemory& mem);
+
+  // x [M, d] BF16 with the router's routing for the same M (1 <= M <= max_tokens) -> y [M, d] BF16 (overwritten).
+  void forward(ModelContext& ctx, const bf16* x, const MoeRouting& routing, bf16* y);
+  // dy [M, d] BF16 -> dx [M, d] BF16 (overwritten: the routed experts' part of d x), dweights [M, k] FP32
+  // (overwritten: the gradient of topk_weight); expert grads +=. Same routing as the forward.
+  void backward(ModelContext& ctx, const bf16* dy, const MoeRouting& routing, bf16* dx, float* dweights);
+
+  const Param& fc1_weight() const { return *w1_; }
+  const Param& fc2_weight() const { return *w2_; }
+
+ private:
+  GroupLinearInput quantized_input(const bf16* rows, int64_t R, int64_t K, uint8_t* codes, uint8_t* scales,
+                                   cudaStream_t stream) const;
+
+  std::string prefix_;
+  int64_t E_, d_, f_, k_, max_tokens_;
+  Recipe recipe_;
+  Param *w1_, *w2_;
+  GroupLinear fc1_, fc2_;
+  int64_t last_M_ = -1;
+  // R_max = max_tokens * k rows.
+  DeviceArray<int32_t> row_of_;         // [R_max] row of assignment t*k + j                     (activations)
+  DeviceArray<int32_t> assignment_of_;  // [R_max] assignment of row r                            (activations)
+  DeviceArray<bf16> xs_;                // [R_max, d] permuted x, fc1 input   (bf16: activations; else workspace)
+  DeviceArray<bf16> h_;                 // [R_max, 2f] fc1 output, gate | up                      (activations)
+  DeviceArray<bf16> a_;                 // [R_max, f] swiglu output, fc2 input (bf16: activations; else workspace)
+  DeviceArray<bf16> ys_;                // [R_max, d] fc2 output, read by unpermute_backward      (activations)
+  DeviceArray<uint8_t> xs_codes_;       // mxfp4: [R_max, d/2] E2M1 codes of xs                   (activations)
+  DeviceArray<uint8_t> xs_scales_;      // mxfp4: [R_max, d/32] UE8M0 scales of xs                (activations)
+  DeviceArray<uint8_t> a_codes_;        // mxfp4: [R_max, f/2] E2M1 codes of a                    (activations)
+  DeviceArray<uint8_t> a_scales_;       // mxfp4: [R_max, f/32] UE8M0 scales of a                 (activations)
+  DeviceArray<bf16> drows_;             // [R_max, d] dys, then dxs                               (workspace)
+  DeviceArray<bf16> da_;                // [R_max, f] d a                                         (workspace)
+  DeviceArray<bf16> dh_;                // [R_max, 2f] d h                                        (workspace)
+};
+
+}  // namespace fp4moe

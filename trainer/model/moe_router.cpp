@@ -1,0 +1,149 @@
+#include "trainer/model/moe_router.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "kernels/common/check.h"
+#include "kernels/nn/elementwise.h"
+#include "kernels/nn/router_gates.h"
+
+namespace fp4moe {
+
+namespace {
+constexpr float kRouterInitStd = 0.02f;
+}  // namespace
+
+PinnedHost::PinnedHost(size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMallocHost(&p_, bytes));
+}
+
+PinnedHost::~PinnedHost() {
+  if (p_) cudaFreeHost(p_);
+}
+
+PinnedHost& PinnedHost::operator=(PinnedHost&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFreeHost(p_);
+    p_ = o.p_;
+    o.p_ = nullptr;
+  }
+  return *this;
+}
+
+MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
+                     DeviceMemory& mem)
+    : prefix_(prefix),
+      rcfg_{cfg.moe.router, cfg.moe.top_k, static_cast<float>(cfg.moe.routed_scale),
+            static_cast<float>(cfg.moe.aux_alpha)},
+      d_(cfg.model.hidden),
+      E_(cfg.moe.routed_experts),
+      max_tokens_(max_tokens),
+      gamma_(static_cast<float>(cfg.moe.bias_update_rate)),
+      w_(nullptr) {
+  const char* what = "MoeRouter";
+  FP4MOE_CHECK(max_tokens >= 0, "{} {}: max_tokens must be >= 0, got {}", what, prefix, max_tokens);
+  FP4MOE_CHECK(d_ >= 8 && d_ % 8 == 0, "{} {}: hidden must be a positive multiple of 8, got {}", what, prefix, d_);
+  detail::check_router_shape(what, max_tokens, E_, rcfg_);  // E, top_k, scale, alpha, max_tokens * k in int32
+  const int64_t k = rcfg_.top_k;
+  w_ = &store.add(prefix + ".router", {E_, d_}, ParamInit::normal, kRouterInitStd, /*decay=*/true);
+  if (rcfg_.style == RouterStyle::v3_sigmoid) bias_ = &store.add_state(prefix + ".router_bias", {E_});
+  logits_ = DeviceArray<float>(mem, max_tokens * E_, MemCategory::workspace, prefix + " router logits");
+  dlogits_bf16_ = DeviceArray<bf16>(mem, max_tokens * E_, MemCategory::workspace, prefix + " router dlogits");
+  probs_ = DeviceArray<float>(mem, max_tokens * E_, MemCategory::activations, prefix + " router probs");
+  topk_idx_ = DeviceArray<int32_t>(mem, max_tokens * k, MemCategory::activations, prefix + " router topk_idx");
+  topk_weight_ = DeviceArray<float>(mem, max_tokens * k, MemCategory::activations, prefix + " router topk_weight");
+  counts_ = DeviceArray<int32_t>(mem, E_, MemCategory::activations, prefix + " router counts");
+  offsets_ = DeviceArray<int32_t>(mem, E_ + 1, MemCategory::activations, prefix + " router offsets");
+  aux_ = DeviceArray<float>(mem, 1, MemCategory::activations, prefix + " router aux loss");
+  host_offsets_ = PinnedHost((E_ + 1) * sizeof(int32_t));
+  host_aux_ = PinnedHost(sizeof(float));
+  last_counts_.assign(E_, 0);
+  tally_.assign(E_, 0);
+}
+
+MoeRouting MoeRouter::routing() const {
+  return MoeRouting{std::max<int64_t>(last_M_, 0), E_, rcfg_.top_k, topk_idx_.data(), topk_weight_.data(),
+                    offsets_.data(), static_cast<const int32_t*>(host_offsets_.get())};
+}
+
+void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
+  FP4MOE_CHECK(M >= 0 && M <= max_tokens_, "MoeRouter {} forward: M must be in [0, {}] (max_tokens), got M={}",
+               prefix_, max_tokens_, M);
+  auto* host_offsets = static_cast<int32_t*>(host_offsets_.get());
+  last_M_ = M;
+  aux_host_ = 0.0f;
+  if (M == 0) {
+    std::fill(host_offsets, host_offsets + E_ + 1, 0);
+    std::fill(last_counts_.begin(), last_counts_.end(), 0);
+    return;
+  }
+  FP4MOE_CHECK(x != nullptr, "MoeRouter {} forward: null x (expected BF16 [M, {}])", prefix_, d_);
+  const bool v2 = rcfg_.style == RouterStyle::v2_softmax;
+  const int64_t k = rcfg_.top_k;
+  // logits^T [E, M] (column-major) = W_r (stored d x E column-major, transposed) * x^T (stored d x M)
+  ctx.lt->matmul(E_, M, d_, LtOperand{w_->param, CUDA_R_16BF, true, d_}, LtOperand{x, CUDA_R_16BF, false, d_},
+                 LtOutput{logits_.data(), CUDA_R_32F, E_, false}, RaggedDim::none, ctx.stream);
+  router_forward(logits_.data(), bias_ ? bias_->data : nullptr, M, E_, rcfg_, probs_.data(), topk_idx_.data(),
+                 topk_weight_.data(), counts_.data(), offsets_.data(), v2 ? aux_.data() : nullptr, ctx.stream);
+  if (forced_) {
+    CUDA_CHECK(cudaMemcpyAsync(topk_idx_.data(), forced_, static_cast<size_t>(M * k) * sizeof(int32_t),
+                               cudaMemcpyDeviceToDevice, ctx.stream));
+    expert_counts_and_offsets(topk_idx_.data(), M, k, E_, counts_.data(), offsets_.data(), ctx.stream);
+    router_gates_for_indices(probs_.data(), topk_idx_.data(), counts_.data(), M, E_, rcfg_, topk_weight_.data(),
+                             v2 ? aux_.data() : nullptr, ctx.stream);
+  }
+  // The layer's one host synchronisation: the expert token counts (and the v2 loss) come to the host.
+  CUDA_CHECK(cudaMemcpyAsync(host_offsets, offsets_.data(), (E_ + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                             ctx.stream));
+  if (v2)
+    CUDA_CHECK(cudaMemcpyAsync(host_aux_.get(), aux_.data(), sizeof(float), cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  FP4MOE_CHECK(host_offsets[0] == 0 && host_offsets[E_] == M * k,
+               "MoeRouter {} forward: the offsets end at {} but {} tokens x top-{} were routed (a forced selection "
+               "with an expert outside [0, {})?)",
+               prefix_, host_offsets[E_], M, k, E_);
+  for (int64_t e = 0; e < E_; ++e) last_counts_[e] = host_offsets[e + 1] - host_offsets[e];
+  if (v2) aux_host_ = *static_cast<const float*>(host_aux_.get());
+}
+
+void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x, int64_t M, float aux_grad,
+                         float* dx32) {
+  FP4MOE_CHECK(M == last_M_, "MoeRouter {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_,
+               M);
+  for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];
+  if (M == 0) return;
+  FP4MOE_CHECK(dweights && x && dx32, "MoeRouter {} backward: dweights [M, k], x [M, {}] and dx32 [M, {}] must not "
+               "be null", prefix_, d_, d_);
+  float* dlogits = logits_.data();  // [M, E] FP32, reusing the logits' scratch
+  router_backward(probs_.data(), topk_idx_.data(), counts_.data(), dweights, M, E_, rcfg_, aux_grad, dlogits,
+                  ctx.stream);
+  cast_f32_to_bf16(dlogits, M * E_, dlogits_bf16_.data(), ctx.stream);
+  const bf16* dl = dlogits_bf16_.data();
+  // Dgrad: dx^T [d, M] += (W_r stored d x E column-major) * (dlogits stored E x M)
+  ctx.lt->matmul(d_, M, E_, LtOperand{w_->param, CUDA_R_16BF, false, d_}, LtOperand{dl, CUDA_R_16BF, false, E_},
+                 LtOutput{dx32, CUDA_R_32F, d_, true}, RaggedDim::none, ctx.stream);
+  // Wgrad: dW_r^T [d, E] += (x stored d x M) * (dlogits stored E x M)^T
+  ctx.lt->matmul(d_, E_, M, LtOperand{x, CUDA_R_16BF, false, d_}, LtOperand{dl, CUDA_R_16BF, true, E_},
+                 LtOutput{w_->grad, CUDA_R_32F, d_, true}, RaggedDim::none, ctx.stream);
+}
+
+void MoeRouter::end_step(ModelContext& ctx) {
+  if (rcfg_.style != RouterStyle::v3_sigmoid) return;
+  int64_t total = 0;
+  std::vector<int32_t> counts(E_);
+  for (int64_t e = 0; e < E_; ++e) {
+    FP4MOE_CHECK(tally_[e] <= std::numeric_limits<int32_t>::max(),
+                 "MoeRouter {} end_step: expert {} received {} tokens this step, beyond int32", prefix_, e, tally_[e]);
+    counts[e] = static_cast<int32_t>(tally_[e]);
+    total += tally_[e];
+  }
+  std::fill(tally_.begin(), tally_.end(), 0);
+  if (total == 0) return;
+  // The last forward's counts are dead after its backward: counts_ carries the step's tally to the device.
+  CUDA_CHECK(cudaMemcpyAsync(counts_.data(), counts.data(), E_ * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             ctx.stream));
+  router_bias_update(counts_.data(), E_, total, gamma_, bias_->data, ctx.stream);
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // `counts` (host) must outlive the copy; once per step
+}
+
+}  // namespace fp4moe

@@ -1,0 +1,118 @@
+// The router of one MoE layer (part of MoeLayer, trainer/model/moe.h): the router GEMM with FP32 logits, the
+// top-k selection and combine weights (kernels/nn/router.h), the routing counts brought to the host once per
+// forward, the v2 balance loss and the v3 aux-loss-free bias.
+//
+//   logits = x W_r^T     x [M, d] BF16, W_r "<prefix>.router" [E, d] BF16 (N(0, 0.02^2), decay), logits [M, E]
+//                        FP32 (cuBLASLt, BF16 operands, FP32 accumulation and output: the router is not quantized)
+//   router_forward       probs [M, E], topk_idx [M, k], topk_weight [M, k] (routed_scale already applied),
+//                        counts [E], offsets [E+1]; v3 selects by probs + bias ("<prefix>.router_bias" [E] FP32
+//                        state, ParamStore::add_state), v2 writes the balance loss aux [1]
+//   host copy            ONE device-to-host copy of offsets [E+1] (plus the aux loss [1] for v2) into pinned
+//                        host memory and one cudaStreamSynchronize per forward: the expert GEMMs need the token
+//                        count of every expert on the host (GroupSplit, kernels/gemm/grouped_gemm.h)
+//   backward             router_backward: dweights [M, k] FP32 -> dlogits [M, E] FP32 -> BF16 ->
+//                        Dgrad dx32 [M, d] FP32 += dlogits W_r, Wgrad W_r.grad [E, d] FP32 += dlogits^T x
+//
+// Forced routing (force_routing): the selection is copied from a caller's device array instead of the router's
+// top-k; counts and offsets are recounted (expert_counts_and_offsets) and the weights and the v2 loss recomputed for
+// that selection (kernels/nn/router_gates.h); the backward differentiates the forced selection.
+//
+// Expert loads for the v3 bias: the counts of a forward join the step's tally when its backward runs (so that
+// evaluation forwards do not move the bias); end_step applies router_bias_update with the tally (gamma =
+// moe.bias_update_rate) and clears it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/common/types.h"
+#include "kernels/nn/router.h"
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/model/context.h"
+#include "trainer/model/params.h"
+
+namespace fp4moe {
+
+// The routing of the last forward, as the routed experts read it. Pointers stay valid until the next forward.
+struct MoeRouting {
+  int64_t M = 0, E = 0, k = 0;
+  const int32_t* topk_idx = nullptr;      // device [M, k], expert of each (token, slot)
+  const float* topk_weight = nullptr;     // device [M, k] FP32 combine weights
+  const int32_t* offsets = nullptr;       // device [E+1], exclusive prefix sum of the counts
+  const int32_t* host_offsets = nullptr;  // pinned host [E+1], the same values
+};
+
+// Pinned host memory (cudaMallocHost), freed on destruction. Move-only.
+class PinnedHost {
+ public:
+  PinnedHost() = default;
+  explicit PinnedHost(size_t bytes);
+  ~PinnedHost();
+  PinnedHost(PinnedHost&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  PinnedHost& operator=(PinnedHost&& o) noexcept;
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
+class MoeRouter {
+ public:
+  // Registers "<prefix>.router" and, for v3, the state "<prefix>.router_bias"; allocates for max_tokens tokens.
+  // Rejects (fp4moe::Error) routed experts outside [1, kRouterMaxExperts], top_k outside [1, E], max_tokens < 0,
+  // hidden not a positive multiple of 8, and max_tokens * top_k beyond int32.
+  MoeRouter(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
+            DeviceMemory& mem);
+
+  // x [M, d] BF16, 0 <= M <= max_tokens. Ends with the one host synchronisation (above). M = 0 touches no device
+  // memory: the host offsets become zeros and the aux loss 0.
+  void forward(ModelContext& ctx, const bf16* x, int64_t M);
+  // dweights [M, k] FP32 (the gradient of topk_weight), x as in forward -> dx32 [M, d] FP32 += router Dgrad;
+  // W_r.grad += router Wgrad. aux_grad: upstream gradient of the v2 balance loss (ignored by v3). Adds the forward's
+  // counts to the step's tally. M must equal the last forward's.
+  void backward(ModelContext& ctx, const float* dweights, const bf16* x, int64_t M, float aux_grad, float* dx32);
+  // v3: bias update from the tally, then the tally restarts (no-op without tokens); v2: nothing.
+  void end_step(ModelContext& ctx);
+
+  // topk: device [M, top_k] int32 read by every later forward (the caller keeps it alive and sized for the M it
+  // passes), or null for the router's own top-k. Entries must lie in [0, E) and be distinct within a token.
+  void force_routing(const int32_t* topk) { forced_ = topk; }
+
+  MoeRouting routing() const;
+  float aux_loss_host() const { return aux_host_; }  // v2 loss of the last forward (0 for v3 and M = 0)
+  const int32_t* topk_idx() const { return topk_idx_.data(); }
+  const RouterConfig& config() const { return rcfg_; }
+  const Param& weight() const { return *w_; }
+  const StateTensor* bias() const { return bias_; }                  // null for v2
+  const std::vector<int64_t>& step_counts() const { return tally_; }  // [E] tokens per expert over the step
+
+ private:
+  std::string prefix_;
+  RouterConfig rcfg_;
+  int64_t d_, E_, max_tokens_;
+  float gamma_;
+  Param* w_;
+  StateTensor* bias_ = nullptr;
+  const int32_t* forced_ = nullptr;
+  int64_t last_M_ = -1;
+  float aux_host_ = 0.0f;
+  std::vector<int64_t> last_counts_;  // [E] the last forward's counts (from the host offsets)
+  std::vector<int64_t> tally_;        // [E] counts of the step's micro-batches whose backward ran
+
+  DeviceArray<float> logits_;      // [max_tokens, E] FP32 logits; dlogits FP32 in backward   (workspace)
+  DeviceArray<bf16> dlogits_bf16_; // [max_tokens, E] BF16 dlogits for the Dgrad/Wgrad GEMMs   (workspace)
+  DeviceArray<float> probs_;       // [max_tokens, E] FP32 s (v3) or p (v2)                   (activations)
+  DeviceArray<int32_t> topk_idx_;  // [max_tokens, k] selected experts                        (activations)
+  DeviceArray<float> topk_weight_; // [max_tokens, k] FP32 combine weights                    (activations)
+  DeviceArray<int32_t> counts_;    // [E] tokens per expert; in end_step the step's tally     (activations)
+  DeviceArray<int32_t> offsets_;   // [E+1] exclusive prefix sum of counts                    (activations)
+  DeviceArray<float> aux_;         // [1] v2 balance loss                                     (activations)
+  PinnedHost host_offsets_;        // host [E+1] int32: offsets of the last forward
+  PinnedHost host_aux_;            // host [1] FP32: aux of the last forward (v2)
+};
+
+}  // namespace fp4moe

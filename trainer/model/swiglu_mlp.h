@@ -1,0 +1,64 @@
+// The SwiGLU feed-forward block (DESIGN.md "Trainer"): the dense FFN of the first n_dense_layers and the shared
+// experts of the MoE layers (one block of width shared_experts * expert_ffn, as DeepSeek-V2/V3 fuse them).
+//
+//   h = x W1^T          fc1: Linear hidden -> 2 ffn, "<prefix>.fc1" [2 ffn, hidden], packed gate | up
+//                       (rows 0..ffn-1 of W1 make the gate, rows ffn..2 ffn-1 the up projection: swiglu.h)
+//   a = silu(h_gate) * h_up                                                              (kernels/nn/swiglu.h)
+//   y = a W2^T          fc2: Linear ffn -> hidden,   "<prefix>.fc2" [hidden, ffn]
+//
+// Init: fc1 N(0, 0.02^2); fc2 N(0, fc2_init_std^2), where the caller passes 0.02 / sqrt(2 * layers) (fc2 writes
+// into the residual stream; model.cpp documents the init of every tensor). Both decay.
+//
+// Activations kept from forward to backward (MemCategory::activations, sized for max_tokens rows):
+//   h [max_tokens, 2 ffn] BF16 (swiglu's input), a [max_tokens, ffn] BF16 (fc2's input, for its Wgrad).
+// Scratch (MemCategory::workspace): da [max_tokens, ffn] BF16, dh [max_tokens, 2 ffn] BF16.
+// x is not copied: backward takes the same pointer forward saw (owned by the caller, still valid).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/common/types.h"
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/model/context.h"
+#include "trainer/model/linear.h"
+#include "trainer/model/params.h"
+
+namespace fp4moe {
+
+class SwigluMlp {
+ public:
+  // hidden, ffn: multiples of 8 (Linear's rule); recipe for both Linears (bf16 only for now: Linear rejects the
+  // others); max_tokens >= 0 rows per forward; fc2_init_std > 0. Registers "<prefix>.fc1" and "<prefix>.fc2".
+  SwigluMlp(ParamStore& store, const std::string& prefix, int64_t hidden, int64_t ffn, Recipe recipe,
+            int64_t max_tokens, DeviceMemory& mem, float fc2_init_std);
+
+  // x [M, hidden] BF16 -> y [M, hidden] BF16 (overwritten; must not overlap x). 0 <= M <= max_tokens; M = 0
+  // does nothing. Keeps h and a for backward.
+  void forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
+  // dy [M, hidden], x as in forward -> dx [M, hidden] BF16 (overwritten); fc1 and fc2 grads += (FP32).
+  void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx);
+  // The same with dx as Linear's Dgrad output: BF16, or FP32 with accumulation (dx += ...), which the MoE layer
+  // uses to sum the shared experts' dx with the routed and router contributions before one cast.
+  void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, LinearGradOut dx);
+
+  int64_t hidden() const { return hidden_; }
+  int64_t ffn() const { return ffn_; }
+  const Linear& fc1() const { return fc1_; }
+  const Linear& fc2() const { return fc2_; }
+
+ private:
+  void check_tokens(const char* what, int64_t M) const;
+
+  std::string prefix_;
+  int64_t hidden_, ffn_, max_tokens_;
+  Linear fc1_, fc2_;
+  int64_t last_M_ = -1;       // tokens of the last forward (backward must match)
+  DeviceArray<bf16> h_;       // [max_tokens, 2 ffn] fc1 output, gate | up      (activations)
+  DeviceArray<bf16> a_;       // [max_tokens, ffn]   swiglu output, fc2 input   (activations)
+  DeviceArray<bf16> da_;      // [max_tokens, ffn]   d a                        (workspace)
+  DeviceArray<bf16> dh_;      // [max_tokens, 2 ffn] d h                        (workspace)
+};
+
+}  // namespace fp4moe
