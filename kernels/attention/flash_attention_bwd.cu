@@ -1,0 +1,482 @@
+// Causal flash attention, backward (flash_attention.h), in three deterministic launches (no atomics):
+//   1. D = rowsum(dO * O) into the workspace, one warp per (token, head);
+//   2. dK, dV: one thread block per (key block, sequence, head), looping over the query blocks at or after it,
+//      P^T and dS^T recomputed per step and passed through shared memory to the products with dO and Q;
+//   3. dQ: one thread block per (query block, sequence, head), looping over the key blocks up to it, dS kept in
+//      registers for the product with K.
+// Scores are recomputed from Q, K and the forward's lse in both 2 and 3 (the price of having no atomics).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/attention/attention_checks.h"
+#include "kernels/attention/attention_tile.cuh"
+#include "kernels/attention/flash_attention.h"
+#include "kernels/common/check.h"
+
+namespace fp4moe {
+namespace attn {
+
+// ---- configuration ------------------------------------------------------------------------------------------------
+
+// dK/dV: kWarpsN warps along the block's keys (16 each) times kWarpsX warps that split the query columns of
+// S^T = K Q^T and dP^T = V dO^T, then the D columns of the dK and dV accumulators (kWarpsX = 2 keeps 16 x Dqk/2 and
+// 16 x Dv/2 per warp; (32, 16) cannot split Dv = 16 into ldmatrix pairs and takes 1).
+template <int Dqk, int Dv>
+struct BwdKVConfig {
+  static constexpr int kWarpsN = 4;
+  static constexpr int kWarpsX = (Dqk % 32 == 0 && Dv % 32 == 0) ? 2 : 1;
+  static constexpr int kWarps = kWarpsN * kWarpsX;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockN = 16 * kWarpsN;  // keys of the thread block
+  static constexpr int kBlockM = 64;            // queries per step
+  static constexpr int kQCols = kBlockM / kWarpsX, kDkCols = Dqk / kWarpsX, kDvCols = Dv / kWarpsX;
+  static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv), kPitchP = smem_pitch(kBlockM);
+  // K [kBlockN][kPitchQK], V [kBlockN][kPitchV], Q [2][kBlockM][kPitchQK], dO [2][kBlockM][kPitchV],
+  // P^T and dS^T [kBlockN][kPitchP] (BF16); lse * log2e and D [kBlockM] (FP32)
+  static constexpr int kSmemBytes = 2 * (kBlockN * (kPitchQK + kPitchV) + 2 * kBlockM * (kPitchQK + kPitchV) +
+                                         2 * kBlockN * kPitchP) +
+                                    4 * 2 * kBlockM;
+};
+
+// dQ: each warp owns 16 query rows with their full dQ accumulator (16 x Dqk); the key block is narrower at
+// Dqk = 192 so that the score and dP fragments fit beside it.
+template <int Dqk, int Dv>
+struct BwdQConfig {
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kBlockN = Dqk >= 192 ? 32 : 64;
+  static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv);
+  // Q [kBlockM][kPitchQK], dO [kBlockM][kPitchV], K [2][kBlockN][kPitchQK], V [2][kBlockN][kPitchV]
+  static constexpr int kSmemBytes = 2 * (kBlockM * (kPitchQK + kPitchV) + 2 * kBlockN * (kPitchQK + kPitchV));
+};
+
+struct BwdParams {
+  AttnIn q, k, v, o, dout;
+  const float* lse;  // [B, H, T], natural log
+  float* delta;      // [B, H, T], D = rowsum(dO * O) (workspace)
+  AttnOut dq, dk, dv;
+  int T, H, Dv;
+  float scale, scale_log2;  // scale, scale * log2(e)
+};
+
+// ---- 1. D = rowsum(dO * O) --------------------------------------------------------------------------------------
+
+constexpr int kDeltaWarps = 8;
+
+// One warp per (row r = b*T + t, head h) (grid-stride): lane i multiplies the 16-byte pieces i of dO and O
+// (Dv <= 256), then a fixed shuffle tree adds the lanes.
+__global__ void __launch_bounds__(32 * kDeltaWarps) attention_backward_delta_kernel(BwdParams p, int64_t rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t total = rows * p.H;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * kDeltaWarps + threadIdx.x / 32; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * kDeltaWarps) {  // the same for every lane: whole warps
+    const int64_t r = idx / p.H, h = idx % p.H, b = r / p.T, t = r % p.T;
+    float sum = 0.0f;
+    if (lane * 8 < p.Dv) {
+      const uint4 ov =
+          *reinterpret_cast<const uint4*>(p.o.data + r * p.o.token_stride + h * p.o.head_stride + lane * 8);
+      const uint4 dv =
+          *reinterpret_cast<const uint4*>(p.dout.data + r * p.dout.token_stride + h * p.dout.head_stride + lane * 8);
+      const auto* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
+      const auto* d2 = reinterpret_cast<const __nv_bfloat162*>(&dv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
+        sum = fmaf(of.x, df.x, sum);
+        sum = fmaf(of.y, df.y, sum);
+      }
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) p.delta[(b * p.H + h) * p.T + t] = sum;
+  }
+}
+
+// ---- 2. dK, dV ----------------------------------------------------------------------------------------------------
+
+// grid (B*H, ceil(T / kBlockN)); the first key blocks (the most queries) are scheduled first.
+template <int Dqk, int Dv>
+__global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attention_backward_dkdv_kernel(BwdParams p) {
+  using C = BwdKVConfig<Dqk, Dv>;
+  static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
+  static_assert(C::kQCols % 16 == 0 && C::kDkCols % 16 == 0 && C::kDvCols % 16 == 0,
+                "each warp's columns must come in ldmatrix pairs of n-tiles");
+  static_assert(C::kBlockM % 16 == 0 && C::kBlockN == 16 * C::kWarpsN, "tiles must be multiples of 16");
+  static_assert(C::kSmemBytes <= 227 * 1024, "tiles exceed the 227 KiB of shared memory of a Hopper thread block");
+  static_assert(C::kDkCols / 2 + C::kDvCols / 2 + C::kQCols <= 160, "accumulators would not fit in registers");
+  constexpr int kST = C::kQCols / 8;   // n-tiles of a warp's S^T / dP^T columns
+  constexpr int kKT = C::kDkCols / 8;  // n-tiles of a warp's dK columns
+  constexpr int kVT = C::kDvCols / 8;  // n-tiles of a warp's dV columns
+
+  bf16* sK = dynamic_smem<bf16>();
+  bf16* sV = sK + C::kBlockN * C::kPitchQK;
+  bf16* sQ = sV + C::kBlockN * C::kPitchV;
+  bf16* sdO = sQ + 2 * C::kBlockM * C::kPitchQK;
+  bf16* sP = sdO + 2 * C::kBlockM * C::kPitchV;
+  bf16* sdS = sP + C::kBlockN * C::kPitchP;
+  float* sLse2 = reinterpret_cast<float*>(sdS + C::kBlockN * C::kPitchP);
+  float* sDelta = sLse2 + C::kBlockM;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, c = lane % 4;
+  const int wn = warp % C::kWarpsN, wx = warp / C::kWarpsN;
+  const int key_row0 = wn * 16;  // this warp's 16 keys within the block
+  const int T = p.T;
+  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int n0 = blockIdx.y * C::kBlockN;
+  const int mb_first = n0 / C::kBlockM, mb_end = (T + C::kBlockM - 1) / C::kBlockM;
+
+  const bf16* gQ = p.q.data + b * T * p.q.token_stride + h * p.q.head_stride;
+  const bf16* gK = p.k.data + b * T * p.k.token_stride + h * p.k.head_stride;
+  const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
+  const bf16* gdO = p.dout.data + b * T * p.dout.token_stride + h * p.dout.head_stride;
+  const float* gL = p.lse + bh * T;
+  const float* gD = p.delta + bh * T;
+
+  load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, n0, T, tid);
+  load_tile_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, n0, T, tid);
+  load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, mb_first * C::kBlockM, T, tid);
+  load_tile_async<C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, mb_first * C::kBlockM, T, tid);
+  cp_async_commit();
+  // lse * log2e and D of query mb_first * kBlockM + tid, held in registers until the step that uses them; rows
+  // past T get lse = +inf (P = 0) and D = 0.
+  float next_lse2 = 0.0f, next_delta = 0.0f;
+  if (tid < C::kBlockM) {
+    const int q = mb_first * C::kBlockM + tid;
+    next_lse2 = q < T ? gL[q] * kLog2e : INFINITY;
+    next_delta = q < T ? gD[q] : 0.0f;
+  }
+
+  float acc_dk[kKT][4], acc_dv[kVT][4];
+#pragma unroll
+  for (int j = 0; j < kKT; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc_dk[j][r] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVT; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc_dv[j][r] = 0.0f;
+
+  for (int mb = mb_first; mb < mb_end; ++mb) {
+    const int stage = (mb - mb_first) & 1, m0 = mb * C::kBlockM;
+    if (tid < C::kBlockM) sLse2[tid] = next_lse2, sDelta[tid] = next_delta;  // read since the last barrier: free
+    if (mb + 1 < mb_end) {  // prefetch the next query block into the other stage
+      const int next = stage ^ 1, m1 = m0 + C::kBlockM;
+      load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ + next * C::kBlockM * C::kPitchQK, gQ, p.q.token_stride, m1,
+                                                    T, tid);
+      load_tile_async<C::kBlockM, Dv, C::kThreads>(sdO + next * C::kBlockM * C::kPitchV, gdO, p.dout.token_stride,
+                                                   m1, T, tid);
+      cp_async_commit();
+      if (tid < C::kBlockM) {
+        const int q = m1 + tid;
+        next_lse2 = q < T ? gL[q] * kLog2e : INFINITY;
+        next_delta = q < T ? gD[q] : 0.0f;
+      }
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* sQs = sQ + stage * C::kBlockM * C::kPitchQK;
+    const bf16* sdOs = sdO + stage * C::kBlockM * C::kPitchV;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x kQCols queries.
+    float acc_s[kST][4], acc_dp[kST][4];
+#pragma unroll
+    for (int j = 0; j < kST; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc_s[j][r] = 0.0f, acc_dp[j][r] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < Dqk / 16; ++kk) {
+      uint32_t a[4];
+      load_a(a, sK, C::kPitchQK, key_row0, kk * 16, lane);
+#pragma unroll
+      for (int jj = 0; jj < kST / 2; ++jj) {
+        uint32_t bq[4];
+        load_b_from_rows_n(bq, sQs, C::kPitchQK, wx * C::kQCols + jj * 16, kk * 16, lane);
+        mma_bf16_16816(acc_s[2 * jj], a, bq[0], bq[1]);
+        mma_bf16_16816(acc_s[2 * jj + 1], a, bq[2], bq[3]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < Dv / 16; ++kk) {
+      uint32_t a[4];
+      load_a(a, sV, C::kPitchV, key_row0, kk * 16, lane);
+#pragma unroll
+      for (int jj = 0; jj < kST / 2; ++jj) {
+        uint32_t bo[4];
+        load_b_from_rows_n(bo, sdOs, C::kPitchV, wx * C::kQCols + jj * 16, kk * 16, lane);
+        mma_bf16_16816(acc_dp[2 * jj], a, bo[0], bo[1]);
+        mma_bf16_16816(acc_dp[2 * jj + 1], a, bo[2], bo[3]);
+      }
+    }
+
+    // P^T = 2^(S^T scale log2e - lse log2e) (0 where the key is after the query), dS^T = P^T (dP^T - D), both
+    // rounded to BF16 into shared memory.
+    const bool need_mask = m0 < n0 + C::kBlockN - 1;
+#pragma unroll
+    for (int j = 0; j < kST; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int kr = key_row0 + g + 8 * hr;  // key row within the block
+        const int qc = wx * C::kQCols + j * 8 + 2 * c;  // query column within the step
+        float pv[2], ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool masked = need_mask && n0 + kr > m0 + qc + e;
+          pv[e] = masked ? 0.0f : fast_exp2(fmaf(acc_s[j][2 * hr + e], p.scale_log2, -sLse2[qc + e]));
+          ds[e] = pv[e] * (acc_dp[j][2 * hr + e] - sDelta[qc + e]);
+        }
+        store_bf16x2(sP + kr * C::kPitchP + qc, pv[0], pv[1]);
+        store_bf16x2(sdS + kr * C::kPitchP + qc, ds[0], ds[1]);
+      }
+    __syncthreads();
+
+    // dV += P^T dO and dK += dS^T Q for this warp's 16 keys x (kDvCols, kDkCols) columns.
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockM / 16; ++kk) {
+      uint32_t a[4];
+      load_a(a, sP, C::kPitchP, key_row0, kk * 16, lane);
+#pragma unroll
+      for (int jj = 0; jj < kVT / 2; ++jj) {
+        uint32_t bo[4];
+        load_b_from_rows_k(bo, sdOs, C::kPitchV, kk * 16, wx * C::kDvCols + jj * 16, lane);
+        mma_bf16_16816(acc_dv[2 * jj], a, bo[0], bo[1]);
+        mma_bf16_16816(acc_dv[2 * jj + 1], a, bo[2], bo[3]);
+      }
+      load_a(a, sdS, C::kPitchP, key_row0, kk * 16, lane);
+#pragma unroll
+      for (int jj = 0; jj < kKT / 2; ++jj) {
+        uint32_t bq[4];
+        load_b_from_rows_k(bq, sQs, C::kPitchQK, kk * 16, wx * C::kDkCols + jj * 16, lane);
+        mma_bf16_16816(acc_dk[2 * jj], a, bq[0], bq[1]);
+        mma_bf16_16816(acc_dk[2 * jj + 1], a, bq[2], bq[3]);
+      }
+    }
+    __syncthreads();  // P^T, dS^T, this stage and lse/D are free for the next step
+  }
+
+  // dK = scale dS^T Q, dV = P^T dO, rows past T dropped.
+  bf16* gdK = p.dk.data + b * T * p.dk.token_stride + h * p.dk.head_stride + wx * C::kDkCols;
+  bf16* gdV = p.dv.data + b * T * p.dv.token_stride + h * p.dv.head_stride + wx * C::kDvCols;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int key = n0 + key_row0 + g + 8 * hr;
+    if (key >= T) continue;
+    bf16* krow = gdK + static_cast<int64_t>(key) * p.dk.token_stride;
+    bf16* vrow = gdV + static_cast<int64_t>(key) * p.dv.token_stride;
+#pragma unroll
+    for (int j = 0; j < kKT; ++j)
+      store_bf16x2(krow + j * 8 + 2 * c, acc_dk[j][2 * hr] * p.scale, acc_dk[j][2 * hr + 1] * p.scale);
+#pragma unroll
+    for (int j = 0; j < kVT; ++j) store_bf16x2(vrow + j * 8 + 2 * c, acc_dv[j][2 * hr], acc_dv[j][2 * hr + 1]);
+  }
+}
+
+// ---- 3. dQ --------------------------------------------------------------------------------------------------------
+
+// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
+template <int Dqk, int Dv>
+__global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention_backward_dq_kernel(BwdParams p) {
+  using C = BwdQConfig<Dqk, Dv>;
+  static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
+  static_assert(C::kBlockN % 16 == 0 && C::kBlockM == 16 * C::kWarps, "tiles must be multiples of 16");
+  static_assert(C::kSmemBytes <= 227 * 1024, "tiles exceed the 227 KiB of shared memory of a Hopper thread block");
+  static_assert(Dqk / 2 + C::kBlockN <= 160, "accumulators would not fit in registers");
+  constexpr int kNT = C::kBlockN / 8;  // n-tiles of a score row block
+  constexpr int kQT = Dqk / 8;         // n-tiles of a dQ row block
+
+  bf16* sQ = dynamic_smem<bf16>();
+  bf16* sdO = sQ + C::kBlockM * C::kPitchQK;
+  bf16* sK = sdO + C::kBlockM * C::kPitchV;
+  bf16* sV = sK + 2 * C::kBlockN * C::kPitchQK;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, c = lane % 4;
+  const int T = p.T;
+  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * C::kBlockM;
+  const int warp_row0 = warp * 16;
+  const int warp_q_first = m0 + warp_row0, warp_q_last = warp_q_first + 15;
+  const int n_blocks = (std::min(m0 + C::kBlockM, T) + C::kBlockN - 1) / C::kBlockN;
+
+  const bf16* gQ = p.q.data + b * T * p.q.token_stride + h * p.q.head_stride;
+  const bf16* gK = p.k.data + b * T * p.k.token_stride + h * p.k.head_stride;
+  const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
+  const bf16* gdO = p.dout.data + b * T * p.dout.token_stride + h * p.dout.head_stride;
+
+  load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
+  load_tile_async<C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, m0, T, tid);
+  load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
+  load_tile_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
+  cp_async_commit();
+
+  // lse * log2e and D of this thread's rows g and g + 8; rows past T: lse = +inf (P = 0), D = 0.
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int q = warp_q_first + g + 8 * hr;
+    lse2[hr] = q < T ? p.lse[bh * T + q] * kLog2e : INFINITY;
+    delta[hr] = q < T ? p.delta[bh * T + q] : 0.0f;
+  }
+
+  float acc_dq[kQT][4];
+#pragma unroll
+  for (int j = 0; j < kQT; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc_dq[j][r] = 0.0f;
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int stage = nb & 1, n0 = nb * C::kBlockN;
+    if (nb + 1 < n_blocks) {  // prefetch the next key block into the other stage
+      const int next = stage ^ 1;
+      load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
+                                                    n0 + C::kBlockN, T, tid);
+      load_tile_async<C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
+                                                   n0 + C::kBlockN, T, tid);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* sKs = sK + stage * C::kBlockN * C::kPitchQK;
+    const bf16* sVs = sV + stage * C::kBlockN * C::kPitchV;
+
+    if (n0 <= warp_q_last) {  // else every key of the block is after every row of this warp
+      // S = Q K^T, dP = dO V^T
+      float acc_s[kNT][4], acc_dp[kNT][4];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc_s[j][r] = 0.0f, acc_dp[j][r] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < Dqk / 16; ++kk) {
+        uint32_t a[4];
+        load_a(a, sQ, C::kPitchQK, warp_row0, kk * 16, lane);
+#pragma unroll
+        for (int jj = 0; jj < kNT / 2; ++jj) {
+          uint32_t bk[4];
+          load_b_from_rows_n(bk, sKs, C::kPitchQK, jj * 16, kk * 16, lane);
+          mma_bf16_16816(acc_s[2 * jj], a, bk[0], bk[1]);
+          mma_bf16_16816(acc_s[2 * jj + 1], a, bk[2], bk[3]);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < Dv / 16; ++kk) {
+        uint32_t a[4];
+        load_a(a, sdO, C::kPitchV, warp_row0, kk * 16, lane);
+#pragma unroll
+        for (int jj = 0; jj < kNT / 2; ++jj) {
+          uint32_t bv[4];
+          load_b_from_rows_n(bv, sVs, C::kPitchV, jj * 16, kk * 16, lane);
+          mma_bf16_16816(acc_dp[2 * jj], a, bv[0], bv[1]);
+          mma_bf16_16816(acc_dp[2 * jj + 1], a, bv[2], bv[3]);
+        }
+      }
+
+      // dS = P (dP - D), P = 2^(S scale log2e - lse log2e), 0 where the key is after the query; kept in acc_s.
+      const bool need_mask = n0 + C::kBlockN - 1 > warp_q_first;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int hr = r / 2;
+          const bool masked = need_mask && n0 + j * 8 + 2 * c + (r & 1) > warp_q_first + g + 8 * hr;
+          const float pv = masked ? 0.0f : fast_exp2(fmaf(acc_s[j][r], p.scale_log2, -lse2[hr]));
+          acc_s[j][r] = pv * (acc_dp[j][r] - delta[hr]);
+        }
+
+      // dQ += dS K, dS rounded to BF16 straight from the fragments.
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        uint32_t a[4];
+        a_from_acc(a, acc_s[2 * kk], acc_s[2 * kk + 1]);
+#pragma unroll
+        for (int jj = 0; jj < kQT / 2; ++jj) {
+          uint32_t bk[4];
+          load_b_from_rows_k(bk, sKs, C::kPitchQK, kk * 16, jj * 16, lane);
+          mma_bf16_16816(acc_dq[2 * jj], a, bk[0], bk[1]);
+          mma_bf16_16816(acc_dq[2 * jj + 1], a, bk[2], bk[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next prefetch overwrites it
+  }
+
+  // dQ = scale dS K, rows past T dropped.
+  bf16* gdQ = p.dq.data + b * T * p.dq.token_stride + h * p.dq.head_stride;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int q = warp_q_first + g + 8 * hr;
+    if (q >= T) continue;
+    bf16* row = gdQ + static_cast<int64_t>(q) * p.dq.token_stride;
+#pragma unroll
+    for (int j = 0; j < kQT; ++j)
+      store_bf16x2(row + j * 8 + 2 * c, acc_dq[j][2 * hr] * p.scale, acc_dq[j][2 * hr + 1] * p.scale);
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------------------------
+
+template <int Dqk, int Dv>
+void launch_backward(const BwdParams& p, int64_t B, cudaStream_t stream) {
+  using KV = BwdKVConfig<Dqk, Dv>;
+  using Q = BwdQConfig<Dqk, Dv>;
+  const unsigned bh = static_cast<unsigned>(B * p.H);
+  auto* dkdv = flash_attention_backward_dkdv_kernel<Dqk, Dv>;
+  CUDA_CHECK(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, KV::kSmemBytes));
+  dkdv<<<dim3(bh, static_cast<unsigned>((p.T + KV::kBlockN - 1) / KV::kBlockN)), KV::kThreads, KV::kSmemBytes,
+         stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+  auto* dq = flash_attention_backward_dq_kernel<Dqk, Dv>;
+  CUDA_CHECK(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
+  dq<<<dim3(bh, static_cast<unsigned>((p.T + Q::kBlockM - 1) / Q::kBlockM)), Q::kThreads, Q::kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn
+
+int64_t flash_attention_backward_workspace_bytes(const AttentionShape& s) {
+  FP4MOE_CHECK(s.B >= 0 && s.T >= 0 && s.H >= 0,
+               "flash_attention_backward_workspace_bytes: B, T, H must be >= 0, got B={} T={} H={}", s.B, s.T, s.H);
+  return round_up(s.B * s.H * s.T * static_cast<int64_t>(sizeof(float)), 256);
+}
+
+void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout,
+                              const float* lse, AttnOut dq, AttnOut dk, AttnOut dv, void* workspace,
+                              cudaStream_t stream) {
+  const char* what = "flash_attention_backward";
+  if (!attn_detail::check_shape_device(what, s)) return;
+  attn_detail::check_tensor(what, "q", q.data, q.token_stride, q.head_stride, s, s.Dqk);
+  attn_detail::check_tensor(what, "k", k.data, k.token_stride, k.head_stride, s, s.Dqk);
+  attn_detail::check_tensor(what, "v", v.data, v.token_stride, v.head_stride, s, s.Dv);
+  attn_detail::check_tensor(what, "o", o.data, o.token_stride, o.head_stride, s, s.Dv);
+  attn_detail::check_tensor(what, "dout", dout.data, dout.token_stride, dout.head_stride, s, s.Dv);
+  attn_detail::check_tensor(what, "dq", dq.data, dq.token_stride, dq.head_stride, s, s.Dqk);
+  attn_detail::check_tensor(what, "dk", dk.data, dk.token_stride, dk.head_stride, s, s.Dqk);
+  attn_detail::check_tensor(what, "dv", dv.data, dv.token_stride, dv.head_stride, s, s.Dv);
+  attn_detail::check_f32_buffer(what, "lse", lse);
+  attn_detail::check_f32_buffer(what, "workspace", workspace);
+
+  const attn::BwdParams p{q,  k,  v,  o,  dout, lse, static_cast<float*>(workspace), dq, dk, dv, static_cast<int>(s.T),
+                          static_cast<int>(s.H), static_cast<int>(s.Dv), s.scale, s.scale * attn::kLog2e};
+  const int64_t rows = s.B * s.T;
+  const int64_t delta_blocks = std::min<int64_t>(ceil_div(rows * s.H, attn::kDeltaWarps), int64_t{1} << 20);
+  attn::attention_backward_delta_kernel<<<static_cast<unsigned>(delta_blocks), 32 * attn::kDeltaWarps, 0, stream>>>(
+      p, rows);
+  CUDA_CHECK_LAUNCH();
+  const int64_t pair = s.Dqk * 1000 + s.Dv;
+  switch (pair) {
+    case 32016: attn::launch_backward<32, 16>(p, s.B, stream); break;
+    case 32032: attn::launch_backward<32, 32>(p, s.B, stream); break;
+    case 64064: attn::launch_backward<64, 64>(p, s.B, stream); break;
+    case 96064: attn::launch_backward<96, 64>(p, s.B, stream); break;
+    case 128128: attn::launch_backward<128, 128>(p, s.B, stream); break;
+    case 192128: attn::launch_backward<192, 128>(p, s.B, stream); break;
+    case 192192: attn::launch_backward<192, 192>(p, s.B, stream); break;
+    default: FP4MOE_CHECK(false, "{}: no kernel for (Dqk, Dv) = ({},{})", what, s.Dqk, s.Dv);
+  }
+}
+
+}  // namespace fp4moe

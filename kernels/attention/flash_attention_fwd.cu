@@ -1,0 +1,248 @@
+// Causal flash attention, forward (flash_attention.h): one thread block per (query block, sequence, head), K and V
+// streamed through shared memory in key blocks (double-buffered cp.async), online softmax in registers.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/attention/attention_checks.h"
+#include "kernels/attention/attention_tile.cuh"
+#include "kernels/attention/flash_attention.h"
+#include "kernels/common/check.h"
+
+namespace fp4moe {
+namespace attn {
+
+// ---- configuration ------------------------------------------------------------------------------------------------
+
+// Tiles per (Dqk, Dv): each warp owns kMTiles * 16 query rows of the block's kBlockM; the key block kBlockN keeps
+// the score fragments (kMTiles * kBlockN / 2 FP32 per thread) beside the output's (kMTiles * Dv / 2) in registers.
+// Up to Dqk = 128 a warp takes 32 rows (each K and V fragment read from shared memory feeds two products); at 192
+// it takes 16 rows with twice the warps, so that the output accumulators fit.
+template <int Dqk, int Dv>
+struct FwdConfig {
+  static constexpr int kMTiles = Dqk >= 192 ? 1 : 2;
+  static constexpr int kWarps = Dqk >= 192 ? 8 : 4;
+  static constexpr int kBlockM = 16 * kMTiles * kWarps;
+  static constexpr int kBlockN = (kMTiles == 2 && Dv >= 128) ? 32 : 64;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv);
+  // Q [kBlockM][kPitchQK], K [2][kBlockN][kPitchQK], V [2][kBlockN][kPitchV]
+  static constexpr int kSmemBytes = 2 * (kBlockM * kPitchQK + 2 * kBlockN * (kPitchQK + kPitchV));
+};
+
+struct FwdParams {
+  AttnIn q, k, v;
+  AttnOut o;
+  float* lse;
+  int T, H;
+  float scale_log2;  // scale * log2(e)
+};
+
+// ---- kernel -------------------------------------------------------------------------------------------------------
+
+// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
+template <int Dqk, int Dv>
+__global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_forward_kernel(FwdParams p) {
+  using C = FwdConfig<Dqk, Dv>;
+  static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
+  static_assert(C::kBlockN % 16 == 0 && C::kBlockM % 16 == 0, "tiles must be multiples of 16");
+  static_assert(C::kSmemBytes <= 227 * 1024, "tiles exceed the 227 KiB of shared memory of a Hopper thread block");
+  static_assert(C::kMTiles * (Dv / 2 + C::kBlockN / 2) <= 192, "accumulators would not fit in registers");
+  constexpr int kNT = C::kBlockN / 8;  // n-tiles of a score row block
+  constexpr int kVT = Dv / 8;          // n-tiles of an output row block
+
+  bf16* sQ = dynamic_smem<bf16>();
+  bf16* sK = sQ + C::kBlockM * C::kPitchQK;
+  bf16* sV = sK + 2 * C::kBlockN * C::kPitchQK;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, c = lane % 4;
+  const int T = p.T;
+  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * C::kBlockM;
+  const int warp_row0 = warp * 16 * C::kMTiles;                // first row of this warp in the block
+  const int warp_q_first = m0 + warp_row0, warp_q_last = warp_q_first + 16 * C::kMTiles - 1;
+  const int n_blocks = (std::min(m0 + C::kBlockM, T) + C::kBlockN - 1) / C::kBlockN;
+
+  const bf16* gQ = p.q.data + b * T * p.q.token_stride + h * p.q.head_stride;
+  const bf16* gK = p.k.data + b * T * p.k.token_stride + h * p.k.head_stride;
+  const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
+
+  load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
+  load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
+  load_tile_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
+  cp_async_commit();
+
+  float acc_o[C::kMTiles][kVT][4];
+  float row_max[C::kMTiles][2], row_sum[C::kMTiles][2];  // rows g and g + 8 of each m-tile; raw scores, partial sums
+#pragma unroll
+  for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < kVT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc_o[mt][j][r] = 0.0f;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) row_max[mt][hr] = -INFINITY, row_sum[mt][hr] = 0.0f;
+  }
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int stage = nb & 1, n0 = nb * C::kBlockN;
+    if (nb + 1 < n_blocks) {  // prefetch the next key block into the other stage (free since the last barrier)
+      const int next = stage ^ 1;
+      load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
+                                                    n0 + C::kBlockN, T, tid);
+      load_tile_async<C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
+                                                   n0 + C::kBlockN, T, tid);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* sKs = sK + stage * C::kBlockN * C::kPitchQK;
+    const bf16* sVs = sV + stage * C::kBlockN * C::kPitchV;
+
+    if (n0 <= warp_q_last) {  // else every key of the block is after every row of this warp: nothing to add
+      // S = Q K^T (raw scores)
+      float acc_s[C::kMTiles][kNT][4];
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc_s[mt][j][r] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < Dqk / 16; ++kk) {
+        uint32_t a[C::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) load_a(a[mt], sQ, C::kPitchQK, warp_row0 + mt * 16, kk * 16, lane);
+#pragma unroll
+        for (int jj = 0; jj < kNT / 2; ++jj) {
+          uint32_t bk[4];
+          load_b_from_rows_n(bk, sKs, C::kPitchQK, jj * 16, kk * 16, lane);
+#pragma unroll
+          for (int mt = 0; mt < C::kMTiles; ++mt) {
+            mma_bf16_16816(acc_s[mt][2 * jj], a[mt], bk[0], bk[1]);
+            mma_bf16_16816(acc_s[mt][2 * jj + 1], a[mt], bk[2], bk[3]);
+          }
+        }
+      }
+
+      // Causal mask: key n0 + col after query m0 + row -> -inf (keys at or past T are after every valid query).
+      if (n0 + C::kBlockN - 1 > warp_q_first) {
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const int q = warp_q_first + mt * 16 + g + (r >= 2 ? 8 : 0);
+              const int key = n0 + j * 8 + 2 * c + (r & 1);
+              if (key > q) acc_s[mt][j][r] = -INFINITY;
+            }
+      }
+
+      // Online softmax: new row max, rescale the running sum and output, P = 2^(S scale log2e - max).
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          float mx = row_max[mt][hr];
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * hr], acc_s[mt][j][2 * hr + 1]));
+          mx = quad_max(mx);
+          // A row with no visible key yet keeps max -inf; subtracting 0 then gives P = 0, never NaN.
+          const float max_scaled = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
+          const float alpha = fast_exp2(fmaf(row_max[mt][hr], p.scale_log2, -max_scaled));
+          row_max[mt][hr] = mx;
+          row_sum[mt][hr] *= alpha;
+#pragma unroll
+          for (int j = 0; j < kVT; ++j) acc_o[mt][j][2 * hr] *= alpha, acc_o[mt][j][2 * hr + 1] *= alpha;
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& s = acc_s[mt][j][2 * hr + e];
+              s = fast_exp2(fmaf(s, p.scale_log2, -max_scaled));
+              row_sum[mt][hr] += s;
+            }
+        }
+
+      // O += P V, P rounded to BF16 straight from the score fragments.
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        uint32_t a[C::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) a_from_acc(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+#pragma unroll
+        for (int jj = 0; jj < kVT / 2; ++jj) {
+          uint32_t bv[4];
+          load_b_from_rows_k(bv, sVs, C::kPitchV, kk * 16, jj * 16, lane);
+#pragma unroll
+          for (int mt = 0; mt < C::kMTiles; ++mt) {
+            mma_bf16_16816(acc_o[mt][2 * jj], a[mt], bv[0], bv[1]);
+            mma_bf16_16816(acc_o[mt][2 * jj + 1], a[mt], bv[2], bv[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next prefetch overwrites it
+  }
+
+  // O = acc / rowsum, lse = (max scale log2e + log2 rowsum) ln 2.
+  bf16* gO = p.o.data + b * T * p.o.token_stride + h * p.o.head_stride;
+  float* gL = p.lse + bh * T;
+#pragma unroll
+  for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float l = quad_sum(row_sum[mt][hr]);
+      const int q = warp_q_first + mt * 16 + g + 8 * hr;
+      if (q >= T) continue;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      bf16* orow = gO + static_cast<int64_t>(q) * p.o.token_stride;
+#pragma unroll
+      for (int j = 0; j < kVT; ++j)
+        store_bf16x2(orow + j * 8 + 2 * c, acc_o[mt][j][2 * hr] * inv, acc_o[mt][j][2 * hr + 1] * inv);
+      if (c == 0) gL[q] = (row_max[mt][hr] * p.scale_log2 + log2f(l)) * kLn2;
+    }
+}
+
+// ---- launcher -----------------------------------------------------------------------------------------------------
+
+template <int Dqk, int Dv>
+void launch_forward(const FwdParams& p, int64_t B, cudaStream_t stream) {
+  using C = FwdConfig<Dqk, Dv>;
+  auto* kernel = flash_attention_forward_kernel<Dqk, Dv>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + C::kBlockM - 1) / C::kBlockM));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn
+
+void flash_attention_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o, float* lse,
+                             cudaStream_t stream) {
+  const char* what = "flash_attention_forward";
+  if (!attn_detail::check_shape_device(what, s)) return;
+  attn_detail::check_tensor(what, "q", q.data, q.token_stride, q.head_stride, s, s.Dqk);
+  attn_detail::check_tensor(what, "k", k.data, k.token_stride, k.head_stride, s, s.Dqk);
+  attn_detail::check_tensor(what, "v", v.data, v.token_stride, v.head_stride, s, s.Dv);
+  attn_detail::check_tensor(what, "o", o.data, o.token_stride, o.head_stride, s, s.Dv);
+  attn_detail::check_f32_buffer(what, "lse", lse);
+
+  const attn::FwdParams p{q, k, v, o, lse, static_cast<int>(s.T), static_cast<int>(s.H), s.scale * attn::kLog2e};
+  const int64_t pair = s.Dqk * 1000 + s.Dv;
+  switch (pair) {
+    case 32016: attn::launch_forward<32, 16>(p, s.B, stream); break;
+    case 32032: attn::launch_forward<32, 32>(p, s.B, stream); break;
+    case 64064: attn::launch_forward<64, 64>(p, s.B, stream); break;
+    case 96064: attn::launch_forward<96, 64>(p, s.B, stream); break;
+    case 128128: attn::launch_forward<128, 128>(p, s.B, stream); break;
+    case 192128: attn::launch_forward<192, 128>(p, s.B, stream); break;
+    case 192192: attn::launch_forward<192, 192>(p, s.B, stream); break;
+    default: FP4MOE_CHECK(false, "{}: no kernel for (Dqk, Dv) = ({},{})", what, s.Dqk, s.Dv);
+  }
+}
+
+}  // namespace fp4moe
