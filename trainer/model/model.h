@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "trainer/config.h"
 #include "trainer/memory.h"
@@ -23,7 +24,7 @@
 
 namespace fp4moe {
 
-// What one forward (and backward) produced, for logging. Device values are copied back by read().
+// What one forward (and backward) produced, for logging (host values, read back before the call returns).
 struct StepStats {
   float loss = 0.0f;      // mean cross-entropy over the micro-batch's valid targets (nats/token)
   float aux_loss = 0.0f;  // v2 router balance loss summed over MoE layers (0 for v3), already in the gradient
@@ -45,7 +46,9 @@ class Model {
 
   // tokens, targets: device int32 [B * T] with T = cfg.train.seq_len, 1 <= B <= cfg.train.micro_batch; row b holds
   // tokens b*T .. b*T+T-1 of one sequence (attention is causal within a row). Tokens must be in [0, vocab);
-  // targets in [0, vocab) or kIgnoreIndex (-100), not counted. Asynchronous on the model's stream.
+  // targets in [0, vocab) or kIgnoreIndex (-100), not counted. Both are copied to the host first (one stream
+  // synchronisation) and checked there: a token or target outside its range throws fp4moe::Error naming the
+  // position, before any launch. Returns once the stream has finished the pass (the loss is read back).
   //
   // Forward only (evaluation): the mean loss over valid targets -> stats.
   StepStats forward(const int32_t* tokens, const int32_t* targets, int64_t B);
@@ -57,6 +60,16 @@ class Model {
   // Once per optimizer step, after the update: the v3 router's aux-loss-free bias update from the expert loads
   // counted over the step's micro-batches (then the counts restart). No-op for v2 and dense models.
   void end_step();
+
+  // For checks against another implementation: the top-k expert ids [B*T, top_k] (device int32) each MoE
+  // layer chose in the last forward, in layer order (empty for a dense model).
+  std::vector<const int32_t*> last_topk_indices() const;
+  // Forces the routing of the next forward/forward_backward: per MoE layer in order a device int32
+  // [B*T, top_k] of expert ids (the router's scores, gates and bias are computed as usual, only the choice is
+  // taken from here); an empty vector returns to normal routing. The arrays stay owned by the caller and must
+  // outlive the forwards that use them. Throws fp4moe::Error for a non-empty vector whose size is not the number
+  // of MoE layers.
+  void force_routing(std::vector<const int32_t*> topk_per_layer);
 
   ParamStore& params() { return store_; }
   const TrainerConfig& config() const { return cfg_; }
