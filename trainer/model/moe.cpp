@@ -4,31 +4,56 @@
 
 #include "kernels/common/check.h"
 #include "kernels/nn/elementwise.h"
+#include "kernels/nn/router.h"
 
 namespace fp4moe {
 
-namespace {
-// N(0, (0.02 / sqrt(2 L))^2) for the projections that write into the residual stream.
-float residual_init_std(const TrainerConfig& cfg) {
+float moe_fc2_init_std(const TrainerConfig& cfg) {
   FP4MOE_CHECK(cfg.model.layers >= 1, "MoeLayer: model.layers must be >= 1, got {}", cfg.model.layers);
   return static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(cfg.model.layers)));
 }
-}  // namespace
+
+void check_moe_layer_config(const TrainerConfig& cfg, int64_t max_tokens, const std::string& prefix) {
+  const ModelConfig& m = cfg.model;
+  const MoeConfig& e = cfg.moe;
+  const int64_t mult = cfg.recipe.routed_experts == Recipe::mxfp4 ? 32 : 16;
+  const char* why = mult == 32 ? "Group Linear with MX blocks of 32" : "Group Linear";
+  FP4MOE_CHECK(m.hidden >= mult && m.hidden % mult == 0,
+               "MoeLayer {}: model.hidden must be a positive multiple of {} ({}), got {}", prefix, mult, why, m.hidden);
+  FP4MOE_CHECK(e.expert_ffn >= mult && e.expert_ffn % mult == 0,
+               "MoeLayer {}: moe.expert_ffn must be a positive multiple of {} ({}), got {}", prefix, mult, why,
+               e.expert_ffn);
+  FP4MOE_CHECK(m.layers >= 1, "MoeLayer {}: model.layers must be >= 1, got {}", prefix, m.layers);
+  FP4MOE_CHECK(e.routed_experts >= 1 && e.routed_experts <= kRouterMaxExperts,
+               "MoeLayer {}: moe.routed_experts must be in [1, {}], got {}", prefix, kRouterMaxExperts,
+               e.routed_experts);
+  FP4MOE_CHECK(e.top_k >= 1 && e.top_k <= e.routed_experts,
+               "MoeLayer {}: moe.top_k must be in [1, moe.routed_experts = {}], got {}", prefix, e.routed_experts,
+               e.top_k);
+  FP4MOE_CHECK(e.shared_experts >= 0, "MoeLayer {}: moe.shared_experts must be >= 0, got {}", prefix,
+               e.shared_experts);
+  FP4MOE_CHECK(e.routed_scale > 0 && std::isfinite(e.routed_scale),
+               "MoeLayer {}: moe.routed_scale must be finite and > 0, got {}", prefix, e.routed_scale);
+  FP4MOE_CHECK(e.aux_alpha >= 0, "MoeLayer {}: moe.aux_alpha must be >= 0, got {}", prefix, e.aux_alpha);
+  FP4MOE_CHECK(e.bias_update_rate >= 0, "MoeLayer {}: moe.bias_update_rate must be >= 0, got {}", prefix,
+               e.bias_update_rate);
+  FP4MOE_CHECK(max_tokens >= 0 && max_tokens <= ((int64_t{1} << 31) - 1) / e.top_k,
+               "MoeLayer {}: max_tokens must be in [0, (2^31 - 1) / top_k] (int32 row indices), got {} with top_k {}",
+               prefix, max_tokens, e.top_k);
+}
 
 MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
                    DeviceMemory& mem)
-    : prefix_(prefix),
+    : prefix_((check_moe_layer_config(cfg, max_tokens, prefix), prefix)),  // checks before any registration
       d_(cfg.model.hidden),
       k_(cfg.moe.top_k),
       max_tokens_(max_tokens),
       router_(store, prefix, cfg, max_tokens, mem),
       experts_(store, prefix, cfg.moe.routed_experts, cfg.model.hidden, cfg.moe.expert_ffn, cfg.moe.top_k,
-               cfg.recipe.routed_experts, residual_init_std(cfg), max_tokens, mem) {
-  FP4MOE_CHECK(cfg.moe.shared_experts >= 0, "MoeLayer {}: moe.shared_experts must be >= 0, got {}", prefix,
-               cfg.moe.shared_experts);
+               cfg.recipe.routed_experts, moe_fc2_init_std(cfg), max_tokens, mem) {
   if (cfg.moe.shared_experts > 0)
     shared_ = std::make_unique<SwigluMlp>(store, prefix + ".shared", d_, cfg.moe.shared_experts * cfg.moe.expert_ffn,
-                                          cfg.recipe.shared_experts, max_tokens, mem, residual_init_std(cfg));
+                                          cfg.recipe.shared_experts, max_tokens, mem, moe_fc2_init_std(cfg));
   scratch_ = DeviceArray<bf16>(mem, max_tokens * d_, MemCategory::workspace, prefix + " moe scratch");
   dx32_ = DeviceArray<float>(mem, max_tokens * d_, MemCategory::workspace, prefix + " moe dx (FP32)");
   dweights_ = DeviceArray<float>(mem, max_tokens * k_, MemCategory::workspace, prefix + " moe dweights");

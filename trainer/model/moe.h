@@ -41,10 +41,21 @@
 
 namespace fp4moe {
 
+// What MoeLayer's constructor checks first, before it registers or allocates anything (fp4moe::Error naming the
+// option): model.hidden and moe.expert_ffn positive multiples of 16 (Group Linear; 32 with an mxfp4 routed
+// recipe), model.layers >= 1, moe.routed_experts in [1, kRouterMaxExperts], moe.top_k in [1, routed_experts],
+// moe.shared_experts >= 0, moe.routed_scale > 0, moe.aux_alpha >= 0, moe.bias_update_rate >= 0, max_tokens >= 0 and max_tokens * top_k
+// below 2^31 (int32 row indices).
+void check_moe_layer_config(const TrainerConfig& cfg, int64_t max_tokens, const std::string& prefix);
+
+// Init std of the expert fc2 weights (routed and shared), which write into the residual stream:
+// 0.02 / sqrt(2 * model.layers). Rejects model.layers < 1.
+float moe_fc2_init_std(const TrainerConfig& cfg);
+
 class MoeLayer {
  public:
-  // Shapes from cfg.model.hidden and cfg.moe; rejects (fp4moe::Error) what MoeRouter, MoeRoutedExperts and
-  // SwigluMlp reject (see their headers). Call validate_config first for the friendlier messages.
+  // Shapes from cfg.model.hidden and cfg.moe; rejects (fp4moe::Error) what check_moe_layer_config rejects, before
+  // registering or allocating anything, and later a shared-experts recipe that Linear does not build (bf16 only).
   MoeLayer(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
            DeviceMemory& mem);
 
