@@ -10,11 +10,15 @@
 //     routed and shared experts, LM head) agrees with a central difference of the forward loss: the FP32 master is
 //     set to BF16 values w0 +- h and the BF16 copy refreshed; the routing is pinned (force_routing) so that no
 //     top-k choice flips. Tolerance |g - fd| <= 0.05 |fd| + 2e-6 / (w+ - w-) (the second term: a loss resolution of
-//     ~1e-6 from FP32 reductions and BF16 activations). Elements whose loss change 2 h |g| is below 2e-5 are
-//     skipped and counted; at least 10 of the 15 must be checked.
+//     ~1e-6 from FP32 reductions and BF16 activations). Steps h: 1/8 for norm weights (= 1), 1/64 for matrices
+//     (std 0.02), 1/128 for the embedding, 1/32 for the LM head (the loss is convex in it). Elements whose loss
+//     change |g| (w+ - w-) is below 1e-5 are skipped and printed: at init some paths are nearly dead (the query
+//     path, while the attention is nearly uniform; the router and routed experts, whose outputs are ~1e-3), so
+//     at least 8 of the 15 must be checked.
 // Also: the top-k ids per MoE layer, forced routing's argument check, and the host-side token and target checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -120,10 +124,13 @@ TEST(ModelTiny, BackwardIsDeterministicReachesEveryParameterAndAccumulates) {
     ++i;
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "second run differs";
     bool finite = true, nonzero = false, doubled = true;
+    float largest = 0.0f;
+    for (float v : a) largest = std::max(largest, std::fabs(v));
+    // 2a exactly when each GEMM adds its product to the grad in one step; a split reduction may round once more.
     for (size_t j = 0; j < a.size(); ++j) {
       finite = finite && std::isfinite(a[j]);
       nonzero = nonzero || a[j] != 0.0f;
-      doubled = doubled && std::fabs(c[j] - 2.0f * a[j]) <= 1e-6f * std::fabs(a[j]) + 1e-30f;
+      doubled = doubled && std::fabs(c[j] - 2.0f * a[j]) <= 1e-5f * std::fabs(a[j]) + 1e-6f * largest;
     }
     EXPECT_TRUE(finite);
     EXPECT_TRUE(nonzero) << "no gradient reaches this parameter";
@@ -165,7 +172,7 @@ TEST(ModelTiny, GradientsMatchFiniteDifferences) {
 
   t.store().zero_grads(t.stream);
   t.forward_backward();
-  const float h_norm = 1.0f / 16, h_matrix = 1.0f / 64;
+  const float h_norm = 1.0f / 8, h_matrix = 1.0f / 64;
   const std::vector<std::pair<std::string, float>> cases = {
       {"embed", 1.0f / 128},          {"layers.0.attn_norm", h_norm},       {"layers.0.attn.q_down", h_matrix},
       {"layers.0.attn.q_norm", h_norm}, {"layers.0.attn.kv_up", h_matrix},  {"layers.0.attn.out", h_matrix},
@@ -195,11 +202,14 @@ TEST(ModelTiny, GradientsMatchFiniteDifferences) {
     const double fd = (up - down) / step, g = grad[i];
     std::printf("  %-28s [%8lld] w=% .5f h=%.4f  analytic % .6e  finite difference % .6e\n", name.c_str(),
                 static_cast<long long>(i), w0, h, g, fd);
-    if (std::fabs(g) * step < 2e-5) continue;  // too small a loss change to resolve
+    if (std::fabs(g) * step < 1e-5) {  // too small a loss change to resolve
+      std::printf("    skipped: loss change %.2e below 1e-5\n", std::fabs(g) * step);
+      continue;
+    }
     ++checked;
     EXPECT_NEAR(g, fd, 0.05 * std::fabs(fd) + 2e-6 / step) << "element " << i;
   }
-  EXPECT_GE(checked, 10) << "too few parameters had a gradient large enough to check";
+  EXPECT_GE(checked, 8) << "too few parameters had a gradient large enough to check";
   t.model->force_routing({});
 }
 
