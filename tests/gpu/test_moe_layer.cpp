@@ -190,16 +190,18 @@ TEST(MoeLayer, WithoutSharedExperts) {
   expect_matches_reference(s, x, dy, M, r, r.idx, {});
 }
 
-// FP8 (E4M3, 1x128 / 128x128 blocks: ~3% per operand) and MXFP4 (E2M1 with power-of-two block scales: ~10-15% per
-// quantized activation, backward in FP8): tolerances set well below the O(1) error of a wrong wiring.
+// FP8 (E4M3, 1x128 / 128x128 blocks) and MXFP4 (E2M1 with power-of-two block scales, backward in FP8) against the
+// BF16 reference. An emulation of one expert's forward at these shapes (weights std 0.1, x ~ N(0, 1)) gives a
+// relative L2 error of the fc2 output of about 0.065 (fp8) and 0.23 (mxfp4: 0.115 per quantized activation);
+// the tolerances allow about 1.5-2x that, well below the O(1) error of a wrong wiring.
 TEST(MoeLayer, Fp8RoutedExpertsMatchReferenceLoosely) {
   FP4MOE_REQUIRE_DEVICE();
-  check_against_reference(RouterStyle::v3_sigmoid, 256, Recipe::fp8, Tolerances{0.1, 0.1, 0.15});
+  check_against_reference(RouterStyle::v3_sigmoid, 256, Recipe::fp8, Tolerances{0.12, 0.15, 0.2});
 }
 
 TEST(MoeLayer, Mxfp4RoutedExpertsMatchReferenceLoosely) {
   FP4MOE_REQUIRE_DEVICE();
-  check_against_reference(RouterStyle::v3_sigmoid, 256, Recipe::mxfp4, Tolerances{0.25, 0.25, 0.35});
+  check_against_reference(RouterStyle::v3_sigmoid, 256, Recipe::mxfp4, Tolerances{0.35, 0.35, 0.5});
 }
 
 TEST(MoeLayer, Deterministic) {
