@@ -29,6 +29,7 @@ Command add_env_command(CLI::App& app);       // cmd_env.cpp
 Command add_quantize_command(CLI::App& app);  // cmd_quantize.cpp
 Command add_bench_command(CLI::App& app);     // cmd_bench.cpp
 Command add_train_command(CLI::App& app);     // cmd_train.cpp
+Command add_parity_command(CLI::App& app);    // cmd_parity.cpp
 
 // The full command line as given, for the `command` attribute of result files (set by main).
 const std::string& invocation();
