@@ -1,18 +1,32 @@
-// `fp4moe train --config FILE [--section.key VALUE ...] [--dry-run [--no-data-check]]`: reads the trainer
-// configuration (trainer/config.h: a TOML file, any key overridable as --section.key), validates it and the
-// data's shard headers, and with --dry-run prints the model summary (shapes, parameters total and activated per
-// token, model FLOPs per token, tokens per step) and exits 0. --no-data-check leaves the shards out of a dry run
-// (for shapes no local data fits, such as DeepSeek-V3's production vocabulary of 129280). Without --dry-run it
-// says that the training loop is not built yet and exits 2, after the same checks.
+// `fp4moe train --config FILE [--section.key VALUE ...] [run options]`: trains the reference MoE model
+// (trainer/train/trainer.h). The configuration (trainer/config.h: a TOML file, any key overridable as
+// --section.key) and the token shards' headers are validated before anything is allocated; then the run writes its
+// metrics to an HDF5 file (trainer/train/metrics.h), prints progress, evaluates and checkpoints as configured.
+// The options (trainer/train/command_line.h):
+//   --data DIR, --out FILE.h5 (default runs/train-<config name>-<UTC date-time>.h5), --run NAME,
+//   --resume PATH|latest, --log-interval N, --synthetic-data, --peak-tflops X, --memory-budget GiB,
+//   --dry-run [--no-data-check]
+// --dry-run prints the model summary (shapes, parameters total and activated per token, model FLOPs per token,
+// tokens per step) and exits 0 without a GPU; --no-data-check leaves the shards out of it (for shapes no local
+// data fits, such as DeepSeek-V3's production vocabulary of 129280).
+// Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
+// allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a
+// non-finite step under train.non_finite = stop, CUDA or I/O errors); 128 + the signal number after a SIGINT or
+// SIGTERM, once the current step, a checkpoint (with train.checkpoint_dir) and the metrics file are written.
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <memory>
+#include <stdexcept>
 
 #include "cli/commands.h"
 #include "kernels/common/check.h"
+#include "results/env_info.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
 #include "trainer/flops.h"
+#include "trainer/train/command_line.h"
+#include "trainer/train/trainer.h"
 
 namespace fp4moe::cli {
 
@@ -39,7 +53,8 @@ std::string si(double v) {
   return fmt::format("{:.0f}", v);
 }
 
-void print_summary(const TrainerConfig& cfg, const std::string& config_path, bool data_checked) {
+// data: "checked" (the shards' headers were read), "synthetic" (--synthetic-data) or "unchecked" (--no-data-check).
+void print_summary(const TrainerConfig& cfg, const std::string& config_path, const std::string& data) {
   const ModelConfig& m = cfg.model;
   const MoeConfig& e = cfg.moe;
   const TrainingConfig& t = cfg.train;
@@ -76,7 +91,11 @@ void print_summary(const TrainerConfig& cfg, const std::string& config_path, boo
   fmt::print("schedule: {} steps ({} tokens), lr {:g}, warm-up {} steps, cosine to {:g}, weight decay {:g}\n",
              t.steps, si(static_cast<double>(t.steps * t.tokens_per_step())), t.lr, t.warmup_steps, t.min_lr,
              t.weight_decay);
-  if (!data_checked) {
+  if (data == "synthetic") {
+    fmt::print("data: synthetic tokens (--synthetic-data; {} not used)\n", t.data_dir);
+    return;
+  }
+  if (data != "checked") {
     fmt::print("data: {} (not checked: --no-data-check)\n", t.data_dir);
     return;
   }
@@ -87,29 +106,41 @@ void print_summary(const TrainerConfig& cfg, const std::string& config_path, boo
 }
 
 struct TrainCommand {
-  TrainerConfig cfg;
-  std::unique_ptr<ConfigOptions> options;
-  bool dry_run = false;
-  bool no_data_check = false;
+  std::unique_ptr<TrainCommandLine> line;
 
   int run() {
     try {
-      if (options->config_path().empty())
-        throw Error("no configuration: pass --config FILE (e.g. configs/small.toml)");
-      options->load_config_file();
-      validate_config(cfg);
-      if (no_data_check && !dry_run) throw Error("--no-data-check applies to --dry-run only");
-      if (!no_data_check) validate_data(cfg);
+      line->resolve();
     } catch (const Error& err) {
       throw CliError(without_source_location(err.what()));
     }
-    if (dry_run) {
-      print_summary(cfg, options->config_path(), !no_data_check);
+    const TrainerConfig& cfg = line->config();
+    if (line->dry_run()) {
+      print_summary(cfg, line->config_path(),
+                    line->options().synthetic_data ? "synthetic" : line->no_data_check() ? "unchecked" : "checked");
       return kExitOk;
     }
-    throw CliError(fmt::format("the training loop is not built yet: the configuration '{}' is valid (see "
-                               "--dry-run for its summary), but nothing was trained",
-                               options->config_path()));
+    const std::string no_gpu = why_no_cuda_device();
+    if (!no_gpu.empty())
+      throw CliError(fmt::format("{}: training needs one (--dry-run works without)", no_gpu));
+
+    TrainerOptions opts = line->options();
+    opts.command = invocation();
+    TrainResult result;
+    try {
+      Trainer trainer(cfg, opts);
+      result = trainer.run();
+    } catch (const Error& err) {
+      throw std::runtime_error(without_source_location(err.what()));
+    }
+    if (result.stop_signal == 0) return kExitOk;
+    const std::string resume =
+        result.last_checkpoint.empty()
+            ? std::string("no train.checkpoint_dir was set, so the run cannot be resumed")
+            : fmt::format("continue with --resume {}", result.last_checkpoint);
+    std::fprintf(stderr, "fp4moe train: interrupted after step %lld of %lld; %s\n",
+                 static_cast<long long>(result.step), static_cast<long long>(cfg.train.steps), resume.c_str());
+    return 128 + result.stop_signal;
   }
 };
 
@@ -118,10 +149,7 @@ struct TrainCommand {
 Command add_train_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("train", "train the reference MoE model from a TOML configuration (configs/)");
   auto cmd = std::make_shared<TrainCommand>();
-  cmd->options = std::make_unique<ConfigOptions>(*sub, cmd->cfg);
-  sub->add_flag("--dry-run", cmd->dry_run, "validate, print the model summary and exit");
-  sub->add_flag("--no-data-check", cmd->no_data_check,
-                "with --dry-run: do not open the token shards (e.g. for a production vocabulary)");
+  cmd->line = std::make_unique<TrainCommandLine>(*sub);
   return {sub, [cmd] { return cmd->run(); }};
 }
 

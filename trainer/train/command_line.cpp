@@ -1,0 +1,94 @@
+#include "trainer/train/command_line.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+
+#include "kernels/common/check.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train/metrics.h"
+#include "trainer/train/resume.h"
+
+namespace fp4moe {
+
+TrainCommandLine::TrainCommandLine(CLI::App& app) {
+  config_ = std::make_unique<ConfigOptions>(app, cfg_);
+  app.add_option("--data", data_dir_, "folder of token shards (overrides train.data_dir)");
+  app.add_option("--out", out_, "HDF5 result file (default runs/train-<config name>-<UTC date-time>.h5)");
+  app.add_option("--run", run_, "group name of the run under /train and /memory (default the config name)");
+  app.add_option("--resume", resume_, "continue from a checkpoint file, or 'latest' (the highest step in "
+                                      "train.checkpoint_dir)");
+  app.add_option("--log-interval", opts_.log_interval, "without a terminal: a progress line every N steps")
+      ->capture_default_str();
+  app.add_flag("--synthetic-data", opts_.synthetic_data, "seeded synthetic tokens instead of the token shards");
+  app.add_option("--peak-tflops", peak_tflops_, "peak TFLOP/s the MFU is quoted against "
+                                                "(989: H100/H200 SXM dense BF16)")
+      ->capture_default_str();
+  budget_option_ = app.add_option("--memory-budget", memory_budget_gib_,
+                                  "device memory budget in GiB (emulates a smaller card; over it, the allocation "
+                                  "fails with a report)");
+  app.add_flag("--dry-run", dry_run_, "validate, print the model summary and exit");
+  app.add_flag("--no-data-check", no_data_check_,
+               "with --dry-run: do not open the token shards (e.g. for a production vocabulary)");
+}
+
+void TrainCommandLine::resolve() {
+  const std::string& config_path = config_->config_path();
+  FP4MOE_CHECK(!config_path.empty(), "no configuration: pass --config FILE (e.g. configs/small.toml)");
+  config_->load_config_file();
+  if (!data_dir_.empty()) cfg_.train.data_dir = data_dir_;
+  validate_config(cfg_);
+  FP4MOE_CHECK(!no_data_check_ || dry_run_, "--no-data-check applies to --dry-run only");
+  if (!opts_.synthetic_data && !no_data_check_) validate_data(cfg_);
+
+  FP4MOE_CHECK(opts_.log_interval >= 1, "--log-interval must be >= 1, got {}", opts_.log_interval);
+  FP4MOE_CHECK(std::isfinite(peak_tflops_) && peak_tflops_ > 0, "--peak-tflops must be > 0, got {}", peak_tflops_);
+  opts_.peak_flops = peak_tflops_ * 1e12;
+  if (budget_option_->count() > 0) {
+    FP4MOE_CHECK(std::isfinite(memory_budget_gib_) && memory_budget_gib_ > 0,
+                 "--memory-budget must be > 0 GiB, got {}", memory_budget_gib_);
+    opts_.memory_budget_bytes = static_cast<size_t>(memory_budget_gib_ * 1073741824.0);
+  }
+
+  std::string name = std::filesystem::path(config_path).stem().string();
+  if (name.empty()) name = cfg_.model.name.empty() ? "run" : cfg_.model.name;
+  opts_.run_name = run_.empty() ? name : run_;
+  check_run_name(opts_.run_name);
+  opts_.out_path = out_.empty() ? default_train_out_path(name) : out_;
+  opts_.config_path = config_path;
+
+  if (!resume_.empty()) {
+    opts_.resume_path = resolve_resume_path(resume_, cfg_.train.checkpoint_dir);
+    const CheckpointReader ckpt(opts_.resume_path, model_config_hash(cfg_));  // header, index, configuration hash
+    FP4MOE_CHECK(ckpt.state().step < static_cast<uint64_t>(cfg_.train.steps),
+                 "--resume: checkpoint '{}' is at step {}, not below train.steps = {}: nothing left to train (raise "
+                 "--train.steps)",
+                 opts_.resume_path, ckpt.state().step, cfg_.train.steps);
+  }
+}
+
+std::string default_train_out_path(const std::string& config_name) {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  return fmt::format("runs/train-{}-{}.h5", config_name, stamp);
+}
+
+TrainRequest parse_train_command(const std::vector<std::string>& args) {
+  CLI::App app{"fp4moe train"};
+  TrainCommandLine cl(app);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse order
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& err) {
+    FP4MOE_CHECK(false, "command line: {}", err.what());
+  }
+  cl.resolve();
+  return {cl.config(), cl.options(), cl.dry_run(), cl.no_data_check()};
+}
+
+}  // namespace fp4moe

@@ -1,0 +1,179 @@
+#include "trainer/train/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "kernels/common/check.h"
+#include "results/h5_file.h"
+#include "results/h5_read.h"
+#include "results/run_info.h"
+
+namespace fp4moe {
+
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+// The train.* settings and recompute.modules, in one order for the attributes and the checkpoint text.
+Attributes train_settings(const TrainerConfig& cfg) {
+  const TrainingConfig& t = cfg.train;
+  Attributes a;
+  auto add = [&](const char* key, Value v) { a.emplace_back(key, std::move(v)); };
+  add("train.data_dir", t.data_dir);
+  add("train.seq_len", t.seq_len);
+  add("train.micro_batch", t.micro_batch);
+  add("train.grad_accum", t.grad_accum);
+  add("train.steps", t.steps);
+  add("train.lr", t.lr);
+  add("train.warmup_steps", t.warmup_steps);
+  add("train.min_lr", t.min_lr);
+  add("train.weight_decay", t.weight_decay);
+  add("train.beta1", t.beta1);
+  add("train.beta2", t.beta2);
+  add("train.eps", t.eps);
+  add("train.grad_clip", t.grad_clip);
+  if (t.seed <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    add("train.seed", static_cast<int64_t>(t.seed));
+  else
+    add("train.seed", std::to_string(t.seed));
+  add("train.eval_interval", t.eval_interval);
+  add("train.eval_steps", t.eval_steps);
+  add("train.non_finite", std::string(t.non_finite == NonFinitePolicy::stop ? "stop" : "skip"));
+  add("train.checkpoint_interval", t.checkpoint_interval);
+  add("train.checkpoint_dir", t.checkpoint_dir);
+  add("train.tokens_per_step", t.tokens_per_step());
+  add("recompute.modules", cfg.recompute.modules.empty() ? std::string("none")
+                                                         : fmt::format("{}", fmt::join(cfg.recompute.modules, " ")));
+  return a;
+}
+
+std::string value_text(const Value& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  return fmt::format("{}", std::get<double>(v));
+}
+
+// Column `name` of the table at `group` (no leading '/'), as float64.
+std::vector<double> read_column(const H5Reader& r, const std::string& group, const std::string& name, size_t rows) {
+  const std::string ds = group + "/" + name;
+  FP4MOE_CHECK(r.has_dataset(ds), "result file '{}': /{} has no column '{}'", r.path(), group, name);
+  std::vector<double> v = r.read_f64(ds);
+  FP4MOE_CHECK(rows == static_cast<size_t>(-1) || v.size() == rows,
+               "result file '{}': column /{} holds {} rows, the table's other columns {}", r.path(), ds, v.size(), rows);
+  return v;
+}
+
+}  // namespace
+
+void MemoryPeaks::merge(const DeviceMemory& mem) {
+  for (int c = 0; c < kMemCategories; ++c) peak[c] = std::max(peak[c], mem.peak(static_cast<MemCategory>(c)));
+  peak_total = std::max(peak_total, mem.peak_total());
+  budget = mem.budget();
+}
+
+Attributes train_run_attributes(const TrainerConfig& cfg) {
+  Attributes a;
+  a.emplace_back("model_config_text", model_config_text(cfg));
+  a.emplace_back("model_config_hash", fmt::format("{:016x}", model_config_hash(cfg)));
+  a.emplace_back("model.name", cfg.model.name);
+  for (auto& kv : train_settings(cfg)) a.push_back(std::move(kv));
+  return a;
+}
+
+std::string train_config_text(const TrainerConfig& cfg) {
+  std::string s = model_config_text(cfg);
+  for (const auto& [key, v] : train_settings(cfg)) s += fmt::format("{} = {}\n", key, value_text(v));
+  return s;
+}
+
+void check_run_name(const std::string& run) {
+  FP4MOE_CHECK(!run.empty() && run.find('/') == std::string::npos && run != "." && run != "..",
+               "run name '{}' cannot name an HDF5 group: it must be non-empty, without '/', and not '.' or '..'", run);
+}
+
+TrainMetrics::TrainMetrics(std::string run, Attributes attributes, std::string command, EnvInfo env)
+    : run_(std::move(run)), attributes_(std::move(attributes)), command_(std::move(command)), env_(std::move(env)) {
+  check_run_name(run_);
+}
+
+void TrainMetrics::set_attribute(const std::string& name, Value v) {
+  fp4moe::set_attribute(attributes_, name, std::move(v));
+}
+
+void TrainMetrics::add_step(const StepRecord& r) {
+  FP4MOE_CHECK(steps_.empty() || r.step > steps_.back().step, "metrics: step {} does not follow step {}", r.step,
+               steps_.back().step);
+  steps_.push_back(r);
+}
+
+void TrainMetrics::add_eval(const EvalRecord& r) { evals_.push_back(r); }
+
+void TrainMetrics::load_previous(const std::string& path, int64_t up_to_step) {
+  FP4MOE_CHECK(steps_.empty() && evals_.empty(), "metrics: load_previous must come before any row");
+  const H5Reader r(path);
+  const std::string steps = "train/" + run_ + "/steps", eval = "train/" + run_ + "/eval";
+  if (r.has_dataset(steps + "/step")) {
+    const std::vector<double> step = read_column(r, steps, "step", static_cast<size_t>(-1));
+    const size_t n = step.size();
+    const auto tokens = read_column(r, steps, "tokens", n), loss = read_column(r, steps, "loss", n),
+               lr = read_column(r, steps, "lr", n), norm = read_column(r, steps, "grad_norm", n),
+               tps = read_column(r, steps, "tokens_per_s", n), mfu = read_column(r, steps, "mfu", n),
+               act = read_column(r, steps, "peak_act_gib", n), total = read_column(r, steps, "peak_total_gib", n),
+               skipped = read_column(r, steps, "skipped", n);
+    for (size_t i = 0; i < n; ++i) {
+      if (step[i] > static_cast<double>(up_to_step)) continue;
+      add_step({static_cast<int64_t>(step[i]), static_cast<int64_t>(tokens[i]), loss[i], lr[i], norm[i], tps[i],
+                mfu[i], act[i], total[i], static_cast<int64_t>(skipped[i])});
+    }
+  }
+  if (r.has_dataset(eval + "/step")) {
+    const std::vector<double> step = read_column(r, eval, "step", static_cast<size_t>(-1));
+    const auto tokens = read_column(r, eval, "tokens", step.size()), loss = read_column(r, eval, "val_loss", step.size());
+    for (size_t i = 0; i < step.size(); ++i)
+      if (step[i] <= static_cast<double>(up_to_step))
+        add_eval({static_cast<int64_t>(step[i]), static_cast<int64_t>(tokens[i]), loss[i]});
+  }
+}
+
+void TrainMetrics::write(const std::string& path) const {
+  ResultFile file;
+  fill_root_attributes(file, command_, env_);
+
+  Table run;  // no columns: the group that carries the configuration
+  for (const auto& [name, v] : attributes_) run.set_attribute(name, v);
+  file.add_table("/train/" + run_, std::move(run));
+
+  Table steps;
+  steps.add_column("step", ColumnType::i64).add_column("tokens", ColumnType::i64).add_column("loss", ColumnType::f64);
+  steps.add_column("lr", ColumnType::f64).add_column("grad_norm", ColumnType::f64);
+  steps.add_column("tokens_per_s", ColumnType::f64).add_column("mfu", ColumnType::f64);
+  steps.add_column("peak_act_gib", ColumnType::f64).add_column("peak_total_gib", ColumnType::f64);
+  steps.add_column("skipped", ColumnType::i64);
+  for (const StepRecord& s : steps_)
+    steps.add_row({s.step, s.tokens, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.mfu, s.peak_act_gib,
+                   s.peak_total_gib, s.skipped});
+  file.add_table("/train/" + run_ + "/steps", std::move(steps));
+
+  Table eval;
+  eval.add_column("step", ColumnType::i64).add_column("tokens", ColumnType::i64).add_column("val_loss", ColumnType::f64);
+  for (const EvalRecord& e : evals_) eval.add_row({e.step, e.tokens, e.val_loss});
+  file.add_table("/train/" + run_ + "/eval", std::move(eval));
+
+  Table mem;
+  mem.add_column("category", ColumnType::str).add_column("peak_bytes", ColumnType::i64);
+  mem.add_column("peak_gib", ColumnType::f64);
+  for (int c = 0; c < kMemCategories; ++c)
+    mem.add_row({std::string(mem_category_name(static_cast<MemCategory>(c))), static_cast<int64_t>(memory_.peak[c]),
+                 static_cast<double>(memory_.peak[c]) / kGiB});
+  mem.add_row({std::string("total"), static_cast<int64_t>(memory_.peak_total),
+               static_cast<double>(memory_.peak_total) / kGiB});
+  mem.set_attribute("budget_bytes", static_cast<int64_t>(memory_.budget));
+  file.add_table("/memory/" + run_, std::move(mem));
+
+  file.write(path);
+}
+
+}  // namespace fp4moe

@@ -1,0 +1,106 @@
+// The metrics of a training run in its HDF5 result file (DESIGN.md "Results"), kept in memory and rewritten whole
+// (atomically, through results/h5_file.h) at every evaluation, every checkpoint and at the end:
+//
+//   /                      root attributes (results/run_info.h: schema_version, git_sha, date, gpu, driver, cuda,
+//                          cublaslt, nccl, host, command)
+//   /train/<run>           the configuration as attributes (train_run_attributes), an empty `columns` list
+//   /train/<run>/steps     one row per optimizer step: step, tokens, loss, lr, grad_norm, tokens_per_s, mfu,
+//                          peak_act_gib, peak_total_gib, skipped (StepRecord)
+//   /train/<run>/eval      one row per evaluation: step, tokens, val_loss (EvalRecord)
+//   /memory/<run>          per-category peaks of the device allocator: category (weights, grads, optimizer,
+//                          activations, comm, workspace, total), peak_bytes, peak_gib; attribute budget_bytes
+//
+// GiB are 2^30 bytes. A run resumed from a checkpoint can carry the rows of an earlier file of the same run up to
+// the checkpoint's step (load_previous), so one file holds the whole curve.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "results/env_info.h"
+#include "results/table.h"
+#include "trainer/config.h"
+#include "trainer/memory.h"
+
+namespace fp4moe {
+
+// One row of /train/<run>/steps.
+struct StepRecord {
+  int64_t step = 0;           // the optimizer step just completed, 1-based
+  int64_t tokens = 0;         // training tokens consumed up to and including this step (whole run)
+  double loss = 0;            // mean over the step's micro-batches of their mean cross-entropy (nats/token)
+  double lr = 0;              // learning rate of this step (trainer/train/schedule.h)
+  double grad_norm = 0;       // global L2 norm of the gradient before clipping
+  double tokens_per_s = 0;    // this step's tokens / its wall time, per GPU
+  double mfu = 0;             // model FLOPs utilization of the step, 0..1 (trainer/flops.h)
+  double peak_act_gib = 0;    // peak of MemCategory::activations during the step
+  double peak_total_gib = 0;  // peak of all categories during the step
+  int64_t skipped = 0;        // 1: update skipped (non-finite loss or gradient norm, policy skip), else 0
+};
+
+// One row of /train/<run>/eval.
+struct EvalRecord {
+  int64_t step = 0;      // steps completed when it ran
+  int64_t tokens = 0;    // training tokens consumed by then
+  double val_loss = 0;   // mean over train.eval_steps validation batches of their mean cross-entropy
+};
+
+// Per-category peaks of a DeviceMemory over a whole run (bytes).
+struct MemoryPeaks {
+  std::array<size_t, kMemCategories> peak{};
+  size_t peak_total = 0;
+  size_t budget = 0;  // 0: none
+  // peak := max(peak, mem's peaks since its last reset_peaks); budget := mem's.
+  void merge(const DeviceMemory& mem);
+};
+
+// The configuration as attributes of /train/<run>: model_config_text and model_config_hash (16 hex digits) of
+// trainer/config.h, model.name, every train.* setting (numbers as int64/float64, train.seed as int64 when it fits,
+// else as decimal text; train.non_finite as text), train.tokens_per_step and recompute.modules (space-separated,
+// "none" when empty).
+Attributes train_run_attributes(const TrainerConfig& cfg);
+
+// The text a checkpoint keeps for provenance: model_config_text, then one `key = value` line per train.* setting
+// and recompute.modules (the attributes above).
+std::string train_config_text(const TrainerConfig& cfg);
+
+// Throws fp4moe::Error unless `run` can name an HDF5 group: non-empty, no '/', not "." or "..".
+void check_run_name(const std::string& run);
+
+class TrainMetrics {
+ public:
+  // run: the group name under /train and /memory (check_run_name). attributes: those of /train/<run>.
+  // command and env: the root attributes.
+  TrainMetrics(std::string run, Attributes attributes, std::string command, EnvInfo env);
+
+  // Rejects (fp4moe::Error) a step not above the last row's.
+  void add_step(const StepRecord& r);
+  void add_eval(const EvalRecord& r);
+  void set_memory(const MemoryPeaks& m) { memory_ = m; }
+  void set_attribute(const std::string& name, Value v);
+
+  const std::vector<StepRecord>& steps() const { return steps_; }
+  const std::vector<EvalRecord>& evals() const { return evals_; }
+
+  // Takes the rows with step <= up_to_step of /train/<run>/steps and /eval from an existing result file (before
+  // any row was added here). A file without this run's tables adds nothing. Throws fp4moe::Error for a file that
+  // is not HDF5, or columns missing or of different lengths, naming the file.
+  void load_previous(const std::string& path, int64_t up_to_step);
+
+  // Writes the whole file atomically (results/h5_file.h; an existing file is replaced). Throws fp4moe::Error.
+  void write(const std::string& path) const;
+
+ private:
+  std::string run_;
+  Attributes attributes_;
+  std::string command_;
+  EnvInfo env_;
+  std::vector<StepRecord> steps_;
+  std::vector<EvalRecord> evals_;
+  MemoryPeaks memory_;
+};
+
+}  // namespace fp4moe

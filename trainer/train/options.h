@@ -1,0 +1,40 @@
+// How one training run is carried out, beside its configuration (trainer/config.h): where its metrics go, what it
+// resumes from, how it reports progress, and test hooks. Filled by `fp4moe train` (trainer/train/command_line.h)
+// or directly by tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "trainer/flops.h"
+
+namespace fp4moe {
+
+enum class ProgressMode { automatic, terminal, plain };
+
+struct TrainerOptions {
+  std::string out_path;     // HDF5 result file (trainer/train/metrics.h), replaced at each write; "": none written
+  std::string run_name;     // group under /train and /memory (check_run_name); "": model.name, else "run"
+  std::string resume_path;  // checkpoint to continue from (an existing file; resolve_resume_path turns "latest"
+                            // into one); "": a fresh start from init_weights(train.seed)
+  std::string config_path;  // the TOML file, recorded with the run ("" when none)
+  std::string command;      // the root attribute `command` (the command line)
+
+  bool synthetic_data = false;               // seeded synthetic tokens (trainer/train/batch.h) instead of shards
+  double peak_flops = kH100H200DenseBf16Flops;  // FLOP/s the MFU is quoted against (> 0)
+  size_t memory_budget_bytes = 0;            // DeviceMemory budget (0: none)
+
+  std::FILE* log = stderr;                   // progress and event lines; null: silent
+  ProgressMode progress = ProgressMode::automatic;  // automatic: a terminal line when `log` is a terminal
+  int64_t log_interval = 10;                 // plain mode: a line every log_interval steps (>= 1)
+  bool handle_signals = true;                // SIGINT/SIGTERM stop the run after the current step (stop_signals.h)
+
+  // Test hook: at this 1-based step (0: never) the step's loss is replaced by NaN and a NaN is written into the
+  // first parameter's gradient before the global norm, as a diverging step would give; the train.non_finite
+  // policy then acts on it. Not set by the command line.
+  int64_t inject_nonfinite_step = 0;
+};
+
+}  // namespace fp4moe

@@ -1,0 +1,194 @@
+#include "trainer/train/trainer.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include "kernels/common/check.h"
+#include "results/env_info.h"
+#include "trainer/flops.h"
+#include "trainer/train/stop_signals.h"
+#include "trainer/train/trainer_state.h"
+
+namespace fp4moe {
+
+namespace fs = std::filesystem;
+
+Trainer::State::~State() {
+  if (stream) cudaStreamSynchronize(stream);  // no throw from a destructor
+  model.reset();
+  tokens.reset();
+  targets.reset();
+  norm_workspace.reset();
+  norm_and_scale.reset();
+  mem.reset();
+  if (uploaded) cudaEventDestroy(uploaded);
+  if (pinned) cudaFreeHost(pinned);
+  if (pinned_norm) cudaFreeHost(pinned_norm);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void Trainer::State::setup() {
+  const TrainingConfig& t = cfg.train;
+  // Everything that can be refused without a device, first.
+  validate_config(cfg);
+  if (!opts.synthetic_data) validate_data(cfg);
+  FP4MOE_CHECK(opts.log_interval >= 1, "log_interval must be >= 1, got {}", opts.log_interval);
+  FP4MOE_CHECK(std::isfinite(opts.peak_flops) && opts.peak_flops > 0, "peak_flops must be > 0, got {}",
+               opts.peak_flops);
+  FP4MOE_CHECK(opts.inject_nonfinite_step >= 0, "inject_nonfinite_step must be >= 0, got {}",
+               opts.inject_nonfinite_step);
+  run_name = !opts.run_name.empty() ? opts.run_name : !cfg.model.name.empty() ? cfg.model.name : "run";
+  check_run_name(run_name);
+  std::error_code ec;
+  FP4MOE_CHECK(opts.resume_path.empty() || fs::is_regular_file(opts.resume_path, ec),
+               "resume: checkpoint '{}' does not exist or is not a file", opts.resume_path);
+
+  B = t.micro_batch;
+  T = t.seq_len;
+  tokens_per_step = t.tokens_per_step();
+  flops_per_token = model_flops_per_token(cfg, T).training;
+  rows.resize(static_cast<size_t>(B * (T + 1)));
+  if (opts.synthetic_data) {
+    train = TokenBatches::synthetic(t.seed, kSyntheticTrainStream, cfg.model.vocab_size, B, T);
+    if (t.eval_interval > 0) val = TokenBatches::synthetic(t.seed, kSyntheticValStream, cfg.model.vocab_size, B, T);
+  } else {
+    auto shards = [&](const char* split, bool shuffle) {
+      DataLoaderConfig dc;
+      dc.shard_paths = find_token_shards(t.data_dir, split);
+      dc.vocab_size = static_cast<uint32_t>(cfg.model.vocab_size);
+      dc.batch_size = B;
+      dc.seq_len = T;
+      dc.seed = t.seed;
+      dc.shuffle = shuffle;
+      return TokenBatches::from_shards(std::move(dc));
+    };
+    train = shards("train", true);
+    if (t.eval_interval > 0) val = shards("val", false);
+  }
+  const std::string no_gpu = why_no_cuda_device();
+  FP4MOE_CHECK(no_gpu.empty(), "{}: training needs one", no_gpu);
+
+  if (!opts.out_path.empty() && fs::path(opts.out_path).has_parent_path()) {
+    fs::create_directories(fs::path(opts.out_path).parent_path(), ec);
+    FP4MOE_CHECK(!ec, "cannot create the folder of the result file '{}': {}", opts.out_path, ec.message());
+  }
+  if (!t.checkpoint_dir.empty()) {
+    fs::create_directories(t.checkpoint_dir, ec);
+    FP4MOE_CHECK(!ec, "cannot create train.checkpoint_dir '{}': {}", t.checkpoint_dir, ec.message());
+  }
+
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), static_cast<size_t>(2 * B * T) * sizeof(int32_t),
+                           cudaHostAllocDefault));
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_norm), sizeof(float), cudaHostAllocDefault));
+  mem = std::make_unique<DeviceMemory>(opts.memory_budget_bytes);
+  model = std::make_unique<Model>(cfg, *mem, stream);
+  tokens = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch tokens [B*T]");
+  targets = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch targets [B*T]");
+  norm_workspace = DeviceArray<double>(*mem, kGradNormSlots, MemCategory::workspace, "gradient norm partial sums");
+  norm_and_scale = DeviceArray<float>(*mem, 2, MemCategory::workspace, "gradient norm and clip scale");
+  for (const Param& p : model->params().params()) grads.push_back({p.grad, p.n});
+
+  metrics = std::make_unique<TrainMetrics>(run_name, train_run_attributes(cfg), opts.command, query_env_info());
+  metrics->set_attribute("config_file", opts.config_path);
+  metrics->set_attribute("synthetic_data", static_cast<int64_t>(opts.synthetic_data ? 1 : 0));
+  metrics->set_attribute("peak_flops", opts.peak_flops);
+  metrics->set_attribute("training_flops_per_token", flops_per_token);
+  metrics->set_attribute("memory_budget_bytes", static_cast<int64_t>(opts.memory_budget_bytes));
+  metrics->set_attribute("resumed_from", opts.resume_path);
+
+  if (opts.resume_path.empty()) {
+    model->init_weights(t.seed);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  } else {
+    restore(opts.resume_path);
+    if (!opts.out_path.empty() && fs::exists(opts.out_path, ec)) metrics->load_previous(opts.out_path, step);
+  }
+  result.start_step = step;
+  run_peaks.merge(*mem);  // construction and initialisation
+
+  const bool terminal = opts.progress == ProgressMode::terminal ||
+                        (opts.progress == ProgressMode::automatic && ProgressPrinter::is_terminal(opts.log));
+  progress = std::make_unique<ProgressPrinter>(opts.log, terminal, opts.log_interval);
+}
+
+void Trainer::State::upload(TokenBatches& source) {
+  source.next(rows);
+  CUDA_CHECK(cudaEventSynchronize(uploaded));  // the previous batch's copies out of `pinned` have finished
+  const size_t n = static_cast<size_t>(B * T);
+  split_rows(rows, B, T, {pinned, n}, {pinned + n, n});
+  CUDA_CHECK(cudaMemcpyAsync(tokens.data(), pinned, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaMemcpyAsync(targets.data(), pinned + n, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaEventRecord(uploaded, stream));
+}
+
+Trainer::Trainer(const TrainerConfig& cfg, const TrainerOptions& options) : s_(std::make_unique<State>()) {
+  s_->cfg = cfg;
+  s_->opts = options;
+  s_->setup();
+}
+
+Trainer::~Trainer() = default;
+
+Model& Trainer::model() { return *s_->model; }
+const DeviceMemory& Trainer::memory() const { return *s_->mem; }
+int64_t Trainer::step() const { return s_->step; }
+
+TrainResult Trainer::run() {
+  State& s = *s_;
+  const TrainingConfig& t = s.cfg.train;
+  FP4MOE_CHECK(s.step < t.steps, "Trainer::run: already at step {} of train.steps = {}", s.step, t.steps);
+  std::optional<StopSignals> signals;
+  if (s.opts.handle_signals) signals.emplace();
+
+  s.progress->message(fmt::format(
+      "training {}: steps {}..{} of {} tokens ({} rows x {} tokens x {} micro-batches), {}{}", s.run_name,
+      s.step + 1, t.steps, s.tokens_per_step, s.B, s.T, t.grad_accum,
+      s.opts.synthetic_data ? std::string("synthetic tokens") : fmt::format("shards of {}", t.data_dir),
+      s.opts.out_path.empty() ? std::string() : fmt::format(", results in {}", s.opts.out_path)));
+  s.run_start = State::Clock::now();
+  while (s.step < t.steps) {
+    const StepRecord r = s.train_step();
+    s.metrics->add_step(r);
+    s.result.steps.push_back(r);
+    const double elapsed = std::chrono::duration<double>(State::Clock::now() - s.run_start).count();
+    const double eta = elapsed / static_cast<double>(s.step - s.result.start_step) * static_cast<double>(t.steps - s.step);
+    s.progress->step({s.step, t.steps, r.loss, r.lr, r.tokens_per_s, r.mfu, r.peak_total_gib, eta, s.result.skipped});
+
+    const bool eval_now = t.eval_interval > 0 && s.step % t.eval_interval == 0;
+    if (eval_now) s.evaluate();
+    if (t.checkpoint_interval > 0 && s.step % t.checkpoint_interval == 0)
+      s.checkpoint();  // writes the metrics file too
+    else if (eval_now)
+      s.write_metrics();
+    if (StopSignals::pending() != 0) {
+      s.result.stop_signal = StopSignals::pending();
+      s.progress->message(fmt::format("{} received: stopping after step {}", stop_signal_name(s.result.stop_signal),
+                                      s.step));
+      break;
+    }
+  }
+  if (s.result.stop_signal == 0 && t.eval_interval > 0 && s.last_eval_step != s.step) s.evaluate();
+  if (!t.checkpoint_dir.empty() && s.last_checkpoint_step != s.step) s.checkpoint();
+  s.write_metrics();
+
+  const double seconds = std::chrono::duration<double>(State::Clock::now() - s.run_start).count();
+  s.result.step = s.step;
+  s.result.optimizer_steps = s.optimizer_steps;
+  s.result.tokens = s.tokens_seen;
+  std::string summary = fmt::format("{} at step {}/{} after {}: loss {:.4f}", s.result.stop_signal ? "stopped" : "done",
+                                    s.step, t.steps, format_duration(seconds), s.result.steps.back().loss);
+  if (!s.result.evals.empty()) summary += fmt::format(", val_loss {:.4f}", s.result.evals.back().val_loss);
+  if (s.result.skipped > 0) summary += fmt::format(", {} steps skipped", s.result.skipped);
+  if (!s.opts.out_path.empty()) summary += fmt::format("; results in {}", s.opts.out_path);
+  if (!s.result.last_checkpoint.empty()) summary += fmt::format("; last checkpoint {}", s.result.last_checkpoint);
+  s.progress->message(summary);
+  s.progress->finish();
+  return s.result;
+}
+
+}  // namespace fp4moe

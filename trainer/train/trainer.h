@@ -1,0 +1,87 @@
+// The training loop of the reference trainer (DESIGN.md "Trainer"): drives a Model (trainer/model/model.h) over
+// batches of token shards or synthetic tokens, with AdamW, the learning-rate schedule, evaluation, metrics,
+// progress, checkpoints and resumption. `fp4moe train` (cli/cmd_train.cpp) is a thin layer over it.
+//
+// One optimizer step s (1-based; B = train.micro_batch, T = train.seq_len):
+//   1. Zero the grads. train.grad_accum micro-batches: the next [B, T+1] rows -> tokens and targets [B*T]
+//      (split_rows, trainer/train/batch.h) through a pinned host buffer to the device, then
+//      forward_backward(grad_scale = 1 / grad_accum). The step's loss is the mean of the micro-batch losses.
+//   2. The global gradient norm over every Param's grad and the clip scale (grad_global_norm,
+//      kernels/nn/adamw.h, with max_norm = train.grad_clip, or +Inf when it is 0: no clipping).
+//   3. If the loss or the norm is not finite, train.non_finite decides: `skip` applies no update (the step still
+//      counts; the row says skipped = 1 and a line is printed); `stop` writes a checkpoint of the state after step
+//      s - 1 (when train.checkpoint_dir is set) and the metrics file, then throws fp4moe::Error naming step s.
+//      Otherwise adamw_step on every Param: lr = learning_rate(train, s) (trainer/train/schedule.h), weight decay
+//      train.weight_decay where Param::decay and 0 elsewhere, bias corrections from the 1-based count of updates
+//      applied so far, the device clip scale as grad_scale; then Model::end_step().
+//   4. A row of metrics (trainer/train/metrics.h). Every train.eval_interval steps an evaluation; every
+//      train.checkpoint_interval steps a checkpoint (train.checkpoint_dir/step_<8 digits>.ckpt); after either,
+//      the metrics file. A SIGINT or SIGTERM (options.handle_signals) ends the run after the current step.
+// At the end (and when stopped by a signal): an evaluation when eval_interval > 0 and the last step had none (not
+// after a signal), a checkpoint when checkpoint_dir is set and the last step had none, the metrics file.
+//
+// Evaluation: the validation batches (val shards in file order, or the synthetic validation stream) are reset, so
+// every evaluation sees the same eval_steps batches of B rows; forward only; val_loss is the mean of their losses.
+//
+// Checkpoints hold the tensors of trainer/train/param_checkpoint.h and CheckpointState: model_config_hash, the
+// step, the optimizer steps (updates applied), the tokens seen, the RNG state (the synthetic stream's position),
+// the data loader's state and train_config_text. Resuming (options.resume_path) restores all of it instead of
+// init_weights, so that the steps after the checkpoint give bitwise the losses of an uninterrupted run (the model
+// is deterministic). When options.out_path already exists, its rows of this run up to the checkpoint's step are
+// carried into the new file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/train/metrics.h"
+#include "trainer/train/options.h"
+
+namespace fp4moe {
+
+class Model;
+
+// What run() did.
+struct TrainResult {
+  int64_t start_step = 0;       // steps completed before this run (the checkpoint's step; 0 for a fresh start)
+  int64_t step = 0;             // steps completed when it ended
+  int64_t optimizer_steps = 0;  // updates applied in total (step minus all skipped steps)
+  int64_t tokens = 0;           // training tokens consumed in total
+  int64_t skipped = 0;          // steps skipped in this run
+  std::vector<StepRecord> steps;  // this run's steps (not rows carried over from an earlier file)
+  std::vector<EvalRecord> evals;  // this run's evaluations
+  int stop_signal = 0;          // the SIGINT/SIGTERM that ended the run early; 0 when it reached train.steps
+  std::string last_checkpoint;  // the last checkpoint written, "" when none
+};
+
+class Trainer {
+ public:
+  // Checks everything that can be checked without a device first: validate_config, validate_data (unless
+  // options.synthetic_data), the options (log_interval >= 1, peak_flops > 0, the run name, an existing
+  // resume_path), the shards' payloads (DataLoader), a CUDA device. Then creates the output and checkpoint
+  // folders, the stream, the DeviceMemory (options.memory_budget_bytes), the Model and the batch buffers, and
+  // initialises the weights from train.seed or restores options.resume_path. Throws fp4moe::Error; an
+  // allocation over the budget throws with the allocator's report.
+  Trainer(const TrainerConfig& cfg, const TrainerOptions& options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains up to train.steps (from the restored step when resuming). Throws fp4moe::Error as described above
+  // (non-finite step under `stop`) and for CUDA or I/O failures. Call once.
+  TrainResult run();
+
+  Model& model();
+  const DeviceMemory& memory() const;
+  int64_t step() const;  // steps completed
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace fp4moe

@@ -1,0 +1,70 @@
+// The Trainer's evaluation, checkpoints, resumption and metrics file (documented in trainer/train/trainer.h).
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "kernels/common/check.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train/param_checkpoint.h"
+#include "trainer/train/trainer_state.h"
+
+namespace fp4moe {
+
+void Trainer::State::evaluate() {
+  const int64_t batches = cfg.train.eval_steps;
+  val->reset();
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    upload(*val);
+    sum += model->forward(tokens.data(), targets.data(), B).loss;
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  run_peaks.merge(*mem);
+  const EvalRecord e{step, tokens_seen, sum / static_cast<double>(batches)};
+  metrics->add_eval(e);
+  result.evals.push_back(e);
+  last_eval_step = step;
+  progress->message(fmt::format("eval at step {}: val_loss {:.4f} ({} batches of {} x {} tokens)", step, e.val_loss,
+                                batches, B, T));
+}
+
+std::string Trainer::State::checkpoint() {
+  const std::string path =
+      (std::filesystem::path(cfg.train.checkpoint_dir) / checkpoint_file_name(static_cast<uint64_t>(step))).string();
+  CheckpointState st;
+  st.config_hash = model_config_hash(cfg);
+  st.step = static_cast<uint64_t>(step);
+  st.optimizer_steps = static_cast<uint64_t>(optimizer_steps);
+  st.tokens_seen = static_cast<uint64_t>(tokens_seen);
+  st.rng = train->rng_state();
+  st.data_loader = train->loader_state();
+  st.config_text = train_config_text(cfg);
+  save_param_checkpoint(path, model->params(), st, stream);
+  last_checkpoint_step = step;
+  result.last_checkpoint = path;
+  write_metrics();
+  progress->message(fmt::format("checkpoint at step {}: {}", step, path));
+  return path;
+}
+
+void Trainer::State::restore(const std::string& path) {
+  const CheckpointState st = load_param_checkpoint(path, model->params(), model_config_hash(cfg), stream);
+  FP4MOE_CHECK(st.step < static_cast<uint64_t>(cfg.train.steps),
+               "resume: checkpoint '{}' is at step {}, not below train.steps = {}: nothing left to train", path,
+               st.step, cfg.train.steps);
+  FP4MOE_CHECK(st.optimizer_steps <= st.step, "resume: checkpoint '{}' counts {} updates in {} steps", path,
+               st.optimizer_steps, st.step);
+  train->restore(st.data_loader, st.rng);
+  step = static_cast<int64_t>(st.step);
+  optimizer_steps = static_cast<int64_t>(st.optimizer_steps);
+  tokens_seen = static_cast<int64_t>(st.tokens_seen);
+  last_checkpoint_step = step;  // the file we came from holds this state
+}
+
+void Trainer::State::write_metrics() {
+  if (opts.out_path.empty()) return;
+  metrics->set_memory(run_peaks);
+  metrics->write(opts.out_path);
+}
+
+}  // namespace fp4moe

@@ -1,0 +1,69 @@
+// Private to trainer/train/trainer*.cpp: the Trainer's state, shared by the loop (trainer.cpp), the optimizer step
+// (trainer_step.cpp) and evaluation, checkpoints and metrics (trainer_io.cpp).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/nn/adamw.h"
+#include "trainer/memory.h"
+#include "trainer/model/model.h"
+#include "trainer/train/batch.h"
+#include "trainer/train/metrics.h"
+#include "trainer/train/progress.h"
+#include "trainer/train/trainer.h"
+
+namespace fp4moe {
+
+struct Trainer::State {
+  using Clock = std::chrono::steady_clock;
+
+  TrainerConfig cfg;
+  TrainerOptions opts;
+  std::string run_name;
+  int64_t B = 0, T = 0;            // rows per micro-batch, tokens per row
+  int64_t tokens_per_step = 0;     // B * T * grad_accum
+  double flops_per_token = 0;      // training model FLOPs per token (trainer/flops.h)
+
+  cudaStream_t stream = nullptr;
+  cudaEvent_t uploaded = nullptr;  // recorded after the copies out of `pinned`
+  int32_t* pinned = nullptr;       // host, page-locked [2 * B * T]: tokens, then targets
+  float* pinned_norm = nullptr;    // host, page-locked [1]
+  std::vector<int32_t> rows;       // host [B, T+1], the batch as the source gives it
+
+  std::unique_ptr<DeviceMemory> mem;  // declared before everything it allocates (destroyed after them)
+  std::unique_ptr<Model> model;
+  DeviceArray<int32_t> tokens, targets;  // device [B * T]
+  DeviceArray<double> norm_workspace;    // device [kGradNormSlots]
+  DeviceArray<float> norm_and_scale;     // device [2]: global gradient norm, clip scale
+  std::vector<GradTensor> grads;         // every Param's grad, in store order
+
+  std::unique_ptr<TokenBatches> train, val;  // val: null when eval_interval = 0
+  std::unique_ptr<TrainMetrics> metrics;
+  std::unique_ptr<ProgressPrinter> progress;
+  MemoryPeaks run_peaks;
+
+  int64_t step = 0, optimizer_steps = 0, tokens_seen = 0;
+  int64_t last_eval_step = -1, last_checkpoint_step = -1;
+  Clock::time_point run_start;
+  TrainResult result;
+
+  ~State();
+  void setup();                       // trainer.cpp: everything the constructor does
+  void upload(TokenBatches& source);  // the next batch of `source` -> tokens, targets (on `stream`)
+
+  StepRecord train_step();            // trainer_step.cpp
+  [[noreturn]] void stop_non_finite(int64_t bad_step, double loss, double norm);
+
+  void evaluate();                    // trainer_io.cpp: runs, records and prints an evaluation
+  std::string checkpoint();           // writes step's checkpoint and the metrics file; returns the path
+  void restore(const std::string& path);
+  void write_metrics();               // no-op without opts.out_path
+};
+
+}  // namespace fp4moe

@@ -1,0 +1,110 @@
+// One optimizer step of the Trainer (the sequence is documented in trainer/train/trainer.h).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/common/check.h"
+#include "trainer/train/schedule.h"
+#include "trainer/train/trainer_state.h"
+
+namespace fp4moe {
+
+namespace {
+constexpr double kGiB = 1073741824.0;
+}  // namespace
+
+StepRecord Trainer::State::train_step() {
+  const TrainingConfig& t = cfg.train;
+  const int64_t s = step + 1;
+  const Clock::time_point start = Clock::now();
+  const DataLoaderState loader_before = train->loader_state();
+  const RngState rng_before = train->rng_state();
+  ParamStore& store = model->params();
+
+  mem->reset_peaks();
+  store.zero_grads(stream);
+  const float grad_scale = 1.0f / static_cast<float>(t.grad_accum);
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
+    upload(*train);
+    loss_sum += model->forward_backward(tokens.data(), targets.data(), B, grad_scale).loss;
+  }
+  double loss = loss_sum / static_cast<double>(t.grad_accum);
+  if (opts.inject_nonfinite_step == s) {  // test hook (TrainerOptions): a diverged step
+    loss = std::numeric_limits<double>::quiet_NaN();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    CUDA_CHECK(cudaMemcpyAsync(store.params().front().grad, &nan, sizeof(float), cudaMemcpyHostToDevice, stream));
+  }
+
+  const float max_norm = t.grad_clip > 0 ? static_cast<float>(t.grad_clip) : std::numeric_limits<float>::infinity();
+  float* norm_d = norm_and_scale.data();
+  float* scale_d = norm_and_scale.data() + 1;
+  grad_global_norm(grads.data(), static_cast<int>(grads.size()), max_norm, norm_workspace.data(), norm_d, scale_d,
+                   stream);
+  CUDA_CHECK(cudaMemcpyAsync(pinned_norm, norm_d, sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double norm = *pinned_norm;
+  const double lr = learning_rate(t, s);
+  const bool finite = std::isfinite(loss) && std::isfinite(norm);
+
+  if (!finite && t.non_finite == NonFinitePolicy::stop) {
+    train->restore(loader_before, rng_before);  // back to the state after step s - 1
+    stop_non_finite(s, loss, norm);
+  }
+  if (finite) {
+    AdamWConfig ac;
+    ac.lr = static_cast<float>(lr);
+    ac.beta1 = static_cast<float>(t.beta1);
+    ac.beta2 = static_cast<float>(t.beta2);
+    ac.eps = static_cast<float>(t.eps);
+    ac.step = optimizer_steps + 1;
+    for (Param& p : store.params()) {
+      ac.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
+      adamw_step({p.master, p.param, p.grad, p.m, p.v, p.n}, ac, scale_d, stream);
+    }
+    ++optimizer_steps;
+    model->end_step();
+  } else {
+    ++result.skipped;
+    progress->message(fmt::format("step {}: non-finite loss {} or gradient norm {}: update skipped "
+                                  "(train.non_finite = skip; {} skipped in this run)",
+                                  s, loss, norm, result.skipped));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  step = s;
+  tokens_seen += tokens_per_step;
+  run_peaks.merge(*mem);
+
+  StepRecord r;
+  r.step = s;
+  r.tokens = tokens_seen;
+  r.loss = loss;
+  r.lr = lr;
+  r.grad_norm = norm;
+  r.tokens_per_s = seconds > 0 ? static_cast<double>(tokens_per_step) / seconds : 0.0;
+  r.mfu = flops_per_token * r.tokens_per_s / opts.peak_flops;
+  r.peak_act_gib = static_cast<double>(mem->peak(MemCategory::activations)) / kGiB;
+  r.peak_total_gib = static_cast<double>(mem->peak_total()) / kGiB;
+  r.skipped = finite ? 0 : 1;
+  return r;
+}
+
+void Trainer::State::stop_non_finite(int64_t bad_step, double loss, double norm) {
+  std::string saved;
+  if (!cfg.train.checkpoint_dir.empty()) {
+    const std::string path = checkpoint();  // step is still bad_step - 1; writes the metrics file too
+    saved = fmt::format("the state after step {} is in '{}' (continue with --resume)", step, path);
+  } else {
+    write_metrics();
+    saved = "no checkpoint was written (train.checkpoint_dir is not set)";
+  }
+  progress->finish();
+  fail(__FILE__, __LINE__,
+       fmt::format("non-finite loss {} or gradient norm {} at step {} with train.non_finite = stop: training "
+                   "stopped; {}",
+                   loss, norm, bad_step, saved));
+}
+
+}  // namespace fp4moe
