@@ -1,0 +1,337 @@
+// bench_attention: causal flash attention (kernels/attention/flash_attention.h), forward, backward and
+// forward+backward, against a dense cuBLASLt BF16 GEMM measured in the same run (the tensor-core ceiling).
+//
+//   bench_attention [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=mla]
+//
+// Shapes: `mla` B=1 T=4096 H=128, Dqk/Dv = 192/128 (DeepSeek-V2/V3 attention at their 4096-token sequences);
+// `small` B=8 T=1024 H=12, 96/64 (the `small` config). Case names <pass>/<shape>, pass fwd, bwd or fwd+bwd; the
+// ceiling is gemm_bf16/8192x8192x8192 (cuBLASLt, BF16 in and out, FP32 accumulation).
+// FLOPs (causal, the convention of FlashAttention's benchmarks): forward 2 B H T (T+1)/2 (Dqk + Dv) (the two
+// products over the visible half of the score matrix), backward 2.5x forward, forward+backward 3.5x forward. The
+// backward here actually runs 7 products instead of 5 (the scores and dP are recomputed for dQ: no atomics), which
+// the convention does not count.
+// Inputs: q, k, v, dO seeded N(0, 1) BF16, dense [B*T, H, D]; one copy (every pass is compute-bound and the mla
+// tensors alone exceed the L2 many times over). Check before timing: one forward and backward on NaN-poisoned
+// outputs; O, lse, dQ, dK, dV must be finite everywhere (correctness itself is tests/gpu/test_attention.cpp).
+// Timing: CUDA events around one pass per iteration after a warm-up pass (Google Benchmark manual time, at least
+// kMinTimeS); the tables report the median iteration.
+// After the run: `case | shape | us | TFLOP/s | x gemm` (x gemm: TFLOP/s over the GEMM's), and with --h5 the table
+// /bench/attention (bench_util.cuh's columns, then pass, B, T, H, dqk, dv, fraction_of_gemm). The PyTorch peer
+// (torch SDPA on the same shapes) is benchmarks/peers/attention_torch.py.
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/bench_util.cuh"
+#include "kernels/attention/flash_attention.h"
+#include "kernels/common/check.h"
+#include "kernels/common/types.h"
+#include "kernels/gemm/cublaslt_matmul.h"
+#include "results/env_info.h"
+#include "results/run_info.h"
+
+namespace fp4moe::bench_attn {
+namespace {
+
+constexpr double kMinTimeS = 0.05;
+constexpr int64_t kGemmSize = 8192;
+
+// ---- cases --------------------------------------------------------------------------------------------------------
+
+struct Shape {
+  const char* name;
+  int64_t B, T, H, Dqk, Dv;
+};
+constexpr Shape kShapes[] = {{"mla", 1, 4096, 128, 192, 128}, {"small", 8, 1024, 12, 96, 64}};
+constexpr const char* kPasses[] = {"fwd", "bwd", "fwd+bwd"};
+
+struct Case {
+  std::string pass;  // fwd, bwd, fwd+bwd; "gemm_bf16" for the ceiling
+  Shape shape{};
+  bool gemm = false;
+  std::string shape_text() const {
+    return gemm ? fmt::format("{0}x{0}x{0}", kGemmSize)
+                : fmt::format("{} B{} T{} H{} {}/{}", shape.name, shape.B, shape.T, shape.H, shape.Dqk, shape.Dv);
+  }
+  std::string name() const { return gemm ? "gemm_bf16/" + shape_text() : pass + "/" + shape.name; }
+  double flops() const {
+    if (gemm) return 2.0 * kGemmSize * kGemmSize * kGemmSize;
+    const double fwd = 2.0 * shape.B * shape.H * (shape.T * (shape.T + 1) / 2.0) * (shape.Dqk + shape.Dv);
+    return pass == "fwd" ? fwd : pass == "bwd" ? 2.5 * fwd : 3.5 * fwd;
+  }
+};
+
+std::vector<Case> g_cases;
+
+void define_cases() {
+  for (const Shape& s : kShapes)
+    for (const char* pass : kPasses) g_cases.push_back(Case{pass, s, false});
+  g_cases.push_back(Case{"gemm_bf16", Shape{}, true});
+}
+
+// ---- workloads ----------------------------------------------------------------------------------------------------
+
+// counts[0] += elements of p[0..n) that are NaN or +-Inf.
+template <typename T>
+__global__ void count_nonfinite_kernel(const T* p, int64_t n, unsigned long long* count) {
+  unsigned long long bad = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    bad += !isfinite(static_cast<float>(p[i]));
+  if (bad) atomicAdd(count, bad);
+}
+
+// Rejects (fp4moe::Error) a tensor with a NaN/Inf element: an unwritten element of a NaN-poisoned output, or an
+// overflow.
+template <typename T>
+void check_finite(const char* what, const T* p, int64_t n, unsigned long long* d_count) {
+  CUDA_CHECK(cudaMemset(d_count, 0, sizeof(unsigned long long)));
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 65536));
+  count_nonfinite_kernel<T><<<blocks, 256>>>(p, n, d_count);
+  CUDA_CHECK_LAUNCH();
+  unsigned long long h = 0;
+  CUDA_CHECK(cudaMemcpy(&h, d_count, sizeof(h), cudaMemcpyDeviceToHost));
+  FP4MOE_CHECK(h == 0, "output check: {} has {} NaN/Inf elements of {} (expected all finite)", what, h, n);
+}
+
+struct Workload {
+  bench::DevicePool pool;
+  std::unique_ptr<CublasLtMatmul> lt;
+  std::map<std::string, std::function<void()>> pass;
+};
+
+std::unique_ptr<Workload> build_gemm() {
+  auto w = std::make_unique<Workload>();
+  const int64_t n = kGemmSize;
+  bf16* a = w->pool.alloc<bf16>(n * n);
+  bf16* b = w->pool.alloc<bf16>(n * n);
+  bf16* d = w->pool.alloc<bf16>(n * n);
+  bench::fill_bf16_random(a, n, n, 11, bench::weight_spread());
+  bench::fill_bf16_random(b, n, n, 12, bench::weight_spread());
+  w->lt = std::make_unique<CublasLtMatmul>();
+  CublasLtMatmul& lt = *w->lt;
+  // D (n x n) = A^T B with both operands contiguous along k, as the FP8 GEMMs of this project take them.
+  const LtOperand A{a, CUDA_R_16BF, true, n}, B{b, CUDA_R_16BF, false, n};
+  const LtOutput D{d, CUDA_R_16BF, n, false};
+  w->pass["gemm_bf16"] = [&lt, A, B, D, n] { lt.matmul(n, n, n, A, B, D, RaggedDim::none, nullptr); };
+  w->pass["gemm_bf16"]();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return w;
+}
+
+std::unique_ptr<Workload> build_attention(const Shape& sh) {
+  auto w = std::make_unique<Workload>();
+  bench::DevicePool& p = w->pool;
+  const AttentionShape s{sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, static_cast<float>(1.0 / std::sqrt(double(sh.Dqk)))};
+  const int64_t rows = sh.B * sh.T;
+  const bench::Spread normal{1.0f, 0, 0, 0, 1.0f};  // N(0, 1), no per-token scaling or outlier channels
+  auto tensor = [&](int64_t D, uint64_t seed) {
+    bf16* t = p.alloc<bf16>(rows * sh.H * D);
+    if (seed) bench::fill_bf16_random(t, rows, sh.H * D, seed, normal);
+    else CUDA_CHECK(cudaMemset(t, 0xFF, sizeof(bf16) * rows * sh.H * D));  // NaN poison
+    return t;
+  };
+  bf16 *q = tensor(sh.Dqk, 1), *k = tensor(sh.Dqk, 2), *v = tensor(sh.Dv, 3), *dout = tensor(sh.Dv, 4);
+  bf16 *o = tensor(sh.Dv, 0), *dq = tensor(sh.Dqk, 0), *dk = tensor(sh.Dqk, 0), *dv = tensor(sh.Dv, 0);
+  float* lse = p.alloc<float>(sh.B * sh.H * sh.T);
+  CUDA_CHECK(cudaMemset(lse, 0xFF, sizeof(float) * sh.B * sh.H * sh.T));
+  void* ws = p.alloc<unsigned char>(flash_attention_backward_workspace_bytes(s));
+  auto* count = p.alloc<unsigned long long>(1);
+  const AttnIn qi{q, sh.H * sh.Dqk, sh.Dqk}, ki{k, sh.H * sh.Dqk, sh.Dqk}, vi{v, sh.H * sh.Dv, sh.Dv};
+  const AttnIn oi{o, sh.H * sh.Dv, sh.Dv}, gi{dout, sh.H * sh.Dv, sh.Dv};
+  const AttnOut oo{o, sh.H * sh.Dv, sh.Dv}, dqo{dq, sh.H * sh.Dqk, sh.Dqk}, dko{dk, sh.H * sh.Dqk, sh.Dqk},
+      dvo{dv, sh.H * sh.Dv, sh.Dv};
+  auto fwd = [=] { flash_attention_forward(s, qi, ki, vi, oo, lse, nullptr); };
+  auto bwd = [=] { flash_attention_backward(s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws, nullptr); };
+  fwd();
+  bwd();
+  check_finite("O", o, rows * sh.H * sh.Dv, count);
+  check_finite("lse", lse, sh.B * sh.H * sh.T, count);
+  check_finite("dQ", dq, rows * sh.H * sh.Dqk, count);
+  check_finite("dK", dk, rows * sh.H * sh.Dqk, count);
+  check_finite("dV", dv, rows * sh.H * sh.Dv, count);
+  w->pass["fwd"] = fwd;
+  w->pass["bwd"] = bwd;  // backward reads forward's O and lse, which stay valid
+  w->pass["fwd+bwd"] = [=] { fwd(); bwd(); };
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return w;
+}
+
+// The workload of the last case run: the passes of one shape follow each other.
+std::string g_workload_key;
+std::unique_ptr<Workload> g_workload;
+
+Workload& workload_for(const Case& c) {
+  const std::string key = c.gemm ? "gemm" : c.shape.name;
+  if (g_workload && g_workload_key == key) return *g_workload;
+  g_workload.reset();  // free the previous shape's memory first
+  g_workload_key.clear();
+  g_workload = c.gemm ? build_gemm() : build_attention(c.shape);
+  g_workload_key = key;
+  return *g_workload;
+}
+
+// ---- running ------------------------------------------------------------------------------------------------------
+
+std::map<std::string, std::vector<double>> g_seconds;  // per case: one entry per timed iteration
+std::map<std::string, bool> g_ok;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void run_case(benchmark::State& state, const Case* c) {
+  std::vector<double>& seconds = g_seconds[c->name()];
+  seconds.clear();
+  g_ok[c->name()] = false;
+  try {
+    Workload& w = workload_for(*c);
+    const std::function<void()>& launch = w.pass.at(c->pass);
+    launch();  // warm-up
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bench::EventTimer timer;
+    for (auto _ : state) {
+      const double s = timer.time(1, nullptr, [&](int) { launch(); });
+      state.SetIterationTime(s);
+      seconds.push_back(s);
+    }
+    g_ok[c->name()] = true;
+    const double med = median(seconds);
+    state.counters["TFLOP/s"] = med > 0 ? c->flops() / med * 1e-12 : 0.0;
+  } catch (const std::exception& e) {
+    g_workload.reset();
+    g_workload_key.clear();
+    state.SkipWithError(e.what());
+  }
+}
+
+// ---- summary ------------------------------------------------------------------------------------------------------
+
+struct Row {
+  const Case* c;
+  double us = 0, tflops = 0, fraction_of_gemm = NAN;
+};
+
+std::vector<Row> summarize() {
+  std::vector<Row> rows;
+  double gemm_tflops = NAN;
+  for (const Case& c : g_cases) {
+    auto it = g_seconds.find(c.name());
+    if (it == g_seconds.end() || !g_ok[c.name()] || it->second.empty()) continue;
+    Row r{&c};
+    r.us = median(it->second) * 1e6;
+    r.tflops = c.flops() / r.us * 1e-6;
+    if (c.gemm) gemm_tflops = r.tflops;
+    rows.push_back(r);
+  }
+  for (Row& r : rows) r.fraction_of_gemm = r.tflops / gemm_tflops;
+  return rows;
+}
+
+void print_table(const std::vector<Row>& rows) {
+  fmt::print("\n{:<16} | {:<30} | {:>10} | {:>8} | {:>6}\n", "case", "shape", "us", "TFLOP/s", "x gemm");
+  fmt::print("{:-<16}-+-{:-<30}-+-{:->10}-+-{:->8}-+-{:->6}\n", "", "", "", "", "");
+  std::vector<double> fractions;
+  for (const Row& r : rows) {
+    const std::string ratio = r.c->gemm                       ? std::string("ceil.")
+                              : std::isnan(r.fraction_of_gemm) ? std::string("-")
+                                                               : fmt::format("{:.2f}", r.fraction_of_gemm);
+    fmt::print("{:<16} | {:<30} | {:>10.1f} | {:>8.1f} | {:>6}\n", r.c->gemm ? "gemm_bf16" : r.c->pass,
+               r.c->shape_text(), r.us, r.tflops, ratio);
+    if (!r.c->gemm && r.fraction_of_gemm > 0) fractions.push_back(r.fraction_of_gemm);
+  }
+  if (!fractions.empty())
+    fmt::print("geomean: {:.2f} x the BF16 GEMM's TFLOP/s over {} attention cases\n", bench::geomean(fractions),
+               fractions.size());
+}
+
+// The /bench/attention table: bench_util.cuh's columns (case = pass or gemm_bf16, shape, recipe "bf16", time_us,
+// tflops; gbps, fraction_of_copy_bw and speedup NaN), then pass, B, T, H, dqk, dv, fraction_of_gemm.
+Table result_table(const std::vector<Row>& rows) {
+  Table t = bench::bench_table();
+  t.add_column("pass", ColumnType::str)
+      .add_column("B", ColumnType::i64)
+      .add_column("T", ColumnType::i64)
+      .add_column("H", ColumnType::i64)
+      .add_column("dqk", ColumnType::i64)
+      .add_column("dv", ColumnType::i64)
+      .add_column("fraction_of_gemm", ColumnType::f64);
+  const double not_measured = NAN;
+  for (const Row& r : rows) {
+    const Case& c = *r.c;
+    t.add_row({c.gemm ? std::string("gemm_bf16") : c.pass, c.shape_text(), std::string("bf16"), r.us, r.tflops,
+               not_measured, not_measured, not_measured, c.pass, c.shape.B, c.shape.T, c.shape.H, c.shape.Dqk,
+               c.shape.Dv, r.fraction_of_gemm});
+  }
+  t.set_attribute("time_us", "median over the timed iterations of one pass (CUDA events), microseconds");
+  t.set_attribute("tflops", "causal: fwd 2 B H T (T+1)/2 (dqk + dv), bwd 2.5x fwd, fwd+bwd 3.5x fwd, over time_us; "
+                            "gemm_bf16 2 n^3");
+  t.set_attribute("fraction_of_gemm", "tflops over the cuBLASLt BF16 GEMM's (8192^3) measured in the same run");
+  t.set_attribute("gbps", "not measured (NaN)");
+  t.set_attribute("speedup", "NaN: the ratios to the PyTorch peer (benchmarks/peers/attention_torch.py) are computed "
+                             "from its table /bench/attention_torch");
+  t.set_attribute("min_time_s", kMinTimeS);
+  return t;
+}
+
+}  // namespace
+}  // namespace fp4moe::bench_attn
+
+int main(int argc, char** argv) {
+  using namespace fp4moe;
+  using namespace fp4moe::bench_attn;
+  const std::string command = command_line(argc, argv);
+  const std::string h5_path = bench::take_h5_flag(argc, argv);
+  const bool listing = bench::has_flag(argc, argv, "--benchmark_list_tests");
+  define_cases();
+  for (const auto& c : g_cases)
+    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(kMinTimeS);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  if (listing) {
+    benchmark::RunSpecifiedBenchmarks();
+    return 0;
+  }
+  const std::string why = why_no_cuda_device();
+  if (!why.empty()) {
+    std::fprintf(stderr, "bench_attention: %s: the attention benchmarks need a Hopper GPU\n", why.c_str());
+    return 1;
+  }
+  try {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    FP4MOE_CHECK(p.major == 9, "the kernels are built for sm_90a (Hopper); device {} is {} (sm_{}{})", dev, p.name,
+                 p.major, p.minor);
+    fmt::print("bench_attention on {}: min time {} s per case\n", p.name, kMinTimeS);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: %s\n", e.what());
+    return 1;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  g_workload.reset();
+  const std::vector<Row> rows = summarize();
+  print_table(rows);
+  int rc = 0;
+  for (const auto& [name, ok] : g_ok)
+    if (!ok) rc = 1;
+  if (!h5_path.empty() &&
+      bench::write_bench_result("bench_attention", h5_path, "attention", result_table(rows), command) != 0)
+    rc = 1;
+  return rc;
+}
