@@ -150,7 +150,7 @@ class Flops(unittest.TestCase):
                 self.assertEqual(f"{f['training']:.4g}", m.group(3))
 
 
-# ---- parity: file reader and comparison (no torch) -------------------------------------------------------------------
+# ---- files, comparison, command line (no torch) ------------------------------------------------------------------
 
 def write_parity_file(path, cfg_text, params, grads, states, routing, tokens, targets, loss, aux):
     """A file in the layout of cli/cmd_parity.cpp."""
@@ -174,7 +174,9 @@ def tiny_toml():
         return f.read()
 
 
-class ParityLogic(unittest.TestCase):
+class FilesAndCommandLine(unittest.TestCase):
+    """The parity file reader and comparison, the bench table writer and the exit codes: numpy and h5py only."""
+
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="fp4moe_parity_logic_")
 
@@ -258,6 +260,30 @@ class ParityLogic(unittest.TestCase):
         write_parity_file(nograd, tiny_toml(), {"embed": np.ones(2)}, {}, {}, {}, [[1]], [[1]], 1.0, 0.0)
         with self.assertRaisesRegex(mm.BadInput, "no gradient for embed"):
             mm.read_parity_file(nograd)
+
+    def test_bench_table_into_a_result_file(self):
+        sys.path.insert(0, ROOT)
+        from reports import result_file
+        path = os.path.join(self.tmp, "run.h5")
+        with h5py.File(path, "w") as f:
+            result_file.set_attribute(f, "schema_version", result_file.SCHEMA_VERSION)
+            f.create_group("bench/other")
+        row = {"config": "small", "config_path": "configs/small.toml", "layers": 8, "micro_batch": 8,
+               "seq_len": 1024, "steps": 20, "step_time_us": 2.0e5, "tokens_per_s": 40960.0, "model_tflops": 23.3,
+               "mfu": 0.0235, "peak_mem_gib": 30.5, "attention_backend": "cudnn", "attention_cudnn_refused": "",
+               "peak_tflops": 989.0, "torch_version": "2.11"}
+        for _ in range(2):  # a second write replaces the table
+            mm.write_into(path, [mm.table_row(row)], mm.table_attributes(row, "moe_model_torch.py bench"), "cmd")
+        with h5py.File(path, "r") as f:
+            self.assertIn("other", f["bench"])
+            t = result_file.read_table(f[f"bench/{mm.FAMILY}"])
+            self.assertEqual(len(t), 1)
+            self.assertEqual(list(t.columns), [c for c, _ in mm.COLUMNS])
+            self.assertEqual(t["recipe"][0], "torch_bf16")
+            self.assertEqual(t["shape"][0], "small l8 b8 t1024")
+            self.assertAlmostEqual(t["mfu"][0], 0.0235)
+            self.assertTrue(math.isnan(t["speedup"][0]))
+        self.assertEqual(os.listdir(self.tmp), ["run.h5"])  # no temporary left behind
 
     def test_command_line_exit_codes(self):
         r = run_peer("parity", os.path.join(self.tmp, "missing.h5"))
