@@ -150,7 +150,7 @@ class Flops(unittest.TestCase):
                 self.assertEqual(f"{f['training']:.4g}", m.group(3))
 
 
-# ---- files, comparison, command line (no torch) ------------------------------------------------------------------
+# ---- files, comparison, command line (no torch) ----------------------------------------------------------------------
 
 def write_parity_file(path, cfg_text, params, grads, states, routing, tokens, targets, loss, aux):
     """A file in the layout of cli/cmd_parity.cpp."""
