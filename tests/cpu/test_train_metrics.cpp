@@ -29,7 +29,7 @@ StepRecord fake_step(int64_t step) {
   r.mfu = 0.01 * static_cast<double>(step);
   r.peak_act_gib = 0.25;
   r.peak_total_gib = 1.5;
-  r.skipped = step == 2 ? 1 : 0;
+  r.skipped = step >= 2 ? 1 : 0;  // step 2 was skipped
   return r;
 }
 
@@ -72,7 +72,7 @@ TEST(TrainMetrics, WritesTheDocumentedLayout) {
   EXPECT_EQ(r.read_f64(steps + "step"), (std::vector<double>{1, 2, 3, 4}));
   EXPECT_EQ(r.read_f64(steps + "tokens"), (std::vector<double>{256, 512, 768, 1024}));
   EXPECT_EQ(r.read_f64(steps + "loss"), (std::vector<double>{9.5, 9.0, 8.5, 8.0}));
-  EXPECT_EQ(r.read_f64(steps + "skipped"), (std::vector<double>{0, 1, 0, 0}));
+  EXPECT_EQ(r.read_f64(steps + "skipped"), (std::vector<double>{0, 1, 1, 1}));
   EXPECT_EQ(r.read_f64(steps + "lr")[2], 3e-3);
   EXPECT_EQ(r.read_f64(steps + "mfu")[3], 0.04);
   EXPECT_EQ(r.read_f64("train/tiny/eval/step"), (std::vector<double>{2, 4}));

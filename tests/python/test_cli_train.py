@@ -1,7 +1,7 @@
 """`fp4moe train`: the dry run of every preset (parameter counts checked against an independent count from the
-preset read with Python's own TOML parser), command-line overrides, the not-yet-built training loop (exit 2),
-and a clear one-line error (exit code 2, no source location) for each bad configuration. Seeded token shards in
-a temporary folder stand in for `make data`. The binary is $FP4MOE_BUILD/fp4moe."""
+preset read with Python's own TOML parser), command-line overrides, the run options checked before any device is
+used, and a clear one-line error (exit code 2, no source location) for each bad configuration. Seeded token
+shards in a temporary folder stand in for `make data`. The binary is $FP4MOE_BUILD/fp4moe."""
 
 import os
 import random
@@ -147,10 +147,25 @@ class TrainCli(unittest.TestCase):
         self.assertIn("routed_experts mxfp4", r.stdout)
         self.assertIn("recompute: moe_act core_attn", r.stdout)
 
-    def test_without_dry_run_says_the_loop_is_not_built(self):
-        r = self.train(expect_rc=2)
-        self.assertIn("training loop is not built yet", r.stderr)
-        self.assertEqual(r.stdout, "")
+    def test_run_options_are_checked_before_the_device(self):
+        # Each fails before anything is allocated, with or without a GPU.
+        def refused(*args, parts=()):
+            r = self.train(*args, expect_rc=2)
+            lines = r.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertTrue(lines[0].startswith("fp4moe train: error: "), r.stderr)
+            self.assertIsNone(re.search(r"\.cpp:\d+\)", lines[0]), lines[0])
+            for p in parts:
+                self.assertIn(p, lines[0])
+            self.assertEqual(r.stdout, "")
+
+        missing = os.path.join(self.tmp, "missing.ckpt")
+        refused("--resume", missing, parts=("--resume", missing, "does not exist"))
+        refused("--resume", "latest", parts=("--resume latest needs train.checkpoint_dir",))
+        refused("--log-interval", "0", parts=("--log-interval must be >= 1",))
+        refused("--memory-budget", "0", parts=("--memory-budget must be > 0 GiB",))
+        refused("--synthetic-data", "--run", "a/b", parts=("run name 'a/b'",))
+        refused("--data", os.path.join(self.tmp, "nowhere"), parts=("nowhere", "not a folder"))
 
     def test_bad_shapes_are_rejected(self):
         self.rejected("model.heads = 5 does not divide model.hidden = 64", args=("--model.heads", "5"))

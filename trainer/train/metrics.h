@@ -38,7 +38,8 @@ struct StepRecord {
   double mfu = 0;             // model FLOPs utilization of the step, 0..1 (trainer/flops.h)
   double peak_act_gib = 0;    // peak of MemCategory::activations during the step
   double peak_total_gib = 0;  // peak of all categories during the step
-  int64_t skipped = 0;        // 1: update skipped (non-finite loss or gradient norm, policy skip), else 0
+  int64_t skipped = 0;        // steps skipped so far in the whole run, this one included (step - updates applied):
+                              // a step was skipped (non-finite loss or gradient norm, policy skip) when it grew
 };
 
 // One row of /train/<run>/eval.

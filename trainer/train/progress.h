@@ -19,7 +19,7 @@ struct ProgressInfo {
   double mfu = 0;             // model FLOPs utilization, 0..1
   double peak_total_gib = 0;  // peak device memory of the step (GiB, 2^30 bytes)
   double eta_s = -1;          // seconds left; negative or not finite: unknown
-  int64_t skipped = 0;        // steps skipped so far in this run (non-finite loss or gradient norm)
+  int64_t skipped = 0;        // steps skipped so far (non-finite loss or gradient norm), StepRecord::skipped
 };
 
 // "step 12/200 | loss 7.4132 | lr 3.00e-04 | 41.2K tok/s | mfu 12.3% | peak 1.23 GiB | eta 3m12s", with

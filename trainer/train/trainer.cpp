@@ -157,7 +157,7 @@ TrainResult Trainer::run() {
     s.result.steps.push_back(r);
     const double elapsed = std::chrono::duration<double>(State::Clock::now() - s.run_start).count();
     const double eta = elapsed / static_cast<double>(s.step - s.result.start_step) * static_cast<double>(t.steps - s.step);
-    s.progress->step({s.step, t.steps, r.loss, r.lr, r.tokens_per_s, r.mfu, r.peak_total_gib, eta, s.result.skipped});
+    s.progress->step({s.step, t.steps, r.loss, r.lr, r.tokens_per_s, r.mfu, r.peak_total_gib, eta, r.skipped});
 
     const bool eval_now = t.eval_interval > 0 && s.step % t.eval_interval == 0;
     if (eval_now) s.evaluate();

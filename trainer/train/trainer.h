@@ -9,7 +9,7 @@
 //   2. The global gradient norm over every Param's grad and the clip scale (grad_global_norm,
 //      kernels/nn/adamw.h, with max_norm = train.grad_clip, or +Inf when it is 0: no clipping).
 //   3. If the loss or the norm is not finite, train.non_finite decides: `skip` applies no update (the step still
-//      counts; the row says skipped = 1 and a line is printed); `stop` writes a checkpoint of the state after step
+//      counts; the row's skipped count grows and a line is printed); `stop` writes a checkpoint of the state after step
 //      s - 1 (when train.checkpoint_dir is set) and the metrics file, then throws fp4moe::Error naming step s.
 //      Otherwise adamw_step on every Param: lr = learning_rate(train, s) (trainer/train/schedule.h), weight decay
 //      train.weight_decay where Param::decay and 0 elsewhere, bias corrections from the 1-based count of updates

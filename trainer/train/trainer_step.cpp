@@ -87,7 +87,7 @@ StepRecord Trainer::State::train_step() {
   r.mfu = flops_per_token * r.tokens_per_s / opts.peak_flops;
   r.peak_act_gib = static_cast<double>(mem->peak(MemCategory::activations)) / kGiB;
   r.peak_total_gib = static_cast<double>(mem->peak_total()) / kGiB;
-  r.skipped = finite ? 0 : 1;
+  r.skipped = step - optimizer_steps;
   return r;
 }
 
