@@ -6,15 +6,16 @@
 //   - backward is deterministic (two runs give bitwise equal grads), reaches every parameter (finite, not all zero),
 //     and accumulates (a second run without zeroing doubles the grads);
 //   - eight AdamW steps on the batch lower its loss by more than 0.1 nats;
-//   - the analytic gradient of the largest-gradient element of 15 tensors (embedding, norms, MLA, dense FFN, router,
-//     routed and shared experts, LM head) agrees with a central difference of the forward loss: the FP32 master is
-//     set to BF16 values w0 +- h and the BF16 copy refreshed; the routing is pinned (force_routing) so that no
-//     top-k choice flips. Tolerance |g - fd| <= 0.05 |fd| + 2e-6 / (w+ - w-) (the second term: a loss resolution of
-//     ~1e-6 from FP32 reductions and BF16 activations). Steps h: 1/8 for norm weights (= 1), 1/64 for matrices
-//     (std 0.02), 1/128 for the embedding, 1/32 for the LM head (the loss is convex in it). Elements whose loss
-//     change |g| (w+ - w-) is below 1e-5 are skipped and printed: at init some paths are nearly dead (the query
-//     path, while the attention is nearly uniform; the router and routed experts, whose outputs are ~1e-3), so
-//     at least 8 of the 15 must be checked.
+//   - the analytic gradient of 15 tensors (embedding, norms, MLA, dense FFN, router, routed and shared experts, LM
+//     head) agrees with a central difference of the forward loss along the gradient's direction: the whole tensor
+//     is moved to BF16 weights w+- = w0 +- h g / max|g| (the FP32 master set, the BF16 copy refreshed), and the
+//     measured L(w+) - L(w-) is compared with the first-order prediction sum_j g_j (w+_j - w-_j) on the realised
+//     BF16 weights; the routing is pinned (force_routing) so that no top-k choice flips. A directional difference
+//     over a whole tensor moves the loss by far more than the BF16 rounding noise of the activations, which
+//     swamps single-element differences below the LM head (they scatter by 5-25% on the H200). Tolerance
+//     |predicted - measured| <= 0.05 |measured| + 2e-6. Steps h: 1/8 for norm weights (= 1), 1/64 for matrices
+//     (std 0.02), 1/128 for the embedding, 1/32 for the LM head. Tensors whose predicted change is below 1e-5 are
+//     skipped and printed, and at least 8 of the 15 must be checked.
 // Also: the top-k ids per MoE layer, forced routing's argument check, and the host-side token and target checks.
 #include <gtest/gtest.h>
 
@@ -187,27 +188,33 @@ TEST(ModelTiny, GradientsMatchFiniteDifferences) {
     std::vector<float> grad(p->n), master(p->n);
     CUDA_CHECK(cudaMemcpy(grad.data(), p->grad, p->n * sizeof(float), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(master.data(), p->master, p->n * sizeof(float), cudaMemcpyDeviceToHost));
-    int64_t i = 0;
-    for (int64_t j = 1; j < p->n; ++j)
-      if (std::fabs(grad[j]) > std::fabs(grad[i])) i = j;
-    const float w0 = bf16_round(master[i]), w_plus = bf16_round(w0 + h), w_minus = bf16_round(w0 - h);
-    auto loss_at = [&](float w) {
-      CUDA_CHECK(cudaMemcpy(p->master + i, &w, sizeof(float), cudaMemcpyHostToDevice));
+    float gmax = 0.0f;
+    for (float g : grad) gmax = std::max(gmax, std::fabs(g));
+    ASSERT_GT(gmax, 0.0f);
+    // Perturb the whole tensor along its gradient, the largest element by +-h; the realised BF16 weights give the
+    // first-order prediction sum_j g_j (w+_j - w-_j) of L(w+) - L(w-).
+    std::vector<float> w_plus(p->n), w_minus(p->n);
+    double predicted = 0.0;
+    for (int64_t j = 0; j < p->n; ++j) {
+      const float w0 = bf16_round(master[j]), d = h * grad[j] / gmax;
+      w_plus[j] = bf16_round(w0 + d);
+      w_minus[j] = bf16_round(w0 - d);
+      predicted += static_cast<double>(grad[j]) * (static_cast<double>(w_plus[j]) - w_minus[j]);
+    }
+    auto loss_at = [&](const std::vector<float>& w) {
+      CUDA_CHECK(cudaMemcpy(p->master, w.data(), p->n * sizeof(float), cudaMemcpyHostToDevice));
       t.store().refresh_bf16_from_master(t.stream);
       return static_cast<double>(t.forward().loss);
     };
-    const double up = loss_at(w_plus), down = loss_at(w_minus);
-    loss_at(master[i]);  // restore
-    const double step = static_cast<double>(w_plus) - w_minus;
-    const double fd = (up - down) / step, g = grad[i];
-    std::printf("  %-28s [%8lld] w=% .5f h=%.4f  analytic % .6e  finite difference % .6e\n", name.c_str(),
-                static_cast<long long>(i), w0, h, g, fd);
-    if (std::fabs(g) * step < 1e-5) {  // too small a loss change to resolve
-      std::printf("    skipped: loss change %.2e below 1e-5\n", std::fabs(g) * step);
+    const double measured = loss_at(w_plus) - loss_at(w_minus);
+    loss_at(master);  // restore
+    std::printf("  %-28s h=%.4f  predicted change % .6e  measured % .6e\n", name.c_str(), h, predicted, measured);
+    if (std::fabs(predicted) < 1e-5) {  // too small a loss change to resolve
+      std::printf("    skipped: loss change %.2e below 1e-5\n", std::fabs(predicted));
       continue;
     }
     ++checked;
-    EXPECT_NEAR(g, fd, 0.05 * std::fabs(fd) + 2e-6 / step) << "element " << i;
+    EXPECT_NEAR(predicted, measured, 0.05 * std::fabs(measured) + 2e-6);
   }
   EXPECT_GE(checked, 8) << "too few parameters had a gradient large enough to check";
   t.model->force_routing({});
