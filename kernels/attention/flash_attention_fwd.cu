@@ -15,14 +15,14 @@ namespace attn {
 
 // Tiles per (Dqk, Dv): each warp owns kMTiles * 16 query rows of the block's kBlockM; the key block kBlockN keeps
 // the score fragments (kMTiles * kBlockN / 2 FP32 per thread) beside the output's (kMTiles * Dv / 2) in registers.
-// Up to Dqk = 128 a warp takes 32 rows (each K and V fragment read from shared memory feeds two products); at 192
-// it takes 16 rows with twice the warps, so that the output accumulators fit.
+// Up to Dqk = 96 a warp takes 32 rows (each K and V fragment read from shared memory feeds two products); from 128
+// on it takes 16 rows with twice the warps, so that the accumulators fit in registers without spilling.
 template <int Dqk, int Dv>
 struct FwdConfig {
-  static constexpr int kMTiles = Dqk >= 192 ? 1 : 2;
-  static constexpr int kWarps = Dqk >= 192 ? 8 : 4;
+  static constexpr int kMTiles = Dqk >= 128 ? 1 : 2;
+  static constexpr int kWarps = Dqk >= 128 ? 8 : 4;
   static constexpr int kBlockM = 16 * kMTiles * kWarps;
-  static constexpr int kBlockN = (kMTiles == 2 && Dv >= 128) ? 32 : 64;
+  static constexpr int kBlockN = 64;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv);
   // Q [kBlockM][kPitchQK], K [2][kBlockN][kPitchQK], V [2][kBlockN][kPitchV]
