@@ -64,9 +64,16 @@ struct BwdParams {
 
 constexpr int kDeltaWarps = 8;
 
+constexpr int max_dv_of_pairs() {
+  int m = 0;
+  for (const auto& pair : kAttentionPairs) m = pair[1] > m ? pair[1] : m;
+  return m;
+}
+
 // One warp per (row r = b*T + t, head h) (grid-stride): lane i multiplies the 16-byte pieces i of dO and O
 // (Dv <= 256), then a fixed shuffle tree adds the lanes.
 __global__ void __launch_bounds__(32 * kDeltaWarps) attention_backward_delta_kernel(BwdParams p, int64_t rows) {
+  static_assert(max_dv_of_pairs() <= 32 * 8, "one 16-byte piece of a row per lane: Dv <= 256");
   const int lane = threadIdx.x % 32;
   const int64_t total = rows * p.H;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * kDeltaWarps + threadIdx.x / 32; idx < total;
