@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <string_view>
 
@@ -29,6 +30,8 @@ std::string shell_quote(const std::string& s) {
 }  // namespace
 
 std::string source_git_sha() {
+  // A copy of the tree without (or with stale) git metadata, e.g. on a GPU machine: the caller names the commit.
+  if (const char* env = std::getenv("FP4MOE_GIT_SHA"); env != nullptr && *env != '\0') return env;
 #ifdef FP4MOE_SOURCE_DIR
   const std::string cmd = fmt::format("git -C {} rev-parse HEAD 2>/dev/null", shell_quote(FP4MOE_SOURCE_DIR));
   FILE* p = ::popen(cmd.c_str(), "r");
