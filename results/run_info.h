@@ -12,8 +12,8 @@ namespace fp4moe {
 // Version of the result-file layout described in results/h5_file.h. Bump it when the layout changes.
 constexpr int64_t kResultSchemaVersion = 1;
 
-// HEAD of the source tree this binary was built from (git rev-parse at run time), or $FP4MOE_GIT_SHA when set (a copy without git metadata);
-// "unknown" when neither gives one.
+// HEAD of the source tree this binary was built from (git rev-parse at run time), or $FP4MOE_GIT_SHA when set
+// (a copy of the tree without git metadata); "unknown" when neither gives one.
 std::string source_git_sha();
 
 // The current UTC time as ISO 8601, e.g. "2026-01-31T12:00:00Z".
