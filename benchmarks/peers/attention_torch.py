@@ -113,7 +113,8 @@ def backend_enum(SDPBackend, name):
 
 
 def rel_l2(a, ref):
-    return float((a.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+    a, ref = a.detach().float(), ref.detach().float()
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 class Workload:
