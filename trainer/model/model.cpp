@@ -270,6 +270,12 @@ std::vector<const int32_t*> Model::last_topk_indices() const {
   return out;
 }
 
+std::vector<DispatchBytes> Model::dispatch_bytes() const {
+  std::vector<DispatchBytes> out;
+  for (const MoeLayer* moe : impl_->moe_layers()) out.push_back(moe->experts().dispatch_bytes());
+  return out;
+}
+
 void Model::force_routing(std::vector<const int32_t*> topk_per_layer) {
   const std::vector<MoeLayer*> moes = impl_->moe_layers();
   FP4MOE_CHECK(topk_per_layer.empty() || topk_per_layer.size() == moes.size(),

@@ -24,6 +24,8 @@
 
 namespace fp4moe {
 
+struct DispatchBytes;  // trainer/model/moe_experts.h
+
 // What one forward (and backward) produced, for logging (host values, read back before the call returns).
 struct StepStats {
   float loss = 0.0f;      // mean cross-entropy over the micro-batch's valid targets (nats/token)
@@ -70,6 +72,10 @@ class Model {
   // outlive the forwards that use them. Throws fp4moe::Error for a non-empty vector whose size is not the number
   // of MoE layers.
   void force_routing(std::vector<const int32_t*> topk_per_layer);
+
+  // Per MoE layer in layer order: the bytes per routed token of its expert dispatch payload
+  // (MoeRoutedExperts::dispatch_bytes, trainer/model/moe_experts.h); empty for a dense model.
+  std::vector<DispatchBytes> dispatch_bytes() const;
 
   ParamStore& params() { return store_; }
   const TrainerConfig& config() const { return cfg_; }

@@ -63,6 +63,22 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
   dh_ = DeviceArray<bf16>(mem, R * 2 * f, ws, prefix + " experts fc1 output grad");
 }
 
+DispatchBytes MoeRoutedExperts::dispatch_bytes() const {
+  const int64_t R = max_tokens_ * k_;
+  if (R == 0) return {};
+  const double rows = static_cast<double>(R);
+  switch (recipe_) {
+    case Recipe::bf16: return {static_cast<double>(xs_.bytes()) / rows, 0.0};
+    case Recipe::fp8:  // the size of fc1's FP8 row buffer for R rows (GroupLinear::forward, group_linear.cpp)
+      return {static_cast<double>(R * d_) / rows,
+              static_cast<double>(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(R, d_))) / rows};
+    case Recipe::mxfp4:
+      return {static_cast<double>(xs_codes_.bytes()) / rows, static_cast<double>(xs_scales_.bytes()) / rows};
+  }
+  FP4MOE_CHECK(false, "MoeRoutedExperts {}: unknown recipe {}", prefix_, static_cast<int>(recipe_));
+  return {};
+}
+
 GroupLinearInput MoeRoutedExperts::quantized_input(const bf16* rows, int64_t R, int64_t K, uint8_t* codes,
                                                    uint8_t* scales, cudaStream_t stream) const {
   if (recipe_ != Recipe::mxfp4) return GroupLinearInput{rows, nullptr, nullptr};

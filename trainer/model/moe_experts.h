@@ -36,6 +36,22 @@ namespace fp4moe {
 
 GroupLinearRecipe group_linear_recipe(Recipe r);
 
+// Bytes per routed token (one row of the permuted input xs: one (token, expert) pair) of the expert-parallel
+// dispatch payload in a layer's recipe (DESIGN.md "Expert parallelism"), read off the buffers sized for it:
+//   bf16   xs itself, [R, d] BF16:                                            payload 2 d, scales 0
+//   fp8    the FP8 1x128 row copy of xs that fc1's GroupLinear makes for Fprop (group_linear.cpp sizes it
+//          R d E4M3 codes + fp8_row_scale_count(R, d) FP32 scales, layouts.h): payload d, scales ~ 4 ceil(d/128).
+//          On one device the permute moves BF16 rows and fc1 quantizes them after it; a dispatch in FP8
+//          (DeepSeek-V3's) sends this tensor instead.
+//   mxfp4  xs_codes + xs_scales, [R, d/2] E2M1 codes and [R, d/32] UE8M0 scales: payload d/2, scales d/32
+// with R = max_tokens * top_k, the rows the buffers hold; per token = bytes / R (both 0 when R = 0). Not counted:
+// the combine (expert outputs return in BF16 in every recipe) and the backward's gradients.
+struct DispatchBytes {
+  double payload = 0;  // element bytes per routed token (BF16, E4M3 or packed E2M1)
+  double scales = 0;   // block-scale bytes per routed token (FP32 per 128 elements, UE8M0 per 32; 0 for bf16)
+  double total() const { return payload + scales; }
+};
+
 class MoeRoutedExperts {
  public:
   // E experts of width f on hidden d, top-k; fc1 init N(0, 0.02^2), fc2 N(0, fc2_init_std^2).
@@ -48,6 +64,9 @@ class MoeRoutedExperts {
   // dy [M, d] BF16 -> dx [M, d] BF16 (overwritten: the routed experts' part of d x), dweights [M, k] FP32
   // (overwritten: the gradient of topk_weight); expert grads +=. Same routing as the forward.
   void backward(ModelContext& ctx, const bf16* dy, const MoeRouting& routing, bf16* dx, float* dweights);
+
+  // The dispatch payload of this layer per routed token (DispatchBytes above).
+  DispatchBytes dispatch_bytes() const;
 
   const Param& fc1_weight() const { return *w1_; }
   const Param& fc2_weight() const { return *w2_; }

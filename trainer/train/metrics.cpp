@@ -10,6 +10,7 @@
 #include "results/h5_file.h"
 #include "results/h5_read.h"
 #include "results/run_info.h"
+#include "trainer/model/moe_experts.h"
 
 namespace fp4moe {
 
@@ -103,6 +104,30 @@ void TrainMetrics::set_attribute(const std::string& name, Value v) {
   fp4moe::set_attribute(attributes_, name, std::move(v));
 }
 
+void TrainMetrics::set_memory_attribute(const std::string& name, Value v) {
+  FP4MOE_CHECK(name != "budget_bytes", "metrics: /memory attribute 'budget_bytes' comes from the allocator's budget");
+  fp4moe::set_attribute(memory_attributes_, name, std::move(v));
+}
+
+void set_dispatch_attributes(TrainMetrics& metrics, const TrainerConfig& cfg, const std::vector<DispatchBytes>& layers) {
+  if (layers.empty()) return;
+  const DispatchBytes& first = layers.front();
+  for (size_t i = 1; i < layers.size(); ++i)
+    FP4MOE_CHECK(layers[i].payload == first.payload && layers[i].scales == first.scales,
+                 "metrics: MoE layer {} dispatches {} + {} bytes per routed token, the first {} + {}: every MoE layer "
+                 "has one shape and recipe", i, layers[i].payload, layers[i].scales, first.payload, first.scales);
+  const double per_step = first.total() * static_cast<double>(cfg.train.tokens_per_step()) *
+                          static_cast<double>(cfg.moe.top_k) * static_cast<double>(layers.size());
+  metrics.set_memory_attribute("dispatch_recipe", std::string(recipe_name(cfg.recipe.routed_experts)));
+  metrics.set_memory_attribute("dispatch_hidden", cfg.model.hidden);
+  metrics.set_memory_attribute("dispatch_top_k", cfg.moe.top_k);
+  metrics.set_memory_attribute("dispatch_moe_layers", static_cast<int64_t>(layers.size()));
+  metrics.set_memory_attribute("dispatch_payload_bytes_per_token", first.payload);
+  metrics.set_memory_attribute("dispatch_scale_bytes_per_token", first.scales);
+  metrics.set_memory_attribute("dispatch_bytes_per_token", first.total());
+  metrics.set_memory_attribute("dispatch_bytes_per_step", per_step);
+}
+
 void TrainMetrics::add_step(const StepRecord& r) {
   FP4MOE_CHECK(steps_.empty() || r.step > steps_.back().step, "metrics: step {} does not follow step {}", r.step,
                steps_.back().step);
@@ -171,6 +196,7 @@ void TrainMetrics::write(const std::string& path) const {
   mem.add_row({std::string("total"), static_cast<int64_t>(memory_.peak_total),
                static_cast<double>(memory_.peak_total) / kGiB});
   mem.set_attribute("budget_bytes", static_cast<int64_t>(memory_.budget));
+  for (const auto& [name, v] : memory_attributes_) mem.set_attribute(name, v);
   file.add_table("/memory/" + run_, std::move(mem));
 
   file.write(path);

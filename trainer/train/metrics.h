@@ -8,7 +8,8 @@
 //                          peak_act_gib, peak_total_gib, skipped (StepRecord)
 //   /train/<run>/eval      one row per evaluation: step, tokens, val_loss (EvalRecord)
 //   /memory/<run>          per-category peaks of the device allocator: category (weights, grads, optimizer,
-//                          activations, comm, workspace, total), peak_bytes, peak_gib; attribute budget_bytes
+//                          activations, comm, workspace, total), peak_bytes, peak_gib; attribute budget_bytes, and
+//                          for a model with MoE layers the dispatch_* attributes (set_dispatch_attributes)
 //
 // GiB are 2^30 bytes. A run resumed from a checkpoint can carry the rows of an earlier file of the same run up to
 // the checkpoint's step (load_previous), so one file holds the whole curve.
@@ -26,6 +27,8 @@
 #include "trainer/memory.h"
 
 namespace fp4moe {
+
+struct DispatchBytes;  // trainer/model/moe_experts.h
 
 // One row of /train/<run>/steps.
 struct StepRecord {
@@ -81,7 +84,8 @@ class TrainMetrics {
   void add_step(const StepRecord& r);
   void add_eval(const EvalRecord& r);
   void set_memory(const MemoryPeaks& m) { memory_ = m; }
-  void set_attribute(const std::string& name, Value v);
+  void set_attribute(const std::string& name, Value v);          // of /train/<run>
+  void set_memory_attribute(const std::string& name, Value v);   // of /memory/<run> (not "budget_bytes")
 
   const std::vector<StepRecord>& steps() const { return steps_; }
   const std::vector<EvalRecord>& evals() const { return evals_; }
@@ -102,6 +106,20 @@ class TrainMetrics {
   std::vector<StepRecord> steps_;
   std::vector<EvalRecord> evals_;
   MemoryPeaks memory_;
+  Attributes memory_attributes_;
 };
+
+// The expert dispatch payload of a model's MoE layers (Model::dispatch_bytes: one DispatchBytes per MoE layer,
+// trainer/model/moe_experts.h) as attributes of /memory/<run>, for the reproduction suite's comm_volume scenario:
+//   dispatch_recipe                    recipe.routed_experts (text)
+//   dispatch_hidden, dispatch_top_k    model.hidden, moe.top_k
+//   dispatch_moe_layers                number of MoE layers
+//   dispatch_payload_bytes_per_token   element bytes per routed token and MoE layer (float64)
+//   dispatch_scale_bytes_per_token     block-scale bytes per routed token and MoE layer (float64)
+//   dispatch_bytes_per_token           their sum
+//   dispatch_bytes_per_step            dispatch_bytes_per_token x train.tokens_per_step x top_k x MoE layers
+// Sets nothing for an empty `layers` (a dense model). Rejects (fp4moe::Error) layers whose counts differ: every
+// MoE layer of a model has one shape and one recipe.
+void set_dispatch_attributes(TrainMetrics& metrics, const TrainerConfig& cfg, const std::vector<DispatchBytes>& layers);
 
 }  // namespace fp4moe

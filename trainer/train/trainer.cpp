@@ -9,6 +9,7 @@
 #include "kernels/common/check.h"
 #include "results/env_info.h"
 #include "trainer/flops.h"
+#include "trainer/model/moe_experts.h"
 #include "trainer/train/stop_signals.h"
 #include "trainer/train/trainer_state.h"
 
@@ -100,6 +101,7 @@ void Trainer::State::setup() {
   metrics->set_attribute("training_flops_per_token", flops_per_token);
   metrics->set_attribute("memory_budget_bytes", static_cast<int64_t>(opts.memory_budget_bytes));
   metrics->set_attribute("resumed_from", opts.resume_path);
+  set_dispatch_attributes(*metrics, cfg, model->dispatch_bytes());
 
   if (opts.resume_path.empty()) {
     model->init_weights(t.seed);
