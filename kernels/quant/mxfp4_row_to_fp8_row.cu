@@ -13,11 +13,14 @@
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mx_row_checks.h"
 #include "kernels/quant/mx_row_launch.cuh"
+#include "kernels/quant/mxfp4_fp8_row_device.cuh"
 #include "kernels/quant/mxfp4_row_to_fp8_row.h"
 #include "kernels/quant/mxfp4_to_bf16.h"
 
 namespace fp4moe {
 namespace {
+
+using namespace detail;  // convert16 (mxfp4_fp8_row_device.cuh)
 
 constexpr int kThreads = 256;
 constexpr int kUnitsPerThread = 4;  // independent 8-byte loads in flight per thread
@@ -26,27 +29,6 @@ constexpr int kUnitsPerBlock = kMxBlock / kUnit;    // 2
 constexpr int kUnitsPerGroup = kFp8Block / kUnit;   // 8
 constexpr int kBlocksPerGroup = kFp8Block / kMxBlock;  // 4
 static_assert(kBlocksPerGroup == 4, "the group's scale bytes are handled as one 32-bit word");
-
-// Sign bits of four E2M1 codes moved to bit 7 of their E4M3 bytes. `dup` holds the two code bytes as
-// [b0, b0, b1, b1]: element 0 is b0's low nibble (sign at bit 3), element 1 b0's high nibble (bit 15 of dup),
-// element 2 b1's low nibble (bit 19), element 3 b1's high nibble (bit 31).
-__device__ __forceinline__ uint32_t e2m1x4_signs_to_e4m3(uint32_t dup) {
-  return ((dup << 4) & 0x00800080u) | (dup & 0x80008000u);
-}
-
-// 16 E2M1 codes (w0: elements 0..7, w1: 8..15) of one MX block -> 16 E4M3 codes with the block's table.
-__device__ __forceinline__ uint4 convert16(uint32_t w0, uint32_t w1, E2M1ToE4M3Lut t) {
-  const uint32_t w[2] = {w0, w1};
-  uint32_t out[4];
-#pragma unroll
-  for (int h = 0; h < 4; ++h) {
-    const uint32_t word = w[h / 2];
-    const uint32_t quad = (h & 1) ? (word >> 16) : word;  // four codes in the low 16 bits
-    const uint32_t magnitudes = __byte_perm(t.lo, t.hi, quad & 0x7777u);
-    out[h] = magnitudes | e2m1x4_signs_to_e4m3(__byte_perm(quad, 0u, 0x1100u));
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
 
 // Division of a 32-bit unit index n < 2^31 by a fixed d >= 2 with one multiply-high and one shift (Granlund and
 // Montgomery 1994, theorem 4.2 with N = 31): L = ceil(log2 d), m = ceil(2^(31 + L) / d) < 2^32 (2^31 when d is
@@ -129,16 +111,21 @@ mxfp4_row_to_fp8_row_kernel(const uint2* __restrict__ in_codes, const uint8_t* _
 
 }  // namespace
 
-void mxfp4_row_to_fp8_row(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
-                          uint8_t* out_codes, float* out_scales, cudaStream_t stream) {
-  const char* what = "mxfp4_row_to_fp8_row";
-  detail::check_mx_row_shape(what, M, K);
-  if (M == 0) return;
-  detail::check_mx_pointer(what, "in_codes", in_codes, 16);
-  detail::check_mx_pointer(what, "in_scales", in_scales, 1);
-  detail::check_mx_pointer(what, "out_codes", out_codes, 16);
-  detail::check_mx_pointer(what, "out_scales", out_scales, 4);
+namespace detail {
 
+void check_mxfp4_row_to_fp8_row_args(const char* what, const uint8_t* in_codes, const uint8_t* in_scales, int64_t M,
+                                     int64_t K, const uint8_t* out_codes, const float* out_scales) {
+  check_mx_row_shape(what, M, K);
+  if (M == 0) return;
+  check_mx_pointer(what, "in_codes", in_codes, 16);
+  check_mx_pointer(what, "in_scales", in_scales, 1);
+  check_mx_pointer(what, "out_codes", out_codes, 16);
+  check_mx_pointer(what, "out_scales", out_scales, 4);
+}
+
+// Variant 0: the grid-stride kernel above. Arguments already checked, M > 0.
+void launch_mxfp4_row_to_fp8_row_v0(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
+                                    uint8_t* out_codes, float* out_scales, cudaStream_t stream) {
   const int64_t units_per_row = K / kUnit, num_units = M * units_per_row;
   const int64_t blocks_needed = ceil_div(num_units, int64_t{kThreads} * kUnitsPerThread);
   const auto* codes8 = reinterpret_cast<const uint2*>(in_codes);
@@ -153,7 +140,7 @@ void mxfp4_row_to_fp8_row(const uint8_t* in_codes, const uint8_t* in_scales, int
   auto launch = [&](auto index_zero, auto whole_groups_tag) {
     using Index = decltype(index_zero);
     constexpr auto kernel = mxfp4_row_to_fp8_row_kernel<Index, decltype(whole_groups_tag)::value>;
-    const unsigned grid = detail::mx_grid_blocks<kernel, kThreads>(blocks_needed);
+    const unsigned grid = mx_grid_blocks<kernel, kThreads>(blocks_needed);
     kernel<<<grid, kThreads, 0, stream>>>(codes8, in_scales, static_cast<Index>(M), static_cast<Index>(units_per_row),
                                           row_of_unit, static_cast<Index>(num_units), out16, out_scales);
   };
@@ -162,6 +149,13 @@ void mxfp4_row_to_fp8_row(const uint8_t* in_codes, const uint8_t* in_scales, int
   else if (whole_groups) launch(int64_t{0}, std::true_type{});
   else launch(int64_t{0}, std::false_type{});
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace detail
+
+void mxfp4_row_to_fp8_row(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
+                          uint8_t* out_codes, float* out_scales, cudaStream_t stream) {
+  detail::mxfp4_row_to_fp8_row_variant(0, in_codes, in_scales, M, K, out_codes, out_scales, stream);
 }
 
 void mxfp4_row_to_fp8_row_naive(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
