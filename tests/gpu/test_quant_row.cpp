@@ -2,7 +2,9 @@
 // count), mxfp4_to_bf16, mxfp4_row_to_fp8_row (codes and fp32 scales, layout padding included) and the naive
 // MXFP4 -> BF16 -> FP8 path. Seeded random data with outliers, tiny values, zero rows and NaN/Inf blocks; the
 // shapes of the MoE layers (K = 2048, 7168, 576) and edge shapes (M = 1, K = 32, a short last 1x128 group).
-// Every output is poisoned before each run and surrounded by guard bytes that must stay untouched.
+// Every output is poisoned before each run and surrounded by guard bytes that must stay untouched. Each kernel
+// variant (detail::*_variant) runs on the same data and must give the same bytes. Host-only tests (they run
+// without a device) check the faster codecs of mx_fast_codecs.h against formats.h exhaustively.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,6 +24,7 @@
 #include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
+#include "kernels/quant/mx_fast_codecs.h"
 #include "kernels/quant/mxfp4_row_to_fp8_row.h"
 #include "kernels/quant/mxfp4_to_bf16.h"
 
@@ -120,13 +123,14 @@ struct QuantRun {
   bool guards_intact = false;
 };
 
-QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const MxQuantConfig& cfg) {
+QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const MxQuantConfig& cfg,
+                         int variant = 0) {
   Guarded<bf16> dx(M * K);
   Guarded<uint8_t> codes(M * K / 2), scales(M * K / 32);
   DeviceBuffer<unsigned long long> counter(1);
   dx.upload(x);
   CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
-  bf16_to_mxfp4_row(dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
+  detail::bf16_to_mxfp4_row_variant(variant, dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   QuantRun r{codes.download(), scales.download(), counter.download()[0], codes.guards_intact() && scales.guards_intact()};
   return r;
@@ -149,14 +153,17 @@ TEST(Bf16ToMxfp4RowGpu, MatchesReferenceBitForBit) {
                                           << int(rounding));
           std::vector<uint8_t> ref_codes(M * K / 2, kPoison), ref_scales(M * K / 32, kPoison);
           const int64_t ref_nonfinite = bf16_to_mxfp4_row_ref(x.data(), M, K, ref_codes.data(), ref_scales.data(), cfg);
-          const QuantRun got = quantize_on_gpu(x, M, K, cfg);
-          EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
-          EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);
-          EXPECT_EQ(static_cast<int64_t>(got.nonfinite), ref_nonfinite);
           if (nonfinite) {
             EXPECT_GT(ref_nonfinite, 0);
           }
-          EXPECT_TRUE(got.guards_intact);
+          for (int v = 0; v < detail::bf16_to_mxfp4_row_variants(); ++v) {
+            SCOPED_TRACE(testing::Message() << "variant " << v << " (" << detail::bf16_to_mxfp4_row_variant_name(v) << ")");
+            const QuantRun got = quantize_on_gpu(x, M, K, cfg, v);
+            EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
+            EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);
+            EXPECT_EQ(static_cast<int64_t>(got.nonfinite), ref_nonfinite);
+            EXPECT_TRUE(got.guards_intact);
+          }
         }
       }
     }
@@ -188,10 +195,13 @@ TEST(Bf16ToMxfp4RowGpu, EveryBlockExponentAndMagnitudeMatchesReference) {
       SCOPED_TRACE(testing::Message() << "mode=" << int(mode) << " rounding=" << int(rounding));
       std::vector<uint8_t> ref_codes(M * K / 2), ref_scales(M * K / 32);
       EXPECT_EQ(bf16_to_mxfp4_row_ref(x.data(), M, K, ref_codes.data(), ref_scales.data(), cfg), 0);
-      const QuantRun got = quantize_on_gpu(x, M, K, cfg);
-      EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
-      EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);
-      EXPECT_EQ(got.nonfinite, 0u);
+      for (int v = 0; v < detail::bf16_to_mxfp4_row_variants(); ++v) {
+        SCOPED_TRACE(testing::Message() << "variant " << v);
+        const QuantRun got = quantize_on_gpu(x, M, K, cfg, v);
+        EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
+        EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);
+        EXPECT_EQ(got.nonfinite, 0u);
+      }
     }
   }
 }
@@ -207,21 +217,24 @@ TEST(Bf16ToMxfp4RowGpu, RowRangesWithRowOffsetMatchOneLaunch) {
     std::vector<uint8_t> ref_codes(M * K / 2), ref_scales(M * K / 32);
     const int64_t ref_nonfinite = bf16_to_mxfp4_row_ref(x.data(), M, K, ref_codes.data(), ref_scales.data(), cfg);
 
-    Guarded<bf16> dx(M * K);
-    Guarded<uint8_t> codes(M * K / 2), scales(M * K / 32);
-    DeviceBuffer<unsigned long long> counter(1);
-    dx.upload(x);
-    CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
-    MxQuantConfig first = cfg, second = cfg;
-    second.row_offset = r0;
-    bf16_to_mxfp4_row(dx.ptr(), r0, K, codes.ptr(), scales.ptr(), first, counter.ptr, nullptr);
-    bf16_to_mxfp4_row(dx.ptr() + r0 * K, M - r0, K, codes.ptr() + r0 * K / 2, scales.ptr() + r0 * K / 32, second,
-                      counter.ptr, nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(first_mismatch(codes.download(), ref_codes), -1) << "rounding " << int(rounding);
-    EXPECT_EQ(first_mismatch(scales.download(), ref_scales), -1) << "rounding " << int(rounding);
-    EXPECT_EQ(static_cast<int64_t>(counter.download()[0]), ref_nonfinite);
-    EXPECT_TRUE(codes.guards_intact() && scales.guards_intact());
+    for (int v = 0; v < detail::bf16_to_mxfp4_row_variants(); ++v) {
+      SCOPED_TRACE(testing::Message() << "variant " << v << ", rounding " << int(rounding));
+      Guarded<bf16> dx(M * K);
+      Guarded<uint8_t> codes(M * K / 2), scales(M * K / 32);
+      DeviceBuffer<unsigned long long> counter(1);
+      dx.upload(x);
+      CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
+      MxQuantConfig first = cfg, second = cfg;
+      second.row_offset = r0;
+      detail::bf16_to_mxfp4_row_variant(v, dx.ptr(), r0, K, codes.ptr(), scales.ptr(), first, counter.ptr, nullptr);
+      detail::bf16_to_mxfp4_row_variant(v, dx.ptr() + r0 * K, M - r0, K, codes.ptr() + r0 * K / 2,
+                                        scales.ptr() + r0 * K / 32, second, counter.ptr, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(first_mismatch(codes.download(), ref_codes), -1);
+      EXPECT_EQ(first_mismatch(scales.download(), ref_scales), -1);
+      EXPECT_EQ(static_cast<int64_t>(counter.download()[0]), ref_nonfinite);
+      EXPECT_TRUE(codes.guards_intact() && scales.guards_intact());
+    }
   }
 }
 
@@ -232,16 +245,19 @@ TEST(Bf16ToMxfp4RowGpu, NonFiniteBlocksAreCountedOncePerBlock) {
   x[0] = bf16_from_bits(0x7FC0);    // block 0: one NaN ...
   x[1] = bf16_from_bits(0x7F80);    // ... and an Inf: still one block
   x[5 * K + 64] = bf16_from_bits(0xFF80);  // row 5, block 2
-  const QuantRun got = quantize_on_gpu(x, M, K, {});
-  EXPECT_EQ(got.nonfinite, 2u);
-  EXPECT_EQ(got.scales[0], kUE8M0NaN);
-  EXPECT_EQ(got.scales[5 * 3 + 2], kUE8M0NaN);
-  EXPECT_NE(got.scales[1], kUE8M0NaN);
-  for (int i = 0; i < 16; ++i) EXPECT_EQ(got.codes[i], 0) << i;
-  for (int64_t i = 0; i < M * 3; ++i)
-    if (i != 0 && i != 17) {
-      EXPECT_NE(got.scales[i], kUE8M0NaN) << "block " << i;
-    }
+  for (int v = 0; v < detail::bf16_to_mxfp4_row_variants(); ++v) {
+    SCOPED_TRACE(testing::Message() << "variant " << v);
+    const QuantRun got = quantize_on_gpu(x, M, K, {}, v);
+    EXPECT_EQ(got.nonfinite, 2u);
+    EXPECT_EQ(got.scales[0], kUE8M0NaN);
+    EXPECT_EQ(got.scales[5 * 3 + 2], kUE8M0NaN);
+    EXPECT_NE(got.scales[1], kUE8M0NaN);
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(got.codes[i], 0) << i;
+    for (int64_t i = 0; i < M * 3; ++i)
+      if (i != 0 && i != 17) {
+        EXPECT_NE(got.scales[i], kUE8M0NaN) << "block " << i;
+      }
+  }
 }
 
 TEST(Bf16ToMxfp4RowGpu, EmptyTensorLaunchesNothing) {
@@ -251,6 +267,10 @@ TEST(Bf16ToMxfp4RowGpu, EmptyTensorLaunchesNothing) {
   EXPECT_NO_THROW(bf16_to_mxfp4_row(nullptr, 0, 7168, nullptr, nullptr, {}, counter.ptr, nullptr));
   EXPECT_NO_THROW(mxfp4_to_bf16(nullptr, nullptr, 0, 32, nullptr, nullptr));
   EXPECT_NO_THROW(mxfp4_row_to_fp8_row(nullptr, nullptr, 0, 96, nullptr, nullptr, nullptr));
+  for (int v = 0; v < detail::bf16_to_mxfp4_row_variants(); ++v)
+    EXPECT_NO_THROW(detail::bf16_to_mxfp4_row_variant(v, nullptr, 0, 7168, nullptr, nullptr, {}, counter.ptr, nullptr));
+  for (int v = 0; v < detail::mxfp4_row_to_fp8_row_variants(); ++v)
+    EXPECT_NO_THROW(detail::mxfp4_row_to_fp8_row_variant(v, nullptr, nullptr, 0, 96, nullptr, nullptr, nullptr));
   CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   EXPECT_EQ(counter.download()[0], 0u);
@@ -280,6 +300,72 @@ TEST(Bf16ToMxfp4RowGpu, RejectsBadArgumentsBeforeLaunch) {
   CUDA_CHECK(cudaDeviceSynchronize());
   for (uint8_t b : codes.download()) ASSERT_EQ(b, kPoison) << "a rejected call launched";
   for (uint8_t b : scales.download()) ASSERT_EQ(b, kPoison) << "a rejected call launched";
+}
+
+TEST(Bf16ToMxfp4RowGpu, VariantsRejectWhatTheDefaultRejectsAndUnknownVariants) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t M = 4, K = 64;
+  Guarded<bf16> x(M * K);
+  Guarded<uint8_t> codes(M * K / 2), scales(M * K / 32);
+  const int n = detail::bf16_to_mxfp4_row_variants();
+  EXPECT_GE(n, 1);
+  for (int v : {-1, n}) {
+    expect_error_mentions(
+        [&] { detail::bf16_to_mxfp4_row_variant(v, x.ptr(), M, K, codes.ptr(), scales.ptr(), {}, nullptr, nullptr); },
+        {"bf16_to_mxfp4_row", "variant must be in"});
+  }
+  for (int v = 0; v < n; ++v) {
+    EXPECT_STRNE(detail::bf16_to_mxfp4_row_variant_name(v), "");
+    expect_error_mentions(
+        [&] { detail::bf16_to_mxfp4_row_variant(v, x.ptr(), M, 48, codes.ptr(), scales.ptr(), {}, nullptr, nullptr); },
+        {"multiple of 32", "[4, 48]"});
+    expect_error_mentions(
+        [&] { detail::bf16_to_mxfp4_row_variant(v, x.ptr() + 1, M, K, codes.ptr(), scales.ptr(), {}, nullptr, nullptr); },
+        {"x must be 16-byte aligned"});
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  for (uint8_t b : codes.download()) ASSERT_EQ(b, kPoison) << "a rejected call launched";
+}
+
+// ---- faster codecs of the variants (host, no device needed) ----------------------------------------------------
+
+// e2m1_rne_magnitude_by_add against f32_to_e2m1_rne on every product the quantizer forms: every finite BF16
+// magnitude times every block scale 2^-e (e in [-127, 127]) that stays below 8, and on a dense sweep of fp32
+// values in [0, 8) (every tie and its neighbours included).
+TEST(MxFastCodecs, E2m1ByAddMatchesRoundToNearestEven) {
+  int64_t checked = 0, mismatches = 0;
+  for (uint32_t h = 0; h < 0x7F80u; ++h) {
+    for (int e = -127; e <= 127; ++e) {
+      const float a = bf16_bits_to_f32(static_cast<uint16_t>(h)) * exp2_exact(-e);
+      if (!(a < 8.0f)) continue;
+      ++checked;
+      if (detail::e2m1_rne_magnitude_by_add(a) != (f32_to_e2m1_rne(a) & 7u) && mismatches++ < 5)
+        ADD_FAILURE() << "bf16 bits 0x" << std::hex << h << std::dec << " e " << e;
+    }
+  }
+  for (uint32_t u = 0; u < 0x41000000u; u += 61) {  // fp32 [0, 8)
+    const float a = f32_from_bits(u);
+    ++checked;
+    if (detail::e2m1_rne_magnitude_by_add(a) != (f32_to_e2m1_rne(a) & 7u) && mismatches++ < 5)
+      ADD_FAILURE() << "fp32 bits 0x" << std::hex << u;
+  }
+  for (float tie : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 7.9999995f}) {
+    for (float a : {std::nextafter(tie, 0.0f), tie, std::nextafter(tie, 8.0f)}) {
+      ++checked;
+      EXPECT_EQ(detail::e2m1_rne_magnitude_by_add(a), f32_to_e2m1_rne(a) & 7u) << a;
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << checked;
+}
+
+TEST(MxFastCodecs, CounterUniformMatchesUniformFromCounter) {
+  std::mt19937_64 rng(2024);
+  for (int i = 0; i < 1000000; ++i) {
+    const uint64_t seed = rng(), index = (i % 3 == 0) ? rng() : (i % 3 == 1 ? rng() & 0xFFFFFFu : uint64_t(i));
+    const float want = uniform_from_counter(seed, index);
+    ASSERT_EQ(detail::uniform_from_counter_fast(seed, index), want) << "seed " << seed << " index " << index;
+    ASSERT_EQ(static_cast<float>(detail::counter_bits24(seed, index)), want * 16777216.0f);
+  }
 }
 
 // ---- MXFP4 -> BF16 --------------------------------------------------------------------------------------------
@@ -365,12 +451,15 @@ struct Fp8Run {
   bool guards_intact = false;
 };
 
-Fp8Run direct_on_gpu(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int64_t M, int64_t K) {
-  Guarded<uint8_t> dc(codes.size()), ds(scales.size()), out(M * K);
+// scale_shift: in_scales placed that many bytes past an aligned address (the kernels accept any alignment).
+Fp8Run direct_on_gpu(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int64_t M, int64_t K,
+                     int variant, int scale_shift) {
+  Guarded<uint8_t> dc(codes.size()), ds(scales.size() + scale_shift), out(M * K);
   Guarded<float> out_scales(fp8_row_scale_count(M, K));
   dc.upload(codes);
-  ds.upload(scales);
-  mxfp4_row_to_fp8_row(dc.ptr(), ds.ptr(), M, K, out.ptr(), out_scales.ptr(), nullptr);
+  CUDA_CHECK(cudaMemcpy(ds.ptr() + scale_shift, scales.data(), scales.size(), cudaMemcpyHostToDevice));
+  detail::mxfp4_row_to_fp8_row_variant(variant, dc.ptr(), ds.ptr() + scale_shift, M, K, out.ptr(), out_scales.ptr(),
+                                       nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   return {out.download(), out_scales.download(), out.guards_intact() && out_scales.guards_intact()};
 }
@@ -380,10 +469,16 @@ void expect_direct_matches_reference(const std::vector<uint8_t>& codes, const st
   std::vector<uint8_t> ref_codes(M * K, kPoison);
   std::vector<float> ref_scales(fp8_row_scale_count(M, K), -1.0f);
   mxfp4_row_to_fp8_row_ref(codes.data(), scales.data(), M, K, ref_codes.data(), ref_scales.data());
-  const Fp8Run got = direct_on_gpu(codes, scales, M, K);
-  EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
-  EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);  // layout padding (1.0) included
-  EXPECT_TRUE(got.guards_intact);
+  for (int v = 0; v < detail::mxfp4_row_to_fp8_row_variants(); ++v) {
+    for (int scale_shift : {0, 1}) {  // aligned scale words, and byte loads only
+      SCOPED_TRACE(testing::Message() << "variant " << v << " (" << detail::mxfp4_row_to_fp8_row_variant_name(v)
+                                      << "), in_scales + " << scale_shift);
+      const Fp8Run got = direct_on_gpu(codes, scales, M, K, v, scale_shift);
+      EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
+      EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);  // layout padding (1.0) included
+      EXPECT_TRUE(got.guards_intact);
+    }
+  }
 }
 
 TEST(Mxfp4RowToFp8RowGpu, MatchesReferenceOnQuantizedActivations) {
@@ -448,6 +543,21 @@ TEST(Mxfp4RowToFp8RowGpu, RejectsBadArgumentsBeforeLaunch) {
   expect_error_mentions(call(codes.ptr(), 2, 64, out.ptr() + 1, out_scales.ptr()),
                         {"out_codes must be 16-byte aligned"});
   expect_error_mentions(call(codes.ptr(), 2, 64, out.ptr(), nullptr), {"out_scales is null"});
+  const int n = detail::mxfp4_row_to_fp8_row_variants();
+  for (int v : {-1, n}) {
+    expect_error_mentions(
+        [&] { detail::mxfp4_row_to_fp8_row_variant(v, codes.ptr(), scales.ptr(), 2, 64, out.ptr(), out_scales.ptr(), nullptr); },
+        {"mxfp4_row_to_fp8_row", "variant must be in"});
+  }
+  for (int v = 0; v < n; ++v) {
+    EXPECT_STRNE(detail::mxfp4_row_to_fp8_row_variant_name(v), "");
+    expect_error_mentions(
+        [&] { detail::mxfp4_row_to_fp8_row_variant(v, codes.ptr(), scales.ptr(), 2, 33, out.ptr(), out_scales.ptr(), nullptr); },
+        {"multiple of 32", "[2, 33]"});
+    expect_error_mentions(
+        [&] { detail::mxfp4_row_to_fp8_row_variant(v, codes.ptr(), scales.ptr(), 2, 64, out.ptr() + 1, out_scales.ptr(), nullptr); },
+        {"out_codes must be 16-byte aligned"});
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
   for (uint8_t b : out.download()) ASSERT_EQ(b, kPoison) << "a rejected call launched";
 }
