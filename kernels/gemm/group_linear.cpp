@@ -8,6 +8,11 @@
 
 namespace fp4moe {
 
+namespace {
+constexpr GroupLinearBuffer kWeightCopy = GroupLinearBuffer::weight_copy;
+constexpr GroupLinearBuffer kScratch = GroupLinearBuffer::scratch;
+}  // namespace
+
 const char* group_linear_recipe_name(GroupLinearRecipe r) {
   switch (r) {
     case GroupLinearRecipe::bf16: return "bf16";
@@ -17,19 +22,46 @@ const char* group_linear_recipe_name(GroupLinearRecipe r) {
   return "?";
 }
 
-void* GroupLinear::Buffer::ensure(size_t n) {
-  n = n < 16 ? 16 : n;
-  if (n <= bytes) return ptr;
-  if (ptr) CUDA_CHECK(cudaFree(ptr));  // synchronises: no queued work still uses the old buffer
+const char* group_linear_buffer_name(GroupLinearBuffer kind) {
+  switch (kind) {
+    case GroupLinearBuffer::weight_copy: return "FP8 weight copies";
+    case GroupLinearBuffer::held_activation: return "held FP8 column copy of X";
+    case GroupLinearBuffer::scratch: return "scratch";
+  }
+  return "?";
+}
+
+// cudaFree synchronises the device, and so does a caller's allocator that frees with it (DeviceMemory): no queued
+// work still uses the old buffer.
+void GroupLinear::Buffer::release() {
+  if (!ptr) return;
+  void* p = ptr;
   ptr = nullptr;
   bytes = 0;
-  CUDA_CHECK(cudaMalloc(&ptr, n));
+  if (alloc->release) alloc->release(p);
+  else CUDA_CHECK(cudaFree(p));
+}
+
+void* GroupLinear::Buffer::ensure(size_t n, GroupLinearBuffer kind) {
+  n = n < 16 ? 16 : n;
+  if (n <= bytes) return ptr;
+  release();
+  if (alloc->allocate) {
+    ptr = alloc->allocate(n, kind);
+    FP4MOE_CHECK(ptr != nullptr, "GroupLinear: the allocator returned null for {} bytes of {}", n,
+                 group_linear_buffer_name(kind));
+  } else {
+    CUDA_CHECK(cudaMalloc(&ptr, n));
+  }
   bytes = n;
   return ptr;
 }
 
 GroupLinear::Buffer::~Buffer() {
-  if (ptr) cudaFree(ptr);
+  try {
+    release();
+  } catch (...) {  // nothing to do about a failing free in a destructor
+  }
 }
 
 GroupLinear::GroupLinear(int64_t G, int64_t N, int64_t K, GroupLinearRecipe recipe, Fp8ScaleMode scale_mode)
@@ -42,16 +74,26 @@ GroupLinear::GroupLinear(int64_t G, int64_t N, int64_t K, GroupLinearRecipe reci
 
 GroupLinear::~GroupLinear() = default;
 
+void GroupLinear::set_allocator(GroupLinearAllocator allocator) {
+  FP4MOE_CHECK(allocator.allocate && allocator.release,
+               "GroupLinear::set_allocator: both allocate and release must be set");
+  for (const Buffer* b : {&w_codes_, &w_scales_, &wt_codes_, &wt_scales_, &row_codes_, &row_scales_, &xcol_codes_,
+                          &xcol_scales_, &dycol_codes_, &dycol_scales_})
+    FP4MOE_CHECK(b->ptr == nullptr, "GroupLinear::set_allocator: the layer already holds buffers (set the allocator "
+                 "before the first set_weights or forward)");
+  allocator_ = std::move(allocator);
+}
+
 void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
   FP4MOE_CHECK(w != nullptr, "GroupLinear::set_weights: null weights (expected BF16 [G, N, K] = [{}, {}, {}])", G_, N_,
                K_);
   w_ = w;
   if (recipe_ == GroupLinearRecipe::bf16) return;
   const int64_t count = fp8_block_scale_count(N_, K_), count_t = fp8_block_scale_count(K_, N_);
-  auto* wc = static_cast<uint8_t*>(w_codes_.ensure(static_cast<size_t>(G_ * N_ * K_)));
-  auto* ws = static_cast<float*>(w_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count)));
-  auto* tc = static_cast<uint8_t*>(wt_codes_.ensure(static_cast<size_t>(G_ * N_ * K_)));
-  auto* ts = static_cast<float*>(wt_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count_t)));
+  auto* wc = static_cast<uint8_t*>(w_codes_.ensure(static_cast<size_t>(G_ * N_ * K_), kWeightCopy));
+  auto* ws = static_cast<float*>(w_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count), kWeightCopy));
+  auto* tc = static_cast<uint8_t*>(wt_codes_.ensure(static_cast<size_t>(G_ * N_ * K_), kWeightCopy));
+  auto* ts = static_cast<float*>(wt_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count_t), kWeightCopy));
   for (int64_t g = 0; g < G_; ++g) {
     bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, false, wc + g * N_ * K_, ws + g * count, nullptr,
                          stream);
@@ -107,8 +149,9 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
     gemm_.fprop_bf16(x.x, w_, N_, K_, split, out, stream);
     return;
   }
-  auto* rc = static_cast<uint8_t*>(row_codes_.ensure(static_cast<size_t>(M * K_)));
-  auto* rs = static_cast<float*>(row_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(M, K_))));
+  auto* rc = static_cast<uint8_t*>(row_codes_.ensure(static_cast<size_t>(M * K_), kScratch));
+  auto* rs = static_cast<float*>(
+      row_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(M, K_)), kScratch));
   if (mx) {
     if (M > 0) mxfp4_row_to_fp8_row(x.mx_codes, x.mx_scales, M, K_, rc, rs, stream);
   } else if (M > 0) {
@@ -118,9 +161,10 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
                   out, stream);
   if (!mx) {
     // The fp8 recipe caches X as its FP8 column copy (what Wgrad reads), not as BF16.
-    auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_))));
+    constexpr GroupLinearBuffer held = GroupLinearBuffer::held_activation;
+    auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_)), held));
     auto* cs = static_cast<float*>(
-        xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_))));
+        xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_)), held));
     bf16_to_fp8_col(x.x, M, K_, split.offsets, G_, split.host_offsets, scale_mode_, cc, cs, nullptr, stream);
     cached_.x = nullptr;
   }
@@ -140,22 +184,24 @@ void GroupLinear::backward(const bf16* dy, const GroupSplit& split, bf16* dx, fl
     return;
   }
   if (dx) {
-    auto* rc = static_cast<uint8_t*>(row_codes_.ensure(static_cast<size_t>(M * N_)));
-    auto* rs =
-        static_cast<float*>(row_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(M, N_))));
+    auto* rc = static_cast<uint8_t*>(row_codes_.ensure(static_cast<size_t>(M * N_), kScratch));
+    auto* rs = static_cast<float*>(
+        row_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(M, N_)), kScratch));
     if (M > 0) bf16_to_fp8_row(dy, M, N_, scale_mode_, rc, rs, nullptr, stream);
     gemm_.dgrad_fp8({rc, rs}, {static_cast<uint8_t*>(wt_codes_.ptr), static_cast<float*>(wt_scales_.ptr)}, N_, K_,
                     split, GemmOutput{dx, GemmOutType::bf16, false}, stream);
   }
   if (dw_master) {
-    auto* dc = static_cast<uint8_t*>(dycol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, N_, G_))));
+    auto* dc =
+        static_cast<uint8_t*>(dycol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, N_, G_)), kScratch));
     auto* ds = static_cast<float*>(
-        dycol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, N_, G_))));
+        dycol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, N_, G_)), kScratch));
     bf16_to_fp8_col(dy, M, N_, split.offsets, G_, split.host_offsets, scale_mode_, dc, ds, nullptr, stream);
     if (recipe_ == GroupLinearRecipe::mxfp4) {
-      auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_))));
+      auto* cc =
+          static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_)), kScratch));
       auto* cs = static_cast<float*>(
-          xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_))));
+          xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_)), kScratch));
       mxfp4_row_to_fp8_col(cached_.mx_codes, cached_.mx_scales, M, K_, split.offsets, G_, split.host_offsets, cc, cs,
                            stream);
     }

@@ -18,13 +18,15 @@
 // fetched once for this layer and step (grouped_gemm.h); nothing here synchronises with the device.
 // What the caller keeps alive between forward and backward: the bf16 recipe's X, the mxfp4 recipe's MXFP4 X
 // (the layer keeps pointers, not copies); the fp8 recipe caches its own FP8 column copy of X.
-// Buffers (FP8 copies of weights and activations) are owned by the layer and grow on demand with cudaMalloc,
-// which synchronises the device the first time a larger batch arrives. Not thread-safe; one stream.
+// Buffers (FP8 copies of weights and activations) are owned by the layer and grow on demand, from cudaMalloc or
+// from the caller's allocator (set_allocator); freeing a buffer to grow it synchronises the device (cudaFree),
+// the first time a larger batch arrives. Not thread-safe; one stream.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
@@ -34,6 +36,23 @@ namespace fp4moe {
 
 enum class GroupLinearRecipe { bf16, fp8, mxfp4 };
 const char* group_linear_recipe_name(GroupLinearRecipe r);
+
+// What one of the layer's buffers holds, for an allocator that counts device memory by purpose:
+//   weight_copy      FP8 W and W^T (fp8, mxfp4): written by set_weights, read until the next set_weights;
+//   held_activation  the fp8 recipe's FP8 column copy of X: written by forward, read by backward
+//                    (held_activation_bytes counts it);
+//   scratch          FP8 row copies of X and dY, the dY columns, the mxfp4 recipe's X columns: dead between calls.
+enum class GroupLinearBuffer { weight_copy, held_activation, scratch };
+const char* group_linear_buffer_name(GroupLinearBuffer kind);
+
+// Where the layer's buffers come from. allocate(bytes, kind) returns device memory of at least `bytes` bytes,
+// 16-byte aligned, or throws; release(p) frees a pointer allocate returned. Both run on the host thread inside
+// set_weights, forward, backward and the destructor (release must then not throw: what it throws there is
+// dropped). The functions, and whatever they capture, must outlive the layer.
+struct GroupLinearAllocator {
+  std::function<void*(size_t bytes, GroupLinearBuffer kind)> allocate;
+  std::function<void(void*)> release;
+};
 
 // The layer's input: BF16 [M, K] for the bf16 and fp8 recipes; MXFP4 row tensor for mxfp4 (layouts.h: codes
 // [M, K/2], UE8M0 scales [M, K/32]), as bf16_to_mxfp4_row writes it before the dispatch.
@@ -52,6 +71,10 @@ class GroupLinear {
   ~GroupLinear();
   GroupLinear(const GroupLinear&) = delete;
   GroupLinear& operator=(const GroupLinear&) = delete;
+
+  // The buffers' allocator, instead of cudaMalloc/cudaFree (which count nowhere). Rejects an allocator with an
+  // empty function, and a call once the layer holds a buffer (after the first set_weights or forward).
+  void set_allocator(GroupLinearAllocator allocator);
 
   // w: BF16 parameters [G, N, K], device; call again after every optimizer step. The fp8/mxfp4 recipes quantize
   // W and W^T to 128x128 blocks here (2G launches); the bf16 recipe keeps the pointer. Rejects a null w.
@@ -89,11 +112,17 @@ class GroupLinear {
   GroupedGemm& gemm() { return gemm_; }
 
  private:
+  // A device buffer that grows on demand, through the owner's allocator (empty functions: cudaMalloc/cudaFree).
   struct Buffer {
+    explicit Buffer(const GroupLinearAllocator* a) : alloc(a) {}
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer();
+    void* ensure(size_t n, GroupLinearBuffer kind);
+    void release();
+    const GroupLinearAllocator* alloc;
     void* ptr = nullptr;
     size_t bytes = 0;
-    void* ensure(size_t n);
-    ~Buffer();
   };
 
   int64_t G_, N_, K_;
@@ -101,9 +130,12 @@ class GroupLinear {
   Fp8ScaleMode scale_mode_;
   GroupedGemm gemm_;
   const bf16* w_ = nullptr;
-  Buffer w_codes_, w_scales_, wt_codes_, wt_scales_;  // FP8 W [G, N, K] and W^T [G, K, N]
-  Buffer row_codes_, row_scales_;                     // FP8 row copy of X (forward) or dY (backward)
-  Buffer xcol_codes_, xcol_scales_, dycol_codes_, dycol_scales_;
+  GroupLinearAllocator allocator_;  // declared before the buffers: they release through it when destroyed
+  Buffer w_codes_{&allocator_}, w_scales_{&allocator_}, wt_codes_{&allocator_},
+      wt_scales_{&allocator_};                          // FP8 W [G, N, K] and W^T [G, K, N]
+  Buffer row_codes_{&allocator_}, row_scales_{&allocator_};  // FP8 row copy of X (forward) or dY (backward)
+  Buffer xcol_codes_{&allocator_}, xcol_scales_{&allocator_}, dycol_codes_{&allocator_},
+      dycol_scales_{&allocator_};
   GroupLinearInput cached_{};
   int64_t cached_M_ = -1;
 };

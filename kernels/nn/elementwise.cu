@@ -53,6 +53,17 @@ cast_bf16_to_f32_kernel(const bf16* __restrict__ x, int64_t chunks, float* __res
   }
 }
 
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+add_bf16_into_f32_kernel(const bf16* __restrict__ x, int64_t chunks, float* __restrict__ y) {
+  for (int64_t c = int64_t{blockIdx.x} * kThreads + threadIdx.x; c < chunks; c += int64_t{gridDim.x} * kThreads) {
+    float v[kVec];
+    load_bf16<kVec>(x + c * kVec, v);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) y[c * kVec + i] = __fadd_rn(y[c * kVec + i], v[i]);
+  }
+}
+
 bool vec_ok(int64_t n, std::initializer_list<const void*> ptrs) {
   if (n % 8 != 0) return false;
   for (const void* p : ptrs)
@@ -104,6 +115,18 @@ void cast_bf16_to_f32(const bf16* x, int64_t n, float* y, cudaStream_t stream) {
     cast_bf16_to_f32_kernel<8><<<grid_for(n / 8), kThreads, 0, stream>>>(x, n / 8, y);
   } else {
     cast_bf16_to_f32_kernel<1><<<grid_for(n), kThreads, 0, stream>>>(x, n, y);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_bf16_into_f32(const bf16* x, int64_t n, float* y, cudaStream_t stream) {
+  check_flat("add_bf16_into_f32", n, {x, y});
+  if (n == 0) return;
+  check_no_overlap("add_bf16_into_f32", x, n * 2, y, n * 4);
+  if (vec_ok(n, {x, y})) {
+    add_bf16_into_f32_kernel<8><<<grid_for(n / 8), kThreads, 0, stream>>>(x, n / 8, y);
+  } else {
+    add_bf16_into_f32_kernel<1><<<grid_for(n), kThreads, 0, stream>>>(x, n, y);
   }
   CUDA_CHECK_LAUNCH();
 }

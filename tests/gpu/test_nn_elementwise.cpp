@@ -1,8 +1,9 @@
 // GPU elementwise glue (kernels/nn/elementwise.h) against the CPU reference, bit for bit: residual add and the
-// FP32 -> BF16 cast (one RNE rounding each), the exact BF16 -> FP32 cast; vector and scalar paths, n = 0, and the
-// rejection of an in-place cast. Outputs are NaN-poisoned and guarded.
+// FP32 -> BF16 cast (one RNE rounding each), the exact BF16 -> FP32 cast, the BF16-into-FP32 accumulation; vector
+// and scalar paths, n = 0, and the rejection of an in-place cast. Outputs are NaN-poisoned and guarded.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -64,6 +65,38 @@ TEST(NnElementwise, MatchesReferenceBitForBit) {
       EXPECT_TRUE(same_bits(a_d.download(), add_ref));
     }
   }
+}
+
+TEST(NnElementwise, AddBf16IntoF32MatchesReferenceBitForBit) {
+  FP4MOE_REQUIRE_DEVICE();
+  for (const size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{4099}, size_t{65536}}) {
+    for (const size_t shift : {size_t{0}, size_t{1}}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " shift=" + std::to_string(shift));
+      const auto x = test::random_bf16(n, 21 + n);
+      const auto y0 = random_f32(n, 22 + n);
+      std::vector<float> want = y0;
+      add_bf16_into_f32_ref(x.data(), n, want.data());
+      Guarded<bf16> x_d(n, shift);
+      Guarded<float> y_d(n, shift);
+      x_d.upload(x);
+      y_d.upload(y0);
+      add_bf16_into_f32(x_d.ptr(), n, y_d.ptr(), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const auto got = y_d.download();
+      for (size_t i = 0; i < n; ++i) {  // bit for bit; a NaN sum (y0 holds one) may differ in its payload
+        if (std::isnan(want[i])) {
+          ASSERT_TRUE(std::isnan(got[i])) << "i=" << i;
+        } else {
+          ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << "i=" << i << ": " << got[i] << " vs "
+                                                                       << want[i];
+        }
+      }
+      EXPECT_TRUE(y_d.guards_intact());
+    }
+  }
+  Guarded<float> y(64);
+  EXPECT_THROW(add_bf16_into_f32(reinterpret_cast<const bf16*>(y.ptr() + 8), 16, y.ptr(), nullptr), Error);  // overlap
+  EXPECT_NO_THROW(add_bf16_into_f32(nullptr, 0, nullptr, nullptr));
 }
 
 TEST(NnElementwise, RejectsBadArguments) {
