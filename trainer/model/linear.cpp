@@ -1,26 +1,51 @@
 #include "trainer/model/linear.h"
 
 #include "kernels/common/check.h"
+#include "kernels/gemm/group_linear.h"
+#include "kernels/quant/layouts.h"
+#include "trainer/model/linear_quantized.h"
 
 namespace fp4moe {
 
 Linear::Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features, Recipe recipe,
                float init_std)
     : w_(nullptr), K_(in_features), N_(out_features), recipe_(recipe) {
-  FP4MOE_CHECK(in_features >= 8 && in_features % 8 == 0 && out_features >= 8 && out_features % 8 == 0,
-               "Linear {}: in and out features must be positive multiples of 8 (16-byte BF16 rows), got in={} out={}",
-               name, in_features, out_features);
-  FP4MOE_CHECK(recipe == Recipe::bf16,
-               "Linear {}: recipe {} is not built for dense linear layers yet (only bf16); the routed experts take "
-               "fp8 and mxfp4 through Group Linear",
-               name, recipe_name(recipe));
+  const bool bf16_gemm = recipe == Recipe::bf16;
+  const int64_t mult = bf16_gemm ? 8 : 16;
+  FP4MOE_CHECK(in_features >= mult && in_features % mult == 0 && out_features >= mult && out_features % mult == 0,
+               "Linear {}: in and out features must be positive multiples of {} for the {} recipe ({}), got in={} "
+               "out={}",
+               name, mult, recipe_name(recipe), bf16_gemm ? "16-byte BF16 rows" : "the FP8 GEMMs take 16-byte rows",
+               in_features, out_features);
+  FP4MOE_CHECK(recipe != Recipe::mxfp4 || in_features % kMxBlock == 0,
+               "Linear {}: the mxfp4 recipe quantizes X in MX blocks of 32 along in_features, got in={}", name,
+               in_features);
+  if (!bf16_gemm) q_ = std::make_unique<LinearQuantized>(name, in_features, out_features, recipe);
   w_ = &store.add(name, {out_features, in_features}, ParamInit::normal, init_std, /*decay=*/true);
 }
 
-// Row-major Y [M, N] is column-major Y^T [N, M]: Y^T = W (stored K x N column-major, i.e. W^T op) * X^T.
+Linear::~Linear() = default;
+Linear::Linear(Linear&&) noexcept = default;
+Linear& Linear::operator=(Linear&&) noexcept = default;
+
+size_t Linear::held_activation_bytes(Recipe recipe, int64_t M, int64_t K) {
+  FP4MOE_CHECK(M >= 0 && K >= 1, "Linear::held_activation_bytes: expected M >= 0 and K >= 1, got M={} K={}", M, K);
+  return GroupLinear::held_activation_bytes(linear_group_recipe(recipe), M, K, 1);
+}
+
+size_t Linear::weight_copy_bytes(Recipe recipe, int64_t N, int64_t K) {
+  return GroupLinear::weight_copy_bytes(linear_group_recipe(recipe), 1, N, K);
+}
+
+// bf16: row-major Y [M, N] is column-major Y^T [N, M]: Y^T = W (stored K x N column-major, i.e. W^T op) * X^T.
 void Linear::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) const {
   if (M == 0) return;
+  FP4MOE_CHECK(M > 0, "Linear {} forward: M must be >= 0, got {}", w_->name, M);
   FP4MOE_CHECK(x && y, "Linear {} forward: x [M, {}] and y [M, {}] must not be null", w_->name, K_, N_);
+  if (q_) {
+    q_->forward(ctx, w_->param, x, M, y);
+    return;
+  }
   LtOperand a{w_->param, CUDA_R_16BF, true, K_};
   LtOperand b{x, CUDA_R_16BF, false, K_};
   ctx.lt->matmul(N_, M, K_, a, b, LtOutput{y, CUDA_R_16BF, N_, false}, RaggedDim::none, ctx.stream);
@@ -28,8 +53,19 @@ void Linear::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) const
 
 void Linear::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, LinearGradOut dx) const {
   if (M == 0) return;
-  FP4MOE_CHECK(dy && x, "Linear {} backward: dy [M, {}] and x [M, {}] must not be null", w_->name, N_, K_);
+  FP4MOE_CHECK(M > 0, "Linear {} backward: M must be >= 0, got {}", w_->name, M);
+  FP4MOE_CHECK(dy != nullptr, "Linear {} backward: dy [M, {}] must not be null", w_->name, N_);
   FP4MOE_CHECK(!dx.accumulate || dx.fp32, "Linear {} backward: Dgrad accumulation needs an FP32 output", w_->name);
+  if (q_) {
+    q_->backward(ctx, dy, M, dx, w_->grad);
+    return;
+  }
+  FP4MOE_CHECK(x != nullptr, "Linear {} backward: the bf16 recipe reads the forward's x [M, {}], which is null",
+               w_->name, K_);
+  backward_bf16(ctx, dy, x, M, dx);
+}
+
+void Linear::backward_bf16(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, LinearGradOut dx) const {
   if (dx.data) {
     // dX^T (K x M) = (W stored K x N column-major) * (dY stored N x M)
     LtOperand a{w_->param, CUDA_R_16BF, false, K_};

@@ -1,0 +1,120 @@
+#include "trainer/model/linear_quantized.h"
+
+#include <utility>
+
+#include "kernels/common/check.h"
+#include "kernels/nn/elementwise.h"
+#include "kernels/quant/bf16_to_mxfp4_row.h"
+#include "kernels/quant/layouts.h"
+#include "trainer/model/linear.h"
+
+namespace fp4moe {
+
+GroupLinearRecipe linear_group_recipe(Recipe recipe) {
+  switch (recipe) {
+    case Recipe::bf16: return GroupLinearRecipe::bf16;
+    case Recipe::fp8: return GroupLinearRecipe::fp8;
+    case Recipe::mxfp4: return GroupLinearRecipe::mxfp4;
+  }
+  FP4MOE_CHECK(false, "linear_group_recipe: unknown recipe {}", static_cast<int>(recipe));
+  return GroupLinearRecipe::bf16;
+}
+
+MemCategory linear_buffer_category(GroupLinearBuffer kind) {
+  switch (kind) {
+    case GroupLinearBuffer::weight_copy: return MemCategory::weights;
+    case GroupLinearBuffer::held_activation: return MemCategory::activations;
+    case GroupLinearBuffer::scratch: return MemCategory::workspace;
+  }
+  FP4MOE_CHECK(false, "linear_buffer_category: unknown buffer kind {}", static_cast<int>(kind));
+  return MemCategory::workspace;
+}
+
+LinearQuantized::LinearQuantized(std::string name, int64_t K, int64_t N, Recipe recipe)
+    : name_(std::move(name)), K_(K), N_(N), recipe_(recipe), gl_(1, N, K, linear_group_recipe(recipe)) {
+  FP4MOE_CHECK(recipe != Recipe::bf16, "Linear {}: the bf16 recipe does not go through Group Linear", name_);
+}
+
+void LinearQuantized::bind(const ModelContext& ctx, const char* what) {
+  FP4MOE_CHECK(ctx.mem != nullptr,
+               "Linear {} {}: the {} recipe takes its buffers from ctx.mem (the model's DeviceMemory), which is null",
+               name_, what, recipe_name(recipe_));
+  if (mem_ == nullptr) {
+    DeviceMemory* mem = ctx.mem;
+    const std::string name = name_;
+    gl_.set_allocator(GroupLinearAllocator{
+        [mem, name](size_t bytes, GroupLinearBuffer kind) {
+          return mem->allocate(bytes, linear_buffer_category(kind), name + " " + group_linear_buffer_name(kind));
+        },
+        [mem](void* p) { mem->release(p); }});
+    offsets_ = DeviceArray<int32_t>(*mem, 2, MemCategory::workspace, name_ + " token offsets {0, M}");
+    mem_ = mem;
+  }
+  FP4MOE_CHECK(ctx.mem == mem_,
+               "Linear {} {}: ctx.mem is not the DeviceMemory of the layer's first forward, which holds its buffers",
+               name_, what);
+}
+
+// The split of one group, {0, M}: the host copy for Group Linear's checks and loops, the device copy for the
+// column quantizers. The device copy is rewritten only when M changes (pageable memory: the call returns once the
+// 8 bytes are staged, so the host array may change afterwards).
+void LinearQuantized::set_tokens(int64_t M, cudaStream_t stream) {
+  FP4MOE_CHECK(M >= 1 && M < (int64_t{1} << 31), "Linear {}: M must be in [1, 2^31), got {}", name_, M);
+  host_offsets_[0] = 0;
+  host_offsets_[1] = static_cast<int32_t>(M);
+  if (device_M_ == M) return;
+  CUDA_CHECK(cudaMemcpyAsync(offsets_.data(), host_offsets_, sizeof(host_offsets_), cudaMemcpyHostToDevice, stream));
+  device_M_ = M;
+}
+
+void LinearQuantized::forward(ModelContext& ctx, const bf16* w, const bf16* x, int64_t M, bf16* y) {
+  bind(ctx, "forward");
+  last_M_ = -1;  // until this forward has been queued: a backward after a failed forward is rejected
+  set_tokens(M, ctx.stream);
+  gl_.set_weights(w, ctx.stream);  // W, W^T -> FP8 128x128 (the parameters changed since the last step)
+  GroupLinearInput in{x, nullptr, nullptr};
+  if (recipe_ == Recipe::mxfp4) {
+    if (M > mx_rows_) {  // free first: the old and new copies are never held together
+      mx_codes_.reset();
+      mx_scales_.reset();
+      mx_rows_ = 0;
+      mx_codes_ = DeviceArray<uint8_t>(*mem_, M * K_ / 2, MemCategory::activations, name_ + " MXFP4 X codes");
+      mx_scales_ =
+          DeviceArray<uint8_t>(*mem_, M * K_ / kMxBlock, MemCategory::activations, name_ + " MXFP4 X scales");
+      mx_rows_ = M;
+    }
+    bf16_to_mxfp4_row(x, M, K_, mx_codes_.data(), mx_scales_.data(), MxQuantConfig{}, nullptr, ctx.stream);
+    in = GroupLinearInput{nullptr, mx_codes_.data(), mx_scales_.data()};
+  }
+  gl_.forward(in, split(), y, ctx.stream);
+  last_M_ = M;
+}
+
+void LinearQuantized::backward(ModelContext& ctx, const bf16* dy, int64_t M, const LinearGradOut& dx, float* dw) {
+  bind(ctx, "backward");
+  FP4MOE_CHECK(last_M_ >= 1,
+               "Linear {} backward: no forward to differentiate (the {} recipe reads its own copy of the forward's X)",
+               name_, recipe_name(recipe_));
+  FP4MOE_CHECK(M == last_M_,
+               "Linear {} backward: M={} is not the last forward's M={} (backward differentiates the layer's last "
+               "forward)",
+               name_, M, last_M_);
+  bf16* dx16 = static_cast<bf16*>(dx.data);
+  if (dx.data && dx.fp32) {
+    if (M > dx_rows_) {
+      dx16_.reset();
+      dx_rows_ = 0;
+      dx16_ = DeviceArray<bf16>(*mem_, M * K_, MemCategory::workspace, name_ + " BF16 Dgrad before FP32");
+      dx_rows_ = M;
+    }
+    dx16 = dx16_.data();
+  }
+  gl_.backward(dy, split(), dx16, dw, ctx.stream);  // dx16 [M, K] BF16 (or none), dw += dY^T X
+  if (dx.data && dx.fp32) {
+    auto* out = static_cast<float*>(dx.data);
+    if (dx.accumulate) add_bf16_into_f32(dx16, M * K_, out, ctx.stream);  // dx += dX
+    else cast_bf16_to_f32(dx16, M * K_, out, ctx.stream);                // dx = dX
+  }
+}
+
+}  // namespace fp4moe
