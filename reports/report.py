@@ -11,9 +11,14 @@ DIR (default: RUN without .h5, e.g. runs/20261129-120000-nvidia-h200/) receives
     <family>_fraction_of_copy.png       per kernel: bandwidth as a fraction of the copy's measured in the same run
                                         (geometric mean over shapes, whiskers from the lowest to the highest)
     <family>_tflops.png                 per case and shape: TFLOP/s, one bar per recipe
+    <scenario>_<plot>.png               per training scenario (attribute kind = "train" of /repro/<scenario>): the
+                                        plot it names (memory, throughput or loss) from its cells table
+                                        /bench/<family> (reports/cells_report.py)
 A plot is drawn for each /bench table that has the values for it (fraction_of_copy_bw on non-copy rows; tflops
 above zero). Files whose schema_version is not result_file.SCHEMA_VERSION are refused.
-For /train/<run> groups (fp4moe train): a summary row per run and train_loss.png (reports/train_report.py).
+For /train/<run> groups (fp4moe train): a summary row per run and train_loss.png (reports/train_report.py) of the
+runs that no reproduction scenario made (those carry the attribute repro_scenarios and are plotted per scenario).
+A cells table is shown with the columns that matter for reading it (cells_report.markdown).
 Exit codes: 0 written, 1 no /repro, /bench or /train table in the file, 2 unreadable file or other schema.
 """
 
@@ -31,7 +36,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from reports import bench_report, result_file, train_report  # noqa: E402
+from reports import bench_report, cells_report, result_file, train_report  # noqa: E402
 
 REPRO_SHOWN = [("row", "row"), ("paper", "paper"), ("ours", "ours"), ("ratio", "ours / paper"), ("unit", "unit"),
                ("paper_source", "source"), ("note", "note")]
@@ -154,11 +159,39 @@ def write_plots(run, out_dir):
         if plot_tflops(df, f"{p}: TFLOP/s ({gpu})", os.path.join(out_dir, name)):
             names.append(name)
         plots[p] = names
-    if run.get("train"):
+    for p, (_, a) in run["repro"].items():
+        plot, cells = a.get("plot", ""), run["bench"].get(f"/bench/{a.get('family', '')}")
+        if a.get("kind") != "train" or not plot or cells is None:
+            continue
+        name = f"{p.split('/', 2)[2]}_{plot}.png"
+        title = f"{p.split('/', 2)[2]} ({gpu}, scale {a.get('scale', '?')})"
+        if plot == "loss":
+            drawn = cells_report.plot_loss(run.get("train", {}), cells[0], os.path.join(out_dir, name), title)
+        else:
+            drawn = cells_report.PLOTS[plot](cells[0], os.path.join(out_dir, name), title)
+        if drawn:
+            plots[p] = [name]
+    own = {k: r for k, r in run.get("train", {}).items() if not r["attrs"].get("repro_scenarios")}
+    if own:
         name = "train_loss.png"
-        if train_report.plot_loss(run["train"], os.path.join(out_dir, name), f"training runs ({gpu})"):
+        if train_report.plot_loss(own, os.path.join(out_dir, name), f"training runs ({gpu})"):
             plots["/train"] = [name]
     return plots
+
+
+def _train_facts(a):
+    """The sentence under a training scenario's heading: its cells and what became of them."""
+    counts = [(a.get("cells_ok"), "ok"), (a.get("cells_oom"), "OOM"), (a.get("cells_not_run"), "not run"),
+              (a.get("cells_failed"), "failed")]
+    text = f"Training cells of `fp4moe train`: {a.get('cells', 0)} (" + ", ".join(
+        f"{n} {what}" for n, what in counts if isinstance(n, int) and n) + ")"
+    if a.get("steps"):
+        text += f", {a['steps']} steps each"
+    if result_file.is_number(a.get("memory_budget_gib")) and a["memory_budget_gib"] > 0:
+        text += f", memory budget {_num(a['memory_budget_gib'])} GiB"
+    if a.get("data"):
+        text += f", {a['data']} data"
+    return text.replace(" ()", "")
 
 
 def render_markdown(run, plots, run_name=""):
@@ -175,7 +208,7 @@ def render_markdown(run, plots, run_name=""):
     for p, (df, a) in run["repro"].items():
         name = p.split("/", 2)[2]
         out += ["", f"## {name}: {a.get('title', '')}".rstrip(": "), ""]
-        facts = []
+        facts = [_train_facts(a)] if a.get("kind") == "train" else []
         if "benchmark" in a:
             flt = a.get("filter", "")
             facts.append(f"benchmark `{a['benchmark']}`" + (f" with `--benchmark_filter={flt}`" if flt else
@@ -190,6 +223,8 @@ def render_markdown(run, plots, run_name=""):
             sentence = "; ".join(facts)
             out += [sentence[0].upper() + sentence[1:] + ".", ""]
         out.append(repro_markdown(df))
+        for png in plots.get(p, []):
+            out += ["", f"![{name}]({png})"]
     if run.get("train"):
         out += ["", "## Training runs", "", train_report.markdown(run["train"])]
         for png in plots.get("/train", []):
@@ -197,6 +232,10 @@ def render_markdown(run, plots, run_name=""):
     if run["bench"]:
         out += ["", "## Benchmark tables"]
     for p, (df, a) in run["bench"].items():
+        if cells_report.is_cells_table(a):
+            out += ["", f"### {p}", "", f"{len(df)} training cells of scenario `{a.get('scenario', '')}` (the full "
+                    f"table, with each cell's command line, is in the run file).", "", cells_report.markdown(df)]
+            continue
         out += ["", f"### {p}", "", f"{len(df)} rows" + (f"; `{_esc(a['command'])}`." if a.get("command") else "."),
                 "", bench_report.markdown_table(df)]
         summary = bench_report.ratio_summary(df)

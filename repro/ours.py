@@ -3,9 +3,14 @@ the /repro/<scenario> table that puts it beside the published one.
 
 A selection keeps the rows whose cells match every `where` regular expression in full (cells compared as text)
 and takes one column; rows where that column is not a finite number are dropped (NaN marks "does not apply" in
-the bench tables). A ratio joins the numerator and denominator selections on the `match` columns and divides.
+the bench tables). A ratio joins the numerator and denominator selections on the `match` columns and divides (or
+combines them as the rule's `combine` says: difference, percent_change, percent_reduction).
 The aggregate then reduces the values to one number: geomean (values must be > 0), median, mean, min, max, or
 single (exactly one value, else nothing).
+
+Tables of training cells (kind = "train", repro/train_cells.py) carry `status` and `note` columns: the notes of
+the cells a rule selects (OOM at the budget, not run and why, a reduced shape) are carried into the row's note, so
+that a row without a value says why.
 """
 
 import math
@@ -20,6 +25,17 @@ from repro.scenario import paper_value
 DERIVED = {
     # Bytes of one launch: GB/s x microseconds (the minimal traffic the benchmark counted).
     "bytes": lambda df: df["gbps"] * df["time_us"] * 1e3,
+    # Training cells: the measured peak in % of an 80 GiB card whether or not the cell fit its budget (a cell that
+    # did not fit was measured again without it; pct_of_80_gib is NaN for it).
+    "peak_pct_of_80_gib": lambda df: pd.to_numeric(df["peak_total_gib"], errors="coerce") * 100.0 / 80.0,
+    "act_pct_of_80_gib": lambda df: pd.to_numeric(df["peak_act_gib"], errors="coerce") * 100.0 / 80.0,
+}
+
+COMBINE = {
+    "ratio": lambda n, d: n / d,
+    "difference": lambda n, d: n - d,
+    "percent_change": lambda n, d: (n / d - 1.0) * 100.0,
+    "percent_reduction": lambda n, d: (1.0 - n / d) * 100.0,
 }
 
 REPRO_COLUMNS = [("row", "str"), ("paper", "str"), ("paper_source", "str"), ("ours", "f64"), ("ratio", "f64"),
@@ -34,18 +50,27 @@ def _column(df, name):
     if name in df.columns:
         return pd.to_numeric(df[name], errors="coerce")
     if name in DERIVED:
-        return DERIVED[name](df)
+        try:
+            return DERIVED[name](df)
+        except KeyError as e:
+            raise RuleError(f"derived column '{name}' needs column {e} (the table has: {', '.join(df.columns)})")
     raise RuleError(f"no column '{name}' (the table has: {', '.join(df.columns)}; derived: {', '.join(DERIVED)})")
 
 
-def select(df, sel):
-    """DataFrame of the rows matching sel.where, with the value column as `value` (finite values only)."""
+def where_mask(df, where):
+    """Boolean Series: the rows whose cells match every regular expression of `where` in full."""
     mask = pd.Series(True, index=df.index)
-    for col, pattern in sel.where.items():
+    for col, pattern in where.items():
         if col not in df.columns:
             raise RuleError(f"where: no column '{col}' (the table has: {', '.join(df.columns)})")
         rx = re.compile(pattern)
         mask &= df[col].astype(str).map(lambda v: rx.fullmatch(v) is not None)
+    return mask
+
+
+def select(df, sel):
+    """DataFrame of the rows matching sel.where, with the value column as `value` (finite values only)."""
+    mask = where_mask(df, sel.where)
     out = df[mask].copy()
     out["value"] = _column(df, sel.column)[mask].astype(float)
     return out[np.isfinite(out["value"])]
@@ -65,8 +90,36 @@ def values_of(df, rule):
         if len(num) != 1 or len(den) != 1:
             return []
         joined = pd.DataFrame({"value_num": num["value"].values, "value_den": den["value"].values})
-    joined = joined[(joined["value_den"] != 0)]
-    return (joined["value_num"] / joined["value_den"]).tolist()
+    if rule.combine != "difference":
+        joined = joined[(joined["value_den"] != 0)]
+    return COMBINE[rule.combine](joined["value_num"], joined["value_den"]).tolist()
+
+
+def cell_notes(df, rule):
+    """The notes of the training cells a rule selects (status and note columns; [] for a benchmark table), one
+    entry per distinct note: "bf16 mla_up_proj v3, fp8 mla_up_proj v3: OOM at 80 GiB ..." (the policy "config", a
+    config's own recompute setting, left out of the names). Raises RuleError."""
+    if df is None or not {"status", "note", "recipe", "case", "shape"} <= set(df.columns):
+        return []
+    sels = [rule.value] if rule.value is not None else [rule.numerator, rule.denominator]
+    by_note = {}
+    for sel in sels:
+        for _, r in df[where_mask(df, sel.where)].iterrows():
+            if str(r["note"]).strip():
+                ids = by_note.setdefault(str(r["note"]).strip(), [])
+                cell = " ".join(str(x) for x in (r["recipe"], r["case"], r["shape"]) if x != "config")
+                if cell not in ids:
+                    ids.append(cell)
+    return [f"{', '.join(ids)}: {note}" for note, ids in by_note.items()]
+
+
+def matched_count(df, rule):
+    """How many table rows the rule's selections match, values aside (0 when a column is missing)."""
+    sels = [rule.value] if rule.value is not None else [rule.numerator, rule.denominator]
+    try:
+        return sum(int(where_mask(df, sel.where).sum()) for sel in sels)
+    except RuleError:
+        return 0
 
 
 def aggregate(values, how):
@@ -96,15 +149,17 @@ def repro_rows(scenario, df):
     for r in scenario.rows:
         notes = [r.note] if r.note else []
         values = []
+        cells = []
         if df is None:
             notes.append("not measured: the benchmark wrote no table")
         else:
             try:
                 values = values_of(df, r.ours)
+                cells = cell_notes(df, r.ours)
             except RuleError as e:
                 notes.append(f"not computed: {e}")
         ours = aggregate(values, r.ours.aggregate)
-        if df is not None and not values:
+        if df is not None and not values and not (cells and matched_count(df, r.ours)):
             notes.append("not measured at this scale (no matching rows)")
         elif r.ours.aggregate == "single" and len(values) != 1 and values:
             notes.append(f"not computed: {len(values)} rows match a single-row rule")
@@ -112,6 +167,7 @@ def repro_rows(scenario, df):
             spread = _spread_note(values, r.ours.aggregate)
             if spread:
                 notes.append(spread)
+        notes += cells
         pv = paper_value(r.paper)
         ratio = ours / pv if r.comparable and math.isfinite(ours) and math.isfinite(pv) and pv != 0 else math.nan
         if not r.comparable:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The reproduction suite behind `make repro-table`: runs each scenario's benchmark on this machine's Hopper GPU and
-puts our numbers beside the papers'.
+"""The reproduction suite behind `make repro-table`: runs each scenario's benchmark (or training cells) on this
+machine's Hopper GPU and puts our numbers beside the papers'.
 
     repro/run.py [--build build] [--scale smoke|default|full] [--out runs] [--only NAME ...]
-                 [--scenarios repro/scenarios] [--fp4moe PATH] [--peer-python PATH]
+                 [--scenarios repro/scenarios] [--fp4moe PATH] [--peer-python PATH] [--data DIR]
 
 1. Asks `<build>/fp4moe env` for the GPU. Without a CUDA device, or with one that is not a Hopper (sm_90), it says
    so in one line with what to run instead and exits 1.
@@ -14,13 +14,20 @@ puts our numbers beside the papers'.
    scenario's rules. A peer that exits 3 (PyTorch, CUDA or its operators missing) is skipped with a note, not a
    failure; the rows that needed it say why they have no value. Scales: smoke (a few cases, minutes), default (every case the
    benchmark has), full ("everything the scenario has": the same as default until a scenario defines more).
-3. Merges every benchmark's table and the reproduced tables into one file, <out>/<date>-<gpu>.h5 (repro/merge.py;
-   written under a temporary name and renamed), e.g. runs/20261129-120000-nvidia-h200.h5.
+   A train-kind scenario (kind = "train") instead runs `fp4moe train` once per cell of its grid (config x recipe x
+   recompute policy at this scale, repro/train_cells.py), each into <out>/<date>-<gpu>/train/<run>.h5 with its
+   log in logs/train-<run>.log, and reads the runs back into its cells table (/bench/<family>). A cell over its
+   memory budget is an "OOM" result with the category that did not fit, and one the trainer refuses (a recipe or
+   policy not built yet, no token shards: `make data`) is "not run" with the trainer's reason; neither fails the
+   suite. Runs with the same command line are shared between scenarios (e.g. memory and throughput).
+3. Merges every benchmark's table, the cells tables, the training runs (/train/<run>, /memory/<run>) and the
+   reproduced tables into one file, <out>/<date>-<gpu>.h5 (repro/merge.py; written under a temporary name and
+   renamed), e.g. runs/20261129-120000-nvidia-h200.h5.
 4. Writes <out>/<date>-<gpu>/TABLES.md and the PNG plots (reports/report.py, the code `make report` runs), beside
    logs/<benchmark>.log and bench/<benchmark>.h5 (each program's own output and result file).
 
-Exit codes: 0 every scenario ran; 1 no suitable GPU, or a benchmark failed (the run file still holds what the others
-measured); 2 bad arguments, a bad scenario file, or no fp4moe binary in the build folder.
+Exit codes: 0 every scenario ran; 1 no suitable GPU, or a benchmark or training cell failed (the run file still holds
+what the others measured); 2 bad arguments, a bad scenario file, or no fp4moe binary in the build folder.
 """
 
 import argparse
@@ -30,7 +37,6 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,11 +45,11 @@ sys.path.insert(0, ROOT)
 import h5py  # noqa: E402
 
 from reports import report, result_file  # noqa: E402
-from repro import merge, ours, scenario  # noqa: E402
+from repro import merge, ours, process, scenario, train_cells  # noqa: E402
+from repro.process import fmt_elapsed  # noqa: E402
 
 GPU_LINE = re.compile(r"^GPU (\d+):\s+(.+?) \(sm_(\d+)\)")
 NO_GPU = re.compile(r"no CUDA device(?: \((.*)\))?")
-HEARTBEAT_S = 30
 PEER_UNAVAILABLE = 3  # a peer's exit code when this machine lacks what it needs (e.g. PyTorch): skipped, not failed
 
 
@@ -53,11 +59,6 @@ class RunError(Exception):
     def __init__(self, message, code):
         super().__init__(message)
         self.code = code
-
-
-def fmt_elapsed(seconds):
-    m, s = divmod(int(round(seconds)), 60)
-    return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 def detect_gpu(fp4moe):
@@ -93,46 +94,10 @@ def run_stem(gpu_name, gpu_count, now):
 
 
 def run_benchmark(prog, args, log_path, label, budget_min):
-    """Runs prog with args, its output to log_path; prints a progress line every HEARTBEAT_S seconds (cases done,
-    elapsed) and once if the budget is passed. Returns (exit code, elapsed seconds)."""
-    start = time.monotonic()
-    done = [0]
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write("$ " + shlex.join([prog] + args) + "\n")
-        log.flush()
-        try:
-            p = subprocess.Popen([prog] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 errors="replace", bufsize=1)
-        except OSError as e:
-            log.write(f"cannot start: {e}\n")
-            print(f"{label}: cannot start {prog}: {e}", flush=True)
-            return 127, 0.0
-
-        def pump():
-            for line in p.stdout:
-                log.write(line)
-                log.flush()
-                if "/manual_time" in line and not line.startswith("-"):
-                    done[0] += 1
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        last, warned = start, False
-        while True:
-            try:
-                rc = p.wait(timeout=1)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if now - last >= HEARTBEAT_S:
-                print(f"{label}: {done[0]} cases done, {fmt_elapsed(now - start)} elapsed", flush=True)
-                last = now
-            if not warned and now - start > 60 * budget_min:
-                print(f"{label}: past its budget of {budget_min:g} GPU-minutes, still running", flush=True)
-                warned = True
-        reader.join()
-    return rc, time.monotonic() - start
+    """Runs prog with args, its output to log_path; prints a progress line every process.HEARTBEAT_S seconds (cases
+    done, elapsed) and once if the budget is passed. Returns (exit code, elapsed seconds)."""
+    return process.run_logged([prog] + args, log_path, label, budget_min,
+                              process.CountLines(r"^[^-].*/manual_time", "cases"))
 
 
 def read_bench_table(path, family):
@@ -188,6 +153,8 @@ def main(argv=None):
     p.add_argument("--fp4moe", help="the fp4moe binary asked for the GPU (default: BUILD/fp4moe)")
     p.add_argument("--peer-python", default=sys.executable,
                    help="the Python that runs the PyTorch peers (default: this one)")
+    p.add_argument("--data", help="token shards for the training cells that read the corpus (default: each "
+                                  "config's train.data_dir, relative to the repository root; `make data` makes them)")
     a = p.parse_args(argv)
     command = shlex.join(["repro/run.py"] + (sys.argv[1:] if argv is None else list(argv)))
     try:
@@ -206,10 +173,101 @@ def main(argv=None):
         return 130
 
 
+def run_bench_scenario(a, s, run_dir, label, bench_files, failed):
+    """Runs one benchmark scenario (and its peer); returns (its table or None, /repro attributes, peer note)."""
+    prog = os.path.join(a.build, "benchmarks", s.benchmark)
+    h5 = os.path.join(run_dir, "bench", f"{s.benchmark}.h5")
+    log = os.path.join(run_dir, "logs", f"{s.benchmark}.log")
+    flt = s.filter[a.scale]
+    args = ["--h5", h5] + ([f"--benchmark_filter={flt}"] if flt else [])
+    budget = s.budget_gpu_minutes[a.scale]
+    print(f"{label}: {s.benchmark}{' (filter ' + flt + ')' if flt else ' (every case)'}, budget {budget:g} "
+          f"GPU-minutes; {fmt_elapsed(time.monotonic() - a.t0)} elapsed in all", flush=True)
+    if os.path.exists(h5):
+        os.remove(h5)
+    if not os.access(prog, os.X_OK):
+        print(f"{label}: {prog} is not built", flush=True)
+        rc, took = 127, 0.0
+    else:
+        rc, took = run_benchmark(prog, args, log, label, budget)
+    df = read_bench_table(h5, s.family)
+    rows = len(df) if df is not None else 0
+    if rc != 0 or df is None:
+        failed.append(s.name)
+    print(f"{label}: {'done' if rc == 0 else f'{s.benchmark} exited with {rc} (log: {log})'} in "
+          f"{fmt_elapsed(took)}, /bench/{s.family} {rows} rows", flush=True)
+    attrs = {"title": s.title, "benchmark": s.benchmark, "family": s.family, "scale": a.scale, "filter": flt,
+             "budget_gpu_minutes": float(budget), "elapsed_s": float(took), "exit_code": int(rc),
+             "scenario_file": os.path.relpath(s.path, ROOT)}
+    table, peer_why = df, ""
+    if s.peer:
+        prc, ptook, peer_why = run_peer(a, s, h5, flt, run_dir, label, budget)
+        if prc not in (0, PEER_UNAVAILABLE):
+            failed.append(f"{s.name} (peer)")
+        peer_df = read_bench_table(h5, s.peer_family)
+        if peer_df is not None:
+            import pandas as pd
+            table = peer_df if df is None else pd.concat([df, peer_df], ignore_index=True)
+        attrs.update({"peer": s.peer, "peer_family": s.peer_family, "peer_exit_code": int(prc),
+                      "peer_elapsed_s": float(ptook), "peer_note": peer_why})
+    if table is not None and h5 not in bench_files:
+        bench_files.append(h5)
+    return table, attrs, peer_why
+
+
+def run_train_scenario(a, s, run_dir, label, shared, train_files, failed):
+    """Runs the training cells of one train scenario (sharing identical runs through `shared`: cache key ->
+    Outcome); adds the result files of its runs to train_files ({path: (run, [scenarios])}). Returns (cells table
+    rows, /repro attributes)."""
+    spec = s.train
+    steps = spec.steps[a.scale]
+    cells = train_cells.expand(s, a.scale)
+    budget = s.budget_gpu_minutes[a.scale]
+    print(f"{label}: {len(cells)} training cell(s) of {steps} steps, budget {budget:g} GPU-minutes; "
+          f"{fmt_elapsed(time.monotonic() - a.t0)} elapsed in all", flush=True)
+    start = time.monotonic()
+    rows, warned = [], False
+    data_dir = os.path.abspath(a.data) if a.data else None
+    for i, cell in enumerate(cells, 1):
+        key = train_cells.cache_key(cell, spec, steps, data_dir)
+        cell_label = f"{label}: cell {i}/{len(cells)} {cell.id}"
+        if key in shared:
+            outcome = shared[key]
+            print(f"{cell_label}: {outcome.status}, the run {outcome.run} (shared)", flush=True)
+        else:
+            outcome = train_cells.run_cell(a.fp4moe_path, cell, spec, steps, run_dir, train_cells.run_name(cell),
+                                           cell_label, budget, ROOT, data_dir)
+            shared[key] = outcome
+            print(f"{cell_label}: {outcome.status} in {fmt_elapsed(outcome.elapsed_s)}"
+                  f"{'' if outcome.status == 'ok' else ': ' + outcome.note}", flush=True)
+        if outcome.status == "failed" and s.name not in failed:
+            failed.append(s.name)
+        if outcome.out_path:
+            train_files.setdefault(outcome.out_path, (outcome.run, []))[1].append(s.name)
+        rows.append(train_cells.table_row(cell, outcome, spec, steps, data_dir))
+        if not warned and time.monotonic() - start > 60 * budget:
+            print(f"{label}: past its budget of {budget:g} GPU-minutes, still running", flush=True)
+            warned = True
+    train_cells.flag_same_policy_peaks(rows)
+    took = time.monotonic() - start
+    counts = {st: sum(r["status"] == st for r in rows) for st in ("ok", "oom", "not run", "failed")}
+    print(f"{label}: done in {fmt_elapsed(took)}: " + ", ".join(f"{n} {st}" for st, n in counts.items() if n),
+          flush=True)
+    attrs = {"title": s.title, "kind": "train", "family": s.family, "plot": s.plot, "scale": a.scale,
+             "steps": int(steps), "cells": len(rows), "cells_ok": counts["ok"], "cells_oom": counts["oom"],
+             "cells_not_run": counts["not run"], "cells_failed": counts["failed"],
+             "memory_budget_gib": float(spec.memory_budget_gib), "data": spec.data,
+             "budget_gpu_minutes": float(budget), "elapsed_s": float(took),
+             "exit_code": int(1 if counts["failed"] else 0), "scenario_file": os.path.relpath(s.path, ROOT)}
+    return rows, attrs
+
+
 def run(a, command):
     scenarios = scenario.load_all(a.scenarios, a.only)
-    gpu, count = detect_gpu(a.fp4moe or os.path.join(a.build, "fp4moe"))
-    stem = run_stem(gpu, count, datetime.datetime.now())
+    a.fp4moe_path = os.path.abspath(a.fp4moe or os.path.join(a.build, "fp4moe"))
+    gpu, count = detect_gpu(a.fp4moe_path)
+    now = datetime.datetime.now()
+    stem = run_stem(gpu, count, now)
     run_dir = os.path.join(a.out, stem)
     for sub in ("logs", "bench"):
         os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
@@ -218,47 +276,18 @@ def run(a, command):
     print(f"repro: {n} scenario(s) on {gpu}{f' x{count}' if count > 1 else ''}, scale {a.scale}, "
           f"budget {total_budget:g} GPU-minutes; output {run_dir}.h5 and {run_dir}/", flush=True)
 
-    t0 = time.monotonic()
-    bench_files, repro_tables, failed = [], [], []
+    a.t0 = time.monotonic()
+    bench_files, repro_tables, cell_tables, failed = [], [], [], []
+    train_files, shared = {}, {}
     for i, s in enumerate(scenarios, 1):
         label = f"[{i}/{n}] {s.name}"
-        prog = os.path.join(a.build, "benchmarks", s.benchmark)
-        h5 = os.path.join(run_dir, "bench", f"{s.benchmark}.h5")
-        log = os.path.join(run_dir, "logs", f"{s.benchmark}.log")
-        flt = s.filter[a.scale]
-        args = ["--h5", h5] + ([f"--benchmark_filter={flt}"] if flt else [])
-        budget = s.budget_gpu_minutes[a.scale]
-        print(f"{label}: {s.benchmark}{' (filter ' + flt + ')' if flt else ' (every case)'}, budget {budget:g} "
-              f"GPU-minutes; {fmt_elapsed(time.monotonic() - t0)} elapsed in all", flush=True)
-        if os.path.exists(h5):
-            os.remove(h5)
-        if not os.access(prog, os.X_OK):
-            print(f"{label}: {prog} is not built", flush=True)
-            rc, took = 127, 0.0
-        else:
-            rc, took = run_benchmark(prog, args, log, label, budget)
-        df = read_bench_table(h5, s.family)
-        rows = len(df) if df is not None else 0
-        if rc != 0 or df is None:
-            failed.append(s.name)
-        print(f"{label}: {'done' if rc == 0 else f'{s.benchmark} exited with {rc} (log: {log})'} in "
-              f"{fmt_elapsed(took)}, /bench/{s.family} {rows} rows", flush=True)
-        attrs = {"title": s.title, "benchmark": s.benchmark, "family": s.family, "scale": a.scale, "filter": flt,
-                 "budget_gpu_minutes": float(budget), "elapsed_s": float(took), "exit_code": int(rc),
-                 "scenario_file": os.path.relpath(s.path, ROOT)}
-        table, peer_why = df, ""
-        if s.peer:
-            prc, ptook, peer_why = run_peer(a, s, h5, flt, run_dir, label, budget)
-            if prc not in (0, PEER_UNAVAILABLE):
-                failed.append(f"{s.name} (peer)")
-            peer_df = read_bench_table(h5, s.peer_family)
-            if peer_df is not None:
-                import pandas as pd
-                table = peer_df if df is None else pd.concat([df, peer_df], ignore_index=True)
-            attrs.update({"peer": s.peer, "peer_family": s.peer_family, "peer_exit_code": int(prc),
-                          "peer_elapsed_s": float(ptook), "peer_note": peer_why})
-        if table is not None and h5 not in bench_files:
-            bench_files.append(h5)
+        if s.kind == "train":
+            rows, attrs = run_train_scenario(a, s, run_dir, label, shared, train_files, failed)
+            cell_tables.append((f"/bench/{s.family}", train_cells.table_columns(rows),
+                                {"scenario": s.name, "kind": "train cells", "scale": a.scale}))
+            repro_tables.append((s.name, ours.repro_rows(s, train_cells.table_frame(rows)), attrs))
+            continue
+        table, attrs, peer_why = run_bench_scenario(a, s, run_dir, label, bench_files, failed)
         computed = ours.repro_rows(s, table)
         if peer_why:
             for r in computed:
@@ -266,12 +295,16 @@ def run(a, command):
                     r["note"] = "; ".join(x for x in [r["note"], f"the peer did not run: {peer_why}"] if x)
         repro_tables.append((s.name, computed, attrs))
 
-    if not bench_files:
+    if not bench_files and not cell_tables:
         raise RunError(f"no benchmark wrote a result file ({', '.join(failed)} failed; logs in {run_dir}/logs)", 1)
     run_path = f"{run_dir}.h5"
-    merge.merge_run(run_path, bench_files, repro_tables, {"command": command, "scale": a.scale})
+    root = {"command": command, "scale": a.scale}
+    if not bench_files and not train_files:  # only refused or failed cells: the file still says why
+        root.update({"gpu": gpu, "date": now.astimezone().isoformat(timespec="seconds")})
+    merge.merge_run(run_path, bench_files, repro_tables, root, tables=cell_tables,
+                    train_runs=[(p, r, " ".join(names)) for p, (r, names) in train_files.items()])
     md, pngs, _ = report.write_report(run_path, run_dir)
-    print(f"repro: wrote {run_path}, {md} and {len(pngs)} plot(s) in {fmt_elapsed(time.monotonic() - t0)}",
+    print(f"repro: wrote {run_path}, {md} and {len(pngs)} plot(s) in {fmt_elapsed(time.monotonic() - a.t0)}",
           flush=True)
     if failed:
         print(f"repro: failed: {', '.join(failed)} (see {run_dir}/logs)", file=sys.stderr)

@@ -35,6 +35,48 @@ computes ours from the benchmark's table:
     # [rows.ours.numerator]   column = "bytes", where = {...}
     # [rows.ours.denominator] column = "bytes", where = {...}
 
+A numerator/denominator rule may say how the two combine (default "ratio"):
+    combine = "difference"                # numerator - denominator
+    combine = "percent_change"            # (numerator / denominator - 1) x 100, e.g. a loss deviation in %
+    combine = "percent_reduction"         # (1 - numerator / denominator) x 100, e.g. memory saved in %
+Published values may also be signed percentages ("+0.29%", "-14.8%", "59.40%") or bounds ("<0.5", ">50%"): the
+number is what paper_value() returns; "OOM" or any other text has no number.
+
+kind = "train" (the default is "bench", above): the table is not a benchmark's but one row per training run
+("cell") of `fp4moe train`, which repro/train_cells.py runs and reads back (/train/<run>/steps, /memory/<run>):
+
+    title = "..."
+    kind = "train"
+    family = "train_memory"               # the cells table, stored as /bench/<family> (columns: TRAIN_COLUMNS)
+    plot = "memory"                       # optional: the report's plot of the cells (memory, throughput, loss)
+    [budget_gpu_minutes]                  # as above
+    [steps]                               # --train.steps of every cell, per scale (integers >= 1)
+    smoke = 3
+    default = 5
+    full = 5
+    [train]
+    data = "synthetic"                    # synthetic (--synthetic-data) or shards (the config's token shards)
+    memory_budget_gib = 80                # optional: --memory-budget of every cell (absent or 0: none)
+    retry_without_budget = true           # optional: a cell over the budget runs again without it (its peaks)
+    args = ["--train.eval_interval", "0"] # optional: options of every cell
+    [configs]                             # name -> TOML file, relative to the repository root
+    v3 = "configs/v3.toml"
+    [recipes]                             # name -> the options that select it
+    mxfp4 = ["--recipe.routed_experts", "mxfp4"]
+    [policies]                            # optional: name -> recompute modules ([] = none); a cell without
+    mla_up_proj = ["mla_up_proj"]         #   policies keeps its config's, under the name "config"
+    [[cells]]                             # one or more: the grid config x recipe x policy, at the given scales
+    configs = ["v3"]
+    recipes = ["bf16", "mxfp4"]
+    policies = ["mla_up_proj"]            # optional
+    scales = ["default", "full"]
+    args = ["--model.layers", "2"]        # optional: options of these cells only
+    label = "v3"                          # optional: the cells' `shape` (default the config's name)
+    note = "reduced shape"                # optional: carried into the cells' notes and the rows they feed
+
+A cell's options may not include those the runner sets itself (RUNNER_OPTIONS). Rules read the cells table:
+case = the policy, shape = the label, recipe, status ("ok", "oom", "not run", "failed") and the measured columns.
+
 load() checks all of this and raises ScenarioError naming the file and what was wrong.
 """
 
@@ -46,6 +88,27 @@ from dataclasses import dataclass, field
 
 SCALES = ("smoke", "default", "full")
 AGGREGATES = ("geomean", "median", "mean", "min", "max", "single")
+COMBINES = ("ratio", "difference", "percent_change", "percent_reduction")
+KINDS = ("bench", "train")
+PLOTS = ("", "memory", "throughput", "loss")
+DATA = ("synthetic", "shards")
+# Options of `fp4moe train` that repro/train_cells.py sets for every cell; a scenario may not give them.
+RUNNER_OPTIONS = ("--config", "--out", "--run", "--train.steps", "--memory-budget", "--synthetic-data",
+                  "--recompute.modules", "--resume", "--dry-run", "--no-data-check", "--data", "--log-interval")
+# The cells table of a train scenario (repro/train_cells.py writes it; rules read these columns).
+TRAIN_COLUMNS = [
+    ("case", "str"), ("shape", "str"), ("recipe", "str"),     # policy, label, recipe
+    ("status", "str"), ("note", "str"), ("run", "str"),       # ok | oom | not run | failed; why; /train/<run>
+    ("config", "str"), ("args", "str"), ("steps", "i64"), ("exit_code", "i64"), ("elapsed_s", "f64"),
+    ("budget_gib", "f64"), ("oom_category", "str"), ("oom_request_gib", "f64"), ("oom_held_gib", "f64"),
+    ("peak_total_gib", "f64"), ("peak_act_gib", "f64"), ("weights_gib", "f64"), ("grads_gib", "f64"),
+    ("optimizer_gib", "f64"), ("comm_gib", "f64"), ("workspace_gib", "f64"),
+    ("pct_of_80_gib", "f64"), ("pct_of_141_gib", "f64"),
+    ("tokens_per_s", "f64"), ("mfu", "f64"), ("step_time_s", "f64"), ("tokens", "i64"),
+    ("train_loss", "f64"), ("val_loss", "f64"),
+    ("dispatch_hidden", "i64"), ("dispatch_payload_bytes", "f64"), ("dispatch_scale_bytes", "f64"),
+    ("dispatch_bytes", "f64"),
+]
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 
 
@@ -63,9 +126,10 @@ class Selection:
 class OursRule:
     aggregate: str
     value: Selection = None        # a plain selection, or
-    numerator: Selection = None    # a ratio of two selections
+    numerator: Selection = None    # a combination (COMBINES) of two selections
     denominator: Selection = None
     match: list = field(default_factory=list)
+    combine: str = "ratio"
 
 
 @dataclass
@@ -80,26 +144,54 @@ class Row:
 
 
 @dataclass
+class CellGroup:
+    configs: list
+    recipes: list
+    policies: list      # ["config"]: the config's own recompute setting
+    scales: list
+    args: list = field(default_factory=list)
+    label: str = ""     # "" = the config's name
+    note: str = ""
+
+
+@dataclass
+class TrainSpec:
+    steps: dict                 # scale -> --train.steps
+    data: str                   # synthetic | shards
+    memory_budget_gib: float    # 0: none
+    retry_without_budget: bool
+    args: list
+    configs: dict               # name -> path relative to the repository root
+    recipes: dict               # name -> [options]
+    policies: dict              # name -> [recompute modules]
+    cells: list                 # [CellGroup]
+
+
+@dataclass
 class Scenario:
     name: str          # the file's stem
     path: str
     title: str
-    benchmark: str
+    benchmark: str     # bench kind: the program ("" for train)
     family: str
     budget_gpu_minutes: dict
-    filter: dict
+    filter: dict       # bench kind: per scale ({} for train)
     rows: list
     peer: str = ""         # path of the peer program relative to the repository root ("" without one)
     peer_family: str = ""  # its table under /bench
+    kind: str = "bench"
+    plot: str = ""
+    train: TrainSpec = None
 
 
 def paper_value(text):
     """The number a published value stands for: "1.5" -> 1.5, "~3" -> 3.0, "1.43-1.53" -> 1.48 (the middle of the
-    range); NaN for "" or anything else."""
+    range), "+0.29%" -> 0.29, "-14.8%" -> -14.8, "<0.5" -> 0.5 (a bound); NaN for "", "OOM" or anything else (a
+    sign needs the '%': "-3" has no number)."""
     t = text.strip()
-    m = re.fullmatch(rf"~?\s*({_NUMBER})", t)
-    if m:
-        return float(m.group(1))
+    m = re.fullmatch(rf"([~<>]?)\s*([+-]?)\s*({_NUMBER})\s*(%?)", t)
+    if m and (m.group(4) or not m.group(2)):
+        return -float(m.group(3)) if m.group(2) == "-" else float(m.group(3))
     m = re.fullmatch(rf"({_NUMBER})\s*-\s*({_NUMBER})", t)
     if m:
         return (float(m.group(1)) + float(m.group(2))) / 2
@@ -165,25 +257,23 @@ def _ours(path, t, where):
     if "column" in t:
         if "numerator" in t or "denominator" in t:
             _fail(path, f"{where}: ours has both 'column' and a numerator/denominator; give one of the two")
+        if "combine" in t or "match" in t:
+            _fail(path, f"{where}: ours.combine and ours.match apply to a numerator and a denominator, not to 'column'")
         return OursRule(agg, value=_selection(path, t, f"{where} ours"))
     if "numerator" not in t or "denominator" not in t:
         _fail(path, f"{where}: ours needs 'column' (and 'where'), or 'numerator' and 'denominator'")
     match = t.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
         _fail(path, f"{where}: ours.match must be a list of column names")
+    combine = t.get("combine", "ratio")
+    if combine not in COMBINES:
+        _fail(path, f"{where}: ours.combine must be one of {', '.join(COMBINES)}, got {combine!r}")
     return OursRule(agg, numerator=_selection(path, t["numerator"], f"{where} ours.numerator"),
-                    denominator=_selection(path, t["denominator"], f"{where} ours.denominator"), match=match)
+                    denominator=_selection(path, t["denominator"], f"{where} ours.denominator"), match=match,
+                    combine=combine)
 
 
-def load(path):
-    """Reads and checks one scenario file; returns a Scenario."""
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as e:
-        _fail(path, f"cannot read: {e.strerror}")
-    except tomllib.TOMLDecodeError as e:
-        _fail(path, f"not valid TOML: {e}")
+def _rows(path, doc):
     rows = doc.get("rows")
     if not isinstance(rows, list) or not rows:
         _fail(path, "needs at least one [[rows]] entry")
@@ -198,12 +288,144 @@ def load(path):
                           ours=_ours(path, r.get("ours"), f"row {i}"),
                           note=_string(path, r, "note", where, allow_empty=True) if "note" in r else "",
                           comparable=comparable))
-    benchmark = _string(path, doc, "benchmark", "")
-    if not re.fullmatch(r"bench_[a-z0-9_]+", benchmark):
-        _fail(path, f"'benchmark' must name a program bench_<family> in the build's benchmarks/, got {benchmark!r}")
+    return parsed
+
+
+def _family(path, doc):
     family = _string(path, doc, "family", "")
     if not re.fullmatch(r"[a-z0-9_]+", family):
         _fail(path, f"'family' must be the table name under /bench (lower case, digits, _), got {family!r}")
+    return family
+
+
+def _options(path, v, where):
+    """A list of command-line words (strings) that sets none of RUNNER_OPTIONS."""
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        _fail(path, f"{where} must be a list of non-empty strings (command-line words), got {v!r}")
+    for x in v:
+        if x.split("=", 1)[0] in RUNNER_OPTIONS:
+            _fail(path, f"{where} sets {x.split('=', 1)[0]}, which the runner sets for every cell")
+    return list(v)
+
+
+def _names(path, v, known, where):
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+        _fail(path, f"{where} must be a non-empty list of names")
+    unknown = [x for x in v if x not in known]
+    if unknown:
+        _fail(path, f"{where}: unknown {', '.join(unknown)} (known: {', '.join(known) or 'none'})")
+    if len(set(v)) != len(v):
+        _fail(path, f"{where} lists a name twice")
+    return list(v)
+
+
+def _named_table(path, doc, key, check, required=True):
+    t = doc.get(key, None if required else {})
+    if not isinstance(t, dict) or (required and not t):
+        _fail(path, f"[{key}] must be a table of name = value entries")
+    out = {}
+    for name, v in t.items():
+        if not re.fullmatch(r"[a-z0-9_]+", name) or name == "config":
+            _fail(path, f"[{key}] name {name!r}: lower case, digits and _ only, not 'config'")
+        out[name] = check(v, f"[{key}] {name}")
+    return out
+
+
+def _train_spec(path, doc):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    steps = doc.get("steps")
+    if not isinstance(steps, dict) or set(steps) != set(SCALES) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in steps.values()):
+        _fail(path, f"[steps] must give {', '.join(SCALES)} as integers >= 1 (--train.steps per scale), got {steps!r}")
+    t = doc.get("train", {})
+    if not isinstance(t, dict):
+        _fail(path, "[train] must be a table")
+    unknown = sorted(set(t) - {"data", "memory_budget_gib", "retry_without_budget", "args"})
+    if unknown:
+        _fail(path, f"[train] has unknown keys {unknown}")
+    data = t.get("data", "synthetic")
+    if data not in DATA:
+        _fail(path, f"[train] data must be one of {', '.join(DATA)}, got {data!r}")
+    budget = t.get("memory_budget_gib", 0)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+        _fail(path, f"[train] memory_budget_gib must be a number of GiB >= 0 (0: none), got {budget!r}")
+    retry = t.get("retry_without_budget", False)
+    if not isinstance(retry, bool):
+        _fail(path, "[train] retry_without_budget must be true or false")
+
+    def config_file(v, where):
+        if not isinstance(v, str) or not re.fullmatch(r"configs/[a-z0-9_]+\.toml", v):
+            _fail(path, f"{where} must name a file configs/<name>.toml, got {v!r}")
+        if not os.path.isfile(os.path.join(root, v)):
+            _fail(path, f"{where}: {v} does not exist")
+        return v
+
+    def modules(v, where):
+        if not isinstance(v, list) or not all(isinstance(x, str) and re.fullmatch(r"[a-z_]+", x) for x in v):
+            _fail(path, f"{where} must be a list of recompute module names ([] for none), got {v!r}")
+        return list(v)
+
+    configs = _named_table(path, doc, "configs", config_file)
+    recipes = _named_table(path, doc, "recipes", lambda v, w: _options(path, v, w))
+    policies = _named_table(path, doc, "policies", modules, required=False)
+    groups = doc.get("cells")
+    if not isinstance(groups, list) or not groups:
+        _fail(path, "needs at least one [[cells]] entry")
+    cells = []
+    for i, g in enumerate(groups, 1):
+        where = f"cells {i}"
+        unknown = sorted(set(g) - {"configs", "recipes", "policies", "scales", "args", "label", "note"})
+        if unknown:
+            _fail(path, f"{where} has unknown keys {unknown}")
+        pols = _names(path, g["policies"], list(policies), f"{where} policies") if "policies" in g else ["config"]
+        label = g.get("label", "")
+        if not isinstance(label, str) or (label and not re.fullmatch(r"[a-z0-9_]+", label)):
+            _fail(path, f"{where} label must be lower case, digits and _, got {label!r}")
+        note = g.get("note", "")
+        if not isinstance(note, str):
+            _fail(path, f"{where} note must be a string")
+        cells.append(CellGroup(configs=_names(path, g.get("configs"), list(configs), f"{where} configs"),
+                               recipes=_names(path, g.get("recipes"), list(recipes), f"{where} recipes"),
+                               policies=pols, scales=_names(path, g.get("scales"), list(SCALES), f"{where} scales"),
+                               args=_options(path, g.get("args", []), f"{where} args"), label=label, note=note))
+    for scale in SCALES:
+        if not any(scale in c.scales for c in cells):
+            _fail(path, f"no [[cells]] entry runs at scale {scale}")
+    return TrainSpec(steps=dict(steps), data=data, memory_budget_gib=float(budget), retry_without_budget=retry,
+                     args=_options(path, t.get("args", []), "[train] args"), configs=configs, recipes=recipes,
+                     policies=policies, cells=cells)
+
+
+def load(path):
+    """Reads and checks one scenario file; returns a Scenario."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        _fail(path, f"cannot read: {e.strerror}")
+    except tomllib.TOMLDecodeError as e:
+        _fail(path, f"not valid TOML: {e}")
+    kind = doc.get("kind", "bench")
+    if kind not in KINDS:
+        _fail(path, f"'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+    rows = _rows(path, doc)
+    name = os.path.splitext(os.path.basename(path))[0]
+    title = _string(path, doc, "title", "")
+    budget = _per_scale(path, doc, "budget_gpu_minutes", "budget")
+    if kind == "train":
+        for key in ("benchmark", "filter", "peer", "peer_family"):
+            if key in doc:
+                _fail(path, f"'{key}' belongs to benchmark scenarios, not to kind = \"train\"")
+        plot = doc.get("plot", "")
+        if plot not in PLOTS:
+            _fail(path, f"'plot' must be one of {', '.join(p for p in PLOTS if p)} (or absent), got {plot!r}")
+        return Scenario(name=name, path=path, title=title, benchmark="", family=_family(path, doc),
+                        budget_gpu_minutes=budget, filter={}, rows=rows, kind=kind, plot=plot,
+                        train=_train_spec(path, doc))
+    benchmark = _string(path, doc, "benchmark", "")
+    if not re.fullmatch(r"bench_[a-z0-9_]+", benchmark):
+        _fail(path, f"'benchmark' must name a program bench_<family> in the build's benchmarks/, got {benchmark!r}")
+    family = _family(path, doc)
     peer, peer_family = doc.get("peer", ""), doc.get("peer_family", "")
     if peer or peer_family:
         if not isinstance(peer, str) or not re.fullmatch(r"benchmarks/peers/[a-z0-9_]+\.py", peer):
@@ -211,10 +433,8 @@ def load(path):
         if not isinstance(peer_family, str) or not re.fullmatch(r"[a-z0-9_]+", peer_family) or peer_family == family:
             _fail(path, f"'peer_family' must be the peer's table name under /bench (lower case, digits, _; not the "
                         f"benchmark's own '{family}'), got {peer_family!r}")
-    return Scenario(name=os.path.splitext(os.path.basename(path))[0], path=path, title=_string(path, doc, "title", ""),
-                    benchmark=benchmark, family=family,
-                    budget_gpu_minutes=_per_scale(path, doc, "budget_gpu_minutes", "budget"),
-                    filter=_per_scale(path, doc, "filter", "filter"), rows=parsed, peer=peer,
+    return Scenario(name=name, path=path, title=title, benchmark=benchmark, family=family,
+                    budget_gpu_minutes=budget, filter=_per_scale(path, doc, "filter", "filter"), rows=rows, peer=peer,
                     peer_family=peer_family)
 
 
