@@ -170,6 +170,17 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
   }
 }
 
+void GroupLinear::rebind_input(const GroupLinearInput& x) {
+  const char* what = "GroupLinear::rebind_input";
+  FP4MOE_CHECK(cached_M_ >= 0, "{}: no forward yet (nothing to rebind)", what);
+  FP4MOE_CHECK(recipe_ != GroupLinearRecipe::fp8,
+               "{}: the fp8 recipe keeps its own FP8 column copy of X from forward; there is no input to rebind", what);
+  const bool mx = recipe_ == GroupLinearRecipe::mxfp4;
+  FP4MOE_CHECK(mx ? (x.mx_codes && x.mx_scales) : x.x != nullptr, "{}: the {} recipe takes {} input", what,
+               group_linear_recipe_name(recipe_), mx ? "an MXFP4 (codes and scales)" : "a BF16");
+  cached_ = x;
+}
+
 void GroupLinear::backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream) {
   const char* what = "GroupLinear::backward";
   FP4MOE_CHECK(cached_M_ >= 0, "{}: no forward to differentiate", what);

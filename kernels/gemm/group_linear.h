@@ -90,6 +90,12 @@ class GroupLinear {
   // split other than the forward's (another G or another token count M).
   void backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream);
 
+  // For a recompute of the input before backward: backward reads X from `x` (the forward's values, rebuilt at
+  // another address) instead of the pointer the last forward kept. bf16: x.x; mxfp4: x.mx_codes and x.mx_scales.
+  // Rejects a call before any forward, the fp8 recipe (it keeps its own FP8 column copy, made in forward) and the
+  // wrong kind of input for the recipe.
+  void rebind_input(const GroupLinearInput& x);
+
   // Activation bytes that must stay alive from a forward over M tokens in G groups to its backward (DESIGN.md
   // "Recipes", column "cached for backward"), whoever owns them:
   //   bf16:  the caller's BF16 X [M, K]: 2 M K bytes;

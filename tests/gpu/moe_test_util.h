@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,19 +21,28 @@
 #include "trainer/memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
+#include "trainer/model/scratch.h"
 
 namespace fp4moe::test {
 
-// Declared first, destroyed last: layers built on it must be declared after it.
+// Declared first, destroyed last: layers built on it must be declared after it. Call fit_scratch with the layer's
+// scratch_bytes() once it is built (ModelContext::scratch).
 struct LayerHarness {
   DeviceMemory mem;
   CublasLtMatmul lt;
   ParamStore store;
   cudaStream_t stream = nullptr;
   ModelContext ctx;
+  std::unique_ptr<ScratchArena> scratch;
   LayerHarness() {
     CUDA_CHECK(cudaStreamCreate(&stream));  // a blocking stream: cudaMemcpy on the legacy stream orders with it
     ctx = ModelContext{stream, &lt, &mem};
+  }
+  // A scratch arena of `bytes` from mem (MemCategory::workspace) for ctx.
+  void fit_scratch(size_t bytes) {
+    scratch.reset();
+    scratch = std::make_unique<ScratchArena>(mem, bytes, "test scratch");
+    ctx.scratch = scratch.get();
   }
   ~LayerHarness() {
     cudaStreamSynchronize(stream);

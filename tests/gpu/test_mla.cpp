@@ -27,6 +27,7 @@
 #include "kernels/nn/rmsnorm.h"
 #include "kernels/nn/rope.h"
 #include "trainer/model/mla.h"
+#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 namespace {
@@ -106,9 +107,10 @@ struct Fixture {
   explicit Fixture(int64_t q_lora) : cfg(tiny_mla(q_lora)) {
     CUDA_CHECK(cudaStreamCreate(&stream));
     mla = std::make_unique<MlaAttention>(store, "attn", cfg, Recipe::bf16, T, M, mem);
+    scratch = std::make_unique<ScratchArena>(mem, mla->scratch_bytes(), "test scratch");
     store.allocate(mem);
     store.init(7, stream);
-    ctx = ModelContext{stream, &lt, &mem};
+    ctx = ModelContext{stream, &lt, &mem, scratch.get()};
     // Weights N(0, 1 / in) (norms 1 + N(0, 0.01)), rounded to BF16; master = param exactly.
     std::mt19937 rng(11);
     std::normal_distribution<double> normal(0.0, 1.0);
@@ -138,6 +140,7 @@ struct Fixture {
   cudaStream_t stream = nullptr;
   ModelContext ctx;
   std::unique_ptr<MlaAttention> mla;
+  std::unique_ptr<ScratchArena> scratch;
   std::map<std::string, Vec> weights;
   std::map<std::string, Param*> names;
 };

@@ -70,6 +70,7 @@ struct MoeSetup {
   test::MoeRefParams p;
   explicit MoeSetup(const TrainerConfig& c) : cfg(c) {
     layer = std::make_unique<MoeLayer>(h.store, kPrefix, cfg, kMaxTokens, h.mem);
+    h.fit_scratch(layer->scratch_bytes());
     h.store.allocate(h.mem);
     h.store.init(7, h.stream);
     p.wr = h.set_param(kPrefix + ".router", 0.15, 1);
@@ -327,6 +328,7 @@ struct MlpSetup {
   Vec w1, w2;
   MlpSetup() {
     mlp = std::make_unique<SwigluMlp>(h.store, "layers.0.mlp", kD, kF, Recipe::bf16, kMaxTokens, h.mem, 0.01f);
+    h.fit_scratch(mlp->scratch_bytes());
     h.store.allocate(h.mem);
     h.store.init(3, h.stream);
     w1 = h.set_param("layers.0.mlp.fc1", 0.1, 21);

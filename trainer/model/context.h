@@ -1,11 +1,17 @@
 // What every layer's forward and backward needs besides its own tensors: the stream, the cuBLASLt handle with
-// its plan cache, and the allocator (DESIGN.md "Trainer"). One per model; layers do not own handles.
+// its plan cache, the allocator and the shared scratch (DESIGN.md "Trainer"). One per model; layers do not own
+// handles, and they keep no per-layer scratch: their backward gradients, FP32 sums, kernel workspaces and the
+// activations their recompute policy does not keep come from `scratch`, one call at a time.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <string>
+
+#include "kernels/common/check.h"
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "trainer/memory.h"
+#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 
@@ -13,6 +19,18 @@ struct ModelContext {
   cudaStream_t stream = nullptr;
   CublasLtMatmul* lt = nullptr;
   DeviceMemory* mem = nullptr;
+  // The shared scratch (trainer/model/scratch.h), sized by its owner to the most any layer call takes (each layer
+  // reports it: scratch_bytes()). The Model owns one; a test of a single layer makes one for that layer.
+  ScratchArena* scratch = nullptr;
 };
+
+// ctx.scratch, or fp4moe::Error naming `who` when the context has none.
+inline ScratchArena& scratch_of(const ModelContext& ctx, const std::string& who) {
+  FP4MOE_CHECK(ctx.scratch != nullptr,
+               "{}: the ModelContext has no scratch arena (ModelContext::scratch); size one to the layer's "
+               "scratch_bytes() (trainer/model/scratch.h)",
+               who);
+  return *ctx.scratch;
+}
 
 }  // namespace fp4moe

@@ -46,20 +46,30 @@ std::optional<Linear> maybe_linear(bool present, ParamStore& store, const std::s
 }
 
 std::optional<RmsNorm> maybe_norm(bool present, ParamStore& store, const std::string& name, int64_t C, float eps,
-                                  int64_t max_tokens, DeviceMemory& mem) {
+                                  int64_t max_tokens, DeviceMemory& mem, bool keep_rstd) {
   if (!present) return std::nullopt;
-  return RmsNorm(store, name, C, eps, max_tokens, mem);
+  return RmsNorm(store, name, C, eps, max_tokens, mem, keep_rstd);
 }
 
+// q_norm and kv_norm keep nothing (their outputs and rstd are recomputed) under layernorm and full.
+bool norms_recomputed(const MlaRecompute& p) { return p.norms || p.whole; }
+
+// A kept buffer of n elements (activations), or an empty one when the policy does not keep it.
 template <typename T>
-DeviceArray<T> buffer(DeviceMemory& mem, int64_t n, MemCategory cat, const std::string& what) {
-  return DeviceArray<T>(mem, n, cat, what);
+DeviceArray<T> kept(bool keep, DeviceMemory& mem, int64_t n, const std::string& what) {
+  return keep ? DeviceArray<T>(mem, n, MemCategory::activations, what) : DeviceArray<T>();
+}
+
+// The kept buffer, or n elements of the scratch.
+template <typename T>
+T* pick(const DeviceArray<T>& kept_buffer, bool keep, ScratchArena& arena, int64_t n, const char* what) {
+  return keep ? kept_buffer.data() : arena.take<T>(n, what);
 }
 
 }  // namespace
 
 MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const ModelConfig& cfg, Recipe recipe,
-                           int64_t seq_len, int64_t max_tokens, DeviceMemory& mem)
+                           int64_t seq_len, int64_t max_tokens, DeviceMemory& mem, MlaRecompute recompute)
     : prefix_(validated(prefix, cfg, seq_len, max_tokens)),
       d_(cfg.hidden),
       H_(cfg.heads),
@@ -73,36 +83,99 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
       max_tokens_(max_tokens),
       rope_theta_(static_cast<float>(cfg.rope_theta)),
       scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk_)))),
+      policy_(recompute),
       q_down_(maybe_linear(r_q_ > 0, store, prefix + ".q_down", d_, r_q_, recipe)),
-      q_norm_(maybe_norm(r_q_ > 0, store, prefix + ".q_norm", r_q_, static_cast<float>(cfg.norm_eps), max_tokens, mem)),
+      q_norm_(maybe_norm(r_q_ > 0, store, prefix + ".q_norm", r_q_, static_cast<float>(cfg.norm_eps), max_tokens, mem,
+                         !norms_recomputed(recompute))),
       q_up_(store, prefix + (r_q_ > 0 ? ".q_up" : ".q_proj"), r_q_ > 0 ? r_q_ : d_, H_ * dqk_, recipe, kInitStd),
       kv_down_(store, prefix + ".kv_down", d_, r_kv_ + rope_, recipe, kInitStd),
-      kv_norm_(store, prefix + ".kv_norm", r_kv_, static_cast<float>(cfg.norm_eps), max_tokens, mem),
+      kv_norm_(store, prefix + ".kv_norm", r_kv_, static_cast<float>(cfg.norm_eps), max_tokens, mem,
+               !norms_recomputed(recompute)),
       kv_up_(store, prefix + ".kv_up", r_kv_, H_ * (nope_ + dv_), recipe, kInitStd),
       out_(store, prefix + ".out", H_ * dv_, d_, recipe,
            static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(cfg.layers)))) {
   const int64_t n = max_tokens;
-  const MemCategory act = MemCategory::activations, ws = MemCategory::workspace;
-  c_q_ = buffer<bf16>(mem, n * r_q_, act, prefix + " c_q");
-  n_q_ = buffer<bf16>(mem, n * r_q_, act, prefix + " q_norm output");
-  q_ = buffer<bf16>(mem, n * H_ * dqk_, act, prefix + " q");
-  c_kv_ = buffer<bf16>(mem, n * r_kv_, act, prefix + " c_kv");
-  n_kv_ = buffer<bf16>(mem, n * r_kv_, act, prefix + " kv_norm output");
-  kv_ = buffer<bf16>(mem, n * H_ * (nope_ + dv_), act, prefix + " kv_up output");
-  k_ = buffer<bf16>(mem, n * H_ * dqk_, act, prefix + " k");
-  o_ = buffer<bf16>(mem, n * H_ * dv_, act, prefix + " attention output");
-  lse_ = buffer<float>(mem, n * H_, act, prefix + " attention lse");
-  kvd_ = buffer<bf16>(mem, n * (r_kv_ + rope_), ws, prefix + " kv_down output / grad");
-  k_pe_ = buffer<bf16>(mem, n * rope_, ws, prefix + " k_pe");
-  d_o_ = buffer<bf16>(mem, n * H_ * dv_, ws, prefix + " d o");
-  d_q_ = buffer<bf16>(mem, n * H_ * dqk_, ws, prefix + " d q");
-  d_k_ = buffer<bf16>(mem, n * H_ * dqk_, ws, prefix + " d k");
-  d_kv_ = buffer<bf16>(mem, n * H_ * (nope_ + dv_), ws, prefix + " d kv");
-  d_lat_ = buffer<bf16>(mem, n * std::max(r_q_, r_kv_), ws, prefix + " d latent");
-  dx32_ = buffer<float>(mem, n * d_, ws, prefix + " dx (FP32)");
-  const AttentionShape max_shape{n / T_, T_, H_, dqk_, dv_, scale_};
-  attn_ws_ = buffer<unsigned char>(mem, flash_attention_backward_workspace_bytes(max_shape), ws,
-                                   prefix + " attention backward workspace");
+  const MlaRecompute& p = policy_;
+  c_q_ = kept<bf16>(!p.whole, mem, n * r_q_, prefix + " c_q");
+  n_q_ = kept<bf16>(!p.whole && !p.norms, mem, n * r_q_, prefix + " q_norm output");
+  q_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * dqk_, prefix + " q");
+  c_kv_ = kept<bf16>(!p.whole, mem, n * r_kv_, prefix + " c_kv");
+  n_kv_ = kept<bf16>(!p.whole && !p.norms, mem, n * r_kv_, prefix + " kv_norm output");
+  kv_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * (nope_ + dv_), prefix + " kv_up output");
+  k_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * dqk_, prefix + " k");
+  k_pe_ = kept<bf16>(!p.whole && p.up_proj, mem, n * rope_, prefix + " k_pe");
+  o_ = kept<bf16>(!p.whole && !p.core_attn, mem, n * H_ * dv_, prefix + " attention output");
+  lse_ = kept<float>(!p.whole && !p.core_attn, mem, n * H_, prefix + " attention lse");
+  plan_scratch();
+}
+
+MlaAttention::Acts MlaAttention::bind_acts(ScratchArena& a, int64_t M, bool forward_only) {
+  const MlaRecompute& p = policy_;
+  Acts t;
+  t.c_q = pick(c_q_, !p.whole, a, M * r_q_, "MLA c_q");
+  t.n_q = pick(n_q_, !p.whole && !p.norms, a, M * r_q_, "MLA n_q");
+  t.q = pick(q_, !p.whole && !p.up_proj, a, M * H_ * dqk_, "MLA q");
+  t.c_kv = pick(c_kv_, !p.whole, a, M * r_kv_, "MLA c_kv");
+  t.n_kv = pick(n_kv_, !p.whole && !p.norms, a, M * r_kv_, "MLA n_kv");
+  t.kv = pick(kv_, !p.whole && !p.up_proj, a, M * H_ * (nope_ + dv_), "MLA kv");
+  t.k = pick(k_, !p.whole && !p.up_proj, a, M * H_ * dqk_, "MLA k");
+  t.o = pick(o_, !p.whole && !p.core_attn, a, M * H_ * dv_, "MLA o");
+  t.lse = pick(lse_, !p.whole && !p.core_attn, a, M * H_, "MLA lse");
+  const bool keep_k_pe = !p.whole && p.up_proj;
+  t.k_pe = keep_k_pe ? k_pe_.data() : forward_only ? a.take<bf16>(M * rope_, "MLA k_pe") : nullptr;
+  t.kvd = forward_only ? a.take<bf16>(M * (r_kv_ + rope_), "MLA kv_down output") : nullptr;
+  return t;
+}
+
+MlaAttention::Grads MlaAttention::bind_grads(ScratchArena& a, int64_t M) {
+  Grads g;
+  g.d_o = a.take<bf16>(M * H_ * dv_, "MLA d o");
+  g.d_q = a.take<bf16>(M * H_ * dqk_, "MLA d q");
+  g.d_k = a.take<bf16>(M * H_ * dqk_, "MLA d k");
+  g.d_kv = a.take<bf16>(M * H_ * (nope_ + dv_), "MLA d kv");
+  g.d_kvd = a.take<bf16>(M * (r_kv_ + rope_), "MLA d kvd");
+  g.d_lat = a.take<bf16>(M * std::max(r_q_, r_kv_), "MLA d latent");
+  g.dx32 = a.take<float>(M * d_, "MLA dx (FP32)");
+  const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
+  g.attn_ws = a.take<unsigned char>(M > 0 ? flash_attention_backward_workspace_bytes(shape) : 0,
+                                    "MLA attention backward workspace");
+  return g;
+}
+
+// The same binding code as the passes, on a measuring arena, for M = max_tokens.
+void MlaAttention::plan_scratch() {
+  ScratchArena m;
+  const int64_t M = max_tokens_;
+  auto measure = [&](auto&& bind) {
+    const ScratchArena::Mark start = m.mark();
+    bind();
+    const size_t bytes = m.used() - start.used;
+    m.release(start);
+    return bytes;
+  };
+  const size_t whole_acts = measure([&] { bind_acts(m, M, true); });
+  const size_t some_acts = measure([&] { bind_acts(m, M, false); });
+  const size_t grads = measure([&] { bind_grads(m, M); });
+  const size_t norm_rstd = (q_norm_ ? q_norm_->recompute_bytes() : 0) + kv_norm_.recompute_bytes();
+  const size_t norm_bwd = std::max(q_norm_ ? q_norm_->backward_bytes() : 0, kv_norm_.backward_bytes());
+  fwd_bytes_ = whole_acts;
+  recompute_bytes_ = whole_acts + norm_rstd;
+  const size_t rebuilt = !policy_.any() ? 0 : (policy_.whole ? whole_acts : some_acts) + norm_rstd;
+  bwd_bytes_ = rebuilt + grads + norm_bwd;
+  bwd_ready_bytes_ = grads + norm_bwd;
+}
+
+size_t MlaAttention::scratch_bytes() const {
+  return std::max({fwd_bytes_, recompute_bytes_ + bwd_ready_bytes_, bwd_bytes_});
+}
+
+size_t MlaAttention::kept_bytes() const {
+  return counted_bytes(c_q_) + counted_bytes(q_) + counted_bytes(c_kv_) + counted_bytes(kv_) + counted_bytes(k_) +
+         counted_bytes(k_pe_) + counted_bytes(o_) + counted_bytes(lse_) + kept_norm_bytes();
+}
+
+size_t MlaAttention::kept_norm_bytes() const {
+  return counted_bytes(n_q_) + counted_bytes(n_kv_) + (q_norm_ ? q_norm_->kept_bytes() : 0) + kv_norm_.kept_bytes();
 }
 
 void MlaAttention::check_tokens(const char* what, int64_t M) const {
@@ -114,80 +187,63 @@ void MlaAttention::check_tokens(const char* what, int64_t M) const {
 void MlaAttention::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   check_tokens("forward", M);
   last_M_ = M;
+  acts_stamp_ = 0;
   if (M == 0) return;
   FP4MOE_CHECK(x && y, "MlaAttention {} forward: x and y [M, {}] must not be null", prefix_, d_);
+  ScratchArena& arena = scratch_of(ctx, "MlaAttention " + prefix_);
+  ScratchScope scope(arena);
+  acts_ = bind_acts(arena, M, true);
+  run_forward(ctx, x, M, acts_, false);
+  out_.forward(ctx, acts_.o, M, y);                        // y [M, d]
+}
+
+void MlaAttention::recompute_forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
+  check_tokens("recompute_forward", M);
+  last_M_ = M;
+  acts_stamp_ = 0;
+  if (M == 0) return;
+  FP4MOE_CHECK(x != nullptr, "MlaAttention {} recompute_forward: x [M, {}] must not be null", prefix_, d_);
+  ScratchArena& arena = scratch_of(ctx, "MlaAttention " + prefix_);
+  acts_ = bind_acts(arena, M, true);  // in the caller's scope
+  run_forward(ctx, x, M, acts_, true);
+  acts_stamp_ = arena.stamp();
+  if (y) out_.forward(ctx, acts_.o, M, y);
+}
+
+void MlaAttention::run_forward(ModelContext& ctx, const bf16* x, int64_t M, const Acts& t, bool for_backward) {
   cudaStream_t st = ctx.stream;
   const RopeConfig rope_cfg{rope_theta_, 0, T_};
   const int64_t w_kvd = r_kv_ + rope_, w_kv = nope_ + dv_;
+  auto norm = [&](RmsNorm& n, const bf16* in, bf16* out) {
+    if (for_backward) n.recompute(ctx, in, M, out);
+    else n.forward(ctx, in, M, out);
+  };
 
   // q [M, H, dqk]: q_up(q_norm(q_down(x))), or q_proj(x); then RoPE on each head's rope part, in place.
   if (r_q_ > 0) {
-    q_down_->forward(ctx, x, M, c_q_.data());              // c_q [M, r_q]
-    q_norm_->forward(ctx, c_q_.data(), M, n_q_.data());    // n_q [M, r_q]
-    q_up_.forward(ctx, n_q_.data(), M, q_.data());         // q [M, H * dqk]
+    q_down_->forward(ctx, x, M, t.c_q);                    // c_q [M, r_q]
+    norm(*q_norm_, t.c_q, t.n_q);                           // n_q [M, r_q]
+    q_up_.forward(ctx, t.n_q, M, t.q);                     // q [M, H * dqk]
   } else {
-    q_up_.forward(ctx, x, M, q_.data());                   // q [M, H * dqk]
+    q_up_.forward(ctx, x, M, t.q);                         // q [M, H * dqk]
   }
-  rope_forward(RopeTensor{q_.data() + nope_, H_ * dqk_, dqk_}, M, H_, rope_, rope_cfg,
-               RopeTensorOut{q_.data() + nope_, H_ * dqk_, dqk_}, st);
+  rope_forward(RopeTensor{t.q + nope_, H_ * dqk_, dqk_}, M, H_, rope_, rope_cfg,
+               RopeTensorOut{t.q + nope_, H_ * dqk_, dqk_}, st);
 
   // kv: the latent c_kv and the RoPE key k_pe out of one down-projection.
-  kv_down_.forward(ctx, x, M, kvd_.data());                // kvd [M, r_kv + rope]
-  rope_forward(RopeTensor{kvd_.data() + r_kv_, w_kvd, rope_}, M, 1, rope_, rope_cfg,
-               RopeTensorOut{k_pe_.data(), rope_, rope_}, st);  // k_pe [M, rope]
-  CUDA_CHECK(cudaMemcpy2DAsync(c_kv_.data(), r_kv_ * sizeof(bf16), kvd_.data(), w_kvd * sizeof(bf16),
-                               r_kv_ * sizeof(bf16), M, cudaMemcpyDeviceToDevice, st));  // c_kv [M, r_kv]
-  kv_norm_.forward(ctx, c_kv_.data(), M, n_kv_.data());   // n_kv [M, r_kv]
-  kv_up_.forward(ctx, n_kv_.data(), M, kv_.data());        // kv [M, H, nope + dv]
-  mla_assemble_k(kv_.data(), k_pe_.data(), rope_, M, MlaDims{H_, nope_, rope_, dv_}, k_.data(), st);  // k [M, H, dqk]
+  kv_down_.forward(ctx, x, M, t.kvd);                      // kvd [M, r_kv + rope]
+  rope_forward(RopeTensor{t.kvd + r_kv_, w_kvd, rope_}, M, 1, rope_, rope_cfg, RopeTensorOut{t.k_pe, rope_, rope_},
+               st);                                        // k_pe [M, rope]
+  CUDA_CHECK(cudaMemcpy2DAsync(t.c_kv, r_kv_ * sizeof(bf16), t.kvd, w_kvd * sizeof(bf16), r_kv_ * sizeof(bf16), M,
+                               cudaMemcpyDeviceToDevice, st));  // c_kv [M, r_kv]
+  norm(kv_norm_, t.c_kv, t.n_kv);                           // n_kv [M, r_kv]
+  kv_up_.forward(ctx, t.n_kv, M, t.kv);                    // kv [M, H, nope + dv]
+  mla_assemble_k(t.kv, t.k_pe, rope_, M, MlaDims{H_, nope_, rope_, dv_}, t.k, st);  // k [M, H, dqk]
 
   const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
-  flash_attention_forward(shape, AttnIn{q_.data(), H_ * dqk_, dqk_}, AttnIn{k_.data(), H_ * dqk_, dqk_},
-                          AttnIn{kv_.data() + nope_, H_ * w_kv, w_kv}, AttnOut{o_.data(), H_ * dv_, dv_}, lse_.data(),
+  flash_attention_forward(shape, AttnIn{t.q, H_ * dqk_, dqk_}, AttnIn{t.k, H_ * dqk_, dqk_},
+                          AttnIn{t.kv + nope_, H_ * w_kv, w_kv}, AttnOut{t.o, H_ * dv_, dv_}, t.lse,
                           st);                             // o [M, H, dv], lse [B, H, T]
-  out_.forward(ctx, o_.data(), M, y);                      // y [M, d]
-}
-
-void MlaAttention::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx) {
-  FP4MOE_CHECK(M == last_M_, "MlaAttention {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_,
-               M);
-  if (M == 0) return;
-  FP4MOE_CHECK(dy && x && dx, "MlaAttention {} backward: dy, x and dx [M, {}] must not be null", prefix_, d_);
-  cudaStream_t st = ctx.stream;
-  const RopeConfig rope_cfg{rope_theta_, 0, T_};
-  const int64_t w_kvd = r_kv_ + rope_, w_kv = nope_ + dv_;
-  const MlaDims dims{H_, nope_, rope_, dv_};
-
-  out_.backward(ctx, dy, o_.data(), M, LinearGradOut{d_o_.data(), false, false});  // d o [M, H * dv]
-  const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
-  flash_attention_backward(shape, AttnIn{q_.data(), H_ * dqk_, dqk_}, AttnIn{k_.data(), H_ * dqk_, dqk_},
-                           AttnIn{kv_.data() + nope_, H_ * w_kv, w_kv}, AttnIn{o_.data(), H_ * dv_, dv_},
-                           AttnIn{d_o_.data(), H_ * dv_, dv_}, lse_.data(), AttnOut{d_q_.data(), H_ * dqk_, dqk_},
-                           AttnOut{d_k_.data(), H_ * dqk_, dqk_}, AttnOut{d_kv_.data() + nope_, H_ * w_kv, w_kv},
-                           attn_ws_.data(), st);  // d q, d k [M, H, dqk]; d v into d kv's v parts
-
-  // kv path. kvd_ now holds d kvd [M, r_kv + rope]: d k_pe (head sum, then inverse RoPE) in its last rope columns,
-  // d c_kv in its first r_kv columns.
-  mla_split_dk(d_k_.data(), M, dims, d_kv_.data(), kvd_.data() + r_kv_, w_kvd, st);  // d k_nope -> d kv, d k_pe
-  rope_backward(RopeTensor{kvd_.data() + r_kv_, w_kvd, rope_}, M, 1, rope_, rope_cfg,
-                RopeTensorOut{kvd_.data() + r_kv_, w_kvd, rope_}, st);
-  kv_up_.backward(ctx, d_kv_.data(), n_kv_.data(), M, LinearGradOut{d_lat_.data(), false, false});  // d n_kv
-  kv_norm_.backward(ctx, d_lat_.data(), c_kv_.data(), M, d_lat_.data());                             // d c_kv
-  CUDA_CHECK(cudaMemcpy2DAsync(kvd_.data(), w_kvd * sizeof(bf16), d_lat_.data(), r_kv_ * sizeof(bf16),
-                               r_kv_ * sizeof(bf16), M, cudaMemcpyDeviceToDevice, st));
-  kv_down_.backward(ctx, kvd_.data(), x, M, LinearGradOut{dx32_.data(), true, false});  // dx32 = d x (kv path)
-
-  // q path: inverse RoPE on d q's rope parts, in place, then back through q_up, q_norm, q_down (or q_proj).
-  rope_backward(RopeTensor{d_q_.data() + nope_, H_ * dqk_, dqk_}, M, H_, rope_, rope_cfg,
-                RopeTensorOut{d_q_.data() + nope_, H_ * dqk_, dqk_}, st);
-  if (r_q_ > 0) {
-    q_up_.backward(ctx, d_q_.data(), n_q_.data(), M, LinearGradOut{d_lat_.data(), false, false});  // d n_q
-    q_norm_->backward(ctx, d_lat_.data(), c_q_.data(), M, d_lat_.data());                          // d c_q
-    q_down_->backward(ctx, d_lat_.data(), x, M, LinearGradOut{dx32_.data(), true, true});          // dx32 +=
-  } else {
-    q_up_.backward(ctx, d_q_.data(), x, M, LinearGradOut{dx32_.data(), true, true});               // dx32 +=
-  }
-  cast_f32_to_bf16(dx32_.data(), M * d_, dx, st);
 }
 
 }  // namespace fp4moe

@@ -28,8 +28,22 @@
 //
 // Init (model.cpp documents the whole model's): q_down, q_up, q_proj, kv_down, kv_up N(0, 0.02^2); out N(0,
 // (0.02 / sqrt(2 * layers))^2) (it writes into the residual stream); norm weights ones (no decay).
-// Recipe: the five projections take `recipe` (Linear: bf16 only for now); norms, RoPE and the core stay BF16/FP32.
-// Recompute policies (mla_up_proj, core_attn) are not applied: every activation below is kept.
+// Recipe: the five projections take `recipe` (Linear); norms, RoPE and the core stay BF16/FP32.
+//
+// Memory. Kept from forward to backward (MemCategory::activations, max_tokens rows; bytes per token, BF16 = 2):
+//   c_q 2 r_q, n_q 2 r_q, q 2 H dqk, c_kv 2 r_kv, n_kv 2 r_kv, kv 2 H (nope + dv), k 2 H dqk, o 2 H dv,
+//   lse 4 H, and the rstd of q_norm and kv_norm (4 each; q_norm's only with r_q > 0)
+// minus what the recompute policy (trainer/model/recompute.h) drops, rebuilt in backward in the shared scratch:
+//   mla_up_proj  q, kv, k       (q = q_up(n_q) + RoPE, or q_proj(x); kv = kv_up(n_kv); k = [k_nope | k_pe]);
+//                keeps k_pe 2 rope instead (the rotated RoPE key, else forward-only scratch)
+//   core_attn    o, lse         (the attention forward reruns)
+//   layernorm    n_q, n_kv and the two rstd (q_norm, kv_norm rerun from c_q, c_kv)
+//   full         everything (nothing kept; the model reruns the layer's forward with recompute_forward)
+// e.g. V3 (H 128, dqk 192, dv 128, r_q 1536, r_kv 512, rope 64): 205,320 bytes per token kept without a policy;
+// mla_up_proj drops 163,840 (and keeps 128 of k_pe), core_attn 33,280, layernorm 4,104.
+// Scratch (ModelContext::scratch, per call): forward: the tensors not kept, kvd [M, r_kv + rope] and k_pe when not
+// kept; backward: the tensors not kept (recomputed), and d o, d q, d k, d kv, d kvd, d latent, dx FP32 [M, d] and the
+// attention backward workspace. scratch_bytes() reports the most one call takes (for M = max_tokens).
 #pragma once
 
 #include <cstdint>
@@ -42,34 +56,77 @@
 #include "trainer/model/context.h"
 #include "trainer/model/linear.h"
 #include "trainer/model/params.h"
+#include "trainer/model/recompute.h"
 #include "trainer/model/rms_norm.h"
+#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 
 class MlaAttention {
  public:
   // Shapes from `cfg`; seq_len = T tokens per row (RoPE positions and causality restart every T rows);
-  // max_tokens = the largest M, a multiple of seq_len. Rejects (fp4moe::Error) nope, rope or dv not multiples of
-  // 8 (16-byte rows and strides for the attention kernels), (dqk, dv) pairs the attention kernels lack
-  // (kernels/attention/flash_attention.h), ranks and widths Linear rejects, rope above the RoPE kernel's limit.
+  // max_tokens = the largest M, a multiple of seq_len; `recompute`: what backward recomputes (above). Rejects
+  // (fp4moe::Error) nope, rope or dv not multiples of 8 (16-byte rows and strides for the attention kernels),
+  // (dqk, dv) pairs the attention kernels lack (kernels/attention/flash_attention.h), ranks and widths Linear
+  // rejects, rope above the RoPE kernel's limit.
   MlaAttention(ParamStore& store, const std::string& prefix, const ModelConfig& cfg, Recipe recipe, int64_t seq_len,
-               int64_t max_tokens, DeviceMemory& mem);
+               int64_t max_tokens, DeviceMemory& mem, MlaRecompute recompute = {});
 
   // x [M, d] BF16 -> y [M, d] BF16 (overwritten; must not overlap x). M a multiple of seq_len in [0, max_tokens];
-  // M = 0 does nothing. Keeps what backward needs; x is not copied (backward takes the same pointer).
+  // M = 0 does nothing. Keeps what the policy keeps; x is not copied (backward takes the same pointer).
   void forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
+  // The same forward for a backward in the caller's current scratch scope (the `full` policy: the model reruns the
+  // layer): the tensors not kept are taken from ctx.scratch and left in the caller's scope (recompute_bytes), so
+  // that backward reads them instead of recomputing; y may be null (no output projection).
+  void recompute_forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
   // dy [M, d], x as in forward -> dx [M, d] BF16 (overwritten; must not overlap dy or x); every parameter grad +=.
-  // M must equal the last forward's.
+  // M must equal the last forward's. Rebuilds the tensors not kept first, unless a recompute_forward in a scratch
+  // scope still open left them.
   void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx);
 
   int64_t hidden() const { return d_; }
+  const MlaRecompute& recompute() const { return policy_; }
+  // Activation bytes kept from forward to backward (as DeviceMemory counts them), all of them and the part that
+  // belongs to the q and kv norms (n_q, n_kv and their rstd).
+  size_t kept_bytes() const;
+  size_t kept_norm_bytes() const;
+  // Scratch for M = max_tokens: the most forward takes; what recompute_forward leaves in the caller's scope; the
+  // most backward takes, after a normal forward and after a recompute_forward; scratch_bytes() the largest.
+  size_t forward_bytes() const { return fwd_bytes_; }
+  size_t recompute_bytes() const { return recompute_bytes_; }
+  size_t backward_bytes() const { return bwd_bytes_; }
+  size_t backward_after_recompute_bytes() const { return bwd_ready_bytes_; }
+  size_t scratch_bytes() const;
 
  private:
+  // The layer's tensors for one pass: kept buffers, or pieces of the scratch.
+  struct Acts {
+    bf16 *c_q = nullptr, *n_q = nullptr, *q = nullptr, *c_kv = nullptr, *n_kv = nullptr, *kv = nullptr, *k = nullptr;
+    bf16 *k_pe = nullptr, *o = nullptr, *kvd = nullptr;
+    float* lse = nullptr;
+  };
+  struct Grads {
+    bf16 *d_o = nullptr, *d_q = nullptr, *d_k = nullptr, *d_kv = nullptr, *d_kvd = nullptr, *d_lat = nullptr;
+    float* dx32 = nullptr;
+    unsigned char* attn_ws = nullptr;
+  };
   void check_tokens(const char* what, int64_t M) const;
+  // Kept buffers, and takes from `arena` for the rest: with `forward_only` also kvd and (when not kept) k_pe, which
+  // only a whole forward needs. A measuring arena gives null pointers and counts.
+  Acts bind_acts(ScratchArena& arena, int64_t M, bool forward_only);
+  Grads bind_grads(ScratchArena& arena, int64_t M);
+  void plan_scratch();
+  // Everything up to the attention output o (and lse) into t; `for_backward`: norms through recompute().
+  void run_forward(ModelContext& ctx, const bf16* x, int64_t M, const Acts& t, bool for_backward);
+  // The tensors the policy does not keep, for backward (not under `full`): norms, up-projections, attention.
+  void recompute_parts(ModelContext& ctx, const bf16* x, int64_t M, const Acts& t);
+  void run_backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, const Acts& t, const Grads& g,
+                    bf16* dx);
 
   std::string prefix_;
   int64_t d_, H_, nope_, rope_, dqk_, dv_, r_q_, r_kv_, T_, max_tokens_;
   float rope_theta_, scale_;
+  MlaRecompute policy_;
   // Parameters (registration order = checkpoint order): q_down, q_norm, q_up (or q_proj), kv_down, kv_norm, kv_up,
   // out.
   std::optional<Linear> q_down_;    // d -> r_q            (absent when r_q = 0)
@@ -80,27 +137,21 @@ class MlaAttention {
   Linear kv_up_;                    // r_kv -> H * (nope + dv)
   Linear out_;                      // H * dv -> d
   int64_t last_M_ = -1;
+  Acts acts_;                       // the tensors of the last forward or recompute_forward
+  uint64_t acts_stamp_ = 0;         // scratch stamp of the last recompute_forward (0: none)
+  size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0, bwd_ready_bytes_ = 0;
 
-  // Kept from forward for backward (MemCategory::activations), max_tokens rows each:
-  DeviceArray<bf16> c_q_;    // [max_tokens, r_q]          q_down output, q_norm input (empty when r_q = 0)
-  DeviceArray<bf16> n_q_;    // [max_tokens, r_q]          q_norm output, q_up input   (empty when r_q = 0)
-  DeviceArray<bf16> q_;      // [max_tokens, H, dqk]       queries, rope part rotated
-  DeviceArray<bf16> c_kv_;   // [max_tokens, r_kv]         latent, kv_norm input
-  DeviceArray<bf16> n_kv_;   // [max_tokens, r_kv]         kv_norm output, kv_up input
-  DeviceArray<bf16> kv_;     // [max_tokens, H, nope + dv] kv_up output: k_nope | v per head
-  DeviceArray<bf16> k_;      // [max_tokens, H, dqk]       keys [k_nope_h | k_pe]
-  DeviceArray<bf16> o_;      // [max_tokens, H, dv]        attention output, out's input
-  DeviceArray<float> lse_;   // [B_max, H, T]              log-sum-exp of the attention rows
-  // Scratch (MemCategory::workspace):
-  DeviceArray<bf16> kvd_;    // [max_tokens, r_kv + rope]  kv_down output (forward); its gradient (backward)
-  DeviceArray<bf16> k_pe_;   // [max_tokens, rope]         rotated RoPE key (forward)
-  DeviceArray<bf16> d_o_;    // [max_tokens, H, dv]        d o
-  DeviceArray<bf16> d_q_;    // [max_tokens, H, dqk]       d q
-  DeviceArray<bf16> d_k_;    // [max_tokens, H, dqk]       d k
-  DeviceArray<bf16> d_kv_;   // [max_tokens, H, nope + dv] d kv (k_nope from d k, v from the attention)
-  DeviceArray<bf16> d_lat_;  // [max_tokens, max(r_q, r_kv)] d n_kv then d c_kv; d n_q then d c_q
-  DeviceArray<float> dx32_;  // [max_tokens, d]            FP32 sum of the two Dgrads into dx
-  DeviceArray<unsigned char> attn_ws_;  // flash_attention_backward_workspace_bytes(B_max, T, ...) bytes
+  // Kept from forward to backward (MemCategory::activations), max_tokens rows each; empty when not kept:
+  DeviceArray<bf16> c_q_;    // [max_tokens, r_q]          q_down output, q_norm input (r_q > 0; not under full)
+  DeviceArray<bf16> n_q_;    // [max_tokens, r_q]          q_norm output, q_up input   (not layernorm / full)
+  DeviceArray<bf16> q_;      // [max_tokens, H, dqk]       queries, rope part rotated  (not mla_up_proj / full)
+  DeviceArray<bf16> c_kv_;   // [max_tokens, r_kv]         latent, kv_norm input       (not full)
+  DeviceArray<bf16> n_kv_;   // [max_tokens, r_kv]         kv_norm output, kv_up input (not layernorm / full)
+  DeviceArray<bf16> kv_;     // [max_tokens, H, nope + dv] kv_up output: k_nope | v  (not mla_up_proj / full)
+  DeviceArray<bf16> k_;      // [max_tokens, H, dqk]       keys [k_nope_h | k_pe]      (not mla_up_proj / full)
+  DeviceArray<bf16> k_pe_;   // [max_tokens, rope]         rotated RoPE key            (mla_up_proj only)
+  DeviceArray<bf16> o_;      // [max_tokens, H, dv]        attention output, out's input (not core_attn / full)
+  DeviceArray<float> lse_;   // [B_max, H, T]              log-sum-exp of the attention rows (as o)
 };
 
 }  // namespace fp4moe

@@ -23,13 +23,14 @@
 //
 // Memory: activations kept for backward (MemCategory::activations), max_tokens = micro_batch x seq_len rows:
 //   h[l]      [max_tokens, d] x (L + 1)  residual stream entering layer l; h[L] enters the final norm
-//   h_mid[l]  [max_tokens, d] x L        residual stream after layer l's attention
-//   a_in[l]   [max_tokens, d] x L        attn_norm output (MLA input)
-//   f_in[l]   [max_tokens, d] x L        ffn_norm output (FFN / MoE input)
-//   h_out     [max_tokens, d]            final norm output (LM head input)
-// plus each layer's own (mla.h, swiglu_mlp.h, moe.h, rms_norm.h). Outside DeviceMemory's accounting: the cuBLASLt
-// workspaces of the model's CublasLtMatmul and of LmHeadCrossEntropy, and the latter's chunk scratch (logits FP32
-// + dlogits BF16 [max_tokens, chunk]), all cudaMalloc'd by those classes.
+//   h_out     [max_tokens, d]            final norm output (LM head input), and the final norm's rstd
+// plus each decoder layer's own under the recompute policy (decoder_layer.h, mla.h, moe.h, swiglu_mlp.h,
+// rms_norm.h; per layer: layer_memory()). Workspace: tmp and d_res [max_tokens, d] BF16 (the branch output / grad
+// and the residual-stream grad, shared by all layers), the loss, and the shared scratch arena (scratch.h) sized to
+// the largest of: any layer's forward or backward, the LM head backward's FP32 Dgrad [max_tokens, d], the final
+// norm's backward, the embedding backward's workspace. Outside DeviceMemory's accounting: the cuBLASLt workspaces
+// of the model's CublasLtMatmul and of LmHeadCrossEntropy, the latter's chunk scratch (logits FP32 + dlogits BF16
+// [max_tokens, chunk]), and Group Linear's own FP8 buffers, all cudaMalloc'd by those classes.
 #include "trainer/model/model.h"
 
 #include <algorithm>
@@ -42,10 +43,10 @@
 #include "kernels/nn/cross_entropy.h"
 #include "kernels/nn/elementwise.h"
 #include "kernels/nn/embedding.h"
-#include "trainer/model/mla.h"
+#include "trainer/model/decoder_layer.h"
 #include "trainer/model/moe.h"
 #include "trainer/model/rms_norm.h"
-#include "trainer/model/swiglu_mlp.h"
+#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 
@@ -54,38 +55,6 @@ namespace {
 constexpr float kInitStd = 0.02f;
 // Vocabulary chunk of the LM head's cross-entropy: 8192 entries keep its scratch at 48 KiB per token.
 constexpr int64_t kLmHeadChunk = 8192;
-
-struct Layer {
-  Layer(ParamStore& store, const TrainerConfig& cfg, int64_t l, int64_t max_tokens, DeviceMemory& mem)
-      : attn_norm(store, name(l, "attn_norm"), cfg.model.hidden, eps(cfg), max_tokens, mem),
-        attn(store, name(l, "attn"), cfg.model, cfg.recipe.attention, cfg.train.seq_len, max_tokens, mem),
-        ffn_norm(store, name(l, "ffn_norm"), cfg.model.hidden, eps(cfg), max_tokens, mem) {
-    if (cfg.is_moe_layer(l)) {
-      moe.emplace(store, name(l, "moe"), cfg, max_tokens, mem);
-    } else {
-      const float fc2_std = static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(cfg.model.layers)));
-      mlp.emplace(store, name(l, "mlp"), cfg.model.hidden, cfg.model.dense_ffn, cfg.recipe.dense_mlp, max_tokens,
-                  mem, fc2_std);
-    }
-  }
-  static std::string name(int64_t l, const char* part) { return "layers." + std::to_string(l) + "." + part; }
-  static float eps(const TrainerConfig& cfg) { return static_cast<float>(cfg.model.norm_eps); }
-
-  void ffn_forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
-    if (moe) moe->forward(ctx, x, M, y);
-    else mlp->forward(ctx, x, M, y);
-  }
-  void ffn_backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx) {
-    if (moe) moe->backward(ctx, dy, x, M, dx);
-    else mlp->backward(ctx, dy, x, M, dx);
-  }
-
-  RmsNorm attn_norm;
-  MlaAttention attn;
-  RmsNorm ffn_norm;
-  std::optional<SwigluMlp> mlp;  // l < n_dense_layers
-  std::optional<MoeLayer> moe;   // l >= n_dense_layers
-};
 
 }  // namespace
 
@@ -101,31 +70,33 @@ struct Model::Impl {
                  "Model: micro_batch x seq_len = {} tokens must stay below 2^24 (the cross-entropy counts in FP32)",
                  max_tokens);
     const int64_t L = cfg.model.layers;
-    for (int64_t l = 0; l < L; ++l) layers.push_back(std::make_unique<Layer>(store, cfg, l, max_tokens, mem));
+    for (int64_t l = 0; l < L; ++l) layers.push_back(std::make_unique<DecoderLayer>(store, cfg, l, max_tokens, mem));
     norm.emplace(store, "norm", d, static_cast<float>(cfg.model.norm_eps), max_tokens, mem);
     lm_head = &store.add("lm_head", {V, d}, ParamInit::normal, kInitStd, /*decay=*/true);
 
     const int64_t n = max_tokens * d;
     auto act = [&](const std::string& what) { return DeviceArray<bf16>(mem, n, MemCategory::activations, what); };
     for (int64_t l = 0; l <= L; ++l) h.push_back(act("residual stream h[" + std::to_string(l) + "]"));
-    for (int64_t l = 0; l < L; ++l) {
-      h_mid.push_back(act("residual stream after attention, layer " + std::to_string(l)));
-      a_in.push_back(act(Layer::name(l, "attn_norm") + " output"));
-      f_in.push_back(act(Layer::name(l, "ffn_norm") + " output"));
-    }
     h_out = act("norm output");
     tmp = DeviceArray<bf16>(mem, n, MemCategory::workspace, "model sub-layer output / grad");
     d_res = DeviceArray<bf16>(mem, n, MemCategory::workspace, "model residual-stream grad");
-    dh32 = DeviceArray<float>(mem, n, MemCategory::workspace, "lm_head Dgrad (FP32)");
     loss = DeviceArray<float>(mem, 1, MemCategory::workspace, "model loss");
-    embed_ws_bytes = embedding_backward_workspace_bytes(max_tokens, V);
-    embed_ws = DeviceArray<unsigned char>(mem, embed_ws_bytes, MemCategory::workspace, "embed backward workspace");
+    // The shared scratch: the largest single call (a layer's forward or backward, the LM head's FP32 Dgrad, the
+    // final norm's backward, the embedding backward's workspace), once.
+    size_t scratch_bytes = std::max({ScratchArena::rounded(static_cast<size_t>(n) * sizeof(float)),
+                                     norm->backward_bytes(), embed_ws_bytes(max_tokens)});
+    for (const auto& layer : layers) scratch_bytes = std::max(scratch_bytes, layer->scratch_bytes());
+    arena.emplace(mem, scratch_bytes, "model scratch arena (shared by the layers)");
+  }
+
+  size_t embed_ws_bytes(int64_t M) const {
+    return M > 0 ? ScratchArena::rounded(static_cast<size_t>(embedding_backward_workspace_bytes(M, V))) : 0;
   }
 
   std::vector<MoeLayer*> moe_layers() const {
     std::vector<MoeLayer*> out;
     for (const auto& layer : layers)
-      if (layer->moe) out.push_back(&*layer->moe);
+      if (MoeLayer* moe = layer->moe()) out.push_back(moe);
     return out;
   }
 
@@ -150,18 +121,18 @@ struct Model::Impl {
     return valid;
   }
 
+  // Every layer call starts from an empty scratch (each layer's scopes give back all they take).
+  void expect_empty_scratch(const char* where, size_t l) const {
+    FP4MOE_CHECK(arena->used() == 0, "Model {}: the shared scratch holds {} bytes before layer {} (a scope was left "
+                 "open)\n{}", where, arena->used(), l, arena->describe());
+  }
+
   // h[0] = embed(tokens); per layer the two residual blocks; h_out = norm(h[L]); loss = CE(h_out W_lm^T, targets).
   void forward(ModelContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t M) {
-    const int64_t n = M * d;
     embedding_forward(tokens, M, embed->param, V, d, h[0].data(), nullptr, ctx.stream);  // h[0] [M, d]
     for (size_t l = 0; l < layers.size(); ++l) {
-      Layer& layer = *layers[l];
-      layer.attn_norm.forward(ctx, h[l].data(), M, a_in[l].data());        // a_in [M, d]
-      layer.attn.forward(ctx, a_in[l].data(), M, tmp.data());              // MLA out [M, d]
-      add_bf16(h[l].data(), tmp.data(), n, h_mid[l].data(), ctx.stream);   // h_mid = h + MLA
-      layer.ffn_norm.forward(ctx, h_mid[l].data(), M, f_in[l].data());     // f_in [M, d]
-      layer.ffn_forward(ctx, f_in[l].data(), M, tmp.data());               // FFN out [M, d]
-      add_bf16(h_mid[l].data(), tmp.data(), n, h[l + 1].data(), ctx.stream);  // h[l+1] = h_mid + FFN
+      expect_empty_scratch("forward", l);
+      layers[l]->forward(ctx, h[l].data(), M, tmp.data(), h[l + 1].data());  // h[l+1] [M, d]
     }
     norm->forward(ctx, h[layers.size()].data(), M, h_out.data());          // h_out [M, d]
     ce.forward(h_out.data(), lm_head->param, targets, M, nullptr, loss.data(), ctx.stream);
@@ -170,39 +141,38 @@ struct Model::Impl {
   // The same graph in reverse; d_res [M, d] BF16 carries the residual-stream gradient.
   void backward(ModelContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t M, float grad_scale) {
     const int64_t n = M * d;
-    ce.backward(h_out.data(), lm_head->param, targets, M, grad_scale, dh32.data(), lm_head->grad, ctx.stream);
-    cast_f32_to_bf16(dh32.data(), n, tmp.data(), ctx.stream);               // d h_out [M, d]
+    {
+      ScratchScope scope(*arena);
+      float* dh32 = arena->take<float>(n, "LM head Dgrad (FP32)");
+      ce.backward(h_out.data(), lm_head->param, targets, M, grad_scale, dh32, lm_head->grad, ctx.stream);
+      cast_f32_to_bf16(dh32, n, tmp.data(), ctx.stream);                    // d h_out [M, d]
+    }
     norm->backward(ctx, tmp.data(), h[layers.size()].data(), M, d_res.data());  // d h[L]
     for (size_t i = layers.size(); i-- > 0;) {
-      Layer& layer = *layers[i];
-      if (layer.moe) layer.moe->set_aux_grad_scale(grad_scale);
-      layer.ffn_backward(ctx, d_res.data(), f_in[i].data(), M, tmp.data());    // d f_in
-      layer.ffn_norm.backward(ctx, tmp.data(), h_mid[i].data(), M, tmp.data());  // FFN branch's d h_mid
-      add_bf16(d_res.data(), tmp.data(), n, d_res.data(), ctx.stream);          // d h_mid
-      layer.attn.backward(ctx, d_res.data(), a_in[i].data(), M, tmp.data());   // d a_in
-      layer.attn_norm.backward(ctx, tmp.data(), h[i].data(), M, tmp.data());   // attention branch's d h
-      add_bf16(d_res.data(), tmp.data(), n, d_res.data(), ctx.stream);          // d h[i]
+      expect_empty_scratch("backward", i);
+      layers[i]->backward(ctx, h[i].data(), M, d_res.data(), tmp.data(), grad_scale);  // d_res = d h[i]
     }
-    embedding_backward(tokens, M, d_res.data(), V, d, embed->grad, embed_ws.data(), embed_ws_bytes, ctx.stream);
+    ScratchScope scope(*arena);
+    const size_t ws_bytes = embed_ws_bytes(M);
+    void* ws = arena->take<unsigned char>(static_cast<int64_t>(ws_bytes), "embedding backward workspace");
+    embedding_backward(tokens, M, d_res.data(), V, d, embed->grad, ws, static_cast<int64_t>(ws_bytes), ctx.stream);
   }
 
   CublasLtMatmul lt;
   int64_t V, d, T, max_tokens;
-  Param* embed;                                 // [V, d]
-  std::vector<std::unique_ptr<Layer>> layers;   // L
-  std::optional<RmsNorm> norm;                  // final norm [d]
-  Param* lm_head = nullptr;                     // [V, d]
+  Param* embed;                                     // [V, d]
+  std::vector<std::unique_ptr<DecoderLayer>> layers;  // L
+  std::optional<RmsNorm> norm;                      // final norm [d]
+  Param* lm_head = nullptr;                         // [V, d]
   LmHeadCrossEntropy ce;
 
-  std::vector<DeviceArray<bf16>> h, h_mid, a_in, f_in;  // see the top of this file
-  DeviceArray<bf16> h_out;                      // [max_tokens, d] final norm output
-  DeviceArray<bf16> tmp;                        // [max_tokens, d] sub-layer output (forward) / branch grad
-  DeviceArray<bf16> d_res;                      // [max_tokens, d] residual-stream grad
-  DeviceArray<float> dh32;                      // [max_tokens, d] LM head Dgrad (FP32)
-  DeviceArray<float> loss;                      // [1] mean cross-entropy
-  DeviceArray<unsigned char> embed_ws;          // embedding_backward workspace
-  int64_t embed_ws_bytes = 0;
-  std::vector<int32_t> host_tokens, host_targets;  // [M] host copies for the range checks
+  std::vector<DeviceArray<bf16>> h;                 // L + 1 x [max_tokens, d], see the top of this file
+  DeviceArray<bf16> h_out;                          // [max_tokens, d] final norm output
+  DeviceArray<bf16> tmp;                            // [max_tokens, d] sub-layer output (forward) / branch grad
+  DeviceArray<bf16> d_res;                          // [max_tokens, d] residual-stream grad
+  DeviceArray<float> loss;                          // [1] mean cross-entropy
+  std::optional<ScratchArena> arena;                // the shared scratch (ModelContext::scratch)
+  std::vector<int32_t> host_tokens, host_targets;   // [M] host copies for the range checks
 };
 
 namespace {
@@ -216,7 +186,7 @@ const TrainerConfig& validated(const TrainerConfig& cfg) {
 
 Model::Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream) : cfg_(validated(cfg)) {
   impl_ = std::make_unique<Impl>(cfg_, store_, mem);
-  ctx_ = ModelContext{stream, &impl_->lt, &mem};
+  ctx_ = ModelContext{stream, &impl_->lt, &mem, &*impl_->arena};
   store_.allocate(mem);
 }
 
@@ -269,6 +239,18 @@ std::vector<const int32_t*> Model::last_topk_indices() const {
   for (const MoeLayer* moe : impl_->moe_layers()) out.push_back(moe->topk_idx());
   return out;
 }
+
+std::vector<LayerMemory> Model::layer_memory() const {
+  std::vector<LayerMemory> out;
+  for (size_t l = 0; l < impl_->layers.size(); ++l) out.push_back(impl_->layers[l]->memory(counted_bytes(impl_->h[l])));
+  return out;
+}
+
+size_t Model::head_activation_bytes() const {
+  return counted_bytes(impl_->h[impl_->layers.size()]) + counted_bytes(impl_->h_out) + impl_->norm->kept_bytes();
+}
+
+const ScratchArena& Model::scratch() const { return *impl_->arena; }
 
 std::vector<DispatchBytes> Model::dispatch_bytes() const {
   std::vector<DispatchBytes> out;

@@ -7,8 +7,11 @@
 //   -> RMSNorm -> LM head [V, d] -> cross-entropy (vocabulary-chunked, kernels/nn/cross_entropy.h)
 //
 // Activations kept for backward are allocated once, at construction, for micro_batch x seq_len tokens
-// (MemCategory::activations); parameters live in a ParamStore. Deterministic: the same weights and batch give
-// bitwise the same loss and gradients (no floating-point atomics on the training path).
+// (MemCategory::activations), as the recompute policy (cfg.recompute, trainer/model/recompute.h) decides; every
+// layer's scratch and what it recomputes come from one shared arena (trainer/model/scratch.h, MemCategory::
+// workspace) sized once to the largest single layer call. Parameters live in a ParamStore. Deterministic: the same
+// weights and batch give bitwise the same loss and gradients (no floating-point atomics on the training path),
+// under every recompute policy.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +28,28 @@
 namespace fp4moe {
 
 struct DispatchBytes;  // trainer/model/moe_experts.h
+class ScratchArena;    // trainer/model/scratch.h
+
+// Device memory of one decoder layer for micro_batch x seq_len tokens, in bytes as DeviceMemory counts them (each
+// buffer rounded up to 256): what it keeps from forward to backward (MemCategory::activations) by module, under the
+// model's recompute policy, and the most of the shared scratch its forward and its backward take (the arena is
+// sized to the largest over layers and the LM head). Not counted anywhere: Group Linear's own FP8 buffers and the
+// cuBLASLt workspaces (cudaMalloc'd by those classes).
+struct LayerMemory {
+  int64_t layer = 0;
+  bool moe = false;              // MoE block (else dense SwiGLU FFN)
+  size_t residual = 0;           // h[l] (the layer input, 2 d per token) and h_mid (the residual after attention,
+                                 // 2 d; not under full)
+  size_t norms = 0;              // attn_norm and ffn_norm outputs (2 d each) and the rstd of the layer's four norms
+                                 // (attn_norm, ffn_norm, MLA's q_norm and kv_norm: 4 each) with MLA's n_q, n_kv;
+                                 // 0 under layernorm and full
+  size_t attn = 0;               // MlaAttention's other tensors (mla.h)
+  size_t ffn = 0;                // the MoE block (moe.h) or the dense SwiGLU FFN (swiglu_mlp.h)
+  size_t routed_experts = 0;     // the part of ffn held by the routed experts (moe_experts.h; 0 for dense)
+  size_t scratch_forward = 0;    // the most of the shared scratch in this layer's forward
+  size_t scratch_backward = 0;   // the same in its backward (with what it recomputes)
+  size_t kept() const { return residual + norms + attn + ffn; }
+};
 
 // What one forward (and backward) produced, for logging (host values, read back before the call returns).
 struct StepStats {
@@ -76,6 +101,15 @@ class Model {
   // Per MoE layer in layer order: the bytes per routed token of its expert dispatch payload
   // (MoeRoutedExperts::dispatch_bytes, trainer/model/moe_experts.h); empty for a dense model.
   std::vector<DispatchBytes> dispatch_bytes() const;
+
+  // Per decoder layer, in order (LayerMemory above).
+  std::vector<LayerMemory> layer_memory() const;
+  // Activations kept outside the decoder layers: the final norm's input h[L] and output (2 d per token each) and
+  // its rstd (4 per token). layer_memory()'s kept() summed plus this is MemCategory::activations after construction.
+  size_t head_activation_bytes() const;
+  // The shared scratch (capacity: the most any layer call, the LM head backward or the embedding backward takes;
+  // high_water: the most used since construction).
+  const ScratchArena& scratch() const;
 
   ParamStore& params() { return store_; }
   const TrainerConfig& config() const { return cfg_; }

@@ -1,5 +1,6 @@
 #include "trainer/model/moe.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/common/check.h"
@@ -48,28 +49,47 @@ MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const TrainerCo
       d_(cfg.model.hidden),
       k_(cfg.moe.top_k),
       max_tokens_(max_tokens),
-      router_(store, prefix, cfg, max_tokens, mem),
+      policy_(layer_recompute(cfg.recompute).moe),
+      router_(store, prefix, cfg, max_tokens, mem, policy_.whole),
       experts_(store, prefix, cfg.moe.routed_experts, cfg.model.hidden, cfg.moe.expert_ffn, cfg.moe.top_k,
-               cfg.recipe.routed_experts, moe_fc2_init_std(cfg), max_tokens, mem) {
+               cfg.recipe.routed_experts, moe_fc2_init_std(cfg), max_tokens, mem, policy_) {
   if (cfg.moe.shared_experts > 0)
     shared_ = std::make_unique<SwigluMlp>(store, prefix + ".shared", d_, cfg.moe.shared_experts * cfg.moe.expert_ffn,
-                                          cfg.recipe.shared_experts, max_tokens, mem, moe_fc2_init_std(cfg));
-  scratch_ = DeviceArray<bf16>(mem, max_tokens * d_, MemCategory::workspace, prefix + " moe scratch");
-  dx32_ = DeviceArray<float>(mem, max_tokens * d_, MemCategory::workspace, prefix + " moe dx (FP32)");
-  dweights_ = DeviceArray<float>(mem, max_tokens * k_, MemCategory::workspace, prefix + " moe dweights");
+                                          cfg.recipe.shared_experts, max_tokens, mem, moe_fc2_init_std(cfg),
+                                          policy_.shared_experts);
+  // The passes below take in this order; every piece stays until the pass ends.
+  const auto rows = static_cast<size_t>(max_tokens);
+  const size_t out_bf16 = ScratchArena::rounded(rows * d_ * sizeof(bf16));
+  const size_t shared_fwd = shared_ ? out_bf16 + shared_->forward_bytes() : 0;
+  fwd_bytes_ = router_.forward_bytes() + experts_.forward_bytes() + shared_fwd;
+  const size_t rerun = (policy_.whole ? router_.forward_bytes() : 0) + experts_.recompute_bytes();
+  const size_t own = out_bf16 + ScratchArena::rounded(rows * d_ * sizeof(float)) +
+                     ScratchArena::rounded(rows * k_ * sizeof(float));
+  bwd_bytes_ = rerun + own +
+               std::max({experts_.backward_bytes(), shared_ ? shared_->backward_bytes() : 0, router_.backward_bytes()});
+}
+
+size_t MoeLayer::kept_bytes() const {
+  return router_.kept_bytes() + experts_.kept_bytes() + (shared_ ? shared_->kept_bytes() : 0);
 }
 
 void MoeLayer::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   FP4MOE_CHECK(M >= 0 && M <= max_tokens_, "MoeLayer {} forward: M must be in [0, {}] (max_tokens), got M={}",
                prefix_, max_tokens_, M);
   last_M_ = M;
-  router_.forward(ctx, x, M);  // the layer's one host synchronisation
-  if (M == 0) return;
+  if (M == 0) {
+    router_.forward(ctx, x, 0);  // no device work: empty offsets, aux 0
+    return;
+  }
   FP4MOE_CHECK(y != nullptr, "MoeLayer {} forward: null y (expected BF16 [M, {}])", prefix_, d_);
-  experts_.forward(ctx, x, router_.routing(), y);  // y = y_routed [M, d]
+  ScratchArena& arena = scratch_of(ctx, "MoeLayer " + prefix_);
+  ScratchScope scope(arena);
+  router_.forward(ctx, x, M);                       // the layer's one host synchronisation
+  experts_.forward(ctx, x, router_.routing(), y);   // y = y_routed [M, d]
   if (shared_) {
-    shared_->forward(ctx, x, M, scratch_.data());              // y_shared [M, d]
-    add_bf16(y, scratch_.data(), M * d_, y, ctx.stream);        // y = y_routed + y_shared
+    bf16* y_shared = arena.take<bf16>(M * d_, "MoE shared experts output");
+    shared_->forward(ctx, x, M, y_shared);           // y_shared [M, d]
+    add_bf16(y, y_shared, M * d_, y, ctx.stream);    // y = y_routed + y_shared
   }
 }
 
@@ -80,13 +100,21 @@ void MoeLayer::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_
     return;
   }
   FP4MOE_CHECK(dy && x && dx, "MoeLayer {} backward: dy, x and dx [M, {}] must not be null", prefix_, d_);
+  ScratchArena& arena = scratch_of(ctx, "MoeLayer " + prefix_);
+  ScratchScope scope(arena);
+  // moe/full: the router again (deterministic: the same experts, weights and offsets), then the experts' tensors;
+  // moe_act: the experts' swiglu output.
+  if (!router_.ready(arena)) router_.forward(ctx, x, M);
   const MoeRouting routing = router_.routing();
-  bf16* dx_routed = scratch_.data();
-  experts_.backward(ctx, dy, routing, dx_routed, dweights_.data());     // dx_routed [M, d], dweights [M, k]
-  cast_bf16_to_f32(dx_routed, M * d_, dx32_.data(), ctx.stream);         // dx32 = dx_routed
-  if (shared_) shared_->backward(ctx, dy, x, M, LinearGradOut{dx32_.data(), true, true});  // dx32 += shared
-  router_.backward(ctx, dweights_.data(), x, M, aux_grad_scale_, dx32_.data());             // dx32 += router
-  cast_f32_to_bf16(dx32_.data(), M * d_, dx, ctx.stream);
+  experts_.recompute(ctx, x, routing);
+  bf16* dx_routed = arena.take<bf16>(M * d_, "MoE routed experts dx");
+  float* dx32 = arena.take<float>(M * d_, "MoE dx (FP32)");
+  float* dweights = arena.take<float>(M * k_, "MoE top-k weights grad");
+  experts_.backward(ctx, dy, routing, dx_routed, dweights);                // dx_routed [M, d], dweights [M, k]
+  cast_bf16_to_f32(dx_routed, M * d_, dx32, ctx.stream);                   // dx32 = dx_routed
+  if (shared_) shared_->backward(ctx, dy, x, M, LinearGradOut{dx32, true, true});  // dx32 += shared
+  router_.backward(ctx, dweights, x, M, aux_grad_scale_, dx32);            // dx32 += router
+  cast_f32_to_bf16(dx32, M * d_, dx, ctx.stream);
 }
 
 }  // namespace fp4moe

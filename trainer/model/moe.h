@@ -22,10 +22,22 @@
 // Recipes: routed experts cfg.recipe.routed_experts (bf16, fp8, mxfp4 through GroupLinear); shared experts
 // cfg.recipe.shared_experts (Linear: bf16 only for now); the router stays BF16 x BF16 -> FP32.
 //
-// Memory: activations and scratch sized at construction for max_tokens tokens (see the member comments of this
-// file, moe_router.h and moe_experts.h). M = 0 is a no-op (no device work); experts with no token are skipped.
+// Memory. Kept from forward to backward (MemCategory::activations, sized at construction for max_tokens tokens): the
+// router's (moe_router.h), the routed experts' (moe_experts.h) and the shared experts' (swiglu_mlp.h); the block's
+// input x is the caller's. Per token, bf16 recipes, no policy: router 4 E + 8 k; routed experts k (4 + 6 d + 6 f);
+// shared experts 6 s f. Recompute (trainer/model/recompute.h, MoeRecompute):
+//   moe_act         drops the routed experts' a (2 f k; mxfp4: its MXFP4 copy, 17 f k / 32)
+//   shared_experts  drops the shared experts' h and a (6 s f)
+//   moe, full       keeps only the router's topk_idx (4 k per token) and its per-layer counts: backward reruns the
+//                   router (a second host synchronisation: the same offsets), the routed experts up to their fc2
+//                   output and the shared experts' fc1 and swiglu, into the scratch.
+// Scratch (ModelContext::scratch, per call): forward the router's and experts' takes and the shared output [M, d]
+// BF16; backward what is recomputed, dx_routed [M, d] BF16, dx32 [M, d] FP32, dweights [M, k] FP32, then the
+// larger of the routed experts', shared experts' and router's backward scratch. M = 0 is a no-op (no device
+// work); experts with no token are skipped.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,6 +49,8 @@
 #include "trainer/model/moe_experts.h"
 #include "trainer/model/moe_router.h"
 #include "trainer/model/params.h"
+#include "trainer/model/recompute.h"
+#include "trainer/model/scratch.h"
 #include "trainer/model/swiglu_mlp.h"
 
 namespace fp4moe {
@@ -54,17 +68,18 @@ float moe_fc2_init_std(const TrainerConfig& cfg);
 
 class MoeLayer {
  public:
-  // Shapes from cfg.model.hidden and cfg.moe; rejects (fp4moe::Error) what check_moe_layer_config rejects, before
-  // registering or allocating anything, and later a shared-experts recipe that Linear does not build (bf16 only).
+  // Shapes from cfg.model.hidden and cfg.moe, recompute policy from cfg.recompute (layer_recompute); rejects
+  // (fp4moe::Error) what check_moe_layer_config rejects, before registering or allocating anything, and later a
+  // shared-experts recipe that Linear does not build.
   MoeLayer(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
            DeviceMemory& mem);
 
   // x [M, d] BF16 -> y [M, d] BF16 (overwritten; must not overlap x). 0 <= M <= max_tokens. Synchronises the
   // stream once (the routing counts, above).
   void forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
-  // dy [M, d], x the pointer forward saw (still valid) -> dx [M, d] BF16 (overwritten, written last); every
-  // parameter grad of the layer += (FP32). M must equal the last forward's. The v2 balance loss is
-  // differentiated with upstream gradient aux_grad_scale (set_aux_grad_scale).
+  // dy [M, d], x the pointer forward saw (the same values) -> dx [M, d] BF16 (overwritten, written last); every
+  // parameter grad of the layer += (FP32). M must equal the last forward's. Recomputes first what the policy did
+  // not keep. The v2 balance loss is differentiated with upstream gradient aux_grad_scale (set_aux_grad_scale).
   void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx);
 
   // The v2 balance loss of the last forward (alpha already applied; 0 for v3 and for M = 0). Host value, no sync.
@@ -85,18 +100,25 @@ class MoeLayer {
   const MoeRouter& router() const { return router_; }
   const MoeRoutedExperts& experts() const { return experts_; }
   const SwigluMlp* shared() const { return shared_.get(); }  // null without shared experts
+  const MoeRecompute& recompute() const { return policy_; }
+
+  // Activations kept from forward to backward (router, routed and shared experts), as DeviceMemory counts them.
+  size_t kept_bytes() const;
+  // Scratch for M = max_tokens taken by forward and by backward; scratch_bytes() the larger.
+  size_t forward_bytes() const { return fwd_bytes_; }
+  size_t backward_bytes() const { return bwd_bytes_; }
+  size_t scratch_bytes() const { return std::max(fwd_bytes_, bwd_bytes_); }
 
  private:
   std::string prefix_;
   int64_t d_, k_, max_tokens_;
+  MoeRecompute policy_;
   float aux_grad_scale_ = 1.0f;
   int64_t last_M_ = -1;
   MoeRouter router_;
   MoeRoutedExperts experts_;
   std::unique_ptr<SwigluMlp> shared_;
-  DeviceArray<bf16> scratch_;      // [max_tokens, d] shared output (forward), dx_routed (backward)  (workspace)
-  DeviceArray<float> dx32_;        // [max_tokens, d] FP32 sum of the dx contributions              (workspace)
-  DeviceArray<float> dweights_;    // [max_tokens, k] FP32 gradient of the router's top-k weights   (workspace)
+  size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
 };
 
 }  // namespace fp4moe

@@ -1,5 +1,7 @@
 #include "trainer/model/moe_experts.h"
 
+#include <type_traits>
+
 #include "kernels/common/check.h"
 #include "kernels/nn/permute.h"
 #include "kernels/nn/swiglu.h"
@@ -24,7 +26,7 @@ GroupLinearRecipe group_linear_recipe(Recipe r) {
 
 MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix, int64_t E, int64_t d, int64_t f,
                                    int64_t k, Recipe recipe, float fc2_init_std, int64_t max_tokens,
-                                   DeviceMemory& mem)
+                                   DeviceMemory& mem, MoeRecompute recompute)
     : prefix_(prefix),
       E_(E),
       d_(d),
@@ -32,6 +34,8 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
       k_(k),
       max_tokens_(max_tokens),
       recipe_(recipe),
+      whole_(recompute.whole),
+      act_(recompute.act),
       w1_(nullptr),
       w2_(nullptr),
       fc1_(E, 2 * f, d, group_linear_recipe(recipe)),  // checks E, d, f before anything is registered
@@ -43,40 +47,87 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
   w1_ = &store.add(prefix + ".experts.fc1", {E, 2 * f, d}, ParamInit::normal, kInitStd, /*decay=*/true);
   w2_ = &store.add(prefix + ".experts.fc2", {E, d, f}, ParamInit::normal, fc2_init_std, /*decay=*/true);
   const int64_t R = max_tokens * k;
-  const bool bf16_kept = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4;
-  const MemCategory kept = bf16_kept ? MemCategory::activations : MemCategory::workspace;
-  const MemCategory act = MemCategory::activations, ws = MemCategory::workspace;
-  row_of_ = DeviceArray<int32_t>(mem, R, act, prefix + " experts row_of");
-  assignment_of_ = DeviceArray<int32_t>(mem, R, act, prefix + " experts assignment_of");
-  xs_ = DeviceArray<bf16>(mem, R * d, kept, prefix + " experts permuted input");
-  h_ = DeviceArray<bf16>(mem, R * 2 * f, act, prefix + " experts fc1 output");
-  a_ = DeviceArray<bf16>(mem, R * f, kept, prefix + " experts swiglu output");
-  ys_ = DeviceArray<bf16>(mem, R * d, act, prefix + " experts fc2 output");
-  if (mx) {
-    xs_codes_ = DeviceArray<uint8_t>(mem, R * d / 2, act, prefix + " experts permuted input MXFP4 codes");
-    xs_scales_ = DeviceArray<uint8_t>(mem, R * d / kMxBlock, act, prefix + " experts permuted input MXFP4 scales");
-    a_codes_ = DeviceArray<uint8_t>(mem, R * f / 2, act, prefix + " experts swiglu output MXFP4 codes");
-    a_scales_ = DeviceArray<uint8_t>(mem, R * f / kMxBlock, act, prefix + " experts swiglu output MXFP4 scales");
+  const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, keep = !whole_, keep_a = keep && !act_;
+  auto kept = [&](auto tag, bool on, int64_t n, const std::string& what) {
+    using T = decltype(tag);
+    return on ? DeviceArray<T>(mem, n, MemCategory::activations, prefix + " experts " + what) : DeviceArray<T>();
+  };
+  row_of_ = kept(int32_t{}, keep, R, "row_of");
+  xs_ = kept(bf16{}, keep && bf, R * d, "permuted input");
+  h_ = kept(bf16{}, keep, R * 2 * f, "fc1 output");
+  a_ = kept(bf16{}, keep_a && bf, R * f, "swiglu output");
+  ys_ = kept(bf16{}, keep, R * d, "fc2 output");
+  xs_codes_ = kept(uint8_t{}, keep && mx, R * d / 2, "permuted input MXFP4 codes");
+  xs_scales_ = kept(uint8_t{}, keep && mx, R * d / kMxBlock, "permuted input MXFP4 scales");
+  a_codes_ = kept(uint8_t{}, keep_a && mx, R * f / 2, "swiglu output MXFP4 codes");
+  a_scales_ = kept(uint8_t{}, keep_a && mx, R * f / kMxBlock, "swiglu output MXFP4 scales");
+
+  ScratchArena m;  // the passes' binding code on a measuring arena, for R = R_max
+  Tensors t = bind_all(m, R);
+  fwd_bytes_ = m.used();
+  m.release(ScratchArena::Mark{});
+  if (whole_) {
+    recompute_bytes_ = fwd_bytes_;
+  } else if (needs_recompute()) {
+    bind_act(m, R, t);
+    recompute_bytes_ = m.used();
   }
-  drows_ = DeviceArray<bf16>(mem, R * d, ws, prefix + " experts row grads");
-  da_ = DeviceArray<bf16>(mem, R * f, ws, prefix + " experts swiglu output grad");
-  dh_ = DeviceArray<bf16>(mem, R * 2 * f, ws, prefix + " experts fc1 output grad");
+  bwd_bytes_ = ScratchArena::rounded(static_cast<size_t>(R * d) * sizeof(bf16)) +
+               ScratchArena::rounded(static_cast<size_t>(R * f) * sizeof(bf16)) +
+               ScratchArena::rounded(static_cast<size_t>(R * 2 * f) * sizeof(bf16));
 }
 
+size_t MoeRoutedExperts::kept_bytes() const {
+  return counted_bytes(row_of_) + counted_bytes(xs_) + counted_bytes(h_) + counted_bytes(a_) + counted_bytes(ys_) +
+         counted_bytes(xs_codes_) + counted_bytes(xs_scales_) + counted_bytes(a_codes_) + counted_bytes(a_scales_);
+}
+
+// From the recipe's row layout: the sizes the permuted-input buffers hold per row (bf16 xs, mxfp4 xs codes and
+// scales, fp8 fc1's FP8 row buffer), whether or not the recompute policy keeps them.
 DispatchBytes MoeRoutedExperts::dispatch_bytes() const {
   const int64_t R = max_tokens_ * k_;
   if (R == 0) return {};
   const double rows = static_cast<double>(R);
   switch (recipe_) {
-    case Recipe::bf16: return {static_cast<double>(xs_.bytes()) / rows, 0.0};
+    case Recipe::bf16: return {static_cast<double>(R * d_ * static_cast<int64_t>(sizeof(bf16))) / rows, 0.0};
     case Recipe::fp8:  // the size of fc1's FP8 row buffer for R rows (GroupLinear::forward, group_linear.cpp)
       return {static_cast<double>(R * d_) / rows,
               static_cast<double>(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(R, d_))) / rows};
     case Recipe::mxfp4:
-      return {static_cast<double>(xs_codes_.bytes()) / rows, static_cast<double>(xs_scales_.bytes()) / rows};
+      return {static_cast<double>(R * d_ / 2) / rows, static_cast<double>(R * d_ / kMxBlock) / rows};
   }
   FP4MOE_CHECK(false, "MoeRoutedExperts {}: unknown recipe {}", prefix_, static_cast<int>(recipe_));
   return {};
+}
+
+MoeRoutedExperts::Tensors MoeRoutedExperts::bind_all(ScratchArena& a, int64_t R) {
+  const bool bf = recipe_ == Recipe::bf16, mx = recipe_ == Recipe::mxfp4, keep = !whole_, keep_a = keep && !act_;
+  auto pick = [&](auto* kept_ptr, bool on, int64_t n, const char* what) {
+    using T = std::remove_pointer_t<decltype(kept_ptr)>;
+    return on ? kept_ptr : a.take<T>(n, what);
+  };
+  Tensors t;
+  t.row_of = pick(row_of_.data(), keep, R, "experts row_of");
+  t.assignment_of = a.take<int32_t>(R, "experts assignment_of");
+  t.xs = pick(xs_.data(), keep && bf, R * d_, "experts permuted input");
+  t.h = pick(h_.data(), keep, R * 2 * f_, "experts fc1 output");
+  t.a = pick(a_.data(), keep_a && bf, R * f_, "experts swiglu output");
+  t.ys = pick(ys_.data(), keep, R * d_, "experts fc2 output");
+  if (mx) {
+    t.xs_codes = pick(xs_codes_.data(), keep, R * d_ / 2, "experts permuted input MXFP4 codes");
+    t.xs_scales = pick(xs_scales_.data(), keep, R * d_ / kMxBlock, "experts permuted input MXFP4 scales");
+    t.a_codes = pick(a_codes_.data(), keep_a, R * f_ / 2, "experts swiglu output MXFP4 codes");
+    t.a_scales = pick(a_scales_.data(), keep_a, R * f_ / kMxBlock, "experts swiglu output MXFP4 scales");
+  }
+  return t;
+}
+
+void MoeRoutedExperts::bind_act(ScratchArena& a, int64_t R, Tensors& t) {
+  t.a = a.take<bf16>(R * f_, "experts swiglu output (recomputed)");
+  if (recipe_ == Recipe::mxfp4) {
+    t.a_codes = a.take<uint8_t>(R * f_ / 2, "experts swiglu output MXFP4 codes (recomputed)");
+    t.a_scales = a.take<uint8_t>(R * f_ / kMxBlock, "experts swiglu output MXFP4 scales (recomputed)");
+  }
 }
 
 GroupLinearInput MoeRoutedExperts::quantized_input(const bf16* rows, int64_t R, int64_t K, uint8_t* codes,
@@ -87,22 +138,49 @@ GroupLinearInput MoeRoutedExperts::quantized_input(const bf16* rows, int64_t R, 
 }
 
 void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRouting& r, bf16* y) {
-  const int64_t M = r.M, R = M * k_;
+  const int64_t M = r.M;
   FP4MOE_CHECK(M >= 1 && M <= max_tokens_ && r.E == E_ && r.k == k_,
                "MoeRoutedExperts {} forward: expected 1 <= M <= {} with E={} k={}, got M={} E={} k={}", prefix_,
                max_tokens_, E_, k_, M, r.E, r.k);
   FP4MOE_CHECK(x && y, "MoeRoutedExperts {} forward: x [M, {}] and y [M, {}] must not be null", prefix_, d_, d_);
   last_M_ = M;
+  ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);  // takes stay in the caller's scope
+  t_ = bind_all(arena, M * k_);
+  fc1_.set_weights(w1_->param, ctx.stream);
+  fc2_.set_weights(w2_->param, ctx.stream);
+  run_to_ys(ctx, x, r, t_);
+  unpermute_forward(t_.ys, r.topk_weight, t_.row_of, M, k_, d_, y, ctx.stream);  // y [M, d]
+  stamp_ = arena.stamp();
+}
+
+void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRouting& r, const Tensors& t) {
+  const int64_t M = r.M, R = M * k_;
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
-  permute_map(r.topk_idx, r.offsets, M, k_, E_, row_of_.data(), assignment_of_.data(), s);
-  permute_forward(x, assignment_of_.data(), M, k_, d_, xs_.data(), s);  // xs [R, d]
-  fc1_.set_weights(w1_->param, s);
-  fc2_.set_weights(w2_->param, s);
-  fc1_.forward(quantized_input(xs_.data(), R, d_, xs_codes_.data(), xs_scales_.data(), s), split, h_.data(), s);
-  swiglu_forward(h_.data(), R, f_, a_.data(), s);  // a [R, f]
-  fc2_.forward(quantized_input(a_.data(), R, f_, a_codes_.data(), a_scales_.data(), s), split, ys_.data(), s);
-  unpermute_forward(ys_.data(), r.topk_weight, row_of_.data(), M, k_, d_, y, s);  // y [M, d]
+  permute_map(r.topk_idx, r.offsets, M, k_, E_, t.row_of, t.assignment_of, s);
+  permute_forward(x, t.assignment_of, M, k_, d_, t.xs, s);  // xs [R, d]
+  fc1_.forward(quantized_input(t.xs, R, d_, t.xs_codes, t.xs_scales, s), split, t.h, s);  // h [R, 2f]
+  swiglu_forward(t.h, R, f_, t.a, s);  // a [R, f]
+  fc2_.forward(quantized_input(t.a, R, f_, t.a_codes, t.a_scales, s), split, t.ys, s);  // ys [R, d]
+}
+
+void MoeRoutedExperts::recompute(ModelContext& ctx, const bf16* x, const MoeRouting& r) {
+  const int64_t M = r.M, R = M * k_;
+  FP4MOE_CHECK(M == last_M_ && r.E == E_ && r.k == k_,
+               "MoeRoutedExperts {} recompute: expected the last forward's M={} (E={} k={}), got M={} E={} k={}",
+               prefix_, last_M_, E_, k_, M, r.E, r.k);
+  ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
+  if (ready(arena)) return;
+  if (whole_) {  // the forward again (the weights' FP8 copies of this step are still in fc1_, fc2_)
+    FP4MOE_CHECK(x != nullptr, "MoeRoutedExperts {} recompute: null x (expected BF16 [M, {}])", prefix_, d_);
+    t_ = bind_all(arena, R);
+    run_to_ys(ctx, x, r, t_);
+  } else {  // moe_act: a = swiglu(h) again (and its MXFP4 copy), where fc2's Wgrad will read it
+    bind_act(arena, R, t_);
+    swiglu_forward(t_.h, R, f_, t_.a, ctx.stream);
+    fc2_.rebind_input(quantized_input(t_.a, R, f_, t_.a_codes, t_.a_scales, ctx.stream));
+  }
+  stamp_ = arena.stamp();
 }
 
 void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRouting& r, bf16* dx, float* dweights) {
@@ -111,14 +189,20 @@ void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRout
                last_M_, M);
   FP4MOE_CHECK(dy && dx && dweights, "MoeRoutedExperts {} backward: dy, dx [M, {}] and dweights [M, {}] must not "
                "be null", prefix_, d_, k_);
+  ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
+  FP4MOE_CHECK(ready(arena), "MoeRoutedExperts {} backward: the tensors the recompute policy does not keep are gone "
+               "(call recompute() in the backward's scratch scope first)", prefix_);
+  ScratchScope scope(arena);
+  bf16* drows = arena.take<bf16>(R * d_, "experts d rows");
+  bf16* da = arena.take<bf16>(R * f_, "experts d a");
+  bf16* dh = arena.take<bf16>(R * 2 * f_, "experts d h");
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
-  bf16* drows = drows_.data();
-  unpermute_backward(dy, ys_.data(), r.topk_weight, row_of_.data(), M, k_, d_, drows, dweights, s);  // dys [R, d]
-  fc2_.backward(drows, split, da_.data(), w2_->grad, s);                                             // da [R, f]
-  swiglu_backward(da_.data(), h_.data(), R, f_, dh_.data(), s);                                      // dh [R, 2f]
-  fc1_.backward(dh_.data(), split, drows, w1_->grad, s);                                             // dxs [R, d]
-  permute_backward(drows, row_of_.data(), M, k_, d_, dx, s);                                         // dx [M, d]
+  unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys [R, d]
+  fc2_.backward(drows, split, da, w2_->grad, s);                                          // da [R, f]
+  swiglu_backward(da, t_.h, R, f_, dh, s);                                                // dh [R, 2f]
+  fc1_.backward(dh, split, drows, w1_->grad, s);                                          // dxs [R, d]
+  permute_backward(drows, t_.row_of, M, k_, d_, dx, s);                                   // dx [M, d]
 }
 
 }  // namespace fp4moe

@@ -10,15 +10,32 @@
 //
 // Recipe (cfg.recipe.routed_experts, kernels/gemm/group_linear.h):
 //   bf16  xs and a are kept as BF16 (GroupLinear's Wgrad reads the caller's X).
-//   fp8   GroupLinear keeps its own FP8 column copies of X; xs and a are scratch.
+//   fp8   GroupLinear keeps its own FP8 column copies of X; xs and a are forward-only scratch.
 //   mxfp4 xs and a are quantized to MXFP4 rows (bf16_to_mxfp4_row, OCP floor scales, RNE) and kept in that form
 //         only (GroupLinear converts them directly to FP8 for Fprop and Wgrad); xs and a in BF16 are scratch.
 //         On one device the permuted rows are quantized, which gives the codes that quantizing x before an
 //         expert-parallel dispatch would (the rule is per row).
 // The fp8/mxfp4 recipes quantize the expert weights in every forward (GroupLinear::set_weights: the BF16
-// parameters change after each optimizer step). GroupLinear's own buffers (FP8 copies, cuBLASLt workspace) come
-// from cudaMalloc inside kernels/gemm and are not counted by DeviceMemory.
+// parameters change after each optimizer step; a recompute in backward reuses them). GroupLinear's own buffers
+// (FP8 copies, cuBLASLt workspace) come from cudaMalloc inside kernels/gemm and are not counted by DeviceMemory.
 // Experts that receive no token are skipped by the grouped GEMMs (their grads stay unchanged).
+//
+// Memory. Kept from forward to backward (MemCategory::activations), bytes per token (R = k rows per token):
+//   always        row_of 4 k, h 4 f k (fc1 output), ys 2 d k (fc2 output, for the top-k weights' gradient)
+//   bf16          + xs 2 d k + a 2 f k
+//   fp8           nothing more (GroupLinear's FP8 column copies of xs and a, about (d + f) k bytes plus scales,
+//                 live outside DeviceMemory)
+//   mxfp4         + xs as MXFP4 d k (1/2 + 1/32) + a as MXFP4 f k (1/2 + 1/32)
+// Recompute (trainer/model/recompute.h):
+//   moe_act  a is not kept: backward reruns swiglu(h) into the scratch; with mxfp4 it is the MXFP4 copy of a that is
+//            not kept: backward reruns swiglu into BF16 scratch and quantizes it again (the same codes and scales,
+//            the rule is deterministic per row), and fc2's Wgrad reads that copy (GroupLinear::rebind_input); fp8:
+//            no change (a is never kept here).
+//   whole    (moe, full) nothing is kept: backward reruns permute, fc1, swiglu and fc2 (not the unpermute) on the
+//            same routing into the scratch.
+// Scratch (ModelContext::scratch): forward takes assignment_of [R] int32 and every tensor not kept, in the caller's
+// scope; recompute() the same for whole (for moe_act: a, and its MXFP4 copy); backward dys/dxs [R, d], da [R, f]
+// and dh [R, 2f] BF16 in its own scope.
 #pragma once
 
 #include <cstdint>
@@ -31,13 +48,16 @@
 #include "trainer/model/context.h"
 #include "trainer/model/moe_router.h"
 #include "trainer/model/params.h"
+#include "trainer/model/recompute.h"
+#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 
 GroupLinearRecipe group_linear_recipe(Recipe r);
 
 // Bytes per routed token (one row of the permuted input xs: one (token, expert) pair) of the expert-parallel
-// dispatch payload in a layer's recipe (DESIGN.md "Expert parallelism"), read off the buffers sized for it:
+// dispatch payload in a layer's recipe (DESIGN.md "Expert parallelism"), from the row layout of the buffers that
+// hold it (computed from the shapes: the same whether or not the recompute policy keeps them):
 //   bf16   xs itself, [R, d] BF16:                                            payload 2 d, scales 0
 //   fp8    the FP8 1x128 row copy of xs that fc1's GroupLinear makes for Fprop (group_linear.cpp sizes it
 //          R d E4M3 codes + fp8_row_scale_count(R, d) FP32 scales, layouts.h): payload d, scales ~ 4 ceil(d/128).
@@ -54,15 +74,24 @@ struct DispatchBytes {
 
 class MoeRoutedExperts {
  public:
-  // E experts of width f on hidden d, top-k; fc1 init N(0, 0.02^2), fc2 N(0, fc2_init_std^2).
-  // Rejects (fp4moe::Error): what GroupLinear rejects (d, f multiples of 16; of 32 for mxfp4), max_tokens < 0.
+  // E experts of width f on hidden d, top-k; fc1 init N(0, 0.02^2), fc2 N(0, fc2_init_std^2); recompute: whole
+  // and act (MoeRecompute's, above; shared_experts is MoeLayer's). Rejects (fp4moe::Error): what GroupLinear
+  // rejects (d, f multiples of 16; of 32 for mxfp4), max_tokens < 0.
   MoeRoutedExperts(ParamStore& store, const std::string& prefix, int64_t E, int64_t d, int64_t f, int64_t k,
-                   Recipe recipe, float fc2_init_std, int64_t max_tokens, DeviceMemory& mem);
+                   Recipe recipe, float fc2_init_std, int64_t max_tokens, DeviceMemory& mem,
+                   MoeRecompute recompute = {});
 
   // x [M, d] BF16 with the router's routing for the same M (1 <= M <= max_tokens) -> y [M, d] BF16 (overwritten).
+  // Takes its scratch in the caller's scope.
   void forward(ModelContext& ctx, const bf16* x, const MoeRouting& routing, bf16* y);
+  // Whether backward can run now: what it reads is kept, or a forward/recompute in a scope still open left it.
+  bool ready(const ScratchArena& arena) const { return !needs_recompute() || arena.alive(stamp_); }
+  // Rebuilds, in the caller's scope, what the policy does not keep (above), for a backward in that scope: x and the
+  // routing must be the forward's (MoeLayer reruns the router first under whole). A no-op when ready().
+  void recompute(ModelContext& ctx, const bf16* x, const MoeRouting& routing);
   // dy [M, d] BF16 -> dx [M, d] BF16 (overwritten: the routed experts' part of d x), dweights [M, k] FP32
-  // (overwritten: the gradient of topk_weight); expert grads +=. Same routing as the forward.
+  // (overwritten: the gradient of topk_weight); expert grads +=. Same routing as the forward; rejects a backward
+  // that is not ready().
   void backward(ModelContext& ctx, const bf16* dy, const MoeRouting& routing, bf16* dx, float* dweights);
 
   // The dispatch payload of this layer per routed token (DispatchBytes above).
@@ -70,31 +99,50 @@ class MoeRoutedExperts {
 
   const Param& fc1_weight() const { return *w1_; }
   const Param& fc2_weight() const { return *w2_; }
+  size_t kept_bytes() const;  // activations kept from forward to backward, as DeviceMemory counts them
+  // Scratch for M = max_tokens: left in the caller's scope by forward and by recompute (0 when nothing is
+  // recomputed), and taken by backward in its own scope.
+  size_t forward_bytes() const { return fwd_bytes_; }
+  size_t recompute_bytes() const { return recompute_bytes_; }
+  size_t backward_bytes() const { return bwd_bytes_; }
 
  private:
+  struct Tensors {
+    int32_t *row_of = nullptr, *assignment_of = nullptr;
+    bf16 *xs = nullptr, *h = nullptr, *a = nullptr, *ys = nullptr;
+    uint8_t *xs_codes = nullptr, *xs_scales = nullptr, *a_codes = nullptr, *a_scales = nullptr;
+  };
+  bool needs_recompute() const { return whole_ || (act_ && recipe_ != Recipe::fp8); }
+  // Kept buffers, and takes from `arena` for the rest (a measuring arena gives null and counts): the whole set, or
+  // only a (and its MXFP4 copy) for moe_act's recompute.
+  Tensors bind_all(ScratchArena& arena, int64_t R);
+  void bind_act(ScratchArena& arena, int64_t R, Tensors& t);
+  // permute, fc1, swiglu, fc2 into t (not the unpermute).
+  void run_to_ys(ModelContext& ctx, const bf16* x, const MoeRouting& r, const Tensors& t);
   GroupLinearInput quantized_input(const bf16* rows, int64_t R, int64_t K, uint8_t* codes, uint8_t* scales,
                                    cudaStream_t stream) const;
 
   std::string prefix_;
   int64_t E_, d_, f_, k_, max_tokens_;
   Recipe recipe_;
+  bool whole_, act_;
   Param *w1_, *w2_;
   GroupLinear fc1_, fc2_;
   int64_t last_M_ = -1;
-  // R_max = max_tokens * k rows.
-  DeviceArray<int32_t> row_of_;         // [R_max] row of assignment t*k + j                     (activations)
-  DeviceArray<int32_t> assignment_of_;  // [R_max] assignment of row r                            (activations)
-  DeviceArray<bf16> xs_;                // [R_max, d] permuted x, fc1 input   (bf16: activations; else workspace)
-  DeviceArray<bf16> h_;                 // [R_max, 2f] fc1 output, gate | up                      (activations)
-  DeviceArray<bf16> a_;                 // [R_max, f] swiglu output, fc2 input (bf16: activations; else workspace)
-  DeviceArray<bf16> ys_;                // [R_max, d] fc2 output, read by unpermute_backward      (activations)
-  DeviceArray<uint8_t> xs_codes_;       // mxfp4: [R_max, d/2] E2M1 codes of xs                   (activations)
-  DeviceArray<uint8_t> xs_scales_;      // mxfp4: [R_max, d/32] UE8M0 scales of xs                (activations)
-  DeviceArray<uint8_t> a_codes_;        // mxfp4: [R_max, f/2] E2M1 codes of a                    (activations)
-  DeviceArray<uint8_t> a_scales_;       // mxfp4: [R_max, f/32] UE8M0 scales of a                 (activations)
-  DeviceArray<bf16> drows_;             // [R_max, d] dys, then dxs                               (workspace)
-  DeviceArray<bf16> da_;                // [R_max, f] d a                                         (workspace)
-  DeviceArray<bf16> dh_;                // [R_max, 2f] d h                                        (workspace)
+  Tensors t_;                 // the tensors of the last forward / recompute
+  uint64_t stamp_ = 0;        // scratch stamp of the last forward / recompute
+  size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0;
+  // Kept (MemCategory::activations), R_max = max_tokens * k rows; empty when not kept (Memory, above). Scratch
+  // always: assignment_of [R] int32 (permute_forward only), xs BF16 for fp8/mxfp4, a BF16 for fp8/mxfp4.
+  DeviceArray<int32_t> row_of_;         // [R_max] row of assignment t*k + j
+  DeviceArray<bf16> xs_;                // [R_max, d] permuted x, fc1 input                       (bf16)
+  DeviceArray<bf16> h_;                 // [R_max, 2f] fc1 output, gate | up
+  DeviceArray<bf16> a_;                 // [R_max, f] swiglu output, fc2 input                   (bf16)
+  DeviceArray<bf16> ys_;                // [R_max, d] fc2 output, read by unpermute_backward
+  DeviceArray<uint8_t> xs_codes_;       // [R_max, d/2] E2M1 codes of xs                          (mxfp4)
+  DeviceArray<uint8_t> xs_scales_;      // [R_max, d/32] UE8M0 scales of xs                       (mxfp4)
+  DeviceArray<uint8_t> a_codes_;        // [R_max, f/2] E2M1 codes of a                           (mxfp4)
+  DeviceArray<uint8_t> a_scales_;       // [R_max, f/32] UE8M0 scales of a                        (mxfp4)
 };
 
 }  // namespace fp4moe

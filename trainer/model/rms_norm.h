@@ -3,8 +3,12 @@
 //
 //   y [M, C] = x * rstd * weight,  weight "<name>" [C] BF16 param / FP32 master and grad, init ones, no decay.
 //
-// Kept from forward to backward: rstd [max_tokens] FP32 (MemCategory::activations). x is not copied: backward
-// takes the pointer forward saw. Scratch: the dweight partial sums of rmsnorm_backward (MemCategory::workspace).
+// Kept from forward to backward: rstd [max_tokens] FP32, 4 bytes per token (MemCategory::activations), unless the
+// layer is built with keep_rstd = false (the `layernorm` and `full` recompute policies, trainer/model/recompute.h):
+// then forward saves nothing and the caller reruns the norm with recompute() before backward, which takes rstd from
+// the shared scratch in the caller's scope. The norm's output y is the caller's (kept or recomputed by it). x is not
+// copied: backward takes the pointer forward saw. Scratch (ModelContext::scratch): the dweight partial sums of
+// rmsnorm_backward, in backward only.
 #pragma once
 
 #include <cstdint>
@@ -20,25 +24,41 @@ namespace fp4moe {
 class RmsNorm {
  public:
   // C >= 1 features, eps > 0, max_tokens >= 0 rows per forward. Registers "<name>" [C].
-  RmsNorm(ParamStore& store, const std::string& name, int64_t C, float eps, int64_t max_tokens, DeviceMemory& mem);
+  RmsNorm(ParamStore& store, const std::string& name, int64_t C, float eps, int64_t max_tokens, DeviceMemory& mem,
+          bool keep_rstd = true);
 
-  // x [M, C] BF16 -> y [M, C] BF16 (y may be x). 0 <= M <= max_tokens; M = 0 does nothing. Keeps rstd [M].
+  // x [M, C] BF16 -> y [M, C] BF16 (y may be x). 0 <= M <= max_tokens; M = 0 does nothing. Keeps rstd [M] when
+  // keep_rstd (else saves nothing). Takes no scratch.
   void forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
-  // dy [M, C], x as in forward -> dx [M, C] BF16 (overwritten; may be dy); weight grad += (FP32). M must equal
-  // the last forward's.
+  // The same forward, for a backward that follows in the caller's current scratch scope: with keep_rstd it is
+  // forward(); else rstd [M] FP32 is taken from ctx.scratch and left in the caller's scope (recompute_bytes).
+  void recompute(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
+  // dy [M, C], x as in forward -> dx [M, C] BF16 (overwritten; may be dy); weight grad += (FP32). M must equal the
+  // last forward's; without keep_rstd, a recompute() in a scratch scope still open must come first (else
+  // fp4moe::Error).
   void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx);
 
   int64_t features() const { return C_; }
   const Param& weight() const { return *w_; }
+  bool keeps_rstd() const { return keep_rstd_; }
+  size_t kept_bytes() const { return counted_bytes(rstd_); }  // activations held from forward to backward
+  // Scratch for M = max_tokens: left in the caller's scope by recompute() (0 with keep_rstd), and taken by
+  // backward inside its own scope.
+  size_t recompute_bytes() const;
+  size_t backward_bytes() const;
 
  private:
+  void run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd);
+
   std::string name_;
   int64_t C_, max_tokens_;
   float eps_;
+  bool keep_rstd_;
   Param* w_;
   int64_t last_M_ = -1;
-  DeviceArray<float> rstd_;       // [max_tokens] FP32 1 / rms of each row            (activations)
-  DeviceArray<float> workspace_;  // [rmsnorm_backward_workspace_floats(max_tokens, C)] (workspace)
+  float* rstd_ptr_ = nullptr;     // rstd of the last forward or recompute (null: not saved)
+  uint64_t rstd_stamp_ = 0;       // scratch stamp of a recompute's rstd (keep_rstd = false)
+  DeviceArray<float> rstd_;       // [max_tokens] FP32 1 / rms of each row  (activations; empty without keep_rstd)
 };
 
 }  // namespace fp4moe

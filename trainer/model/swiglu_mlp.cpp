@@ -10,19 +10,32 @@ constexpr float kInitStd = 0.02f;
 }  // namespace
 
 SwigluMlp::SwigluMlp(ParamStore& store, const std::string& prefix, int64_t hidden, int64_t ffn, Recipe recipe,
-                     int64_t max_tokens, DeviceMemory& mem, float fc2_init_std)
+                     int64_t max_tokens, DeviceMemory& mem, float fc2_init_std, bool recompute)
     : prefix_(prefix),
       hidden_(hidden),
       ffn_(ffn),
       max_tokens_(max_tokens),
+      recompute_(recompute),
       fc1_(store, prefix + ".fc1", hidden, 2 * ffn, recipe, kInitStd),
       fc2_(store, prefix + ".fc2", ffn, hidden, recipe, fc2_init_std) {
   FP4MOE_CHECK(max_tokens >= 0, "SwigluMlp {}: max_tokens must be >= 0, got {}", prefix, max_tokens);
   FP4MOE_CHECK(fc2_init_std > 0.0f, "SwigluMlp {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
-  h_ = DeviceArray<bf16>(mem, max_tokens * 2 * ffn, MemCategory::activations, prefix + " fc1 output");
-  a_ = DeviceArray<bf16>(mem, max_tokens * ffn, MemCategory::activations, prefix + " swiglu output");
-  da_ = DeviceArray<bf16>(mem, max_tokens * ffn, MemCategory::workspace, prefix + " swiglu output grad");
-  dh_ = DeviceArray<bf16>(mem, max_tokens * 2 * ffn, MemCategory::workspace, prefix + " fc1 output grad");
+  if (!recompute) {
+    h_ = DeviceArray<bf16>(mem, max_tokens * 2 * ffn, MemCategory::activations, prefix + " fc1 output");
+    a_ = DeviceArray<bf16>(mem, max_tokens * ffn, MemCategory::activations, prefix + " swiglu output");
+  }
+}
+
+size_t SwigluMlp::forward_bytes() const {
+  if (!recompute_) return 0;
+  const auto rows = static_cast<size_t>(max_tokens_);
+  return ScratchArena::rounded(rows * 2 * ffn_ * sizeof(bf16)) + ScratchArena::rounded(rows * ffn_ * sizeof(bf16));
+}
+
+size_t SwigluMlp::backward_bytes() const {
+  const auto rows = static_cast<size_t>(max_tokens_);
+  return forward_bytes() + ScratchArena::rounded(rows * ffn_ * sizeof(bf16)) +
+         ScratchArena::rounded(rows * 2 * ffn_ * sizeof(bf16));
 }
 
 void SwigluMlp::check_tokens(const char* what, int64_t M) const {
@@ -34,9 +47,13 @@ void SwigluMlp::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   check_tokens("forward", M);
   last_M_ = M;
   if (M == 0) return;
-  fc1_.forward(ctx, x, M, h_.data());                        // h [M, 2 ffn]
-  swiglu_forward(h_.data(), M, ffn_, a_.data(), ctx.stream);  // a [M, ffn]
-  fc2_.forward(ctx, a_.data(), M, y);                        // y [M, hidden]
+  ScratchArena& arena = scratch_of(ctx, "SwigluMlp " + prefix_);
+  ScratchScope scope(arena);
+  bf16* h = recompute_ ? arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP h") : h_.data();
+  bf16* a = recompute_ ? arena.take<bf16>(M * ffn_, "SwiGLU MLP a") : a_.data();
+  fc1_.forward(ctx, x, M, h);                        // h [M, 2 ffn]
+  swiglu_forward(h, M, ffn_, a, ctx.stream);         // a [M, ffn]
+  fc2_.forward(ctx, a, M, y);                        // y [M, hidden]
 }
 
 void SwigluMlp::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx) {
@@ -48,9 +65,21 @@ void SwigluMlp::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64
   FP4MOE_CHECK(M == last_M_, "SwigluMlp {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_,
                M);
   if (M == 0) return;
-  fc2_.backward(ctx, dy, a_.data(), M, LinearGradOut{da_.data(), false, false});  // da [M, ffn], dW2 +=
-  swiglu_backward(da_.data(), h_.data(), M, ffn_, dh_.data(), ctx.stream);       // dh [M, 2 ffn]
-  fc1_.backward(ctx, dh_.data(), x, M, dx);                                        // dx [M, hidden], dW1 +=
+  ScratchArena& arena = scratch_of(ctx, "SwigluMlp " + prefix_);
+  ScratchScope scope(arena);
+  bf16* h = h_.data();
+  bf16* a = a_.data();
+  if (recompute_) {  // h and a again; fc2's output is not needed
+    h = arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP h (recomputed)");
+    a = arena.take<bf16>(M * ffn_, "SwiGLU MLP a (recomputed)");
+    fc1_.forward(ctx, x, M, h);
+    swiglu_forward(h, M, ffn_, a, ctx.stream);
+  }
+  bf16* da = arena.take<bf16>(M * ffn_, "SwiGLU MLP d a");
+  bf16* dh = arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP d h");
+  fc2_.backward(ctx, dy, a, M, LinearGradOut{da, false, false});  // da [M, ffn], dW2 +=
+  swiglu_backward(da, h, M, ffn_, dh, ctx.stream);                // dh [M, 2 ffn]
+  fc1_.backward(ctx, dh, x, M, dx);                               // dx [M, hidden], dW1 +=
 }
 
 }  // namespace fp4moe

@@ -9,12 +9,17 @@
 // Init: fc1 N(0, 0.02^2); fc2 N(0, fc2_init_std^2), where the caller passes 0.02 / sqrt(2 * layers) (fc2 writes
 // into the residual stream; model.cpp documents the init of every tensor). Both decay.
 //
-// Activations kept from forward to backward (MemCategory::activations, sized for max_tokens rows):
-//   h [max_tokens, 2 ffn] BF16 (swiglu's input), a [max_tokens, ffn] BF16 (fc2's input, for its Wgrad).
-// Scratch (MemCategory::workspace): da [max_tokens, ffn] BF16, dh [max_tokens, 2 ffn] BF16.
+// Kept from forward to backward (MemCategory::activations, sized for max_tokens rows), 6 ffn bytes per token:
+//   h [max_tokens, 2 ffn] BF16 (swiglu's input), a [max_tokens, ffn] BF16 (fc2's input, for its Wgrad);
+// nothing when built with recompute = true (the `mlp` policy for the dense FFN; `shared_experts`, `moe` for the
+// shared experts; `full`): forward then writes h and a into the shared scratch, and backward reruns fc1 and swiglu
+// (not fc2) into the scratch before its own work.
+// Scratch (ModelContext::scratch, per call): forward h and a when not kept; backward h and a when not kept, da
+// [M, ffn] and dh [M, 2 ffn] BF16.
 // x is not copied: backward takes the same pointer forward saw (owned by the caller, still valid).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -24,18 +29,20 @@
 #include "trainer/model/context.h"
 #include "trainer/model/linear.h"
 #include "trainer/model/params.h"
+#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 
 class SwigluMlp {
  public:
-  // hidden, ffn: multiples of 8 (Linear's rule); recipe for both Linears (bf16 only for now: Linear rejects the
-  // others); max_tokens >= 0 rows per forward; fc2_init_std > 0. Registers "<prefix>.fc1" and "<prefix>.fc2".
+  // hidden, ffn: multiples of 8 (Linear's rule); recipe for both Linears (what Linear builds); max_tokens >= 0
+  // rows per forward; fc2_init_std > 0; recompute: keep nothing, rerun fc1 and swiglu in backward (above).
+  // Registers "<prefix>.fc1" and "<prefix>.fc2".
   SwigluMlp(ParamStore& store, const std::string& prefix, int64_t hidden, int64_t ffn, Recipe recipe,
-            int64_t max_tokens, DeviceMemory& mem, float fc2_init_std);
+            int64_t max_tokens, DeviceMemory& mem, float fc2_init_std, bool recompute = false);
 
   // x [M, hidden] BF16 -> y [M, hidden] BF16 (overwritten; must not overlap x). 0 <= M <= max_tokens; M = 0
-  // does nothing. Keeps h and a for backward.
+  // does nothing. Keeps h and a for backward (unless recompute).
   void forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
   // dy [M, hidden], x as in forward -> dx [M, hidden] BF16 (overwritten); fc1 and fc2 grads += (FP32).
   void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx);
@@ -47,18 +54,23 @@ class SwigluMlp {
   int64_t ffn() const { return ffn_; }
   const Linear& fc1() const { return fc1_; }
   const Linear& fc2() const { return fc2_; }
+  bool recomputes() const { return recompute_; }
+  size_t kept_bytes() const { return counted_bytes(h_) + counted_bytes(a_); }  // activations, as DeviceMemory counts
+  // Scratch for M = max_tokens taken by forward and by backward; scratch_bytes() the larger.
+  size_t forward_bytes() const;
+  size_t backward_bytes() const;
+  size_t scratch_bytes() const { return std::max(forward_bytes(), backward_bytes()); }
 
  private:
   void check_tokens(const char* what, int64_t M) const;
 
   std::string prefix_;
   int64_t hidden_, ffn_, max_tokens_;
+  bool recompute_;
   Linear fc1_, fc2_;
   int64_t last_M_ = -1;       // tokens of the last forward (backward must match)
-  DeviceArray<bf16> h_;       // [max_tokens, 2 ffn] fc1 output, gate | up      (activations)
-  DeviceArray<bf16> a_;       // [max_tokens, ffn]   swiglu output, fc2 input   (activations)
-  DeviceArray<bf16> da_;      // [max_tokens, ffn]   d a                        (workspace)
-  DeviceArray<bf16> dh_;      // [max_tokens, 2 ffn] d h                        (workspace)
+  DeviceArray<bf16> h_;       // [max_tokens, 2 ffn] fc1 output, gate | up      (activations; empty with recompute)
+  DeviceArray<bf16> a_;       // [max_tokens, ffn]   swiglu output, fc2 input   (activations; empty with recompute)
 };
 
 }  // namespace fp4moe

@@ -1,0 +1,83 @@
+// One decoder layer of the model (model.h, DESIGN.md "Trainer"), with its recompute policy:
+//
+//   a_in  = attn_norm(h)             RmsNorm "layers.<l>.attn_norm"
+//   h_mid = h + MLA(a_in)            MlaAttention "layers.<l>.attn" (mla.h)
+//   f_in  = ffn_norm(h_mid)          RmsNorm "layers.<l>.ffn_norm"
+//   h'    = h_mid + FFN(f_in)        dense SwiGLU "layers.<l>.mlp" for l < n_dense_layers (swiglu_mlp.h), else MoE
+//                                    "layers.<l>.moe" (moe.h)
+// The residual stream is BF16: each branch output is added with one FP32 addition and one BF16 rounding (add_bf16);
+// in backward the residual gradient d_res is BF16 too, summed the same way.
+//
+// Memory. Kept from forward to backward (MemCategory::activations), bytes per token besides the sub-layers' own:
+//   h_mid 2 d (not under full), a_in 2 d and f_in 2 d (not under layernorm or full); the layer input h is the
+//   model's. Under layernorm the two norms keep nothing (their outputs and rstd are recomputed from h and h_mid);
+//   under full the layer keeps nothing and its backward reruns attn_norm, MLA (MlaAttention::recompute_forward: its
+//   tensors stay in the layer's scratch scope for its backward) and the residual add, then each FFN recomputes
+//   itself.
+// Scratch (ModelContext::scratch): one scope per forward and per backward, empty at the start of each; the tensors
+// not kept, then each sub-layer's own scope above them (forward_bytes / backward_bytes say the most, for
+// M = max_tokens).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kernels/common/types.h"
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/model/context.h"
+#include "trainer/model/mla.h"
+#include "trainer/model/moe.h"
+#include "trainer/model/params.h"
+#include "trainer/model/recompute.h"
+#include "trainer/model/rms_norm.h"
+#include "trainer/model/swiglu_mlp.h"
+
+namespace fp4moe {
+
+struct LayerMemory;  // trainer/model/model.h
+
+class DecoderLayer {
+ public:
+  // Layer l of `cfg` (validated by the model) for up to max_tokens tokens, policy from cfg.recompute.
+  DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t l, int64_t max_tokens, DeviceMemory& mem);
+
+  // h [M, d] BF16 (kept by the caller until backward) -> h_next [M, d] BF16; tmp [M, d] BF16 is the caller's
+  // scratch for the branch outputs. 1 <= M <= max_tokens, a multiple of seq_len.
+  void forward(ModelContext& ctx, const bf16* h, int64_t M, bf16* tmp, bf16* h_next);
+  // h as in forward; d_res [M, d] BF16: d h_next in, d h out (in place); tmp as in forward. aux_grad_scale: the
+  // upstream gradient of the v2 balance loss (MoeLayer::set_aux_grad_scale). Every parameter grad +=.
+  void backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d_res, bf16* tmp, float aux_grad_scale);
+
+  // Kept bytes by module and the scratch of one forward and backward; `input_bytes` (the layer input h, which the
+  // model holds) goes into residual.
+  LayerMemory memory(size_t input_bytes) const;
+  size_t forward_bytes() const { return fwd_bytes_; }
+  size_t backward_bytes() const { return bwd_bytes_; }
+  size_t scratch_bytes() const { return std::max(fwd_bytes_, bwd_bytes_); }
+
+  MoeLayer* moe() { return moe_ ? &*moe_ : nullptr; }
+  const MoeLayer* moe() const { return moe_ ? &*moe_ : nullptr; }
+  const LayerRecompute& recompute() const { return rc_; }
+
+ private:
+  static std::string name(int64_t l, const char* part) { return "layers." + std::to_string(l) + "." + part; }
+  void plan_scratch(int64_t max_tokens);
+
+  int64_t index_, d_;
+  LayerRecompute rc_;
+  RmsNorm attn_norm_;
+  MlaAttention attn_;
+  RmsNorm ffn_norm_;
+  std::optional<SwigluMlp> mlp_;  // l < n_dense_layers
+  std::optional<MoeLayer> moe_;   // l >= n_dense_layers
+  // Kept (MemCategory::activations), [max_tokens, d] BF16 each; empty when the policy does not keep them:
+  DeviceArray<bf16> h_mid_;       // residual stream after attention        (not under full)
+  DeviceArray<bf16> a_in_;        // attn_norm output, MLA input            (not under layernorm / full)
+  DeviceArray<bf16> f_in_;        // ffn_norm output, FFN input             (not under layernorm / full)
+  size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
+};
+
+}  // namespace fp4moe

@@ -1,0 +1,51 @@
+// What each layer recomputes in backward instead of keeping from forward, from the config's [recompute] modules
+// (Megatron-Core's --recompute-modules names; DESIGN.md "Trainer"). The layers' headers say what they keep under each
+// flag, in bytes per token; the buffers they do not keep come from the shared scratch (trainer/model/scratch.h) and
+// are rebuilt there by a rerun of the forward pieces in backward. The kernels are deterministic, so gradients are
+// bitwise the same under every policy (tests/gpu/test_recompute.cpp).
+//
+//   module          recomputed in backward
+//   mla_up_proj     MLA's q (q_up + RoPE, or q_proj), kv (kv_up) and assembled k, from the kept n_q, n_kv and k_pe
+//   core_attn       the attention output o and its lse (the attention forward reruns)
+//   layernorm       the outputs and rstd of attn_norm, ffn_norm, MLA's q_norm and kv_norm (from their inputs)
+//   moe_act         the routed experts' SwiGLU output a = swiglu(h) (bf16 recipe: a; mxfp4: its MXFP4 copy; fp8:
+//                   nothing, the layer never keeps a, Group Linear keeps its own FP8 column copy)
+//   moe             the whole MoE block: router (rerun, same experts), routed and shared experts; its input is kept
+//   mlp             the dense SwiGLU FFN's h and a
+//   shared_experts  the shared experts' h and a
+//   full            the whole decoder layer: only its input h[l] is kept
+#pragma once
+
+#include "trainer/config.h"
+
+namespace fp4moe {
+
+// MlaAttention (trainer/model/mla.h).
+struct MlaRecompute {
+  bool up_proj = false;    // mla_up_proj
+  bool core_attn = false;  // core_attn
+  bool norms = false;      // layernorm: q_norm and kv_norm
+  bool whole = false;      // full: every tensor of the layer
+  bool any() const { return up_proj || core_attn || norms || whole; }
+};
+
+// The MoE block (trainer/model/moe.h).
+struct MoeRecompute {
+  bool whole = false;           // moe or full
+  bool act = false;             // moe_act
+  bool shared_experts = false;  // shared_experts, moe or full
+};
+
+// One decoder layer (trainer/model/model.cpp).
+struct LayerRecompute {
+  bool full = false;       // full: only the layer input is kept
+  bool norms = false;      // layernorm or full: attn_norm and ffn_norm outputs and rstd
+  MlaRecompute mla;
+  bool dense_mlp = false;  // mlp or full
+  MoeRecompute moe;
+};
+
+// The flags of every layer for `rc` (the module names are checked by validate_config, not here).
+LayerRecompute layer_recompute(const RecomputeConfig& rc);
+
+}  // namespace fp4moe
