@@ -53,7 +53,7 @@ struct TileArgs {
 template <int kThreads, int kChunks, RneEncoder kRne, Rounding kRounding, bool kFull>
 __device__ __forceinline__ void quantize_tile(const uint4* __restrict__ xt, int valid, uint64_t first_chunk,
                                              const TileArgs& a, uint32_t* __restrict__ ct, uint8_t* __restrict__ st,
-                                             unsigned& counted) {
+                                             unsigned long long& counted) {
   const int lane = threadIdx.x & 31;
   uint4 v[kChunks];
 #pragma unroll
@@ -92,7 +92,7 @@ __device__ __forceinline__ void quantize_tile(const uint4* __restrict__ xt, int 
     }
     if (a.nonfinite_blocks != nullptr) {
       const unsigned ballot = __ballot_sync(0xFFFFFFFFu, in && nonfinite && (lane & 3) == 0);
-      counted += static_cast<unsigned>(__popc(ballot));
+      counted += static_cast<unsigned long long>(__popc(ballot));
     }
   }
 }
@@ -103,7 +103,7 @@ bf16_to_mxfp4_row_tiled_kernel(const uint4* __restrict__ x, int64_t num_chunks, 
                                uint32_t* __restrict__ codes, uint8_t* __restrict__ scales) {
   constexpr int kTile = kThreads * kChunks;
   static_assert(kTile % 4 == 0 && kThreads % 32 == 0, "whole MX blocks per tile, whole warps");
-  unsigned counted = 0;
+  unsigned long long counted = 0;
   // `base` is the same for the whole thread block: every lane runs every tile (shuffles stay legal).
   for (int64_t base = int64_t{blockIdx.x} * kTile; base < num_chunks; base += int64_t{gridDim.x} * kTile) {
     const uint4* xt = x + base;
@@ -116,7 +116,7 @@ bf16_to_mxfp4_row_tiled_kernel(const uint4* __restrict__ x, int64_t num_chunks, 
                                                                st, counted);
   }
   if (a.nonfinite_blocks != nullptr && (threadIdx.x & 31) == 0 && counted != 0)
-    atomicAdd(a.nonfinite_blocks, static_cast<unsigned long long>(counted));
+    atomicAdd(a.nonfinite_blocks, counted);
 }
 
 template <int kThreads, int kChunks, RneEncoder kRne, Rounding kRounding>
