@@ -1,8 +1,8 @@
 // GPU tests of the expert dispatch payload hook (trainer/model/moe_experts.h MoeRoutedExperts::dispatch_bytes,
 // Model::dispatch_bytes, trainer/train/metrics.h set_dispatch_attributes):
-//   - per routed token, from the buffers the layer allocated: bf16 2 d bytes; fp8 d bytes of E4M3 plus the FP32
-//     1x128 row scales of fc1's FP8 row buffer (padded to 4 rows: R = 10 rows give 12 scale rows); mxfp4 d/2 code
-//     and d/32 scale bytes; at the DeepSeek-V3 and V2 hidden sizes (7168, 5120) and at 64;
+//   - per routed token, from the recipe's row layout of the dispatch buffers: bf16 2 d bytes; fp8 d bytes of E4M3
+//     plus the FP32 1x128 row scales of fc1's FP8 row buffer (padded to 4 rows: R = 10 rows give 12 scale rows);
+//     mxfp4 d/2 code and d/32 scale bytes; at the DeepSeek-V3 and V2 hidden sizes (7168, 5120) and at 64;
 //   - the tiny model reports one entry per MoE layer, and a one-step training run writes the dispatch_* attributes
 //     into /memory/<run>.
 // Run: fp4moe_tests_gpu --gtest_filter='MoeDispatchBytes*'
