@@ -80,4 +80,31 @@ void check_f32_buffer(const char* what, const char* name, const void* p) {
                name, reinterpret_cast<uintptr_t>(p));
 }
 
+bool check_forward_call(const char* what, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o,
+                        const float* lse) {
+  if (!check_shape_device(what, s)) return false;
+  check_tensor(what, "q", q.data, q.token_stride, q.head_stride, s, s.Dqk);
+  check_tensor(what, "k", k.data, k.token_stride, k.head_stride, s, s.Dqk);
+  check_tensor(what, "v", v.data, v.token_stride, v.head_stride, s, s.Dv);
+  check_tensor(what, "o", o.data, o.token_stride, o.head_stride, s, s.Dv);
+  check_f32_buffer(what, "lse", lse);
+  return true;
+}
+
+bool check_backward_call(const char* what, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o,
+                         AttnIn dout, const float* lse, AttnOut dq, AttnOut dk, AttnOut dv, const void* workspace) {
+  if (!check_shape_device(what, s)) return false;
+  check_tensor(what, "q", q.data, q.token_stride, q.head_stride, s, s.Dqk);
+  check_tensor(what, "k", k.data, k.token_stride, k.head_stride, s, s.Dqk);
+  check_tensor(what, "v", v.data, v.token_stride, v.head_stride, s, s.Dv);
+  check_tensor(what, "o", o.data, o.token_stride, o.head_stride, s, s.Dv);
+  check_tensor(what, "dout", dout.data, dout.token_stride, dout.head_stride, s, s.Dv);
+  check_tensor(what, "dq", dq.data, dq.token_stride, dq.head_stride, s, s.Dqk);
+  check_tensor(what, "dk", dk.data, dk.token_stride, dk.head_stride, s, s.Dqk);
+  check_tensor(what, "dv", dv.data, dv.token_stride, dv.head_stride, s, s.Dv);
+  check_f32_buffer(what, "lse", lse);
+  check_f32_buffer(what, "workspace", workspace);
+  return true;
+}
+
 }  // namespace fp4moe::attn_detail

@@ -30,4 +30,14 @@ void check_tensor(const char* what, const char* name, const void* data, int64_t 
 // A device FP32 buffer `name`: non-null and 4-byte aligned.
 void check_f32_buffer(const char* what, const char* name, const void* p);
 
+// Every check of a flash_attention_forward call (shape, q, k, v, o, lse), in that order. Returns false when there is
+// nothing to do (B, T or H is 0; the pointers are then not looked at).
+bool check_forward_call(const char* what, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o,
+                        const float* lse);
+
+// Every check of a flash_attention_backward call (shape, q, k, v, o, dout, dq, dk, dv, lse, workspace). Returns
+// false when there is nothing to do.
+bool check_backward_call(const char* what, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o,
+                         AttnIn dout, const float* lse, AttnOut dq, AttnOut dk, AttnOut dv, const void* workspace);
+
 }  // namespace fp4moe::attn_detail

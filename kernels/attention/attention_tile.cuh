@@ -79,6 +79,14 @@ __device__ __forceinline__ void load_b_from_rows_k(uint32_t (&b)[4], const bf16*
   ldmatrix_x4_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0 + (lane >> 4) * 8);
 }
 
+// A fragment of the 16x16 block (rows m0.., k k0..) of A = tile^T, from a tile that stores A transposed: rows = k,
+// columns = m (dS^T [key][query] for dQ = dS K). Matrix i of the ldmatrix is tile rows k0 + 8 (i / 2) .. + 7 at
+// column m0 + 8 (i % 2), whose transpose is a[i]: (m g [+8], k 2c..2c+1 [+8]).
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const bf16* tile, int pitch, int m0, int k0,
+                                             int lane) {
+  ldmatrix_x4_trans(a, tile + (k0 + (lane & 7) + ((lane >> 4) << 3)) * pitch + m0 + ((lane >> 3) & 1) * 8);
+}
+
 // d += a b (16x8x16, BF16 inputs, FP32 accumulation).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -130,6 +138,35 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// ---- synchronisation -----------------------------------------------------------------------------------------------
+
+// Barriers for warps that run different code (warp-specialised kernels), in the non-.aligned form, which allows the
+// warps of a block to reach one barrier from different instructions (PTX ISA, "barrier"). block_barrier: all threads
+// of the block, as __syncthreads. Named barrier `id` (1..15) over `threads` threads (whole warps): arrive without
+// waiting, or wait for all; shared-memory writes made before an arrive are visible after the matching sync.
+__device__ __forceinline__ void block_barrier() { asm volatile("barrier.sync 0;\n" ::: "memory"); }
+// The id is a template argument so that ptxas sees which barriers a kernel uses (a run-time id reserves all 16).
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_arrive() {
+  static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "barrier ids 1..15, whole warps");
+  asm volatile("barrier.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync() {
+  static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "barrier ids 1..15, whole warps");
+  asm volatile("barrier.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
+// Acquire load and release store of an int in global memory at GPU scope (integer flags between thread blocks).
+__device__ __forceinline__ int load_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 // ---- tile copies ----------------------------------------------------------------------------------------------------
 
 // Starts the copy of rows row0 .. row0 + ROWS - 1 of one (sequence, head) slice into the tile smem [ROWS][pitch]:
@@ -151,6 +188,32 @@ __device__ __forceinline__ void load_tile_async(bf16* smem, const bf16* base, in
       detail::cp_async_16(smem + r * smem_pitch(D) + c * 8, src, valid);
     }
   }
+}
+
+// As load_tile_async, with each thread keeping one 16-byte column and stepping over rows (THREADS / (D / 8) rows
+// per pass): its addresses advance by a constant, so the compiler has no per-copy indices to hoist out of the
+// caller's loop and keep in registers (the variant kernels, flash_attention_variants.h, use it).
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_rows_async(bf16* smem, const bf16* base, int64_t token_stride, int row0,
+                                                     int row_end, int tid) {
+  constexpr int kChunks = D / 8, kRowsPerPass = THREADS / kChunks;
+  static_assert(kRowsPerPass >= 1, "a row of 16-byte pieces per pass at most");
+  if (tid >= kRowsPerPass * kChunks) return;
+  const int c = tid % kChunks, r0 = tid / kChunks;
+#pragma unroll
+  for (int r = r0; r < ROWS; r += kRowsPerPass) {
+    const bool valid = row0 + r < row_end;
+    const bf16* src = base + (valid ? static_cast<int64_t>(row0 + r) * token_stride : 0) + c * 8;
+    detail::cp_async_16(smem + r * smem_pitch(D) + c * 8, src, valid);
+  }
+}
+
+// load_tile_rows_async (kRowCopies) or load_tile_async: the copy order of variant 0's kernels is a template choice.
+template <bool kRowCopies, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void copy_tile_async(bf16* smem, const bf16* base, int64_t token_stride, int row0,
+                                                int row_end, int tid) {
+  if constexpr (kRowCopies) load_tile_rows_async<ROWS, D, THREADS>(smem, base, token_stride, row0, row_end, tid);
+  else load_tile_async<ROWS, D, THREADS>(smem, base, token_stride, row0, row_end, tid);
 }
 
 }  // namespace fp4moe::attn

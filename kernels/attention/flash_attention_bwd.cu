@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "kernels/attention/attention_checks.h"
+#include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
 #include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
@@ -49,15 +50,6 @@ struct BwdQConfig {
   static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv);
   // Q [kBlockM][kPitchQK], dO [kBlockM][kPitchV], K [2][kBlockN][kPitchQK], V [2][kBlockN][kPitchV]
   static constexpr int kSmemBytes = 2 * (kBlockM * (kPitchQK + kPitchV) + 2 * kBlockN * (kPitchQK + kPitchV));
-};
-
-struct BwdParams {
-  AttnIn q, k, v, o, dout;
-  const float* lse;  // [B, H, T], natural log
-  float* delta;      // [B, H, T], D = rowsum(dO * O) (workspace)
-  AttnOut dq, dk, dv;
-  int T, H, Dv;
-  float scale, scale_log2;  // scale, scale * log2(e)
 };
 
 // ---- 1. D = rowsum(dO * O) --------------------------------------------------------------------------------------
@@ -102,7 +94,7 @@ __global__ void __launch_bounds__(32 * kDeltaWarps) attention_backward_delta_ker
 // ---- 2. dK, dV ----------------------------------------------------------------------------------------------------
 
 // grid (B*H, ceil(T / kBlockN)); the first key blocks (the most queries) are scheduled first.
-template <int Dqk, int Dv>
+template <int Dqk, int Dv, bool kRowCopies>
 __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attention_backward_dkdv_kernel(BwdParams p) {
   using C = BwdKVConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
@@ -140,10 +132,10 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
   const float* gL = p.lse + bh * T;
   const float* gD = p.delta + bh * T;
 
-  load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, n0, T, tid);
-  load_tile_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, n0, T, tid);
-  load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, mb_first * C::kBlockM, T, tid);
-  load_tile_async<C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, mb_first * C::kBlockM, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, n0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, n0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, mb_first * C::kBlockM, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, mb_first * C::kBlockM, T, tid);
   cp_async_commit();
   // lse * log2e and D of query mb_first * kBlockM + tid, held in registers until the step that uses them; rows
   // past T get lse = +inf (P = 0) and D = 0.
@@ -169,9 +161,9 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
     if (tid < C::kBlockM) sLse2[tid] = next_lse2, sDelta[tid] = next_delta;  // read since the last barrier: free
     if (mb + 1 < mb_end) {  // prefetch the next query block into the other stage
       const int next = stage ^ 1, m1 = m0 + C::kBlockM;
-      load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ + next * C::kBlockM * C::kPitchQK, gQ, p.q.token_stride, m1,
+      copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ + next * C::kBlockM * C::kPitchQK, gQ, p.q.token_stride, m1,
                                                     T, tid);
-      load_tile_async<C::kBlockM, Dv, C::kThreads>(sdO + next * C::kBlockM * C::kPitchV, gdO, p.dout.token_stride,
+      copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO + next * C::kBlockM * C::kPitchV, gdO, p.dout.token_stride,
                                                    m1, T, tid);
       cp_async_commit();
       if (tid < C::kBlockM) {
@@ -283,7 +275,7 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
 // ---- 3. dQ --------------------------------------------------------------------------------------------------------
 
 // grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
-template <int Dqk, int Dv>
+template <int Dqk, int Dv, bool kRowCopies>
 __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention_backward_dq_kernel(BwdParams p) {
   using C = BwdQConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
@@ -312,10 +304,10 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
   const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
   const bf16* gdO = p.dout.data + b * T * p.dout.token_stride + h * p.dout.head_stride;
 
-  load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
-  load_tile_async<C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, m0, T, tid);
-  load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
-  load_tile_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, m0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
   cp_async_commit();
 
   // lse * log2e and D of this thread's rows g and g + 8; rows past T: lse = +inf (P = 0), D = 0.
@@ -337,9 +329,9 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
     const int stage = nb & 1, n0 = nb * C::kBlockN;
     if (nb + 1 < n_blocks) {  // prefetch the next key block into the other stage
       const int next = stage ^ 1;
-      load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
+      copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
                                                     n0 + C::kBlockN, T, tid);
-      load_tile_async<C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
+      copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
                                                    n0 + C::kBlockN, T, tid);
       cp_async_commit();
       cp_async_wait<1>();
@@ -426,20 +418,49 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
 
 // ---- launchers ----------------------------------------------------------------------------------------------------
 
-template <int Dqk, int Dv>
-void launch_backward(const BwdParams& p, int64_t B, cudaStream_t stream) {
+void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream) {
+  const int64_t rows = B * p.T;
+  const int64_t blocks = std::min<int64_t>(ceil_div(rows * p.H, kDeltaWarps), int64_t{1} << 20);
+  attention_backward_delta_kernel<<<static_cast<unsigned>(blocks), 32 * kDeltaWarps, 0, stream>>>(p, rows);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int Dqk, int Dv, bool kRowCopies>
+void launch_dkdv(const BwdParams& p, int64_t B, cudaStream_t stream) {
   using KV = BwdKVConfig<Dqk, Dv>;
+  auto* kernel = flash_attention_backward_dkdv_kernel<Dqk, Dv, kRowCopies>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KV::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + KV::kBlockN - 1) / KV::kBlockN));
+  kernel<<<grid, KV::kThreads, KV::kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int Dqk, int Dv, bool kRowCopies>
+void launch_dq(const BwdParams& p, int64_t B, cudaStream_t stream) {
   using Q = BwdQConfig<Dqk, Dv>;
-  const unsigned bh = static_cast<unsigned>(B * p.H);
-  auto* dkdv = flash_attention_backward_dkdv_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, KV::kSmemBytes));
-  dkdv<<<dim3(bh, static_cast<unsigned>((p.T + KV::kBlockN - 1) / KV::kBlockN)), KV::kThreads, KV::kSmemBytes,
-         stream>>>(p);
+  auto* kernel = flash_attention_backward_dq_kernel<Dqk, Dv, kRowCopies>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + Q::kBlockM - 1) / Q::kBlockM));
+  kernel<<<grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
-  auto* dq = flash_attention_backward_dq_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
-  dq<<<dim3(bh, static_cast<unsigned>((p.T + Q::kBlockM - 1) / Q::kBlockM)), Q::kThreads, Q::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+}
+
+void launch_backward_dkdv_v0(bool row_copies, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
+                             cudaStream_t stream) {
+  with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
+    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
+    if (row_copies) launch_dkdv<kDqk, kDv, true>(p, B, stream);
+    else launch_dkdv<kDqk, kDv, false>(p, B, stream);
+  });
+}
+
+void launch_backward_dq_v0(bool row_copies, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
+                           cudaStream_t stream) {
+  with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
+    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
+    if (row_copies) launch_dq<kDqk, kDv, true>(p, B, stream);
+    else launch_dq<kDqk, kDv, false>(p, B, stream);
+  });
 }
 
 }  // namespace attn
@@ -453,37 +474,13 @@ int64_t flash_attention_backward_workspace_bytes(const AttentionShape& s) {
 void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout,
                               const float* lse, AttnOut dq, AttnOut dk, AttnOut dv, void* workspace,
                               cudaStream_t stream) {
-  const char* what = "flash_attention_backward";
-  if (!attn_detail::check_shape_device(what, s)) return;
-  attn_detail::check_tensor(what, "q", q.data, q.token_stride, q.head_stride, s, s.Dqk);
-  attn_detail::check_tensor(what, "k", k.data, k.token_stride, k.head_stride, s, s.Dqk);
-  attn_detail::check_tensor(what, "v", v.data, v.token_stride, v.head_stride, s, s.Dv);
-  attn_detail::check_tensor(what, "o", o.data, o.token_stride, o.head_stride, s, s.Dv);
-  attn_detail::check_tensor(what, "dout", dout.data, dout.token_stride, dout.head_stride, s, s.Dv);
-  attn_detail::check_tensor(what, "dq", dq.data, dq.token_stride, dq.head_stride, s, s.Dqk);
-  attn_detail::check_tensor(what, "dk", dk.data, dk.token_stride, dk.head_stride, s, s.Dqk);
-  attn_detail::check_tensor(what, "dv", dv.data, dv.token_stride, dv.head_stride, s, s.Dv);
-  attn_detail::check_f32_buffer(what, "lse", lse);
-  attn_detail::check_f32_buffer(what, "workspace", workspace);
-
+  if (!attn_detail::check_backward_call("flash_attention_backward", s, q, k, v, o, dout, lse, dq, dk, dv, workspace))
+    return;
   const attn::BwdParams p{q,  k,  v,  o,  dout, lse, static_cast<float*>(workspace), dq, dk, dv, static_cast<int>(s.T),
                           static_cast<int>(s.H), static_cast<int>(s.Dv), s.scale, s.scale * attn::kLog2e};
-  const int64_t rows = s.B * s.T;
-  const int64_t delta_blocks = std::min<int64_t>(ceil_div(rows * s.H, attn::kDeltaWarps), int64_t{1} << 20);
-  attn::attention_backward_delta_kernel<<<static_cast<unsigned>(delta_blocks), 32 * attn::kDeltaWarps, 0, stream>>>(
-      p, rows);
-  CUDA_CHECK_LAUNCH();
-  const int64_t pair = s.Dqk * 1000 + s.Dv;
-  switch (pair) {
-    case 32016: attn::launch_backward<32, 16>(p, s.B, stream); break;
-    case 32032: attn::launch_backward<32, 32>(p, s.B, stream); break;
-    case 64064: attn::launch_backward<64, 64>(p, s.B, stream); break;
-    case 96064: attn::launch_backward<96, 64>(p, s.B, stream); break;
-    case 128128: attn::launch_backward<128, 128>(p, s.B, stream); break;
-    case 192128: attn::launch_backward<192, 128>(p, s.B, stream); break;
-    case 192192: attn::launch_backward<192, 192>(p, s.B, stream); break;
-    default: FP4MOE_CHECK(false, "{}: no kernel for (Dqk, Dv) = ({},{})", what, s.Dqk, s.Dv);
-  }
+  attn::launch_backward_delta(p, s.B, stream);
+  attn::launch_backward_dkdv_v0(false, p, s.B, s.Dqk, s.Dv, stream);
+  attn::launch_backward_dq_v0(false, p, s.B, s.Dqk, s.Dv, stream);
 }
 
 }  // namespace fp4moe

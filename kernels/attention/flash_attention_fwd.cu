@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/attention/attention_checks.h"
+#include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
 #include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
@@ -29,18 +30,10 @@ struct FwdConfig {
   static constexpr int kSmemBytes = 2 * (kBlockM * kPitchQK + 2 * kBlockN * (kPitchQK + kPitchV));
 };
 
-struct FwdParams {
-  AttnIn q, k, v;
-  AttnOut o;
-  float* lse;
-  int T, H;
-  float scale_log2;  // scale * log2(e)
-};
-
 // ---- kernel -------------------------------------------------------------------------------------------------------
 
 // grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
-template <int Dqk, int Dv>
+template <int Dqk, int Dv, bool kRowCopies>
 __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_forward_kernel(FwdParams p) {
   using C = FwdConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
@@ -67,9 +60,9 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
   const bf16* gK = p.k.data + b * T * p.k.token_stride + h * p.k.head_stride;
   const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
 
-  load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
-  load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
-  load_tile_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
   cp_async_commit();
 
   float acc_o[C::kMTiles][kVT][4];
@@ -88,9 +81,9 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
     const int stage = nb & 1, n0 = nb * C::kBlockN;
     if (nb + 1 < n_blocks) {  // prefetch the next key block into the other stage (free since the last barrier)
       const int next = stage ^ 1;
-      load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
+      copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
                                                     n0 + C::kBlockN, T, tid);
-      load_tile_async<C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
+      copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
                                                    n0 + C::kBlockN, T, tid);
       cp_async_commit();
       cp_async_wait<1>();
@@ -209,40 +202,32 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
 
 // ---- launcher -----------------------------------------------------------------------------------------------------
 
-template <int Dqk, int Dv>
+template <int Dqk, int Dv, bool kRowCopies>
 void launch_forward(const FwdParams& p, int64_t B, cudaStream_t stream) {
   using C = FwdConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_forward_kernel<Dqk, Dv>;
+  auto* kernel = flash_attention_forward_kernel<Dqk, Dv, kRowCopies>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + C::kBlockM - 1) / C::kBlockM));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
+void launch_forward_v0(bool row_copies, const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
+                       cudaStream_t stream) {
+  with_head_dims("flash_attention_forward", Dqk, Dv, [&](auto dqk, auto dv) {
+    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
+    if (row_copies) launch_forward<kDqk, kDv, true>(p, B, stream);
+    else launch_forward<kDqk, kDv, false>(p, B, stream);
+  });
+}
+
 }  // namespace attn
 
 void flash_attention_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o, float* lse,
                              cudaStream_t stream) {
-  const char* what = "flash_attention_forward";
-  if (!attn_detail::check_shape_device(what, s)) return;
-  attn_detail::check_tensor(what, "q", q.data, q.token_stride, q.head_stride, s, s.Dqk);
-  attn_detail::check_tensor(what, "k", k.data, k.token_stride, k.head_stride, s, s.Dqk);
-  attn_detail::check_tensor(what, "v", v.data, v.token_stride, v.head_stride, s, s.Dv);
-  attn_detail::check_tensor(what, "o", o.data, o.token_stride, o.head_stride, s, s.Dv);
-  attn_detail::check_f32_buffer(what, "lse", lse);
-
+  if (!attn_detail::check_forward_call("flash_attention_forward", s, q, k, v, o, lse)) return;
   const attn::FwdParams p{q, k, v, o, lse, static_cast<int>(s.T), static_cast<int>(s.H), s.scale * attn::kLog2e};
-  const int64_t pair = s.Dqk * 1000 + s.Dv;
-  switch (pair) {
-    case 32016: attn::launch_forward<32, 16>(p, s.B, stream); break;
-    case 32032: attn::launch_forward<32, 32>(p, s.B, stream); break;
-    case 64064: attn::launch_forward<64, 64>(p, s.B, stream); break;
-    case 96064: attn::launch_forward<96, 64>(p, s.B, stream); break;
-    case 128128: attn::launch_forward<128, 128>(p, s.B, stream); break;
-    case 192128: attn::launch_forward<192, 128>(p, s.B, stream); break;
-    case 192192: attn::launch_forward<192, 192>(p, s.B, stream); break;
-    default: FP4MOE_CHECK(false, "{}: no kernel for (Dqk, Dv) = ({},{})", what, s.Dqk, s.Dv);
-  }
+  attn::launch_forward_v0(false, p, s.B, s.Dqk, s.Dv, stream);
 }
 
 }  // namespace fp4moe

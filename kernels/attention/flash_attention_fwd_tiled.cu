@@ -1,0 +1,255 @@
+// Causal flash attention, forward variants 2 and 3 (flash_attention_variants.h): the arithmetic of variant 0
+// (flash_attention_fwd.cu: the same products, online softmax and roundings, so results differ from it only by the
+// order of the FP32 sums), with other tiles, the row-stepping copies of variant 1 (load_tile_rows_async) and one
+// barrier per key block instead of two.
+//   2: variant 0's tiles with the warp's Q fragments loaded from shared memory into registers once, before the key
+//      loop: S = Q K^T then reads only K from shared memory (5 -> 4 ldmatrix per 8 mma at 16 rows per warp).
+//   3: 32 query rows per warp (4 warps, 128-row query tiles) against 32-key blocks: every K and V fragment feeds
+//      two m-tiles (S: 4 ldmatrix per 8 mma, P V: 1 per 4), the score fragments stay small enough for the 32-row
+//      output accumulator, and two thread blocks fit an SM (94 KiB of shared memory at Dqk = 192, Dv = 128).
+//      At Dv = 192 the output accumulator of 32 rows would not fit in registers: 16 rows, 8 warps there.
+// Pipeline: K/V blocks double-buffered; at each key block: wait for its copy, one barrier (the copy is visible and
+// every warp is done with the previous block, whose stage the next prefetch then overwrites), prefetch, compute.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/attention/attention_params.cuh"
+#include "kernels/attention/attention_tile.cuh"
+#include "kernels/common/check.h"
+
+namespace fp4moe::attn {
+namespace {
+
+// ---- configuration ------------------------------------------------------------------------------------------------
+
+// Each warp owns kMTiles * 16 query rows of the block's kBlockM; key blocks of kBlockN; kQInRegs keeps the warp's
+// Q fragments (kMTiles * Dqk / 4 registers) for the whole key loop.
+template <int Dqk, int Dv, int MTiles, int Warps, int BlockN, bool QInRegs>
+struct TiledFwdConfig {
+  static constexpr int kMTiles = MTiles, kWarps = Warps, kBlockN = BlockN;
+  static constexpr bool kQInRegs = QInRegs;
+  static constexpr int kBlockM = 16 * kMTiles * kWarps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv);
+  // Q [kBlockM][kPitchQK], K [2][kBlockN][kPitchQK], V [2][kBlockN][kPitchV]
+  static constexpr int kSmemBytes = 2 * (kBlockM * kPitchQK + 2 * kBlockN * (kPitchQK + kPitchV));
+};
+
+// Variant 2: variant 0's tiles (32 rows per warp and 4 warps up to Dqk = 96, else 16 rows and 8 warps; 64-key
+// blocks), Q in registers where it fits beside the accumulators without spilling (ptxas -v): 16 rows per warp with
+// Dv <= 128, or 32 rows up to Dqk = 64.
+template <int Dqk, int Dv>
+using FwdV2 = TiledFwdConfig<Dqk, Dv, Dqk >= 128 ? 1 : 2, Dqk >= 128 ? 8 : 4, 64,
+                             (Dqk >= 128 && Dv <= 128) || Dqk <= 64>;
+
+// Variant 3: 32 rows per warp, 4 warps, 32-key blocks, Q from shared memory (16 rows and 8 warps at Dv > 128).
+template <int Dqk, int Dv>
+using FwdV3 = TiledFwdConfig<Dqk, Dv, Dv <= 128 ? 2 : 1, Dv <= 128 ? 4 : 8, 32, false>;
+
+// ---- kernel -------------------------------------------------------------------------------------------------------
+
+// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
+template <int Dqk, int Dv, typename C>
+__global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_kernel(FwdParams p) {
+  static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
+  static_assert(C::kBlockN % 16 == 0 && C::kBlockM % 16 == 0, "tiles must be multiples of 16");
+  static_assert(C::kSmemBytes <= 227 * 1024, "tiles exceed the 227 KiB of shared memory of a Hopper thread block");
+  static_assert(C::kMTiles * (Dv / 2 + C::kBlockN / 2 + (C::kQInRegs ? Dqk / 4 : 0)) <= 192,
+                "accumulators and Q fragments would not fit in registers");
+  constexpr int kNT = C::kBlockN / 8;  // n-tiles of a score row block
+  constexpr int kVT = Dv / 8;          // n-tiles of an output row block
+  constexpr int kKS = Dqk / 16;        // k-steps of S = Q K^T
+
+  bf16* sQ = dynamic_smem<bf16>();
+  bf16* sK = sQ + C::kBlockM * C::kPitchQK;
+  bf16* sV = sK + 2 * C::kBlockN * C::kPitchQK;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, c = lane % 4;
+  const int T = p.T;
+  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * C::kBlockM;
+  const int warp_row0 = warp * 16 * C::kMTiles;  // first row of this warp in the block
+  const int warp_q_first = m0 + warp_row0, warp_q_last = warp_q_first + 16 * C::kMTiles - 1;
+  const int n_blocks = (std::min(m0 + C::kBlockM, T) + C::kBlockN - 1) / C::kBlockN;
+
+  const bf16* gQ = p.q.data + b * T * p.q.token_stride + h * p.q.head_stride;
+  const bf16* gK = p.k.data + b * T * p.k.token_stride + h * p.k.head_stride;
+  const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
+
+  load_tile_rows_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
+  cp_async_commit();
+  load_tile_rows_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
+  load_tile_rows_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
+  cp_async_commit();
+
+  // The warp's Q fragments, (m-tile, k-step); read once the Q copy has landed (the first key block may still fly).
+  uint32_t qf[C::kQInRegs ? C::kMTiles : 1][C::kQInRegs ? kKS : 1][4];
+  if constexpr (C::kQInRegs) {
+    cp_async_wait<1>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kKS; ++kk) load_a(qf[mt][kk], sQ, C::kPitchQK, warp_row0 + mt * 16, kk * 16, lane);
+  }
+
+  float acc_o[C::kMTiles][kVT][4];
+  float row_max[C::kMTiles][2], row_sum[C::kMTiles][2];  // rows g and g + 8 of each m-tile; raw scores, partial sums
+#pragma unroll
+  for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < kVT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc_o[mt][j][r] = 0.0f;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) row_max[mt][hr] = -INFINITY, row_sum[mt][hr] = 0.0f;
+  }
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int stage = nb & 1, n0 = nb * C::kBlockN;
+    cp_async_wait<0>();  // this key block (the only copy in flight)
+    __syncthreads();     // ... visible to all; every warp is done with key block nb - 1 (the other stage)
+    if (nb + 1 < n_blocks) {
+      const int next = stage ^ 1;
+      load_tile_rows_async<C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
+                                                    n0 + C::kBlockN, T, tid);
+      load_tile_rows_async<C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
+                                                   n0 + C::kBlockN, T, tid);
+      cp_async_commit();
+    }
+    if (n0 > warp_q_last) continue;  // every key of the block is after every row of this warp: nothing to add
+    const bf16* sKs = sK + stage * C::kBlockN * C::kPitchQK;
+    const bf16* sVs = sV + stage * C::kBlockN * C::kPitchV;
+
+    // S = Q K^T (raw scores)
+    float acc_s[C::kMTiles][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc_s[mt][j][r] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk) {
+      uint32_t a[C::kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt) {
+        if constexpr (C::kQInRegs) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[mt][r] = qf[mt][kk][r];
+        } else {
+          load_a(a[mt], sQ, C::kPitchQK, warp_row0 + mt * 16, kk * 16, lane);
+        }
+      }
+#pragma unroll
+      for (int jj = 0; jj < kNT / 2; ++jj) {
+        uint32_t bk[4];
+        load_b_from_rows_n(bk, sKs, C::kPitchQK, jj * 16, kk * 16, lane);
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
+          mma_bf16_16816(acc_s[mt][2 * jj], a[mt], bk[0], bk[1]);
+          mma_bf16_16816(acc_s[mt][2 * jj + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    // Causal mask: key n0 + col after query m0 + row -> -inf (keys at or past T are after every valid query).
+    if (n0 + C::kBlockN - 1 > warp_q_first) {
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int q = warp_q_first + mt * 16 + g + (r >= 2 ? 8 : 0);
+            const int key = n0 + j * 8 + 2 * c + (r & 1);
+            if (key > q) acc_s[mt][j][r] = -INFINITY;
+          }
+    }
+
+    // Online softmax: new row max, rescale the running sum and output, P = 2^(S scale log2e - max scale log2e).
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float mx = row_max[mt][hr];
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * hr], acc_s[mt][j][2 * hr + 1]));
+        mx = quad_max(mx);
+        // A row with no visible key yet keeps max -inf; subtracting 0 then gives P = 0, never NaN.
+        const float max_scaled = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
+        const float alpha = fast_exp2(fmaf(row_max[mt][hr], p.scale_log2, -max_scaled));
+        row_max[mt][hr] = mx;
+        row_sum[mt][hr] *= alpha;
+#pragma unroll
+        for (int j = 0; j < kVT; ++j) acc_o[mt][j][2 * hr] *= alpha, acc_o[mt][j][2 * hr + 1] *= alpha;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& s = acc_s[mt][j][2 * hr + e];
+            s = fast_exp2(fmaf(s, p.scale_log2, -max_scaled));
+            row_sum[mt][hr] += s;
+          }
+      }
+
+    // O += P V, P rounded to BF16 straight from the score fragments.
+#pragma unroll
+    for (int kk = 0; kk < kNT / 2; ++kk) {
+      uint32_t a[C::kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt) a_from_acc(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+#pragma unroll
+      for (int jj = 0; jj < kVT / 2; ++jj) {
+        uint32_t bv[4];
+        load_b_from_rows_k(bv, sVs, C::kPitchV, kk * 16, jj * 16, lane);
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
+          mma_bf16_16816(acc_o[mt][2 * jj], a[mt], bv[0], bv[1]);
+          mma_bf16_16816(acc_o[mt][2 * jj + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // O = acc / rowsum, lse = (max scale log2e + log2 rowsum) ln 2.
+  bf16* gO = p.o.data + b * T * p.o.token_stride + h * p.o.head_stride;
+  float* gL = p.lse + bh * T;
+#pragma unroll
+  for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float l = quad_sum(row_sum[mt][hr]);
+      const int q = warp_q_first + mt * 16 + g + 8 * hr;
+      if (q >= T) continue;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      bf16* orow = gO + static_cast<int64_t>(q) * p.o.token_stride;
+#pragma unroll
+      for (int j = 0; j < kVT; ++j)
+        store_bf16x2(orow + j * 8 + 2 * c, acc_o[mt][j][2 * hr] * inv, acc_o[mt][j][2 * hr + 1] * inv);
+      if (c == 0) gL[q] = (row_max[mt][hr] * p.scale_log2 + log2f(l)) * kLn2;
+    }
+}
+
+template <int Dqk, int Dv, typename C>
+void launch_tiled(const FwdParams& p, int64_t B, cudaStream_t stream) {
+  auto* kernel = flash_attention_forward_tiled_kernel<Dqk, Dv, C>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + C::kBlockM - 1) / C::kBlockM));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_forward_tiled(int variant, const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
+  FP4MOE_CHECK(variant == 2 || variant == 3, "launch_forward_tiled: variant must be 2 or 3, got {}", variant);
+  with_head_dims("flash_attention_forward", Dqk, Dv, [&](auto dqk, auto dv) {
+    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
+    if (variant == 2) launch_tiled<kDqk, kDv, FwdV2<kDqk, kDv>>(p, B, stream);
+    else launch_tiled<kDqk, kDv, FwdV3<kDqk, kDv>>(p, B, stream);
+  });
+}
+
+}  // namespace fp4moe::attn
