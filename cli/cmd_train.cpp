@@ -5,10 +5,13 @@
 // The options (trainer/train/command_line.h):
 //   --data DIR, --out FILE.h5 (default runs/train-<config name>-<UTC date-time>.h5), --run NAME,
 //   --resume PATH|latest, --log-interval N, --synthetic-data, --peak-tflops X, --memory-budget GiB,
-//   --dry-run [--no-data-check]
+//   --dry-run [--no-data-check] [--production v3|v2]
 // --dry-run prints the model summary (shapes, parameters total and activated per token, model FLOPs per token,
-// tokens per step) and exits 0 without a GPU; --no-data-check leaves the shards out of it (for shapes no local
-// data fits, such as DeepSeek-V3's production vocabulary of 129280).
+// tokens per step) and the memory estimate of the configuration on one GPU (trainer/memory_estimate.h), and exits
+// 0 without a GPU; --no-data-check leaves the shards out of it (for shapes no local data fits, such as
+// DeepSeek-V3's production vocabulary of 129280). --production v3|v2 adds the estimate of the production run
+// (DeepSeek-V3 671B on 256 GPUs, DeepSeek-V2 236B on 128 GPUs: trainer/memory_estimate_report.h) under this
+// configuration's recipe and recompute policy, and paper 1's policies x recipes table.
 // Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
 // allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a
 // non-finite step under train.non_finite = stop, CUDA or I/O errors); 128 + the signal number after a SIGINT or
@@ -25,6 +28,8 @@
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
 #include "trainer/flops.h"
+#include "trainer/memory_estimate.h"
+#include "trainer/memory_estimate_report.h"
 #include "trainer/train/command_line.h"
 #include "trainer/train/trainer.h"
 
@@ -105,8 +110,19 @@ void print_summary(const TrainerConfig& cfg, const std::string& config_path, con
              m.vocab_size);
 }
 
+// The memory estimate on one GPU and, for a production preset ("v3", "v2"; "" for none), on its layout.
+void print_memory_estimate(const TrainerConfig& cfg, const std::string& production) {
+  fmt::print("{}", format_memory_estimate(estimate_memory(cfg, single_gpu_layout(cfg)), cfg));
+  if (production.empty()) return;
+  const ProductionPreset preset = production_preset(production);
+  const TrainerConfig prod = with_production_shape(cfg, preset);
+  fmt::print("{}", format_memory_estimate(estimate_memory(prod, preset.layout), prod));
+  fmt::print("{}", format_paper_policy_table(paper_policy_table(preset), preset));
+}
+
 struct TrainCommand {
   std::unique_ptr<TrainCommandLine> line;
+  std::string production;  // --production: "v3", "v2" or ""
 
   int run() {
     try {
@@ -115,9 +131,11 @@ struct TrainCommand {
       throw CliError(without_source_location(err.what()));
     }
     const TrainerConfig& cfg = line->config();
+    if (!production.empty() && !line->dry_run()) throw CliError("--production applies to --dry-run only");
     if (line->dry_run()) {
       print_summary(cfg, line->config_path(),
                     line->options().synthetic_data ? "synthetic" : line->no_data_check() ? "unchecked" : "checked");
+      print_memory_estimate(cfg, production);
       return kExitOk;
     }
     const std::string no_gpu = why_no_cuda_device();
@@ -150,6 +168,10 @@ Command add_train_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("train", "train the reference MoE model from a TOML configuration (configs/)");
   auto cmd = std::make_shared<TrainCommand>();
   cmd->line = std::make_unique<TrainCommandLine>(*sub);
+  sub->add_option("--production", cmd->production,
+                  "with --dry-run: also estimate the memory of a production run (v3: DeepSeek-V3 671B on 256 GPUs, "
+                  "v2: DeepSeek-V2 236B on 128 GPUs)")
+      ->check(CLI::IsMember({"v3", "v2"}));
   return {sub, [cmd] { return cmd->run(); }};
 }
 

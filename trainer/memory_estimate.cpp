@@ -1,0 +1,322 @@
+// The memory estimator's layouts, parameter tensors and per-stage assembly (trainer/memory_estimate.h); the
+// per-buffer terms are in memory_estimate_terms.cpp.
+#include "trainer/memory_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "kernels/common/check.h"
+#include "trainer/memory_estimate_detail.h"
+
+namespace fp4moe {
+
+using mem_detail::Dims;
+using mem_detail::round_up_256;
+
+namespace {
+
+constexpr int64_t kParamAlignElems = 64;  // ParamStore pads every tensor to 64 elements
+constexpr double kGiB = 1073741824.0;
+
+int64_t padded(int64_t n) { return ceil_div(n, kParamAlignElems) * kParamAlignElems; }
+
+// One linear layer of a stage, for its FP8 weight copies: G groups of [N, K] in `recipe`.
+struct LinearShape {
+  Recipe recipe;
+  int64_t G, N, K;
+  bool expert;  // the routed experts' Group Linear (GroupLinear's own buffers)
+};
+
+std::string layer_name(int64_t l, const char* part) { return "layers." + std::to_string(l) + "." + part; }
+
+// Parameters (and, when `linears` is given, the linear layers) of decoder layer l on one GPU of the layout.
+void layer_parameters(const TrainerConfig& cfg, const Dims& g, int64_t l, std::vector<ParamTensor>& out,
+                      std::vector<LinearShape>* linears) {
+  auto param = [&](const char* part, int64_t n, bool expert = false) {
+    out.push_back(ParamTensor{layer_name(l, part), n, expert, false});
+  };
+  auto linear = [&](Recipe r, int64_t G, int64_t N, int64_t K, bool expert = false) {
+    if (linears) linears->push_back(LinearShape{r, G, N, K, expert});
+  };
+  const int64_t d = g.d, qk = g.Hl * g.dqk;
+  param("attn_norm", d);
+  if (g.rq > 0) {
+    param("attn.q_down", g.rq * d);
+    param("attn.q_norm", g.rq);
+    param("attn.q_up", qk * g.rq);
+    linear(g.attn, 1, g.rq, d);
+    linear(g.attn, 1, qk, g.rq);
+  } else {
+    param("attn.q_proj", qk * d);
+    linear(g.attn, 1, qk, d);
+  }
+  param("attn.kv_down", (g.rkv + g.rope) * d);
+  param("attn.kv_norm", g.rkv);
+  param("attn.kv_up", g.Hl * (g.nope + g.dv) * g.rkv);
+  param("attn.out", d * g.Hl * g.dv);
+  linear(g.attn, 1, g.rkv + g.rope, d);
+  linear(g.attn, 1, g.Hl * (g.nope + g.dv), g.rkv);
+  linear(g.attn, 1, d, g.Hl * g.dv);
+  param("ffn_norm", d);
+  if (!cfg.is_moe_layer(l)) {
+    param("mlp.fc1", 2 * g.Fl * d);
+    param("mlp.fc2", d * g.Fl);
+    linear(g.dense, 1, 2 * g.Fl, d);
+    linear(g.dense, 1, d, g.Fl);
+    return;
+  }
+  param("moe.router", g.E * d);
+  param("moe.experts.fc1", g.El * 2 * g.f * d, true);
+  param("moe.experts.fc2", g.El * d * g.f, true);
+  linear(g.routed, g.El, 2 * g.f, d, true);
+  linear(g.routed, g.El, d, g.f, true);
+  if (g.Sl > 0) {
+    param("moe.shared.fc1", 2 * g.Sl * d);
+    param("moe.shared.fc2", d * g.Sl);
+    linear(g.shared, 1, 2 * g.Sl, d);
+    linear(g.shared, 1, d, g.Sl);
+  }
+}
+
+struct StageRange {
+  int64_t first = 0, count = 0;
+};
+
+StageRange stage_range(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage) {
+  const std::vector<int64_t> counts = stage_layer_counts(cfg, lay);
+  FP4MOE_CHECK(stage >= 0 && stage < lay.pp, "memory estimate: stage {} is outside [0, pp = {})", stage, lay.pp);
+  StageRange r;
+  for (int64_t s = 0; s < stage; ++s) r.first += counts[s];
+  r.count = counts[stage];
+  return r;
+}
+
+std::vector<ParamTensor> stage_tensors(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage,
+                                       std::vector<LinearShape>* linears) {
+  const Dims g = mem_detail::dims_of(cfg, lay);
+  const StageRange r = stage_range(cfg, lay, stage);
+  std::vector<ParamTensor> out;
+  if (stage == 0) out.push_back(ParamTensor{"embed", g.Vl * g.d, false, false});
+  for (int64_t l = r.first; l < r.first + r.count; ++l) layer_parameters(cfg, g, l, out, linears);
+  if (stage == lay.pp - 1) {
+    out.push_back(ParamTensor{"norm", g.d, false, false});
+    out.push_back(ParamTensor{"lm_head", g.Vl * g.d, false, false});
+  }
+  if (cfg.moe.router == RouterStyle::v3_sigmoid)
+    for (int64_t l = r.first; l < r.first + r.count; ++l)
+      if (cfg.is_moe_layer(l)) out.push_back(ParamTensor{layer_name(l, "moe.router_bias"), g.E, false, true});
+  return out;
+}
+
+// Adds `t` to `terms`, merged with an equal term (same category, module, tensor, size and flags) if there is one.
+void merge(std::vector<MemoryTerm>& terms, MemoryTerm t) {
+  for (MemoryTerm& u : terms)
+    if (u.category == t.category && u.module == t.module && u.tensor == t.tensor && u.bytes == t.bytes &&
+        u.kept == t.kept && u.device_memory == t.device_memory && u.first_forward == t.first_forward) {
+      u.instances += t.instances;
+      return;
+    }
+  terms.push_back(std::move(t));
+}
+
+void add_parameter_terms(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage, MemoryEstimate& e) {
+  std::vector<LinearShape> linears;
+  const std::vector<ParamTensor> tensors = stage_tensors(cfg, lay, stage, &linears);
+  int64_t dense = 0, expert = 0, state = 0;
+  for (const ParamTensor& t : tensors) (t.state ? state : t.expert ? expert : dense) += padded(t.n);
+  const int64_t shard_dense = lay.zero1 ? lay.dp : 1, shard_expert = lay.zero1 ? lay.expert_dp() : 1;
+  const int64_t fp32 = ceil_div(4 * dense, shard_dense) + ceil_div(4 * expert, shard_expert);
+  // Each linear's four buffers (W and W^T codes and scales), from DeviceMemory at the first forward.
+  int64_t routed_copies = 0, dense_copies = 0;
+  for (const LinearShape& s : linears)
+    (s.expert ? routed_copies : dense_copies) += mem_detail::weight_copy_bytes(s.recipe, s.G, s.N, s.K, true);
+  auto add = [&](MemCategory c, const char* tensor, int64_t bytes, bool first_forward = false) {
+    if (bytes > 0) e.terms.push_back(MemoryTerm{c, "params", tensor, bytes, 1, true, true, first_forward});
+  };
+  add(MemCategory::weights, "BF16 parameters", 2 * (dense + expert));
+  add(MemCategory::weights, "FP32 master weights", fp32);
+  add(MemCategory::weights, "FP32 state", 4 * state);
+  add(MemCategory::weights, "FP8 weight copies, routed experts", routed_copies, true);
+  add(MemCategory::weights, "FP8 weight copies, dense linears", dense_copies, true);
+  add(MemCategory::grads, "FP32 gradients", 4 * (dense + expert));
+  add(MemCategory::optimizer, "AdamW m (FP32)", fp32);
+  add(MemCategory::optimizer, "AdamW v (FP32)", fp32);
+}
+
+}  // namespace
+
+ParallelLayout single_gpu_layout(const TrainerConfig& cfg) {
+  ParallelLayout l;
+  l.name = "1 GPU";
+  l.source = "the configuration as run by fp4moe train";
+  l.micro_batch = cfg.train.micro_batch;
+  l.seq_len = cfg.train.seq_len;
+  return l;
+}
+
+void validate_layout(const TrainerConfig& cfg, const ParallelLayout& l) {
+  const ModelConfig& m = cfg.model;
+  const std::pair<int64_t, const char*> sizes[] = {{l.gpus, "gpus"}, {l.tp, "tp"},
+                                                   {l.pp, "pp"},     {l.dp, "dp"},
+                                                   {l.ep, "ep"},     {l.micro_batch, "micro_batch"},
+                                                   {l.seq_len, "seq_len"}};
+  for (const auto& [v, name] : sizes)
+    FP4MOE_CHECK(v >= 1, "layout {}: {} must be >= 1, got {}", l.name, name, v);
+  FP4MOE_CHECK(l.gpus == l.tp * l.pp * l.dp, "layout {}: gpus = {} must equal tp x pp x dp = {} x {} x {}", l.name,
+               l.gpus, l.tp, l.pp, l.dp);
+  FP4MOE_CHECK((l.dp * l.tp) % l.ep == 0, "layout {}: ep = {} must divide dp x tp = {} (experts are split over the "
+               "GPUs of one stage)", l.name, l.ep, l.dp * l.tp);
+  const bool has_moe = m.n_dense_layers < m.layers;
+  FP4MOE_CHECK(!has_moe || cfg.moe.routed_experts % l.ep == 0,
+               "layout {}: ep = {} must divide moe.routed_experts = {}", l.name, l.ep, cfg.moe.routed_experts);
+  FP4MOE_CHECK(m.heads % l.tp == 0, "layout {}: tp = {} must divide model.heads = {}", l.name, l.tp, m.heads);
+  FP4MOE_CHECK(m.n_dense_layers == 0 || m.dense_ffn % l.tp == 0,
+               "layout {}: tp = {} must divide model.dense_ffn = {}", l.name, l.tp, m.dense_ffn);
+  FP4MOE_CHECK(!has_moe || (cfg.moe.shared_experts * cfg.moe.expert_ffn) % l.tp == 0,
+               "layout {}: tp = {} must divide the shared experts' width {}", l.name, l.tp,
+               cfg.moe.shared_experts * cfg.moe.expert_ffn);
+  FP4MOE_CHECK(l.pp <= m.layers, "layout {}: pp = {} exceeds model.layers = {}", l.name, l.pp, m.layers);
+  FP4MOE_CHECK(std::isfinite(l.routed_load) && l.routed_load >= 1.0,
+               "layout {}: routed_load must be finite and >= 1 (1: balanced routing), got {}", l.name, l.routed_load);
+  if (l.stage_layers.empty()) return;
+  FP4MOE_CHECK(static_cast<int64_t>(l.stage_layers.size()) == l.pp,
+               "layout {}: stage_layers has {} entries, expected pp = {}", l.name, l.stage_layers.size(), l.pp);
+  int64_t sum = 0;
+  for (int64_t n : l.stage_layers) {
+    FP4MOE_CHECK(n >= 1, "layout {}: every stage needs a layer, got {}", l.name, n);
+    sum += n;
+  }
+  FP4MOE_CHECK(sum == m.layers, "layout {}: stage_layers sum to {}, expected model.layers = {}", l.name, sum, m.layers);
+}
+
+std::vector<int64_t> stage_layer_counts(const TrainerConfig& cfg, const ParallelLayout& l) {
+  validate_layout(cfg, l);
+  if (!l.stage_layers.empty()) return l.stage_layers;
+  const int64_t L = cfg.model.layers, base = L / l.pp, extra = L % l.pp;
+  std::vector<int64_t> counts(static_cast<size_t>(l.pp), base);
+  for (int64_t s = l.pp - extra; s < l.pp; ++s) counts[static_cast<size_t>(s)] += 1;
+  return counts;
+}
+
+std::vector<ParamTensor> parameter_tensors(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage) {
+  validate_config(cfg);
+  return stage_tensors(cfg, layout, stage, nullptr);
+}
+
+LayerActivationBuckets layer_activation_buckets(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t layer) {
+  LayerActivationBuckets b;
+  for (const MemoryTerm& t : layer_activation_terms(cfg, layout, layer)) {
+    if (!t.kept || !t.device_memory) continue;
+    const int64_t bytes = round_up_256(t.bytes);
+    const bool norm = t.tensor == "attn_norm out" || t.tensor == "ffn_norm out" || t.tensor == "n_q" ||
+                      t.tensor == "n_kv" || t.tensor.find("rstd") != std::string::npos;
+    if (norm) b.norms += bytes;
+    else if (t.module == "layer") b.residual += bytes;
+    else if (t.module == "mla") b.attn += bytes;
+    else b.ffn += bytes;
+    if (t.module == "moe.experts") b.routed_experts += bytes;
+  }
+  return b;
+}
+
+MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage) {
+  validate_config(cfg);
+  const StageRange range = stage_range(cfg, lay, stage);  // validates the layout and the stage
+  MemoryEstimate e;
+  e.layout = lay;
+  e.stage = stage;
+  e.first_layer = range.first;
+  e.layers = range.count;
+  e.in_flight = lay.in_flight(stage);
+  e.tokens = lay.micro_batch * lay.seq_len;
+  add_parameter_terms(cfg, lay, stage, e);
+
+  // Activations over the stage's layers; workspace: the largest layer's scratch and transient activations.
+  std::vector<MemoryTerm> largest_ws;
+  int64_t largest = -1, ws_all = 0, ws_all_device = 0;
+  bool has_moe = false;
+  for (int64_t l = range.first; l < range.first + range.count; ++l) {
+    has_moe = has_moe || cfg.is_moe_layer(l);
+    const std::vector<MemoryTerm> acts = layer_activation_terms(cfg, lay, l);
+    std::vector<MemoryTerm> ws = mem_detail::layer_scratch_terms(cfg, lay, l);
+    int64_t kept = 0;
+    for (MemoryTerm t : acts) {
+      kept += t.total();
+      if (!t.kept) {  // live while the layer runs forward (or recomputes it in backward)
+        MemoryTerm w = t;
+        w.category = MemCategory::workspace;
+        w.tensor += " (not kept)";
+        w.kept = true;
+        ws.push_back(std::move(w));
+      }
+      t.instances = e.in_flight;
+      merge(e.terms, std::move(t));
+    }
+    e.layer_activation_bytes.push_back(kept);
+    int64_t sum = 0;
+    for (const MemoryTerm& w : ws) {
+      sum += w.bytes;
+      if (w.device_memory) ws_all_device += round_up_256(w.bytes);
+    }
+    ws_all += sum;
+    if (sum > largest) {
+      largest = sum;
+      largest_ws = std::move(ws);
+    }
+  }
+  for (MemoryTerm& w : largest_ws) e.terms.push_back(std::move(w));
+  for (MemoryTerm t : mem_detail::model_terms(cfg, lay, stage)) {
+    if (t.category == MemCategory::activations) t.instances = e.in_flight;
+    if (t.category == MemCategory::workspace) {
+      ws_all += t.bytes;
+      if (t.device_memory) ws_all_device += round_up_256(t.bytes);
+    }
+    merge(e.terms, std::move(t));
+  }
+  for (MemoryTerm t : mem_detail::comm_terms(cfg, lay, has_moe)) merge(e.terms, std::move(t));
+
+  for (const MemoryTerm& t : e.terms) {
+    const int c = static_cast<int>(t.category);
+    e.bytes[c] += t.total();
+    if (t.device_memory && t.kept && t.category != MemCategory::workspace)
+      e.device_memory[c] += round_up_256(t.bytes) * t.instances;
+  }
+  e.device_memory[static_cast<int>(MemCategory::workspace)] = ws_all_device;
+  e.workspace_all_layers = ws_all;
+  return e;
+}
+
+MemoryEstimate estimate_memory(const TrainerConfig& cfg, const ParallelLayout& layout) {
+  validate_config(cfg);
+  validate_layout(cfg, layout);
+  MemoryEstimate best = estimate_memory_stage(cfg, layout, 0);
+  for (int64_t s = 1; s < layout.pp; ++s) {
+    MemoryEstimate e = estimate_memory_stage(cfg, layout, s);
+    if (e.total() > best.total()) best = std::move(e);
+  }
+  return best;
+}
+
+int64_t MemoryEstimate::total() const {
+  int64_t t = 0;
+  for (int64_t b : bytes) t += b;
+  return t;
+}
+
+double MemoryEstimate::gib(MemCategory c) const { return static_cast<double>(category(c)) / kGiB; }
+double MemoryEstimate::total_gib() const { return static_cast<double>(total()) / kGiB; }
+double MemoryEstimate::fraction_of(double card_gib) const { return total_gib() / card_gib; }
+
+std::vector<std::pair<std::string, int64_t>> MemoryEstimate::activations_by_module() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const MemoryTerm& t : terms) {
+    if (t.category != MemCategory::activations) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == t.module; });
+    if (it == out.end()) out.emplace_back(t.module, t.total());
+    else it->second += t.total();
+  }
+  return out;
+}
+
+}  // namespace fp4moe
