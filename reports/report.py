@@ -190,7 +190,7 @@ def _train_facts(a):
     if result_file.is_number(a.get("memory_budget_gib")) and a["memory_budget_gib"] > 0:
         text += f", memory budget {_num(a['memory_budget_gib'])} GiB"
     if a.get("data"):
-        text += f", {a['data']} data"
+        text += {"shards": ", token shards", "synthetic": ", synthetic tokens"}.get(a["data"], f", data {a['data']}")
     return text.replace(" ()", "")
 
 

@@ -36,9 +36,10 @@ class CountLines:
 
 
 class TrainSteps:
-    """Progress of `fp4moe train` from its plain progress lines ("step 10/20 | loss ..."): "step 10/20"."""
+    """Progress of `fp4moe train` from its plain progress lines ("step   10/1000 | loss ...", the step right-aligned
+    to the width of the total: trainer/train/progress.cpp): "step 10/1000"."""
 
-    RX = re.compile(r"^step (\d+)/(\d+)")
+    RX = re.compile(r"^step\s+(\d+)/(\d+)")
 
     def __init__(self):
         self.last = ""

@@ -302,7 +302,7 @@ def run(a, command):
     if not bench_files and not train_files:  # only refused or failed cells: the file still says why
         root.update({"gpu": gpu, "date": now.astimezone().isoformat(timespec="seconds")})
     merge.merge_run(run_path, bench_files, repro_tables, root, tables=cell_tables,
-                    train_runs=[(p, r, " ".join(names)) for p, (r, names) in train_files.items()])
+                    train_runs=[(p, r, " ".join(dict.fromkeys(names))) for p, (r, names) in train_files.items()])
     md, pngs, _ = report.write_report(run_path, run_dir)
     print(f"repro: wrote {run_path}, {md} and {len(pngs)} plot(s) in {fmt_elapsed(time.monotonic() - a.t0)}",
           flush=True)

@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 
 import train_cells_test_util as fake  # noqa: E402
 from reports import cells_report, report, result_file  # noqa: E402
-from repro import merge, ours, scenario, train_cells  # noqa: E402
+from repro import merge, ours, process, scenario, train_cells  # noqa: E402
 
 SCENARIOS = os.path.join(ROOT, "repro", "scenarios")
 RUN_PY = os.path.join(ROOT, "repro", "run.py")
@@ -429,6 +429,19 @@ class FailureParsing(unittest.TestCase):
         self.assertEqual(train_cells.classify_failure(-11, ""), ("failed", "exit code -11", {}))
         long = "fp4moe train: failed: " + "x" * 1000
         self.assertLessEqual(len(train_cells.classify_failure(1, long)[1]), train_cells.MAX_REASON)
+
+
+    def test_progress_from_the_trainers_plain_lines(self):
+        p = process.TrainSteps()
+        self.assertEqual(p.text(), "starting")
+        for line in ["training v3: steps 1..1000 of 4096 tokens", "step   10/1000 | loss 9.1 | lr 1e-4 | 60K tok/s",
+                     "eval at step 50: val_loss 6.5", "step  100/1000 | loss 7.0"]:
+            p.feed(line)
+        self.assertEqual(p.text(), "step 100/1000")
+        c = process.CountLines(r"^[^-].*/manual_time", "cases")
+        for line in ["copy/1000000B/min_time:0.050/manual_time   1.0 us", "----", "-x/manual_time"]:
+            c.feed(line)
+        self.assertEqual(c.text(), "1 cases done")
 
 
 # ---- reading results back -------------------------------------------------------------------------------------------
