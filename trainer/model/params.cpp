@@ -5,6 +5,7 @@
 
 #include "kernels/common/check.h"
 #include "kernels/formats/formats.h"
+#include "trainer/model/param_init.h"
 
 namespace fp4moe {
 
@@ -115,21 +116,11 @@ void ParamStore::allocate(DeviceMemory& mem) {
 
 void ParamStore::init(uint64_t seed, cudaStream_t stream) {
   FP4MOE_CHECK(allocated_, "ParamStore::init: allocate() first");
-  std::vector<float> master;
-  std::vector<bf16> param;
   for (auto& p : params_) {
-    master.assign(static_cast<size_t>(p.n), 0.0f);
-    if (p.init == ParamInit::ones) {
-      master.assign(static_cast<size_t>(p.n), 1.0f);
-    } else if (p.init == ParamInit::normal) {
-      const uint64_t key = param_name_key(p.name);
-      for (int64_t i = 0; i < p.n; ++i) master[i] = p.init_std * param_init_normal(seed, key, static_cast<uint64_t>(i));
-    }
-    param.resize(master.size());
-    for (size_t i = 0; i < master.size(); ++i) param[i] = __float2bfloat16_rn(master[i]);
-    CUDA_CHECK(cudaMemcpyAsync(p.master, master.data(), master.size() * 4, cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaMemcpyAsync(p.param, param.data(), param.size() * 2, cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors are reused
+    if (p.init == ParamInit::normal)
+      param_init_normal_device(p.master, p.param, p.n, seed, param_name_key(p.name), p.init_std, stream);
+    else
+      param_fill_device(p.master, p.param, p.n, p.init == ParamInit::ones ? 1.0f : 0.0f, stream);
   }
   CUDA_CHECK(cudaMemsetAsync(grad_block_.data(), 0, grad_block_.bytes(), stream));
   CUDA_CHECK(cudaMemsetAsync(m_block_.data(), 0, m_block_.bytes(), stream));

@@ -65,7 +65,7 @@ class ParamStore {
   // Deterministic initialisation from `seed`: element i of the parameter named `name` draws N(0, init_std^2) from
   // a counter-based generator keyed by (seed, FNV-1a hash of name, i), so a tensor's values do not depend on the
   // order or number of the others. Writes master (FP32) and param (its BF16 rounding, RNE), zeroes grad, m, v
-  // and the state tensors. Host-generated, then copied; synchronous.
+  // and the state tensors. Generated on the device (param_init.h); synchronous.
   void init(uint64_t seed, cudaStream_t stream);
   void zero_grads(cudaStream_t stream);
   // param := BF16(master) for every tensor (after loading masters from a checkpoint).
@@ -85,7 +85,8 @@ class ParamStore {
   DeviceArray<float> master_block_, grad_block_, m_block_, v_block_, state_block_;
 };
 
-// The host generator used by init(): a standard normal for (seed, key, index), via splitmix64 and Box-Muller.
+// The generator of init() on the host (its reference; init() runs param_init.h's device copy of it): a standard
+// normal for (seed, key, index), via splitmix64 and Box-Muller.
 float param_init_normal(uint64_t seed, uint64_t key, uint64_t index);
 uint64_t param_name_key(const std::string& name);  // FNV-1a 64 of the name
 
