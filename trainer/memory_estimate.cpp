@@ -234,7 +234,7 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
 
   // Activations over the stage's layers; workspace: the largest layer's scratch and transient activations.
   std::vector<MemoryTerm> largest_ws;
-  int64_t largest = -1, ws_all = 0, ws_all_device = 0;
+  int64_t largest = -1, ws_all = 0;
   bool has_moe = false;
   for (int64_t l = range.first; l < range.first + range.count; ++l) {
     has_moe = has_moe || cfg.is_moe_layer(l);
@@ -255,10 +255,7 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
     }
     e.layer_activation_bytes.push_back(kept);
     int64_t sum = 0;
-    for (const MemoryTerm& w : ws) {
-      sum += w.bytes;
-      if (w.device_memory) ws_all_device += round_up_256(w.bytes);
-    }
+    for (const MemoryTerm& w : ws) sum += w.bytes;
     ws_all += sum;
     if (sum > largest) {
       largest = sum;
@@ -268,10 +265,7 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
   for (MemoryTerm& w : largest_ws) e.terms.push_back(std::move(w));
   for (MemoryTerm t : mem_detail::model_terms(cfg, lay, stage)) {
     if (t.category == MemCategory::activations) t.instances = e.in_flight;
-    if (t.category == MemCategory::workspace) {
-      ws_all += t.bytes;
-      if (t.device_memory) ws_all_device += round_up_256(t.bytes);
-    }
+    if (t.category == MemCategory::workspace) ws_all += t.bytes;
     merge(e.terms, std::move(t));
   }
   for (MemoryTerm t : mem_detail::comm_terms(cfg, lay, has_moe)) merge(e.terms, std::move(t));
@@ -279,10 +273,8 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
   for (const MemoryTerm& t : e.terms) {
     const int c = static_cast<int>(t.category);
     e.bytes[c] += t.total();
-    if (t.device_memory && t.kept && t.category != MemCategory::workspace)
-      e.device_memory[c] += round_up_256(t.bytes) * t.instances;
+    if (t.device_memory && t.kept) e.device_memory[c] += round_up_256(t.bytes) * t.instances;
   }
-  e.device_memory[static_cast<int>(MemCategory::workspace)] = ws_all_device;
   e.workspace_all_layers = ws_all;
   return e;
 }

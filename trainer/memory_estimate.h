@@ -31,8 +31,9 @@
 //              buffers when larger); pp > 1: the send and receive buffers of one micro-batch's hidden state
 // workspace    the largest single layer's scratch (its backward's gradient buffers plus the activations it does
 //              not keep, live while they are recomputed) + the model's (residual-stream grads, LM head Dgrad and
-//              chunked cross-entropy, embedding backward, batch). Today's trainer allocates every layer's scratch
-//              separately: MemoryEstimate::workspace_all_layers.
+//              chunked cross-entropy, embedding backward, batch), as the trainer's one shared scratch arena is
+//              sized (trainer/model/scratch.h); an approximation of the arena's plan, not its exact size.
+//              MemoryEstimate::workspace_all_layers sums every layer's instead (per-layer buffers).
 //
 // ---- Activations kept for backward: bytes per token per layer (one term per (module, tensor)) -----------------
 // A term is dropped (kept = false) by any policy in its last column. The policies (cfg.recompute, Megatron-Core's
@@ -201,10 +202,10 @@ struct MemoryEstimate {
                                         // largest layer's and the model's
   std::array<int64_t, kMemCategories> bytes{};          // the sum of kept terms per category
   // DeviceMemory's count for the trainer as built on one GPU: kept terms allocated through it, each instance
-  // rounded up to 256 bytes; workspace = every layer's scratch (as allocated today) + the model's.
+  // rounded up to 256 bytes (workspace: the approximation above).
   std::array<int64_t, kMemCategories> device_memory{};
   std::vector<int64_t> layer_activation_bytes;  // kept activation bytes of each layer of the stage, one micro-batch
-  int64_t workspace_all_layers = 0;             // every layer's scratch summed + the model's (today's allocation)
+  int64_t workspace_all_layers = 0;             // every layer's scratch summed + the model's
 
   int64_t category(MemCategory c) const { return bytes[static_cast<int>(c)]; }
   int64_t total() const;

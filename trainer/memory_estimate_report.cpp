@@ -203,7 +203,7 @@ std::string format_memory_estimate(const MemoryEstimate& e, const TrainerConfig&
         detail += fmt::format(", {} {}", module, human(bytes));
     }
     if (cat == MemCategory::workspace)
-      detail = fmt::format("largest layer + model; every layer's own, as the trainer allocates today: {}",
+      detail = fmt::format("the largest layer's scratch + the model's; every layer's summed: {}",
                            human(e.workspace_all_layers));
     s += fmt::format("  {:<12} {:>12}{}\n", mem_category_name(cat), human(e.category(cat)),
                      detail.empty() ? "" : "  (" + detail + ")");

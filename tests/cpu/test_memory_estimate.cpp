@@ -132,6 +132,24 @@ TEST(MemoryEstimate, TinyActivationsPerModuleFromTheFormulas) {
   EXPECT_EQ(device(e, MemCategory::activations), act(e) - 16 * N - (32 + 36 + 4) + 3 * 256);
 }
 
+// The buckets of Model::layer_memory for tiny's MoE layer (bf16, no policy), each buffer rounded up to 256 bytes.
+TEST(MemoryEstimate, TinyLayerBucketsAsTheModelReportsThem) {
+  const TrainerConfig cfg = tiny();
+  const LayerActivationBuckets b = layer_activation_buckets(cfg, single_gpu_layout(cfg), 1);
+  const int64_t N = 256, d = 64, R = 512;
+  EXPECT_EQ(b.residual, 2 * 2 * N * d);                                    // h, h_mid
+  EXPECT_EQ(b.norms, 2 * 2 * N * d + 4 * 4 * N + 2 * 2 * N * 32);         // a_in, f_in; four rstd; n_q, n_kv
+  EXPECT_EQ(b.attn, 2 * N * 32 + 2 * N * 32 + 3 * 2 * N * 128 + 2 * N * 64 + 4 * N * 4);  // c_q, c_kv, q k kv, o, lse
+  const int64_t router = 4 * N * 8 + 2 * 4 * N * 2 + 3 * 256;  // counts, offsets and aux take 256 bytes each
+  const int64_t experts = 4 * R + 2 * 2 * R * d + 4 * R * 32 + 2 * R * 32;
+  EXPECT_EQ(b.routed_experts, experts);
+  EXPECT_EQ(b.ffn, router + experts + 6 * N * 32);
+  const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
+  const LayerActivationBuckets b0 = layer_activation_buckets(cfg, single_gpu_layout(cfg), 0);
+  EXPECT_EQ(b0.routed_experts, 0);
+  EXPECT_EQ(b0.kept() + b.kept() + 2 * 2 * N * d + 4 * N, device(e, MemCategory::activations));  // + h[L], h_out, rstd
+}
+
 TEST(MemoryEstimate, TinyRoutedRecipesKeepTheirOwnCopies) {
   const int64_t R = 512, d = 64, f = 32, E = 8;
   const MemoryEstimate bf16 = estimate_memory(tiny(), single_gpu_layout(tiny()));

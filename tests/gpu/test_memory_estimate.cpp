@@ -31,6 +31,7 @@
 #include "trainer/memory.h"
 #include "trainer/memory_estimate.h"
 #include "trainer/model/model.h"
+#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 namespace {
@@ -158,6 +159,8 @@ void expect_estimate_matches(const std::string& name, const TrainerConfig& cfg) 
   print_row("activations (peak)", dm(MemCategory::activations), act_peak);
   print_row("workspace (peak; not checked)", dm(MemCategory::workspace),
             static_cast<int64_t>(b.mem.peak(MemCategory::workspace)));
+  print_row("scratch arena high water", dm(MemCategory::workspace),
+            static_cast<int64_t>(b.model->scratch().high_water()));
   print_row("comm (peak; not checked)", dm(MemCategory::comm), static_cast<int64_t>(b.mem.peak(MemCategory::comm)));
 }
 
