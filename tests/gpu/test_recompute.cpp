@@ -11,6 +11,9 @@
 //     + mla_up_proj > + moe_act > + shared_experts > + moe > + mlp > full, on tiny and small, and each policy alone
 //     keeps less than none; Model::layer_memory's kept bytes plus head_activation_bytes are the category exactly,
 //     and the modules a policy names lose exactly their tensors (tiny);
+//   - fp8/mxfp4 projections: bitwise under every policy too; the layer keeps no BF16 copy of what their Linears keep
+//     (a_in, n_q, n_kv, the dense f_in and a, the shared a), and after a step the category is the kept bytes plus
+//     LayerMemory::quantized_copies;
 //   - the workspace category does not grow with the layer count (one arena, sized to the largest layer).
 // Run: fp4moe_tests_gpu --gtest_filter='Recompute*'
 #include <gtest/gtest.h>
@@ -163,6 +166,15 @@ TEST(Recompute, Fp8RoutedExperts) {
   check_policies({"--recipe.routed_experts", "fp8"}, {{"moe_act"}, {"moe"}, {"full"}});
 }
 
+// Dense projections through Group Linear (fp8 attention and dense FFN, mxfp4 shared and routed experts): their
+// own FP8/MXFP4 copies of X are made again by a recomputed forward, bit for bit.
+TEST(Recompute, QuantizedDenseRecipes) {
+  FP4MOE_REQUIRE_DEVICE();
+  check_policies({"--recipe.attention", "fp8", "--recipe.dense_mlp", "fp8", "--recipe.shared_experts", "mxfp4",
+                  "--recipe.routed_experts", "mxfp4"},
+                 {{"mla_up_proj"}, {"core_attn"}, {"layernorm"}, {"mlp"}, {"shared_experts"}, {"moe"}, {"full"}});
+}
+
 // ---- memory ------------------------------------------------------------------------------------------------------
 
 struct Measured {
@@ -286,6 +298,60 @@ TEST(Recompute, EachPolicyDropsExactlyItsTensorsTiny) {
     EXPECT_GT(full.layers[l].scratch_backward, none.layers[l].scratch_backward) << "full rebuilds the layer there";
   }
   EXPECT_EQ(full.head, none.head);
+}
+
+// fp8 projections keep their own FP8 copy of X: the layer does not keep the BF16 one as well (a_in, n_q, n_kv; the
+// dense FFN's f_in and a; the shared experts' a), and what the Linears and Group Linears hold after a step is what
+// LayerMemory::quantized_copies says (up to DeviceMemory's 256-byte rounding per buffer).
+TEST(Recompute, QuantizedRecipesKeepNoBf16CopyOfWhatTheirLinearsHold) {
+  FP4MOE_REQUIRE_DEVICE();
+  const Modules fp8 = {"--recipe.attention", "fp8", "--recipe.dense_mlp", "fp8", "--recipe.shared_experts", "fp8",
+                       "--recipe.routed_experts", "fp8"};
+  const TrainerConfig cfg = config_with("tiny", {}, fp8);
+  const int64_t M = cfg.train.micro_batch * cfg.train.seq_len, d = cfg.model.hidden;
+  const int64_t fs = cfg.moe.shared_experts * cfg.moe.expert_ffn;
+  auto r = [](int64_t bytes) { return ScratchArena::rounded(static_cast<size_t>(bytes)); };
+  const Measured bf = measure(config_with("tiny", {}));
+  const Measured q = measure(cfg);
+  const size_t n_q = r(2 * M * cfg.model.q_lora_rank), n_kv = r(2 * M * cfg.model.kv_lora_rank);
+  EXPECT_EQ(bf.layers[0].norms - q.layers[0].norms, 2 * r(2 * M * d) + n_q + n_kv) << "a_in, f_in, n_q, n_kv";
+  EXPECT_EQ(bf.layers[1].norms - q.layers[1].norms, r(2 * M * d) + n_q + n_kv)
+      << "a_in, n_q, n_kv (the router reads f_in)";
+  EXPECT_EQ(bf.layers[0].ffn - q.layers[0].ffn, r(2 * M * cfg.model.dense_ffn)) << "the dense FFN's a";
+  EXPECT_EQ(bf.layers[1].ffn - q.layers[1].ffn,
+            r(2 * M * fs) + (bf.layers[1].routed_experts - q.layers[1].routed_experts))
+      << "the shared experts' a, and the routed experts' xs and a";
+  for (const LayerMemory& l : q.layers) EXPECT_GT(l.quantized_copies, 0u);
+  for (const LayerMemory& l : bf.layers) EXPECT_EQ(l.quantized_copies, 0u);
+
+  // After a step the category holds the layers' kept bytes plus the quantized copies.
+  const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
+  std::vector<int32_t> tokens(M), targets(M);
+  for (int64_t m = 0; m < M; ++m) {
+    tokens[m] = static_cast<int32_t>((m * 7) % 32);
+    targets[m] = (m + 1) % T == 0 ? kIgnoreIndex : static_cast<int32_t>(((m + 1) * 7) % 32);
+  }
+  test::DeviceBuffer<int32_t> tok_d(M), tgt_d(M);
+  tok_d.upload(tokens);
+  tgt_d.upload(targets);
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  {
+    DeviceMemory mem;
+    Model model(cfg, mem, stream);
+    model.init_weights(1);
+    model.params().zero_grads(stream);
+    model.forward_backward(tok_d.ptr, tgt_d.ptr, B, 1.0f);
+    size_t kept = model.head_activation_bytes(), copies = 0;
+    for (const LayerMemory& l : model.layer_memory()) {
+      kept += l.kept();
+      copies += l.quantized_copies;
+    }
+    const size_t now = mem.current(MemCategory::activations);
+    EXPECT_GE(now, kept + copies);
+    EXPECT_LE(now, kept + copies + 64 * 256) << "kept " << kept << " + copies " << copies;
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST(Recompute, WorkspaceDoesNotGrowWithTheLayerCount) {

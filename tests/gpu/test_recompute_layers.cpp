@@ -6,7 +6,9 @@
 //     recompute_forward in an outer scratch scope: y, dx and every grad bitwise equal;
 //   - MoeLayer (d 64, E 8, top-2, expert FFN 32, one shared expert, M 256) under moe_act, moe, shared_experts, full
 //     for the bf16, fp8 and mxfp4 routed recipes and both routers: y, dx, top-k, aux loss and every grad bitwise;
-//   - SwigluMlp with recompute: bitwise;
+//   - MlaAttention with fp8 projections the same way (backward without x where they do not read it), and what it
+//     keeps then (no n_q, n_kv unless mla_up_proj needs them);
+//   - SwigluMlp with recompute, bf16, fp8 and mxfp4: bitwise; a kept only with a bf16 fc2;
 //   - each layer's scratch high-water mark is exactly what it reports (forward_bytes, backward_bytes, ...);
 //   - a backward whose tensors were not kept nor recomputed is rejected (RmsNorm without recompute(), the router
 //     and experts out of their scope).
@@ -107,12 +109,14 @@ ModelConfig tiny_mla(int64_t q_lora) {
   return c;
 }
 
-Result run_mla(int64_t q_lora, MlaRecompute policy, bool outer_recompute) {
+Result run_mla(int64_t q_lora, MlaRecompute policy, bool outer_recompute, Recipe recipe = Recipe::bf16) {
   constexpr int64_t T = 64, M = 128;
   const ModelConfig cfg = tiny_mla(q_lora);
   const int64_t d = cfg.hidden;
   Bench b;
-  MlaAttention mla(b.store, "attn", cfg, Recipe::bf16, T, M, b.mem, policy);
+  MlaAttention mla(b.store, "attn", cfg, recipe, T, M, b.mem, policy);
+  EXPECT_EQ(mla.backward_reads_input(), recipe == Recipe::bf16 || policy.whole || (policy.up_proj && q_lora == 0));
+  const bool x_in_backward = mla.backward_reads_input();  // else backward takes x = null
   b.ready(mla.scratch_bytes());
   test::DeviceBuffer<bf16> x(M * d), dy(M * d), y(M * d), dx(M * d);
   x.upload(test::random_bf16(M * d, 21));
@@ -127,10 +131,10 @@ Result run_mla(int64_t q_lora, MlaRecompute policy, bool outer_recompute) {
     ScratchScope outer(*b.arena);
     mla.recompute_forward(b.ctx, x.ptr, M, nullptr);
     EXPECT_EQ(b.arena->used(), mla.recompute_bytes()) << "recompute_forward leaves its tensors in the caller's scope";
-    mla.backward(b.ctx, dy.ptr, x.ptr, M, dx.ptr);
+    mla.backward(b.ctx, dy.ptr, x_in_backward ? x.ptr : nullptr, M, dx.ptr);
     EXPECT_EQ(b.arena->high_water(), mla.recompute_bytes() + mla.backward_after_recompute_bytes());
   } else {
-    mla.backward(b.ctx, dy.ptr, x.ptr, M, dx.ptr);
+    mla.backward(b.ctx, dy.ptr, x_in_backward ? x.ptr : nullptr, M, dx.ptr);
     EXPECT_EQ(b.arena->high_water(), mla.backward_bytes());
   }
   EXPECT_EQ(b.arena->used(), 0u);
@@ -159,6 +163,25 @@ TEST(RecomputeMla, EveryPolicyGivesBitwiseTheSameOutputAndGradients) {
   }
 }
 
+// fp8 projections (Linear through Group Linear): the same rebuilt tensors, bitwise, and backward without x where the
+// projections do not read it.
+TEST(RecomputeMla, Fp8ProjectionsEveryPolicyGivesBitwiseTheSameOutputAndGradients) {
+  FP4MOE_REQUIRE_DEVICE();
+  const std::vector<std::pair<std::string, MlaRecompute>> policies = {
+      {"mla_up_proj", {true, false, false, false}},
+      {"core_attn", {false, true, false, false}},
+      {"layernorm", {false, false, true, false}},
+      {"full", {true, true, true, true}}};
+  for (const int64_t q_lora : {int64_t{32}, int64_t{0}}) {
+    const Result ref = run_mla(q_lora, {}, false, Recipe::fp8);
+    for (const auto& [name, p] : policies)
+      for (const bool outer : {false, true}) {
+        SCOPED_TRACE(name + (outer ? ", after recompute_forward" : "") + ", q_lora " + std::to_string(q_lora));
+        expect_same(ref, run_mla(q_lora, p, outer, Recipe::fp8));
+      }
+  }
+}
+
 TEST(RecomputeMla, KeepsLessUnderEachPolicy) {
   FP4MOE_REQUIRE_DEVICE();
   auto kept = [](MlaRecompute p) {
@@ -168,6 +191,17 @@ TEST(RecomputeMla, KeepsLessUnderEachPolicy) {
     return mla.kept_bytes();
   };
   const size_t none = kept({});
+  {  // fp8 q_up and kv_up read their own copies: n_q and n_kv are not kept (unless a q/kv recompute needs them)
+    Bench b;
+    MlaAttention bf(b.store, "bf", tiny_mla(32), Recipe::bf16, 64, 128, b.mem, {});
+    MlaAttention f8(b.store, "f8", tiny_mla(32), Recipe::fp8, 64, 128, b.mem, {});
+    MlaAttention f8_up(b.store, "f8_up", tiny_mla(32), Recipe::fp8, 64, 128, b.mem, {true, false, false, false});
+    MlaAttention bf_up(b.store, "bf_up", tiny_mla(32), Recipe::bf16, 64, 128, b.mem, {true, false, false, false});
+    const size_t n = ScratchArena::rounded(128 * 32 * sizeof(bf16));  // n_q or n_kv: 128 tokens x 32
+    EXPECT_EQ(bf.kept_bytes() - f8.kept_bytes(), 2 * n);
+    EXPECT_EQ(bf.kept_norm_bytes() - f8.kept_norm_bytes(), 2 * n);
+    EXPECT_EQ(f8_up.kept_bytes(), bf_up.kept_bytes());
+  }
   EXPECT_LT(kept({true, false, false, false}), none);
   EXPECT_LT(kept({false, true, false, false}), none);
   EXPECT_LT(kept({false, false, true, false}), none);
@@ -250,13 +284,16 @@ TEST(RecomputeMoe, KeptBytesAreTheActivationCategory) {
 
 // ---- SwigluMlp and RmsNorm ---------------------------------------------------------------------------------------
 
-Result run_mlp(bool recompute) {
+Result run_mlp(bool recompute, Recipe recipe = Recipe::bf16) {
   const int64_t M = kMaxTokens;
   Bench b;
-  SwigluMlp mlp(b.store, "layers.0.mlp", kD, 128, Recipe::bf16, kMaxTokens, b.mem, 0.01f, recompute);
+  SwigluMlp mlp(b.store, "layers.0.mlp", kD, 128, recipe, kMaxTokens, b.mem, 0.01f, recompute);
   b.ready(mlp.scratch_bytes());
   EXPECT_EQ(b.mem.current(MemCategory::activations), mlp.kept_bytes());
   EXPECT_EQ(mlp.kept_bytes() == 0, recompute);
+  const size_t h_bytes = ScratchArena::rounded(M * 2 * 128 * sizeof(bf16));
+  if (!recompute) EXPECT_EQ(mlp.kept_bytes(), h_bytes + (recipe == Recipe::bf16 ? h_bytes / 2 : 0)) << "h (and a)";
+  EXPECT_EQ(mlp.backward_reads_input(), recompute || recipe == Recipe::bf16);
   test::DeviceBuffer<bf16> x(M * kD), dy(M * kD), y(M * kD), dx(M * kD);
   x.upload(test::random_bf16(M * kD, 41));
   dy.upload(test::random_bf16(M * kD, 42));
@@ -264,7 +301,7 @@ Result run_mlp(bool recompute) {
   dx.poison(0xFF);
   mlp.forward(b.ctx, x.ptr, M, y.ptr);
   EXPECT_EQ(b.arena->high_water(), mlp.forward_bytes());
-  mlp.backward(b.ctx, dy.ptr, x.ptr, M, dx.ptr);
+  mlp.backward(b.ctx, dy.ptr, mlp.backward_reads_input() ? x.ptr : nullptr, M, dx.ptr);
   EXPECT_EQ(b.arena->high_water(), mlp.backward_bytes());
   Result r;
   r.grads = b.grads();
@@ -275,7 +312,10 @@ Result run_mlp(bool recompute) {
 
 TEST(RecomputeMlp, RecomputeGivesBitwiseTheSameOutputAndGradients) {
   FP4MOE_REQUIRE_DEVICE();
-  expect_same(run_mlp(false), run_mlp(true));
+  for (const Recipe recipe : {Recipe::bf16, Recipe::fp8, Recipe::mxfp4}) {
+    SCOPED_TRACE(recipe_name(recipe));
+    expect_same(run_mlp(false, recipe), run_mlp(true, recipe));
+  }
 }
 
 TEST(RecomputeNorm, BackwardNeedsARecomputeInAnOpenScopeWithoutKeptRstd) {

@@ -16,6 +16,29 @@ DeviceArray<bf16> kept_rows(bool keep, DeviceMemory& mem, int64_t n, const std::
   return keep ? DeviceArray<bf16>(mem, n, MemCategory::activations, what) : DeviceArray<bf16>();
 }
 
+// What the layer's fp8/mxfp4 Linears and fp8 Group Linears keep of their inputs under MemCategory::activations
+// from their first forward on (Linear / GroupLinear::held_activation_bytes, unrounded); bf16 ones keep nothing
+// of their own (their input is the layer's, counted in its kept bytes), nor does an mxfp4 Group Linear (the
+// layer's MXFP4 copy).
+size_t quantized_copy_bytes(const TrainerConfig& cfg, int64_t l, int64_t M) {
+  const ModelConfig& m = cfg.model;
+  auto linear = [&](Recipe r, int64_t K) {
+    return r == Recipe::bf16 ? size_t{0} : Linear::held_activation_bytes(r, M, K);
+  };
+  const Recipe ra = cfg.recipe.attention, rd = cfg.recipe.dense_mlp;
+  size_t b = linear(ra, m.hidden) + linear(ra, m.kv_lora_rank) + linear(ra, m.heads * m.v_head_dim);  // kv, out
+  b += m.q_lora_rank > 0 ? linear(ra, m.hidden) + linear(ra, m.q_lora_rank) : linear(ra, m.hidden);    // q path
+  if (!cfg.is_moe_layer(l)) return b + linear(rd, m.hidden) + linear(rd, m.dense_ffn);
+  const int64_t fs = cfg.moe.shared_experts * cfg.moe.expert_ffn;
+  if (fs > 0) b += linear(cfg.recipe.shared_experts, m.hidden) + linear(cfg.recipe.shared_experts, fs);
+  if (cfg.recipe.routed_experts == Recipe::fp8) {
+    const int64_t R = M * cfg.moe.top_k, E = cfg.moe.routed_experts;
+    b += GroupLinear::held_activation_bytes(GroupLinearRecipe::fp8, R, m.hidden, E) +
+         GroupLinear::held_activation_bytes(GroupLinearRecipe::fp8, R, cfg.moe.expert_ffn, E);
+  }
+  return b;
+}
+
 }  // namespace
 
 DecoderLayer::DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t l, int64_t max_tokens,
@@ -33,11 +56,16 @@ DecoderLayer::DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t 
     mlp_.emplace(store, name(l, "mlp"), cfg.model.hidden, cfg.model.dense_ffn, cfg.recipe.dense_mlp, max_tokens, mem,
                  fc2_std, rc_.dense_mlp);
   }
+  // The norm outputs serve backward as the branches' inputs: kept unless recomputed (layernorm, full) or not read
+  // (fp8/mxfp4 projections without a recompute from x; the MoE block always reads its input: the router).
+  keep_a_in_ = !rc_.norms && attn_.backward_reads_input();
+  keep_f_in_ = !rc_.norms && (moe_ || mlp_->backward_reads_input());
   const int64_t n = max_tokens * d_;
   h_mid_ = kept_rows(!rc_.full, mem, n, name(l, "h_mid") + " (residual after attention)");
-  a_in_ = kept_rows(!rc_.norms, mem, n, name(l, "attn_norm") + " output");
-  f_in_ = kept_rows(!rc_.norms, mem, n, name(l, "ffn_norm") + " output");
+  a_in_ = kept_rows(keep_a_in_, mem, n, name(l, "attn_norm") + " output");
+  f_in_ = kept_rows(keep_f_in_, mem, n, name(l, "ffn_norm") + " output");
   plan_scratch(max_tokens);
+  quantized_copies_ = quantized_copy_bytes(cfg, l, max_tokens);
 }
 
 // The passes below, for M = max_tokens: every scope's takes, with the sub-layers' own scopes on top.
@@ -46,8 +74,8 @@ void DecoderLayer::plan_scratch(int64_t max_tokens) {
   const size_t r_attn = attn_norm_.recompute_bytes(), r_ffn = ffn_norm_.recompute_bytes();
   const size_t ffn_fwd = moe_ ? moe_->forward_bytes() : mlp_->forward_bytes();
   const size_t ffn_bwd = moe_ ? moe_->backward_bytes() : mlp_->backward_bytes();
-  const size_t kept_out = rc_.norms ? n : 0;  // a_in / f_in taken from the scratch
-  fwd_bytes_ = (rc_.full ? n : 0) + std::max(kept_out + attn_.forward_bytes(), kept_out + ffn_fwd);
+  fwd_bytes_ = (rc_.full ? n : 0) +  // h_mid, then a_in and f_in when not kept
+               std::max((keep_a_in_ ? 0 : n) + attn_.forward_bytes(), (keep_f_in_ ? 0 : n) + ffn_fwd);
   const size_t base = rc_.full ? n + r_attn + attn_.recompute_bytes() + n : 0;
   const size_t ffn_half = (rc_.norms ? n + r_ffn : 0) + std::max(ffn_bwd, ffn_norm_.backward_bytes());
   const size_t attn_half =
@@ -63,14 +91,14 @@ void DecoderLayer::forward(ModelContext& ctx, const bf16* h, int64_t M, bf16* tm
   bf16* h_mid = rc_.full ? arena.take<bf16>(n, "layer h_mid (not kept)") : h_mid_.data();
   {
     ScratchScope scope(arena);
-    bf16* a_in = rc_.norms ? arena.take<bf16>(n, "layer attn_norm output (not kept)") : a_in_.data();
+    bf16* a_in = keep_a_in_ ? a_in_.data() : arena.take<bf16>(n, "layer attn_norm output (not kept)");
     attn_norm_.forward(ctx, h, M, a_in);                 // a_in [M, d]
     attn_.forward(ctx, a_in, M, tmp);                    // MLA out [M, d]
     add_bf16(h, tmp, n, h_mid, ctx.stream);              // h_mid = h + MLA
   }
   {
     ScratchScope scope(arena);
-    bf16* f_in = rc_.norms ? arena.take<bf16>(n, "layer ffn_norm output (not kept)") : f_in_.data();
+    bf16* f_in = keep_f_in_ ? f_in_.data() : arena.take<bf16>(n, "layer ffn_norm output (not kept)");
     ffn_norm_.forward(ctx, h_mid, M, f_in);              // f_in [M, d]
     if (moe_) moe_->forward(ctx, f_in, M, tmp);          // FFN out [M, d]
     else mlp_->forward(ctx, f_in, M, tmp);
@@ -85,7 +113,7 @@ void DecoderLayer::backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d
   ScratchScope layer_scope(arena);
   if (moe_) moe_->set_aux_grad_scale(aux_grad_scale);
   bf16* h_mid = h_mid_.data();
-  bf16* a_in = a_in_.data();
+  bf16* a_in = a_in_.data();  // null when neither kept nor read (fp8/mxfp4 projections)
   if (rc_.full) {  // the forward again up to h_mid; MLA's tensors stay in this scope for its backward
     a_in = arena.take<bf16>(n, "layer attn_norm output (recomputed)");
     attn_norm_.recompute(ctx, h, M, a_in);
@@ -95,8 +123,8 @@ void DecoderLayer::backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d
   }
   {
     ScratchScope scope(arena);
-    bf16* f_in = f_in_.data();
-    if (rc_.norms) {
+    bf16* f_in = f_in_.data();  // null when neither kept nor read (an fp8/mxfp4 dense fc1)
+    if (rc_.norms) {  // recomputed for the norm's rstd (and the branch's input)
       f_in = arena.take<bf16>(n, "layer ffn_norm output (recomputed)");
       ffn_norm_.recompute(ctx, h_mid, M, f_in);
     }
@@ -127,6 +155,7 @@ LayerMemory DecoderLayer::memory(size_t input_bytes) const {
   m.attn = attn_.kept_bytes() - attn_.kept_norm_bytes();
   m.ffn = moe_ ? moe_->kept_bytes() : mlp_->kept_bytes();
   m.routed_experts = moe_ ? moe_->experts().kept_bytes() : 0;
+  m.quantized_copies = quantized_copies_;
   m.scratch_forward = fwd_bytes_;
   m.scratch_backward = bwd_bytes_;
   return m;

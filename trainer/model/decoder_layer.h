@@ -9,11 +9,12 @@
 // in backward the residual gradient d_res is BF16 too, summed the same way.
 //
 // Memory. Kept from forward to backward (MemCategory::activations), bytes per token besides the sub-layers' own:
-//   h_mid 2 d (not under full), a_in 2 d and f_in 2 d (not under layernorm or full); the layer input h is the
-//   model's. Under layernorm the two norms keep nothing (their outputs and rstd are recomputed from h and h_mid);
-//   under full the layer keeps nothing and its backward reruns attn_norm, MLA (MlaAttention::recompute_forward: its
-//   tensors stay in the layer's scratch scope for its backward) and the residual add, then each FFN recomputes
-//   itself.
+//   h_mid 2 d (not under full), a_in 2 d and f_in 2 d (not under layernorm or full, nor when the branch's backward
+//   does not read its input: fp8/mxfp4 projections keep their own copy, linear.h; the MoE block always reads it);
+//   the layer input h is the model's. Under layernorm the two norms keep nothing (their outputs and rstd are
+//   recomputed from h and h_mid); under full the layer keeps nothing and its backward reruns attn_norm, MLA
+//   (MlaAttention::recompute_forward: its tensors stay in the layer's scratch scope for its backward) and the
+//   residual add, then each FFN recomputes itself.
 // Scratch (ModelContext::scratch): one scope per forward and per backward, empty at the start of each; the tensors
 // not kept, then each sub-layer's own scope above them (forward_bytes / backward_bytes say the most, for
 // M = max_tokens).
@@ -68,6 +69,7 @@ class DecoderLayer {
 
   int64_t index_, d_;
   LayerRecompute rc_;
+  bool keep_a_in_ = false, keep_f_in_ = false;
   RmsNorm attn_norm_;
   MlaAttention attn_;
   RmsNorm ffn_norm_;
@@ -75,9 +77,9 @@ class DecoderLayer {
   std::optional<MoeLayer> moe_;   // l >= n_dense_layers
   // Kept (MemCategory::activations), [max_tokens, d] BF16 each; empty when the policy does not keep them:
   DeviceArray<bf16> h_mid_;       // residual stream after attention        (not under full)
-  DeviceArray<bf16> a_in_;        // attn_norm output, MLA input            (not under layernorm / full)
-  DeviceArray<bf16> f_in_;        // ffn_norm output, FFN input             (not under layernorm / full)
-  size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
+  DeviceArray<bf16> a_in_;        // attn_norm output, MLA input            (when keep_a_in_)
+  DeviceArray<bf16> f_in_;        // ffn_norm output, FFN input             (when keep_f_in_)
+  size_t fwd_bytes_ = 0, bwd_bytes_ = 0, quantized_copies_ = 0;
 };
 
 }  // namespace fp4moe

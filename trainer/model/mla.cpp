@@ -97,10 +97,14 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
   const int64_t n = max_tokens;
   const MlaRecompute& p = policy_;
   c_q_ = kept<bf16>(!p.whole, mem, n * r_q_, prefix + " c_q");
-  n_q_ = kept<bf16>(!p.whole && !p.norms, mem, n * r_q_, prefix + " q_norm output");
+  // n_q and n_kv serve backward as q_up's and kv_up's input (bf16 Linears only: fp8/mxfp4 keep their own copy) and
+  // as the source of a q or kv recompute (mla_up_proj).
+  keep_n_q_ = !p.whole && !p.norms && (q_up_.backward_reads_input() || p.up_proj);
+  keep_n_kv_ = !p.whole && !p.norms && (kv_up_.backward_reads_input() || p.up_proj);
+  n_q_ = kept<bf16>(keep_n_q_, mem, n * r_q_, prefix + " q_norm output");
   q_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * dqk_, prefix + " q");
   c_kv_ = kept<bf16>(!p.whole, mem, n * r_kv_, prefix + " c_kv");
-  n_kv_ = kept<bf16>(!p.whole && !p.norms, mem, n * r_kv_, prefix + " kv_norm output");
+  n_kv_ = kept<bf16>(keep_n_kv_, mem, n * r_kv_, prefix + " kv_norm output");
   kv_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * (nope_ + dv_), prefix + " kv_up output");
   k_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * dqk_, prefix + " k");
   k_pe_ = kept<bf16>(!p.whole && p.up_proj, mem, n * rope_, prefix + " k_pe");
@@ -113,10 +117,12 @@ MlaAttention::Acts MlaAttention::bind_acts(ScratchArena& a, int64_t M, bool forw
   const MlaRecompute& p = policy_;
   Acts t;
   t.c_q = pick(c_q_, !p.whole, a, M * r_q_, "MLA c_q");
-  t.n_q = pick(n_q_, !p.whole && !p.norms, a, M * r_q_, "MLA n_q");
+  // n_q / n_kv not kept: forward needs them; a backward only to rebuild the norms' rstd (layernorm).
+  const bool rebuild_n = forward_only || p.norms;
+  t.n_q = keep_n_q_ ? n_q_.data() : rebuild_n ? a.take<bf16>(M * r_q_, "MLA n_q") : nullptr;
   t.q = pick(q_, !p.whole && !p.up_proj, a, M * H_ * dqk_, "MLA q");
   t.c_kv = pick(c_kv_, !p.whole, a, M * r_kv_, "MLA c_kv");
-  t.n_kv = pick(n_kv_, !p.whole && !p.norms, a, M * r_kv_, "MLA n_kv");
+  t.n_kv = keep_n_kv_ ? n_kv_.data() : rebuild_n ? a.take<bf16>(M * r_kv_, "MLA n_kv") : nullptr;
   t.kv = pick(kv_, !p.whole && !p.up_proj, a, M * H_ * (nope_ + dv_), "MLA kv");
   t.k = pick(k_, !p.whole && !p.up_proj, a, M * H_ * dqk_, "MLA k");
   t.o = pick(o_, !p.whole && !p.core_attn, a, M * H_ * dv_, "MLA o");
@@ -163,6 +169,10 @@ void MlaAttention::plan_scratch() {
   const size_t rebuilt = !policy_.any() ? 0 : (policy_.whole ? whole_acts : some_acts) + norm_rstd;
   bwd_bytes_ = rebuilt + grads + norm_bwd;
   bwd_ready_bytes_ = grads + norm_bwd;
+}
+
+bool MlaAttention::backward_reads_input() const {
+  return kv_down_.backward_reads_input() || policy_.whole || (policy_.up_proj && r_q_ == 0);
 }
 
 size_t MlaAttention::scratch_bytes() const {

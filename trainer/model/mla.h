@@ -33,7 +33,9 @@
 // Memory. Kept from forward to backward (MemCategory::activations, max_tokens rows; bytes per token, BF16 = 2):
 //   c_q 2 r_q, n_q 2 r_q, q 2 H dqk, c_kv 2 r_kv, n_kv 2 r_kv, kv 2 H (nope + dv), k 2 H dqk, o 2 H dv,
 //   lse 4 H, and the rstd of q_norm and kv_norm (4 each; q_norm's only with r_q > 0)
-// minus what the recompute policy (trainer/model/recompute.h) drops, rebuilt in backward in the shared scratch:
+// (n_q and n_kv only with the bf16 recipe, whose q_up and kv_up read their input in backward, or under
+// mla_up_proj: fp8/mxfp4 Linears keep their own FP8/MXFP4 copy of it, counted by Linear, linear.h), minus what
+// the recompute policy (trainer/model/recompute.h) drops, rebuilt in backward in the shared scratch:
 //   mla_up_proj  q, kv, k       (q = q_up(n_q) + RoPE, or q_proj(x); kv = kv_up(n_kv); k = [k_nope | k_pe]);
 //                keeps k_pe 2 rope instead (the rotated RoPE key, else forward-only scratch)
 //   core_attn    o, lse         (the attention forward reruns)
@@ -79,13 +81,17 @@ class MlaAttention {
   // layer): the tensors not kept are taken from ctx.scratch and left in the caller's scope (recompute_bytes), so
   // that backward reads them instead of recomputing; y may be null (no output projection).
   void recompute_forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
-  // dy [M, d], x as in forward -> dx [M, d] BF16 (overwritten; must not overlap dy or x); every parameter grad +=.
-  // M must equal the last forward's. Rebuilds the tensors not kept first, unless a recompute_forward in a scratch
-  // scope still open left them.
+  // dy [M, d], x as in forward (may be null when !backward_reads_input()) -> dx [M, d] BF16 (overwritten; must not
+  // overlap dy or x); every parameter grad +=. M must equal the last forward's. Rebuilds the tensors not kept
+  // first, unless a recompute_forward in a scratch scope still open left them.
   void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx);
 
   int64_t hidden() const { return d_; }
   const MlaRecompute& recompute() const { return policy_; }
+  // Whether backward reads x: the bf16 recipe's q_down/kv_down (or q_proj) Wgrad, or a recompute from x (full;
+  // mla_up_proj with q_proj). With fp8/mxfp4 projections otherwise not: backward then takes x = null, and the
+  // caller need not keep it.
+  bool backward_reads_input() const;
   // Activation bytes kept from forward to backward (as DeviceMemory counts them), all of them and the part that
   // belongs to the q and kv norms (n_q, n_kv and their rstd).
   size_t kept_bytes() const;
@@ -137,6 +143,7 @@ class MlaAttention {
   Linear kv_up_;                    // r_kv -> H * (nope + dv)
   Linear out_;                      // H * dv -> d
   int64_t last_M_ = -1;
+  bool keep_n_q_ = false, keep_n_kv_ = false;
   Acts acts_;                       // the tensors of the last forward or recompute_forward
   uint64_t acts_stamp_ = 0;         // scratch stamp of the last recompute_forward (0: none)
   size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0, bwd_ready_bytes_ = 0;

@@ -15,17 +15,22 @@ void MlaAttention::backward(ModelContext& ctx, const bf16* dy, const bf16* x, in
   FP4MOE_CHECK(M == last_M_, "MlaAttention {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_,
                M);
   if (M == 0) return;
-  FP4MOE_CHECK(dy && x && dx, "MlaAttention {} backward: dy, x and dx [M, {}] must not be null", prefix_, d_);
+  FP4MOE_CHECK(dy && dx && (x || !backward_reads_input()),
+               "MlaAttention {} backward: dy, dx [M, {}] and x (read by this recipe and policy) must not be null",
+               prefix_, d_);
   ScratchArena& arena = scratch_of(ctx, "MlaAttention " + prefix_);
   ScratchScope scope(arena);
-  const bool ready = !policy_.any() || arena.alive(acts_stamp_);  // kept, or left by a recompute_forward
-  if (!ready) {
+  if (!arena.alive(acts_stamp_)) {  // no recompute_forward left them in a scope still open
     if (policy_.whole) {
       acts_ = bind_acts(arena, M, true);
       run_forward(ctx, x, M, acts_, true);
-    } else {
+    } else if (policy_.any()) {
       acts_ = bind_acts(arena, M, false);
       recompute_parts(ctx, x, M, acts_);
+    } else {  // everything backward reads is kept; the forward's scratch is gone
+      acts_.n_q = keep_n_q_ ? acts_.n_q : nullptr;
+      acts_.n_kv = keep_n_kv_ ? acts_.n_kv : nullptr;
+      acts_.kvd = acts_.k_pe = nullptr;
     }
   }
   acts_stamp_ = 0;

@@ -46,6 +46,10 @@ struct LayerMemory {
   size_t attn = 0;               // MlaAttention's other tensors (mla.h)
   size_t ffn = 0;                // the MoE block (moe.h) or the dense SwiGLU FFN (swiglu_mlp.h)
   size_t routed_experts = 0;     // the part of ffn held by the routed experts (moe_experts.h; 0 for dense)
+  size_t quantized_copies = 0;   // not in kept(): what the layer's fp8/mxfp4 Linears and fp8 Group Linears hold of
+                                 // their inputs (FP8 column or MXFP4 copies, linear.h, group_linear.h) under
+                                 // activations from their first forward on, unrounded; under every policy (their
+                                 // buffers stay allocated); 0 with bf16 recipes
   size_t scratch_forward = 0;    // the most of the shared scratch in this layer's forward
   size_t scratch_backward = 0;   // the same in its backward (with what it recomputes)
   size_t kept() const { return residual + norms + attn + ffn; }

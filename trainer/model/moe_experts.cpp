@@ -1,12 +1,14 @@
 #include "trainer/model/moe_experts.h"
 
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/check.h"
 #include "kernels/nn/permute.h"
 #include "kernels/nn/swiglu.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
+#include "trainer/model/linear_quantized.h"
 
 namespace fp4moe {
 
@@ -46,6 +48,16 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
   FP4MOE_CHECK(fc2_init_std > 0.0f, "MoeRoutedExperts {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
   w1_ = &store.add(prefix + ".experts.fc1", {E, 2 * f, d}, ParamInit::normal, kInitStd, /*decay=*/true);
   w2_ = &store.add(prefix + ".experts.fc2", {E, d, f}, ParamInit::normal, fc2_init_std, /*decay=*/true);
+  // Group Linear's own buffers from `mem`, counted as Linear counts them (linear_buffer_category): FP8 weight copies
+  // under weights, the fp8 recipe's FP8 column copy of X under activations, the rest under workspace.
+  for (auto [gl, name] : {std::pair{&fc1_, w1_->name}, std::pair{&fc2_, w2_->name}}) {
+    DeviceMemory* m = &mem;
+    gl->set_allocator(GroupLinearAllocator{
+        [m, name](size_t bytes, GroupLinearBuffer kind) {
+          return m->allocate(bytes, linear_buffer_category(kind), name + " " + group_linear_buffer_name(kind));
+        },
+        [m](void* p) { m->release(p); }});
+  }
   const int64_t R = max_tokens * k;
   const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, keep = !whole_, keep_a = keep && !act_;
   auto kept = [&](auto tag, bool on, int64_t n, const std::string& what) {

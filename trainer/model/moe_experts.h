@@ -17,14 +17,16 @@
 //         expert-parallel dispatch would (the rule is per row).
 // The fp8/mxfp4 recipes quantize the expert weights in every forward (GroupLinear::set_weights: the BF16
 // parameters change after each optimizer step; a recompute in backward reuses them). GroupLinear's own buffers
-// (FP8 copies, cuBLASLt workspace) come from cudaMalloc inside kernels/gemm and are not counted by DeviceMemory.
+// come from the layer's DeviceMemory (GroupLinear::set_allocator), allocated at the first forward and kept: FP8
+// weight copies under weights, the fp8 recipe's FP8 column copies of xs and a under activations, FP8 row copies and
+// columns of one pass under workspace (per layer); its cuBLASLt workspace is not counted.
 // Experts that receive no token are skipped by the grouped GEMMs (their grads stay unchanged).
 //
 // Memory. Kept from forward to backward (MemCategory::activations), bytes per token (R = k rows per token):
 //   always        row_of 4 k, h 4 f k (fc1 output), ys 2 d k (fc2 output, for the top-k weights' gradient)
 //   bf16          + xs 2 d k + a 2 f k
-//   fp8           nothing more (GroupLinear's FP8 column copies of xs and a, about (d + f) k bytes plus scales,
-//                 live outside DeviceMemory)
+//   fp8           nothing more here; GroupLinear keeps the FP8 column copies of xs and a, about (d + f) k bytes
+//                 plus scales (GroupLinear::held_activation_bytes), under activations from the first forward
 //   mxfp4         + xs as MXFP4 d k (1/2 + 1/32) + a as MXFP4 f k (1/2 + 1/32)
 // Recompute (trainer/model/recompute.h):
 //   moe_act  a is not kept: backward reruns swiglu(h) into the scratch; with mxfp4 it is the MXFP4 copy of a that is

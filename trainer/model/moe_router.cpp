@@ -130,13 +130,16 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
                          float* dx32) {
   FP4MOE_CHECK(M == last_M_, "MoeRouter {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_,
                M);
-  for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];
-  if (M == 0) return;
+  if (M == 0) {
+    for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];  // zeros: an empty micro-batch counts nothing
+    return;
+  }
   FP4MOE_CHECK(dweights && x && dx32, "MoeRouter {} backward: dweights [M, k], x [M, {}] and dx32 [M, {}] must not "
                "be null", prefix_, d_, d_);
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);
   FP4MOE_CHECK(ready(arena), "MoeRouter {} backward: probs and topk_weight are not kept (moe/full recompute) and the "
                "last forward's scratch scope has ended: rerun forward in the backward's scope first", prefix_);
+  for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];
   ScratchScope scope(arena);
   float* dlogits = arena.take<float>(M * E_, "router dlogits (FP32)");  // [M, E]
   bf16* dl = arena.take<bf16>(M * E_, "router dlogits (BF16)");

@@ -33,8 +33,8 @@ void* ScratchArena::take_bytes(size_t bytes, const char* what) {
   if (bytes == 0) return nullptr;
   const size_t size = rounded(bytes);
   FP4MOE_CHECK(measuring_ || size <= capacity_ - used_,
-               "ScratchArena: '{}' needs {} bytes at offset {} but the arena holds {} bytes (sized at construction from "
-               "the layers' reported needs: a layer takes more than it planned); live takes:\n{}",
+               "ScratchArena: '{}' needs {} bytes at offset {} but the arena holds {} bytes (sized at construction "
+               "from the layers' reported needs: a layer takes more than it planned); live takes:\n{}",
                what, size, used_, capacity_, describe());
   void* p = measuring_ ? nullptr : base_ + used_;
   used_ += size;

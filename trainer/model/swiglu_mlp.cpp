@@ -20,23 +20,26 @@ SwigluMlp::SwigluMlp(ParamStore& store, const std::string& prefix, int64_t hidde
       fc2_(store, prefix + ".fc2", ffn, hidden, recipe, fc2_init_std) {
   FP4MOE_CHECK(max_tokens >= 0, "SwigluMlp {}: max_tokens must be >= 0, got {}", prefix, max_tokens);
   FP4MOE_CHECK(fc2_init_std > 0.0f, "SwigluMlp {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
-  if (!recompute) {
-    h_ = DeviceArray<bf16>(mem, max_tokens * 2 * ffn, MemCategory::activations, prefix + " fc1 output");
-    a_ = DeviceArray<bf16>(mem, max_tokens * ffn, MemCategory::activations, prefix + " swiglu output");
-  }
+  keep_a_ = !recompute && fc2_.backward_reads_input();  // a serves backward only as fc2's input
+  if (!recompute) h_ = DeviceArray<bf16>(mem, max_tokens * 2 * ffn, MemCategory::activations, prefix + " fc1 output");
+  if (keep_a_) a_ = DeviceArray<bf16>(mem, max_tokens * ffn, MemCategory::activations, prefix + " swiglu output");
 }
 
 size_t SwigluMlp::forward_bytes() const {
-  if (!recompute_) return 0;
   const auto rows = static_cast<size_t>(max_tokens_);
-  return ScratchArena::rounded(rows * 2 * ffn_ * sizeof(bf16)) + ScratchArena::rounded(rows * ffn_ * sizeof(bf16));
+  return (recompute_ ? ScratchArena::rounded(rows * 2 * ffn_ * sizeof(bf16)) : 0) +
+         (keep_a_ ? 0 : ScratchArena::rounded(rows * ffn_ * sizeof(bf16)));
 }
 
 size_t SwigluMlp::backward_bytes() const {
   const auto rows = static_cast<size_t>(max_tokens_);
-  return forward_bytes() + ScratchArena::rounded(rows * ffn_ * sizeof(bf16)) +
-         ScratchArena::rounded(rows * 2 * ffn_ * sizeof(bf16));
+  const size_t h = ScratchArena::rounded(rows * 2 * ffn_ * sizeof(bf16));
+  const size_t a = ScratchArena::rounded(rows * ffn_ * sizeof(bf16));
+  const size_t rebuilt = recompute_ ? h + (fc2_.backward_reads_input() ? a : 0) : 0;
+  return rebuilt + a + h;  // + d a, d h
 }
+
+bool SwigluMlp::backward_reads_input() const { return recompute_ || fc1_.backward_reads_input(); }
 
 void SwigluMlp::check_tokens(const char* what, int64_t M) const {
   FP4MOE_CHECK(M >= 0 && M <= max_tokens_, "SwigluMlp {} {}: M must be in [0, {}] (max_tokens), got M={}", prefix_,
@@ -50,7 +53,7 @@ void SwigluMlp::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   ScratchArena& arena = scratch_of(ctx, "SwigluMlp " + prefix_);
   ScratchScope scope(arena);
   bf16* h = recompute_ ? arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP h") : h_.data();
-  bf16* a = recompute_ ? arena.take<bf16>(M * ffn_, "SwiGLU MLP a") : a_.data();
+  bf16* a = keep_a_ ? a_.data() : arena.take<bf16>(M * ffn_, "SwiGLU MLP a");
   fc1_.forward(ctx, x, M, h);                        // h [M, 2 ffn]
   swiglu_forward(h, M, ffn_, a, ctx.stream);         // a [M, ffn]
   fc2_.forward(ctx, a, M, y);                        // y [M, hidden]
@@ -67,13 +70,17 @@ void SwigluMlp::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64
   if (M == 0) return;
   ScratchArena& arena = scratch_of(ctx, "SwigluMlp " + prefix_);
   ScratchScope scope(arena);
+  FP4MOE_CHECK(dy && (x || !backward_reads_input()),
+               "SwigluMlp {} backward: dy and x (read by this recipe and policy) must not be null", prefix_);
   bf16* h = h_.data();
-  bf16* a = a_.data();
-  if (recompute_) {  // h and a again; fc2's output is not needed
+  bf16* a = a_.data();  // null unless kept: fp8/mxfp4 fc2 reads its own copy
+  if (recompute_) {  // h again (and a for a bf16 fc2); fc2's output is not needed
     h = arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP h (recomputed)");
-    a = arena.take<bf16>(M * ffn_, "SwiGLU MLP a (recomputed)");
     fc1_.forward(ctx, x, M, h);
-    swiglu_forward(h, M, ffn_, a, ctx.stream);
+    if (fc2_.backward_reads_input()) {
+      a = arena.take<bf16>(M * ffn_, "SwiGLU MLP a (recomputed)");
+      swiglu_forward(h, M, ffn_, a, ctx.stream);
+    }
   }
   bf16* da = arena.take<bf16>(M * ffn_, "SwiGLU MLP d a");
   bf16* dh = arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP d h");

@@ -10,7 +10,8 @@
 // into the residual stream; model.cpp documents the init of every tensor). Both decay.
 //
 // Kept from forward to backward (MemCategory::activations, sized for max_tokens rows), 6 ffn bytes per token:
-//   h [max_tokens, 2 ffn] BF16 (swiglu's input), a [max_tokens, ffn] BF16 (fc2's input, for its Wgrad);
+//   h [max_tokens, 2 ffn] BF16 (swiglu's input), a [max_tokens, ffn] BF16 (fc2's input, for its Wgrad; only with a
+//   bf16 fc2: an fp8/mxfp4 Linear keeps its own copy of its input, counted by Linear, linear.h);
 // nothing when built with recompute = true (the `mlp` policy for the dense FFN; `shared_experts`, `moe` for the
 // shared experts; `full`): forward then writes h and a into the shared scratch, and backward reruns fc1 and swiglu
 // (not fc2) into the scratch before its own work.
@@ -44,7 +45,8 @@ class SwigluMlp {
   // x [M, hidden] BF16 -> y [M, hidden] BF16 (overwritten; must not overlap x). 0 <= M <= max_tokens; M = 0
   // does nothing. Keeps h and a for backward (unless recompute).
   void forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y);
-  // dy [M, hidden], x as in forward -> dx [M, hidden] BF16 (overwritten); fc1 and fc2 grads += (FP32).
+  // dy [M, hidden], x as in forward (may be null when !backward_reads_input()) -> dx [M, hidden] BF16
+  // (overwritten); fc1 and fc2 grads += (FP32).
   void backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx);
   // The same with dx as Linear's Dgrad output: BF16, or FP32 with accumulation (dx += ...), which the MoE layer
   // uses to sum the shared experts' dx with the routed and router contributions before one cast.
@@ -55,6 +57,9 @@ class SwigluMlp {
   const Linear& fc1() const { return fc1_; }
   const Linear& fc2() const { return fc2_; }
   bool recomputes() const { return recompute_; }
+  // Whether backward reads x: a bf16 fc1's Wgrad, or the recompute. With an fp8/mxfp4 fc1 and no recompute it
+  // does not: backward then takes x = null, and the caller need not keep it.
+  bool backward_reads_input() const;
   size_t kept_bytes() const { return counted_bytes(h_) + counted_bytes(a_); }  // activations, as DeviceMemory counts
   // Scratch for M = max_tokens taken by forward and by backward; scratch_bytes() the larger.
   size_t forward_bytes() const;
@@ -68,9 +73,10 @@ class SwigluMlp {
   int64_t hidden_, ffn_, max_tokens_;
   bool recompute_;
   Linear fc1_, fc2_;
+  bool keep_a_ = false;       // a kept: no recompute and a bf16 fc2 (which reads it in backward)
   int64_t last_M_ = -1;       // tokens of the last forward (backward must match)
   DeviceArray<bf16> h_;       // [max_tokens, 2 ffn] fc1 output, gate | up      (activations; empty with recompute)
-  DeviceArray<bf16> a_;       // [max_tokens, ffn]   swiglu output, fc2 input   (activations; empty with recompute)
+  DeviceArray<bf16> a_;       // [max_tokens, ffn]   swiglu output, fc2 input   (activations; when keep_a_)
 };
 
 }  // namespace fp4moe
