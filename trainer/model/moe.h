@@ -24,8 +24,9 @@
 //
 // Memory. Kept from forward to backward (MemCategory::activations, sized at construction for max_tokens tokens): the
 // router's (moe_router.h), the routed experts' (moe_experts.h) and the shared experts' (swiglu_mlp.h); the block's
-// input x is the caller's. Per token, bf16 recipes, no policy: router 4 E + 8 k; routed experts k (4 + 6 d + 6 f);
-// shared experts 6 s f. Recompute (trainer/model/recompute.h, MoeRecompute):
+// input x is the caller's. Per token, bf16 recipes, no policy: router 4 E + 8 k; routed experts k (4 + 4 d + 6 f);
+// shared experts 6 s f (4 s f with an fp8/mxfp4 shared recipe, whose fc2 keeps its own copy of a). Recompute
+// (trainer/model/recompute.h, MoeRecompute):
 //   moe_act         drops the routed experts' a (2 f k; mxfp4: its MXFP4 copy, 17 f k / 32)
 //   shared_experts  drops the shared experts' h and a (6 s f)
 //   moe, full       keeps only the router's topk_idx (4 k per token) and its per-layer counts: backward reruns the

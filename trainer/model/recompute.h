@@ -14,6 +14,9 @@
 //   mlp             the dense SwiGLU FFN's h and a
 //   shared_experts  the shared experts' h and a
 //   full            the whole decoder layer: only its input h[l] is kept
+// Independently of the policy, a layer keeps a Linear's input only when that Linear's backward reads it (the bf16
+// recipe): fp8/mxfp4 Linears and Group Linears keep their own FP8/MXFP4 copy from their forward, in their own
+// buffers, which stay allocated under every policy (Model::layer_memory's quantized_copies).
 #pragma once
 
 #include "trainer/config.h"
