@@ -15,9 +15,10 @@
 // atomics), which the convention does not count; variant 3 runs 5.
 // Inputs: q, k, v, dO seeded N(0, 1) BF16, dense [B*T, H, D]; one copy (every pass is compute-bound and the mla
 // tensors alone exceed the L2 many times over). Check before timing: one forward and backward of the public
-// functions and of every variant on NaN-poisoned outputs; O, lse, dQ, dK, dV must be finite everywhere (a variant
-// that fails is skipped with the reason; correctness itself is tests/gpu/test_attention.cpp). The backward passes
-// read the O and lse of whichever forward ran last (any variant's: the same values up to FP32 rounding).
+// functions and of every variant on NaN-poisoned outputs; O, lse, dQ, dK, dV must be finite everywhere, and each
+// variant's within 2e-2 relative L2 of the public functions' (a variant that fails is skipped with the reason;
+// correctness itself is tests/gpu/test_attention.cpp). The backward passes read the O and lse of whichever forward
+// ran last (any variant's: the same values up to FP32 rounding).
 // Timing: CUDA events around one pass per iteration after a warm-up pass (Google Benchmark manual time, at least
 // kMinTimeS); the tables report the median iteration.
 // After the run: `case | shape | us | TFLOP/s | x gemm | x v0` (x gemm: TFLOP/s over the GEMM's; x v0: a variant's
@@ -115,6 +116,48 @@ void check_finite(const char* what, const T* p, int64_t n, unsigned long long* d
   FP4MOE_CHECK(h == 0, "output check: {} has {} NaN/Inf elements of {} (expected all finite)", what, h, n);
 }
 
+// partial[2 b], partial[2 b + 1] = sum over block b's share of (a - b)^2 and b^2 (double), for rel_diff.
+template <typename T>
+__global__ void diff_norms_kernel(const T* a, const T* b, int64_t n, double* partial) {
+  __shared__ double s_diff[256], s_ref[256];
+  double diff = 0, ref = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    diff += (x - y) * (x - y);
+    ref += y * y;
+  }
+  s_diff[threadIdx.x] = diff;
+  s_ref[threadIdx.x] = ref;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (static_cast<int>(threadIdx.x) < w) {
+      s_diff[threadIdx.x] += s_diff[threadIdx.x + w];
+      s_ref[threadIdx.x] += s_ref[threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[2 * blockIdx.x] = s_diff[0], partial[2 * blockIdx.x + 1] = s_ref[0];
+}
+
+constexpr int kDiffBlocks = 1024;
+
+// Rejects (fp4moe::Error) a variant's output a that differs from variant 0's b by more than `tol` in relative L2
+// (variants differ from variant 0 by the order of FP32 sums only: ~1e-3 expected). partial: 2 * kDiffBlocks doubles.
+template <typename T>
+void check_close(const char* what, const T* a, const T* b, int64_t n, double tol, double* partial) {
+  diff_norms_kernel<T><<<kDiffBlocks, 256>>>(a, b, n, partial);
+  CUDA_CHECK_LAUNCH();
+  std::vector<double> h(2 * kDiffBlocks);
+  CUDA_CHECK(cudaMemcpy(h.data(), partial, h.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  double diff = 0, ref = 0;
+  for (int i = 0; i < kDiffBlocks; ++i) diff += h[2 * i], ref += h[2 * i + 1];
+  const double rel = std::sqrt(diff / std::max(ref, 1e-30));
+  FP4MOE_CHECK(rel <= tol, "output check: {} differs from variant 0's by {:.3g} relative L2 (expected <= {})", what,
+               rel, tol);
+}
+
+constexpr double kVariantTol = 2e-2;
+
 struct Workload {
   bench::DevicePool pool;
   std::unique_ptr<CublasLtMatmul> lt;
@@ -158,8 +201,8 @@ std::unique_ptr<Workload> build_attention(const Shape& sh) {
   float* lse = p.alloc<float>(sh.B * sh.H * sh.T);
   CUDA_CHECK(cudaMemset(lse, 0xFF, sizeof(float) * sh.B * sh.H * sh.T));
   int64_t ws_bytes = flash_attention_backward_workspace_bytes(s);
-  for (int v = 0; v < attn_detail::kBackwardVariants; ++v)
-    ws_bytes = std::max(ws_bytes, attn_detail::flash_attention_backward_variant_workspace_bytes(v, s));
+  for (int id = 0; id < attn_detail::kBackwardVariants; ++id)
+    ws_bytes = std::max(ws_bytes, attn_detail::flash_attention_backward_variant_workspace_bytes(id, s));
   void* ws = p.alloc<unsigned char>(ws_bytes);
   auto* count = p.alloc<unsigned long long>(1);
   const AttnIn qi{q, sh.H * sh.Dqk, sh.Dqk}, ki{k, sh.H * sh.Dqk, sh.Dqk}, vi{v, sh.H * sh.Dv, sh.Dv};
@@ -179,35 +222,57 @@ std::unique_ptr<Workload> build_attention(const Shape& sh) {
   w->pass["bwd"] = bwd;  // backward reads forward's O and lse, which stay valid
   w->pass["fwd+bwd"] = [=] { fwd(); bwd(); };
 
-  // The variants, each checked once on poisoned outputs (forward first: the backward variants then read the O and
-  // lse of forward variant 0, written last).
-  const auto poison = [](void* t, int64_t bytes) { CUDA_CHECK(cudaMemset(t, 0xFF, static_cast<size_t>(bytes))); };
-  for (int v = attn_detail::kForwardVariants - 1; v >= 0; --v) {
-    const std::string key = fmt::format("fwd@v{}", v);
-    w->pass[key] = [=] { attn_detail::flash_attention_forward_variant(v, s, qi, ki, vi, oo, lse, nullptr); };
+  // The variants, each run once on poisoned outputs before timing: finite everywhere and within kVariantTol of the
+  // public functions' (variant 0's) outputs, kept as references; otherwise the case is skipped with the reason.
+  // Forward variants first, then variant 0's O and lse are put back for the backward variants.
+  const auto copy = [](void* dst, const void* src, int64_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+  };
+  const int64_t o_bytes = sizeof(bf16) * rows * sh.H * sh.Dv, lse_bytes = sizeof(float) * sh.B * sh.H * sh.T;
+  const int64_t qk_bytes = sizeof(bf16) * rows * sh.H * sh.Dqk;
+  bf16* o_ref = p.alloc<bf16>(rows * sh.H * sh.Dv);
+  float* lse_ref = p.alloc<float>(sh.B * sh.H * sh.T);
+  bf16 *dq_ref = p.alloc<bf16>(rows * sh.H * sh.Dqk), *dk_ref = p.alloc<bf16>(rows * sh.H * sh.Dqk);
+  bf16* dv_ref = p.alloc<bf16>(rows * sh.H * sh.Dv);
+  auto* partial = p.alloc<double>(2 * kDiffBlocks);
+  copy(o_ref, o, o_bytes);
+  copy(lse_ref, lse, lse_bytes);
+  copy(dq_ref, dq, qk_bytes);
+  copy(dk_ref, dk, qk_bytes);
+  copy(dv_ref, dv, o_bytes);
+  for (int id = 0; id < attn_detail::kForwardVariants; ++id) {
+    const std::string key = fmt::format("fwd@v{}", id);
+    w->pass[key] = [=] { attn_detail::flash_attention_forward_variant(id, s, qi, ki, vi, oo, lse, nullptr); };
     try {
-      poison(o, sizeof(bf16) * rows * sh.H * sh.Dv);
-      poison(lse, sizeof(float) * sh.B * sh.H * sh.T);
+      CUDA_CHECK(cudaMemset(o, 0xFF, static_cast<size_t>(o_bytes)));
+      CUDA_CHECK(cudaMemset(lse, 0xFF, static_cast<size_t>(lse_bytes)));
       w->pass[key]();
       check_finite("O", o, rows * sh.H * sh.Dv, count);
       check_finite("lse", lse, sh.B * sh.H * sh.T, count);
+      check_close("O", o, o_ref, rows * sh.H * sh.Dv, kVariantTol, partial);
+      check_close("lse", lse, lse_ref, sh.B * sh.H * sh.T, kVariantTol, partial);
     } catch (const Error& e) {
       w->broken[key] = e.what();
     }
   }
-  for (int v = 0; v < attn_detail::kBackwardVariants; ++v) {
-    const std::string key = fmt::format("bwd@v{}", v);
+  copy(o, o_ref, o_bytes);
+  copy(lse, lse_ref, lse_bytes);
+  for (int id = 0; id < attn_detail::kBackwardVariants; ++id) {
+    const std::string key = fmt::format("bwd@v{}", id);
     w->pass[key] = [=] {
-      attn_detail::flash_attention_backward_variant(v, s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws, nullptr);
+      attn_detail::flash_attention_backward_variant(id, s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws, nullptr);
     };
     try {
-      poison(dq, sizeof(bf16) * rows * sh.H * sh.Dqk);
-      poison(dk, sizeof(bf16) * rows * sh.H * sh.Dqk);
-      poison(dv, sizeof(bf16) * rows * sh.H * sh.Dv);
+      CUDA_CHECK(cudaMemset(dq, 0xFF, static_cast<size_t>(qk_bytes)));
+      CUDA_CHECK(cudaMemset(dk, 0xFF, static_cast<size_t>(qk_bytes)));
+      CUDA_CHECK(cudaMemset(dv, 0xFF, static_cast<size_t>(o_bytes)));
       w->pass[key]();
       check_finite("dQ", dq, rows * sh.H * sh.Dqk, count);
       check_finite("dK", dk, rows * sh.H * sh.Dqk, count);
       check_finite("dV", dv, rows * sh.H * sh.Dv, count);
+      check_close("dQ", dq, dq_ref, rows * sh.H * sh.Dqk, kVariantTol, partial);
+      check_close("dK", dk, dk_ref, rows * sh.H * sh.Dqk, kVariantTol, partial);
+      check_close("dV", dv, dv_ref, rows * sh.H * sh.Dv, kVariantTol, partial);
     } catch (const Error& e) {
       w->broken[key] = e.what();
     }

@@ -18,6 +18,7 @@
 // BF16 (RNE). Expected accuracy against an FP64 reference on the same BF16 inputs (tests/gpu/test_attention.cpp):
 // relative L2 error of O around the BF16 rounding (< 1e-2), of dQ, dK, dV below 2e-2; lse to ~1e-6 relative.
 // Deterministic: no atomics, a fixed summation order for a given shape, so the same inputs give the same bits.
+// Other kernels for the same computation, selectable by id for measurement: flash_attention_variants.h.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(32 * kDeltaWarps) attention_backward_delta_ker
 
 // ---- 2. dK, dV ----------------------------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / kBlockN)); the first key blocks (the most queries) are scheduled first.
+// grid (B*H, ceil(T / kBlockN)); the first key blocks (the most queries) are scheduled first. kRowCopies: the tile
+// copy order (copy_tile_async); false for flash_attention_backward, true for backward variant 1.
 template <int Dqk, int Dv, bool kRowCopies>
 __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attention_backward_dkdv_kernel(BwdParams p) {
   using C = BwdKVConfig<Dqk, Dv>;
@@ -135,7 +136,8 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
   copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, n0, T, tid);
   copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, n0, T, tid);
   copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, mb_first * C::kBlockM, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, mb_first * C::kBlockM, T, tid);
+  copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, mb_first * C::kBlockM, T,
+                                                           tid);
   cp_async_commit();
   // lse * log2e and D of query mb_first * kBlockM + tid, held in registers until the step that uses them; rows
   // past T get lse = +inf (P = 0) and D = 0.
@@ -161,10 +163,10 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
     if (tid < C::kBlockM) sLse2[tid] = next_lse2, sDelta[tid] = next_delta;  // read since the last barrier: free
     if (mb + 1 < mb_end) {  // prefetch the next query block into the other stage
       const int next = stage ^ 1, m1 = m0 + C::kBlockM;
-      copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ + next * C::kBlockM * C::kPitchQK, gQ, p.q.token_stride, m1,
-                                                    T, tid);
-      copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO + next * C::kBlockM * C::kPitchV, gdO, p.dout.token_stride,
-                                                   m1, T, tid);
+      copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ + next * C::kBlockM * C::kPitchQK, gQ,
+                                                                p.q.token_stride, m1, T, tid);
+      copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO + next * C::kBlockM * C::kPitchV, gdO,
+                                                               p.dout.token_stride, m1, T, tid);
       cp_async_commit();
       if (tid < C::kBlockM) {
         const int q = m1 + tid;
@@ -274,7 +276,8 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
 
 // ---- 3. dQ --------------------------------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
+// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first. kRowCopies as above
+// (true for backward variants 1 and 2).
 template <int Dqk, int Dv, bool kRowCopies>
 __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention_backward_dq_kernel(BwdParams p) {
   using C = BwdQConfig<Dqk, Dv>;
@@ -329,10 +332,10 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
     const int stage = nb & 1, n0 = nb * C::kBlockN;
     if (nb + 1 < n_blocks) {  // prefetch the next key block into the other stage
       const int next = stage ^ 1;
-      copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
-                                                    n0 + C::kBlockN, T, tid);
-      copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
-                                                   n0 + C::kBlockN, T, tid);
+      copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK,
+                                                                p.k.token_stride, n0 + C::kBlockN, T, tid);
+      copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV,
+                                                               p.v.token_stride, n0 + C::kBlockN, T, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {

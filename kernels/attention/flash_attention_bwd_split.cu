@@ -362,10 +362,10 @@ __device__ __forceinline__ void split_sweep(const BwdParams& p, const SplitSmem&
     }
     if (has_next) {  // Q and dO of the next step into the other stage (last read during step i - 1)
       const int m1 = m0 + C::kBlockM, next = buf ^ 1;
-      load_tile_rows_async<C::kBlockM, Dqk, C::kThreads>(sm.q + next * C::kBlockM * C::kPitchQK, gQ, p.q.token_stride, m1,
-                                                    T, tid);
+      load_tile_rows_async<C::kBlockM, Dqk, C::kThreads>(sm.q + next * C::kBlockM * C::kPitchQK, gQ, p.q.token_stride,
+                                                         m1, T, tid);
       load_tile_rows_async<C::kBlockM, Dv, C::kThreads>(sm.dout + next * C::kBlockM * C::kPitchV, gdO,
-                                                   p.dout.token_stride, m1, T, tid);
+                                                        p.dout.token_stride, m1, T, tid);
       cp_async_commit();
       if (tid < 2 * C::kBlockM) {
         const int q = m1 + (tid % C::kBlockM);

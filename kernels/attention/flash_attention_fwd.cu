@@ -32,7 +32,8 @@ struct FwdConfig {
 
 // ---- kernel -------------------------------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
+// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first. kRowCopies: the tile
+// copy order (copy_tile_async); false for flash_attention_forward, true for forward variant 1.
 template <int Dqk, int Dv, bool kRowCopies>
 __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_forward_kernel(FwdParams p) {
   using C = FwdConfig<Dqk, Dv>;
@@ -81,10 +82,10 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
     const int stage = nb & 1, n0 = nb * C::kBlockN;
     if (nb + 1 < n_blocks) {  // prefetch the next key block into the other stage (free since the last barrier)
       const int next = stage ^ 1;
-      copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
-                                                    n0 + C::kBlockN, T, tid);
-      copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
-                                                   n0 + C::kBlockN, T, tid);
+      copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK,
+                                                                p.k.token_stride, n0 + C::kBlockN, T, tid);
+      copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV,
+                                                               p.v.token_stride, n0 + C::kBlockN, T, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {

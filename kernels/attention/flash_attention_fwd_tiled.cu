@@ -113,9 +113,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_ker
     if (nb + 1 < n_blocks) {
       const int next = stage ^ 1;
       load_tile_rows_async<C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
-                                                    n0 + C::kBlockN, T, tid);
+                                                         n0 + C::kBlockN, T, tid);
       load_tile_rows_async<C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
-                                                   n0 + C::kBlockN, T, tid);
+                                                        n0 + C::kBlockN, T, tid);
       cp_async_commit();
     }
     if (n0 > warp_q_last) continue;  // every key of the block is after every row of this warp: nothing to add

@@ -91,8 +91,9 @@ void flash_attention_backward_variant(int variant, const AttentionShape& s, Attn
                reinterpret_cast<uintptr_t>(workspace));
   const BwdWorkspace w = backward_workspace(variant, s);
   auto* ws = static_cast<unsigned char*>(workspace);
-  attn::BwdParams p{q,  k,  v,  o,  dout, lse, reinterpret_cast<float*>(ws + w.delta), dq, dk, dv, static_cast<int>(s.T),
-                    static_cast<int>(s.H), static_cast<int>(s.Dv), s.scale, s.scale * attn::kLog2e};
+  attn::BwdParams p{q,  k,  v,  o,  dout, lse, reinterpret_cast<float*>(ws + w.delta), dq, dk, dv,
+                    static_cast<int>(s.T), static_cast<int>(s.H), static_cast<int>(s.Dv), s.scale,
+                    s.scale * attn::kLog2e};
   if (variant == 3) {
     p.dq_acc = reinterpret_cast<float*>(ws + w.acc);
     p.dq_flags = reinterpret_cast<int*>(ws + w.flags);

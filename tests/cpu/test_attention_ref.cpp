@@ -330,8 +330,8 @@ TEST(AttentionVariantChecks, WorkspaceBytes) {
   const AttentionShape mla{1, 4096, 128, 192, 128, 0.0721688f};
   EXPECT_EQ(attn_detail::flash_attention_backward_variant_workspace_bytes(3, mla),
             (int64_t{384} << 20) + (int64_t{2} << 20) + (int64_t{32} << 10) + 256);
-  expect_error_mentions([] { attn_detail::flash_attention_backward_variant_workspace_bytes(3, {1, 2, -1, 96, 64, 0.1f}); },
-                        {"H=-1"});
+  expect_error_mentions(
+      [] { attn_detail::flash_attention_backward_variant_workspace_bytes(3, {1, 2, -1, 96, 64, 0.1f}); }, {"H=-1"});
 }
 
 }  // namespace
