@@ -64,7 +64,7 @@ TEST(MoeDispatchBytes, ModelReportsEachMoeLayerAndTheRunWritesThem) {
   FP4MOE_REQUIRE_DEVICE();
   const TrainerConfig cfg =
       parse_config_args({"--config", test::preset("tiny"), "--recipe.routed_experts", "mxfp4", "--train.steps", "1",
-                         "--train.eval_interval", "0"});
+                         "--train.warmup_steps", "0", "--train.eval_interval", "0"});
   {
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
