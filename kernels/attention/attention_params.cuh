@@ -19,6 +19,9 @@ struct FwdParams {
   float* lse;
   int T, H;
   float scale_log2;  // scale * log2(e)
+  // Block order of the variant kernels (block_tile in attention_tile.cuh): heads per group (0: none), B*H.
+  int group_heads = 0;
+  int64_t bh_count = 0;
 };
 
 struct BwdParams {
@@ -34,6 +37,9 @@ struct BwdParams {
   float* dq_acc = nullptr;
   int* dq_flags = nullptr;
   unsigned long long* ticket = nullptr;
+  // Block order of the variant kernels (block_tile in attention_tile.cuh): heads per group (0: none), B*H.
+  int group_heads = 0;
+  int64_t bh_count = 0;
 };
 
 // f(Dqk, Dv) with both as std::integral_constant, for the (Dqk, Dv) of kAttentionPairs; an Error naming `what`
@@ -60,19 +66,22 @@ void with_head_dims(const char* what, int64_t Dqk, int64_t Dv, F&& f) {
 void launch_forward_v0(bool row_copies, const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
                        cudaStream_t stream);
 
-// flash_attention_fwd_tiled.cu: forward variants 2 and 3 (flash_attention_variants.h).
-void launch_forward_tiled(int variant, const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+// flash_attention_fwd_tiled.cu: the kernel of forward variants 2 and 4 (tiles = 2: variant 0's tiles, Q in
+// registers) or 3 (tiles = 3: 32 rows x 32 keys), in block_tile's order with p.group_heads over p.bh_count heads.
+void launch_forward_tiled(int tiles, const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
 // flash_attention_bwd.cu: D = rowsum(dO * O) into p.delta for the B*T rows; the dK/dV and dQ kernels of
-// flash_attention_backward (row_copies false), or the same with load_tile_rows_async's copy order.
+// flash_attention_backward (row_copies false), or the same with load_tile_rows_async's copy order, and the dQ
+// kernel also in block_tile's order with p.group_heads (grouped, with row copies only).
 void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream);
 void launch_backward_dkdv_v0(bool row_copies, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
                              cudaStream_t stream);
-void launch_backward_dq_v0(bool row_copies, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
+void launch_backward_dq_v0(bool row_copies, bool grouped, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
                            cudaStream_t stream);
 
-// flash_attention_bwd_split.cu: the dK/dV kernel of backward variants 2 and 3 (role-split warps); with fused_dq
-// it also produces dQ through p.dq_acc, p.dq_flags and p.ticket (variant 3).
+// flash_attention_bwd_split.cu: the dK/dV kernel of backward variants 2 to 4 (role-split warps), in block_tile's
+// order with p.group_heads; with fused_dq it also produces dQ through p.dq_acc, p.dq_flags and p.ticket (variant
+// 3, whose blocks take their work from the ticket counter instead).
 void launch_backward_split(bool fused_dq, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
                            cudaStream_t stream);
 

@@ -208,6 +208,38 @@ __device__ __forceinline__ void load_tile_rows_async(bf16* smem, const bf16* bas
   }
 }
 
+// ---- block order ----------------------------------------------------------------------------------------------------
+
+// The block order of the variant kernels over (sequence-head, tile) (flash_attention_variants.h). group_heads = 0:
+// grid (B*H, tiles), block (bh, tile) = (blockIdx.x, blockIdx.y), all heads side by side. group_heads = G > 0: grid
+// (G * tiles, ceil(B*H / G)), block x of row y is tile x / G of sequence-head y G + x % G: the hardware starts
+// blocks in linear order, so the blocks in flight at a time cover a few heads at neighbouring tiles, and the K/V
+// (or Q/dO) each block streams is read by the other blocks of its head while it is still in L2. Tiles keep the
+// caller's meaning (the caller orders them heaviest first). Returns false for a block past the last head (the grid
+// is rounded up to whole groups): the block has nothing to do.
+__device__ __forceinline__ bool block_tile(int group_heads, int64_t bh_count, int64_t& bh, int& tile) {
+  if (group_heads == 0) {
+    bh = blockIdx.x;
+    tile = static_cast<int>(blockIdx.y);
+    return true;
+  }
+  tile = static_cast<int>(blockIdx.x / group_heads);
+  bh = static_cast<int64_t>(blockIdx.y) * group_heads + blockIdx.x % group_heads;
+  return bh < bh_count;
+}
+
+// The grid of block_tile's order, and the group size to use: kGroupHeads, or 0 (all heads side by side) where the
+// grouped grid would exceed 65535 rows.
+constexpr int kGroupHeads = 8;
+inline int group_heads_for(int64_t bh_count) {
+  return (bh_count + kGroupHeads - 1) / kGroupHeads <= 65535 ? kGroupHeads : 0;
+}
+inline dim3 tile_grid(int group_heads, int64_t bh_count, int64_t tiles) {
+  if (group_heads == 0) return dim3(static_cast<unsigned>(bh_count), static_cast<unsigned>(tiles));
+  return dim3(static_cast<unsigned>(group_heads * tiles),
+              static_cast<unsigned>((bh_count + group_heads - 1) / group_heads));
+}
+
 // load_tile_rows_async (kRowCopies) or load_tile_async: the copy order of variant 0's kernels is a template choice.
 template <bool kRowCopies, int ROWS, int D, int THREADS>
 __device__ __forceinline__ void copy_tile_async(bf16* smem, const bf16* base, int64_t token_stride, int row0,

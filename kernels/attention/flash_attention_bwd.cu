@@ -277,8 +277,9 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
 // ---- 3. dQ --------------------------------------------------------------------------------------------------------
 
 // grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first. kRowCopies as above
-// (true for backward variants 1 and 2).
-template <int Dqk, int Dv, bool kRowCopies>
+// (true for backward variants 1, 2 and 4); kGrouped: block_tile's order with p.group_heads (variant 2), the grid
+// tile_grid's.
+template <int Dqk, int Dv, bool kRowCopies, bool kGrouped>
 __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention_backward_dq_kernel(BwdParams p) {
   using C = BwdQConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
@@ -296,8 +297,14 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, c = lane % 4;
   const int T = p.T;
-  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
-  const int m0 = (gridDim.y - 1 - blockIdx.y) * C::kBlockM;
+  int64_t bh = blockIdx.x;
+  int m0 = (gridDim.y - 1 - blockIdx.y) * C::kBlockM;
+  if constexpr (kGrouped) {
+    int tile = 0;
+    if (!block_tile(p.group_heads, p.bh_count, bh, tile)) return;
+    m0 = ((T + C::kBlockM - 1) / C::kBlockM - 1 - tile) * C::kBlockM;
+  }
+  const int64_t b = bh / p.H, h = bh % p.H;
   const int warp_row0 = warp * 16;
   const int warp_q_first = m0 + warp_row0, warp_q_last = warp_q_first + 15;
   const int n_blocks = (std::min(m0 + C::kBlockM, T) + C::kBlockN - 1) / C::kBlockN;
@@ -438,12 +445,14 @@ void launch_dkdv(const BwdParams& p, int64_t B, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-template <int Dqk, int Dv, bool kRowCopies>
+template <int Dqk, int Dv, bool kRowCopies, bool kGrouped>
 void launch_dq(const BwdParams& p, int64_t B, cudaStream_t stream) {
   using Q = BwdQConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_backward_dq_kernel<Dqk, Dv, kRowCopies>;
+  auto* kernel = flash_attention_backward_dq_kernel<Dqk, Dv, kRowCopies, kGrouped>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + Q::kBlockM - 1) / Q::kBlockM));
+  const int64_t tiles = (p.T + Q::kBlockM - 1) / Q::kBlockM;
+  const dim3 grid = kGrouped ? tile_grid(p.group_heads, p.bh_count, tiles)
+                             : dim3(static_cast<unsigned>(B * p.H), static_cast<unsigned>(tiles));
   kernel<<<grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
@@ -457,12 +466,14 @@ void launch_backward_dkdv_v0(bool row_copies, const BwdParams& p, int64_t B, int
   });
 }
 
-void launch_backward_dq_v0(bool row_copies, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
+void launch_backward_dq_v0(bool row_copies, bool grouped, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
                            cudaStream_t stream) {
+  FP4MOE_CHECK(row_copies || !grouped, "launch_backward_dq_v0: the grouped order comes with row copies only");
   with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
     constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if (row_copies) launch_dq<kDqk, kDv, true>(p, B, stream);
-    else launch_dq<kDqk, kDv, false>(p, B, stream);
+    if (grouped) launch_dq<kDqk, kDv, true, true>(p, B, stream);
+    else if (row_copies) launch_dq<kDqk, kDv, true, false>(p, B, stream);
+    else launch_dq<kDqk, kDv, false, false>(p, B, stream);
   });
 }
 
@@ -483,7 +494,7 @@ void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnI
                           static_cast<int>(s.H), static_cast<int>(s.Dv), s.scale, s.scale * attn::kLog2e};
   attn::launch_backward_delta(p, s.B, stream);
   attn::launch_backward_dkdv_v0(false, p, s.B, s.Dqk, s.Dv, stream);
-  attn::launch_backward_dq_v0(false, p, s.B, s.Dqk, s.Dv, stream);
+  attn::launch_backward_dq_v0(false, false, p, s.B, s.Dqk, s.Dv, stream);
 }
 
 }  // namespace fp4moe

@@ -1,6 +1,6 @@
-// Causal flash attention, backward variants 2 and 3 (flash_attention_variants.h): a dK/dV kernel whose warps split
-// the products by role instead of by columns; variant 2 takes dQ from variant 1's dQ kernel (flash_attention_bwd.cu,
-// which recomputes S and dP), variant 3 computes dQ in the same sweep (5 products instead of 7).
+// Causal flash attention, backward variants 2 to 4 (flash_attention_variants.h): a dK/dV kernel whose warps split
+// the products by role instead of by columns; variants 2 and 4 take dQ from variant 1's dQ kernel
+// (flash_attention_bwd.cu, which recomputes S and dP), variant 3 computes dQ in the same sweep (5 products, not 7).
 //
 // Thread block: 64 keys (n0..n0+63) of one (sequence, head), 8 warps; warp w owns the 16 keys 16 (w % 4).. of the
 // block and plays role w / 4 for them, over steps of 64 queries (the query blocks at or after the key block):
@@ -9,7 +9,7 @@
 //   role 1: dP^T = V dO^T (16 x 64), then, with its partner's P^T, dS^T = P^T (dP^T - D) and dK += dS^T Q
 //           (16 x Dqk, in registers).
 // Each warp computes a 16 x 64 block of scores for all 64 queries, so P^T and dS^T go from the score fragments
-// into the next product without a round trip through shared memory (a_from_acc), and (variant 2, where registers
+// into the next product without a round trip through shared memory (a_from_acc), and (unfused, where registers
 // allow) each role reads its K or V fragments (the A operand of its first product) into registers once per thread
 // block. Both roles do Dqk + Dv columns of products per step (192 + 128 at Dqk = 192, Dv = 128): balanced.
 //
@@ -417,8 +417,9 @@ __device__ __forceinline__ void split_sweep(const BwdParams& p, const SplitSmem&
   }
 }
 
-// grid (B*H, ceil(T / 64)). Unfused: block (bh, j) = key block j of sequence-head bh (the first key blocks, with the
-// most queries, first). Fused: the item comes from the ticket counter (see the top of the file).
+// Unfused: blocks over (sequence-head bh, key block j) in block_tile's order with p.group_heads (tile = j: the first
+// key blocks, with the most queries, first), grid tile_grid's. Fused: grid (B*H, ceil(T / 64)), the item of a block
+// comes from the ticket counter (see the top of the file).
 template <int Dqk, int Dv, bool Fused>
 __global__ void __launch_bounds__(SplitConfig<Dqk, Dv, Fused>::kThreads, 1)
     flash_attention_backward_split_kernel(BwdParams p) {
@@ -453,8 +454,7 @@ __global__ void __launch_bounds__(SplitConfig<Dqk, Dv, Fused>::kThreads, 1)
     it.bh = static_cast<int64_t>(t / n_kb);
     it.j = n_kb - 1 - static_cast<int>(t % n_kb);
   } else {
-    it.bh = blockIdx.x;
-    it.j = blockIdx.y;
+    if (!block_tile(p.group_heads, p.bh_count, it.bh, it.j)) return;
   }
   it.b = it.bh / p.H;
   it.h = it.bh % p.H;
@@ -488,7 +488,9 @@ void launch_split(const BwdParams& p, int64_t B, cudaStream_t stream) {
   using C = SplitConfig<Dqk, Dv, Fused>;
   auto* kernel = flash_attention_backward_split_kernel<Dqk, Dv, Fused>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + C::kBlockN - 1) / C::kBlockN));
+  const int64_t tiles = (p.T + C::kBlockN - 1) / C::kBlockN;
+  const dim3 grid = Fused ? dim3(static_cast<unsigned>(B * p.H), static_cast<unsigned>(tiles))
+                          : tile_grid(p.group_heads, p.bh_count, tiles);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }

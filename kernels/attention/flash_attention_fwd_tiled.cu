@@ -1,13 +1,14 @@
-// Causal flash attention, forward variants 2 and 3 (flash_attention_variants.h): the arithmetic of variant 0
-// (flash_attention_fwd.cu: the same products, online softmax and roundings, so results differ from it only by the
-// order of the FP32 sums), with other tiles, the row-stepping copies of variant 1 (load_tile_rows_async) and one
-// barrier per key block instead of two.
-//   2: variant 0's tiles with the warp's Q fragments loaded from shared memory into registers once, before the key
-//      loop: S = Q K^T then reads only K from shared memory (5 -> 4 ldmatrix per 8 mma at 16 rows per warp).
+// Causal flash attention, forward variants 2 to 4 (flash_attention_variants.h): the arithmetic of variant 0
+// (flash_attention_fwd.cu: the same products, online softmax and roundings, element by element in the same order,
+// so that with variant 0's tiles the results are variant 0's bits), with the row-stepping copies of variant 1
+// (load_tile_rows_async), one barrier per key block instead of two, and the block order of block_tile.
+//   2, 4: variant 0's tiles with the warp's Q fragments loaded from shared memory into registers once, before the
+//      key loop: S = Q K^T then reads only K from shared memory (5 -> 4 ldmatrix per 8 mma at 16 rows per warp).
 //   3: 32 query rows per warp (4 warps, 128-row query tiles) against 32-key blocks: every K and V fragment feeds
 //      two m-tiles (S: 4 ldmatrix per 8 mma, P V: 1 per 4), the score fragments stay small enough for the 32-row
 //      output accumulator, and two thread blocks fit an SM (94 KiB of shared memory at Dqk = 192, Dv = 128).
-//      At Dv = 192 the output accumulator of 32 rows would not fit in registers: 16 rows, 8 warps there.
+//      At Dv = 192 the output accumulator of 32 rows would not fit in registers: 16 rows, 8 warps there. The
+//      online softmax rescales every 32 keys instead of 64: O and lse differ from variant 0's by FP32 rounding.
 // Pipeline: K/V blocks double-buffered; at each key block: wait for its copy, one barrier (the copy is visible and
 // every warp is done with the previous block, whose stage the next prefetch then overwrites), prefetch, compute.
 #include <algorithm>
@@ -35,7 +36,7 @@ struct TiledFwdConfig {
   static constexpr int kSmemBytes = 2 * (kBlockM * kPitchQK + 2 * kBlockN * (kPitchQK + kPitchV));
 };
 
-// Variant 2: variant 0's tiles (32 rows per warp and 4 warps up to Dqk = 96, else 16 rows and 8 warps; 64-key
+// Variants 2 and 4: variant 0's tiles (32 rows per warp and 4 warps up to Dqk = 96, else 16 rows and 8 warps; 64-key
 // blocks), Q in registers where it fits beside the accumulators without spilling (ptxas -v): 16 rows per warp with
 // Dv <= 128, or 32 rows up to Dqk = 64.
 template <int Dqk, int Dv>
@@ -48,7 +49,8 @@ using FwdV3 = TiledFwdConfig<Dqk, Dv, Dv <= 128 ? 2 : 1, Dv <= 128 ? 4 : 8, 32, 
 
 // ---- kernel -------------------------------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
+// Blocks over (sequence-head, 128-row query tile) in block_tile's order with p.group_heads; tile 0 is the last
+// query tile (the most keys): the heaviest first.
 template <int Dqk, int Dv, typename C>
 __global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_kernel(FwdParams p) {
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
@@ -67,8 +69,11 @@ __global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_ker
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, c = lane % 4;
   const int T = p.T;
-  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
-  const int m0 = (gridDim.y - 1 - blockIdx.y) * C::kBlockM;
+  int64_t bh = 0;
+  int tile = 0;
+  if (!block_tile(p.group_heads, p.bh_count, bh, tile)) return;
+  const int64_t b = bh / p.H, h = bh % p.H;
+  const int m0 = ((T + C::kBlockM - 1) / C::kBlockM - 1 - tile) * C::kBlockM;
   const int warp_row0 = warp * 16 * C::kMTiles;  // first row of this warp in the block
   const int warp_q_first = m0 + warp_row0, warp_q_last = warp_q_first + 16 * C::kMTiles - 1;
   const int n_blocks = (std::min(m0 + C::kBlockM, T) + C::kBlockN - 1) / C::kBlockN;
@@ -233,22 +238,22 @@ __global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_ker
 }
 
 template <int Dqk, int Dv, typename C>
-void launch_tiled(const FwdParams& p, int64_t B, cudaStream_t stream) {
+void launch_tiled(const FwdParams& p, cudaStream_t stream) {
   auto* kernel = flash_attention_forward_tiled_kernel<Dqk, Dv, C>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + C::kBlockM - 1) / C::kBlockM));
+  const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + C::kBlockM - 1) / C::kBlockM);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_forward_tiled(int variant, const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  FP4MOE_CHECK(variant == 2 || variant == 3, "launch_forward_tiled: variant must be 2 or 3, got {}", variant);
+void launch_forward_tiled(int tiles, const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
+  FP4MOE_CHECK(tiles == 2 || tiles == 3, "launch_forward_tiled: tiles must be 2 or 3, got {}", tiles);
   with_head_dims("flash_attention_forward", Dqk, Dv, [&](auto dqk, auto dv) {
     constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if (variant == 2) launch_tiled<kDqk, kDv, FwdV2<kDqk, kDv>>(p, B, stream);
-    else launch_tiled<kDqk, kDv, FwdV3<kDqk, kDv>>(p, B, stream);
+    if (tiles == 2) launch_tiled<kDqk, kDv, FwdV2<kDqk, kDv>>(p, stream);
+    else launch_tiled<kDqk, kDv, FwdV3<kDqk, kDv>>(p, stream);
   });
 }
 

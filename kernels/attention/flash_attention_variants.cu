@@ -13,14 +13,16 @@ namespace {
 constexpr const char* kForwardSummaries[kForwardVariants] = {
     "flash_attention_forward (64-key blocks, 16 or 32 rows per warp)",
     "0 with row-stepping tile copies",
-    "0's tiles, row copies, one barrier per key block, Q fragments in registers",
-    "32 rows per warp x 32-key blocks, 4 warps, 2 blocks per SM",
+    "0's tiles, row copies, one barrier per key block, Q fragments in registers, head-grouped block order",
+    "32 rows per warp x 32-key blocks, 4 warps, 2 blocks per SM, head-grouped block order",
+    "2 without the head-grouped block order",
 };
 constexpr const char* kBackwardSummaries[kBackwardVariants] = {
     "flash_attention_backward (dK/dV kernel by columns, dQ kernel recomputing S and dP)",
     "0 with row-stepping tile copies (no spills)",
-    "role-split dK/dV kernel (S^T,P^T,dV | dP^T,dS^T,dK) + 1's dQ kernel",
+    "role-split dK/dV kernel (S^T,P^T,dV | dP^T,dS^T,dK) + 1's dQ kernel, head-grouped block order",
     "role-split kernel with fused dQ, FP32 accumulator summed in a fixed order (flags)",
+    "2 without the head-grouped block order",
 };
 
 constexpr int64_t kQueryBlock = 64;  // the dQ flags' query blocks (flash_attention_bwd_split.cu's kBlockM)
@@ -66,9 +68,11 @@ void flash_attention_forward_variant(int variant, const AttentionShape& s, AttnI
   const char* what = "flash_attention_forward_variant";
   check_variant(what, variant, kForwardVariants);
   if (!check_forward_call(what, s, q, k, v, o, lse)) return;
-  const attn::FwdParams p{q, k, v, o, lse, static_cast<int>(s.T), static_cast<int>(s.H), s.scale * attn::kLog2e};
+  attn::FwdParams p{q, k, v, o, lse, static_cast<int>(s.T), static_cast<int>(s.H), s.scale * attn::kLog2e};
+  p.bh_count = s.B * s.H;
+  p.group_heads = variant == 2 || variant == 3 ? attn::group_heads_for(p.bh_count) : 0;
   if (variant <= 1) attn::launch_forward_v0(variant == 1, p, s.B, s.Dqk, s.Dv, stream);
-  else attn::launch_forward_tiled(variant, p, s.B, s.Dqk, s.Dv, stream);
+  else attn::launch_forward_tiled(variant == 3 ? 3 : 2, p, s.Dqk, s.Dv, stream);
 }
 
 int64_t flash_attention_backward_variant_workspace_bytes(int variant, const AttentionShape& s) {
@@ -94,6 +98,8 @@ void flash_attention_backward_variant(int variant, const AttentionShape& s, Attn
   attn::BwdParams p{q,  k,  v,  o,  dout, lse, reinterpret_cast<float*>(ws + w.delta), dq, dk, dv,
                     static_cast<int>(s.T), static_cast<int>(s.H), static_cast<int>(s.Dv), s.scale,
                     s.scale * attn::kLog2e};
+  p.bh_count = s.B * s.H;
+  p.group_heads = variant == 2 ? attn::group_heads_for(p.bh_count) : 0;
   if (variant == 3) {
     p.dq_acc = reinterpret_cast<float*>(ws + w.acc);
     p.dq_flags = reinterpret_cast<int*>(ws + w.flags);
@@ -105,13 +111,13 @@ void flash_attention_backward_variant(int variant, const AttentionShape& s, Attn
     case 0:
     case 1:
       attn::launch_backward_dkdv_v0(variant == 1, p, s.B, s.Dqk, s.Dv, stream);
-      attn::launch_backward_dq_v0(variant == 1, p, s.B, s.Dqk, s.Dv, stream);
+      attn::launch_backward_dq_v0(variant == 1, false, p, s.B, s.Dqk, s.Dv, stream);
       break;
-    case 2:
+    case 3: attn::launch_backward_split(true, p, s.B, s.Dqk, s.Dv, stream); break;
+    default:  // 2 (grouped) and 4
       attn::launch_backward_split(false, p, s.B, s.Dqk, s.Dv, stream);
-      attn::launch_backward_dq_v0(true, p, s.B, s.Dqk, s.Dv, stream);
+      attn::launch_backward_dq_v0(true, variant == 2, p, s.B, s.Dqk, s.Dv, stream);
       break;
-    default: attn::launch_backward_split(true, p, s.B, s.Dqk, s.Dv, stream); break;
   }
 }
 

@@ -270,11 +270,11 @@ TEST(AttentionVariantChecks, IdsOutsideTheRangeAreRejected) {
   for (int bad : {-1, attn_detail::kForwardVariants})
     expect_error_mentions(
         [&] { attn_detail::flash_attention_forward_variant(bad, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
-        {"flash_attention_forward_variant", "variant must be in [0, 4)", std::to_string(bad).c_str()});
+        {"flash_attention_forward_variant", "variant must be in [0, 5)", std::to_string(bad).c_str()});
   for (int bad : {-1, attn_detail::kBackwardVariants}) {
     expect_error_mentions([&] { attn_detail::flash_attention_backward_variant_workspace_bytes(bad, l.s); },
-                          {"variant must be in [0, 4)"});
-    expect_error_mentions([&] { attn_detail::backward_variant_summary(bad); }, {"variant must be in [0, 4)"});
+                          {"variant must be in [0, 5)"});
+    expect_error_mentions([&] { attn_detail::backward_variant_summary(bad); }, {"variant must be in [0, 5)"});
   }
   expect_error_mentions([] { attn_detail::forward_variant_summary(7); }, {"got 7"});
   for (int v = 0; v < attn_detail::kForwardVariants; ++v) EXPECT_NE(attn_detail::forward_variant_summary(v), nullptr);
@@ -320,9 +320,11 @@ TEST(AttentionVariantChecks, EveryVariantChecksItsArgumentsLikeThePublicFunction
 
 TEST(AttentionVariantChecks, WorkspaceBytes) {
   const AttentionShape s{2, 37, 3, 96, 64, 0.1f};
-  for (int v = 0; v < 3; ++v)
+  for (int v = 0; v < attn_detail::kBackwardVariants; ++v) {
+    if (v == 3) continue;
     EXPECT_EQ(attn_detail::flash_attention_backward_variant_workspace_bytes(v, s),
               flash_attention_backward_workspace_bytes(s));
+  }
   // D: 2*3*37*4 = 888 -> 1024; dQ accumulator: 2*3*37*96*4 = 85248 (a multiple of 256); flags: 2*3*1 ints -> 256;
   // ticket counter: 256.
   EXPECT_EQ(attn_detail::flash_attention_backward_variant_workspace_bytes(3, s), 1024 + 85248 + 256 + 256);

@@ -3,9 +3,9 @@
 // pair at (B, T, H) = (1, 1, 1), (2, 37, 3), (1, 128, 2), (2, 200, 4), plus (1, 1024, 2) for (192, 128).
 // Every case runs every kernel variant (flash_attention_variants.h; variant 0 is what the public functions run, and
 // must give their bits): each forward variant is checked on its own O and lse, each backward variant on variant 0's
-// O and lse. Variants that only move data (forward 1 and 2, backward 1 and 2: other copy orders, Q or K/V fragments
-// in registers, the same products in the same order per element) must give variant 0's bits, and backward variant
-// 3's dK and dV are those of variant 2 (the same kernel, plus the fused dQ).
+// O and lse. Variants that only move data (forward 1, 2, 4 and backward 1, 2, 4: other copy orders, block orders,
+// Q or K/V fragments in registers, the same products in the same order per element) must give variant 0's bits, and
+// backward variant 3's dK and dV are those of variant 2 (the same kernel, plus the fused dQ).
 // Inputs N(0, 1) (seeded); the large-score case adds 150 / scale on dim 0 of every query and 1 (keys from token 64
 // on) or 2/3 (earlier keys) on dim 0 of the keys: scores around 100 and 150 (e^150 overflows FP32, so the running
 // max must be subtracted), and a jump of 50 in the row max between key blocks (the rescaling of the online softmax).
@@ -255,12 +255,12 @@ VariantOutputs run_and_check(const Case& c) {
   EXPECT_EQ(bits_of(dv_d.download()), out.bwd[0].dv) << "flash_attention_backward's dV differs from variant 0";
 
   // Variants that only move data compute every element with the same operations in the same order.
-  for (int fv : {1, 2}) {
+  for (int fv : {1, 2, 4}) {
     EXPECT_EQ(out.fwd[fv].o, out.fwd[0].o) << "forward variant " << fv << ": O differs from variant 0's bits";
     EXPECT_EQ(f32_bits_of(out.fwd[fv].lse), f32_bits_of(out.fwd[0].lse))
         << "forward variant " << fv << ": lse differs from variant 0's bits";
   }
-  for (int bv : {1, 2}) {
+  for (int bv : {1, 2, 4}) {
     EXPECT_EQ(out.bwd[bv].dq, out.bwd[0].dq) << "backward variant " << bv << ": dQ differs from variant 0's bits";
     EXPECT_EQ(out.bwd[bv].dk, out.bwd[0].dk) << "backward variant " << bv << ": dK differs from variant 0's bits";
     EXPECT_EQ(out.bwd[bv].dv, out.bwd[0].dv) << "backward variant " << bv << ": dV differs from variant 0's bits";
