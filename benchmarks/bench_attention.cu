@@ -8,7 +8,7 @@
 // `small` B=8 T=1024 H=12, 96/64 (the `small` config). Case names <pass>/<shape>, pass fwd, bwd or fwd+bwd (the
 // public functions, i.e. variant 0), and <pass>@v<N>/<shape> for variant N of fwd or bwd (a variant pair's fwd+bwd
 // is the sum of the two); the ceiling is gemm_bf16/8192x8192x8192 (cuBLASLt, BF16 in and out, FP32 accumulation).
-// The variant comparison alone (about 20 s on an H200): --benchmark_filter='@v|gemm'.
+// The variant comparison alone (20 cases and the GEMM ceiling, well under a minute): --benchmark_filter='@v|gemm'.
 // FLOPs (causal, the convention of FlashAttention's benchmarks): forward 2 B H T (T+1)/2 (Dqk + Dv) (the two
 // products over the visible half of the score matrix), backward 2.5x forward, forward+backward 3.5x forward. The
 // backward of variants 0 to 2 actually runs 7 products instead of 5 (the scores and dP are recomputed for dQ: no

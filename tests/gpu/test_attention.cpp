@@ -1,6 +1,6 @@
 // GPU causal flash attention (kernels/attention/flash_attention.h) against the FP64 CPU reference on the same BF16
 // inputs: forward (O, lse) and backward (dQ, dK, dV, from the kernel's own O and lse), every instantiated (Dqk, Dv)
-// pair at (B, T, H) = (1, 1, 1), (2, 37, 3), (1, 128, 2), (2, 200, 4), plus (1, 1024, 2) for (192, 128).
+// pair at (B, T, H) = (1, 1, 1), (2, 37, 3), (1, 128, 2), (2, 200, 4), (2, 100, 9), plus (1, 1024, 2) for (192, 128).
 // Every case runs every kernel variant (flash_attention_variants.h; variant 0 is what the public functions run, and
 // must give their bits): each forward variant is checked on its own O and lse, each backward variant on variant 0's
 // O and lse. Variants that only move data (forward 1, 2, 4 and backward 1, 2, 4: other copy orders, block orders,
@@ -45,7 +45,8 @@ constexpr int kPairs[][2] = {{32, 16}, {32, 32}, {64, 64}, {96, 64}, {128, 128},
 struct Btth {
   int64_t B, T, H;
 };
-constexpr Btth kShapes[] = {{1, 1, 1}, {2, 37, 3}, {1, 128, 2}, {2, 200, 4}};
+// (2, 100, 9): 18 sequence-heads, three groups of the variants' head-grouped block order (the last one partial).
+constexpr Btth kShapes[] = {{1, 1, 1}, {2, 37, 3}, {1, 128, 2}, {2, 200, 4}, {2, 100, 9}};
 
 // Where a [rows, H, D] tensor lies in its buffer: element (r, h, d) at offset + r * ts + h * hs + d.
 struct Layout {
