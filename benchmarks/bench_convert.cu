@@ -16,13 +16,9 @@
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
-//
-// Kernel variants: every variant of bf16_to_mxfp4_row, mxfp4_row_to_fp8_row and mxfp4_row_to_fp8_col
-// (detail::*_variant, v0 = the default kernel) is also its own case, `<kernel>@v<N>/...`, at 16384 and 65536
-// tokens, so that one run compares them beside the copy ceiling. The variants at 65536 tokens and 16384x7168
-// (every case moving >= 150 MB), the copies of >= 100 MB and the naive row path at the same shapes, 148 cases:
-//   bench_convert --benchmark_filter='@v[0-9]+/.*(65536x|16384x7168)|^copy/[0-9]{9,}B|^mxfp4_row_to_fp8_row_naive/(65536x|16384x7168)'
-// After the table, a geometric mean per case (x copy, speedup) sets the variants side by side.
+// After the table, a geometric mean per case (x copy, speedup). The MXFP4 conversions at 65536 tokens and
+// 16384x7168 (every case moving >= 150 MB) with the copies and naive paths they are compared with:
+//   bench_convert --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -138,18 +134,13 @@ int32_t* device_offsets(DevicePool& pool, const std::vector<int32_t>& off) {
 
 std::string shape_of(int64_t M, int64_t K) { return fmt::format("{}x{}", M, K); }
 
-// kernel_variant < 0: the public function; else detail::bf16_to_mxfp4_row_variant(kernel_variant, ...), case
-// "bf16_to_mxfp4_row@v<N>/<variant>".
-void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, const char* variant,
-                       int kernel_variant = -1) {
+void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, const char* variant) {
   int64_t bytes = 2 * M * K + M * K / 2 + M * K / kMxBlock;
   MxQuantConfig cfg;
   cfg.scale_mode = mode;
   cfg.rounding = rounding;
   cfg.seed = 1234;
-  const std::string kase = kernel_variant < 0 ? fmt::format("bf16_to_mxfp4_row/{}", variant)
-                                              : fmt::format("bf16_to_mxfp4_row@v{}/{}", kernel_variant, variant);
-  g_cases.push_back({kase, shape_of(M, K), "mxfp4", bytes, bytes,
+  g_cases.push_back({fmt::format("bf16_to_mxfp4_row/{}", variant), shape_of(M, K), "mxfp4", bytes, bytes,
                      [=](Workload& w, int copies) {
                        std::vector<bf16*> x;
                        std::vector<MxTensor> out;
@@ -158,24 +149,16 @@ void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding
                          out.push_back({w.pool.alloc<uint8_t>(M * K / 2), w.pool.alloc<uint8_t>(M * K / kMxBlock)});
                        }
                        w.launch = [=](int c, cudaStream_t s) {
-                         if (kernel_variant < 0)
-                           bf16_to_mxfp4_row(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
-                         else
-                           detail::bf16_to_mxfp4_row_variant(kernel_variant, x[c], M, K, out[c].codes, out[c].scales,
-                                                             cfg, nullptr, s);
+                         bf16_to_mxfp4_row(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
                        };
                      }});
 }
 
-// kernel_variant >= 0 (direct path only): detail::mxfp4_row_to_fp8_row_variant, case "mxfp4_row_to_fp8_row@v<N>".
-void add_mxfp4_to_fp8_row(int64_t M, int64_t K, bool naive, int kernel_variant = -1) {
+void add_mxfp4_to_fp8_row(int64_t M, int64_t K, bool naive) {
   int64_t in = M * K / 2 + M * K / kMxBlock, out = M * K + 4 * fp8_row_scale_count(M, K);
   // The naive path writes the BF16 tensor and reads it back.
   int64_t bytes = in + out + (naive ? 4 * M * K : 0);
-  const std::string kase = naive                ? std::string("mxfp4_row_to_fp8_row_naive")
-                           : kernel_variant < 0 ? std::string("mxfp4_row_to_fp8_row")
-                                                : fmt::format("mxfp4_row_to_fp8_row@v{}", kernel_variant);
-  g_cases.push_back({kase, shape_of(M, K), "mxfp4", bytes,
+  g_cases.push_back({naive ? "mxfp4_row_to_fp8_row_naive" : "mxfp4_row_to_fp8_row", shape_of(M, K), "mxfp4", bytes,
                      in + out + (naive ? 2 * M * K : 0), [=](Workload& w, int copies) {
                        std::vector<MxTensor> x;
                        std::vector<uint8_t*> codes;
@@ -190,26 +173,19 @@ void add_mxfp4_to_fp8_row(int64_t M, int64_t K, bool naive, int kernel_variant =
                        w.launch = [=](int c, cudaStream_t s) {
                          if (naive)
                            mxfp4_row_to_fp8_row_naive(x[c].codes, x[c].scales, M, K, ws[c], codes[c], scales[c], s);
-                         else if (kernel_variant < 0)
-                           mxfp4_row_to_fp8_row(x[c].codes, x[c].scales, M, K, codes[c], scales[c], s);
                          else
-                           detail::mxfp4_row_to_fp8_row_variant(kernel_variant, x[c].codes, x[c].scales, M, K,
-                                                                codes[c], scales[c], s);
+                           mxfp4_row_to_fp8_row(x[c].codes, x[c].scales, M, K, codes[c], scales[c], s);
                        };
                      }});
 }
 
-// kernel_variant >= 0 (fused path only): detail::mxfp4_row_to_fp8_col_variant, case "mxfp4_row_to_fp8_col@v<N>".
-void add_mxfp4_to_fp8_col(int64_t M, int64_t K, int64_t G, bool naive, int kernel_variant = -1) {
+void add_mxfp4_to_fp8_col(int64_t M, int64_t K, int64_t G, bool naive) {
   std::vector<int32_t> off = balanced_offsets(M, G);
   ColBytes cb = col_bytes(off, K);
   int64_t in = M * K / 2 + M * K / kMxBlock + 4 * (G + 1), out = cb.codes + cb.scales;
   int64_t bytes = in + out + (naive ? 4 * M * K : 0);
-  const std::string kase = naive                ? std::string("mxfp4_row_to_fp8_col_naive")
-                           : kernel_variant < 0 ? std::string("mxfp4_row_to_fp8_col")
-                                                : fmt::format("mxfp4_row_to_fp8_col@v{}", kernel_variant);
   g_cases.push_back(
-      {kase, fmt::format("{}/g{}", shape_of(M, K), G),
+      {naive ? "mxfp4_row_to_fp8_col_naive" : "mxfp4_row_to_fp8_col", fmt::format("{}/g{}", shape_of(M, K), G),
        "mxfp4", bytes, in + out + (naive ? 2 * M * K : 0), [=](Workload& w, int copies) {
          int32_t* d_off = device_offsets(w.pool, off);
          std::vector<MxTensor> x;
@@ -226,11 +202,8 @@ void add_mxfp4_to_fp8_col(int64_t M, int64_t K, int64_t G, bool naive, int kerne
            if (naive) {
              mxfp4_to_bf16(x[c].codes, x[c].scales, M, K, ws[c], s);
              bf16_to_fp8_col(ws[c], M, K, d_off, G, off.data(), Fp8ScaleMode::pow2, codes[c], scales[c], nullptr, s);
-           } else if (kernel_variant < 0) {
-             mxfp4_row_to_fp8_col(x[c].codes, x[c].scales, M, K, d_off, G, off.data(), codes[c], scales[c], s);
            } else {
-             detail::mxfp4_row_to_fp8_col_variant(kernel_variant, x[c].codes, x[c].scales, M, K, d_off, G, off.data(),
-                                                  codes[c], scales[c], s);
+             mxfp4_row_to_fp8_col(x[c].codes, x[c].scales, M, K, d_off, G, off.data(), codes[c], scales[c], s);
            }
          };
        }});
@@ -342,17 +315,6 @@ void define_cases() {
       for (int64_t G : experts) add_bf16_to_fp8_col(M, K, G);
       add_mxfp4_to_bf16(M, K);
     }
-  // Kernel variants side by side (v0 included) at the large token counts.
-  for (int64_t M : {int64_t{16384}, int64_t{65536}})
-    for (int64_t K : hidden) {
-      for (int v = 0; v < detail::bf16_to_mxfp4_row_variants(); ++v) {
-        add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, "floor_rne", v);
-        add_bf16_to_mxfp4(M, K, MxScaleMode::ceil, Rounding::stochastic, "ceil_sr", v);
-      }
-      for (int v = 0; v < detail::mxfp4_row_to_fp8_row_variants(); ++v) add_mxfp4_to_fp8_row(M, K, false, v);
-      for (int v = 0; v < detail::mxfp4_row_to_fp8_col_variants(); ++v)
-        for (int64_t G : {int64_t{8}, int64_t{32}}) add_mxfp4_to_fp8_col(M, K, G, false, v);
-    }
   const int64_t weights[][2] = {{4096, 7168}, {7168, 2048}, {3072, 5120}, {5120, 1536}};
   for (const auto& w : weights) {
     add_bf16_to_fp8_block128(w[0], w[1], false);
@@ -452,11 +414,9 @@ std::vector<Row> summarize() {
                         std::fabs(std::log(static_cast<double>(best->spec->bytes) / r.spec->bytes))))
         best = &c;
     if (best) r.fraction = r.gbps / best->gbps;
-    // Direct cases, variants included ("<kernel>@v<N>"), against "<kernel>_naive" at the same shape.
-    const std::string kernel = r.spec->kase.substr(0, r.spec->kase.find('@'));
-    if (kernel == "mxfp4_row_to_fp8_row" || kernel == "mxfp4_row_to_fp8_col")
+    if (r.spec->kase == "mxfp4_row_to_fp8_row" || r.spec->kase == "mxfp4_row_to_fp8_col")
       for (const auto& n : rows)
-        if (n.spec->kase == kernel + "_naive" && n.spec->shape == r.spec->shape) r.speedup = n.us / r.us;
+        if (n.spec->kase == r.spec->kase + "_naive" && n.spec->shape == r.spec->shape) r.speedup = n.us / r.us;
   }
   return rows;
 }
@@ -483,7 +443,7 @@ void print_table(const std::vector<Row>& rows) {
   }
   if (failed) fmt::print("{} case(s) failed: see the errors above\n", failed);
 
-  // Per case (each kernel variant its own), in the order of the table.
+  // Per case, in the order of the table.
   std::vector<std::string> kases;
   for (const auto& r : rows)
     if (r.spec->recipe != "copy" && std::find(kases.begin(), kases.end(), r.spec->kase) == kases.end())

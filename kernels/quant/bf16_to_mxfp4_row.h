@@ -44,27 +44,6 @@ struct MxQuantConfig {
 void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                        const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream);
 
-namespace detail {
-
-// Kernel variants of bf16_to_mxfp4_row, kept side by side so that one benchmark run (bench_convert, cases
-// `bf16_to_mxfp4_row@vN/...`) can pick the fastest; every variant gives the same bytes and count as the CPU
-// reference (tests/gpu/test_quant_row.cpp runs each one). Variant 0 is what bf16_to_mxfp4_row runs.
-//   v0  grid-stride, one wave, 256 threads x 4 chunks of 16 bytes; packed BF16 compares (RNE)
-//   v1  grid-stride, one wave, 256 threads x 8 chunks; full tiles without bounds checks; packed compares (RNE)
-//   v2  as v1 with the fp32-addition encoder (RNE, mx_fast_codecs.h)
-//   v3  one thread block per tile of 256 threads x 4 chunks (no grid stride); packed compares (RNE)
-//   v4  as v3 with the fp32-addition encoder (RNE)
-// v1..v4 draw stochastic rounding through uniform_from_counter_fast (the same numbers, fewer instructions).
-int bf16_to_mxfp4_row_variants();
-// A short description of variant v ("" outside [0, variants)).
-const char* bf16_to_mxfp4_row_variant_name(int variant);
-// bf16_to_mxfp4_row through variant `variant`; the same arguments, checks and rejections, and variant outside
-// [0, bf16_to_mxfp4_row_variants()) rejected.
-void bf16_to_mxfp4_row_variant(int variant, const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
-                               const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream);
-
-}  // namespace detail
-
 // CPU reference, same layouts on host memory, same rejections (alignment aside). Returns the number of NaN/Inf
 // blocks. Written element by element from the rule above; the GPU kernel must match it bit for bit.
 int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,

@@ -1,25 +1,29 @@
 // FP4RowToFP8Col: cached MXFP4 rows -> FP8 E4M3 columns over ragged expert groups, for Wgrad (the paper's
-// fused conversion). Variant 0: one thread block per (group, 128-token block, 256 features), found on the
-// device; its three phases (load, tables, convert) are described in mxfp4_fp8_col_tile.cuh, whose functions the
-// variants of mxfp4_row_to_fp8_col_variants.cu run.
+// fused conversion). One thread block per (group, 128-token block, 256 features), found on the device.
+// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, 8 and 32 groups, geomean): 0.773 of
+// the copy bandwidth, reports/results/h200/gpu-tests-and-variants-20261129/bench_convert_variants.log
+//
+//   1. load: 128 token rows x 8 MX blocks, one 16-byte load per MX block (its 32 packed E2M1 codes) plus its
+//      UE8M0 byte; codes go to shared memory with an XOR swizzle on 16-token chunks, scale bytes transposed.
+//   2. per MX column (one warp): E = max exponent over the block's tokens (NaN blocks skipped),
+//      s = max(E - 6, -126); 32 scales written; one packed lookup table per token with the E4M3 codes of the
+//      eight E2M1 magnitudes times 2^(e_t - s) (e2m1_e4m3_lut.h), 0x7F for a NaN MX block.
+//   3. each thread converts 8 features x 16 tokens with byte permutes (table lookup, sign, 4x4 transposes) and
+//      writes 8 rows of 16 tokens: 8 neighbouring lanes write 128 contiguous bytes of one feature row.
 #include "kernels/quant/mxfp4_row_to_fp8_col.h"
 
 #include <climits>
 
 #include "kernels/common/check.h"
 #include "kernels/common/offsets.h"
+#include "kernels/quant/e2m1_e4m3_lut.h"
 #include "kernels/quant/fp8_shape_checks.h"
 #include "kernels/quant/layouts.h"
-#include "kernels/quant/mxfp4_fp8_col_tile.cuh"
 #include "kernels/quant/ragged_token_blocks.cuh"
 
 namespace fp4moe {
 namespace {
 
-using namespace detail;
-
-// Variant 0, as first written (kept as it was so that the variants are measured against it; the variants run the
-// same phases from mxfp4_fp8_col_tile.cuh).
 constexpr int kThreads = 256;
 constexpr int kTileTokens = kFp8Block;   // 128 tokens: one FP8 block along tokens
 constexpr int kTileMx = 8;               // MX blocks (of 32 features) per tile: 256 features
@@ -28,7 +32,7 @@ constexpr int kScaleRowPad = 4;          // padding of the transposed scale byte
 static_assert(kThreads == kTileMx * 32, "one warp per MX column in the exponent and conversion phases");
 static_assert(kTileTokens * kTileMx == 4 * kThreads, "four 16-byte loads per thread");
 
-using Finder = TokenBlockFinder<kThreads>;
+using Finder = detail::TokenBlockFinder<kThreads>;
 
 struct Shared {
   union {
@@ -147,45 +151,31 @@ mxfp4_row_to_fp8_col_kernel(const uint8_t* __restrict__ in_codes, const uint8_t*
 
 }  // namespace
 
-namespace detail {
-
-void check_mxfp4_row_to_fp8_col_args(const char* what, const uint8_t* in_codes, const uint8_t* in_scales, int64_t M,
-                                     int64_t K, const int32_t* offsets, int64_t G, const int32_t* host_offsets,
-                                     const uint8_t* out_codes, const float* out_scales) {
+void mxfp4_row_to_fp8_col(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
+                          const int32_t* offsets, int64_t G, const int32_t* host_offsets, uint8_t* out_codes,
+                          float* out_scales, cudaStream_t stream) {
+  const char* what = "mxfp4_row_to_fp8_col";
   FP4MOE_CHECK(M >= 0 && M <= INT32_MAX, "{}: M must be in [0, 2^31) (int32 offsets), got in [M, K] = [{}, {}]",
                what, M, K);
   FP4MOE_CHECK(K > 0 && K % kMxBlock == 0,
                "{}: K must be a positive multiple of 32 (MX block), got in [M, K] = [{}, {}]", what, M, K);
-  FP4MOE_CHECK(ceil_div(K, kColTileMx * kMxBlock) <= 65535, "{}: K={} too large (at most {} features)", what, K,
-               65535 * kColTileMx * kMxBlock);
-  FP4MOE_CHECK(G >= 1 && G <= kMaxColGroups, "{}: G must be in [1, {}], got G={}", what, kMaxColGroups, G);
+  FP4MOE_CHECK(ceil_div(K, kTileMx * kMxBlock) <= 65535, "{}: K={} too large (at most {} features)", what, K,
+               65535 * kTileMx * kMxBlock);
+  FP4MOE_CHECK(G >= 1 && G <= detail::kMaxColGroups, "{}: G must be in [1, {}], got G={}", what,
+               detail::kMaxColGroups, G);
   FP4MOE_CHECK(offsets != nullptr, "{}: device group offsets are null (expected int32 [G+1] = [{}])", what, G + 1);
   FP4MOE_CHECK(out_codes != nullptr && out_scales != nullptr, "{}: output pointers are null", what);
   FP4MOE_CHECK(M == 0 || (in_codes != nullptr && in_scales != nullptr), "{}: input pointers are null", what);
-  FP4MOE_CHECK(aligned16(in_codes) && aligned16(out_codes),
+  FP4MOE_CHECK(detail::aligned16(in_codes) && detail::aligned16(out_codes),
                "{}: in_codes and out_codes must be 16-byte aligned (16-byte loads and stores)", what);
   FP4MOE_CHECK((reinterpret_cast<uintptr_t>(out_scales) & 3u) == 0, "{}: out_scales must be 4-byte aligned", what);
   if (host_offsets) validate_group_offsets(host_offsets, G, M, what);
-}
+  if (M == 0) return;  // every group is empty: the layout has no element
 
-// Variant 0. Arguments already checked, M > 0.
-void launch_mxfp4_row_to_fp8_col_v0(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
-                                    const int32_t* offsets, int64_t G, uint8_t* out_codes, float* out_scales,
-                                    cudaStream_t stream) {
-  dim3 grid(static_cast<unsigned>(ceil_div(M, kFp8Block) + G),
-            static_cast<unsigned>(ceil_div(K, kColTileMx * kMxBlock)));
+  dim3 grid(static_cast<unsigned>(ceil_div(M, kFp8Block) + G), static_cast<unsigned>(ceil_div(K, kTileMx * kMxBlock)));
   mxfp4_row_to_fp8_col_kernel<<<grid, kThreads, 0, stream>>>(in_codes, in_scales, M, K, offsets,
                                                               static_cast<int>(G), out_codes, out_scales);
   CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace detail
-
-void mxfp4_row_to_fp8_col(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
-                          const int32_t* offsets, int64_t G, const int32_t* host_offsets, uint8_t* out_codes,
-                          float* out_scales, cudaStream_t stream) {
-  detail::mxfp4_row_to_fp8_col_variant(0, in_codes, in_scales, M, K, offsets, G, host_offsets, out_codes, out_scales,
-                                       stream);
 }
 
 }  // namespace fp4moe

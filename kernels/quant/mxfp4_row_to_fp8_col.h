@@ -40,28 +40,6 @@ void mxfp4_row_to_fp8_col(const uint8_t* in_codes, const uint8_t* in_scales, int
                           const int32_t* offsets, int64_t G, const int32_t* host_offsets, uint8_t* out_codes,
                           float* out_scales, cudaStream_t stream);
 
-namespace detail {
-
-// Kernel variants of mxfp4_row_to_fp8_col, kept side by side so that one benchmark run (bench_convert, cases
-// `mxfp4_row_to_fp8_col@vN/...`) can pick the fastest; every variant writes the same bytes as the CPU reference
-// (tests/gpu/test_quant_col.cu runs each one). Variant 0 is what mxfp4_row_to_fp8_col runs.
-//   v0  one thread block per (128-token block, 256 features): finds its group (a block scan of the offsets),
-//       loads, converts, stores
-//   v1  one thread block per 2 consecutive token blocks of the same 256 features: one scan finds both; the next
-//       tile's loads are issued before the current tile is converted (register double buffering)
-//   v2  as v1 with 4 token blocks per thread block
-//   v3  as v1 with 8 token blocks per thread block
-int mxfp4_row_to_fp8_col_variants();
-// A short description of variant v ("" outside [0, variants)).
-const char* mxfp4_row_to_fp8_col_variant_name(int variant);
-// mxfp4_row_to_fp8_col through variant `variant`; the same arguments, checks and rejections, and variant outside
-// [0, mxfp4_row_to_fp8_col_variants()) rejected.
-void mxfp4_row_to_fp8_col_variant(int variant, const uint8_t* in_codes, const uint8_t* in_scales, int64_t M,
-                                  int64_t K, const int32_t* offsets, int64_t G, const int32_t* host_offsets,
-                                  uint8_t* out_codes, float* out_scales, cudaStream_t stream);
-
-}  // namespace detail
-
 // CPU reference: the same layouts in host memory, offsets on the host (validated the same way; any G >= 1).
 // Writes exactly the layout's extent.
 void mxfp4_row_to_fp8_col_ref(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,

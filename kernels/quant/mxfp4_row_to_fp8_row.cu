@@ -1,161 +1,175 @@
 // Direct MXFP4 -> FP8 1x128 row conversion (mxfp4_row_to_fp8_row.h) and the naive two-pass baseline.
+// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, geomean): 0.873 of the copy bandwidth,
+// 3.43x the naive path, reports/results/h200/gpu-tests-and-variants-20261129/bench_convert_variants.log
 //
-// The tensor is walked as a flat sequence of 16-element units: one thread reads 8 bytes of packed codes (whole
-// bytes, half an MX block) and writes 16 E4M3 codes with one 16-byte store; a warp reads 256 and writes 512
-// contiguous bytes. The thread also reads the (up to) four scale bytes of its 1x128 group, finds the group's
-// largest non-NaN exponent with packed byte maxima (integer operations), and converts four codes at a time with
-// one byte permute through the per-shift table of e2m1_e4m3_lut.h, the sign bits moved into place by shifts and
-// masks. No float arithmetic touches the values. The first thread of each group writes its fp32 scale.
-#include <type_traits>
+// One thread block converts a tile of kRowsPerCta rows x one 1x128 group. Grid: groups x row tiles, groups
+// fastest so that neighbouring blocks write neighbouring bytes of the same rows; shapes past the grid's limits
+// (65535 row tiles, 2^31 - 1 groups) take one launch per grid's worth. No division, no float arithmetic on the
+// values.
+// Eight threads share a group row; each reads 8 bytes of packed codes (16 elements, half an MX block) and the
+// group's four scale bytes for each of its kRowsPerThread rows, all loads issued before the first store. It finds
+// the group's largest non-NaN exponent with packed byte maxima (integer operations), converts four codes at a
+// time with one byte permute through the per-shift table of e2m1_e4m3_lut.h (sign bits moved into place by
+// shifts and masks) and writes 16 E4M3 codes with one 16-byte store. The first thread of each group row writes
+// its fp32 scale, so the tile's scales form one contiguous run of floats (the layout is block-major). Loads and
+// stores use the default caching (streaming cache hints measured slower).
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 
+#include "kernels/common/check.h"
 #include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/e2m1_e4m3_lut.h"
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mx_row_checks.h"
-#include "kernels/quant/mx_row_launch.cuh"
-#include "kernels/quant/mxfp4_fp8_row_device.cuh"
 #include "kernels/quant/mxfp4_row_to_fp8_row.h"
 #include "kernels/quant/mxfp4_to_bf16.h"
 
 namespace fp4moe {
 namespace {
 
-using namespace detail;  // convert16 (mxfp4_fp8_row_device.cuh)
-
 constexpr int kThreads = 256;
-constexpr int kUnitsPerThread = 4;  // independent 8-byte loads in flight per thread
-constexpr int kUnit = 16;                           // elements per unit: 8 code bytes in, 16 E4M3 bytes out
-constexpr int kUnitsPerBlock = kMxBlock / kUnit;    // 2
-constexpr int kUnitsPerGroup = kFp8Block / kUnit;   // 8
-constexpr int kBlocksPerGroup = kFp8Block / kMxBlock;  // 4
+constexpr int kUnit = 16;                               // elements per thread and row: 8 code bytes in, 16 out
+constexpr int kThreadsPerGroup = kFp8Block / kUnit;     // 8 threads per group row
+constexpr int kSlots = kThreads / kThreadsPerGroup;     // 32 rows converted at once
+constexpr int kRowsPerThread = 4;                       // rows slot, slot + kSlots, ...
+constexpr int kRowsPerCta = kSlots * kRowsPerThread;    // 128 rows per tile
+constexpr int kBlocksPerGroup = kFp8Block / kMxBlock;   // 4
 static_assert(kBlocksPerGroup == 4, "the group's scale bytes are handled as one 32-bit word");
+static_assert(kRowsPerCta % 4 == 0, "row tiles cover the scale layout's padding rows");
 
-// Division of a 32-bit unit index n < 2^31 by a fixed d >= 2 with one multiply-high and one shift (Granlund and
-// Montgomery 1994, theorem 4.2 with N = 31): L = ceil(log2 d), m = ceil(2^(31 + L) / d) < 2^32 (2^31 when d is
-// a power of two), and n / d = (n * m) >> (31 + L) = umulhi(n, m) >> (L - 1) for every n < 2^31.
-struct UnitDivider {
-  uint32_t multiplier = 0, shift = 0;
-  static UnitDivider make(uint32_t d) {
-    int L = 0;
-    while ((uint64_t{1} << L) < d) ++L;
-    return {static_cast<uint32_t>(((uint64_t{1} << (31 + L)) + d - 1) / d), static_cast<uint32_t>(L - 1)};
+// Sign bits of four E2M1 codes moved to bit 7 of their E4M3 bytes. `dup` holds the two code bytes as
+// [b0, b0, b1, b1]: element 0 is b0's low nibble (sign at bit 3), element 1 b0's high nibble (bit 15 of dup),
+// element 2 b1's low nibble (bit 19), element 3 b1's high nibble (bit 31).
+__device__ __forceinline__ uint32_t e2m1x4_signs_to_e4m3(uint32_t dup) {
+  return ((dup << 4) & 0x00800080u) | (dup & 0x80008000u);
+}
+
+// 16 E2M1 codes (w0: elements 0..7, w1: 8..15) of one MX block -> 16 E4M3 codes with the block's table.
+__device__ __forceinline__ uint4 convert16(uint32_t w0, uint32_t w1, E2M1ToE4M3Lut t) {
+  const uint32_t w[2] = {w0, w1};
+  uint32_t out[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const uint32_t word = w[h / 2];
+    const uint32_t quad = (h & 1) ? (word >> 16) : word;  // four codes in the low 16 bits
+    const uint32_t magnitudes = __byte_perm(t.lo, t.hi, quad & 0x7777u);
+    out[h] = magnitudes | e2m1x4_signs_to_e4m3(__byte_perm(quad, 0u, 0x1100u));
   }
-  __device__ __forceinline__ uint32_t divide(uint32_t n) const { return __umulhi(n, multiplier) >> shift; }
-};
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
 
-// Index: the integer type of unit indices, 32-bit when every index fits (division by units per row through
-// UnitDivider), else 64-bit (plain division).
-// kWholeGroups: K % 128 == 0 and in_scales 4-byte aligned, so a group's four scale bytes are one aligned word.
-template <typename Index, bool kWholeGroups>
+// s = direct_group_scale_exponent(E) of a group whose four scale bytes are `group_scales` (byte i = MX block i;
+// 0xFF for NaN blocks and for blocks past a short last group), 0 when every block is NaN. Packed byte maxima:
+// byte b + 1 (mod 256) puts NaN (0xFF) at 0, below every finite exponent byte (0..254 -> 1..255).
+__device__ __forceinline__ int group_scale_exponent(uint32_t group_scales) {
+  const uint32_t biased = __vadd4(group_scales, 0x01010101u);
+  uint32_t top = __vmaxu4(biased, biased >> 16);
+  top = max(top & 0xFFu, (top >> 8) & 0xFFu);
+  return top == 0u ? 0 : direct_group_scale_exponent(static_cast<int>(top) - 1 - kUE8M0Bias);
+}
+
+// 16 E4M3 codes of 16 E2M1 codes (w0: elements 0..7, w1: 8..15) of an MX block with scale byte `own` in a group
+// of scale exponent s: 0x7F everywhere for a NaN block.
+__device__ __forceinline__ uint4 convert16_block(uint32_t w0, uint32_t w1, uint32_t own, int s) {
+  if (own == kUE8M0NaN) return make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+  return convert16(w0, w1, e2m1_to_e4m3_lut(static_cast<int>(own) - kUE8M0Bias - s));
+}
+
+// Tile (g, tile): rows tile * kRowsPerCta .. + kRowsPerCta - 1 of group g. Thread: u = its unit within the group
+// row, slot = its first row; rows slot + kSlots * i. kWholeGroups: K % 128 == 0 and in_scales 4-byte aligned (a
+// group's scale bytes are one aligned word).
+template <bool kWholeGroups>
+__device__ __forceinline__ void convert_tile(const uint8_t* __restrict__ in_codes,
+                                             const uint8_t* __restrict__ in_scales, int64_t M, int64_t K, int64_t g,
+                                             int64_t tile, uint8_t* __restrict__ out_codes,
+                                             float* __restrict__ out_scales) {
+  const int u = static_cast<int>(threadIdx.x) % kThreadsPerGroup;
+  const int slot = static_cast<int>(threadIdx.x) / kThreadsPerGroup;
+  const int64_t row0 = tile * kRowsPerCta + slot;
+  const int64_t blocks_per_row = K / kMxBlock;
+  const int64_t scale_ld = fp8_row_scale_ld(M);
+  const int64_t first_block = g * kBlocksPerGroup;
+  const int n_blocks = static_cast<int>(blocks_per_row - first_block < 4 ? blocks_per_row - first_block : 4);
+  const bool active = u * kUnit < n_blocks * kMxBlock;  // a short last group has fewer units
+  const int own_block = u * kUnit / kMxBlock;
+
+  uint2 codes[kRowsPerThread];
+  uint32_t group_scales[kRowsPerThread];  // the group's scale bytes, 0xFF where the group has no block
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t r = row0 + int64_t{kSlots} * i;
+    if (r >= M) continue;
+    if (active)
+      codes[i] = __ldg(reinterpret_cast<const uint2*>(in_codes + r * (K / 2) + g * (kFp8Block / 2) + u * (kUnit / 2)));
+    const uint8_t* s = in_scales + r * blocks_per_row + first_block;
+    if constexpr (kWholeGroups) {
+      group_scales[i] = __ldg(reinterpret_cast<const uint32_t*>(s));
+    } else {
+      uint32_t word = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) word |= (b < n_blocks ? uint32_t{__ldg(s + b)} : uint32_t{kUE8M0NaN}) << (8 * b);
+      group_scales[i] = word;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t r = row0 + int64_t{kSlots} * i;
+    if (r >= M) {
+      if (u == 0 && r < scale_ld) out_scales[g * scale_ld + r] = 1.0f;  // padding rows of the scale layout
+      continue;
+    }
+    const int s = group_scale_exponent(group_scales[i]);
+    if (active) {
+      const uint32_t own = (group_scales[i] >> (8 * own_block)) & 0xFFu;
+      auto* dst = reinterpret_cast<uint4*>(out_codes + r * K + g * kFp8Block + u * kUnit);
+      *dst = convert16_block(codes[i].x, codes[i].y, own, s);
+    }
+    if (u == 0) out_scales[g * scale_ld + r] = exp2_exact(s);
+  }
+}
+
+// Block (x, y) converts tile (group0 + x, tile0 + y).
+template <bool kWholeGroups>
 __global__ void __launch_bounds__(kThreads)
-mxfp4_row_to_fp8_row_kernel(const uint2* __restrict__ in_codes, const uint8_t* __restrict__ in_scales,
-                            Index M, Index units_per_row, UnitDivider row_of_unit, Index num_units,
-                            uint4* __restrict__ out_codes, float* __restrict__ out_scales) {
-  const Index blocks_per_row = units_per_row / kUnitsPerBlock;  // K / 32
-  const Index scale_ld = (M + 3) / 4 * 4;                       // fp8_row_scale_ld(M)
-  const Index sweep = static_cast<Index>(gridDim.x) * kThreads * kUnitsPerThread;
-  for (Index base = static_cast<Index>(blockIdx.x) * kThreads * kUnitsPerThread; base < num_units; base += sweep) {
-    uint2 codes[kUnitsPerThread];
-    uint32_t group_scales[kUnitsPerThread];  // the group's scale bytes, 0xFF where the group has no block
-    Index row[kUnitsPerThread], unit_in_row[kUnitsPerThread];
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      const Index u = base + j * kThreads + threadIdx.x;
-      if (u >= num_units) continue;
-      if constexpr (std::is_same_v<Index, uint32_t>)
-        row[j] = row_of_unit.divide(u);
-      else
-        row[j] = u / units_per_row;
-      unit_in_row[j] = u - row[j] * units_per_row;
-      codes[j] = __ldcs(in_codes + u);
-      const Index first_block = unit_in_row[j] / kUnitsPerGroup * kBlocksPerGroup;
-      const uint8_t* s = in_scales + row[j] * blocks_per_row + first_block;
-      if constexpr (kWholeGroups) {
-        group_scales[j] = __ldg(reinterpret_cast<const uint32_t*>(s));
-      } else {
-        uint32_t word = 0;
-#pragma unroll
-        for (int i = 0; i < kBlocksPerGroup; ++i)
-          word |= (first_block + i < blocks_per_row ? uint32_t{__ldg(s + i)} : uint32_t{kUE8M0NaN}) << (8 * i);
-        group_scales[j] = word;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      const Index u = base + j * kThreads + threadIdx.x;
-      if (u >= num_units) continue;
-      // Byte b + 1 (mod 256) puts NaN blocks (0xFF) at 0, below every finite exponent byte (0..254 -> 1..255).
-      const uint32_t biased = __vadd4(group_scales[j], 0x01010101u);
-      uint32_t top = __vmaxu4(biased, biased >> 16);
-      top = max(top & 0xFFu, (top >> 8) & 0xFFu);
-      const int s = top == 0u ? 0 : direct_group_scale_exponent(static_cast<int>(top) - 1 - kUE8M0Bias);
-
-      const uint32_t own = (group_scales[j] >> (8 * (unit_in_row[j] / kUnitsPerBlock % kBlocksPerGroup))) & 0xFFu;
-      uint4 out;
-      if (own == kUE8M0NaN) {
-        out = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
-      } else {
-        out = convert16(codes[j].x, codes[j].y, e2m1_to_e4m3_lut(static_cast<int>(own) - kUE8M0Bias - s));
-      }
-      __stcs(out_codes + u, out);
-
-      if (unit_in_row[j] % kUnitsPerGroup == 0) {
-        const Index g = unit_in_row[j] / kUnitsPerGroup;
-        out_scales[g * scale_ld + row[j]] = exp2_exact(s);
-        if (row[j] == M - 1)
-          for (Index r = M; r < scale_ld; ++r) out_scales[g * scale_ld + r] = 1.0f;  // layout padding rows
-      }
-    }
-  }
+mxfp4_row_to_fp8_row_kernel(const uint8_t* __restrict__ in_codes, const uint8_t* __restrict__ in_scales, int64_t M,
+                            int64_t K, int64_t group0, int64_t tile0, uint8_t* __restrict__ out_codes,
+                            float* __restrict__ out_scales) {
+  convert_tile<kWholeGroups>(in_codes, in_scales, M, K, group0 + blockIdx.x, tile0 + blockIdx.y, out_codes,
+                             out_scales);
 }
 
 }  // namespace
 
-namespace detail {
-
-void check_mxfp4_row_to_fp8_row_args(const char* what, const uint8_t* in_codes, const uint8_t* in_scales, int64_t M,
-                                     int64_t K, const uint8_t* out_codes, const float* out_scales) {
-  check_mx_row_shape(what, M, K);
-  if (M == 0) return;
-  check_mx_pointer(what, "in_codes", in_codes, 16);
-  check_mx_pointer(what, "in_scales", in_scales, 1);
-  check_mx_pointer(what, "out_codes", out_codes, 16);
-  check_mx_pointer(what, "out_scales", out_scales, 4);
-}
-
-// Variant 0: the grid-stride kernel above. Arguments already checked, M > 0.
-void launch_mxfp4_row_to_fp8_row_v0(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
-                                    uint8_t* out_codes, float* out_scales, cudaStream_t stream) {
-  const int64_t units_per_row = K / kUnit, num_units = M * units_per_row;
-  const int64_t blocks_needed = ceil_div(num_units, int64_t{kThreads} * kUnitsPerThread);
-  const auto* codes8 = reinterpret_cast<const uint2*>(in_codes);
-  auto* out16 = reinterpret_cast<uint4*>(out_codes);
-  // 32-bit indices while every index the kernel forms (unit, scale entry, sweep step) stays below 2^31.
-  const int64_t scale_entries = fp8_row_scale_count(M, K);
-  // The sweep (grid * kThreads * kUnitsPerThread) is at most blocks_needed * kThreads * kUnitsPerThread.
-  const int64_t max_index = num_units + blocks_needed * kThreads * kUnitsPerThread;
-  const bool narrow = max_index < (int64_t{1} << 31) && scale_entries < (int64_t{1} << 31);
-  const bool whole_groups = K % kFp8Block == 0 && (reinterpret_cast<uintptr_t>(in_scales) & 3u) == 0;
-  const UnitDivider row_of_unit = narrow ? UnitDivider::make(static_cast<uint32_t>(units_per_row)) : UnitDivider{};
-  auto launch = [&](auto index_zero, auto whole_groups_tag) {
-    using Index = decltype(index_zero);
-    constexpr auto kernel = mxfp4_row_to_fp8_row_kernel<Index, decltype(whole_groups_tag)::value>;
-    const unsigned grid = mx_grid_blocks<kernel, kThreads>(blocks_needed);
-    kernel<<<grid, kThreads, 0, stream>>>(codes8, in_scales, static_cast<Index>(M), static_cast<Index>(units_per_row),
-                                          row_of_unit, static_cast<Index>(num_units), out16, out_scales);
-  };
-  if (narrow && whole_groups) launch(uint32_t{0}, std::true_type{});
-  else if (narrow) launch(uint32_t{0}, std::false_type{});
-  else if (whole_groups) launch(int64_t{0}, std::true_type{});
-  else launch(int64_t{0}, std::false_type{});
-  CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace detail
-
 void mxfp4_row_to_fp8_row(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
                           uint8_t* out_codes, float* out_scales, cudaStream_t stream) {
-  detail::mxfp4_row_to_fp8_row_variant(0, in_codes, in_scales, M, K, out_codes, out_scales, stream);
+  const char* what = "mxfp4_row_to_fp8_row";
+  detail::check_mx_row_shape(what, M, K);
+  if (M == 0) return;
+  detail::check_mx_pointer(what, "in_codes", in_codes, 16);
+  detail::check_mx_pointer(what, "in_scales", in_scales, 1);
+  detail::check_mx_pointer(what, "out_codes", out_codes, 16);
+  detail::check_mx_pointer(what, "out_scales", out_scales, 4);
+
+  // Row tiles cover the scale layout's padding rows too (kRowsPerCta is a multiple of 4). One launch unless the
+  // tiles exceed the grid's limits (65535 row tiles: M > 8388480; 2^31 - 1 groups), then one per grid's worth.
+  const int64_t row_tiles = ceil_div(M, int64_t{kRowsPerCta});
+  const int64_t groups = ceil_div(K, int64_t{kFp8Block});
+  constexpr int64_t kMaxGridX = INT_MAX, kMaxGridY = 65535;
+  const bool whole_groups = K % kFp8Block == 0 && (reinterpret_cast<uintptr_t>(in_scales) & 3u) == 0;
+  for (int64_t tile0 = 0; tile0 < row_tiles; tile0 += kMaxGridY) {
+    for (int64_t group0 = 0; group0 < groups; group0 += kMaxGridX) {
+      const dim3 grid(static_cast<unsigned>(std::min(groups - group0, kMaxGridX)),
+                      static_cast<unsigned>(std::min(row_tiles - tile0, kMaxGridY)));
+      if (whole_groups)
+        mxfp4_row_to_fp8_row_kernel<true>
+            <<<grid, kThreads, 0, stream>>>(in_codes, in_scales, M, K, group0, tile0, out_codes, out_scales);
+      else
+        mxfp4_row_to_fp8_row_kernel<false>
+            <<<grid, kThreads, 0, stream>>>(in_codes, in_scales, M, K, group0, tile0, out_codes, out_scales);
+    }
+  }
+  CUDA_CHECK_LAUNCH();
 }
 
 void mxfp4_row_to_fp8_row_naive(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,

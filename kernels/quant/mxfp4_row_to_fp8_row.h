@@ -26,28 +26,6 @@ namespace fp4moe {
 void mxfp4_row_to_fp8_row(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
                           uint8_t* out_codes, float* out_scales, cudaStream_t stream);
 
-namespace detail {
-
-// Kernel variants of mxfp4_row_to_fp8_row, kept side by side so that one benchmark run (bench_convert, cases
-// `mxfp4_row_to_fp8_row@vN/...`) can pick the fastest; every variant writes the same bytes as the CPU reference
-// (tests/gpu/test_quant_row.cpp runs each one). Variant 0 is what mxfp4_row_to_fp8_row runs.
-//   v0  grid-stride over 16-element units (8 bytes in, 16 out), one wave, 256 threads x 4 units
-//   v1  one thread block per tile of 128 rows x one 1x128 group: 8 threads per group row, 4 rows per thread,
-//       the tile's 128 fp32 scales contiguous; streaming cache hints (ld.global.cs / st.global.cs)
-//   v2  as v1 with 256 rows per tile (8 rows per thread: 64 bytes of loads in flight per thread)
-//   v3  as v1 without cache hints (default caching of loads and stores)
-//   v4  as v1 with one MX block per thread (16 bytes in, two 16-byte stores), 256 rows per tile
-// Shapes past a variant's grid (more than 65535 row tiles) run variant 0.
-int mxfp4_row_to_fp8_row_variants();
-// A short description of variant v ("" outside [0, variants)).
-const char* mxfp4_row_to_fp8_row_variant_name(int variant);
-// mxfp4_row_to_fp8_row through variant `variant`; the same arguments, checks and rejections, and variant outside
-// [0, mxfp4_row_to_fp8_row_variants()) rejected.
-void mxfp4_row_to_fp8_row_variant(int variant, const uint8_t* in_codes, const uint8_t* in_scales, int64_t M,
-                                  int64_t K, uint8_t* out_codes, float* out_scales, cudaStream_t stream);
-
-}  // namespace detail
-
 // CPU reference on host memory, same layouts and rejections (alignment aside), element by element from the rule.
 void mxfp4_row_to_fp8_row_ref(const uint8_t* in_codes, const uint8_t* in_scales, int64_t M, int64_t K,
                               uint8_t* out_codes, float* out_scales);

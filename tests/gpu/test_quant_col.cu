@@ -4,8 +4,7 @@
 // x K in {32, 96, 576, 2048, 7168}; ragged groups [162, 0, 2577, 446, 0, 83], random splits, all tokens on one
 // expert, groups of one row, G = 1 and G = 1024. Outputs are poisoned before every run and surrounded by guards:
 // each whole buffer (guards and unused capacity included) must equal the reference's, which writes exactly the
-// layout's extent (tests/cpu/test_quant_col_ref.cpp), so nothing may be written outside it. Every variant of
-// mxfp4_row_to_fp8_col (detail::mxfp4_row_to_fp8_col_variant) runs on the same data and splits.
+// layout's extent (tests/cpu/test_quant_col_ref.cpp), so nothing may be written outside it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -179,22 +178,14 @@ void check_mxfp4_col(const std::vector<int32_t>& offsets, int64_t K, uint32_t se
   Mxfp4 in = random_mxfp4(M, K, seed);
   DeviceCopy<uint8_t> codes(in.codes), scales(in.scales);
   DeviceCopy<int32_t> d_offsets(offsets);
-  GuardedOutput<uint8_t> ref(fp8_col_codes_capacity(M, K, G));
-  GuardedOutput<float> ref_scales(fp8_col_scales_capacity(M, K, G));
-  mxfp4_row_to_fp8_col_ref(in.codes.data(), in.scales.data(), M, K, offsets.data(), G, ref.host(), ref_scales.host());
-  for (int v = 0; v < detail::mxfp4_row_to_fp8_col_variants(); ++v) {
-    SCOPED_TRACE(fmt::format("variant {} ({})", v, detail::mxfp4_row_to_fp8_col_variant_name(v)));
-    GuardedOutput<uint8_t> out(ref.n);
-    GuardedOutput<float> out_scales(ref_scales.n);
-    out.expected = ref.expected;
-    out_scales.expected = ref_scales.expected;
-    detail::mxfp4_row_to_fp8_col_variant(v, codes.ptr, scales.ptr, M, K, d_offsets.ptr, G,
-                                         give_host_offsets ? offsets.data() : nullptr, out.device(),
-                                         out_scales.device(), nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(out.first_difference(), "") << "codes";
-    EXPECT_EQ(out_scales.first_difference(), "") << "scales";
-  }
+  GuardedOutput<uint8_t> out(fp8_col_codes_capacity(M, K, G));
+  GuardedOutput<float> out_scales(fp8_col_scales_capacity(M, K, G));
+  mxfp4_row_to_fp8_col_ref(in.codes.data(), in.scales.data(), M, K, offsets.data(), G, out.host(), out_scales.host());
+  mxfp4_row_to_fp8_col(codes.ptr, scales.ptr, M, K, d_offsets.ptr, G, give_host_offsets ? offsets.data() : nullptr,
+                       out.device(), out_scales.device(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(out.first_difference(), "") << "codes";
+  EXPECT_EQ(out_scales.first_difference(), "") << "scales";
 }
 
 TEST(Mxfp4RowToFp8ColGpu, RowShapesOneGroup) {
@@ -358,27 +349,6 @@ TEST(QuantColGpuRejects, BadArgumentsBeforeLaunch) {
   expect_message(mx(M, K, d_offsets.ptr, 2, bad_start.data(), out.device()), "must start at 0");
   expect_message(mx(M, K, d_offsets.ptr, 2, bad_end.data(), out.device()), "must end at M=64");
   expect_message(mx(M, K, d_offsets.ptr, 3, decreasing.data(), out.device()), "non-decreasing");
-  const int n_variants = detail::mxfp4_row_to_fp8_col_variants();
-  for (int v : {-1, n_variants})
-    expect_message(message([&] {
-                     detail::mxfp4_row_to_fp8_col_variant(v, codes.ptr, scales.ptr, M, K, d_offsets.ptr, 2,
-                                                          offsets.data(), out.device(), out_scales.device(), nullptr);
-                   }),
-                   "variant must be in");
-  for (int v = 0; v < n_variants; ++v) {
-    EXPECT_STRNE(detail::mxfp4_row_to_fp8_col_variant_name(v), "");
-    expect_message(message([&] {
-                     detail::mxfp4_row_to_fp8_col_variant(v, codes.ptr, scales.ptr, M, K, d_offsets.ptr, 2,
-                                                          bad_end.data(), out.device(), out_scales.device(), nullptr);
-                   }),
-                   "must end at M=64");
-    expect_message(message([&] {
-                     detail::mxfp4_row_to_fp8_col_variant(v, codes.ptr, scales.ptr, M, K, d_offsets.ptr, 2,
-                                                          offsets.data(), out.device() + 1, out_scales.device(),
-                                                          nullptr);
-                   }),
-                   "16-byte aligned");
-  }
 
   expect_message(message([&] {
                    bf16_to_fp8_col(x.ptr, M, 24, d_offsets.ptr, 2, offsets.data(), Fp8ScaleMode::pow2, out.device(),
@@ -420,9 +390,8 @@ TEST(QuantColGpuRejects, InvalidDeviceOffsetsWriteNothing) {
     DeviceCopy<int32_t> d_offsets(bad);
     GuardedOutput<uint8_t> out(fp8_col_codes_capacity(M, K, 3));
     GuardedOutput<float> out_scales(fp8_col_scales_capacity(M, K, 3));
-    for (int v = 0; v < detail::mxfp4_row_to_fp8_col_variants(); ++v)
-      detail::mxfp4_row_to_fp8_col_variant(v, codes.ptr, scales.ptr, M, K, d_offsets.ptr, 3, nullptr, out.device(),
-                                           out_scales.device(), nullptr);
+    mxfp4_row_to_fp8_col(codes.ptr, scales.ptr, M, K, d_offsets.ptr, 3, nullptr, out.device(), out_scales.device(),
+                         nullptr);
     bf16_to_fp8_col(x.ptr, M, K, d_offsets.ptr, 3, nullptr, Fp8ScaleMode::pow2, out.device(), out_scales.device(),
                     nullptr, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
