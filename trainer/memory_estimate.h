@@ -43,10 +43,13 @@
 //   layernorm       the outputs and rstd of attn_norm, ffn_norm, q_norm and kv_norm
 //   moe_act         the routed experts' a (bf16) or its MXFP4 copy (mxfp4); fp8: nothing (Group Linear keeps its
 //                   FP8 column copy of a, made by fc2's forward, which is not rerun)
-//   moe             the MoE block keeps only topk_idx and the per-layer counts: router, routed and shared experts
-//                   rerun from the block's input (the layer's ffn_norm out, unless layernorm)
+//   moe             the routed experts' h, a (or its copies) and ys, rerun from the kept routing and dispatched
+//                   input xs in the routed recipe's storage format (BF16 xs; fp8: its FP8 row copy, kept only under
+//                   moe/full, beside fc1's FP8 column copy; MXFP4 xs), and the shared experts' h and a; the router
+//                   does not rerun (the block input, the ffn_norm out, stays unless layernorm)
 //   mlp, shared_experts   the dense FFN's / shared experts' h and a (fc1 and swiglu rerun; fc2 keeps its copy)
-//   full            everything but the layer input h (and the router's topk_idx and counts)
+//   full            everything but the layer input h, the Linears' copies that no rerun rebuilds (the FFNs' fc2 X)
+//                   and what the MoE block keeps under moe (routing, row_of, dispatched input)
 // [/t]: divided by t (sequence-parallel share or head split). Routed terms are per routed row, k rows per token.
 //
 //   module       tensor                  bytes per token            dropped by
@@ -73,15 +76,17 @@
 //                out X                   Q(H dv [/t])               full
 //   mlp          h                       4F [/t]                    mlp, full
 //   (dense)      a                       2F [/t]                    mlp, full; kept only for a bf16 dense recipe
-//                fc1 X, fc2 X (!= bf16)  Q(d), Q(F [/t])            fc1: mlp, full; fc2: full
-//   moe.router   probs                   4E [/t]                    moe, full
-//                topk_weight             4k [/t]                    moe, full
+//                fc1 X, fc2 X (!= bf16)  Q(d), Q(F [/t])            fc1: mlp, full; fc2: never (not rerun)
+//   moe.router   probs                   4E [/t]                    never
+//                topk_weight             4k [/t]                    never
 //                topk_idx                4k [/t]                    never
 //                counts, offsets, aux    4E + 4(E + 1) + 4 per layer (not per token)   never
-//   moe.experts  row_of                  4k                         moe, full
-//                xs (BF16)               2dk                        moe, full; kept only for bf16
-//                xs FP8 columns (fp8)    Q_fp8(d, E_l) per row      moe, full (Group Linear's codes and scales)
-//                xs MXFP4 codes, scales  (d/2)k, (d/32)k            moe, full
+//   moe.experts  row_of                  4k                         never
+//                xs (BF16)               2dk                        never; kept only for bf16
+//                xs FP8 columns (fp8)    Q_fp8(d, E_l) per row      never (Group Linear's codes and scales)
+//                xs FP8 rows (fp8)       d + 4 ceil(d/128) per row  kept only under moe, full (codes and FP32
+//                                                                   scales, 4 fp8_row_scale_count(R, d) bytes)
+//                xs MXFP4 codes, scales  (d/2)k, (d/32)k            never
 //                h                       4fk                        moe, full
 //                a (BF16)                2fk                        moe_act, moe, full; kept only for bf16
 //                a FP8 columns (fp8)     Q_fp8(f, E_l) per row      moe, full (Group Linear's codes and scales)
@@ -89,11 +94,13 @@
 //                ys                      2dk                        moe, full
 //   moe.shared   h                       4sf [/t]                   shared_experts, moe, full
 //   (s > 0)      a                       2sf [/t]                   as h; kept only for a bf16 shared recipe
-//                fc1 X, fc2 X (!= bf16)  Q(d), Q(sf [/t])           fc1: as h; fc2: full
+//                fc1 X, fc2 X (!= bf16)  Q(d), Q(sf [/t])           fc1: as h; fc2: never (not rerun)
 //   model        h[L] (final norm input), h_out (LM head input)  2d [/t] each;  final norm rstd 4 [/t];
 //   (last stage) LM head cross-entropy statistics 16 (FP32 [4, N], kept by LmHeadCrossEntropy outside DeviceMemory)
 // e.g. DeepSeek-V3 (bf16, no policy): layer 57,352 + mla 205,320 + MoE router 1,088 + routed experts
-// k (4 + 4d + 6f) = 327,712 + shared experts 12,288 bytes per token.
+// k (4 + 4d + 6f) = 327,712 + shared experts 12,288 bytes per token. Under moe the routed experts keep
+// k (4 + 2d) = 114,720 (bf16), k (4 + d + 4 ceil(d/128)) = 59,168 plus fc1's FP8 columns ~ 59,200 (fp8), and
+// k (4 + 17d/32) = 30,496 (mxfp4) bytes per token; the router its 1,088.
 //
 // The Linears' and Group Linears' copies (FP8 weights, FP8 column or MXFP4 copies of X) come from DeviceMemory at
 // the first forward (MemoryTerm::first_forward; GroupLinear::set_allocator), each buffer rounded up to 256 bytes.

@@ -315,15 +315,16 @@ std::vector<MemoryTerm> layer_activation_terms(const TrainerConfig& cfg, const P
     if (!bf) copy(mlp, "fc1 X", g.dense, Ns, d, keep);
     mlp.add("h", 4 * N * g.Fl, keep);
     mlp.add("a", 2 * N * g.Fl, keep && bf);
-    if (!bf) copy(mlp, "fc2 X", g.dense, N, g.Fl, !full);  // fc2 is not rerun by mlp
+    if (!bf) copy(mlp, "fc2 X", g.dense, N, g.Fl, true);  // fc2 is not rerun (mlp, full: fc1 and swiglu only)
     return out;
   }
 
+  // The routing is kept under every policy (moe and full rerun the experts from it, not the router).
   const Terms router{out, act, "moe.router"};
-  const bool block = !full && !p.moe;  // the MoE block keeps its own tensors
-  router.add("probs", 4 * Ns * g.E, block);
+  const bool block = !full && !p.moe;  // the experts keep their own tensors (moe, full: only their dispatched input)
+  router.add("probs", 4 * Ns * g.E);
   router.add("topk_idx", 4 * Ns * g.k);
-  router.add("topk_weight", 4 * Ns * g.k, block);
+  router.add("topk_weight", 4 * Ns * g.k);
   router.add("counts", 4 * g.E);
   router.add("offsets", 4 * (g.E + 1));
   router.add("aux", 4);
@@ -337,16 +338,25 @@ std::vector<MemoryTerm> layer_activation_terms(const TrainerConfig& cfg, const P
     experts.add(x + " FP8 column codes", q.codes, kept, true, true);
     experts.add(x + " FP8 column scales", q.scales, kept, true, true);
   };
-  experts.add("row_of", 4 * R, block);
-  experts.add("xs", 2 * R * d, block && g.routed == Recipe::bf16);
-  if (g.routed == Recipe::fp8) columns("xs", d, block);
+  // The permutation and the dispatched input xs in the recipe's storage format stay under every policy: moe and
+  // full rerun fc1 from them (fp8: from the FP8 row copy the layer then keeps; fc1's FP8 column copy, which its
+  // Wgrad reads, is not rebuilt since fc1's forward does not rerun).
+  experts.add("row_of", 4 * R);
+  experts.add("xs", 2 * R * d, g.routed == Recipe::bf16);  // fp8, mxfp4: BF16 xs is forward scratch
+  if (g.routed == Recipe::fp8) {
+    columns("xs", d, true);
+    if (!block) {
+      experts.add("xs FP8 row codes", R * d);
+      experts.add("xs FP8 row scales", 4 * fp8_row_scale_count(R, d));
+    }
+  }
   if (g.routed == Recipe::mxfp4) {
-    experts.add("xs MXFP4 codes", R * (d / 2), block);
-    experts.add("xs MXFP4 scales", R * (d / kMxBlock), block);
+    experts.add("xs MXFP4 codes", R * (d / 2));
+    experts.add("xs MXFP4 scales", R * (d / kMxBlock));
   }
   experts.add("h", 4 * R * f, block);
   experts.add("a", 2 * R * f, swiglu_out && g.routed == Recipe::bf16);
-  if (g.routed == Recipe::fp8) columns("a", f, block);  // made by fc2's forward, which moe_act does not rerun
+  if (g.routed == Recipe::fp8) columns("a", f, block);  // remade by fc2's rerun under moe/full; not by moe_act
   if (g.routed == Recipe::mxfp4) {
     experts.add("a MXFP4 codes", R * (f / 2), swiglu_out);
     experts.add("a MXFP4 scales", R * (f / kMxBlock), swiglu_out);
@@ -359,7 +369,7 @@ std::vector<MemoryTerm> layer_activation_terms(const TrainerConfig& cfg, const P
     if (!bf) copy(shared, "fc1 X", g.shared, Ns, d, keep);
     shared.add("h", 4 * N * g.Sl, keep);
     shared.add("a", 2 * N * g.Sl, keep && bf);
-    if (!bf) copy(shared, "fc2 X", g.shared, N, g.Sl, !full);  // fc2 is not rerun by moe or shared_experts
+    if (!bf) copy(shared, "fc2 X", g.shared, N, g.Sl, true);  // fc2 is not rerun (shared_experts, moe, full)
   }
   return out;
 }

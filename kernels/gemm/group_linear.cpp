@@ -170,6 +170,20 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
   }
 }
 
+void GroupLinear::fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16* y, cudaStream_t stream) {
+  const char* what = "GroupLinear::fprop_fp8_rows";
+  FP4MOE_CHECK(recipe_ == GroupLinearRecipe::fp8,
+               "{}: only the fp8 recipe takes an FP8 row copy of X, this layer is {}", what,
+               group_linear_recipe_name(recipe_));
+  FP4MOE_CHECK(w_ != nullptr, "{}: set_weights was not called", what);
+  FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr,
+               "{}: expected a split of {} groups with its host copy of the offsets, got G={}", what, G_, split.G);
+  FP4MOE_CHECK(x.codes != nullptr && x.scales != nullptr,
+               "{}: null codes or scales (expected an FP8 1x128 row tensor [M, {}], layouts.h)", what, K_);
+  gemm_.fprop_fp8(x, {static_cast<uint8_t*>(w_codes_.ptr), static_cast<float*>(w_scales_.ptr)}, N_, K_, split,
+                  GemmOutput{y, GemmOutType::bf16, false}, stream);
+}
+
 void GroupLinear::rebind_input(const GroupLinearInput& x) {
   const char* what = "GroupLinear::rebind_input";
   FP4MOE_CHECK(cached_M_ >= 0, "{}: no forward yet (nothing to rebind)", what);

@@ -90,6 +90,16 @@ class GroupLinear {
   // split other than the forward's (another G or another token count M).
   void backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream);
 
+  // The fp8 recipe's Fprop again, from an FP8 1x128 row copy of X that the caller made with bf16_to_fp8_row
+  // (this layer's scale_mode()) and kept: x.codes E4M3 [M, K], x.scales FP32 [fp8_row_scale_count(M, K)]
+  // (layouts.h), device, M = split.host_offsets[G]. y [M, N] BF16 gets the bits forward gave for the BF16 X those
+  // rows came from (the same operands, the same grouped GEMM). Fprop only: the FP8 column copy of X that the last
+  // forward made for Wgrad, and what backward reads, are left as they are (a recompute of Y from a kept FP8 input,
+  // trainer/model/moe_experts.h). Rejects (before any launch) a recipe other than fp8, a call before set_weights,
+  // a split as forward rejects it, null codes or scales, and everything GroupedGemm rejects.
+  void fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16* y, cudaStream_t stream);
+  Fp8ScaleMode scale_mode() const { return scale_mode_; }
+
   // For a recompute of the input before backward: backward reads X from `x` (the forward's values, rebuilt at
   // another address) instead of the pointer the last forward kept. bf16: x.x; mxfp4: x.mx_codes and x.mx_scales.
   // Rejects a call before any forward, the fp8 recipe (it keeps its own FP8 column copy, made in forward) and the

@@ -2,13 +2,17 @@
 //   - configs/tiny.toml on one GPU, by hand: the parameter tensors, weights, grads and optimizer to the byte (and
 //     DeviceMemory's 256-byte rounding), the activations of every module from the header's formulas in the bf16,
 //     fp8 and mxfp4 routed recipes, the FP8 weight copies;
+//   - the `moe` policy on tiny by hand: the routing stays, the routed experts keep row_of and their dispatched input
+//     in the recipe's storage format (BF16 xs; fp8: the FP8 row copy beside fc1's FP8 columns; MXFP4 xs), the rest
+//     of the block goes to the workspace (live while it is recomputed);
 //   - monotonicity: every recompute module lowers the activations it names; the routed experts' kept inputs order
-//     mxfp4 < fp8 < bf16, and so do the expert-parallel buffers;
+//     mxfp4 < fp8 < bf16 (under moe: mxfp4 < bf16 < fp8, fp8 keeping both its row and column copies of xs), and
+//     the expert-parallel buffers mxfp4 < fp8 < bf16;
 //   - the production presets: parameters add up to the published totals over the stages, ZeRO-1 shards the
 //     optimizer, 1F1B keeps pp - s micro-batches; paper 1's direction: mxfp4 activations below fp8's by 5-20% on
 //     DeepSeek-V3's layout under moe_act + mla_up_proj and under mla_up_proj (the estimate gives 9.9% and 8.0%),
-//     equal under attention + layernorm + experts, where `moe` keeps nothing of the routed recipe (the numbers
-//     are printed);
+//     and below under attention + layernorm + experts, by exactly the routed experts' kept dispatched input
+//     (MXFP4 xs against fp8's FP8 row and column copies; the numbers are printed);
 //   - the layout checks.
 #include <gtest/gtest.h>
 
@@ -185,6 +189,49 @@ TEST(MemoryEstimate, TinyRoutedRecipesKeepTheirOwnCopies) {
   }
 }
 
+// tiny under `moe`: the router keeps everything (it does not rerun), the routed experts their permutation and
+// dispatched input only; h, a and ys (and the recipe's copies of a) are workspace while they are recomputed.
+TEST(MemoryEstimate, TinyMoePolicyKeepsTheRoutingAndTheDispatchedInput) {
+  const int64_t N = 256, R = 512, d = 64, f = 32, E = 8;
+  const int64_t router = 4 * N * 8 + 2 * 4 * N * 2 + 32 + 36 + 4;  // probs, topk_idx, topk_weight, counts, ...
+  const int64_t xs_cols = d * (R + 15 * E) + 4 * d * (4 + E);      // fp8 fc1's FP8 column copy (layouts.h)
+  const int64_t xs_rows = R * d + 4 * 1 * R;                       // FP8 row copy: codes, 1 block x 512 FP32 scales
+  const struct {
+    const char* recipe;
+    int64_t experts;
+  } cases[] = {{"bf16", 4 * R + 2 * R * d},
+               {"fp8", 4 * R + xs_cols + xs_rows},
+               {"mxfp4", 4 * R + R * (d / 2) + R * (d / 32)}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.recipe);
+    const TrainerConfig none_cfg = tiny({"--recipe.routed_experts", c.recipe});
+    TrainerConfig cfg = none_cfg;
+    cfg.recompute.modules = {"moe"};
+    const MemoryEstimate none = estimate_memory(none_cfg, single_gpu_layout(cfg));
+    const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
+    EXPECT_EQ(module_bytes(e, "moe.router"), router);
+    EXPECT_EQ(module_bytes(e, "moe.router"), module_bytes(none, "moe.router")) << "the router does not rerun";
+    EXPECT_EQ(module_bytes(e, "moe.experts"), c.experts);
+    EXPECT_EQ(module_bytes(e, "moe.shared"), 0) << "the shared experts rerun under moe";
+    EXPECT_EQ(module_bytes(e, "layer"), module_bytes(none, "layer")) << "the block input (ffn_norm out) stays";
+    EXPECT_EQ(module_bytes(e, "mla"), module_bytes(none, "mla"));
+    // What the experts rerun is not kept (the estimate counts it as scratch): h [R, 2f] and ys [R, d].
+    int64_t rerun = 0;
+    for (const MemoryTerm& t : layer_activation_terms(cfg, single_gpu_layout(cfg), 1))
+      if (t.module == "moe.experts" && (t.tensor == "h" || t.tensor == "ys")) {
+        EXPECT_FALSE(t.kept) << t.tensor;
+        rerun += t.bytes;
+      }
+    EXPECT_EQ(rerun, 4 * R * f + 2 * R * d);
+  }
+  // With layernorm as well, the block input is recomputed by ffn_norm: the layer keeps neither norm output.
+  TrainerConfig cfg = tiny({"--recipe.routed_experts", "mxfp4"});
+  cfg.recompute.modules = {"moe", "layernorm"};
+  const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
+  EXPECT_EQ(module_bytes(e, "layer"), 2 * 2 * 2 * N * d) << "h and h_mid of both layers only";
+  EXPECT_EQ(module_bytes(e, "moe.experts"), 4 * R + R * (d / 2) + R * (d / 32));
+}
+
 TEST(MemoryEstimate, WorkspaceIsTheLargestLayerPlusTheModel) {
   const TrainerConfig cfg = tiny();
   const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
@@ -257,6 +304,21 @@ TEST(MemoryEstimate, RoutedExpertInputsOrderMxfp4BelowFp8BelowBf16) {
       }
     }
   }
+  // Under moe only the dispatched input stays: MXFP4 codes + scales (17 d / 32 per row) < BF16 xs (2 d) < fp8's
+  // FP8 row copy for the rerun of Fprop (d + 4 ceil(d/128)) beside fc1's FP8 columns for Wgrad (about d + d/32).
+  for (bool production : {false, true}) {
+    int64_t experts[3];
+    int i = 0;
+    for (Recipe r : {Recipe::mxfp4, Recipe::bf16, Recipe::fp8}) {
+      TrainerConfig cfg = production ? v3.config : tiny();
+      cfg.recipe.routed_experts = r;
+      cfg.recompute.modules = {"moe"};
+      const ParallelLayout layout = production ? v3.layout : single_gpu_layout(cfg);
+      experts[i++] = module_bytes(estimate_memory_stage(cfg, layout, 0), "moe.experts");
+    }
+    EXPECT_LT(experts[0], experts[1]) << (production ? "v3" : "tiny");
+    EXPECT_LT(experts[1], experts[2]) << (production ? "v3" : "tiny");
+  }
 }
 
 TEST(MemoryEstimate, ProductionPresetsHoldTheWholeModelOverTheirStages) {
@@ -327,11 +389,13 @@ TEST(MemoryEstimate, PaperDirectionMxfp4BelowFp8OnDeepSeekV3) {
                 fp8->gib(MemCategory::activations) - mx->gib(MemCategory::activations), bf->total_gib(),
                 fp8->total_gib(), mx->total_gib());
     if (p.modules == std::vector<std::string>{"core_attn", "layernorm", "moe"}) {
-      // `moe` reruns the whole MoE block from its BF16 input (recompute.h, as Megatron-Core): nothing of the routed
-      // recipe stays, so mxfp4 and fp8 keep the same. P1's 59.40% vs 74.20% needs its expert recompute to keep
-      // the dispatched MXFP4 rows instead; the estimate follows the trainer.
-      EXPECT_EQ(act(*mx), act(*fp8));
-      EXPECT_LT(mx->total(), fp8->total());  // the pipeline and dispatch buffers still shrink
+      // `moe` keeps the routing and the dispatched expert input in the routed recipe's storage format
+      // (recompute.h): the recipes differ by exactly that input, MXFP4 xs against fp8's FP8 row copy (for the
+      // rerun of fc1's Fprop) and fc1's FP8 column copy (for its Wgrad); every other module is fp8 in both.
+      EXPECT_LT(act(*mx), act(*fp8));
+      EXPECT_GT(cut, 0.0);
+      EXPECT_EQ(act(*fp8) - act(*mx), module_bytes(*fp8, "moe.experts") - module_bytes(*mx, "moe.experts"));
+      EXPECT_LT(mx->total(), fp8->total());
     } else {
       EXPECT_GE(cut, 0.05) << p.label;
       EXPECT_LE(cut, 0.20) << p.label;

@@ -4,13 +4,16 @@
 //     (after end_step) the v3 router bias with and without each policy (mla_up_proj, core_attn, layernorm, moe_act,
 //     moe, mlp, shared_experts, full) and the combinations {core_attn, layernorm, moe} and {moe_act, mla_up_proj};
 //     the forward-only loss too; the v2 router (balance loss) under moe and full; the mxfp4 and fp8 routed recipes
-//     under moe_act, moe and full;
+//     under moe_act, moe, full and paper 1's heavy policy core_attn + layernorm + moe (the experts rerun from the
+//     kept MXFP4 codes or FP8 row copy of their dispatched input, the router's input x from ffn_norm's rerun);
 //   - the shared scratch is sized exactly: after a forward_backward at the full micro-batch its high-water mark
 //     equals its capacity (the largest call the layers reported), under every policy;
 //   - the activation category shrinks with each policy, strictly along the chain none > core_attn > + layernorm >
 //     + mla_up_proj > + moe_act > + shared_experts > + moe > + mlp > full, on tiny and small, and each policy alone
 //     keeps less than none; Model::layer_memory's kept bytes plus head_activation_bytes are the category exactly,
-//     and the modules a policy names lose exactly their tensors (tiny);
+//     and the modules a policy names lose exactly their tensors (tiny; under moe and full the MoE block keeps its
+//     routing, row_of and dispatched input); under moe the routed experts keep mxfp4 < bf16 < fp8 (fp8: its FP8 row
+//     copy of xs, beside Group Linear's column copy counted in quantized_copies);
 //   - fp8/mxfp4 projections: bitwise under every policy too; the layer keeps no BF16 copy of what their Linears keep
 //     (a_in, n_q, n_kv, the dense f_in and a, the shared a), and after a step the category is the kept bytes plus
 //     LayerMemory::quantized_copies;
@@ -30,6 +33,7 @@
 
 #include "gpu/gpu_test_util.h"
 #include "kernels/nn/cross_entropy.h"
+#include "kernels/quant/layouts.h"
 #include "tests/cpu/trainer_test_util.h"
 #include "trainer/config.h"
 #include "trainer/memory.h"
@@ -153,17 +157,24 @@ TEST(Recompute, GradientsAreBitwiseTheSameUnderEveryPolicy) {
 
 TEST(Recompute, V2RouterBalanceLossUnderMoeAndFull) {
   FP4MOE_REQUIRE_DEVICE();
-  check_policies({"--moe.router", "v2", "--moe.aux_alpha", "0.01"}, {{"moe"}, {"full"}, {"moe_act"}});
+  check_policies({"--moe.router", "v2", "--moe.aux_alpha", "0.01"},
+                 {{"moe"}, {"full"}, {"moe_act"}, {"layernorm", "moe"}});
 }
 
 TEST(Recompute, Mxfp4RoutedExpertsRecomputeTheSameCodes) {
   FP4MOE_REQUIRE_DEVICE();
-  check_policies({"--recipe.routed_experts", "mxfp4"}, {{"moe_act"}, {"moe"}, {"full"}, {"moe_act", "mla_up_proj"}});
+  check_policies({"--recipe.routed_experts", "mxfp4"}, {{"moe_act"},
+                                                        {"moe"},
+                                                        {"full"},
+                                                        {"moe_act", "mla_up_proj"},
+                                                        {"core_attn", "layernorm", "moe"},
+                                                        {"moe", "moe_act"}});
 }
 
 TEST(Recompute, Fp8RoutedExperts) {
   FP4MOE_REQUIRE_DEVICE();
-  check_policies({"--recipe.routed_experts", "fp8"}, {{"moe_act"}, {"moe"}, {"full"}});
+  check_policies({"--recipe.routed_experts", "fp8"},
+                 {{"moe_act"}, {"moe"}, {"full"}, {"core_attn", "layernorm", "moe"}, {"moe", "moe_act"}});
 }
 
 // Dense projections through Group Linear (fp8 attention and dense FFN, mxfp4 shared and routed experts): their
@@ -172,7 +183,8 @@ TEST(Recompute, QuantizedDenseRecipes) {
   FP4MOE_REQUIRE_DEVICE();
   check_policies({"--recipe.attention", "fp8", "--recipe.dense_mlp", "fp8", "--recipe.shared_experts", "mxfp4",
                   "--recipe.routed_experts", "mxfp4"},
-                 {{"mla_up_proj"}, {"core_attn"}, {"layernorm"}, {"mlp"}, {"shared_experts"}, {"moe"}, {"full"}});
+                 {{"mla_up_proj"}, {"core_attn"}, {"layernorm"}, {"mlp"}, {"shared_experts"}, {"moe"}, {"full"},
+                  {"core_attn", "layernorm", "moe"}});
 }
 
 // ---- memory ------------------------------------------------------------------------------------------------------
@@ -222,7 +234,9 @@ void check_order(const std::string& preset) {
     EXPECT_EQ(kept_sum(m), m.activations) << "layer_memory + head_activation_bytes must be the category";
     std::printf("  %-6s %-70s activations %10.3f MiB  workspace %9.3f MiB\n", preset.c_str(), label(chain[i]).c_str(),
                 m.activations / 1048576.0, m.workspace / 1048576.0);
-    if (i > 0) EXPECT_LT(m.activations, previous) << "each step of the chain must keep less";
+    if (i > 0) {
+      EXPECT_LT(m.activations, previous) << "each step of the chain must keep less";
+    }
     previous = m.activations;
   }
   const size_t none = measure(config_with(preset, {})).activations;
@@ -283,10 +297,17 @@ TEST(Recompute, EachPolicyDropsExactlyItsTensorsTiny) {
   EXPECT_EQ(mlp.layers[0].ffn, 0u);
   EXPECT_EQ(mlp.layers[1].ffn, none.layers[1].ffn);
 
+  // moe: the router keeps all (probs, topk_idx, topk_weight, counts, offsets, aux), the routed experts row_of and
+  // the BF16 dispatched input xs, the shared experts nothing.
   const Measured moe = measure(config_with("tiny", {"moe"}));
-  const size_t router_left = r(4 * M * k) + r(4 * E) + r(4 * (E + 1)) + r(4);  // topk_idx, counts, offsets, aux
-  EXPECT_EQ(moe.layers[1].ffn, router_left);
-  EXPECT_EQ(moe.layers[1].routed_experts, 0u);
+  const size_t router = r(4 * M * E) + 2 * r(4 * M * k) + r(4 * E) + r(4 * (E + 1)) + r(4);
+  const size_t dispatched = r(4 * M * k) + r(2 * M * k * d);  // row_of, xs
+  EXPECT_EQ(moe.layers[1].routed_experts, dispatched);
+  EXPECT_EQ(moe.layers[1].ffn, router + dispatched);
+  EXPECT_EQ(none.layers[1].ffn - moe.layers[1].ffn,
+            r(2 * M * k * 2 * f) + r(2 * M * k * f) + r(2 * M * k * d) + r(2 * M * 2 * fs) + r(2 * M * fs))
+      << "the routed experts' h, a, ys and the shared experts' h, a";
+  EXPECT_EQ(moe.layers[1].norms, none.layers[1].norms) << "the block input f_in stays (no layernorm)";
 
   const Measured full = measure(config_with("tiny", {"full"}));
   for (size_t l = 0; l < 2; ++l) {
@@ -294,10 +315,33 @@ TEST(Recompute, EachPolicyDropsExactlyItsTensorsTiny) {
     EXPECT_EQ(full.layers[l].residual, r(2 * M * d)) << "only the layer input";
     EXPECT_EQ(full.layers[l].norms, 0u);
     EXPECT_EQ(full.layers[l].attn, 0u);
-    EXPECT_EQ(full.layers[l].ffn, l == 0 ? 0u : router_left);
+    EXPECT_EQ(full.layers[l].ffn, l == 0 ? 0u : router + dispatched) << "the MoE block keeps what it keeps under moe";
     EXPECT_GT(full.layers[l].scratch_backward, none.layers[l].scratch_backward) << "full rebuilds the layer there";
   }
   EXPECT_EQ(full.head, none.head);
+}
+
+// Under moe the routed experts keep their dispatched input in the routed recipe's format (tiny: R = 512 rows of
+// d = 64): MXFP4 codes + scales < BF16 xs < the FP8 row copy plus, in Group Linear (quantized_copies), fc1's FP8
+// column copy that its Wgrad reads; the other layers' bytes do not depend on the routed recipe.
+TEST(Recompute, MoePolicyKeepsTheDispatchedInputInTheRoutedRecipesFormat) {
+  FP4MOE_REQUIRE_DEVICE();
+  const TrainerConfig base = config_with("tiny", {});
+  const int64_t R = base.train.micro_batch * base.train.seq_len * base.moe.top_k, d = base.model.hidden;
+  auto r = [](int64_t bytes) { return ScratchArena::rounded(static_cast<size_t>(bytes)); };
+  const Measured bf = measure(config_with("tiny", {"moe"}));
+  const Measured f8 = measure(config_with("tiny", {"moe"}, {"--recipe.routed_experts", "fp8"}));
+  const Measured mx = measure(config_with("tiny", {"moe"}, {"--recipe.routed_experts", "mxfp4"}));
+  EXPECT_EQ(bf.layers[1].routed_experts, r(4 * R) + r(2 * R * d));
+  EXPECT_EQ(f8.layers[1].routed_experts, r(4 * R) + r(R * d) + r(4 * fp8_row_scale_count(R, d)));
+  EXPECT_EQ(mx.layers[1].routed_experts, r(4 * R) + r(R * d / 2) + r(R * d / kMxBlock));
+  EXPECT_LT(mx.layers[1].routed_experts, bf.layers[1].routed_experts);
+  EXPECT_LT(bf.layers[1].routed_experts, f8.layers[1].routed_experts + f8.layers[1].quantized_copies);
+  for (const Measured* m : {&f8, &mx}) {
+    EXPECT_EQ(m->layers[1].ffn - m->layers[1].routed_experts, bf.layers[1].ffn - bf.layers[1].routed_experts);
+    EXPECT_EQ(m->layers[0].kept(), bf.layers[0].kept());
+    EXPECT_EQ(kept_sum(*m), m->activations);
+  }
 }
 
 // fp8 projections keep their own FP8 copy of X: the layer does not keep the BF16 one as well (a_in, n_q, n_kv; the

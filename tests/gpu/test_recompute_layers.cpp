@@ -5,13 +5,18 @@
 //     and 0) under mla_up_proj, core_attn, layernorm (q/kv norms), all three, and full, by itself and after a
 //     recompute_forward in an outer scratch scope: y, dx and every grad bitwise equal;
 //   - MoeLayer (d 64, E 8, top-2, expert FFN 32, one shared expert, M 256) under moe_act, moe, shared_experts, full
-//     for the bf16, fp8 and mxfp4 routed recipes and both routers: y, dx, top-k, aux loss and every grad bitwise;
+//     and moe + moe_act for the bf16, fp8 and mxfp4 routed recipes and both routers: y, dx, top-k, aux loss and every
+//     grad bitwise (under moe the experts rerun from the kept dispatched input: BF16 xs, the FP8 row copy of xs, or
+//     its MXFP4 codes and scales);
+//   - what MoeLayer keeps under moe and full: the router all it keeps without a policy, the routed experts row_of
+//     and the dispatched input in the recipe's format only, the shared experts nothing;
 //   - MlaAttention with fp8 projections the same way (backward without x where they do not read it), and what it
 //     keeps then (no n_q, n_kv unless mla_up_proj needs them);
 //   - SwigluMlp with recompute, bf16, fp8 and mxfp4: bitwise; a kept only with a bf16 fc2;
 //   - each layer's scratch high-water mark is exactly what it reports (forward_bytes, backward_bytes, ...);
-//   - a backward whose tensors were not kept nor recomputed is rejected (RmsNorm without recompute(), the router
-//     and experts out of their scope).
+//   - a backward whose tensors were not kept nor recomputed is rejected (RmsNorm without recompute(), the routed
+//     experts under moe out of their recompute's scope), while the router's backward, whose routing is kept, runs
+//     outside its forward's scope.
 // Run: fp4moe_tests_gpu --gtest_filter='Recompute*'
 #include <gtest/gtest.h>
 
@@ -27,6 +32,7 @@
 #include "gpu/nn_test_util.h"
 #include "kernels/common/check.h"
 #include "kernels/gemm/cublaslt_matmul.h"
+#include "kernels/quant/layouts.h"
 #include "trainer/config.h"
 #include "trainer/memory.h"
 #include "trainer/model/context.h"
@@ -257,7 +263,7 @@ Result run_moe(const TrainerConfig& cfg) {
 TEST(RecomputeMoe, EveryPolicyGivesBitwiseTheSameOutputAndGradients) {
   FP4MOE_REQUIRE_DEVICE();
   const std::vector<std::vector<std::string>> policies = {
-      {"moe_act"}, {"moe"}, {"shared_experts"}, {"full"}, {"moe_act", "shared_experts"}};
+      {"moe_act"}, {"moe"}, {"shared_experts"}, {"full"}, {"moe_act", "shared_experts"}, {"moe", "moe_act"}};
   for (const RouterStyle style : {RouterStyle::v3_sigmoid, RouterStyle::v2_softmax})
     for (const Recipe routed : {Recipe::bf16, Recipe::fp8, Recipe::mxfp4}) {
       const Result ref = run_moe(tiny_moe(style, routed, {}));
@@ -273,12 +279,43 @@ TEST(RecomputeMoe, EveryPolicyGivesBitwiseTheSameOutputAndGradients) {
 TEST(RecomputeMoe, KeptBytesAreTheActivationCategory) {
   FP4MOE_REQUIRE_DEVICE();
   for (const Recipe routed : {Recipe::bf16, Recipe::fp8, Recipe::mxfp4})
-    for (const auto& p : std::vector<std::vector<std::string>>{{}, {"moe_act"}, {"moe"}, {"shared_experts"}}) {
+    for (const auto& p :
+         std::vector<std::vector<std::string>>{{}, {"moe_act"}, {"moe"}, {"shared_experts"}, {"full"}}) {
       SCOPED_TRACE(std::string(recipe_name(routed)) + " " + (p.empty() ? "none" : p[0]));
       Bench b;
       MoeLayer layer(b.store, "layers.1.moe", tiny_moe(RouterStyle::v3_sigmoid, routed, p), kMaxTokens, b.mem);
       EXPECT_EQ(layer.kept_bytes(), b.mem.current(MemCategory::activations));
       EXPECT_EQ(b.mem.current(MemCategory::workspace), 0u) << "no per-layer scratch: it all comes from the arena";
+    }
+}
+
+// Under moe (and full) the block keeps the routing and the routed experts' permutation and dispatched input, in the
+// routed recipe's storage format, and nothing else (R = 512 rows of d = 64, each buffer rounded to 256 bytes).
+TEST(RecomputeMoe, MoeKeepsTheRoutingAndTheDispatchedInputInTheRecipesFormat) {
+  FP4MOE_REQUIRE_DEVICE();
+  constexpr int64_t R = kMaxTokens * kK;
+  auto r = [](int64_t bytes) { return ScratchArena::rounded(static_cast<size_t>(bytes)); };
+  const size_t row_of = r(4 * R);
+  const struct {
+    Recipe recipe;
+    size_t experts;
+  } cases[] = {{Recipe::bf16, row_of + r(2 * R * kD)},
+               {Recipe::fp8, row_of + r(R * kD) + r(4 * fp8_row_scale_count(R, kD))},
+               {Recipe::mxfp4, row_of + r(R * kD / 2) + r(R * kD / kMxBlock)}};
+  for (const auto& c : cases)
+    for (const auto& policy : std::vector<std::vector<std::string>>{{"moe"}, {"full"}}) {
+      SCOPED_TRACE(std::string(recipe_name(c.recipe)) + " " + policy[0]);
+      Bench b;
+      MoeLayer none(b.store, "layers.1.moe", tiny_moe(RouterStyle::v3_sigmoid, c.recipe, {}), kMaxTokens, b.mem);
+      MoeLayer moe(b.store, "layers.2.moe", tiny_moe(RouterStyle::v3_sigmoid, c.recipe, policy), kMaxTokens, b.mem);
+      EXPECT_TRUE(moe.recompute().whole);
+      EXPECT_EQ(moe.router().kept_bytes(), none.router().kept_bytes()) << "the router does not rerun";
+      EXPECT_EQ(moe.experts().kept_bytes(), c.experts);
+      EXPECT_LT(moe.experts().kept_bytes(), none.experts().kept_bytes());
+      ASSERT_NE(moe.shared(), nullptr);
+      EXPECT_EQ(moe.shared()->kept_bytes(), 0u) << "the shared experts rerun under moe";
+      EXPECT_EQ(moe.kept_bytes(), moe.router().kept_bytes() + c.experts);
+      EXPECT_GT(moe.experts().recompute_bytes(), 0u) << "h, a and ys are rebuilt in the scratch";
     }
 }
 
@@ -292,7 +329,9 @@ Result run_mlp(bool recompute, Recipe recipe = Recipe::bf16) {
   EXPECT_EQ(b.mem.current(MemCategory::activations), mlp.kept_bytes());
   EXPECT_EQ(mlp.kept_bytes() == 0, recompute);
   const size_t h_bytes = ScratchArena::rounded(M * 2 * 128 * sizeof(bf16));
-  if (!recompute) EXPECT_EQ(mlp.kept_bytes(), h_bytes + (recipe == Recipe::bf16 ? h_bytes / 2 : 0)) << "h (and a)";
+  if (!recompute) {
+    EXPECT_EQ(mlp.kept_bytes(), h_bytes + (recipe == Recipe::bf16 ? h_bytes / 2 : 0)) << "h (and a)";
+  }
   EXPECT_EQ(mlp.backward_reads_input(), recompute || recipe == Recipe::bf16);
   test::DeviceBuffer<bf16> x(M * kD), dy(M * kD), y(M * kD), dx(M * kD);
   x.upload(test::random_bf16(M * kD, 41));
@@ -346,27 +385,43 @@ TEST(RecomputeNorm, BackwardNeedsARecomputeInAnOpenScopeWithoutKeptRstd) {
   test::expect_bitwise_equal(g.at("kept"), g.at("dropped"), "weight grad");
 }
 
-TEST(RecomputeMoe, BackwardOutsideTheForwardsScopeIsRejectedByTheParts) {
+// The parts of MoeLayer under moe: the routed experts need their recompute in the backward's scope (after the
+// forward's scope has ended, their h, a and ys are gone), the router none (its routing is kept).
+TEST(RecomputeMoe, BackwardOutsideTheForwardsScopeIsRejectedByTheExperts) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t M = 64;
-  Bench b;
-  const TrainerConfig cfg = tiny_moe(RouterStyle::v3_sigmoid, Recipe::bf16, {"moe"});
-  MoeRouter router(b.store, "r", cfg, M, b.mem, /*recompute=*/true);
-  b.ready(router.forward_bytes() + router.backward_bytes());
-  test::DeviceBuffer<bf16> x(M * kD);
-  test::DeviceBuffer<float> dweights(M * kK), dx32(M * kD);
-  x.upload(test::random_bf16(M * kD, 61));
-  dweights.upload(test::random_f32(M * kK, 62));
-  {
-    ScratchScope scope(*b.arena);
-    router.forward(b.ctx, x.ptr, M);
-    EXPECT_TRUE(router.ready(*b.arena));
+  for (const Recipe recipe : {Recipe::bf16, Recipe::fp8, Recipe::mxfp4}) {
+    SCOPED_TRACE(recipe_name(recipe));
+    Bench b;
+    const TrainerConfig cfg = tiny_moe(RouterStyle::v3_sigmoid, recipe, {"moe"});
+    const MoeRecompute policy = layer_recompute(cfg.recompute).moe;
+    ASSERT_TRUE(policy.whole);
+    MoeRouter router(b.store, "r", cfg, M, b.mem);
+    MoeRoutedExperts experts(b.store, "r", kE, kD, kF, kK, recipe, 0.01f, M, b.mem, policy);
+    b.ready(router.forward_bytes() + experts.forward_bytes() + experts.recompute_bytes() + experts.backward_bytes() +
+            router.backward_bytes());
+    test::DeviceBuffer<bf16> x(M * kD), dy(M * kD), y(M * kD), dx(M * kD);
+    test::DeviceBuffer<float> dweights(M * kK), dx32(M * kD);
+    x.upload(test::random_bf16(M * kD, 61));
+    dy.upload(test::random_bf16(M * kD, 62));
+    CUDA_CHECK(cudaMemset(dx32.ptr, 0, dx32.n * sizeof(float)));
+    {
+      ScratchScope scope(*b.arena);
+      router.forward(b.ctx, x.ptr, M);
+      experts.forward(b.ctx, x.ptr, router.routing(), y.ptr);
+      EXPECT_TRUE(experts.ready(*b.arena));
+    }
+    EXPECT_FALSE(experts.ready(*b.arena));
+    EXPECT_THROW(experts.backward(b.ctx, dy.ptr, router.routing(), dx.ptr, dweights.ptr), Error);
+    {
+      ScratchScope scope(*b.arena);
+      experts.recompute(b.ctx, router.routing());
+      EXPECT_EQ(b.arena->used(), experts.recompute_bytes()) << "the recompute leaves h, a and ys in the caller's scope";
+      experts.backward(b.ctx, dy.ptr, router.routing(), dx.ptr, dweights.ptr);  // accepted in the recompute's scope
+    }
+    router.backward(b.ctx, dweights.ptr, x.ptr, M, 1.0f, dx32.ptr);  // no scope needed: the routing is kept
+    CUDA_CHECK(cudaStreamSynchronize(b.stream));
   }
-  EXPECT_FALSE(router.ready(*b.arena));
-  EXPECT_THROW(router.backward(b.ctx, dweights.ptr, x.ptr, M, 1.0f, dx32.ptr), Error);
-  ScratchScope scope(*b.arena);
-  router.forward(b.ctx, x.ptr, M);
-  router.backward(b.ctx, dweights.ptr, x.ptr, M, 1.0f, dx32.ptr);  // accepted in the forward's scope
 }
 
 }  // namespace

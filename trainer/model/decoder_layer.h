@@ -10,11 +10,14 @@
 //
 // Memory. Kept from forward to backward (MemCategory::activations), bytes per token besides the sub-layers' own:
 //   h_mid 2 d (not under full), a_in 2 d and f_in 2 d (not under layernorm or full, nor when the branch's backward
-//   does not read its input: fp8/mxfp4 projections keep their own copy, linear.h; the MoE block always reads it);
-//   the layer input h is the model's. Under layernorm the two norms keep nothing (their outputs and rstd are
-//   recomputed from h and h_mid); under full the layer keeps nothing and its backward reruns attn_norm, MLA
-//   (MlaAttention::recompute_forward: its tensors stay in the layer's scratch scope for its backward) and the
-//   residual add, then each FFN recomputes itself.
+//   does not read its input: fp8/mxfp4 projections keep their own copy, linear.h; the MoE block always reads it:
+//   its router's Wgrad and its shared experts); the layer input h is the model's. Under layernorm the two norms keep
+//   nothing (their outputs and rstd are recomputed from h and h_mid: f_in is rebuilt by ffn_norm in the FFN half of
+//   backward, before the FFN's backward reads it, which is how the MoE block gets its input back under moe +
+//   layernorm); under full the layer keeps nothing of its own and its backward reruns attn_norm, MLA
+//   (MlaAttention::recompute_forward: its tensors stay in the layer's scratch scope for its backward), the residual
+//   add and ffn_norm, then each FFN recomputes itself (the MoE block from the routing and dispatched expert input
+//   it keeps under full as under moe, moe.h).
 // Scratch (ModelContext::scratch): one scope per forward and per backward, empty at the start of each; the tensors
 // not kept, then each sub-layer's own scope above them (forward_bytes / backward_bytes say the most, for
 // M = max_tokens).

@@ -50,7 +50,7 @@ MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const TrainerCo
       k_(cfg.moe.top_k),
       max_tokens_(max_tokens),
       policy_(layer_recompute(cfg.recompute).moe),
-      router_(store, prefix, cfg, max_tokens, mem, policy_.whole),
+      router_(store, prefix, cfg, max_tokens, mem),
       experts_(store, prefix, cfg.moe.routed_experts, cfg.model.hidden, cfg.moe.expert_ffn, cfg.moe.top_k,
                cfg.recipe.routed_experts, moe_fc2_init_std(cfg), max_tokens, mem, policy_) {
   if (cfg.moe.shared_experts > 0)
@@ -62,7 +62,7 @@ MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const TrainerCo
   const size_t out_bf16 = ScratchArena::rounded(rows * d_ * sizeof(bf16));
   const size_t shared_fwd = shared_ ? out_bf16 + shared_->forward_bytes() : 0;
   fwd_bytes_ = router_.forward_bytes() + experts_.forward_bytes() + shared_fwd;
-  const size_t rerun = (policy_.whole ? router_.forward_bytes() : 0) + experts_.recompute_bytes();
+  const size_t rerun = experts_.recompute_bytes();  // the router is never rerun (its routing is kept)
   const size_t own = out_bf16 + ScratchArena::rounded(rows * d_ * sizeof(float)) +
                      ScratchArena::rounded(rows * k_ * sizeof(float));
   bwd_bytes_ = rerun + own +
@@ -102,11 +102,10 @@ void MoeLayer::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_
   FP4MOE_CHECK(dy && x && dx, "MoeLayer {} backward: dy, x and dx [M, {}] must not be null", prefix_, d_);
   ScratchArena& arena = scratch_of(ctx, "MoeLayer " + prefix_);
   ScratchScope scope(arena);
-  // moe/full: the router again (deterministic: the same experts, weights and offsets), then the experts' tensors;
-  // moe_act: the experts' swiglu output.
-  if (!router_.ready(arena)) router_.forward(ctx, x, M);
+  // moe/full: the experts from their kept dispatched input on the kept routing; moe_act: their swiglu output. The
+  // shared experts rerun inside their own backward (shared_experts, moe, full).
   const MoeRouting routing = router_.routing();
-  experts_.recompute(ctx, x, routing);
+  experts_.recompute(ctx, routing);
   bf16* dx_routed = arena.take<bf16>(M * d_, "MoE routed experts dx");
   float* dx32 = arena.take<float>(M * d_, "MoE dx (FP32)");
   float* dweights = arena.take<float>(M * k_, "MoE top-k weights grad");

@@ -23,18 +23,37 @@
 // cfg.recipe.shared_experts (Linear: bf16 only for now); the router stays BF16 x BF16 -> FP32.
 //
 // Memory. Kept from forward to backward (MemCategory::activations, sized at construction for max_tokens tokens): the
-// router's (moe_router.h), the routed experts' (moe_experts.h) and the shared experts' (swiglu_mlp.h); the block's
-// input x is the caller's. Per token, bf16 recipes, no policy: router 4 E + 8 k; routed experts k (4 + 4 d + 6 f);
-// shared experts 6 s f (4 s f with an fp8/mxfp4 shared recipe, whose fc2 keeps its own copy of a). Recompute
-// (trainer/model/recompute.h, MoeRecompute):
+// router's (moe_router.h), the routed experts' (moe_experts.h) and the shared experts' (swiglu_mlp.h). The block's
+// input x [M, d] BF16 is the caller's: backward reads it for the router's Wgrad and the shared experts (bf16 fc1's
+// Wgrad, or their rerun); DecoderLayer keeps it (the ffn_norm output f_in, 2 d per token) unless `layernorm` or
+// `full`, under which it reruns ffn_norm from the kept residual h_mid (recomputed itself under full) before it calls
+// this backward. Bytes per token and layer, k = top_k, f = expert_ffn, s f the shared width:
+//   router          4 E + 8 k (probs, topk_idx, topk_weight) under every policy; per layer 4 E + 4 (E + 1) + 4
+//   routed experts  no policy             moe_act               moe, full (routing kept, experts rerun)
+//     bf16          k (4 + 4 d + 6 f)     k (4 + 4 d + 4 f)     k (4 + 2 d)               (row_of, BF16 xs)
+//     fp8           k (4 + 2 d + 4 f)     k (4 + 2 d + 4 f)     k (4 + d + 4 ceil(d/128)) (row_of, FP8 rows of xs)
+//     mxfp4         k (4 + 2 d + 4 f      k (4 + 2 d + 4 f      k (4 + 17 d/32)           (row_of, MXFP4 xs)
+//                     + 17 (d + f)/32)      + 17 d/32)
+//     fp8, besides: Group Linear's FP8 column copies of xs and a, about k (d + f)(1 + 1/32), under every policy
+//     (fc1's is what its Wgrad reads; fc2's is rebuilt, bit for bit, when fc2 reruns)
+//   shared experts  6 s f (h, a) with a bf16 shared recipe; 4 s f (h) with fp8/mxfp4, whose fc1 and fc2 Linears keep
+//                   their own copies of x and a (linear.h); shared_experts, moe, full: nothing (fc1 and swiglu rerun
+//                   from x in their backward; a quantized fc2 still reads its own copy of a, made in forward)
+// e.g. DeepSeek-V3 (d 7168, f 2048, k 8, E 256, s 1) under moe: router 1,088, routed experts bf16 114,720,
+// fp8 59,168 (+ about 59,136 of fc1's column copy), mxfp4 30,496 bytes per token.
+// Recompute (trainer/model/recompute.h, MoeRecompute):
 //   moe_act         drops the routed experts' a (2 f k; mxfp4: its MXFP4 copy, 17 f k / 32)
 //   shared_experts  drops the shared experts' h and a (6 s f)
-//   moe, full       keeps only the router's topk_idx (4 k per token) and its per-layer counts: backward reruns the
-//                   router (a second host synchronisation: the same offsets), the routed experts up to their fc2
-//                   output and the shared experts' fc1 and swiglu, into the scratch.
+//   moe, full       keep the routing and the dispatched expert input in the routed recipe's storage format (xs:
+//                   BF16, the FP8 row copy, or MXFP4 codes + scales; what an expert-parallel dispatch delivers, so
+//                   the recompute repeats neither the routing nor the all-to-all); backward reruns the routed
+//                   experts alone (fc1 from the kept input, swiglu, fc2: h, a, ys into the scratch, bit for bit) and
+//                   the shared experts' fc1 and swiglu. Megatron-Core's `moe` module checkpoints the whole MoE layer
+//                   from its input (router, dispatch, experts, combine, shared experts): the shared experts are
+//                   covered here as there, the router and the dispatch are not rerun here.
 // Scratch (ModelContext::scratch, per call): forward the router's and experts' takes and the shared output [M, d]
-// BF16; backward what is recomputed, dx_routed [M, d] BF16, dx32 [M, d] FP32, dweights [M, k] FP32, then the
-// larger of the routed experts', shared experts' and router's backward scratch. M = 0 is a no-op (no device
+// BF16; backward the experts' recomputed tensors, dx_routed [M, d] BF16, dx32 [M, d] FP32, dweights [M, k] FP32,
+// then the larger of the routed experts', shared experts' and router's backward scratch. M = 0 is a no-op (no device
 // work); experts with no token are skipped.
 #pragma once
 

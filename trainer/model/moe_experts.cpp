@@ -6,6 +6,7 @@
 #include "kernels/common/check.h"
 #include "kernels/nn/permute.h"
 #include "kernels/nn/swiglu.h"
+#include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
 #include "trainer/model/linear_quantized.h"
@@ -59,29 +60,30 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
         [m](void* p) { m->release(p); }});
   }
   const int64_t R = max_tokens * k;
-  const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, keep = !whole_, keep_a = keep && !act_;
+  const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, f8 = recipe == Recipe::fp8;
+  const bool keep = !whole_, keep_a = keep && !act_;
   auto kept = [&](auto tag, bool on, int64_t n, const std::string& what) {
     using T = decltype(tag);
     return on ? DeviceArray<T>(mem, n, MemCategory::activations, prefix + " experts " + what) : DeviceArray<T>();
   };
-  row_of_ = kept(int32_t{}, keep, R, "row_of");
-  xs_ = kept(bf16{}, keep && bf, R * d, "permuted input");
+  row_of_ = kept(int32_t{}, true, R, "row_of");
+  xs_ = kept(bf16{}, bf, R * d, "permuted input");
+  xs_codes_ = kept(uint8_t{}, mx, R * d / 2, "permuted input MXFP4 codes");
+  xs_scales_ = kept(uint8_t{}, mx, R * d / kMxBlock, "permuted input MXFP4 scales");
+  xs_fp8_codes_ = kept(uint8_t{}, f8 && whole_, R * d, "permuted input FP8 row codes");
+  xs_fp8_scales_ = kept(float{}, f8 && whole_, fp8_row_scale_count(R, d), "permuted input FP8 row scales");
   h_ = kept(bf16{}, keep, R * 2 * f, "fc1 output");
   a_ = kept(bf16{}, keep_a && bf, R * f, "swiglu output");
   ys_ = kept(bf16{}, keep, R * d, "fc2 output");
-  xs_codes_ = kept(uint8_t{}, keep && mx, R * d / 2, "permuted input MXFP4 codes");
-  xs_scales_ = kept(uint8_t{}, keep && mx, R * d / kMxBlock, "permuted input MXFP4 scales");
   a_codes_ = kept(uint8_t{}, keep_a && mx, R * f / 2, "swiglu output MXFP4 codes");
   a_scales_ = kept(uint8_t{}, keep_a && mx, R * f / kMxBlock, "swiglu output MXFP4 scales");
 
   ScratchArena m;  // the passes' binding code on a measuring arena, for R = R_max
-  Tensors t = bind_all(m, R);
+  Tensors t = bind_forward(m, R);
   fwd_bytes_ = m.used();
   m.release(ScratchArena::Mark{});
-  if (whole_) {
-    recompute_bytes_ = fwd_bytes_;
-  } else if (needs_recompute()) {
-    bind_act(m, R, t);
+  if (needs_recompute()) {
+    bind_recompute(m, R, t);
     recompute_bytes_ = m.used();
   }
   bwd_bytes_ = ScratchArena::rounded(static_cast<size_t>(R * d) * sizeof(bf16)) +
@@ -90,8 +92,9 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
 }
 
 size_t MoeRoutedExperts::kept_bytes() const {
-  return counted_bytes(row_of_) + counted_bytes(xs_) + counted_bytes(h_) + counted_bytes(a_) + counted_bytes(ys_) +
-         counted_bytes(xs_codes_) + counted_bytes(xs_scales_) + counted_bytes(a_codes_) + counted_bytes(a_scales_);
+  return counted_bytes(row_of_) + counted_bytes(xs_) + counted_bytes(xs_codes_) + counted_bytes(xs_scales_) +
+         counted_bytes(xs_fp8_codes_) + counted_bytes(xs_fp8_scales_) + counted_bytes(h_) + counted_bytes(a_) +
+         counted_bytes(ys_) + counted_bytes(a_codes_) + counted_bytes(a_scales_);
 }
 
 // From the recipe's row layout: the sizes the permuted-input buffers hold per row (bf16 xs, mxfp4 xs codes and
@@ -112,34 +115,38 @@ DispatchBytes MoeRoutedExperts::dispatch_bytes() const {
   return {};
 }
 
-MoeRoutedExperts::Tensors MoeRoutedExperts::bind_all(ScratchArena& a, int64_t R) {
+MoeRoutedExperts::Tensors MoeRoutedExperts::bind_forward(ScratchArena& a, int64_t R) {
   const bool bf = recipe_ == Recipe::bf16, mx = recipe_ == Recipe::mxfp4, keep = !whole_, keep_a = keep && !act_;
   auto pick = [&](auto* kept_ptr, bool on, int64_t n, const char* what) {
     using T = std::remove_pointer_t<decltype(kept_ptr)>;
     return on ? kept_ptr : a.take<T>(n, what);
   };
   Tensors t;
-  t.row_of = pick(row_of_.data(), keep, R, "experts row_of");
+  t.row_of = row_of_.data();
   t.assignment_of = a.take<int32_t>(R, "experts assignment_of");
-  t.xs = pick(xs_.data(), keep && bf, R * d_, "experts permuted input");
+  t.xs = pick(xs_.data(), bf, R * d_, "experts permuted input");
   t.h = pick(h_.data(), keep, R * 2 * f_, "experts fc1 output");
   t.a = pick(a_.data(), keep_a && bf, R * f_, "experts swiglu output");
   t.ys = pick(ys_.data(), keep, R * d_, "experts fc2 output");
   if (mx) {
-    t.xs_codes = pick(xs_codes_.data(), keep, R * d_ / 2, "experts permuted input MXFP4 codes");
-    t.xs_scales = pick(xs_scales_.data(), keep, R * d_ / kMxBlock, "experts permuted input MXFP4 scales");
+    t.xs_codes = xs_codes_.data();
+    t.xs_scales = xs_scales_.data();
     t.a_codes = pick(a_codes_.data(), keep_a, R * f_ / 2, "experts swiglu output MXFP4 codes");
     t.a_scales = pick(a_scales_.data(), keep_a, R * f_ / kMxBlock, "experts swiglu output MXFP4 scales");
   }
+  t.xs_fp8_codes = xs_fp8_codes_.data();  // null unless fp8 under whole
+  t.xs_fp8_scales = xs_fp8_scales_.data();
   return t;
 }
 
-void MoeRoutedExperts::bind_act(ScratchArena& a, int64_t R, Tensors& t) {
+void MoeRoutedExperts::bind_recompute(ScratchArena& a, int64_t R, Tensors& t) {
+  if (whole_) t.h = a.take<bf16>(R * 2 * f_, "experts fc1 output (recomputed)");
   t.a = a.take<bf16>(R * f_, "experts swiglu output (recomputed)");
   if (recipe_ == Recipe::mxfp4) {
     t.a_codes = a.take<uint8_t>(R * f_ / 2, "experts swiglu output MXFP4 codes (recomputed)");
     t.a_scales = a.take<uint8_t>(R * f_ / kMxBlock, "experts swiglu output MXFP4 scales (recomputed)");
   }
+  if (whole_) t.ys = a.take<bf16>(R * d_, "experts fc2 output (recomputed)");
 }
 
 GroupLinearInput MoeRoutedExperts::quantized_input(const bf16* rows, int64_t R, int64_t K, uint8_t* codes,
@@ -157,7 +164,7 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
   FP4MOE_CHECK(x && y, "MoeRoutedExperts {} forward: x [M, {}] and y [M, {}] must not be null", prefix_, d_, d_);
   last_M_ = M;
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);  // takes stay in the caller's scope
-  t_ = bind_all(arena, M * k_);
+  t_ = bind_forward(arena, M * k_);
   fc1_.set_weights(w1_->param, ctx.stream);
   fc2_.set_weights(w2_->param, ctx.stream);
   run_to_ys(ctx, x, r, t_);
@@ -171,26 +178,39 @@ void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRout
   cudaStream_t s = ctx.stream;
   permute_map(r.topk_idx, r.offsets, M, k_, E_, t.row_of, t.assignment_of, s);
   permute_forward(x, t.assignment_of, M, k_, d_, t.xs, s);  // xs [R, d]
+  // fp8 under whole: the kept FP8 row copy of xs, the same call (rows, scale mode) by which fc1 quantizes xs for
+  // its Fprop below, so that the recompute's Fprop reads the same operand.
+  if (t.xs_fp8_codes) bf16_to_fp8_row(t.xs, R, d_, fc1_.scale_mode(), t.xs_fp8_codes, t.xs_fp8_scales, nullptr, s);
   fc1_.forward(quantized_input(t.xs, R, d_, t.xs_codes, t.xs_scales, s), split, t.h, s);  // h [R, 2f]
+  run_from_h(ctx, split, R, t);
+}
+
+void MoeRoutedExperts::run_from_h(ModelContext& ctx, const GroupSplit& split, int64_t R, const Tensors& t) {
+  cudaStream_t s = ctx.stream;
   swiglu_forward(t.h, R, f_, t.a, s);  // a [R, f]
   fc2_.forward(quantized_input(t.a, R, f_, t.a_codes, t.a_scales, s), split, t.ys, s);  // ys [R, d]
 }
 
-void MoeRoutedExperts::recompute(ModelContext& ctx, const bf16* x, const MoeRouting& r) {
+void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
   const int64_t M = r.M, R = M * k_;
   FP4MOE_CHECK(M == last_M_ && r.E == E_ && r.k == k_,
                "MoeRoutedExperts {} recompute: expected the last forward's M={} (E={} k={}), got M={} E={} k={}",
                prefix_, last_M_, E_, k_, M, r.E, r.k);
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
   if (ready(arena)) return;
-  if (whole_) {  // the forward again (the weights' FP8 copies of this step are still in fc1_, fc2_)
-    FP4MOE_CHECK(x != nullptr, "MoeRoutedExperts {} recompute: null x (expected BF16 [M, {}])", prefix_, d_);
-    t_ = bind_all(arena, R);
-    run_to_ys(ctx, x, r, t_);
+  bind_recompute(arena, R, t_);
+  cudaStream_t s = ctx.stream;
+  if (whole_) {  // the experts from the kept dispatched input (the weights' FP8 copies of this step are in fc1_, fc2_)
+    const GroupSplit split{r.offsets, r.host_offsets, E_};
+    switch (recipe_) {
+      case Recipe::bf16: fc1_.forward(GroupLinearInput{t_.xs, nullptr, nullptr}, split, t_.h, s); break;
+      case Recipe::mxfp4: fc1_.forward(GroupLinearInput{nullptr, t_.xs_codes, t_.xs_scales}, split, t_.h, s); break;
+      case Recipe::fp8: fc1_.fprop_fp8_rows(Fp8RowOperand{t_.xs_fp8_codes, t_.xs_fp8_scales}, split, t_.h, s); break;
+    }
+    run_from_h(ctx, split, R, t_);  // a (and its copy, where fc2's Wgrad reads it), ys
   } else {  // moe_act: a = swiglu(h) again (and its MXFP4 copy), where fc2's Wgrad will read it
-    bind_act(arena, R, t_);
-    swiglu_forward(t_.h, R, f_, t_.a, ctx.stream);
-    fc2_.rebind_input(quantized_input(t_.a, R, f_, t_.a_codes, t_.a_scales, ctx.stream));
+    swiglu_forward(t_.h, R, f_, t_.a, s);
+    fc2_.rebind_input(quantized_input(t_.a, R, f_, t_.a_codes, t_.a_scales, s));
   }
   stamp_ = arena.stamp();
 }

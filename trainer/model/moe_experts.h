@@ -10,7 +10,8 @@
 //
 // Recipe (cfg.recipe.routed_experts, kernels/gemm/group_linear.h):
 //   bf16  xs and a are kept as BF16 (GroupLinear's Wgrad reads the caller's X).
-//   fp8   GroupLinear keeps its own FP8 column copies of X; xs and a are forward-only scratch.
+//   fp8   GroupLinear keeps its own FP8 column copies of X; xs and a are forward-only scratch (under moe/full the
+//         layer keeps the FP8 row copy of xs, below).
 //   mxfp4 xs and a are quantized to MXFP4 rows (bf16_to_mxfp4_row, OCP floor scales, RNE) and kept in that form
 //         only (GroupLinear converts them directly to FP8 for Fprop and Wgrad); xs and a in BF16 are scratch.
 //         On one device the permuted rows are quantized, which gives the codes that quantizing x before an
@@ -22,22 +23,37 @@
 // columns of one pass under workspace (per layer); its cuBLASLt workspace is not counted.
 // Experts that receive no token are skipped by the grouped GEMMs (their grads stay unchanged).
 //
-// Memory. Kept from forward to backward (MemCategory::activations), bytes per token (R = k rows per token):
-//   always        row_of 4 k, h 4 f k (fc1 output), ys 2 d k (fc2 output, for the top-k weights' gradient)
-//   bf16          + xs 2 d k + a 2 f k
-//   fp8           nothing more here; GroupLinear keeps the FP8 column copies of xs and a, about (d + f) k bytes
-//                 plus scales (GroupLinear::held_activation_bytes), under activations from the first forward
-//   mxfp4         + xs as MXFP4 d k (1/2 + 1/32) + a as MXFP4 f k (1/2 + 1/32)
+// Memory. Kept from forward to backward (MemCategory::activations), bytes per token (R = k rows per token; the
+// dispatched input is the permuted x, xs, in the recipe's storage format: what an expert-parallel dispatch sends):
+//   every policy  row_of 4 k (the permutation: unpermute and permute backward read it)
+//                 bf16: xs 2 d k;  mxfp4: xs as MXFP4 (d/2 + d/32) k;  fp8: nothing here (below)
+//   no moe/full   h 4 f k (fc1 output), ys 2 d k (fc2 output, for the top-k weights' gradient); a: bf16 2 f k,
+//                 mxfp4 its MXFP4 copy (f/2 + f/32) k, fp8 nothing here (both dropped by moe_act)
+//   moe/full, fp8 xs as its FP8 1x128 row copy (d + 4 ceil(d/128)) k (FP32 scale rows padded to 4:
+//                 fp8_row_scale_count): the operand of fc1's Fprop, which the recompute reruns
+// Group Linear keeps the fp8 recipe's FP8 column copies of xs (fc1) and a (fc2), about (d + d/32) k and
+// (f + f/32) k bytes (GroupLinear::held_activation_bytes), under activations from the first forward, under every
+// policy: fc1's is read by its Wgrad and never rebuilt (its forward does not rerun); fc2's is rebuilt, with the
+// same bits, by the rerun of fc2 under moe/full. Totals per token besides Group Linear's copies:
+//   recipe   no policy                         moe_act                       moe, full
+//   bf16     k (4 + 4 d + 6 f)                 k (4 + 4 d + 4 f)             k (4 + 2 d)
+//   fp8      k (4 + 2 d + 4 f)                 k (4 + 2 d + 4 f)             k (4 + d + 4 ceil(d/128))
+//   mxfp4    k (4 + 2 d + 4 f + 17 (d + f)/32)  k (4 + 2 d + 4 f + 17 d/32)   k (4 + 17 d/32)
+// (fp8 under moe/full: + Group Linear's column copy of xs, about k (d + d/32), is what backward also needs.)
 // Recompute (trainer/model/recompute.h):
 //   moe_act  a is not kept: backward reruns swiglu(h) into the scratch; with mxfp4 it is the MXFP4 copy of a that is
 //            not kept: backward reruns swiglu into BF16 scratch and quantizes it again (the same codes and scales,
 //            the rule is deterministic per row), and fc2's Wgrad reads that copy (GroupLinear::rebind_input); fp8:
 //            no change (a is never kept here).
-//   whole    (moe, full) nothing is kept: backward reruns permute, fc1, swiglu and fc2 (not the unpermute) on the
-//            same routing into the scratch.
-// Scratch (ModelContext::scratch): forward takes assignment_of [R] int32 and every tensor not kept, in the caller's
-// scope; recompute() the same for whole (for moe_act: a, and its MXFP4 copy); backward dys/dxs [R, d], da [R, f]
-// and dh [R, 2f] BF16 in its own scope.
+//   whole    (moe, full) the experts alone rerun from the kept dispatched input, on the kept routing (no router,
+//            no permute): fc1 (bf16: GroupLinear::forward on the kept xs; mxfp4: on the kept MXFP4 xs, converted
+//            directly to FP8 again; fp8: GroupLinear::fprop_fp8_rows on the kept FP8 row copy, the operand fc1's
+//            forward quantized from the same BF16 xs), swiglu, fc2 (its input copy, and ys) into the scratch. The
+//            same operands and kernels as the forward: h, a and ys bit for bit. fp8 pays one more bf16_to_fp8_row
+//            pass over xs in forward (the kept copy; fc1 makes its own from the same rows).
+// Scratch (ModelContext::scratch): forward takes assignment_of [R] int32 and every tensor not kept (xs in BF16 for
+// fp8/mxfp4), in the caller's scope; recompute() takes, in the caller's scope, h, a (and its MXFP4 copy) and ys for
+// whole, a (and its MXFP4 copy) for moe_act; backward dys/dxs [R, d], da [R, f] and dh [R, 2f] BF16 in its own scope.
 #pragma once
 
 #include <cstdint>
@@ -88,9 +104,9 @@ class MoeRoutedExperts {
   void forward(ModelContext& ctx, const bf16* x, const MoeRouting& routing, bf16* y);
   // Whether backward can run now: what it reads is kept, or a forward/recompute in a scope still open left it.
   bool ready(const ScratchArena& arena) const { return !needs_recompute() || arena.alive(stamp_); }
-  // Rebuilds, in the caller's scope, what the policy does not keep (above), for a backward in that scope: x and the
-  // routing must be the forward's (MoeLayer reruns the router first under whole). A no-op when ready().
-  void recompute(ModelContext& ctx, const bf16* x, const MoeRouting& routing);
+  // Rebuilds, in the caller's scope, what the policy does not keep (above), for a backward in that scope, from the
+  // kept dispatched input and `routing`, which must be the forward's (the router's, kept). A no-op when ready().
+  void recompute(ModelContext& ctx, const MoeRouting& routing);
   // dy [M, d] BF16 -> dx [M, d] BF16 (overwritten: the routed experts' part of d x), dweights [M, k] FP32
   // (overwritten: the gradient of topk_weight); expert grads +=. Same routing as the forward; rejects a backward
   // that is not ready().
@@ -113,14 +129,18 @@ class MoeRoutedExperts {
     int32_t *row_of = nullptr, *assignment_of = nullptr;
     bf16 *xs = nullptr, *h = nullptr, *a = nullptr, *ys = nullptr;
     uint8_t *xs_codes = nullptr, *xs_scales = nullptr, *a_codes = nullptr, *a_scales = nullptr;
+    uint8_t* xs_fp8_codes = nullptr;  // fp8 under whole: the kept FP8 row copy of xs
+    float* xs_fp8_scales = nullptr;
   };
   bool needs_recompute() const { return whole_ || (act_ && recipe_ != Recipe::fp8); }
-  // Kept buffers, and takes from `arena` for the rest (a measuring arena gives null and counts): the whole set, or
-  // only a (and its MXFP4 copy) for moe_act's recompute.
-  Tensors bind_all(ScratchArena& arena, int64_t R);
-  void bind_act(ScratchArena& arena, int64_t R, Tensors& t);
-  // permute, fc1, swiglu, fc2 into t (not the unpermute).
+  // Kept buffers, and takes from `arena` for the rest (a measuring arena gives null and counts): forward's whole
+  // set; the recompute's (whole: h, a and its MXFP4 copy, ys; moe_act: a and its MXFP4 copy) over the kept rest.
+  Tensors bind_forward(ScratchArena& arena, int64_t R);
+  void bind_recompute(ScratchArena& arena, int64_t R, Tensors& t);
+  // Forward: permute, the kept FP8 row copy of xs (fp8 under whole), fc1, then run_from_h (not the unpermute).
   void run_to_ys(ModelContext& ctx, const bf16* x, const MoeRouting& r, const Tensors& t);
+  // swiglu and fc2 from t.h: a (and its MXFP4 copy), ys.
+  void run_from_h(ModelContext& ctx, const GroupSplit& split, int64_t R, const Tensors& t);
   GroupLinearInput quantized_input(const bf16* rows, int64_t R, int64_t K, uint8_t* codes, uint8_t* scales,
                                    cudaStream_t stream) const;
 
@@ -136,15 +156,17 @@ class MoeRoutedExperts {
   size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0;
   // Kept (MemCategory::activations), R_max = max_tokens * k rows; empty when not kept (Memory, above). Scratch
   // always: assignment_of [R] int32 (permute_forward only), xs BF16 for fp8/mxfp4, a BF16 for fp8/mxfp4.
-  DeviceArray<int32_t> row_of_;         // [R_max] row of assignment t*k + j
+  DeviceArray<int32_t> row_of_;         // [R_max] row of assignment t*k + j                      (always)
   DeviceArray<bf16> xs_;                // [R_max, d] permuted x, fc1 input                       (bf16)
-  DeviceArray<bf16> h_;                 // [R_max, 2f] fc1 output, gate | up
-  DeviceArray<bf16> a_;                 // [R_max, f] swiglu output, fc2 input                   (bf16)
-  DeviceArray<bf16> ys_;                // [R_max, d] fc2 output, read by unpermute_backward
   DeviceArray<uint8_t> xs_codes_;       // [R_max, d/2] E2M1 codes of xs                          (mxfp4)
   DeviceArray<uint8_t> xs_scales_;      // [R_max, d/32] UE8M0 scales of xs                       (mxfp4)
-  DeviceArray<uint8_t> a_codes_;        // [R_max, f/2] E2M1 codes of a                           (mxfp4)
-  DeviceArray<uint8_t> a_scales_;       // [R_max, f/32] UE8M0 scales of a                        (mxfp4)
+  DeviceArray<uint8_t> xs_fp8_codes_;   // [R_max, d] E4M3 codes of xs, 1x128 row blocks          (fp8, whole)
+  DeviceArray<float> xs_fp8_scales_;    // [fp8_row_scale_count(R_max, d)] their FP32 scales      (fp8, whole)
+  DeviceArray<bf16> h_;                 // [R_max, 2f] fc1 output, gate | up                      (not whole)
+  DeviceArray<bf16> a_;                 // [R_max, f] swiglu output, fc2 input          (bf16, not whole/act)
+  DeviceArray<bf16> ys_;                // [R_max, d] fc2 output, read by unpermute_backward      (not whole)
+  DeviceArray<uint8_t> a_codes_;        // [R_max, f/2] E2M1 codes of a                (mxfp4, not whole/act)
+  DeviceArray<uint8_t> a_scales_;       // [R_max, f/32] UE8M0 scales of a             (mxfp4, not whole/act)
 };
 
 }  // namespace fp4moe

@@ -31,7 +31,7 @@ PinnedHost& PinnedHost::operator=(PinnedHost&& o) noexcept {
 }
 
 MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
-                     DeviceMemory& mem, bool recompute)
+                     DeviceMemory& mem)
     : prefix_(prefix),
       rcfg_{cfg.moe.router, cfg.moe.top_k, static_cast<float>(cfg.moe.routed_scale),
             static_cast<float>(cfg.moe.aux_alpha)},
@@ -39,7 +39,6 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
       E_(cfg.moe.routed_experts),
       max_tokens_(max_tokens),
       gamma_(static_cast<float>(cfg.moe.bias_update_rate)),
-      recompute_(recompute),
       w_(nullptr) {
   const char* what = "MoeRouter";
   FP4MOE_CHECK(max_tokens >= 0, "{} {}: max_tokens must be >= 0, got {}", what, prefix, max_tokens);
@@ -48,10 +47,8 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
   const int64_t k = rcfg_.top_k;
   w_ = &store.add(prefix + ".router", {E_, d_}, ParamInit::normal, kRouterInitStd, /*decay=*/true);
   if (rcfg_.style == RouterStyle::v3_sigmoid) bias_ = &store.add_state(prefix + ".router_bias", {E_});
-  if (!recompute) {
-    probs_ = DeviceArray<float>(mem, max_tokens * E_, MemCategory::activations, prefix + " router probs");
-    topk_weight_ = DeviceArray<float>(mem, max_tokens * k, MemCategory::activations, prefix + " router topk_weight");
-  }
+  probs_ = DeviceArray<float>(mem, max_tokens * E_, MemCategory::activations, prefix + " router probs");
+  topk_weight_ = DeviceArray<float>(mem, max_tokens * k, MemCategory::activations, prefix + " router topk_weight");
   topk_idx_ = DeviceArray<int32_t>(mem, max_tokens * k, MemCategory::activations, prefix + " router topk_idx");
   counts_ = DeviceArray<int32_t>(mem, E_, MemCategory::activations, prefix + " router counts");
   offsets_ = DeviceArray<int32_t>(mem, E_ + 1, MemCategory::activations, prefix + " router offsets");
@@ -62,7 +59,7 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
   tally_.assign(E_, 0);
   const auto rows = static_cast<size_t>(max_tokens);
   const size_t logits = ScratchArena::rounded(rows * E_ * sizeof(float));
-  fwd_bytes_ = logits + (recompute ? logits + ScratchArena::rounded(rows * k * sizeof(float)) : 0);
+  fwd_bytes_ = logits;
   bwd_bytes_ = logits + ScratchArena::rounded(rows * E_ * sizeof(bf16));
 }
 
@@ -72,7 +69,7 @@ size_t MoeRouter::kept_bytes() const {
 }
 
 MoeRouting MoeRouter::routing() const {
-  return MoeRouting{std::max<int64_t>(last_M_, 0), E_, rcfg_.top_k, topk_idx_.data(), topk_weight_ptr_,
+  return MoeRouting{std::max<int64_t>(last_M_, 0), E_, rcfg_.top_k, topk_idx_.data(), topk_weight_.data(),
                     offsets_.data(), static_cast<const int32_t*>(host_offsets_.get())};
 }
 
@@ -82,9 +79,6 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
   auto* host_offsets = static_cast<int32_t*>(host_offsets_.get());
   last_M_ = M;
   aux_host_ = 0.0f;
-  stamp_ = 0;
-  probs_ptr_ = probs_.data();
-  topk_weight_ptr_ = topk_weight_.data();
   if (M == 0) {
     std::fill(host_offsets, host_offsets + E_ + 1, 0);
     std::fill(last_counts_.begin(), last_counts_.end(), 0);
@@ -93,25 +87,20 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
   FP4MOE_CHECK(x != nullptr, "MoeRouter {} forward: null x (expected BF16 [M, {}])", prefix_, d_);
   const bool v2 = rcfg_.style == RouterStyle::v2_softmax;
   const int64_t k = rcfg_.top_k;
-  ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);  // takes stay in the caller's scope
+  ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);  // the take stays in the caller's scope
   float* logits = arena.take<float>(M * E_, "router logits");
-  if (recompute_) {
-    probs_ptr_ = arena.take<float>(M * E_, "router probs (not kept)");
-    topk_weight_ptr_ = arena.take<float>(M * k, "router topk_weight (not kept)");
-  }
   // logits^T [E, M] (column-major) = W_r (stored d x E column-major, transposed) * x^T (stored d x M)
   ctx.lt->matmul(E_, M, d_, LtOperand{w_->param, CUDA_R_16BF, true, d_}, LtOperand{x, CUDA_R_16BF, false, d_},
                  LtOutput{logits, CUDA_R_32F, E_, false}, RaggedDim::none, ctx.stream);
-  router_forward(logits, bias_ ? bias_->data : nullptr, M, E_, rcfg_, probs_ptr_, topk_idx_.data(), topk_weight_ptr_,
-                 counts_.data(), offsets_.data(), v2 ? aux_.data() : nullptr, ctx.stream);
+  router_forward(logits, bias_ ? bias_->data : nullptr, M, E_, rcfg_, probs_.data(), topk_idx_.data(),
+                 topk_weight_.data(), counts_.data(), offsets_.data(), v2 ? aux_.data() : nullptr, ctx.stream);
   if (forced_) {
     CUDA_CHECK(cudaMemcpyAsync(topk_idx_.data(), forced_, static_cast<size_t>(M * k) * sizeof(int32_t),
                                cudaMemcpyDeviceToDevice, ctx.stream));
     expert_counts_and_offsets(topk_idx_.data(), M, k, E_, counts_.data(), offsets_.data(), ctx.stream);
-    router_gates_for_indices(probs_ptr_, topk_idx_.data(), counts_.data(), M, E_, rcfg_, topk_weight_ptr_,
+    router_gates_for_indices(probs_.data(), topk_idx_.data(), counts_.data(), M, E_, rcfg_, topk_weight_.data(),
                              v2 ? aux_.data() : nullptr, ctx.stream);
   }
-  if (recompute_) stamp_ = arena.stamp();
   // The layer's one host synchronisation: the expert token counts (and the v2 loss) come to the host.
   CUDA_CHECK(cudaMemcpyAsync(host_offsets, offsets_.data(), (E_ + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                              ctx.stream));
@@ -137,13 +126,11 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
   FP4MOE_CHECK(dweights && x && dx32, "MoeRouter {} backward: dweights [M, k], x [M, {}] and dx32 [M, {}] must not "
                "be null", prefix_, d_, d_);
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);
-  FP4MOE_CHECK(ready(arena), "MoeRouter {} backward: probs and topk_weight are not kept (moe/full recompute) and the "
-               "last forward's scratch scope has ended: rerun forward in the backward's scope first", prefix_);
   for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];
   ScratchScope scope(arena);
   float* dlogits = arena.take<float>(M * E_, "router dlogits (FP32)");  // [M, E]
   bf16* dl = arena.take<bf16>(M * E_, "router dlogits (BF16)");
-  router_backward(probs_ptr_, topk_idx_.data(), counts_.data(), dweights, M, E_, rcfg_, aux_grad, dlogits,
+  router_backward(probs_.data(), topk_idx_.data(), counts_.data(), dweights, M, E_, rcfg_, aux_grad, dlogits,
                   ctx.stream);
   cast_f32_to_bf16(dlogits, M * E_, dl, ctx.stream);
   // Dgrad: dx^T [d, M] += (W_r stored d x E column-major) * (dlogits stored E x M)

@@ -17,13 +17,14 @@
 // top-k; counts and offsets are recounted (expert_counts_and_offsets) and the weights and the v2 loss recomputed for
 // that selection (kernels/nn/router_gates.h); the backward differentiates the forced selection.
 //
-// Memory. Kept from forward to backward (MemCategory::activations), bytes per token: probs 4 E, topk_idx 4 k,
-// topk_weight 4 k; per layer counts, offsets and the aux loss (tiny). Built with recompute = true (the `moe` and
-// `full` policies), only topk_idx (and the per-layer vectors) are kept: probs and topk_weight come from the shared
-// scratch in the caller's scope, and MoeLayer reruns the forward in its backward (same logits, same kernels: the same
-// experts and weights bit for bit, forced routing included); topk_idx stays kept for last_topk_indices().
-// Scratch (ModelContext::scratch): forward takes logits [M, E] FP32 (and probs, topk_weight when not kept) in the
-// caller's scope; backward takes dlogits [M, E] FP32 and BF16 in its own.
+// Memory. Kept from forward to backward (MemCategory::activations) under every recompute policy, bytes per token:
+// probs 4 E (what router_backward differentiates: v3 sigmoid scores, v2 softmax probabilities), topk_idx 4 k,
+// topk_weight 4 k; per layer counts, offsets and the aux loss (tiny). The router is never rerun: under `moe` and
+// `full` the routing is kept with the dispatched expert input (trainer/model/recompute.h), so that the experts'
+// recompute neither routes nor dispatches again (in expert parallelism a second dispatch would repeat the
+// all-to-all). Backward reads the block input x [M, d] BF16 again (Wgrad), which the caller keeps or recomputes.
+// Scratch (ModelContext::scratch): forward takes logits [M, E] FP32 in the caller's scope; backward takes dlogits
+// [M, E] FP32 and BF16 in its own.
 //
 // Expert loads for the v3 bias: the counts of a forward join the step's tally when its backward runs (so that
 // evaluation forwards do not move the bias); end_step applies router_bias_update with the tally (gamma =
@@ -71,21 +72,20 @@ class PinnedHost {
 
 class MoeRouter {
  public:
-  // Registers "<prefix>.router" and, for v3, the state "<prefix>.router_bias"; allocates for max_tokens tokens
-  // (recompute: the `moe` policy, above). Rejects (fp4moe::Error) routed experts outside [1, kRouterMaxExperts],
-  // top_k outside [1, E], max_tokens < 0, hidden not a positive multiple of 8, and max_tokens * top_k beyond int32.
+  // Registers "<prefix>.router" and, for v3, the state "<prefix>.router_bias"; allocates for max_tokens tokens.
+  // Rejects (fp4moe::Error) routed experts outside [1, kRouterMaxExperts], top_k outside [1, E], max_tokens < 0,
+  // hidden not a positive multiple of 8, and max_tokens * top_k beyond int32.
   MoeRouter(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
-            DeviceMemory& mem, bool recompute = false);
+            DeviceMemory& mem);
 
   // x [M, d] BF16, 0 <= M <= max_tokens. Ends with the one host synchronisation (above). M = 0 touches no device
-  // memory: the host offsets become zeros and the aux loss 0. Takes its scratch in the caller's scope (the routing
-  // stays valid until that scope ends); a second forward on the same x gives the same routing bit for bit.
+  // memory: the host offsets become zeros and the aux loss 0. Takes its logits in the caller's scope (not read
+  // once forward returns: the routing itself is kept); a second forward on the same x gives the same routing bit
+  // for bit.
   void forward(ModelContext& ctx, const bf16* x, int64_t M);
-  // Whether backward can run now: probs and topk_weight are kept, or the last forward's are in a scope still open.
-  bool ready(const ScratchArena& arena) const { return !recompute_ || arena.alive(stamp_); }
-  // dweights [M, k] FP32 (the gradient of topk_weight), x as in forward -> dx32 [M, d] FP32 += router Dgrad;
-  // W_r.grad += router Wgrad. aux_grad: upstream gradient of the v2 balance loss (ignored by v3). Adds the forward's
-  // counts to the step's tally. M must equal the last forward's; rejects a backward that is not ready().
+  // dweights [M, k] FP32 (the gradient of topk_weight), x as in forward (the same values) -> dx32 [M, d] FP32 +=
+  // router Dgrad; W_r.grad += router Wgrad. aux_grad: upstream gradient of the v2 balance loss (ignored by v3). Adds
+  // the forward's counts to the step's tally. M must equal the last forward's.
   void backward(ModelContext& ctx, const float* dweights, const bf16* x, int64_t M, float aux_grad, float* dx32);
   // v3: bias update from the tally, then the tally restarts (no-op without tokens); v2: nothing.
   void end_step(ModelContext& ctx);
@@ -111,7 +111,6 @@ class MoeRouter {
   RouterConfig rcfg_;
   int64_t d_, E_, max_tokens_;
   float gamma_;
-  bool recompute_;
   Param* w_;
   StateTensor* bias_ = nullptr;
   const int32_t* forced_ = nullptr;
@@ -119,14 +118,11 @@ class MoeRouter {
   float aux_host_ = 0.0f;
   std::vector<int64_t> last_counts_;  // [E] the last forward's counts (from the host offsets)
   std::vector<int64_t> tally_;        // [E] counts of the step's micro-batches whose backward ran
-  float* probs_ptr_ = nullptr;        // probs and topk_weight of the last forward (kept, or scratch)
-  float* topk_weight_ptr_ = nullptr;
-  uint64_t stamp_ = 0;                // scratch stamp of the last forward (recompute)
   size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
 
-  DeviceArray<float> probs_;       // [max_tokens, E] FP32 s (v3) or p (v2)    (activations; empty with recompute)
+  DeviceArray<float> probs_;       // [max_tokens, E] FP32 s (v3) or p (v2)                    (activations)
   DeviceArray<int32_t> topk_idx_;  // [max_tokens, k] selected experts                        (activations)
-  DeviceArray<float> topk_weight_; // [max_tokens, k] FP32 combine weights     (activations; empty with recompute)
+  DeviceArray<float> topk_weight_; // [max_tokens, k] FP32 combine weights                     (activations)
   DeviceArray<int32_t> counts_;    // [E] tokens per expert; in end_step the step's tally     (activations)
   DeviceArray<int32_t> offsets_;   // [E+1] exclusive prefix sum of counts                    (activations)
   DeviceArray<float> aux_;         // [1] v2 balance loss                                     (activations)

@@ -10,10 +10,29 @@
 //   layernorm       the outputs and rstd of attn_norm, ffn_norm, MLA's q_norm and kv_norm (from their inputs)
 //   moe_act         the routed experts' SwiGLU output a = swiglu(h) (bf16 recipe: a; mxfp4: its MXFP4 copy; fp8:
 //                   nothing, the layer never keeps a, Group Linear keeps its own FP8 column copy)
-//   moe             the whole MoE block: router (rerun, same experts), routed and shared experts; its input is kept
+//   moe             the MoE block's expert computation: the routed experts' h, a and ys (fc1 reruns from the kept
+//                   dispatched input, then swiglu and fc2) and the shared experts' h and a (as shared_experts).
+//                   Kept: the routing (the router's probs, top-k ids and weights, counts, offsets: the router does
+//                   not rerun), the permutation (row_of) and the dispatched expert input xs in the routed recipe's
+//                   storage format: bf16 BF16 xs, fp8 the FP8 1x128 row copy of xs (the operand of fc1's Fprop; its
+//                   Group Linear also keeps, under every policy, the FP8 column copy its Wgrad reads), mxfp4 the MXFP4
+//                   codes + scales of xs. In expert parallelism these are what the all-to-all delivers: the recompute
+//                   does not dispatch again. The block input x (the ffn_norm output) is kept by DecoderLayer, or,
+//                   with layernorm, recomputed by ffn_norm from the layer's kept h_mid (the router's and the shared
+//                   experts' backward read it).
 //   mlp             the dense SwiGLU FFN's h and a
 //   shared_experts  the shared experts' h and a
-//   full            the whole decoder layer: only its input h[l] is kept
+//   full            the whole decoder layer from its input h[l] (attn_norm, MLA, h_mid, ffn_norm rerun), except the
+//                   MoE block, which keeps what it keeps under moe (routing, row_of, dispatched input)
+// MoE block, bytes per token and layer (k = top_k, f = expert_ffn, E experts; trainer/model/moe.h has the shared
+// experts and the per-layer vectors): the router's 4 E + 8 k under every policy, plus the routed experts'
+// (Group Linear's copies not included):
+//   recipe   no policy                         moe_act                       moe, full
+//   bf16     k (4 + 4 d + 6 f)                 k (4 + 4 d + 4 f)             k (4 + 2 d)
+//   fp8      k (4 + 2 d + 4 f)                 k (4 + 2 d + 4 f)             k (4 + d + 4 ceil(d/128))
+//   mxfp4    k (4 + 2 d + 4 f + 17 (d+f)/32)   k (4 + 2 d + 4 f + 17 d/32)   k (4 + 17 d/32)
+// (fp8: Group Linear's FP8 column copies of xs and a, about k (d + f)(1 + 1/32), stay under every policy; under
+// moe/full the one of xs is read by fc1's Wgrad, the one of a is rebuilt by the rerun of fc2.)
 // Independently of the policy, a layer keeps a Linear's input only when that Linear's backward reads it (the bf16
 // recipe): fp8/mxfp4 Linears and Group Linears keep their own FP8/MXFP4 copy from their forward, in their own
 // buffers, which stay allocated under every policy (Model::layer_memory's quantized_copies).
@@ -34,8 +53,8 @@ struct MlaRecompute {
 
 // The MoE block (trainer/model/moe.h).
 struct MoeRecompute {
-  bool whole = false;           // moe or full
-  bool act = false;             // moe_act
+  bool whole = false;           // moe or full: the experts rerun from the kept routing and dispatched input
+  bool act = false;             // moe_act (also set by moe and full)
   bool shared_experts = false;  // shared_experts, moe or full
 };
 

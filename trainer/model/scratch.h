@@ -9,7 +9,7 @@
 // opens one scope per decoder layer forward and backward, so every layer starts from an empty arena.
 //
 // Tensors left in a caller's scope: a layer that recomputes its forward for a backward in the same scope (MLA under
-// `full`, a norm whose rstd is not kept, the MoE router under `moe`) takes them without a scope of its own, then
+// `full`, a norm whose rstd is not kept, the routed experts under `moe`) takes them without a scope of its own, then
 // stamp()s: alive(stamp) stays true until the scope they were taken in ends, and the layer's backward checks it before
 // it reads them (a stale pointer into reused scratch would give wrong gradients silently).
 //
