@@ -80,7 +80,7 @@ GroupLinearRecipe group_linear_recipe(Recipe r);
 //   fp8    the FP8 1x128 row copy of xs that fc1's GroupLinear makes for Fprop (group_linear.cpp sizes it
 //          R d E4M3 codes + fp8_row_scale_count(R, d) FP32 scales, layouts.h): payload d, scales ~ 4 ceil(d/128).
 //          On one device the permute moves BF16 rows and fc1 quantizes them after it; a dispatch in FP8
-//          (DeepSeek-V3's) sends this tensor instead.
+//          (DeepSeek-V3's) sends this tensor instead; under moe/full the layer keeps it (Memory, above).
 //   mxfp4  xs_codes + xs_scales, [R, d/2] E2M1 codes and [R, d/32] UE8M0 scales: payload d/2, scales d/32
 // with R = max_tokens * top_k, the rows the buffers hold; per token = bytes / R (both 0 when R = 0). Not counted:
 // the combine (expert outputs return in BF16 in every recipe) and the backward's gradients.
@@ -106,6 +106,7 @@ class MoeRoutedExperts {
   bool ready(const ScratchArena& arena) const { return !needs_recompute() || arena.alive(stamp_); }
   // Rebuilds, in the caller's scope, what the policy does not keep (above), for a backward in that scope, from the
   // kept dispatched input and `routing`, which must be the forward's (the router's, kept). A no-op when ready().
+  // Rejects (fp4moe::Error) a routing whose M, E or k is not the last forward's.
   void recompute(ModelContext& ctx, const MoeRouting& routing);
   // dy [M, d] BF16 -> dx [M, d] BF16 (overwritten: the routed experts' part of d x), dweights [M, k] FP32
   // (overwritten: the gradient of topk_weight); expert grads +=. Same routing as the forward; rejects a backward
