@@ -1,4 +1,4 @@
-// fp4moe: one binary for the project's tasks (DESIGN.md "Layout"): env, quantize, bench, train, parity.
+// fp4moe: one binary for the project's tasks (DESIGN.md "Layout"): env, quantize, bench, train, parity, repro.
 // Exit codes: 0 success, 1 unexpected failure, 2 bad arguments or inputs (one line on stderr, no trace).
 #include <fmt/format.h>
 
@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
   CLI::App app{"fp4moe: FP4 storage and communication with FP8 compute for MoE training on Hopper"};
   app.require_subcommand(1);
   std::vector<Command> commands = {add_env_command(app), add_quantize_command(app), add_bench_command(app),
-                                   add_train_command(app), add_parity_command(app)};
+                                   add_train_command(app), add_parity_command(app),
+                                   add_repro_command(app)};
 
   try {
     app.parse(argc, argv);
