@@ -330,7 +330,7 @@ class CellCommandLines(unittest.TestCase):
                     self.assertEqual(args[args.index("--log-interval") + 1], str(max(1, n // 10)))
         mem = load("memory_per_policy")
         self.assertEqual(len(train_cells.expand(mem, "smoke")), 2)
-        self.assertEqual(len(train_cells.expand(mem, "default")), 9)
+        self.assertEqual(len(train_cells.expand(mem, "default")), 18)
         self.assertEqual(len(train_cells.expand(mem, "full")), 18)
         smoke = train_cells.expand(mem, "smoke")[0]
         self.assertIn("smoke: one V3-shaped MoE layer", smoke.note)
@@ -560,11 +560,11 @@ class RunWithFakeTrainer(Tmp):
         build = self.fake_build()
         r = self.run_py(build, "--scale", "default", "--only", *TRAIN, "--data", self.shards())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("[3/4] memory_per_policy: cell 2/9 v3 bf16 mla_up_proj: oom", r.stdout)
+        self.assertIn("[3/4] memory_per_policy: cell 2/18 v3 bf16 mla_up_proj: oom", r.stdout)
         self.assertIn("(shared)", r.stdout)
         calls = self.train_calls()
-        # comm 6 + loss 3 + memory 9 + the retries of the two cells over 80 GiB; throughput reads memory's runs.
-        self.assertEqual(len(calls), 6 + 3 + 9 + 2)
+        # comm 6 + loss 3 + memory 18 + the retries of the two cells over 80 GiB; throughput reads memory's runs.
+        self.assertEqual(len(calls), 6 + 3 + 18 + 2)
         retries = [c for c in calls if "--memory-budget" not in c and "configs/v3.toml" in c and "--recompute.modules"
                    in c]
         self.assertEqual(len(retries), 2)
