@@ -574,7 +574,7 @@ class RunWithFakeTrainer(Tmp):
         with h5py.File(self.run_file(), "r") as f:
             self.assertEqual(sorted(f["bench"]), ["train_comm", "train_loss", "train_memory", "train_throughput"])
             self.assertEqual(sorted(f["repro"]), sorted(TRAIN))
-            self.assertEqual(len(f["train"]), 6 + 3 + 9)
+            self.assertEqual(len(f["train"]), 6 + 3 + 18)
             self.assertEqual(len(f["memory"]), 6 + 3 + 9)
             shared = f["train/memory_per_policy-v3-mxfp4-mla_up_proj"]
             self.assertEqual(result_file.text(shared.attrs["repro_scenarios"]),
