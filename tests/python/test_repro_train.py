@@ -575,7 +575,7 @@ class RunWithFakeTrainer(Tmp):
             self.assertEqual(sorted(f["bench"]), ["train_comm", "train_loss", "train_memory", "train_throughput"])
             self.assertEqual(sorted(f["repro"]), sorted(TRAIN))
             self.assertEqual(len(f["train"]), 6 + 3 + 18)
-            self.assertEqual(len(f["memory"]), 6 + 3 + 9)
+            self.assertEqual(len(f["memory"]), 6 + 3 + 18)
             shared = f["train/memory_per_policy-v3-mxfp4-mla_up_proj"]
             self.assertEqual(result_file.text(shared.attrs["repro_scenarios"]),
                              "memory_per_policy throughput_per_policy")
@@ -588,7 +588,7 @@ class RunWithFakeTrainer(Tmp):
             comm = self.repro(f, "comm_volume")
             loss = self.repro(f, "loss_deviation")
             attrs = result_file.table_attributes(f, "repro/memory_per_policy")
-        self.assertEqual((attrs["kind"], attrs["cells"], attrs["cells_ok"], attrs["cells_oom"]), ("train", 9, 7, 2))
+        self.assertEqual((attrs["kind"], attrs["cells"], attrs["cells_ok"], attrs["cells_oom"]), ("train", 18, 16, 2))
         oom = cells[(cells["case"] == "mla_up_proj") & (cells["recipe"] == "bf16") & (cells["shape"] == "v3")].iloc[0]
         self.assertEqual((oom["status"], oom["oom_category"]), ("oom", "activations"))
         self.assertAlmostEqual(oom["peak_total_gib"], 70.0 + 12.0)  # measured again without the budget
