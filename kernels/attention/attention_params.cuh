@@ -1,6 +1,6 @@
 // Internals shared by the attention kernel files (flash_attention_fwd*.cu, flash_attention_bwd*.cu and
-// flash_attention_variants.cu): the kernel parameter blocks, the compile-time dispatch over kAttentionPairs and the
-// host launchers of each kernel family. Not part of the public API (flash_attention.h, flash_attention_variants.h).
+// flash_attention.cu): the kernel parameter blocks, the compile-time dispatch over kAttentionPairs and the host
+// launchers of each kernel family. Not part of the public API (flash_attention.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,7 +19,7 @@ struct FwdParams {
   float* lse;
   int T, H;
   float scale_log2;  // scale * log2(e)
-  // Block order of the variant kernels (block_tile in attention_tile.cuh): heads per group (0: none), B*H.
+  // Block order of the key32 kernel (block_tile in attention_tile.cuh): heads per group (0: none), B*H.
   int group_heads = 0;
   int64_t bh_count = 0;
 };
@@ -31,13 +31,7 @@ struct BwdParams {
   AttnOut dq, dk, dv;
   int T, H, Dv;
   float scale, scale_log2;  // scale, scale * log2(e)
-  // Fused-dQ variants only (flash_attention_bwd_split.cu), else null: the FP32 dQ accumulator [B*H, T, Dqk], one
-  // int per (sequence, head, 64-query block) counting the key blocks that have added into it, and the ticket
-  // counter that hands out the work items. flags and ticket are zero before the launch.
-  float* dq_acc = nullptr;
-  int* dq_flags = nullptr;
-  unsigned long long* ticket = nullptr;
-  // Block order of the variant kernels (block_tile in attention_tile.cuh): heads per group (0: none), B*H.
+  // Block order of the role_split kernels (block_tile in attention_tile.cuh): heads per group (0: none), B*H.
   int group_heads = 0;
   int64_t bh_count = 0;
 };
@@ -60,29 +54,24 @@ void with_head_dims(const char* what, int64_t Dqk, int64_t Dv, F&& f) {
 }
 
 // ---- launchers (asynchronous on `stream`; arguments checked by the caller) ---------------------------------------
+// Each takes the pairs that forward_kernel_for / backward_kernels_for (attention_heuristics.h) give its family and
+// is instantiated for those only; another pair is an Error.
 
-// flash_attention_fwd.cu: the forward kernel of flash_attention_forward (variant 0: row_copies false), or the
-// same with load_tile_rows_async's copy order (variant 1).
-void launch_forward_v0(bool row_copies, const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
-                       cudaStream_t stream);
+// flash_attention_fwd.cu: the key64 forward kernel, grid (B*H, query tiles).
+void launch_forward_key64(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
-// flash_attention_fwd_tiled.cu: the kernel of forward variants 2 and 4 (tiles = 2: variant 0's tiles, Q in
-// registers) or 3 (tiles = 3: 32 rows x 32 keys), in block_tile's order with p.group_heads over p.bh_count heads.
-void launch_forward_tiled(int tiles, const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+// flash_attention_fwd_tiled.cu: the key32 forward kernel, in block_tile's order with p.group_heads over p.bh_count.
+void launch_forward_key32(const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
-// flash_attention_bwd.cu: D = rowsum(dO * O) into p.delta for the B*T rows; the dK/dV and dQ kernels of
-// flash_attention_backward (row_copies false), or the same with load_tile_rows_async's copy order, and the dQ
-// kernel also in block_tile's order with p.group_heads (grouped, with row copies only).
+// flash_attention_bwd.cu: D = rowsum(dO * O) into p.delta for the B*T rows (every pair); the column_split dK/dV
+// kernel then its dQ kernel (all heads side by side, grid (B*H, tiles)); the role_split family's dQ kernel (the same
+// kernel with row-stepping copies, in block_tile's order with p.group_heads over p.bh_count).
 void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream);
-void launch_backward_dkdv_v0(bool row_copies, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
-                             cudaStream_t stream);
-void launch_backward_dq_v0(bool row_copies, bool grouped, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
-                           cudaStream_t stream);
+void launch_backward_column_split(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+void launch_backward_dq_grouped(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
-// flash_attention_bwd_split.cu: the dK/dV kernel of backward variants 2 to 4 (role-split warps), in block_tile's
-// order with p.group_heads; with fused_dq it also produces dQ through p.dq_acc, p.dq_flags and p.ticket (variant
-// 3, whose blocks take their work from the ticket counter instead).
-void launch_backward_split(bool fused_dq, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
-                           cudaStream_t stream);
+// flash_attention_bwd_split.cu: the role_split dK/dV kernel, in block_tile's order with p.group_heads over
+// p.bh_count.
+void launch_backward_role_split_dkdv(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
 }  // namespace fp4moe::attn

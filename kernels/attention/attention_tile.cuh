@@ -1,7 +1,8 @@
-// Device tile helpers of the attention kernels (flash_attention_fwd.cu, flash_attention_bwd.cu): the warp-level
+// Device tile helpers of the attention kernels (flash_attention_fwd*.cu, flash_attention_bwd*.cu): the warp-level
 // BF16 tensor-core product mma.sync.aligned.m16n8k16 with FP32 accumulation, its operand fragments read from
 // shared memory with ldmatrix, asynchronous 16-byte tile copies (cp.async) that zero-fill the rows past a
-// sequence's end, and the quad reductions of the online softmax.
+// sequence's end, the quad reductions of the online softmax, barriers for warp-specialised kernels and the
+// head-grouped block order.
 //
 // Fragments of m16n8k16 with .bf16 operands (PTX ISA, "Matrix Fragments for mma.m16n8k16"); in a warp, lane =
 // 4 g + c (g = lane / 4 the group, c = lane % 4 the thread in its group):
@@ -79,14 +80,6 @@ __device__ __forceinline__ void load_b_from_rows_k(uint32_t (&b)[4], const bf16*
   ldmatrix_x4_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0 + (lane >> 4) * 8);
 }
 
-// A fragment of the 16x16 block (rows m0.., k k0..) of A = tile^T, from a tile that stores A transposed: rows = k,
-// columns = m (dS^T [key][query] for dQ = dS K). Matrix i of the ldmatrix is tile rows k0 + 8 (i / 2) .. + 7 at
-// column m0 + 8 (i % 2), whose transpose is a[i]: (m g [+8], k 2c..2c+1 [+8]).
-__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const bf16* tile, int pitch, int m0, int k0,
-                                             int lane) {
-  ldmatrix_x4_trans(a, tile + (k0 + (lane & 7) + ((lane >> 4) << 3)) * pitch + m0 + ((lane >> 3) & 1) * 8);
-}
-
 // d += a b (16x8x16, BF16 inputs, FP32 accumulation).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -157,16 +150,6 @@ __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("barrier.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
-// Acquire load and release store of an int in global memory at GPU scope (integer flags between thread blocks).
-__device__ __forceinline__ int load_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_release_gpu(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
 // ---- tile copies ----------------------------------------------------------------------------------------------------
 
 // Starts the copy of rows row0 .. row0 + ROWS - 1 of one (sequence, head) slice into the tile smem [ROWS][pitch]:
@@ -192,7 +175,7 @@ __device__ __forceinline__ void load_tile_async(bf16* smem, const bf16* base, in
 
 // As load_tile_async, with each thread keeping one 16-byte column and stepping over rows (THREADS / (D / 8) rows
 // per pass): its addresses advance by a constant, so the compiler has no per-copy indices to hoist out of the
-// caller's loop and keep in registers (the variant kernels, flash_attention_variants.h, use it).
+// caller's loop and keep in registers (the key32 forward and the role_split backward kernels use it).
 template <int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_tile_rows_async(bf16* smem, const bf16* base, int64_t token_stride, int row0,
                                                      int row_end, int tid) {
@@ -210,13 +193,13 @@ __device__ __forceinline__ void load_tile_rows_async(bf16* smem, const bf16* bas
 
 // ---- block order ----------------------------------------------------------------------------------------------------
 
-// The block order of the variant kernels over (sequence-head, tile) (flash_attention_variants.h). group_heads = 0:
-// grid (B*H, tiles), block (bh, tile) = (blockIdx.x, blockIdx.y), all heads side by side. group_heads = G > 0: grid
-// (G * tiles, ceil(B*H / G)), block x of row y is tile x / G of sequence-head y G + x % G: the hardware starts
-// blocks in linear order, so the blocks in flight at a time cover a few heads at neighbouring tiles, and the K/V
-// (or Q/dO) each block streams is read by the other blocks of its head while it is still in L2. Tiles keep the
-// caller's meaning (the caller orders them heaviest first). Returns false for a block past the last head (the grid
-// is rounded up to whole groups): the block has nothing to do.
+// The block order of the key32 forward and role_split backward kernels (attention_heuristics.h) over (sequence-head,
+// tile). group_heads = 0: grid (B*H, tiles), block (bh, tile) = (blockIdx.x, blockIdx.y), all heads side by side.
+// group_heads = G > 0: grid (G * tiles, ceil(B*H / G)), block x of row y is tile x / G of sequence-head y G + x % G:
+// the hardware starts blocks in linear order, so the blocks in flight at a time cover a few heads at neighbouring
+// tiles, and the K/V (or Q/dO) each block streams is read by the other blocks of its head while it is still in L2.
+// Tiles keep the caller's meaning (the caller orders them heaviest first). Returns false for a block past the last
+// head (the grid is rounded up to whole groups): the block has nothing to do.
 __device__ __forceinline__ bool block_tile(int group_heads, int64_t bh_count, int64_t& bh, int& tile) {
   if (group_heads == 0) {
     bh = blockIdx.x;
@@ -240,7 +223,8 @@ inline dim3 tile_grid(int group_heads, int64_t bh_count, int64_t tiles) {
               static_cast<unsigned>((bh_count + group_heads - 1) / group_heads));
 }
 
-// load_tile_rows_async (kRowCopies) or load_tile_async: the copy order of variant 0's kernels is a template choice.
+// load_tile_rows_async (kRowCopies) or load_tile_async: the copy order of a kernel that both families run (the dQ
+// kernel of flash_attention_bwd.cu) as a template choice.
 template <bool kRowCopies, int ROWS, int D, int THREADS>
 __device__ __forceinline__ void copy_tile_async(bf16* smem, const bf16* base, int64_t token_stride, int row0,
                                                 int row_end, int tid) {

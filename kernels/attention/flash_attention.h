@@ -18,7 +18,15 @@
 // BF16 (RNE). Expected accuracy against an FP64 reference on the same BF16 inputs (tests/gpu/test_attention.cpp):
 // relative L2 error of O around the BF16 rounding (< 1e-2), of dQ, dK, dV below 2e-2; lse to ~1e-6 relative.
 // Deterministic: no atomics, a fixed summation order for a given shape, so the same inputs give the same bits.
-// Other kernels for the same computation, selectable by id for measurement: flash_attention_variants.h.
+//
+// Kernels per (Dqk, Dv) pair, picked by one rule (attention_heuristics.h) from H200 measurements of two shapes,
+// TFLOP/s (causal, backward counted as 2.5x forward): at MLA's B1 T4096 H128 192/128 a forward of 32 query rows per
+// warp against 32-key blocks in a head-grouped block order (300, against 240 for the 64-key kernel) and a backward
+// whose dK/dV warps split the products by role (169, against 138 for the column-split kernels); at `small`'s
+// B8 T1024 H12 96/64 the 64-key forward (206, against 141) and the column-split backward (116, against 106).
+// Hence Dqk >= 128 -> 32-key forward and role-split backward, smaller Dqk -> 64-key forward and column-split
+// backward. (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured; (32, 16), (32, 32) and (64, 64) the
+// small-Dqk rule. The two families sum in different orders: results differ between them by FP32 rounding only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -74,7 +82,8 @@ int64_t flash_attention_backward_workspace_bytes(const AttentionShape& s);
 // o and lse are forward's outputs for the same q, k, v. workspace: flash_attention_backward_workspace_bytes(s)
 // bytes of device memory, 4-byte aligned, contents ignored. Three launches on `stream`: D into the workspace,
 // then dK and dV (one thread block per key block, looping over the query blocks at or after it), then dQ (one
-// thread block per query block, looping over the key blocks up to it); deterministic, no atomics.
+// thread block per query block, looping over the key blocks up to it); deterministic, no atomics. The dK/dV kernel
+// is the column-split or the role-split one by the rule above.
 // Rejects: as flash_attention_forward for every tensor, plus a null or misaligned workspace. Outputs must not
 // overlap the inputs or each other.
 void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout,

@@ -1,21 +1,22 @@
-// Causal flash attention, backward (flash_attention.h), in three deterministic launches (no atomics):
-//   1. D = rowsum(dO * O) into the workspace, one warp per (token, head);
+// Causal flash attention, backward (flash_attention.h): the kernels of the column_split family
+// (attention_heuristics.h: the pairs with Dqk < 128), three deterministic launches (no atomics):
+//   1. D = rowsum(dO * O) into the workspace, one warp per (token, head) (every pair, both families);
 //   2. dK, dV: one thread block per (key block, sequence, head), looping over the query blocks at or after it,
 //      P^T and dS^T recomputed per step and passed through shared memory to the products with dO and Q;
 //   3. dQ: one thread block per (query block, sequence, head), looping over the key blocks up to it, dS kept in
-//      registers for the product with K.
+//      registers for the product with K. The role_split family (flash_attention_bwd_split.cu) runs this kernel
+//      too, with row-stepping tile copies and the head-grouped block order.
 // Scores are recomputed from Q, K and the forward's lse in both 2 and 3 (the price of having no atomics).
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/attention/attention_checks.h"
+#include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
-#include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
 
-namespace fp4moe {
-namespace attn {
+namespace fp4moe::attn {
+namespace {
 
 // ---- configuration ------------------------------------------------------------------------------------------------
 
@@ -93,9 +94,8 @@ __global__ void __launch_bounds__(32 * kDeltaWarps) attention_backward_delta_ker
 
 // ---- 2. dK, dV ----------------------------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / kBlockN)); the first key blocks (the most queries) are scheduled first. kRowCopies: the tile
-// copy order (copy_tile_async); false for flash_attention_backward, true for backward variant 1.
-template <int Dqk, int Dv, bool kRowCopies>
+// grid (B*H, ceil(T / kBlockN)); the first key blocks (the most queries) are scheduled first.
+template <int Dqk, int Dv>
 __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attention_backward_dkdv_kernel(BwdParams p) {
   using C = BwdKVConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
@@ -133,11 +133,10 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
   const float* gL = p.lse + bh * T;
   const float* gD = p.delta + bh * T;
 
-  copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, n0, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, n0, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, mb_first * C::kBlockM, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, mb_first * C::kBlockM, T,
-                                                           tid);
+  load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, n0, T, tid);
+  load_tile_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, n0, T, tid);
+  load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, mb_first * C::kBlockM, T, tid);
+  load_tile_async<C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, mb_first * C::kBlockM, T, tid);
   cp_async_commit();
   // lse * log2e and D of query mb_first * kBlockM + tid, held in registers until the step that uses them; rows
   // past T get lse = +inf (P = 0) and D = 0.
@@ -163,10 +162,10 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
     if (tid < C::kBlockM) sLse2[tid] = next_lse2, sDelta[tid] = next_delta;  // read since the last barrier: free
     if (mb + 1 < mb_end) {  // prefetch the next query block into the other stage
       const int next = stage ^ 1, m1 = m0 + C::kBlockM;
-      copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ + next * C::kBlockM * C::kPitchQK, gQ,
-                                                                p.q.token_stride, m1, T, tid);
-      copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO + next * C::kBlockM * C::kPitchV, gdO,
-                                                               p.dout.token_stride, m1, T, tid);
+      load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ + next * C::kBlockM * C::kPitchQK, gQ, p.q.token_stride, m1,
+                                                    T, tid);
+      load_tile_async<C::kBlockM, Dv, C::kThreads>(sdO + next * C::kBlockM * C::kPitchV, gdO, p.dout.token_stride, m1,
+                                                   T, tid);
       cp_async_commit();
       if (tid < C::kBlockM) {
         const int q = m1 + tid;
@@ -276,10 +275,10 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
 
 // ---- 3. dQ --------------------------------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first. kRowCopies as above
-// (true for backward variants 1, 2 and 4); kGrouped: block_tile's order with p.group_heads (variant 2), the grid
-// tile_grid's.
-template <int Dqk, int Dv, bool kRowCopies, bool kGrouped>
+// The last query blocks (the most keys) are scheduled first. kGrouped false (column_split): grid (B*H,
+// ceil(T / kBlockM)), tile copies by 16-byte piece (load_tile_async). kGrouped true (role_split): block_tile's order
+// with p.group_heads, grid tile_grid's, and row-stepping tile copies (load_tile_rows_async).
+template <int Dqk, int Dv, bool kGrouped>
 __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention_backward_dq_kernel(BwdParams p) {
   using C = BwdQConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
@@ -314,10 +313,10 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
   const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
   const bf16* gdO = p.dout.data + b * T * p.dout.token_stride + h * p.dout.head_stride;
 
-  copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, m0, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
+  copy_tile_async<kGrouped, C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
+  copy_tile_async<kGrouped, C::kBlockM, Dv, C::kThreads>(sdO, gdO, p.dout.token_stride, m0, T, tid);
+  copy_tile_async<kGrouped, C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
+  copy_tile_async<kGrouped, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
   cp_async_commit();
 
   // lse * log2e and D of this thread's rows g and g + 8; rows past T: lse = +inf (P = 0), D = 0.
@@ -339,10 +338,10 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
     const int stage = nb & 1, n0 = nb * C::kBlockN;
     if (nb + 1 < n_blocks) {  // prefetch the next key block into the other stage
       const int next = stage ^ 1;
-      copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK,
-                                                                p.k.token_stride, n0 + C::kBlockN, T, tid);
-      copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV,
-                                                               p.v.token_stride, n0 + C::kBlockN, T, tid);
+      copy_tile_async<kGrouped, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK,
+                                                              p.k.token_stride, n0 + C::kBlockN, T, tid);
+      copy_tile_async<kGrouped, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV,
+                                                             p.v.token_stride, n0 + C::kBlockN, T, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -428,6 +427,34 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
 
 // ---- launchers ----------------------------------------------------------------------------------------------------
 
+template <int Dqk, int Dv>
+void launch_column_split(const BwdParams& p, int64_t B, cudaStream_t stream) {
+  using KV = BwdKVConfig<Dqk, Dv>;
+  using Q = BwdQConfig<Dqk, Dv>;
+  auto* dkdv = flash_attention_backward_dkdv_kernel<Dqk, Dv>;
+  CUDA_CHECK(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, KV::kSmemBytes));
+  const dim3 kv_grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + KV::kBlockN - 1) / KV::kBlockN));
+  dkdv<<<kv_grid, KV::kThreads, KV::kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+  auto* dq = flash_attention_backward_dq_kernel<Dqk, Dv, false>;
+  CUDA_CHECK(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
+  const dim3 q_grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + Q::kBlockM - 1) / Q::kBlockM));
+  dq<<<q_grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int Dqk, int Dv>
+void launch_dq_grouped(const BwdParams& p, cudaStream_t stream) {
+  using Q = BwdQConfig<Dqk, Dv>;
+  auto* kernel = flash_attention_backward_dq_kernel<Dqk, Dv, true>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
+  const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + Q::kBlockM - 1) / Q::kBlockM);
+  kernel<<<grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream) {
   const int64_t rows = B * p.T;
   const int64_t blocks = std::min<int64_t>(ceil_div(rows * p.H, kDeltaWarps), int64_t{1} << 20);
@@ -435,66 +462,21 @@ void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-template <int Dqk, int Dv, bool kRowCopies>
-void launch_dkdv(const BwdParams& p, int64_t B, cudaStream_t stream) {
-  using KV = BwdKVConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_backward_dkdv_kernel<Dqk, Dv, kRowCopies>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KV::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + KV::kBlockN - 1) / KV::kBlockN));
-  kernel<<<grid, KV::kThreads, KV::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
-}
-
-template <int Dqk, int Dv, bool kRowCopies, bool kGrouped>
-void launch_dq(const BwdParams& p, int64_t B, cudaStream_t stream) {
-  using Q = BwdQConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_backward_dq_kernel<Dqk, Dv, kRowCopies, kGrouped>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
-  const int64_t tiles = (p.T + Q::kBlockM - 1) / Q::kBlockM;
-  const dim3 grid = kGrouped ? tile_grid(p.group_heads, p.bh_count, tiles)
-                             : dim3(static_cast<unsigned>(B * p.H), static_cast<unsigned>(tiles));
-  kernel<<<grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
-}
-
-void launch_backward_dkdv_v0(bool row_copies, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
-                             cudaStream_t stream) {
+void launch_backward_column_split(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
   with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
     constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if (row_copies) launch_dkdv<kDqk, kDv, true>(p, B, stream);
-    else launch_dkdv<kDqk, kDv, false>(p, B, stream);
+    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::column_split)
+      launch_column_split<kDqk, kDv>(p, B, stream);
+    else FP4MOE_CHECK(false, "launch_backward_column_split: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
   });
 }
 
-void launch_backward_dq_v0(bool row_copies, bool grouped, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
-                           cudaStream_t stream) {
-  FP4MOE_CHECK(row_copies || !grouped, "launch_backward_dq_v0: the grouped order comes with row copies only");
+void launch_backward_dq_grouped(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
   with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
     constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if (grouped) launch_dq<kDqk, kDv, true, true>(p, B, stream);
-    else if (row_copies) launch_dq<kDqk, kDv, true, false>(p, B, stream);
-    else launch_dq<kDqk, kDv, false, false>(p, B, stream);
+    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::role_split) launch_dq_grouped<kDqk, kDv>(p, stream);
+    else FP4MOE_CHECK(false, "launch_backward_dq_grouped: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
   });
 }
 
-}  // namespace attn
-
-int64_t flash_attention_backward_workspace_bytes(const AttentionShape& s) {
-  FP4MOE_CHECK(s.B >= 0 && s.T >= 0 && s.H >= 0,
-               "flash_attention_backward_workspace_bytes: B, T, H must be >= 0, got B={} T={} H={}", s.B, s.T, s.H);
-  return round_up(s.B * s.H * s.T * static_cast<int64_t>(sizeof(float)), 256);
-}
-
-void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout,
-                              const float* lse, AttnOut dq, AttnOut dk, AttnOut dv, void* workspace,
-                              cudaStream_t stream) {
-  if (!attn_detail::check_backward_call("flash_attention_backward", s, q, k, v, o, dout, lse, dq, dk, dv, workspace))
-    return;
-  const attn::BwdParams p{q,  k,  v,  o,  dout, lse, static_cast<float*>(workspace), dq, dk, dv, static_cast<int>(s.T),
-                          static_cast<int>(s.H), static_cast<int>(s.Dv), s.scale, s.scale * attn::kLog2e};
-  attn::launch_backward_delta(p, s.B, stream);
-  attn::launch_backward_dkdv_v0(false, p, s.B, s.Dqk, s.Dv, stream);
-  attn::launch_backward_dq_v0(false, false, p, s.B, s.Dqk, s.Dv, stream);
-}
-
-}  // namespace fp4moe
+}  // namespace fp4moe::attn

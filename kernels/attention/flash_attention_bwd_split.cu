@@ -1,6 +1,6 @@
-// Causal flash attention, backward variants 2 to 4 (flash_attention_variants.h): a dK/dV kernel whose warps split
-// the products by role instead of by columns; variants 2 and 4 take dQ from variant 1's dQ kernel
-// (flash_attention_bwd.cu, which recomputes S and dP), variant 3 computes dQ in the same sweep (5 products, not 7).
+// Causal flash attention, backward (flash_attention.h): the dK/dV kernel of the role_split family
+// (attention_heuristics.h: the pairs with Dqk >= 128), whose warps split the products by role instead of by columns;
+// dQ then comes from flash_attention_bwd.cu's dQ kernel (which recomputes S and dP) with row-stepping copies.
 //
 // Thread block: 64 keys (n0..n0+63) of one (sequence, head), 8 warps; warp w owns the 16 keys 16 (w % 4).. of the
 // block and plays role w / 4 for them, over steps of 64 queries (the query blocks at or after the key block):
@@ -9,27 +9,15 @@
 //   role 1: dP^T = V dO^T (16 x 64), then, with its partner's P^T, dS^T = P^T (dP^T - D) and dK += dS^T Q
 //           (16 x Dqk, in registers).
 // Each warp computes a 16 x 64 block of scores for all 64 queries, so P^T and dS^T go from the score fragments
-// into the next product without a round trip through shared memory (a_from_acc), and (unfused, where registers
-// allow) each role reads its K or V fragments (the A operand of its first product) into registers once per thread
-// block. Both roles do Dqk + Dv columns of products per step (192 + 128 at Dqk = 192, Dv = 128): balanced.
-//
-// Variant 3 (fused dQ): role 1 also stores dS^T (BF16) to shared memory, and after a block barrier all 8 warps
-// compute the block's dQ contribution dS K (64 queries x Dqk: warp w takes the queries 16 (w % 4).. and, by role,
-// the first kDqCols0 or the remaining columns) and add it into an FP32 accumulator dq_acc [B*H, T, Dqk] in a fixed
-// order: query block m receives the contributions of key blocks m, m-1, ..., 0 in that order. Key block j, at query
-// block m, waits until dq_flags[bh][m] == m - j (the m - j key blocks before it have stored), reads the partial sum
-// (cp.async into shared memory, started at the beginning of the step), adds its own and stores it (or, as the last
-// contributor j = 0, writes dQ = scale * sum as BF16), then sets the flag to m - j + 1. The sum for each element
-// is ((c_m + c_{m-1}) + ...) + c_0 whatever the timing: deterministic, with integer flags and no float atomics.
-// Work items are handed out by an atomic ticket counter (an integer atomicAdd), head by head and, within a head,
-// from the last key block to the first, so that every key block a block waits for holds an earlier ticket: it is
-// already running, and the block with the earliest unfinished ticket never waits. The thread blocks therefore make
-// progress whatever order the hardware starts them in (no co-residency assumption). Within a head, key block j
-// starts one ticket after key block j + 1 and reaches query block m one step after it: in the steady state the
-// flag is already set when asked for.
+// into the next product without a round trip through shared memory (a_from_acc), and (where registers allow) each
+// role reads its K or V fragments (the A operand of its first product) into registers once per thread block. Both
+// roles do Dqk + Dv columns of products per step (192 + 128 at Dqk = 192, Dv = 128): balanced. Blocks in the
+// head-grouped order of block_tile, so that the Q and dO a block streams is reused from L2 by the other blocks of
+// its head.
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
 #include "kernels/common/check.h"
@@ -39,45 +27,34 @@ namespace {
 
 // ---- configuration ------------------------------------------------------------------------------------------------
 
-// Columns of the dQ contribution taken by role 0 warps: about 2/3 (role 0 does the lighter dV and waits less), a
-// multiple of 16 in [16, Dqk - 16].
-constexpr int dq_cols_role0(int Dqk) {
-  const int steps = Dqk / 16, r0 = (2 * steps + 1) / 3;
-  return 16 * (r0 < 1 ? 1 : r0 > steps - 1 ? steps - 1 : r0);
-}
-
-template <int Dqk, int Dv, bool Fused>
+template <int Dqk, int Dv>
 struct SplitConfig {
   static constexpr int kGroups = 4;             // key groups of 16: warps per role
   static constexpr int kWarps = 2 * kGroups;    // role 0: warps 0..3, role 1: warps 4..7
   static constexpr int kThreads = 32 * kWarps;  // 256
   static constexpr int kBlockN = 16 * kGroups;  // keys of the thread block
-  static constexpr int kBlockM = 64;            // queries per step (= kBlockN: one dQ flag per query block)
+  static constexpr int kBlockM = 64;            // queries per step (= kBlockN: query blocks j.. for key block j)
   static constexpr int kST = kBlockM / 8;       // n-tiles of a warp's S^T / dP^T (16 x kBlockM)
   // K (role 0) and V (role 1) fragments held in registers, where they fit beside the accumulators (ptxas -v).
-  static constexpr bool kKeepK = !Fused && Dqk / 4 + Dv / 2 <= 112, kKeepV = Dv / 4 + Dqk / 2 <= 128;
-  static constexpr int kDqCols0 = dq_cols_role0(Dqk), kDqCols1 = Dqk - kDqCols0;
-  static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv), kPitchS = smem_pitch(kBlockM);
-  static constexpr int kPitchAcc = Dqk + 8;  // FP32 elements: rows 32 bytes apart modulo 128 (no bank conflicts)
+  static constexpr bool kKeepK = Dqk / 4 + Dv / 2 <= 112, kKeepV = Dv / 4 + Dqk / 2 <= 128;
+  static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv);
   // Shared memory (bytes): K [kBlockN][kPitchQK], V [kBlockN][kPitchV], Q [2][kBlockM][kPitchQK],
   // dO [2][kBlockM][kPitchV] (BF16); P^T exchange [kGroups][kST][32 lanes] float4; lse * log2e and D [2][kBlockM]
-  // (FP32); fused: dS^T [kBlockN][kPitchS] (BF16) and the dq_acc rows of the step [kBlockM][kPitchAcc] (FP32).
+  // (FP32).
   static constexpr int kOffV = 2 * kBlockN * kPitchQK;
   static constexpr int kOffQ = kOffV + 2 * kBlockN * kPitchV;
   static constexpr int kOffdO = kOffQ + 2 * 2 * kBlockM * kPitchQK;
   static constexpr int kOffP = kOffdO + 2 * 2 * kBlockM * kPitchV;
   static constexpr int kOffLse = kOffP + 16 * kGroups * kST * 32;
   static constexpr int kOffDelta = kOffLse + 4 * 2 * kBlockM;
-  static constexpr int kOffdS = kOffDelta + 4 * 2 * kBlockM;
-  static constexpr int kOffAcc = kOffdS + (Fused ? 2 * kBlockN * kPitchS : 0);
-  static constexpr int kSmemBytes = kOffAcc + (Fused ? 4 * kBlockM * kPitchAcc : 0);
+  static constexpr int kSmemBytes = kOffDelta + 4 * 2 * kBlockM;
 };
 
 // Pointers into the shared memory of SplitConfig.
 struct SplitSmem {
-  bf16 *k, *v, *q, *dout, *ds;
+  bf16 *k, *v, *q, *dout;
   float4* p;  // P^T exchange
-  float *lse2, *delta, *acc;
+  float *lse2, *delta;
 };
 
 // The work item of a thread block.
@@ -87,25 +64,6 @@ struct SplitItem {
   int n0;       // its first key
   int n_steps;  // query blocks j .. M - 1
 };
-
-// Starts the copy of rows row0 .. row0 + ROWS - 1 of an FP32 [rows][D] matrix (row r at base + r * D, 16-byte
-// aligned, D % 4 == 0) into smem [ROWS][pitch]; rows at or past row_end are zero-filled. All THREADS threads call
-// it. Each thread keeps one 16-byte column and steps over rows, so that its addresses advance by a constant (no
-// per-copy index arithmetic for the compiler to hoist out of the caller's loop and keep in registers).
-template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_rows_f32_async(float* smem, int pitch, const float* base, int row0, int row_end,
-                                                    int tid) {
-  constexpr int kChunks = D / 4, kRowsPerPass = THREADS / kChunks;
-  static_assert(kRowsPerPass >= 1, "a row of 16-byte pieces per pass at most");
-  if (tid >= kRowsPerPass * kChunks) return;
-  const int c = tid % kChunks, r0 = tid / kChunks;
-#pragma unroll
-  for (int r = r0; r < ROWS; r += kRowsPerPass) {
-    const bool valid = row0 + r < row_end;
-    detail::cp_async_16(smem + r * pitch + c * 4, base + (valid ? static_cast<int64_t>(row0 + r) * D : 0) + c * 4,
-                        valid);
-  }
-}
 
 // Named barrier 1 + kg (kg = 0..3) of the two warps of key group kg: role 0 arrives once its P^T is stored, role 1
 // waits for it.
@@ -185,14 +143,13 @@ __device__ __forceinline__ void role0_step(const BwdParams& p, const SplitSmem& 
   }
 }
 
-// Role 1's step: dP^T, dS^T = P^T (dP^T - D) with its partner's P^T (and, fused, dS^T to shared memory as BF16),
-// dK += dS^T Q.
-template <int Dqk, int Dv, typename C, bool Fused>
+// Role 1's step: dP^T, dS^T = P^T (dP^T - D) with its partner's P^T, dK += dS^T Q.
+template <int Dqk, int Dv, typename C>
 __device__ __forceinline__ void role1_step(const SplitSmem& sm, const bf16* sQs, const bf16* sdOs, const float* delta,
                                            const uint32_t (&vf)[C::kKeepV ? Dv / 16 : 1][4],
                                            float (&acc_dk)[Dqk / 8][4], int kg, int lane) {
   constexpr int kST = C::kST;
-  const int g = lane / 4, c = lane % 4, key_row0 = 16 * kg;
+  const int c = lane % 4, key_row0 = 16 * kg;
   float acc_dp[kST][4];
 #pragma unroll
   for (int j = 0; j < kST; ++j)
@@ -225,19 +182,10 @@ __device__ __forceinline__ void role1_step(const SplitSmem& sm, const bf16* sQs,
     acc_dp[j][2] = pv.z * (acc_dp[j][2] - d0);
     acc_dp[j][3] = pv.w * (acc_dp[j][3] - d1);
   }
-  // dS^T rounded to BF16 (A fragments of dK += dS^T Q, packed at once); fused: also to shared memory for dQ, where
-  // dsf[kk][i] holds (row g + 8 (i % 2), columns 16 kk + 8 (i / 2) + 2c, +1).
+  // dS^T rounded to BF16 (A fragments of dK += dS^T Q, packed at once).
   uint32_t dsf[C::kBlockM / 16][4];
 #pragma unroll
   for (int kk = 0; kk < C::kBlockM / 16; ++kk) a_from_acc(dsf[kk], acc_dp[2 * kk], acc_dp[2 * kk + 1]);
-  if constexpr (Fused) {
-#pragma unroll
-    for (int kk = 0; kk < C::kBlockM / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        *reinterpret_cast<uint32_t*>(sm.ds + (key_row0 + g + 8 * (i % 2)) * C::kPitchS + kk * 16 + 8 * (i / 2) +
-                                     2 * c) = dsf[kk][i];
-  }
 #pragma unroll
   for (int kk = 0; kk < C::kBlockM / 16; ++kk) {
 #pragma unroll
@@ -250,65 +198,14 @@ __device__ __forceinline__ void role1_step(const SplitSmem& sm, const bf16* sQs,
   }
 }
 
-// The fused dQ of one step for this warp: queries 16 kg.. of the step, columns col0 .. col0 + COLS - 1:
-// part = dS K over the block's 64 keys; then sum = part (first contributor) or the stored partial sum + part;
-// the last contributor writes dQ = scale * sum as BF16, the others store sum into dq_acc. The dS fragments are read
-// once; the columns go in chunks of 32 (or 16) so that only one chunk's accumulator is live.
-template <int Dqk, int COLS, typename C>
-__device__ __forceinline__ void dq_step(const BwdParams& p, const SplitSmem& sm, const SplitItem& it, int col0,
-                                        int kg, int lane, int m0, bool first, bool last) {
-  constexpr int kKS = C::kBlockN / 16, kChunk = COLS % 32 == 0 ? 32 : 16;
-  const int g = lane / 4, c = lane % 4, T = p.T;
-  uint32_t a[kKS][4];
-#pragma unroll
-  for (int kk = 0; kk < kKS; ++kk) load_a_trans(a[kk], sm.ds, C::kPitchS, 16 * kg, kk * 16, lane);
-#pragma unroll
-  for (int c0 = 0; c0 < COLS; c0 += kChunk) {
-    float acc[kChunk / 8][4];
-#pragma unroll
-    for (int j = 0; j < kChunk / 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[j][r] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kKS; ++kk)
-#pragma unroll
-      for (int jj = 0; jj < kChunk / 16; ++jj) {
-        uint32_t bk[4];
-        load_b_from_rows_k(bk, sm.k, C::kPitchQK, kk * 16, col0 + c0 + jj * 16, lane);
-        mma_bf16_16816(acc[2 * jj], a[kk], bk[0], bk[1]);
-        mma_bf16_16816(acc[2 * jj + 1], a[kk], bk[2], bk[3]);
-      }
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int r = 16 * kg + g + 8 * hr, q = m0 + r;
-      if (q >= T) continue;
-      const int col = col0 + c0 + 2 * c;
-      const float* prev = sm.acc + r * C::kPitchAcc + col;
-      float* acc_row = p.dq_acc + (it.bh * T + q) * Dqk + col;
-      bf16* dq_row = p.dq.data + (it.b * T + q) * p.dq.token_stride + it.h * p.dq.head_stride + col;
-#pragma unroll
-      for (int j = 0; j < kChunk / 8; ++j) {
-        float2 v = make_float2(acc[j][2 * hr], acc[j][2 * hr + 1]);
-        if (!first) {
-          const float2 s = *reinterpret_cast<const float2*>(prev + j * 8);
-          v.x = s.x + v.x;
-          v.y = s.y + v.y;
-        }
-        if (last) store_bf16x2(dq_row + j * 8, v.x * p.scale, v.y * p.scale);
-        else __stcg(reinterpret_cast<float2*>(acc_row + j * 8), v);
-      }
-    }
-  }
-}
-
 // ---- kernel -------------------------------------------------------------------------------------------------------
 
 // One role's whole sweep over the query blocks of the item; both roles pass the same block barriers in the same
 // order. Ends with dK (role 1) or dV (role 0) written.
-template <int Dqk, int Dv, bool Fused, int Role>
+template <int Dqk, int Dv, int Role>
 __device__ __forceinline__ void split_sweep(const BwdParams& p, const SplitSmem& sm, const SplitItem& it,
                                             float next_lse2, float next_delta) {
-  using C = SplitConfig<Dqk, Dv, Fused>;
+  using C = SplitConfig<Dqk, Dv>;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, kg = warp % C::kGroups;
   const int g = lane / 4, c = lane % 4, key_row0 = 16 * kg;
   const int T = p.T;
@@ -316,7 +213,6 @@ __device__ __forceinline__ void split_sweep(const BwdParams& p, const SplitSmem&
   const bf16* gdO = p.dout.data + it.b * T * p.dout.token_stride + it.h * p.dout.head_stride;
   const float* gL = p.lse + it.bh * T;
   const float* gD = p.delta + it.bh * T;
-  int* flags = Fused ? p.dq_flags + it.bh * ((T + C::kBlockM - 1) / C::kBlockM) : nullptr;
 
   // The A operand of this role's first product, from the K and V copy the prologue waited for.
   uint32_t kf[C::kKeepK ? Dqk / 16 : 1][4], vf[C::kKeepV ? Dv / 16 : 1][4];
@@ -343,23 +239,7 @@ __device__ __forceinline__ void split_sweep(const BwdParams& p, const SplitSmem&
       else sm.delta[buf * C::kBlockM + tid - C::kBlockM] = next_delta;
     }
     cp_async_wait<0>();  // Q and dO of this step
-    block_barrier();     // (A) ... visible to all; every warp is done with step i - 1
-    if constexpr (Fused) {
-      // Step i - 1's sums are stored (before barrier A): publish them to key block j - 1 at once (not after this
-      // step's wait, which would chain the releases of a head's key blocks one after the other).
-      if (tid == 0 && i > 0 && it.j > 0) {
-        __threadfence();
-        store_release_gpu(flags + mb - 1, i);
-      }
-      if (i > 0) {
-        // Each thread waits for the i key blocks after this one to have added into query block mb (already so in
-        // the steady state), then starts its part of the copy of the partial sum.
-        while (load_acquire_gpu(flags + mb) < i) __nanosleep(32);
-        load_rows_f32_async<C::kBlockM, Dqk, C::kThreads>(sm.acc, C::kPitchAcc, p.dq_acc + it.bh * T * Dqk, m0, T,
-                                                          tid);
-        cp_async_commit();
-      }
-    }
+    block_barrier();     // ... visible to all; every warp is done with step i - 1
     if (has_next) {  // Q and dO of the next step into the other stage (last read during step i - 1)
       const int m1 = m0 + C::kBlockM, next = buf ^ 1;
       load_tile_rows_async<C::kBlockM, Dqk, C::kThreads>(sm.q + next * C::kBlockM * C::kPitchQK, gQ, p.q.token_stride,
@@ -379,24 +259,7 @@ __device__ __forceinline__ void split_sweep(const BwdParams& p, const SplitSmem&
       role0_step<Dqk, Dv, C>(p, sm, sQs, sdOs, sm.lse2 + buf * C::kBlockM, kf, acc_out, kg, lane, i == 0, it.n0,
                              m0);
     else
-      role1_step<Dqk, Dv, C, Fused>(sm, sQs, sdOs, sm.delta + buf * C::kBlockM, vf, acc_out, kg, lane);
-
-    if constexpr (Fused) {
-      if (i > 0) {  // the partial sum has landed (the next step's copy may still fly)
-        if (has_next) cp_async_wait<1>();
-        else cp_async_wait<0>();
-      }
-      block_barrier();  // (B) dS^T and the partial sum visible to all
-      if constexpr (Role == 0) dq_step<Dqk, C::kDqCols0, C>(p, sm, it, 0, kg, lane, m0, i == 0, it.j == 0);
-      else dq_step<Dqk, C::kDqCols1, C>(p, sm, it, C::kDqCols0, kg, lane, m0, i == 0, it.j == 0);
-    }
-  }
-  if constexpr (Fused) {  // publish the last step's sums
-    block_barrier();
-    if (tid == 0 && it.j > 0) {
-      __threadfence();
-      store_release_gpu(flags + it.j + it.n_steps - 1, it.n_steps);
-    }
+      role1_step<Dqk, Dv, C>(sm, sQs, sdOs, sm.delta + buf * C::kBlockM, vf, acc_out, kg, lane);
   }
 
   // dK = scale dS^T Q (role 1), dV = P^T dO (role 0); keys past T dropped.
@@ -417,16 +280,14 @@ __device__ __forceinline__ void split_sweep(const BwdParams& p, const SplitSmem&
   }
 }
 
-// Unfused: blocks over (sequence-head bh, key block j) in block_tile's order with p.group_heads (tile = j: the first
-// key blocks, with the most queries, first), grid tile_grid's. Fused: grid (B*H, ceil(T / 64)), the item of a block
-// comes from the ticket counter (see the top of the file).
-template <int Dqk, int Dv, bool Fused>
-__global__ void __launch_bounds__(SplitConfig<Dqk, Dv, Fused>::kThreads, 1)
-    flash_attention_backward_split_kernel(BwdParams p) {
-  using C = SplitConfig<Dqk, Dv, Fused>;
+// Blocks over (sequence-head bh, key block j) in block_tile's order with p.group_heads (tile = j: the first key
+// blocks, with the most queries, first), grid tile_grid's.
+template <int Dqk, int Dv>
+__global__ void __launch_bounds__(SplitConfig<Dqk, Dv>::kThreads, 1)
+    flash_attention_backward_dkdv_role_split_kernel(BwdParams p) {
+  using C = SplitConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
-  static_assert(C::kBlockM == C::kBlockN, "one dQ flag per query block needs query steps as long as key blocks");
-  static_assert(C::kDqCols0 % 16 == 0 && C::kDqCols1 % 16 == 0 && C::kDqCols1 > 0, "dQ columns in ldmatrix pairs");
+  static_assert(C::kBlockM == C::kBlockN, "query steps as long as key blocks: key block j starts at query block j");
   static_assert(C::kSmemBytes <= 227 * 1024, "tiles exceed the 227 KiB of shared memory of a Hopper thread block");
   static_assert(Dqk / 2 + C::kST * 4 + (C::kKeepV ? Dv / 4 : 0) <= 192 &&
                     Dv / 2 + C::kST * 4 + (C::kKeepK ? Dqk / 4 : 0) <= 192,
@@ -437,25 +298,14 @@ __global__ void __launch_bounds__(SplitConfig<Dqk, Dv, Fused>::kThreads, 1)
                      reinterpret_cast<bf16*>(smem + C::kOffV),
                      reinterpret_cast<bf16*>(smem + C::kOffQ),
                      reinterpret_cast<bf16*>(smem + C::kOffdO),
-                     reinterpret_cast<bf16*>(smem + C::kOffdS),
                      reinterpret_cast<float4*>(smem + C::kOffP),
                      reinterpret_cast<float*>(smem + C::kOffLse),
-                     reinterpret_cast<float*>(smem + C::kOffDelta),
-                     reinterpret_cast<float*>(smem + C::kOffAcc)};
+                     reinterpret_cast<float*>(smem + C::kOffDelta)};
   const int tid = threadIdx.x, warp = tid / 32;
   const int T = p.T, n_kb = (T + C::kBlockN - 1) / C::kBlockN;
 
   SplitItem it{};
-  if constexpr (Fused) {
-    __shared__ unsigned long long s_ticket;
-    if (tid == 0) s_ticket = atomicAdd(p.ticket, 1ull);
-    __syncthreads();
-    const unsigned long long t = s_ticket;
-    it.bh = static_cast<int64_t>(t / n_kb);
-    it.j = n_kb - 1 - static_cast<int>(t % n_kb);
-  } else {
-    if (!block_tile(p.group_heads, p.bh_count, it.bh, it.j)) return;
-  }
+  if (!block_tile(p.group_heads, p.bh_count, it.bh, it.j)) return;
   it.b = it.bh / p.H;
   it.h = it.bh % p.H;
   it.n0 = it.j * C::kBlockN;
@@ -479,30 +329,28 @@ __global__ void __launch_bounds__(SplitConfig<Dqk, Dv, Fused>::kThreads, 1)
   cp_async_wait<0>();
   __syncthreads();  // K and V (and the first Q, dO, lse, D) visible: the sweeps read their K or V fragments
 
-  if (warp < C::kGroups) split_sweep<Dqk, Dv, Fused, 0>(p, sm, it, 0.0f, 0.0f);
-  else split_sweep<Dqk, Dv, Fused, 1>(p, sm, it, 0.0f, 0.0f);
+  if (warp < C::kGroups) split_sweep<Dqk, Dv, 0>(p, sm, it, 0.0f, 0.0f);
+  else split_sweep<Dqk, Dv, 1>(p, sm, it, 0.0f, 0.0f);
 }
 
-template <int Dqk, int Dv, bool Fused>
-void launch_split(const BwdParams& p, int64_t B, cudaStream_t stream) {
-  using C = SplitConfig<Dqk, Dv, Fused>;
-  auto* kernel = flash_attention_backward_split_kernel<Dqk, Dv, Fused>;
+template <int Dqk, int Dv>
+void launch_role_split_dkdv(const BwdParams& p, cudaStream_t stream) {
+  using C = SplitConfig<Dqk, Dv>;
+  auto* kernel = flash_attention_backward_dkdv_role_split_kernel<Dqk, Dv>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const int64_t tiles = (p.T + C::kBlockN - 1) / C::kBlockN;
-  const dim3 grid = Fused ? dim3(static_cast<unsigned>(B * p.H), static_cast<unsigned>(tiles))
-                          : tile_grid(p.group_heads, p.bh_count, tiles);
+  const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + C::kBlockN - 1) / C::kBlockN);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_backward_split(bool fused_dq, const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
-                           cudaStream_t stream) {
+void launch_backward_role_split_dkdv(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
   with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
     constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if (fused_dq) launch_split<kDqk, kDv, true>(p, B, stream);
-    else launch_split<kDqk, kDv, false>(p, B, stream);
+    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::role_split)
+      launch_role_split_dkdv<kDqk, kDv>(p, stream);
+    else FP4MOE_CHECK(false, "launch_backward_role_split_dkdv: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
   });
 }
 

@@ -1,16 +1,16 @@
-// Causal flash attention, forward (flash_attention.h): one thread block per (query block, sequence, head), K and V
-// streamed through shared memory in key blocks (double-buffered cp.async), online softmax in registers.
+// Causal flash attention, forward (flash_attention.h), the key64 kernel (attention_heuristics.h: the pairs with
+// Dqk < 128): one thread block per (query block, sequence, head), K and V streamed through shared memory in 64-key
+// blocks (double-buffered cp.async), online softmax in registers.
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/attention/attention_checks.h"
+#include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
-#include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
 
-namespace fp4moe {
-namespace attn {
+namespace fp4moe::attn {
+namespace {
 
 // ---- configuration ------------------------------------------------------------------------------------------------
 
@@ -32,10 +32,9 @@ struct FwdConfig {
 
 // ---- kernel -------------------------------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first. kRowCopies: the tile
-// copy order (copy_tile_async); false for flash_attention_forward, true for forward variant 1.
-template <int Dqk, int Dv, bool kRowCopies>
-__global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_forward_kernel(FwdParams p) {
+// grid (B*H, ceil(T / kBlockM)); the last query blocks (the most keys) are scheduled first.
+template <int Dqk, int Dv>
+__global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_forward_key64_kernel(FwdParams p) {
   using C = FwdConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
   static_assert(C::kBlockN % 16 == 0 && C::kBlockM % 16 == 0, "tiles must be multiples of 16");
@@ -61,9 +60,9 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
   const bf16* gK = p.k.data + b * T * p.k.token_stride + h * p.k.head_stride;
   const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
 
-  copy_tile_async<kRowCopies, C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
-  copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
+  load_tile_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
+  load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
+  load_tile_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
   cp_async_commit();
 
   float acc_o[C::kMTiles][kVT][4];
@@ -82,10 +81,10 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
     const int stage = nb & 1, n0 = nb * C::kBlockN;
     if (nb + 1 < n_blocks) {  // prefetch the next key block into the other stage (free since the last barrier)
       const int next = stage ^ 1;
-      copy_tile_async<kRowCopies, C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK,
-                                                                p.k.token_stride, n0 + C::kBlockN, T, tid);
-      copy_tile_async<kRowCopies, C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV,
-                                                               p.v.token_stride, n0 + C::kBlockN, T, tid);
+      load_tile_async<C::kBlockN, Dqk, C::kThreads>(sK + next * C::kBlockN * C::kPitchQK, gK, p.k.token_stride,
+                                                    n0 + C::kBlockN, T, tid);
+      load_tile_async<C::kBlockN, Dv, C::kThreads>(sV + next * C::kBlockN * C::kPitchV, gV, p.v.token_stride,
+                                                   n0 + C::kBlockN, T, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -203,32 +202,24 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
 
 // ---- launcher -----------------------------------------------------------------------------------------------------
 
-template <int Dqk, int Dv, bool kRowCopies>
+template <int Dqk, int Dv>
 void launch_forward(const FwdParams& p, int64_t B, cudaStream_t stream) {
   using C = FwdConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_forward_kernel<Dqk, Dv, kRowCopies>;
+  auto* kernel = flash_attention_forward_key64_kernel<Dqk, Dv>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + C::kBlockM - 1) / C::kBlockM));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_forward_v0(bool row_copies, const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
-                       cudaStream_t stream) {
+}  // namespace
+
+void launch_forward_key64(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
   with_head_dims("flash_attention_forward", Dqk, Dv, [&](auto dqk, auto dv) {
     constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if (row_copies) launch_forward<kDqk, kDv, true>(p, B, stream);
-    else launch_forward<kDqk, kDv, false>(p, B, stream);
+    if constexpr (forward_kernel_for(kDqk, kDv) == FwdKernel::key64) launch_forward<kDqk, kDv>(p, B, stream);
+    else FP4MOE_CHECK(false, "launch_forward_key64: (Dqk, Dv) = ({},{}) takes another kernel", kDqk, kDv);
   });
 }
 
-}  // namespace attn
-
-void flash_attention_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o, float* lse,
-                             cudaStream_t stream) {
-  if (!attn_detail::check_forward_call("flash_attention_forward", s, q, k, v, o, lse)) return;
-  const attn::FwdParams p{q, k, v, o, lse, static_cast<int>(s.T), static_cast<int>(s.H), s.scale * attn::kLog2e};
-  attn::launch_forward_v0(false, p, s.B, s.Dqk, s.Dv, stream);
-}
-
-}  // namespace fp4moe
+}  // namespace fp4moe::attn

@@ -1,19 +1,17 @@
-// Causal flash attention, forward variants 2 to 4 (flash_attention_variants.h): the arithmetic of variant 0
-// (flash_attention_fwd.cu: the same products, online softmax and roundings, element by element in the same order,
-// so that with variant 0's tiles the results are variant 0's bits), with the row-stepping copies of variant 1
-// (load_tile_rows_async), one barrier per key block instead of two, and the block order of block_tile.
-//   2, 4: variant 0's tiles with the warp's Q fragments loaded from shared memory into registers once, before the
-//      key loop: S = Q K^T then reads only K from shared memory (5 -> 4 ldmatrix per 8 mma at 16 rows per warp).
-//   3: 32 query rows per warp (4 warps, 128-row query tiles) against 32-key blocks: every K and V fragment feeds
-//      two m-tiles (S: 4 ldmatrix per 8 mma, P V: 1 per 4), the score fragments stay small enough for the 32-row
-//      output accumulator, and two thread blocks fit an SM (94 KiB of shared memory at Dqk = 192, Dv = 128).
-//      At Dv = 192 the output accumulator of 32 rows would not fit in registers: 16 rows, 8 warps there. The
-//      online softmax rescales every 32 keys instead of 64: O and lse differ from variant 0's by FP32 rounding.
+// Causal flash attention, forward (flash_attention.h), the key32 kernel (attention_heuristics.h: the pairs with
+// Dqk >= 128): the arithmetic of the key64 kernel (flash_attention_fwd.cu: the same products, online softmax and
+// roundings) with 32 query rows per warp (4 warps, 128-row query tiles) against 32-key blocks: every K and V fragment
+// read from shared memory feeds two m-tiles (S: 4 ldmatrix per 8 mma, P V: 1 per 4), the score fragments stay small
+// enough for the 32-row output accumulator, and two thread blocks fit an SM (94 KiB of shared memory at Dqk = 192,
+// Dv = 128). At Dv = 192 the output accumulator of 32 rows would not fit in registers: 16 rows, 8 warps there. The
+// online softmax rescales every 32 keys instead of 64: O and lse differ from the key64 kernel's by FP32 rounding.
+// Tile copies step over rows (load_tile_rows_async); blocks in the head-grouped order of block_tile.
 // Pipeline: K/V blocks double-buffered; at each key block: wait for its copy, one barrier (the copy is visible and
 // every warp is done with the previous block, whose stage the next prefetch then overwrites), prefetch, compute.
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
 #include "kernels/common/check.h"
@@ -23,12 +21,11 @@ namespace {
 
 // ---- configuration ------------------------------------------------------------------------------------------------
 
-// Each warp owns kMTiles * 16 query rows of the block's kBlockM; key blocks of kBlockN; kQInRegs keeps the warp's
-// Q fragments (kMTiles * Dqk / 4 registers) for the whole key loop.
-template <int Dqk, int Dv, int MTiles, int Warps, int BlockN, bool QInRegs>
-struct TiledFwdConfig {
-  static constexpr int kMTiles = MTiles, kWarps = Warps, kBlockN = BlockN;
-  static constexpr bool kQInRegs = QInRegs;
+// Each warp owns kMTiles * 16 query rows of the block's kBlockM; 32-key blocks; 32 rows per warp and 4 warps, or
+// 16 rows and 8 warps at Dv > 128.
+template <int Dqk, int Dv>
+struct Key32FwdConfig {
+  static constexpr int kMTiles = Dv <= 128 ? 2 : 1, kWarps = Dv <= 128 ? 4 : 8, kBlockN = 32;
   static constexpr int kBlockM = 16 * kMTiles * kWarps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPitchQK = smem_pitch(Dqk), kPitchV = smem_pitch(Dv);
@@ -36,28 +33,18 @@ struct TiledFwdConfig {
   static constexpr int kSmemBytes = 2 * (kBlockM * kPitchQK + 2 * kBlockN * (kPitchQK + kPitchV));
 };
 
-// Variants 2 and 4: variant 0's tiles (32 rows per warp and 4 warps up to Dqk = 96, else 16 rows and 8 warps; 64-key
-// blocks), Q in registers where it fits beside the accumulators without spilling (ptxas -v): 16 rows per warp with
-// Dv <= 128, or 32 rows up to Dqk = 64.
-template <int Dqk, int Dv>
-using FwdV2 = TiledFwdConfig<Dqk, Dv, Dqk >= 128 ? 1 : 2, Dqk >= 128 ? 8 : 4, 64,
-                             (Dqk >= 128 && Dv <= 128) || Dqk <= 64>;
-
-// Variant 3: 32 rows per warp, 4 warps, 32-key blocks, Q from shared memory (16 rows and 8 warps at Dv > 128).
-template <int Dqk, int Dv>
-using FwdV3 = TiledFwdConfig<Dqk, Dv, Dv <= 128 ? 2 : 1, Dv <= 128 ? 4 : 8, 32, false>;
-
 // ---- kernel -------------------------------------------------------------------------------------------------------
 
 // Blocks over (sequence-head, 128-row query tile) in block_tile's order with p.group_heads; tile 0 is the last
 // query tile (the most keys): the heaviest first.
-template <int Dqk, int Dv, typename C>
-__global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_kernel(FwdParams p) {
+template <int Dqk, int Dv>
+__global__ void __launch_bounds__(Key32FwdConfig<Dqk, Dv>::kThreads)
+    flash_attention_forward_key32_kernel(FwdParams p) {
+  using C = Key32FwdConfig<Dqk, Dv>;
   static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
   static_assert(C::kBlockN % 16 == 0 && C::kBlockM % 16 == 0, "tiles must be multiples of 16");
   static_assert(C::kSmemBytes <= 227 * 1024, "tiles exceed the 227 KiB of shared memory of a Hopper thread block");
-  static_assert(C::kMTiles * (Dv / 2 + C::kBlockN / 2 + (C::kQInRegs ? Dqk / 4 : 0)) <= 192,
-                "accumulators and Q fragments would not fit in registers");
+  static_assert(C::kMTiles * (Dv / 2 + C::kBlockN / 2) <= 192, "accumulators would not fit in registers");
   constexpr int kNT = C::kBlockN / 8;  // n-tiles of a score row block
   constexpr int kVT = Dv / 8;          // n-tiles of an output row block
   constexpr int kKS = Dqk / 16;        // k-steps of S = Q K^T
@@ -82,22 +69,13 @@ __global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_ker
   const bf16* gK = p.k.data + b * T * p.k.token_stride + h * p.k.head_stride;
   const bf16* gV = p.v.data + b * T * p.v.token_stride + h * p.v.head_stride;
 
+  // Q and the first key block as two cp.async groups, as measured (one group: 248 registers instead of 251 at
+  // (192, 128), a different schedule); the first wait of the key loop takes both.
   load_tile_rows_async<C::kBlockM, Dqk, C::kThreads>(sQ, gQ, p.q.token_stride, m0, T, tid);
   cp_async_commit();
   load_tile_rows_async<C::kBlockN, Dqk, C::kThreads>(sK, gK, p.k.token_stride, 0, T, tid);
   load_tile_rows_async<C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
   cp_async_commit();
-
-  // The warp's Q fragments, (m-tile, k-step); read once the Q copy has landed (the first key block may still fly).
-  uint32_t qf[C::kQInRegs ? C::kMTiles : 1][C::kQInRegs ? kKS : 1][4];
-  if constexpr (C::kQInRegs) {
-    cp_async_wait<1>();
-    __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int kk = 0; kk < kKS; ++kk) load_a(qf[mt][kk], sQ, C::kPitchQK, warp_row0 + mt * 16, kk * 16, lane);
-  }
 
   float acc_o[C::kMTiles][kVT][4];
   float row_max[C::kMTiles][2], row_sum[C::kMTiles][2];  // rows g and g + 8 of each m-tile; raw scores, partial sums
@@ -113,7 +91,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_ker
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb & 1, n0 = nb * C::kBlockN;
-    cp_async_wait<0>();  // this key block (the only copy in flight)
+    cp_async_wait<0>();  // this key block (at the first, also Q): nothing else in flight
     __syncthreads();     // ... visible to all; every warp is done with key block nb - 1 (the other stage)
     if (nb + 1 < n_blocks) {
       const int next = stage ^ 1;
@@ -139,14 +117,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_ker
     for (int kk = 0; kk < kKS; ++kk) {
       uint32_t a[C::kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt) {
-        if constexpr (C::kQInRegs) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) a[mt][r] = qf[mt][kk][r];
-        } else {
-          load_a(a[mt], sQ, C::kPitchQK, warp_row0 + mt * 16, kk * 16, lane);
-        }
-      }
+      for (int mt = 0; mt < C::kMTiles; ++mt) load_a(a[mt], sQ, C::kPitchQK, warp_row0 + mt * 16, kk * 16, lane);
 #pragma unroll
       for (int jj = 0; jj < kNT / 2; ++jj) {
         uint32_t bk[4];
@@ -237,9 +208,10 @@ __global__ void __launch_bounds__(C::kThreads) flash_attention_forward_tiled_ker
     }
 }
 
-template <int Dqk, int Dv, typename C>
-void launch_tiled(const FwdParams& p, cudaStream_t stream) {
-  auto* kernel = flash_attention_forward_tiled_kernel<Dqk, Dv, C>;
+template <int Dqk, int Dv>
+void launch_forward(const FwdParams& p, cudaStream_t stream) {
+  using C = Key32FwdConfig<Dqk, Dv>;
+  auto* kernel = flash_attention_forward_key32_kernel<Dqk, Dv>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + C::kBlockM - 1) / C::kBlockM);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
@@ -248,12 +220,11 @@ void launch_tiled(const FwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void launch_forward_tiled(int tiles, const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  FP4MOE_CHECK(tiles == 2 || tiles == 3, "launch_forward_tiled: tiles must be 2 or 3, got {}", tiles);
+void launch_forward_key32(const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
   with_head_dims("flash_attention_forward", Dqk, Dv, [&](auto dqk, auto dv) {
     constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if (tiles == 2) launch_tiled<kDqk, kDv, FwdV2<kDqk, kDv>>(p, stream);
-    else launch_tiled<kDqk, kDv, FwdV3<kDqk, kDv>>(p, stream);
+    if constexpr (forward_kernel_for(kDqk, kDv) == FwdKernel::key32) launch_forward<kDqk, kDv>(p, stream);
+    else FP4MOE_CHECK(false, "launch_forward_key32: (Dqk, Dv) = ({},{}) takes another kernel", kDqk, kDv);
   });
 }
 

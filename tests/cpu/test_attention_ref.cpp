@@ -1,15 +1,16 @@
 // CPU reference of causal attention (kernels/attention/flash_attention.h): backward against central finite
 // differences of forward (double), causality within each sequence, lse against a direct log-sum-exp, float against
-// double, large scores; and the GPU launchers' argument checks, which run before any CUDA call (no GPU needed: the
-// fake device pointers below are never dereferenced).
+// double, large scores; the GPU launchers' argument checks, which run before any CUDA call (no GPU needed: the
+// fake device pointers below are never dereferenced); and the kernel choice per (Dqk, Dv) pair.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/flash_attention.h"
-#include "kernels/attention/flash_attention_variants.h"
 #include "kernels/common/check.h"
 #include "tests/cpu/nn_ref_test_util.h"
 
@@ -263,77 +264,21 @@ TEST(AttentionLaunchChecks, BadShapesAreRejectedAndEmptyShapesLaunchNothing) {
   expect_error_mentions([] { flash_attention_backward_workspace_bytes({1, -2, 1, 96, 64, 0.1f}); }, {"T=-2"});
 }
 
-// ---- the variant entry points (flash_attention_variants.h): the same checks, plus the id and the workspace ---------
+// ---- the kernel choice (attention_heuristics.h) ----------------------------------------------------------------
 
-TEST(AttentionVariantChecks, IdsOutsideTheRangeAreRejected) {
-  Launch l;
-  for (int bad : {-1, attn_detail::kForwardVariants})
-    expect_error_mentions(
-        [&] { attn_detail::flash_attention_forward_variant(bad, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
-        {"flash_attention_forward_variant", "variant must be in [0, 5)", std::to_string(bad).c_str()});
-  for (int bad : {-1, attn_detail::kBackwardVariants}) {
-    expect_error_mentions([&] { attn_detail::flash_attention_backward_variant_workspace_bytes(bad, l.s); },
-                          {"variant must be in [0, 5)"});
-    expect_error_mentions([&] { attn_detail::backward_variant_summary(bad); }, {"variant must be in [0, 5)"});
+TEST(AttentionHeuristics, DqkFrom128TakesTheKey32ForwardAndTheRoleSplitBackward) {
+  for (const auto& pair : kAttentionPairs) {
+    SCOPED_TRACE(testing::Message() << "(Dqk, Dv) = (" << pair[0] << ", " << pair[1] << ")");
+    const bool large = pair[0] >= 128;
+    EXPECT_EQ(attn::forward_kernel_for(pair[0], pair[1]), large ? attn::FwdKernel::key32 : attn::FwdKernel::key64);
+    EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1]),
+              large ? attn::BwdKernels::role_split : attn::BwdKernels::column_split);
   }
-  expect_error_mentions([] { attn_detail::forward_variant_summary(7); }, {"got 7"});
-  for (int v = 0; v < attn_detail::kForwardVariants; ++v) EXPECT_NE(attn_detail::forward_variant_summary(v), nullptr);
-  for (int v = 0; v < attn_detail::kBackwardVariants; ++v) EXPECT_NE(attn_detail::backward_variant_summary(v), nullptr);
-}
-
-TEST(AttentionVariantChecks, EveryVariantChecksItsArgumentsLikeThePublicFunctions) {
-  static_assert(attn_detail::kForwardVariants == attn_detail::kBackwardVariants, "one loop over both");
-  for (int v = 0; v < attn_detail::kBackwardVariants; ++v) {
-    SCOPED_TRACE("variant " + std::to_string(v));
-    Launch l;
-    l.s.Dqk = 160;
-    expect_error_mentions(
-        [&] { attn_detail::flash_attention_forward_variant(v, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
-        {"flash_attention_forward_variant", "(160,128)", "(192,128)"});
-    l.s.Dqk = 192;
-    l.q.token_stride = 3 * 192 + 4;
-    expect_error_mentions(
-        [&] { attn_detail::flash_attention_forward_variant(v, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
-        {"q.token_stride", "multiple of 8"});
-    l.q.token_stride = 3 * 192;
-    const AttnIn oi{l.o.data, l.o.token_stride, l.o.head_stride};
-    const AttnOut dq{fake_device_pointer<bf16>(0x600000), l.q.token_stride, l.q.head_stride};
-    const AttnOut dk{fake_device_pointer<bf16>(0x700000), l.k.token_stride, l.k.head_stride};
-    const AttnOut dv{fake_device_pointer<bf16>(0x800000), l.o.token_stride, l.o.head_stride};
-    const auto backward = [&](void* ws) {
-      attn_detail::flash_attention_backward_variant(v, l.s, l.q, l.k, l.v, oi, oi, l.lse, dq, dk, dv, ws, nullptr);
-    };
-    expect_error_mentions([&] { backward(nullptr); }, {"flash_attention_backward_variant", "workspace is null"});
-    if (v == 3)  // the FP32 accumulator and the ticket need 16-byte alignment
-      expect_error_mentions([&] { backward(fake_device_pointer<void>(0x900008)); },
-                            {"variant 3 needs a 16-byte aligned workspace", "0x900008"});
-    for (int which = 0; which < 3; ++which) {  // B, T or H = 0: nothing to do, pointers not looked at
-      AttentionShape s{2, 37, 3, 96, 64, 0.1f};
-      (which == 0 ? s.B : which == 1 ? s.T : s.H) = 0;
-      EXPECT_NO_THROW(attn_detail::flash_attention_forward_variant(v, s, {}, {}, {}, {}, nullptr, nullptr));
-      EXPECT_NO_THROW(attn_detail::flash_attention_backward_variant(v, s, {}, {}, {}, {}, {}, nullptr, {}, {}, {},
-                                                                    nullptr, nullptr));
-      EXPECT_EQ(attn_detail::flash_attention_backward_variant_workspace_bytes(v, s), 0);
-    }
-  }
-}
-
-TEST(AttentionVariantChecks, WorkspaceBytes) {
-  const AttentionShape s{2, 37, 3, 96, 64, 0.1f};
-  for (int v = 0; v < attn_detail::kBackwardVariants; ++v) {
-    if (v == 3) continue;
-    EXPECT_EQ(attn_detail::flash_attention_backward_variant_workspace_bytes(v, s),
-              flash_attention_backward_workspace_bytes(s));
-  }
-  // D: 2*3*37*4 = 888 -> 1024; dQ accumulator: 2*3*37*96*4 = 85248 (a multiple of 256); flags: 2*3*1 ints -> 256;
-  // ticket counter: 256.
-  EXPECT_EQ(attn_detail::flash_attention_backward_variant_workspace_bytes(3, s), 1024 + 85248 + 256 + 256);
-  // The MLA shape: 384 MiB of accumulator, 2 MiB of D, 32 KiB of flags.
-  const AttentionShape mla{1, 4096, 128, 192, 128, 0.0721688f};
-  EXPECT_EQ(attn_detail::flash_attention_backward_variant_workspace_bytes(3, mla),
-            (int64_t{384} << 20) + (int64_t{2} << 20) + (int64_t{32} << 10) + 256);
-  expect_error_mentions(
-      [] { attn_detail::flash_attention_backward_variant_workspace_bytes(3, {1, 2, -1, 96, 64, 0.1f}); }, {"H=-1"});
+  // The measured shapes: MLA's (192, 128) and `small`'s (96, 64).
+  static_assert(attn::forward_kernel_for(192, 128) == attn::FwdKernel::key32);
+  static_assert(attn::backward_kernels_for(192, 128) == attn::BwdKernels::role_split);
+  static_assert(attn::forward_kernel_for(96, 64) == attn::FwdKernel::key64);
+  static_assert(attn::backward_kernels_for(96, 64) == attn::BwdKernels::column_split);
 }
 
 }  // namespace
