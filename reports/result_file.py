@@ -124,3 +124,47 @@ def check_readable(path):
 
 def is_number(v):
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def replace_table(path, table_path, columns, attributes, new_file_root):
+    """Adds (or replaces) the table at `table_path` (e.g. "/bench/attention_torch") in the result file `path`, or
+    creates the file with the root attributes `new_file_root()` (called only then). columns and attributes as in
+    write_table. Atomic: the file is copied to a temporary name, changed there, synced and renamed over `path`, so a
+    crash leaves the old file whole. Raises SchemaError for an existing file of another schema (nothing written)."""
+    import shutil
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        if os.path.exists(path):
+            with h5py.File(path, "r") as f:
+                check_schema(path, f)
+            shutil.copyfile(path, tmp)
+        with h5py.File(tmp, "r+" if os.path.exists(tmp) else "w") as f:
+            if "schema_version" not in f.attrs:
+                for k, v in new_file_root().items():
+                    set_attribute(f, k, v)
+            if table_path.lstrip("/") in f:
+                del f[table_path.lstrip("/")]
+            write_table(f, table_path, columns, attributes)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def unwritable(path):
+    """Why the result file `path` cannot be written ("" when it can), checked before anything is measured; creates
+    its folder when missing."""
+    if os.path.isdir(path):
+        return "is a folder, expected the path of a file to write"
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        return f"cannot create the folder '{folder}': {e.strerror}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder '{folder}' is not writable"
+    return ""

@@ -39,7 +39,6 @@ import math
 import os
 import re
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
@@ -275,46 +274,16 @@ def root_attributes(torch, command):
 
 def write_into(path, rows, attributes, new_file_root):
     """Adds (or replaces) /bench/attention_torch in the result file `path`, or creates it with the root attributes
-    `new_file_root()`; through a temporary copy renamed over `path`."""
-    import h5py
-
+    `new_file_root()`; atomically (reports/result_file.py replace_table)."""
     from reports import result_file
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        if os.path.exists(path):
-            with h5py.File(path, "r") as f:
-                result_file.check_schema(path, f)
-            shutil.copyfile(path, tmp)
-        with h5py.File(tmp, "r+" if os.path.exists(tmp) else "w") as f:
-            if "schema_version" not in f.attrs:
-                for k, v in new_file_root().items():
-                    result_file.set_attribute(f, k, v)
-            if f"bench/{FAMILY}" in f:
-                del f[f"bench/{FAMILY}"]
-            result_file.write_table(f, f"/bench/{FAMILY}", [(c, kind, [r[c] for r in rows]) for c, kind in COLUMNS],
-                                    attributes)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    result_file.replace_table(path, f"/bench/{FAMILY}", [(c, kind, [r[c] for r in rows]) for c, kind in COLUMNS],
+                              attributes, new_file_root)
 
 
 def unwritable(path):
-    """Why the result file `path` cannot be written ("" when it can), checked before anything is measured; creates
-    its folder when missing."""
-    if os.path.isdir(path):
-        return "is a folder, expected the path of a file to write"
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        return f"cannot create the folder '{folder}': {e.strerror}"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"the folder '{folder}' is not writable"
-    return ""
+    """Why the result file `path` cannot be written ("" when it can); reports/result_file.py unwritable."""
+    from reports import result_file
+    return result_file.unwritable(path)
 
 
 # ---- main ----------------------------------------------------------------------------------------------------------

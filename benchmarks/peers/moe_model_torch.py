@@ -914,36 +914,13 @@ def table_attributes(r, command):
 
 def write_into(path, rows, attributes, command):
     """Adds (or replaces) /bench/moe_model_torch in the result file `path`, or creates it with this machine's root
-    attributes (group_linear_torch.root_attributes); through a temporary copy renamed over `path`."""
-    import shutil
-
-    import h5py
-
+    attributes (group_linear_torch.root_attributes); atomically (reports/result_file.py replace_table)."""
     sys.path.insert(0, ROOT)
     sys.path.insert(0, PEERS)
     import group_linear_torch
     from reports import result_file
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        if os.path.exists(path):
-            with h5py.File(path, "r") as f:
-                result_file.check_schema(path, f)
-            shutil.copyfile(path, tmp)
-        with h5py.File(tmp, "r+" if os.path.exists(tmp) else "w") as f:
-            if "schema_version" not in f.attrs:
-                for k, v in group_linear_torch.root_attributes(torch, command).items():
-                    result_file.set_attribute(f, k, v)
-            if f"bench/{FAMILY}" in f:
-                del f[f"bench/{FAMILY}"]
-            result_file.write_table(f, f"/bench/{FAMILY}", [(c, kind, [r[c] for r in rows]) for c, kind in COLUMNS],
-                                    attributes)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    result_file.replace_table(path, f"/bench/{FAMILY}", [(c, kind, [r[c] for r in rows]) for c, kind in COLUMNS],
+                              attributes, lambda: group_linear_torch.root_attributes(torch, command))
 
 
 # ---- main ------------------------------------------------------------------------------------------------------------
