@@ -5,7 +5,9 @@
 //
 // Shapes: DeepSeek-V3 routed experts, fused gate/up (N = 4096, K = 7168) and down (N = 7168, K = 2048), 16384
 // routed tokens per GPU split over 8 experts (about 2048 each) or 32 experts (about 512 each); the split is
-// seeded, ragged (+-25 %, sizes not multiples of 4) and never empty. Operands: seeded random codes and power-of-two
+// seeded, ragged (+-25 %, sizes not multiples of 4) and never empty; "8x2048 even": exactly 2048 each. Every
+// grouped case runs on one stream (case names without '@') and on 2 and 4 concurrent streams (suffix @s2, @s4;
+// GroupedGemmTuning). Operands: seeded random codes and power-of-two
 // scales (FP8), seeded random values (BF16), never zeros; weights alone exceed twice the 60 MB L2 except for the
 // 32 x 512 down case (117 MB), so launches read from HBM.
 // Timing: CUDA events around one grouped call (all its cuBLASLt launches), Google Benchmark's manual time, after a
@@ -98,18 +100,28 @@ class Pool {
 // ---- cases --------------------------------------------------------------------------------------------------------
 
 struct Case {
-  std::string op, recipe, shape;  // op: fprop/dgrad/wgrad; recipe: bf16/fp8; shape: "up E8" etc.
+  std::string op, recipe, shape;  // op: fprop/dgrad/wgrad; recipe: bf16/fp8; shape: "up 8x2048" etc.
   int64_t N = 0, K = 0, G = 0;
   bool dense = false;
-  std::string name() const { return fmt::format("{}/{}/{}{}", op, recipe, shape, dense ? "/dense" : ""); }
+  bool even = false;  // G groups of exactly kTokens / G tokens (else ragged +-25 %)
+  GroupedGemmTuning tuning{};
+  std::string tuning_label() const { return label_of(tuning); }
+  std::string name() const {
+    return fmt::format("{}/{}/{}{}{}", op, recipe, shape, dense ? "/dense" : "",
+                       tuning_label() == "none" ? std::string() : "@" + tuning_label());
+  }
+  // "none" (one stream), "s2" (2 streams), ...
+  static std::string label_of(const GroupedGemmTuning& t) {
+    return t.streams > 1 ? fmt::format("s{}", t.streams) : std::string("none");
+  }
 };
 
-// Ragged sizes around kTokens / G (+-25 %), summing to kTokens, none empty.
-std::vector<int32_t> ragged_split(int64_t G, uint64_t seed) {
+// Sizes around kTokens / G summing to kTokens, none empty: ragged +-25 % (seeded), or all equal when `even`.
+std::vector<int32_t> ragged_split(int64_t G, uint64_t seed, bool even) {
   std::vector<int32_t> sizes(G);
   int64_t left = kTokens;
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t base = kTokens / G, jitter = base / 4;
+    const int64_t base = kTokens / G, jitter = even ? 0 : base / 4;
     int64_t s = base - jitter + static_cast<int64_t>(mix64(seed + g) % static_cast<uint64_t>(2 * jitter + 1));
     if (g == G - 1) s = left;
     sizes[g] = static_cast<int32_t>(s);
@@ -131,7 +143,7 @@ struct Workload {
 std::unique_ptr<Workload> build(const Case& c) {
   auto w = std::make_unique<Workload>();
   const std::vector<int32_t> sizes = c.dense ? std::vector<int32_t>{static_cast<int32_t>(kTokens)}
-                                             : ragged_split(c.G, static_cast<uint64_t>(c.G * 1000 + c.N));
+                                             : ragged_split(c.G, static_cast<uint64_t>(c.G * 1000 + c.N), c.even);
   const int64_t G = static_cast<int64_t>(sizes.size()), N = c.N, K = c.K;
   w->host_offsets.assign(G + 1, 0);
   for (int64_t g = 0; g < G; ++g) w->host_offsets[g + 1] = w->host_offsets[g] + sizes[g];
@@ -142,6 +154,7 @@ std::unique_ptr<Workload> build(const Case& c) {
   w->flops = 2 * M * N * K;
   Pool& p = w->pool;
   GroupedGemm& gemm = w->gemm;
+  gemm.set_tuning(c.tuning);
   const GroupSplit split = w->split;
   if (c.recipe == "bf16") {
     if (c.op == "fprop") {
@@ -196,13 +209,21 @@ void define_cases() {
     const char* name;
     int64_t N, K;
   };
-  for (const char* op : {"fprop", "dgrad", "wgrad"})
-    for (const char* recipe : {"bf16", "fp8"})
-      for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
-        for (int64_t G : {8, 32})
-          g_cases.push_back(Case{op, recipe, fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false});
-        g_cases.push_back(Case{op, recipe, fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true});
-      }
+  // Tunings beside the default: concurrent runs of groups (GroupedGemmTuning).
+  const GroupedGemmTuning tunings[] = {{1}, {2}, {4}};
+  for (const GroupedGemmTuning& t : tunings)
+    for (const char* op : {"fprop", "dgrad", "wgrad"})
+      for (const char* recipe : {"bf16", "fp8"})
+        for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
+          for (int64_t G : {8, 32})
+            g_cases.push_back(
+                Case{op, recipe, fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false, false, t});
+          g_cases.push_back(
+              Case{op, recipe, fmt::format("{} 8x{} even", s.name, kTokens / 8), s.N, s.K, 8, false, true, t});
+          if (t.streams == 1)  // one group: streams change nothing
+            g_cases.push_back(
+                Case{op, recipe, fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, t});
+        }
 }
 
 void run_case(benchmark::State& state, const Case* c) {
@@ -264,9 +285,11 @@ std::vector<Row> summarize() {
   for (Row& r : rows)
     for (const Row& o : rows) {
       const Case &c = *r.c, &d = *o.c;
+      // The dense ceiling (one group: streams do not apply).
       if (!c.dense && d.dense && d.op == c.op && d.recipe == c.recipe && d.N == c.N && d.K == c.K)
         r.fraction_of_dense = r.tflops / o.tflops;
-      if (c.recipe == "fp8" && d.recipe == "bf16" && d.op == c.op && d.shape == c.shape && d.dense == c.dense)
+      if (c.recipe == "fp8" && d.recipe == "bf16" && d.op == c.op && d.shape == c.shape && d.dense == c.dense &&
+          d.tuning_label() == c.tuning_label())
         r.speedup = o.us / r.us;
     }
   return rows;
@@ -277,19 +300,31 @@ std::string ratio_cell(double v, const char* suffix) {
 }
 
 void print_table(const std::vector<Row>& rows) {
-  fmt::print("\n{:<22} | {:<14} | {:>9} | {:>8} | {:>7} | {:>7}\n", "case", "shape", "us", "TFLOP/s", "x dense",
-             "x bf16");
-  fmt::print("{:-<22}-+-{:-<14}-+-{:->9}-+-{:->8}-+-{:->7}-+-{:->7}\n", "", "", "", "", "", "");
-  std::vector<double> fractions, speedups;
+  fmt::print("\n{:<22} | {:<14} | {:<7} | {:>9} | {:>8} | {:>7} | {:>7} | {:>7}\n", "case", "shape", "tuning", "us",
+             "TFLOP/s", "x dense", "x bf16", "x none");
+  fmt::print("{:-<22}-+-{:-<14}-+-{:-<7}-+-{:->9}-+-{:->8}-+-{:->7}-+-{:->7}-+-{:->7}\n", "", "", "", "", "", "", "",
+             "");
+  std::map<std::string, std::vector<double>> fractions, speedups, over_none;  // by tuning label
   for (const Row& r : rows) {
-    fmt::print("{:<22} | {:<14} | {:>9.1f} | {:>8.1f} | {:>7} | {:>7}\n", fmt::format("{} {}", r.c->op, r.c->recipe),
-               r.c->shape, r.us, r.tflops, r.c->dense ? std::string("ceiling") : ratio_cell(r.fraction_of_dense, ""),
-               ratio_cell(r.speedup, "x"));
-    if (!std::isnan(r.fraction_of_dense)) fractions.push_back(r.fraction_of_dense);
-    if (!std::isnan(r.speedup) && !r.c->dense) speedups.push_back(r.speedup);
+    double vs_none = NAN;  // the untuned time of the same case over this one's
+    for (const Row& o : rows)
+      if (o.c->tuning_label() == "none" && o.c->op == r.c->op && o.c->recipe == r.c->recipe &&
+          o.c->shape == r.c->shape && o.c->dense == r.c->dense)
+        vs_none = o.us / r.us;
+    const std::string label = r.c->tuning_label();
+    fmt::print("{:<22} | {:<14} | {:<7} | {:>9.1f} | {:>8.1f} | {:>7} | {:>7} | {:>7}\n",
+               fmt::format("{} {}", r.c->op, r.c->recipe), r.c->shape, label, r.us, r.tflops,
+               r.c->dense ? std::string("ceiling") : ratio_cell(r.fraction_of_dense, ""), ratio_cell(r.speedup, "x"),
+               label == "none" ? std::string("-") : ratio_cell(vs_none, "x"));
+    if (!std::isnan(r.fraction_of_dense)) fractions[label].push_back(r.fraction_of_dense);
+    if (!std::isnan(r.speedup) && !r.c->dense) speedups[label].push_back(r.speedup);
+    if (!std::isnan(vs_none) && label != "none") over_none[label].push_back(vs_none);
   }
-  fmt::print("geomean: {:.2f} x dense over {} grouped cases; FP8 over BF16 {:.2f}x over {} grouped pairs\n",
-             bench::geomean(fractions), fractions.size(), bench::geomean(speedups), speedups.size());
+  for (const auto& [label, f] : fractions)
+    fmt::print("geomean, tuning {}: {:.3f} x dense over {} grouped cases; FP8 over BF16 {:.3f}x over {} pairs{}\n",
+               label, bench::geomean(f), f.size(), bench::geomean(speedups[label]), speedups[label].size(),
+               over_none[label].empty() ? std::string()
+                                        : fmt::format("; {:.3f}x the untuned time", bench::geomean(over_none[label])));
 }
 
 // The /bench/grouped_gemm table: case = op ("fprop", "dgrad", "wgrad"; "_dense" appended for the one-group
@@ -299,11 +334,12 @@ Table result_table(const std::vector<Row>& rows) {
   t.add_column("fraction_of_dense", ColumnType::f64)
       .add_column("experts", ColumnType::i64)
       .add_column("n", ColumnType::i64)
-      .add_column("k", ColumnType::i64);
+      .add_column("k", ColumnType::i64)
+      .add_column("tuning", ColumnType::str);
   const double not_measured = NAN;  // gbps and fraction_of_copy_bw do not apply to GEMMs
   for (const Row& r : rows)
     t.add_row({r.c->op + (r.c->dense ? "_dense" : ""), r.c->shape, r.c->recipe, r.us, r.tflops, not_measured,
-               not_measured, r.speedup, r.fraction_of_dense, r.c->G, r.c->N, r.c->K});
+               not_measured, r.speedup, r.fraction_of_dense, r.c->G, r.c->N, r.c->K, r.c->tuning_label()});
   t.set_attribute("tflops", fmt::format("2 * M * N * K over the time of one grouped call, M = {} routed tokens",
                                         kTokens));
   t.set_attribute("speedup", "BF16 time over FP8 time of the same op and shape (NaN on BF16 rows)");
@@ -311,7 +347,10 @@ Table result_table(const std::vector<Row>& rows) {
                   "TFLOP/s over the dense GEMM's (one group of all tokens) of the same op, recipe, N and K measured "
                   "in the same run (NaN on dense rows)");
   t.set_attribute("shape", "up: N=4096, K=7168 (DeepSeek-V3 fused gate/up); down: N=7168, K=2048; GxM: G experts "
-                           "of about M tokens each (ragged +-25 %)");
+                           "of about M tokens each (ragged +-25 %), 'even': exactly M each");
+  t.set_attribute("tuning", "GroupedGemmTuning: none (one stream: the default, what the trainer runs), sS (S "
+                            "concurrent runs of groups); speedup compares rows of the same tuning, fraction_of_dense "
+                            "divides by the dense (one-group) row");
   t.set_attribute("gbps", "not measured for GEMMs (NaN)");
   t.set_attribute("min_time_s", kMinTimeS);
   return t;

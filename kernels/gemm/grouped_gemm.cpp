@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/common/check.h"
 #include "kernels/common/offsets.h"
@@ -18,17 +19,18 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 size_t out_elem_bytes(GemmOutType t) { return t == GemmOutType::fp32 ? 4 : 2; }
 cudaDataType_t out_cuda_type(GemmOutType t) { return t == GemmOutType::fp32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-// Offsets of the scratch regions (16-byte aligned each).
+// Offsets of the scratch regions (16-byte aligned each): the packed scales, then one 4-row tail slot per stream.
 struct ScratchLayout {
-  size_t packed_scales = 0, tail_codes = 0, tail_scales = 0, tail_out = 0, total = 0;
-  ScratchLayout(int64_t M, int64_t R, int64_t P, int64_t G) {
+  size_t packed_scales = 0, tail_codes = 0, tail_scales = 0, tail_out = 0, slot_bytes = 0, total = 0;
+  ScratchLayout(int64_t M, int64_t R, int64_t P, int64_t G, int64_t slots) {
     auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
     const int64_t nb = ceil_div(R, kFp8Block);
     packed_scales = 0;
     tail_codes = up16(sizeof(float) * static_cast<size_t>(packed_group_scales_capacity(M, R, G)));
     tail_scales = tail_codes + up16(static_cast<size_t>(4 * R));
     tail_out = tail_scales + up16(sizeof(float) * static_cast<size_t>(4 * nb));
-    total = tail_out + up16(sizeof(float) * static_cast<size_t>(4 * P));
+    slot_bytes = tail_out + up16(sizeof(float) * static_cast<size_t>(4 * P)) - tail_codes;
+    total = tail_codes + slot_bytes * static_cast<size_t>(slots);
   }
 };
 
@@ -73,14 +75,51 @@ void zero_empty_wgrad(const GemmOutput& dw, int64_t g, int64_t N, int64_t K, cud
   CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(dw.data) + static_cast<size_t>(g) * bytes, 0, bytes, stream));
 }
 
+// One stream's 4-row scratch (ScratchLayout): codes [4, R], scales [ceil(R/128), 4], output [4, P].
+struct TailSlot {
+  uint8_t* codes;
+  float* scales;
+  void* out;
+};
+
+TailSlot tail_slot(void* scratch, const ScratchLayout& sl, int slot) {
+  char* base = static_cast<char*>(scratch) + static_cast<size_t>(slot) * sl.slot_bytes;
+  return TailSlot{reinterpret_cast<uint8_t*>(base + sl.tail_codes), reinterpret_cast<float*>(base + sl.tail_scales),
+                  base + sl.tail_out};
+}
+
+// Rows [first, first + count) (count 1..4) of the FP8 row operand [M, R] times one expert's block tensor [P, R]^T
+// (`a`), through a zero-padded 4-row copy in `slot`, computed there and copied out to rows first.. of `out`.
+void rows_through_slot(CublasLtMatmul& lt, const TailSlot& slot, Fp8RowOperand rows, const LtOperand& a, int64_t P,
+                       int64_t R, int64_t M, int64_t first, int64_t count, const GemmOutput& out,
+                       cudaStream_t stream) {
+  const int64_t nb = ceil_div(R, kFp8Block);
+  const size_t es = out_elem_bytes(out.type);
+  CUDA_CHECK(cudaMemsetAsync(slot.codes, 0, static_cast<size_t>(4 * R), stream));
+  CUDA_CHECK(cudaMemcpyAsync(slot.codes, rows.codes + first * R, static_cast<size_t>(count * R),
+                             cudaMemcpyDeviceToDevice, stream));
+  CUDA_CHECK(cudaMemsetAsync(slot.scales, 0, sizeof(float) * static_cast<size_t>(4 * nb), stream));
+  CUDA_CHECK(cudaMemcpy2DAsync(slot.scales, 4 * sizeof(float), rows.scales + first,
+                               sizeof(float) * static_cast<size_t>(fp8_row_scale_ld(M)),
+                               sizeof(float) * static_cast<size_t>(count), static_cast<size_t>(nb),
+                               cudaMemcpyDeviceToDevice, stream));
+  LtOperand b{slot.codes, CUDA_R_8F_E4M3, false, R, slot.scales, LtScaleMode::vec128};
+  GemmOutput scratch_out{slot.out, out.type, false};
+  lt.matmul(P, 4, R, a, b, lt_out(scratch_out, 0, P), RaggedDim::none, stream);
+  CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.data) + static_cast<size_t>(first * P) * es, slot.out,
+                             static_cast<size_t>(count * P) * es, cudaMemcpyDeviceToDevice, stream));
+}
+
 }  // namespace
 
 GroupedGemm::~GroupedGemm() {
   if (scratch_) cudaFree(scratch_);
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  for (cudaStream_t st : side_streams_) cudaStreamDestroy(st);
 }
 
-size_t GroupedGemm::scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G) {
-  return ScratchLayout(M, R, P, G).total;
+size_t GroupedGemm::scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G, int streams) {
+  return ScratchLayout(M, R, P, G, streams).total;
 }
 
 void GroupedGemm::ensure_scratch(size_t bytes) {
@@ -95,7 +134,49 @@ void GroupedGemm::ensure_scratch(size_t bytes) {
 void GroupedGemm::reserve(int64_t M, int64_t R, int64_t P, int64_t G) {
   FP4MOE_CHECK(M >= 0 && R > 0 && P > 0 && G >= 1, "GroupedGemm::reserve: bad bounds M={} R={} P={} G={}", M, R, P,
                G);
-  ensure_scratch(scratch_bytes(M, R, P, G));
+  ensure_scratch(scratch_bytes(M, R, P, G, tuning_.streams));
+}
+
+void GroupedGemm::set_tuning(const GroupedGemmTuning& tuning) {
+  FP4MOE_CHECK(tuning.streams >= 1 && tuning.streams <= 8, "GroupedGemm::set_tuning: streams must be in [1, 8], got {}",
+               tuning.streams);
+  while (static_cast<int>(side_streams_.size()) < tuning.streams - 1) {
+    cudaStream_t st = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    side_streams_.push_back(st);
+    side_lt_.push_back(std::make_unique<CublasLtMatmul>());
+  }
+  while (static_cast<int>(events_.size()) < tuning.streams) {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events_.push_back(e);
+  }
+  tuning_ = tuning;
+}
+
+std::vector<int64_t> GroupedGemm::runs_of(const GroupSplit& split) const {
+  const int64_t S = tuning_.streams, M = split.host_offsets[split.G];
+  std::vector<int64_t> first(static_cast<size_t>(S + 1), split.G);
+  first[0] = 0;
+  // Run s starts at the first group whose first token is at or past s * M / S.
+  for (int64_t s = 1, g = 0; s < S; ++s) {
+    while (g < split.G && split.host_offsets[g] < s * M / S) ++g;
+    first[static_cast<size_t>(s)] = g;
+  }
+  return first;
+}
+
+void GroupedGemm::fork(cudaStream_t caller, int runs) {
+  if (runs <= 1) return;
+  CUDA_CHECK(cudaEventRecord(events_[0], caller));
+  for (int s = 1; s < runs; ++s) CUDA_CHECK(cudaStreamWaitEvent(stream_of(s, caller), events_[0], 0));
+}
+
+void GroupedGemm::join(cudaStream_t caller, int runs) {
+  for (int s = 1; s < runs; ++s) {
+    CUDA_CHECK(cudaEventRecord(events_[static_cast<size_t>(s)], stream_of(s, caller)));
+    CUDA_CHECK(cudaStreamWaitEvent(caller, events_[static_cast<size_t>(s)], 0));
+  }
 }
 
 // ---- BF16 --------------------------------------------------------------------------------------------------------
@@ -107,15 +188,19 @@ void GroupedGemm::fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K,
   check_ptr(what, "x", x);
   check_ptr(what, "w", w);
   (void)M;
-  for (int64_t g = 0; g < split.G; ++g) {
-    const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
-    if (Mg == 0) continue;
-    // Column-major: Y_g^T [N x M_g] = (W_g stored K x N)^T * (X_g stored K x M_g).
-    LtOperand a{w + g * N * K, CUDA_R_16BF, true, K, nullptr, LtScaleMode::none};
-    LtOperand b{x + off * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
-    lt_.matmul(N, Mg, K, a, b, lt_out(y, static_cast<size_t>(off * N) * out_elem_bytes(y.type), N), RaggedDim::n,
-               stream);
-  }
+  const std::vector<int64_t> runs = runs_of(split);
+  fork(stream, tuning_.streams);
+  for (int s = 0; s < tuning_.streams; ++s)
+    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
+      const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
+      if (Mg == 0) continue;
+      // Column-major: Y_g^T [N x M_g] = (W_g stored K x N)^T * (X_g stored K x M_g).
+      LtOperand a{w + g * N * K, CUDA_R_16BF, true, K, nullptr, LtScaleMode::none};
+      LtOperand b{x + off * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
+      lt_of(s).matmul(N, Mg, K, a, b, lt_out(y, static_cast<size_t>(off * N) * out_elem_bytes(y.type), N),
+                      RaggedDim::n, stream_of(s, stream));
+    }
+  join(stream, tuning_.streams);
 }
 
 void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K, const GroupSplit& split,
@@ -124,15 +209,19 @@ void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K
   check_common(what, N, K, split, dx, false);
   check_ptr(what, "dy", dy);
   check_ptr(what, "w", w);
-  for (int64_t g = 0; g < split.G; ++g) {
-    const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
-    if (Mg == 0) continue;
-    // Column-major: dX_g^T [K x M_g] = (W_g stored K x N) * (dY_g stored N x M_g).
-    LtOperand a{w + g * N * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
-    LtOperand b{dy + off * N, CUDA_R_16BF, false, N, nullptr, LtScaleMode::none};
-    lt_.matmul(K, Mg, N, a, b, lt_out(dx, static_cast<size_t>(off * K) * out_elem_bytes(dx.type), K), RaggedDim::n,
-               stream);
-  }
+  const std::vector<int64_t> runs = runs_of(split);
+  fork(stream, tuning_.streams);
+  for (int s = 0; s < tuning_.streams; ++s)
+    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
+      const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
+      if (Mg == 0) continue;
+      // Column-major: dX_g^T [K x M_g] = (W_g stored K x N) * (dY_g stored N x M_g).
+      LtOperand a{w + g * N * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
+      LtOperand b{dy + off * N, CUDA_R_16BF, false, N, nullptr, LtScaleMode::none};
+      lt_of(s).matmul(K, Mg, N, a, b, lt_out(dx, static_cast<size_t>(off * K) * out_elem_bytes(dx.type), K),
+                      RaggedDim::n, stream_of(s, stream));
+    }
+  join(stream, tuning_.streams);
 }
 
 void GroupedGemm::wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K, const GroupSplit& split,
@@ -141,18 +230,22 @@ void GroupedGemm::wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K
   check_common(what, N, K, split, dw, true);
   check_ptr(what, "dy", dy);
   check_ptr(what, "x", x);
-  for (int64_t g = 0; g < split.G; ++g) {
-    const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
-    if (Mg == 0) {
-      zero_empty_wgrad(dw, g, N, K, stream);
-      continue;
+  const std::vector<int64_t> runs = runs_of(split);
+  fork(stream, tuning_.streams);
+  for (int s = 0; s < tuning_.streams; ++s)
+    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
+      const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
+      if (Mg == 0) {
+        zero_empty_wgrad(dw, g, N, K, stream_of(s, stream));
+        continue;
+      }
+      // Column-major: dW_g^T [K x N] = (X_g stored K x M_g) * (dY_g stored N x M_g)^T.
+      LtOperand a{x + off * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
+      LtOperand b{dy + off * N, CUDA_R_16BF, true, N, nullptr, LtScaleMode::none};
+      lt_of(s).matmul(K, N, Mg, a, b, lt_out(dw, static_cast<size_t>(g * N * K) * out_elem_bytes(dw.type), K),
+                      RaggedDim::k, stream_of(s, stream));
     }
-    // Column-major: dW_g^T [K x N] = (X_g stored K x M_g) * (dY_g stored N x M_g)^T.
-    LtOperand a{x + off * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
-    LtOperand b{dy + off * N, CUDA_R_16BF, true, N, nullptr, LtScaleMode::none};
-    lt_.matmul(K, N, Mg, a, b, lt_out(dw, static_cast<size_t>(g * N * K) * out_elem_bytes(dw.type), K),
-               RaggedDim::k, stream);
-  }
+  join(stream, tuning_.streams);
 }
 
 // ---- FP8 ---------------------------------------------------------------------------------------------------------
@@ -169,49 +262,60 @@ void GroupedGemm::row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8
   int64_t max_rows = 0;
   for (int64_t g = 0; g < split.G; ++g)
     max_rows = std::max<int64_t>(max_rows, split.host_offsets[g + 1] - split.host_offsets[g]);
-  const ScratchLayout sl(M, R, P, split.G);
+  const int S = tuning_.streams;
+  const ScratchLayout sl(M, R, P, split.G, S);
   ensure_scratch(sl.total);
-  char* scratch = static_cast<char*>(scratch_);
-  float* packed = reinterpret_cast<float*>(scratch + sl.packed_scales);
-  uint8_t* tail_codes = reinterpret_cast<uint8_t*>(scratch + sl.tail_codes);
-  float* tail_scales = reinterpret_cast<float*>(scratch + sl.tail_scales);
-  void* tail_out = scratch + sl.tail_out;
+  float* packed = reinterpret_cast<float*>(static_cast<char*>(scratch_) + sl.packed_scales);
 
   pack_group_row_scales(rows.scales, M, R, split.offsets, split.G, max_rows, packed, stream);
 
   const int64_t nb = ceil_div(R, kFp8Block);
   const int64_t block_scale_count = fp8_block_scale_count(P, R);
   const size_t es = out_elem_bytes(out.type);
-  int64_t packed_rows = 0;  // sum of group_main_rows over the groups before g
-  for (int64_t g = 0; g < split.G; ++g) {
-    const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
-    if (Mg == 0) continue;
-    const int64_t n_main = group_main_rows(off, Mg, M);
+  auto weights = [&](int64_t g) {
     // Column-major: out_g^T [P x n] = (block codes stored R x P)^T * (row codes stored R x n).
-    LtOperand a{blocks.codes + g * P * R, CUDA_R_8F_E4M3, true, R, blocks.scales + g * block_scale_count,
-                LtScaleMode::blk128x128};
-    if (n_main > 0) {
-      LtOperand b{rows.codes + off * R, CUDA_R_8F_E4M3, false, R, packed + nb * packed_rows, LtScaleMode::vec128};
-      lt_.matmul(P, n_main, R, a, b, lt_out(out, static_cast<size_t>(off * P) * es, P), RaggedDim::n, stream);
+    return LtOperand{blocks.codes + g * P * R, CUDA_R_8F_E4M3, true, R, blocks.scales + g * block_scale_count,
+                     LtScaleMode::blk128x128};
+  };
+  std::vector<int64_t> packed_first(static_cast<size_t>(split.G) + 1, 0);  // sum of group_main_rows before g
+  for (int64_t g = 0; g < split.G; ++g) {
+    const int64_t off = split.host_offsets[g];
+    packed_first[g + 1] = packed_first[g] + group_main_rows(off, split.host_offsets[g + 1] - off, M);
+  }
+  const std::vector<int64_t> runs = runs_of(split);
+  std::vector<int64_t> written_to(static_cast<size_t>(S), 0);  // end of the rows each run's GEMMs write
+  fork(stream, S);
+  for (int s = 0; s < S; ++s) {
+    const cudaStream_t st = stream_of(s, stream);
+    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
+      const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
+      if (Mg == 0) continue;
+      const int64_t n_main = group_main_rows(off, Mg, M);
+      if (n_main > 0) {
+        LtOperand b{rows.codes + off * R, CUDA_R_8F_E4M3, false, R, packed + nb * packed_first[g],
+                    LtScaleMode::vec128};
+        lt_of(s).matmul(P, n_main, R, weights(g), b, lt_out(out, static_cast<size_t>(off * P) * es, P),
+                        RaggedDim::n, st);
+        written_to[s] = std::max(written_to[s], off + n_main);
+      }
+      // The last 1..3 rows at the end of the tensor: through this stream's 4-row scratch.
+      if (Mg > n_main)
+        rows_through_slot(lt_of(s), tail_slot(scratch_, sl, s), rows, weights(g), P, R, M, off + n_main,
+                          Mg - n_main, out, st);
     }
-    packed_rows += n_main;
-    const int64_t tail = Mg - n_main;
-    if (tail <= 0) continue;
-    // The last 1..3 rows at the end of the tensor: a zero-padded 4-row copy, computed in scratch, copied out.
-    const int64_t first = off + n_main;
-    CUDA_CHECK(cudaMemsetAsync(tail_codes, 0, static_cast<size_t>(4 * R), stream));
-    CUDA_CHECK(cudaMemcpyAsync(tail_codes, rows.codes + first * R, static_cast<size_t>(tail * R),
-                               cudaMemcpyDeviceToDevice, stream));
-    CUDA_CHECK(cudaMemsetAsync(tail_scales, 0, sizeof(float) * static_cast<size_t>(4 * nb), stream));
-    CUDA_CHECK(cudaMemcpy2DAsync(tail_scales, 4 * sizeof(float), rows.scales + first,
-                                 sizeof(float) * static_cast<size_t>(fp8_row_scale_ld(M)),
-                                 sizeof(float) * static_cast<size_t>(tail), static_cast<size_t>(nb),
-                                 cudaMemcpyDeviceToDevice, stream));
-    LtOperand b{tail_codes, CUDA_R_8F_E4M3, false, R, tail_scales, LtScaleMode::vec128};
-    GemmOutput scratch_out{tail_out, out.type, false};
-    lt_.matmul(P, 4, R, a, b, lt_out(scratch_out, 0, P), RaggedDim::none, stream);
-    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.data) + static_cast<size_t>(first * P) * es, tail_out,
-                               static_cast<size_t>(tail * P) * es, cudaMemcpyDeviceToDevice, stream));
+  }
+  join(stream, S);
+  // Rows a run wrote past its last group belong to a later run, which may have written them first: their own
+  // groups compute them again (at most 3 rows per run boundary).
+  for (int s = 0; s + 1 < S; ++s) {
+    const int64_t from = split.host_offsets[runs[s + 1]], to = written_to[s];
+    for (int64_t g = runs[s + 1]; g < split.G && split.host_offsets[g] < to; ++g) {
+      const int64_t first = std::max<int64_t>(from, split.host_offsets[g]);
+      const int64_t last = std::min<int64_t>(to, split.host_offsets[g + 1]);
+      if (last <= first) continue;
+      rows_through_slot(lt_, tail_slot(scratch_, sl, 0), rows, weights(g), P, R, M, first, last - first, out, stream);
+      rows_recomputed_ += last - first;
+    }
   }
 }
 
@@ -238,21 +342,29 @@ void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_
   check_ptr(what, "x codes", x.codes);
   check_ptr(what, "x scales", x.scales);
   const size_t es = out_elem_bytes(dw.type);
-  int64_t P = 0, Q = 0;  // padded tokens and 128-token blocks of the groups before g (layouts.h)
+  std::vector<int64_t> P(static_cast<size_t>(split.G) + 1, 0), Q(P);  // padded tokens, 128-token blocks before g
   for (int64_t g = 0; g < split.G; ++g) {
     const int64_t Mg = split.host_offsets[g + 1] - split.host_offsets[g];
-    if (Mg == 0) {
-      zero_empty_wgrad(dw, g, N, K, stream);
-      continue;
-    }
-    const int64_t L = fp8_col_group_ld(Mg);
-    // Column-major: dW_g^T [K x N] = (X_g^T stored L x K)^T * (dY_g^T stored L x N); k = L (zero tail).
-    LtOperand a{x.codes + K * P, CUDA_R_8F_E4M3, true, L, x.scales + K * Q, LtScaleMode::vec128};
-    LtOperand b{dy.codes + N * P, CUDA_R_8F_E4M3, false, L, dy.scales + N * Q, LtScaleMode::vec128};
-    lt_.matmul(K, N, L, a, b, lt_out(dw, static_cast<size_t>(g * N * K) * es, K), RaggedDim::k, stream);
-    P += L;
-    Q += ceil_div(Mg, kFp8Block);
+    P[g + 1] = P[g] + (Mg == 0 ? 0 : fp8_col_group_ld(Mg));
+    Q[g + 1] = Q[g] + ceil_div(Mg, kFp8Block);
   }
+  const std::vector<int64_t> runs = runs_of(split);
+  fork(stream, tuning_.streams);
+  for (int s = 0; s < tuning_.streams; ++s)
+    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
+      const int64_t Mg = split.host_offsets[g + 1] - split.host_offsets[g];
+      if (Mg == 0) {
+        zero_empty_wgrad(dw, g, N, K, stream_of(s, stream));
+        continue;
+      }
+      const int64_t L = fp8_col_group_ld(Mg);
+      // Column-major: dW_g^T [K x N] = (X_g^T stored L x K)^T * (dY_g^T stored L x N); k = L (zero tail).
+      LtOperand a{x.codes + K * P[g], CUDA_R_8F_E4M3, true, L, x.scales + K * Q[g], LtScaleMode::vec128};
+      LtOperand b{dy.codes + N * P[g], CUDA_R_8F_E4M3, false, L, dy.scales + N * Q[g], LtScaleMode::vec128};
+      lt_of(s).matmul(K, N, L, a, b, lt_out(dw, static_cast<size_t>(g * N * K) * es, K), RaggedDim::k,
+                      stream_of(s, stream));
+    }
+  join(stream, tuning_.streams);
 }
 
 }  // namespace fp4moe

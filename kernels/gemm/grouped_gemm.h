@@ -37,6 +37,17 @@
 // last 1..3 rows are copied to a zero-padded 4-row scratch, computed there and copied out. Every output row is
 // written exactly by its own group in the end; nothing past M is read or written.
 //
+// Streams (set_tuning, default 1): with S > 1 the groups are cut into S runs of consecutive groups holding about
+// M/S tokens each; run 0 goes on the caller's stream, run s on a side stream of this object that waits for the
+// caller's work queued so far, and the caller's stream waits for every run before the call returns, so callers
+// see one stream as before. Concurrent runs fill each other's last partial wave of tiles. A run's last group may
+// write its 1..3 extra rows into the next run's first rows while that run computes them: those rows are computed
+// again through the 4-row scratch GEMM after the join, so every row still ends with its own group's value. Each
+// stream has its own cuBLASLt workspace (32 MiB) and tail scratch. Measured on the H200 (bench_grouped_gemm,
+// reports/results/h200/conversion-and-gemm-tuning-20261129/): 2 streams take 1.01-1.17x less time with 32
+// experts of ~512 tokens (every op, both V3 shapes, BF16 and FP8) and 0.87-1.36x with 8 experts of ~2048, so the
+// default stays 1 and callers with many small groups opt in.
+//
 // Not thread-safe; one GroupedGemm per stream (it owns the cuBLASLt workspace and a scratch buffer that grows on
 // demand with cudaMalloc, which synchronises the device: call reserve() once up front to avoid that).
 #pragma once
@@ -44,6 +55,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "kernels/common/types.h"
 #include "kernels/gemm/cublaslt_matmul.h"
@@ -83,6 +96,11 @@ struct Fp8BlockStack {
   const float* scales = nullptr;
 };
 
+// Throughput options of a GroupedGemm (results are the same bits run after run with any of them).
+struct GroupedGemmTuning {
+  int streams = 1;  // 1..8 concurrent runs of groups (see "Streams" above)
+};
+
 class GroupedGemm {
  public:
   GroupedGemm() = default;
@@ -109,21 +127,41 @@ class GroupedGemm {
 
   // Grows the scratch for FP8 Fprop/Dgrad up to M tokens, reduction dimension R (K for Fprop, N for Dgrad),
   // output width P (N for Fprop, K for Dgrad) and G groups, so that later calls within those bounds allocate
-  // nothing. Bytes held: scratch_bytes(M, R, P, G).
+  // nothing. Bytes held: scratch_bytes(M, R, P, G, tuning().streams). Call after set_tuning.
   void reserve(int64_t M, int64_t R, int64_t P, int64_t G);
-  static size_t scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G);
+  static size_t scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G, int streams = 1);
 
   CublasLtMatmul& lt() { return lt_; }
+
+  // Rejects streams outside [1, 8]. Creates the side streams, their events and cuBLASLt objects here (never
+  // during a call).
+  void set_tuning(const GroupedGemmTuning& tuning);
+  const GroupedGemmTuning& tuning() const { return tuning_; }
+  // Rows recomputed after a join (see "Streams"), summed over calls: benchmarks report it.
+  int64_t rows_recomputed() const { return rows_recomputed_; }
 
  private:
   // FP8 row operand [M, R] times each expert's block tensor [P, R]^T into out [M, P] (Fprop and Dgrad).
   void row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8BlockStack blocks, int64_t P, int64_t R,
                             const GroupSplit& split, GemmOutput out, cudaStream_t stream);
   void ensure_scratch(size_t bytes);
+  // The runs of consecutive groups (first group of run s at [s], G at [runs]) and the streams they use.
+  std::vector<int64_t> runs_of(const GroupSplit& split) const;
+  CublasLtMatmul& lt_of(int s) { return s == 0 ? lt_ : *side_lt_[static_cast<size_t>(s - 1)]; }
+  cudaStream_t stream_of(int s, cudaStream_t caller) const {
+    return s == 0 ? caller : side_streams_[static_cast<size_t>(s - 1)];
+  }
+  void fork(cudaStream_t caller, int runs);
+  void join(cudaStream_t caller, int runs);
 
   CublasLtMatmul lt_;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
+  GroupedGemmTuning tuning_;
+  std::vector<std::unique_ptr<CublasLtMatmul>> side_lt_;
+  std::vector<cudaStream_t> side_streams_;
+  std::vector<cudaEvent_t> events_;  // [0]: fork; [s]: end of run s
+  int64_t rows_recomputed_ = 0;
 };
 
 }  // namespace fp4moe

@@ -339,18 +339,17 @@ const char* split_name(int kind) { return kind == 0 ? "issue" : kind == 1 ? "one
 
 // ---- the grouped GEMMs over every shape class --------------------------------------------------------------------
 
-class GroupedGemmShapes : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int>> {};
-
-TEST_P(GroupedGemmShapes, FpropDgradWgradMatchReference) {
-  FP4MOE_REQUIRE_DEVICE();
-  const auto [N, K, kind] = GetParam();
-  const uint64_t seed = static_cast<uint64_t>(N * 131 + K * 7 + kind);
-  const std::vector<int32_t> sizes = split_sizes(kind, seed);
+// Every grouped GEMM (BF16 and FP8; BF16 and FP32 outputs; Wgrad with and without accumulation) of one shape
+// and split against the FP32 reference, run by a GroupedGemm with `tuning`. Returns the rows it recomputed after
+// joining its streams.
+int64_t check_grouped_gemms(int64_t N, int64_t K, const std::vector<int32_t>& sizes, uint64_t seed,
+                            const std::string& split_label, const GroupedGemmTuning& tuning) {
   const std::vector<int32_t> offsets = offsets_of(sizes);
   const int64_t G = static_cast<int64_t>(sizes.size()), M = offsets[G];
   std::string split_str;
   for (auto s : sizes) split_str += fmt::format("{}{}", split_str.empty() ? "" : ",", s);
-  const std::string shape = fmt::format("M={} N={} K={} split {} [{}]", M, N, K, split_name(kind), split_str);
+  const std::string shape =
+      fmt::format("M={} N={} K={} split {} [{}], {} stream(s)", M, N, K, split_label, split_str, tuning.streams);
   SCOPED_TRACE(shape);
 
   Rng rng(seed);
@@ -389,6 +388,7 @@ TEST_P(GroupedGemmShapes, FpropDgradWgradMatchReference) {
   auto d_w16 = upload(to_bf16_exact(w.deq));
 
   GroupedGemm gemm;
+  gemm.set_tuning(tuning);
   const GroupSplit split{d_offsets->ptr, offsets.data(), G};
   const cudaStream_t stream = nullptr;
   for (bool fp8 : {false, true}) {
@@ -437,7 +437,18 @@ TEST_P(GroupedGemmShapes, FpropDgradWgradMatchReference) {
     }
   }
   std::cout << "[ shape    ] " << shape << ": " << gemm.lt().heuristic_queries() << " cuBLASLt heuristic queries, "
-            << gemm.lt().exact_shape_fallbacks() << " exact-shape fallbacks\n";
+            << gemm.lt().exact_shape_fallbacks() << " exact-shape fallbacks, " << gemm.rows_recomputed()
+            << " rows recomputed after a join\n";
+  return gemm.rows_recomputed();
+}
+
+class GroupedGemmShapes : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int>> {};
+
+TEST_P(GroupedGemmShapes, FpropDgradWgradMatchReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const auto [N, K, kind] = GetParam();
+  const uint64_t seed = static_cast<uint64_t>(N * 131 + K * 7 + kind);
+  check_grouped_gemms(N, K, split_sizes(kind, seed), seed, split_name(kind), GroupedGemmTuning{});
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -448,6 +459,28 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("N{}_K{}_{}", std::get<0>(info.param), std::get<1>(info.param),
                          split_name(std::get<2>(info.param)));
     });
+
+// Concurrent runs of groups (GroupedGemmTuning::streams): the same references. The crafted split makes run 0's
+// last groups (301 and 2 rows, padded to 304 and 4) write two rows of run 1's first group with two streams, which
+// must be recomputed after the join; the random split has empty and tiny groups, one_expert more streams than
+// non-empty groups.
+TEST(GroupedGemm, StreamsMatchReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const std::vector<int32_t> crafted = {301, 0, 2, 297, 5, 1};
+  EXPECT_EQ(check_grouped_gemms(576, 2048, crafted, 11, "crafted", GroupedGemmTuning{2}), 4 * 2)
+      << "two rows recomputed by each FP8 Fprop and Dgrad call (BF16 and FP32 outputs: four calls)";
+  check_grouped_gemms(576, 2048, crafted, 12, "crafted", GroupedGemmTuning{3});
+  check_grouped_gemms(4096, 576, split_sizes(0, 13), 13, "issue", GroupedGemmTuning{4});
+  check_grouped_gemms(128, 7168, split_sizes(2, 14), 14, "random", GroupedGemmTuning{3});
+  check_grouped_gemms(576, 576, split_sizes(1, 15), 15, "one_expert", GroupedGemmTuning{8});
+}
+
+TEST(GroupedGemm, RejectsBadTuning) {
+  FP4MOE_REQUIRE_DEVICE();
+  GroupedGemm gemm;
+  EXPECT_THROW(gemm.set_tuning(GroupedGemmTuning{0}), Error);
+  EXPECT_THROW(gemm.set_tuning(GroupedGemmTuning{9}), Error);
+}
 
 // FP32 (non-power-of-two) scales, TransformerEngine's other scale mode, through every FP8 GEMM.
 TEST(GroupedGemm, Fp8WithFp32ScalesMatchesReference) {

@@ -69,7 +69,7 @@ def gemm_table(seed):
     """/bench/grouped_gemm columns: Fprop/Dgrad/Wgrad x BF16/FP8 over two grouped shapes and their dense ceilings."""
     rng = np.random.default_rng(seed)
     cols = {c: [] for c in ["case", "shape", "recipe", "time_us", "tflops", "gbps", "fraction_of_copy_bw", "speedup",
-                            "fraction_of_dense", "experts", "n", "k"]}
+                            "fraction_of_dense", "experts", "n", "k", "tuning"]}
     for op in ["fprop", "dgrad", "wgrad"]:
         for name, n, k in [("up", 4096, 7168), ("down", 7168, 2048)]:
             for experts, shape, dense in [(8, f"{name} 8x2048", False), (32, f"{name} 32x512", False),
@@ -89,6 +89,7 @@ def gemm_table(seed):
                     cols["experts"].append(experts)
                     cols["n"].append(n)
                     cols["k"].append(k)
+                    cols["tuning"].append("none")
     return cols
 
 

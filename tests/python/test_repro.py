@@ -65,14 +65,17 @@ class Tmp(unittest.TestCase):
 
 def benchmark_cells(family, name):
     """{column: [candidate cell values]} of the table row a Google Benchmark case name becomes. bench_grouped_gemm:
-    "op/recipe/shape[/dense]" -> case op[_dense], recipe, shape. bench_convert: "case/shape" where both may hold a
+    "op/recipe/shape[/dense][@tuning]" -> case op[_dense], recipe, shape, tuning ("none" without '@'). bench_convert: "case/shape" where both may hold a
     '/', so every split is a candidate."""
     parts = name.split("/")
     if family in ("group_linear", "group_linear_torch"):  # "case/recipe/layer/e<G>/t<tokens>/<split>"
         return {"case": [parts[0]], "recipe": [parts[1]], "shape": [" ".join(parts[2:6])]}
-    if family == "grouped_gemm":
+    if family == "grouped_gemm":  # "op/recipe/shape[/dense][@tuning]"
+        base, _, tuning = name.partition("@")
+        parts = base.split("/")
         dense = parts[-1] == "dense"
-        return {"case": [parts[0] + ("_dense" if dense else "")], "recipe": [parts[1]], "shape": [parts[2]]}
+        return {"case": [parts[0] + ("_dense" if dense else "")], "recipe": [parts[1]], "shape": [parts[2]],
+                "tuning": [tuning or "none"]}
     return {"case": ["/".join(parts[:i]) for i in range(1, len(parts))],
             "shape": ["/".join(parts[i:]) for i in range(1, len(parts))]}
 
