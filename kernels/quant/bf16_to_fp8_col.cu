@@ -29,7 +29,6 @@ static_assert(kRowWords * 8 == 2 * kThreads, "two (feature pair, 16-token chunk)
 using Finder = detail::TokenBlockFinder<kThreads>;
 
 struct Shared {
-  Finder::Storage find;
   uint32_t x[kTileTokens * kRowWords];  // pair p of token t at t * 64 + (p ^ (4 * chunk(t)))
 };
 
@@ -39,7 +38,7 @@ bf16_to_fp8_col_kernel(const bf16* __restrict__ x, int64_t M, int64_t K, const i
                        unsigned long long* __restrict__ nonfinite_blocks) {
   __shared__ Shared sh;
   detail::TokenBlock tb;
-  if (!Finder::find(offsets, G, M, K, blockIdx.x, sh.find, tb)) return;
+  if (!Finder::find_by_warp(offsets, G, M, K, blockIdx.x, tb)) return;  // the same answer in every warp
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t k0 = int64_t{blockIdx.y} * kTileFeatures;
 

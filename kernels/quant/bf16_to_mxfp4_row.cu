@@ -1,6 +1,7 @@
 // BF16 -> MXFP4 row quantization (bf16_to_mxfp4_row.h).
-// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, geomean): 0.727 (RNE) and 0.177
-// (stochastic) of the copy bandwidth, reports/results/h200/gpu-tests-and-variants-20261129/bench_convert_variants.log
+// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, geomean): 0.882 (RNE) and 0.177
+// (stochastic) of the copy bandwidth, reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert.log
+// and reports/results/h200/gpu-tests-and-variants-20261129/bench_convert_variants.log.
 //
 // The [M, K] tensor is walked as one flat sequence of 8-element chunks (16 bytes of BF16): K % 32 == 0, so every
 // MX block is four consecutive chunks of one row, and its codes (16 bytes) and scale (1 byte) sit at the flat
@@ -9,11 +10,14 @@
 // consecutive lanes hold one MX block, the block amax is an integer maximum of BF16 magnitude bits over two warp
 // shuffles, and each lane writes its 4 bytes of codes (a warp writes 128 contiguous bytes). A full tile takes no
 // bounds checks and indexes with 32-bit offsets from the tile's base pointers; only the last tile checks.
-// Each element is scaled by one exact fp32 product 2^-e and encoded with fp32 arithmetic rather than integer
-// compares, for any block exponent: round to nearest even by one addition (e2m1_rne_magnitude_by_add), stochastic
-// rounding with the numbers of uniform_from_counter_fast (mx_fast_codecs.h, the same values as formats.h's). The
-// NaN/Inf blocks are counted per warp and added with one atomic per warp at the end.
+// RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne below); stochastic rounding scales
+// each element by one exact fp32 product 2^-e and draws the numbers of uniform_from_counter_fast (mx_fast_codecs.h,
+// the same values as formats.h's): its cost is that per-element hash. The NaN/Inf blocks are counted per warp and
+// added with one atomic per warp at the end.
+#include <cuda_bf16.h>
+
 #include <climits>
+#include <cstring>
 
 #include "kernels/formats/formats.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
@@ -63,26 +67,67 @@ __device__ __forceinline__ uint32_t e2m1_stochastic_magnitude(float a, float u) 
   return a >= kE2M1Max ? 7u : code;
 }
 
-// Encode 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: 8 E2M1 codes, element i in bits 4i..4i+3,
-// the sign bit of v kept (-0 included). The product is an exact power-of-two scaling (rounded only below 2^-126,
-// far under 0.25). Stochastic rounding draws element i's number from the counter first_index + i.
-template <Rounding kRounding>
-__device__ __forceinline__ uint32_t encode_chunk(const uint4& v, float inv_scale, uint64_t seed, uint64_t first_index) {
+// Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: 8 E2M1 codes, element i in
+// bits 4i..4i+3, the sign bit of v kept (-0 included). The product is an exact power-of-two scaling (rounded only
+// below 2^-126, far under 0.25). Element i draws its number from the counter first_index + i.
+__device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, uint64_t seed,
+                                                            uint64_t first_index) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   uint32_t packed = 0;
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
     const uint32_t bits = (i & 1) ? (w[i / 2] & 0xFFFF0000u) : (w[i / 2] << 16);  // BF16 -> fp32 bits
-    uint32_t magnitude;
-    if constexpr (kRounding == Rounding::rne) {
-      magnitude = detail::e2m1_rne_magnitude_by_add(__fmul_rn(__uint_as_float(bits & 0x7FFFFFFFu), inv_scale));
-    } else {
-      const float a = fabsf(__fmul_rn(__uint_as_float(bits), inv_scale));
-      magnitude = e2m1_stochastic_magnitude(a, detail::uniform_from_counter_fast(seed, first_index + i));
-    }
+    const float a = fabsf(__fmul_rn(__uint_as_float(bits), inv_scale));
+    const uint32_t magnitude = e2m1_stochastic_magnitude(a, detail::uniform_from_counter_fast(seed, first_index + i));
     packed |= (magnitude | ((bits >> 28) & 8u)) << (4 * i);
   }
   return packed;
+}
+
+// The RNE encoder rounds two elements per instruction in BF16x2 arithmetic. For a = |v| * 2^-e < 8 (any finite
+// block), a + 2^(max(E_a, 0) + 6) in BF16 (7 fraction bits; E_a = floor(log2 a)) rounds a to the E2M1 step of its
+// binade (0.5 below 2, 1 in [2, 4), 2 in [4, 8)) with ties to even, as E2M1 does; the code is the integer
+// difference of the two BF16 bit patterns plus 2 per binade above the first. a is clamped to 6 first (E2M1's
+// largest), so 7 and more saturate to code 7 rather than round to 8. a itself is one BF16x2 product by 2^-e
+// (exact: a power of two; results below 2^-133 become 0 or subnormal, both code 0; BF16 subnormal inputs are
+// multiplied exactly, tests/gpu/test_quant_row.cpp checks every block exponent). Measured on the H200 against
+// the fp32 encoder it replaced (one fp32 product and fp32-addition rounding per element): 0.882 vs 0.722 of the
+// copy bandwidth, reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert.log.
+constexpr uint32_t kBf16x2Sixes = 0x40C040C0u;  // 6.0, 6.0
+constexpr uint32_t kBf16x2Base = 0x42804280u;   // 64.0 = 2^6, 2^6: the magic number of the first binade (step 0.5)
+
+__device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) {
+  __nv_bfloat162 r;
+  memcpy(&r, &u, 4);
+  return r;
+}
+__device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) {
+  uint32_t r;
+  memcpy(&r, &v, 4);
+  return r;
+}
+
+// E2M1 codes (sign included) of the two BF16 of word w given their magnitudes a2 = |w| * 2^-e as BF16x2:
+// element 0 in bits 0..3, element 1 in bits 16..19.
+__device__ __forceinline__ uint32_t e2m1_pair_from_scaled(uint32_t w, __nv_bfloat162 a2) {
+  const uint32_t a = as_u32(__hmin2(a2, as_bf162(kBf16x2Sixes)));
+  const uint32_t magic = as_u32(__hmax2(as_bf162((a & 0x7F807F80u) + 0x03000300u), as_bf162(kBf16x2Base)));
+  const uint32_t t = as_u32(__hadd2(as_bf162(a), as_bf162(magic)));
+  const uint32_t code = t - magic + ((magic - kBf16x2Base) >> 6);  // per half 0..7, no borrow between halves
+  return code | ((w >> 12) & 0x00080008u);                          // sign bits 15, 31 -> 3, 19
+}
+
+// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3.
+__device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_scale) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  const __nv_bfloat162 inv2 = __float2bfloat162_rn(inv_scale);  // 2^-e, e in [-127, 126]: exact in BF16
+  uint32_t byte[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t c = e2m1_pair_from_scaled(w[i], __hmul2(as_bf162(w[i] & 0x7FFF7FFFu), inv2));
+    byte[i] = c | (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
+  }
+  return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410);
 }
 
 struct QuantParams {
@@ -119,8 +164,11 @@ __device__ __forceinline__ void quantize_tile(const uint4* __restrict__ xt, int 
     if (!nonfinite && amax_bits != 0) {
       const int e = block_exponent(amax_bits, p.mode);
       scale = static_cast<uint8_t>(e + kUE8M0Bias);
-      packed = encode_chunk<kRounding>(v[j], exp2_exact(-e), p.seed,
-                                       p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk);
+      if constexpr (kRounding == Rounding::rne)
+        packed = encode_chunk_rne(v[j], exp2_exact(-e));
+      else
+        packed = encode_chunk_stochastic(v[j], exp2_exact(-e), p.seed,
+                                         p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk);
     }
     const bool in = kFull || c < valid;
     if (in) {

@@ -1,8 +1,10 @@
 // FP4RowToFP8Col: cached MXFP4 rows -> FP8 E4M3 columns over ragged expert groups, for Wgrad (the paper's
 // fused conversion). One thread block per (group, 128-token block, 256 features), found on the device.
-// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, 8 and 32 groups, geomean): 0.773 of
-// the copy bandwidth, reports/results/h200/gpu-tests-and-variants-20261129/bench_convert_variants.log
+// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, 8, 16 and 32 groups, geomean): 0.847
+// of the copy bandwidth (0.83-0.87 per case; the kernel before its grid order and warp find: 0.772),
+// reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert_col_variants.log (variant 2 there)
 //
+//   0. each warp finds the block's group and token block from the device offsets (find_by_warp: no barrier).
 //   1. load: 128 token rows x 8 MX blocks, one 16-byte load per MX block (its 32 packed E2M1 codes) plus its
 //      UE8M0 byte; codes go to shared memory with an XOR swizzle on 16-token chunks, scale bytes transposed.
 //   2. per MX column (one warp): E = max exponent over the block's tokens (NaN blocks skipped),
@@ -35,10 +37,7 @@ static_assert(kTileTokens * kTileMx == 4 * kThreads, "four 16-byte loads per thr
 using Finder = detail::TokenBlockFinder<kThreads>;
 
 struct Shared {
-  union {
-    Finder::Storage find;                         // used first, before any tile data
-    E2M1ToE4M3Lut lut[kTileMx][kTileTokens];      // per (MX column, token), rotated within 16-token chunks
-  } u;
+  E2M1ToE4M3Lut lut[kTileMx][kTileTokens];        // per (MX column, token), rotated within 16-token chunks
   uint32_t codes[kTileTokens * kRowWords];         // word w of token t at t * 32 + (w ^ (4 * chunk(t)))
   uint8_t scale_bytes[kTileMx][kTileTokens + kScaleRowPad];
 };
@@ -57,16 +56,22 @@ __device__ __forceinline__ void transpose_bytes_4x4(const uint32_t (&in)[4], uin
   out[3] = __byte_perm(t1, t3, 0x7632);
 }
 
+// The grid is (256-feature tiles, token blocks): the thread blocks in flight together share token rows (their
+// scale bytes' sectors come from L2 once). Past 65535 token blocks (8.4M tokens) the grid is transposed
+// (kTokensOnX), the same kernel otherwise.
+template <bool kTokensOnX>
 __global__ void __launch_bounds__(kThreads)
 mxfp4_row_to_fp8_col_kernel(const uint8_t* __restrict__ in_codes, const uint8_t* __restrict__ in_scales,
                             int64_t M, int64_t K, const int32_t* __restrict__ offsets, int G,
                             uint8_t* __restrict__ out_codes, float* __restrict__ out_scales) {
   __shared__ Shared sh;
   detail::TokenBlock tb;
-  if (!Finder::find(offsets, G, M, K, blockIdx.x, sh.u.find, tb)) return;
+  const unsigned token_block = kTokensOnX ? blockIdx.x : blockIdx.y;
+  const unsigned feature_tile = kTokensOnX ? blockIdx.y : blockIdx.x;
+  if (!Finder::find_by_warp(offsets, G, M, K, token_block, tb)) return;  // the same answer in every warp
 
   const int64_t mx_per_row = K / kMxBlock;
-  const int mx0 = blockIdx.y * kTileMx;
+  const int mx0 = feature_tile * kTileMx;
   const int n_mx = static_cast<int>(mx_per_row - mx0 < kTileMx ? mx_per_row - mx0 : kTileMx);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
@@ -111,7 +116,7 @@ mxfp4_row_to_fp8_col_kernel(const uint8_t* __restrict__ in_codes, const uint8_t*
       E2M1ToE4M3Lut lut{0u, 0u};  // tokens past the group: codes 0 (the layout's zero padding)
       if (t < tb.rows) lut = b == kUE8M0NaN ? E2M1ToE4M3Lut{0x7F7F7F7Fu, 0x7F7F7F7Fu}
                                             : e2m1_to_e4m3_lut(static_cast<int>(b) - kUE8M0Bias - s);
-      sh.u.lut[warp][lut_slot(t)] = lut;
+      sh.lut[warp][lut_slot(t)] = lut;
     }
   }
   __syncthreads();
@@ -127,7 +132,7 @@ mxfp4_row_to_fp8_col_kernel(const uint8_t* __restrict__ in_codes, const uint8_t*
     for (int i = 0; i < 4; ++i) {
       int t = 16 * c + 4 * q + i;
       uint32_t wd = sh.codes[t * kRowWords + (wi ^ (c << 2))];
-      E2M1ToE4M3Lut lut = sh.u.lut[warp][16 * c + ((4 * q + i + c) & 15)];
+      E2M1ToE4M3Lut lut = sh.lut[warp][16 * c + ((4 * q + i + c) & 15)];
       uint32_t mag = wd & 0x77777777u;               // 3-bit magnitudes: prmt selectors without sign mode
       uint32_t sel = (wd >> 3) & 0x11111111u;        // sign bits as selectors: byte 0 (0x00) or byte 1 (0x80)
       uint32_t sign_src = (lut.lo & 0xFFu) ? 0u : 0x8000u;  // a NaN table (0x7F..) takes no sign
@@ -172,9 +177,16 @@ void mxfp4_row_to_fp8_col(const uint8_t* in_codes, const uint8_t* in_scales, int
   if (host_offsets) validate_group_offsets(host_offsets, G, M, what);
   if (M == 0) return;  // every group is empty: the layout has no element
 
-  dim3 grid(static_cast<unsigned>(ceil_div(M, kFp8Block) + G), static_cast<unsigned>(ceil_div(K, kTileMx * kMxBlock)));
-  mxfp4_row_to_fp8_col_kernel<<<grid, kThreads, 0, stream>>>(in_codes, in_scales, M, K, offsets,
-                                                              static_cast<int>(G), out_codes, out_scales);
+  const int64_t token_blocks = ceil_div(M, kFp8Block) + G, feature_tiles = ceil_div(K, kTileMx * kMxBlock);
+  if (token_blocks <= 65535) {
+    dim3 grid(static_cast<unsigned>(feature_tiles), static_cast<unsigned>(token_blocks));
+    mxfp4_row_to_fp8_col_kernel<false><<<grid, kThreads, 0, stream>>>(in_codes, in_scales, M, K, offsets,
+                                                                       static_cast<int>(G), out_codes, out_scales);
+  } else {
+    dim3 grid(static_cast<unsigned>(token_blocks), static_cast<unsigned>(feature_tiles));
+    mxfp4_row_to_fp8_col_kernel<true><<<grid, kThreads, 0, stream>>>(in_codes, in_scales, M, K, offsets,
+                                                                      static_cast<int>(G), out_codes, out_scales);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
