@@ -145,7 +145,9 @@ void expect_estimate_matches(const std::string& name, const TrainerConfig& cfg) 
   one_step(b, cfg);
   const int64_t weights_after = current(MemCategory::weights);
   // Group Linear's (and Linear's) FP8 weight copies, if DeviceMemory holds them, exactly as estimated.
-  if (weights_after != weights_built) EXPECT_EQ(weights_after, dm(MemCategory::weights)) << "weights after a step";
+  if (weights_after != weights_built) {
+    EXPECT_EQ(weights_after, dm(MemCategory::weights)) << "weights after a step";
+  }
   EXPECT_EQ(current(MemCategory::grads), dm(MemCategory::grads)) << "grads after a step";
   EXPECT_EQ(current(MemCategory::optimizer), dm(MemCategory::optimizer)) << "optimizer after a step";
   const int64_t act_peak = static_cast<int64_t>(b.mem.peak(MemCategory::activations));
