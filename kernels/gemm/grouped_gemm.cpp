@@ -179,6 +179,16 @@ void GroupedGemm::join(cudaStream_t caller, int runs) {
   }
 }
 
+template <typename PerGroup>
+void GroupedGemm::for_each_group(const GroupSplit& split, cudaStream_t caller, PerGroup&& per_group) {
+  const std::vector<int64_t> runs = runs_of(split);
+  fork(caller, tuning_.streams);
+  for (int s = 0; s < tuning_.streams; ++s)
+    for (int64_t g = runs[s]; g < runs[s + 1]; ++g)
+      per_group(s, g, int64_t{split.host_offsets[g + 1]} - split.host_offsets[g], lt_of(s), stream_of(s, caller));
+  join(caller, tuning_.streams);
+}
+
 // ---- BF16 --------------------------------------------------------------------------------------------------------
 
 void GroupedGemm::fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K, const GroupSplit& split,
@@ -188,19 +198,14 @@ void GroupedGemm::fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K,
   check_ptr(what, "x", x);
   check_ptr(what, "w", w);
   (void)M;
-  const std::vector<int64_t> runs = runs_of(split);
-  fork(stream, tuning_.streams);
-  for (int s = 0; s < tuning_.streams; ++s)
-    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
-      const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
-      if (Mg == 0) continue;
-      // Column-major: Y_g^T [N x M_g] = (W_g stored K x N)^T * (X_g stored K x M_g).
-      LtOperand a{w + g * N * K, CUDA_R_16BF, true, K, nullptr, LtScaleMode::none};
-      LtOperand b{x + off * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
-      lt_of(s).matmul(N, Mg, K, a, b, lt_out(y, static_cast<size_t>(off * N) * out_elem_bytes(y.type), N),
-                      RaggedDim::n, stream_of(s, stream));
-    }
-  join(stream, tuning_.streams);
+  for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
+    if (Mg == 0) return;
+    const int64_t off = split.host_offsets[g];
+    // Column-major: Y_g^T [N x M_g] = (W_g stored K x N)^T * (X_g stored K x M_g).
+    LtOperand a{w + g * N * K, CUDA_R_16BF, true, K, nullptr, LtScaleMode::none};
+    LtOperand b{x + off * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
+    lt.matmul(N, Mg, K, a, b, lt_out(y, static_cast<size_t>(off * N) * out_elem_bytes(y.type), N), RaggedDim::n, st);
+  });
 }
 
 void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K, const GroupSplit& split,
@@ -209,19 +214,15 @@ void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K
   check_common(what, N, K, split, dx, false);
   check_ptr(what, "dy", dy);
   check_ptr(what, "w", w);
-  const std::vector<int64_t> runs = runs_of(split);
-  fork(stream, tuning_.streams);
-  for (int s = 0; s < tuning_.streams; ++s)
-    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
-      const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
-      if (Mg == 0) continue;
-      // Column-major: dX_g^T [K x M_g] = (W_g stored K x N) * (dY_g stored N x M_g).
-      LtOperand a{w + g * N * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
-      LtOperand b{dy + off * N, CUDA_R_16BF, false, N, nullptr, LtScaleMode::none};
-      lt_of(s).matmul(K, Mg, N, a, b, lt_out(dx, static_cast<size_t>(off * K) * out_elem_bytes(dx.type), K),
-                      RaggedDim::n, stream_of(s, stream));
-    }
-  join(stream, tuning_.streams);
+  for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
+    if (Mg == 0) return;
+    const int64_t off = split.host_offsets[g];
+    // Column-major: dX_g^T [K x M_g] = (W_g stored K x N) * (dY_g stored N x M_g).
+    LtOperand a{w + g * N * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
+    LtOperand b{dy + off * N, CUDA_R_16BF, false, N, nullptr, LtScaleMode::none};
+    lt.matmul(K, Mg, N, a, b, lt_out(dx, static_cast<size_t>(off * K) * out_elem_bytes(dx.type), K), RaggedDim::n,
+              st);
+  });
 }
 
 void GroupedGemm::wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K, const GroupSplit& split,
@@ -230,22 +231,15 @@ void GroupedGemm::wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K
   check_common(what, N, K, split, dw, true);
   check_ptr(what, "dy", dy);
   check_ptr(what, "x", x);
-  const std::vector<int64_t> runs = runs_of(split);
-  fork(stream, tuning_.streams);
-  for (int s = 0; s < tuning_.streams; ++s)
-    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
-      const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
-      if (Mg == 0) {
-        zero_empty_wgrad(dw, g, N, K, stream_of(s, stream));
-        continue;
-      }
-      // Column-major: dW_g^T [K x N] = (X_g stored K x M_g) * (dY_g stored N x M_g)^T.
-      LtOperand a{x + off * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
-      LtOperand b{dy + off * N, CUDA_R_16BF, true, N, nullptr, LtScaleMode::none};
-      lt_of(s).matmul(K, N, Mg, a, b, lt_out(dw, static_cast<size_t>(g * N * K) * out_elem_bytes(dw.type), K),
-                      RaggedDim::k, stream_of(s, stream));
-    }
-  join(stream, tuning_.streams);
+  for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
+    if (Mg == 0) return zero_empty_wgrad(dw, g, N, K, st);
+    const int64_t off = split.host_offsets[g];
+    // Column-major: dW_g^T [K x N] = (X_g stored K x M_g) * (dY_g stored N x M_g)^T.
+    LtOperand a{x + off * K, CUDA_R_16BF, false, K, nullptr, LtScaleMode::none};
+    LtOperand b{dy + off * N, CUDA_R_16BF, true, N, nullptr, LtScaleMode::none};
+    lt.matmul(K, N, Mg, a, b, lt_out(dw, static_cast<size_t>(g * N * K) * out_elem_bytes(dw.type), K), RaggedDim::k,
+              st);
+  });
 }
 
 // ---- FP8 ---------------------------------------------------------------------------------------------------------
@@ -282,31 +276,22 @@ void GroupedGemm::row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8
     const int64_t off = split.host_offsets[g];
     packed_first[g + 1] = packed_first[g] + group_main_rows(off, split.host_offsets[g + 1] - off, M);
   }
-  const std::vector<int64_t> runs = runs_of(split);
   std::vector<int64_t> written_to(static_cast<size_t>(S), 0);  // end of the rows each run's GEMMs write
-  fork(stream, S);
-  for (int s = 0; s < S; ++s) {
-    const cudaStream_t st = stream_of(s, stream);
-    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
-      const int64_t off = split.host_offsets[g], Mg = split.host_offsets[g + 1] - off;
-      if (Mg == 0) continue;
-      const int64_t n_main = group_main_rows(off, Mg, M);
-      if (n_main > 0) {
-        LtOperand b{rows.codes + off * R, CUDA_R_8F_E4M3, false, R, packed + nb * packed_first[g],
-                    LtScaleMode::vec128};
-        lt_of(s).matmul(P, n_main, R, weights(g), b, lt_out(out, static_cast<size_t>(off * P) * es, P),
-                        RaggedDim::n, st);
-        written_to[s] = std::max(written_to[s], off + n_main);
-      }
-      // The last 1..3 rows at the end of the tensor: through this stream's 4-row scratch.
-      if (Mg > n_main)
-        rows_through_slot(lt_of(s), tail_slot(scratch_, sl, s), rows, weights(g), P, R, M, off + n_main,
-                          Mg - n_main, out, st);
+  for_each_group(split, stream, [&](int s, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
+    if (Mg == 0) return;
+    const int64_t off = split.host_offsets[g], n_main = group_main_rows(off, Mg, M);
+    if (n_main > 0) {
+      LtOperand b{rows.codes + off * R, CUDA_R_8F_E4M3, false, R, packed + nb * packed_first[g], LtScaleMode::vec128};
+      lt.matmul(P, n_main, R, weights(g), b, lt_out(out, static_cast<size_t>(off * P) * es, P), RaggedDim::n, st);
+      written_to[s] = std::max(written_to[s], off + n_main);
     }
-  }
-  join(stream, S);
+    // The last 1..3 rows at the end of the tensor: through this stream's 4-row scratch.
+    if (Mg > n_main)
+      rows_through_slot(lt, tail_slot(scratch_, sl, s), rows, weights(g), P, R, M, off + n_main, Mg - n_main, out, st);
+  });
   // Rows a run wrote past its last group belong to a later run, which may have written them first: their own
   // groups compute them again (at most 3 rows per run boundary).
+  const std::vector<int64_t> runs = runs_of(split);
   for (int s = 0; s + 1 < S; ++s) {
     const int64_t from = split.host_offsets[runs[s + 1]], to = written_to[s];
     for (int64_t g = runs[s + 1]; g < split.G && split.host_offsets[g] < to; ++g) {
@@ -348,23 +333,14 @@ void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_
     P[g + 1] = P[g] + (Mg == 0 ? 0 : fp8_col_group_ld(Mg));
     Q[g + 1] = Q[g] + ceil_div(Mg, kFp8Block);
   }
-  const std::vector<int64_t> runs = runs_of(split);
-  fork(stream, tuning_.streams);
-  for (int s = 0; s < tuning_.streams; ++s)
-    for (int64_t g = runs[s]; g < runs[s + 1]; ++g) {
-      const int64_t Mg = split.host_offsets[g + 1] - split.host_offsets[g];
-      if (Mg == 0) {
-        zero_empty_wgrad(dw, g, N, K, stream_of(s, stream));
-        continue;
-      }
-      const int64_t L = fp8_col_group_ld(Mg);
-      // Column-major: dW_g^T [K x N] = (X_g^T stored L x K)^T * (dY_g^T stored L x N); k = L (zero tail).
-      LtOperand a{x.codes + K * P[g], CUDA_R_8F_E4M3, true, L, x.scales + K * Q[g], LtScaleMode::vec128};
-      LtOperand b{dy.codes + N * P[g], CUDA_R_8F_E4M3, false, L, dy.scales + N * Q[g], LtScaleMode::vec128};
-      lt_of(s).matmul(K, N, L, a, b, lt_out(dw, static_cast<size_t>(g * N * K) * es, K), RaggedDim::k,
-                      stream_of(s, stream));
-    }
-  join(stream, tuning_.streams);
+  for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
+    if (Mg == 0) return zero_empty_wgrad(dw, g, N, K, st);
+    const int64_t L = fp8_col_group_ld(Mg);
+    // Column-major: dW_g^T [K x N] = (X_g^T stored L x K)^T * (dY_g^T stored L x N); k = L (zero tail).
+    LtOperand a{x.codes + K * P[g], CUDA_R_8F_E4M3, true, L, x.scales + K * Q[g], LtScaleMode::vec128};
+    LtOperand b{dy.codes + N * P[g], CUDA_R_8F_E4M3, false, L, dy.scales + N * Q[g], LtScaleMode::vec128};
+    lt.matmul(K, N, L, a, b, lt_out(dw, static_cast<size_t>(g * N * K) * es, K), RaggedDim::k, st);
+  });
 }
 
 }  // namespace fp4moe

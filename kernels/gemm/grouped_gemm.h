@@ -153,6 +153,10 @@ class GroupedGemm {
   }
   void fork(cudaStream_t caller, int runs);
   void join(cudaStream_t caller, int runs);
+  // Forks, calls per_group(s, g, M_g, lt, stream) for every group g in order, run s with its cuBLASLt object and
+  // stream, and joins.
+  template <typename PerGroup>
+  void for_each_group(const GroupSplit& split, cudaStream_t caller, PerGroup&& per_group);
 
   CublasLtMatmul lt_;
   void* scratch_ = nullptr;
