@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,8 +35,6 @@
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/gemm/cublaslt_matmul.h"
-#include "results/env_info.h"
-#include "results/run_info.h"
 
 namespace fp4moe::bench_attn {
 namespace {
@@ -291,48 +288,27 @@ Table result_table(const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   using namespace fp4moe;
   using namespace fp4moe::bench_attn;
-  const std::string command = command_line(argc, argv);
-  const std::string h5_path = bench::take_h5_flag(argc, argv);
-  const bool listing = bench::has_flag(argc, argv, "--benchmark_list_tests");
-  define_cases();
-  for (const auto& c : g_cases)
-    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(kMinTimeS);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  if (listing) {
-    benchmark::RunSpecifiedBenchmarks();
-    return 0;
-  }
-  const std::string why = why_no_cuda_device();
-  if (!why.empty()) {
-    std::fprintf(stderr, "bench_attention: %s: the attention benchmarks need a Hopper GPU\n", why.c_str());
-    return 1;
-  }
-  try {
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    cudaDeviceProp p{};
-    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
-    FP4MOE_CHECK(p.major == 9, "the kernels are built for sm_90a (Hopper); device {} is {} (sm_{}{})", dev, p.name,
-                 p.major, p.minor);
+  bench::Program program;
+  program.name = "bench_attention";
+  program.needs = "the attention benchmarks";
+  program.min_time_s = kMinTimeS;
+  program.cases = [] {
+    define_cases();
+    return bench::case_names(g_cases);
+  };
+  program.run_case = [](benchmark::State& st, size_t i) { run_case(st, &g_cases[i]); };
+  program.on_device = [](int, const cudaDeviceProp& p) {
     fmt::print("bench_attention on {}: min time {} s per case\n", p.name, kMinTimeS);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_attention: %s\n", e.what());
-    return 1;
-  }
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  g_workload.reset();
-  const std::vector<Row> rows = summarize();
-  print_table(rows);
-  int rc = 0;
-  for (const auto& [name, ok] : g_ok)
-    if (!ok) rc = 1;
-  if (!h5_path.empty() &&
-      bench::write_bench_result("bench_attention", h5_path, "attention", result_table(rows), command) != 0)
-    rc = 1;
-  return rc;
+  };
+  program.report = [](const std::string& h5_path, const std::string& command) {
+    g_workload.reset();
+    const std::vector<Row> rows = summarize();
+    print_table(rows);
+    int rc = std::all_of(g_ok.begin(), g_ok.end(), [](const auto& kv) { return kv.second; }) ? 0 : 1;
+    if (!h5_path.empty() &&
+        bench::write_bench_result("bench_attention", h5_path, "attention", result_table(rows), command) != 0)
+      rc = 1;
+    return rc;
+  };
+  return bench::run_program(argc, argv, program);
 }

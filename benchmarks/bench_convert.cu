@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -42,9 +41,7 @@
 #include "kernels/quant/mxfp4_row_to_fp8_col.h"
 #include "kernels/quant/mxfp4_row_to_fp8_row.h"
 #include "kernels/quant/mxfp4_to_bf16.h"
-#include "results/env_info.h"
 #include "results/h5_file.h"
-#include "results/run_info.h"
 
 namespace fp4moe::bench {
 namespace {
@@ -480,35 +477,16 @@ Table result_table(const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   using namespace fp4moe;
   using namespace fp4moe::bench;
-  const std::string command = command_line(argc, argv);
-  const std::string h5_path = take_h5_flag(argc, argv);
-  const bool listing = has_flag(argc, argv, "--benchmark_list_tests");
-
-  define_cases();
-  for (const auto& c : g_cases)
-    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(kMinTimeS);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  if (listing) {
-    benchmark::RunSpecifiedBenchmarks();
-    return 0;
-  }
-
-  std::string why = why_no_cuda_device();
-  if (!why.empty()) {
-    std::fprintf(stderr, "bench_convert: %s: the conversion benchmarks need a Hopper GPU\n", why.c_str());
-    return 1;
-  }
-  try {
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    cudaDeviceProp p{};
-    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
-    FP4MOE_CHECK(p.major == 9, "the kernels are built for sm_90a (Hopper); device {} is {} (sm_{}{})", dev, p.name,
-                 p.major, p.minor);
+  Program program;
+  program.name = "bench_convert";
+  program.needs = "the conversion benchmarks";
+  program.min_time_s = kMinTimeS;
+  program.cases = [] {
+    define_cases();
+    return case_names(g_cases);
+  };
+  program.run_case = [](benchmark::State& st, size_t i) { run_case(st, &g_cases[i]); };
+  program.on_device = [](int dev, const cudaDeviceProp& p) {
     int l2 = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
     g_l2_bytes = l2;
@@ -517,21 +495,15 @@ int main(int argc, char** argv) {
     g_budget_bytes = static_cast<int64_t>(free_b) / 10 * 7;
     fmt::print("bench_convert on {} (L2 {:.0f} MiB): inputs rotated over >= 2x L2, min time {} s per case\n", p.name,
                l2 / 1048576.0, kMinTimeS);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_convert: %s\n", e.what());
-    return 1;
-  }
-
-  benchmark::RunSpecifiedBenchmarks();
-  release_workload();
-  benchmark::Shutdown();
-
-  std::vector<Row> rows = summarize();
-  print_table(rows);
-  int rc = 0;
-  for (const auto& [name, m] : g_measured)
-    if (!m.ok) rc = 1;
-  if (!h5_path.empty() && write_bench_result("bench_convert", h5_path, "convert", result_table(rows), command) != 0)
-    rc = 1;
-  return rc;
+  };
+  program.after_cases = release_workload;
+  program.report = [](const std::string& h5_path, const std::string& command) {
+    const std::vector<Row> rows = summarize();
+    print_table(rows);
+    int rc = std::all_of(g_measured.begin(), g_measured.end(), [](const auto& kv) { return kv.second.ok; }) ? 0 : 1;
+    if (!h5_path.empty() && write_bench_result("bench_convert", h5_path, "convert", result_table(rows), command) != 0)
+      rc = 1;
+    return rc;
+  };
+  return run_program(argc, argv, program);
 }

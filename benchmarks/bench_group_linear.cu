@@ -31,7 +31,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -46,8 +45,6 @@
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
-#include "results/env_info.h"
-#include "results/run_info.h"
 
 namespace fp4moe::bench_gl {
 namespace {
@@ -494,41 +491,33 @@ void print_splits() {
 int main(int argc, char** argv) {
   using namespace fp4moe;
   using namespace fp4moe::bench_gl;
-  const std::string command = command_line(argc, argv);
-  const std::string h5_path = bench::take_h5_flag(argc, argv);
-  const bool all = take_flag(argc, argv, "--all");
-  if (take_flag(argc, argv, "--list_splits")) {
-    print_splits();
-    return 0;
-  }
-  const bool listing = bench::has_flag(argc, argv, "--benchmark_list_tests");
-  define_cases(all);
-  for (const auto& c : g_cases)
-    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(kMinTimeS);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  if (listing) {
-    benchmark::RunSpecifiedBenchmarks();
-    return 0;
-  }
-  const std::string why = why_no_cuda_device();
-  if (!why.empty()) {
-    std::fprintf(stderr, "bench_group_linear: %s: the Group Linear benchmarks need a Hopper GPU\n", why.c_str());
-    return 1;
-  }
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  g_workload.reset();
-  const std::vector<Row> rows = summarize();
-  print_table(rows);
-  int rc = 0;
-  for (const auto& [name, m] : g_measured)
-    if (!m.ok) rc = 1;
-  if (!h5_path.empty() &&
-      bench::write_bench_result("bench_group_linear", h5_path, "group_linear", result_table(rows), command) != 0)
-    rc = 1;
-  return rc;
+  bool all = false;
+  bench::Program program;
+  program.name = "bench_group_linear";
+  program.needs = "the Group Linear benchmarks";
+  program.min_time_s = kMinTimeS;
+  program.take_flags = [&all](int& argc, char** argv) {
+    all = take_flag(argc, argv, "--all");
+    if (take_flag(argc, argv, "--list_splits")) {
+      print_splits();
+      return 0;
+    }
+    return -1;
+  };
+  program.cases = [&all] {
+    define_cases(all);
+    return bench::case_names(g_cases);
+  };
+  program.run_case = [](benchmark::State& st, size_t i) { run_case(st, &g_cases[i]); };
+  program.report = [](const std::string& h5_path, const std::string& command) {
+    g_workload.reset();
+    const std::vector<Row> rows = summarize();
+    print_table(rows);
+    int rc = std::all_of(g_measured.begin(), g_measured.end(), [](const auto& kv) { return kv.second.ok; }) ? 0 : 1;
+    if (!h5_path.empty() &&
+        bench::write_bench_result("bench_group_linear", h5_path, "group_linear", result_table(rows), command) != 0)
+      rc = 1;
+    return rc;
+  };
+  return bench::run_program(argc, argv, program);
 }

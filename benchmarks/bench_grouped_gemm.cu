@@ -19,8 +19,8 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,8 +33,6 @@
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/quant/layouts.h"
-#include "results/env_info.h"
-#include "results/run_info.h"
 
 namespace fp4moe::bench_gemm {
 namespace {
@@ -362,35 +360,23 @@ Table result_table(const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   using namespace fp4moe;
   using namespace fp4moe::bench_gemm;
-  const std::string command = command_line(argc, argv);
-  const std::string h5_path = bench::take_h5_flag(argc, argv);
-  const bool listing = bench::has_flag(argc, argv, "--benchmark_list_tests");
-  define_cases();
-  for (const auto& c : g_cases)
-    benchmark::RegisterBenchmark(c.name().c_str(), [&c](benchmark::State& st) { run_case(st, &c); })
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(kMinTimeS);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  if (listing) {
-    benchmark::RunSpecifiedBenchmarks();
-    return 0;
-  }
-  const std::string why = why_no_cuda_device();
-  if (!why.empty()) {
-    std::fprintf(stderr, "bench_grouped_gemm: %s: the grouped GEMM benchmarks need a Hopper GPU\n", why.c_str());
-    return 1;
-  }
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  const std::vector<Row> rows = summarize();
-  print_table(rows);
-  int rc = 0;
-  for (const auto& [name, m] : g_measured)
-    if (!m.ok) rc = 1;
-  if (!h5_path.empty() &&
-      bench::write_bench_result("bench_grouped_gemm", h5_path, "grouped_gemm", result_table(rows), command) != 0)
-    rc = 1;
-  return rc;
+  bench::Program program;
+  program.name = "bench_grouped_gemm";
+  program.needs = "the grouped GEMM benchmarks";
+  program.min_time_s = kMinTimeS;
+  program.cases = [] {
+    define_cases();
+    return bench::case_names(g_cases);
+  };
+  program.run_case = [](benchmark::State& st, size_t i) { run_case(st, &g_cases[i]); };
+  program.report = [](const std::string& h5_path, const std::string& command) {
+    const std::vector<Row> rows = summarize();
+    print_table(rows);
+    int rc = std::all_of(g_measured.begin(), g_measured.end(), [](const auto& kv) { return kv.second.ok; }) ? 0 : 1;
+    if (!h5_path.empty() &&
+        bench::write_bench_result("bench_grouped_gemm", h5_path, "grouped_gemm", result_table(rows), command) != 0)
+      rc = 1;
+    return rc;
+  };
+  return bench::run_program(argc, argv, program);
 }

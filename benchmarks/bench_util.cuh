@@ -1,9 +1,11 @@
 // Shared by the benchmark programs (header only: each bench_<family>.cu is its own executable):
 // device buffers, seeded random inputs with a realistic spread, the number of rotated input copies needed to
 // defeat the L2, CUDA-event timing of a batch of launches, the command-line flags every program takes besides
-// Google Benchmark's own (--h5 PATH), and the /bench/<family> table of the HDF5 result file.
+// Google Benchmark's own (--h5 PATH), the /bench/<family> table of the HDF5 result file, and the main() they all
+// share (run_program).
 #pragma once
 
+#include <benchmark/benchmark.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -17,11 +19,13 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "kernels/common/check.h"
 #include "kernels/formats/formats.h"
+#include "results/env_info.h"
 #include "results/h5_file.h"
 #include "results/run_info.h"
 #include "results/table.h"
@@ -220,6 +224,99 @@ inline int write_bench_result(const char* program, const std::string& path, cons
     std::fprintf(stderr, "%s: %s\n", program, e.what());
     return 1;
   }
+}
+
+// ---- program --------------------------------------------------------------------------------------------------
+
+// The names of `cases` (any container of objects with a name() method), in order: Program::cases' usual answer.
+template <typename Cases>
+std::vector<std::string> case_names(const Cases& cases) {
+  std::vector<std::string> names;
+  for (const auto& c : cases) names.push_back(c.name());
+  return names;
+}
+
+// One benchmark program, as run_program runs it. The fields without "optional" must be set.
+struct Program {
+  const char* name = "";     // "bench_attention": the first word of its error lines
+  const char* needs = "";    // "the attention benchmarks": "<name>: <why>: <needs> need a Hopper GPU" without device
+  double min_time_s = 0.05;  // Google Benchmark's MinTime of every case, seconds
+  // Optional: takes the program's own flags out of argv (after --h5, before Google Benchmark sees the rest);
+  // returns an exit code to end the program with at once, or -1 to go on.
+  std::function<int(int& argc, char** argv)> take_flags;
+  // Defines the cases; returns their names, in the order of registration (Google Benchmark lists and runs them in
+  // that order, filtered by --benchmark_filter).
+  std::function<std::vector<std::string>()> cases;
+  // Measures case i (its index in cases()' answer) into `state`: manual time (SetIterationTime), SkipWithError on
+  // failure.
+  std::function<void(benchmark::State& state, size_t i)> run_case;
+  // Optional: called once before the first case with the current device and its properties, after run_program has
+  // checked that the device is sm_90 (Hopper); prints the program's banner and sets up what the cases need. May
+  // throw (the program then ends with exit code 1). When absent, neither the check nor the call happens.
+  std::function<void(int device, const cudaDeviceProp& prop)> on_device;
+  // Optional: called right after the last case, before benchmark::Shutdown (frees what the last case kept).
+  std::function<void()> after_cases;
+  // Called last, after benchmark::Shutdown: summarizes what the cases measured, prints the tables and, when h5_path
+  // is not empty (the --h5 PATH; "" without --h5), writes the /bench/<family> table with write_bench_result
+  // (`command`: the whole command line, for the file's root attributes). Returns the program's exit code: 0 when
+  // every case ran and the file (if asked for) was written, 1 otherwise.
+  std::function<int(const std::string& h5_path, const std::string& command)> report;
+};
+
+// The main() of every benchmark program, in this order:
+//  1. command_line of the whole argv (for the result file), take_h5_flag (exit code 2 when the --h5 path cannot be
+//     written), program.take_flags (ends here with its exit code when it returns one >= 0);
+//  2. program.cases, each registered with manual time, microseconds and MinTime(min_time_s);
+//     benchmark::Initialize; exit code 2 on a flag that Google Benchmark does not know either;
+//  3. with --benchmark_list_tests: lists the cases (no device needed) and returns 0;
+//  4. without a usable CUDA device: one line "<name>: <why>: <needs> need a Hopper GPU" on stderr, returns 1;
+//  5. with program.on_device: refuses a device other than sm_90 and calls on_device; an exception from either is
+//     printed as "<name>: <what>" on stderr and returns 1;
+//  6. runs the cases (benchmark::RunSpecifiedBenchmarks), program.after_cases, benchmark::Shutdown;
+//  7. returns program.report(h5_path, command).
+inline int run_program(int argc, char** argv, const Program& program) {
+  const std::string command = command_line(argc, argv);
+  const std::string h5_path = take_h5_flag(argc, argv);
+  if (program.take_flags) {
+    const int rc = program.take_flags(argc, argv);
+    if (rc >= 0) return rc;
+  }
+  const bool listing = has_flag(argc, argv, "--benchmark_list_tests");
+  const std::vector<std::string> names = program.cases();
+  for (size_t i = 0; i < names.size(); ++i)
+    benchmark::RegisterBenchmark(names[i].c_str(), [run = program.run_case, i](benchmark::State& st) { run(st, i); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(program.min_time_s);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  if (listing) {
+    benchmark::RunSpecifiedBenchmarks();
+    return 0;
+  }
+  const std::string why = why_no_cuda_device();
+  if (!why.empty()) {
+    std::fprintf(stderr, "%s: %s: %s need a Hopper GPU\n", program.name, why.c_str(), program.needs);
+    return 1;
+  }
+  if (program.on_device) {
+    try {
+      int dev = 0;
+      CUDA_CHECK(cudaGetDevice(&dev));
+      cudaDeviceProp p{};
+      CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+      FP4MOE_CHECK(p.major == 9, "the kernels are built for sm_90a (Hopper); device {} is {} (sm_{}{})", dev, p.name,
+                   p.major, p.minor);
+      program.on_device(dev, p);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: %s\n", program.name, e.what());
+      return 1;
+    }
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  if (program.after_cases) program.after_cases();
+  benchmark::Shutdown();
+  return program.report(h5_path, command);
 }
 
 }  // namespace fp4moe::bench
