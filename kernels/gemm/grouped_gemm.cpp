@@ -8,6 +8,7 @@
 #include "kernels/common/check.h"
 #include "kernels/common/offsets.h"
 #include "kernels/gemm/group_row_scales.h"
+#include "kernels/gemm/grouped_runs.h"
 #include "kernels/quant/layouts.h"
 
 namespace fp4moe {
@@ -134,6 +135,10 @@ void GroupedGemm::ensure_scratch(size_t bytes) {
 void GroupedGemm::reserve(int64_t M, int64_t R, int64_t P, int64_t G) {
   FP4MOE_CHECK(M >= 0 && R > 0 && P > 0 && G >= 1, "GroupedGemm::reserve: bad bounds M={} R={} P={} G={}", M, R, P,
                G);
+  reserved_[0] = M;
+  reserved_[1] = R;
+  reserved_[2] = P;
+  reserved_[3] = G;
   ensure_scratch(scratch_bytes(M, R, P, G, tuning_.streams));
 }
 
@@ -141,10 +146,11 @@ void GroupedGemm::set_tuning(const GroupedGemmTuning& tuning) {
   FP4MOE_CHECK(tuning.streams >= 1 && tuning.streams <= 8, "GroupedGemm::set_tuning: streams must be in [1, 8], got {}",
                tuning.streams);
   while (static_cast<int>(side_streams_.size()) < tuning.streams - 1) {
+    auto lt = std::make_unique<CublasLtMatmul>();  // may throw: nothing half-added
     cudaStream_t st = nullptr;
     CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    side_lt_.push_back(std::move(lt));
     side_streams_.push_back(st);
-    side_lt_.push_back(std::make_unique<CublasLtMatmul>());
   }
   while (static_cast<int>(events_.size()) < tuning.streams) {
     cudaEvent_t e = nullptr;
@@ -152,18 +158,9 @@ void GroupedGemm::set_tuning(const GroupedGemmTuning& tuning) {
     events_.push_back(e);
   }
   tuning_ = tuning;
-}
-
-std::vector<int64_t> GroupedGemm::runs_of(const GroupSplit& split) const {
-  const int64_t S = tuning_.streams, M = split.host_offsets[split.G];
-  std::vector<int64_t> first(static_cast<size_t>(S + 1), split.G);
-  first[0] = 0;
-  // Run s starts at the first group whose first token is at or past s * M / S.
-  for (int64_t s = 1, g = 0; s < S; ++s) {
-    while (g < split.G && split.host_offsets[g] < s * M / S) ++g;
-    first[static_cast<size_t>(s)] = g;
-  }
-  return first;
+  // A reserve() made for fewer streams: the tail slots of the new ones now, not inside a later call.
+  if (reserved_[3] > 0)
+    ensure_scratch(scratch_bytes(reserved_[0], reserved_[1], reserved_[2], reserved_[3], tuning.streams));
 }
 
 void GroupedGemm::fork(cudaStream_t caller, int runs) {
@@ -179,13 +176,26 @@ void GroupedGemm::join(cudaStream_t caller, int runs) {
   }
 }
 
+void GroupedGemm::join_after_error(cudaStream_t caller, int runs) noexcept {
+  for (int s = 1; s < runs; ++s)
+    if (cudaEventRecord(events_[static_cast<size_t>(s)], stream_of(s, caller)) == cudaSuccess)
+      (void)cudaStreamWaitEvent(caller, events_[static_cast<size_t>(s)], 0);
+}
+
 template <typename PerGroup>
 void GroupedGemm::for_each_group(const GroupSplit& split, cudaStream_t caller, PerGroup&& per_group) {
-  const std::vector<int64_t> runs = runs_of(split);
+  const std::vector<int64_t> runs = group_runs(split.host_offsets, split.G, tuning_.streams);
   fork(caller, tuning_.streams);
-  for (int s = 0; s < tuning_.streams; ++s)
-    for (int64_t g = runs[s]; g < runs[s + 1]; ++g)
-      per_group(s, g, int64_t{split.host_offsets[g + 1]} - split.host_offsets[g], lt_of(s), stream_of(s, caller));
+  try {
+    for (int s = 0; s < tuning_.streams; ++s)
+      for (int64_t g = runs[s]; g < runs[s + 1]; ++g)
+        per_group(s, g, int64_t{split.host_offsets[g + 1]} - split.host_offsets[g], lt_of(s), stream_of(s, caller));
+  } catch (...) {
+    // The work already queued on the side streams still uses the caller's buffers: the caller's stream waits for
+    // it before the error leaves, as it would have without one.
+    join_after_error(caller, tuning_.streams);
+    throw;
+  }
   join(caller, tuning_.streams);
 }
 
@@ -276,32 +286,26 @@ void GroupedGemm::row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8
     const int64_t off = split.host_offsets[g];
     packed_first[g + 1] = packed_first[g] + group_main_rows(off, split.host_offsets[g + 1] - off, M);
   }
-  std::vector<int64_t> written_to(static_cast<size_t>(S), 0);  // end of the rows each run's GEMMs write
   for_each_group(split, stream, [&](int s, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
     if (Mg == 0) return;
     const int64_t off = split.host_offsets[g], n_main = group_main_rows(off, Mg, M);
     if (n_main > 0) {
       LtOperand b{rows.codes + off * R, CUDA_R_8F_E4M3, false, R, packed + nb * packed_first[g], LtScaleMode::vec128};
       lt.matmul(P, n_main, R, weights(g), b, lt_out(out, static_cast<size_t>(off * P) * es, P), RaggedDim::n, st);
-      written_to[s] = std::max(written_to[s], off + n_main);
     }
     // The last 1..3 rows at the end of the tensor: through this stream's 4-row scratch.
     if (Mg > n_main)
       rows_through_slot(lt, tail_slot(scratch_, sl, s), rows, weights(g), P, R, M, off + n_main, Mg - n_main, out, st);
   });
   // Rows a run wrote past its last group belong to a later run, which may have written them first: their own
-  // groups compute them again (at most 3 rows per run boundary).
-  const std::vector<int64_t> runs = runs_of(split);
-  for (int s = 0; s + 1 < S; ++s) {
-    const int64_t from = split.host_offsets[runs[s + 1]], to = written_to[s];
-    for (int64_t g = runs[s + 1]; g < split.G && split.host_offsets[g] < to; ++g) {
-      const int64_t first = std::max<int64_t>(from, split.host_offsets[g]);
-      const int64_t last = std::min<int64_t>(to, split.host_offsets[g + 1]);
-      if (last <= first) continue;
-      rows_through_slot(lt_, tail_slot(scratch_, sl, 0), rows, weights(g), P, R, M, first, last - first, out, stream);
-      rows_recomputed_ += last - first;
+  // groups compute them again (grouped_runs.h).
+  if (S > 1)
+    for (const GroupRows& r :
+         rows_to_recompute(split.host_offsets, split.G, group_runs(split.host_offsets, split.G, S))) {
+      rows_through_slot(lt_, tail_slot(scratch_, sl, 0), rows, weights(r.group), P, R, M, r.first, r.count, out,
+                        stream);
+      rows_recomputed_ += r.count;
     }
-  }
 }
 
 void GroupedGemm::fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t K, const GroupSplit& split,

@@ -22,9 +22,9 @@
 // Routing counts on the host: each entry point takes the device offsets and ONE host copy of the same offsets
 // (GroupSplit). The caller fetches that copy once per MoE layer and step, where the token counts per expert
 // become known (after the dispatch's count exchange, before the expert GEMMs), and passes the same copy to the
-// Fprop, Dgrad and Wgrad of all the layer's expert GEMMs. The GEMMs themselves never synchronise: one stream,
-// one cuBLASLt call per non-empty expert (plus at most three small 4-row calls for the ragged tails at the end
-// of the tensor), launched back to back.
+// Fprop, Dgrad and Wgrad of all the layer's expert GEMMs. The GEMMs themselves never synchronise: one cuBLASLt
+// call per non-empty expert (plus at most three small 4-row calls for the ragged tails at the end of the tensor,
+// and with several streams the recomputed rows below), launched back to back.
 //
 // Shape rules: N % 16 == 0 and K % 16 == 0 (FP8 tensor cores read 16-byte rows; the quantizers impose the same);
 // any M_g >= 0. All device pointers 16-byte aligned. Rejected with fp4moe::Error before anything is launched:
@@ -37,16 +37,18 @@
 // last 1..3 rows are copied to a zero-padded 4-row scratch, computed there and copied out. Every output row is
 // written exactly by its own group in the end; nothing past M is read or written.
 //
-// Streams (set_tuning, default 1): with S > 1 the groups are cut into S runs of consecutive groups holding about
-// M/S tokens each; run 0 goes on the caller's stream, run s on a side stream of this object that waits for the
-// caller's work queued so far, and the caller's stream waits for every run before the call returns, so callers
-// see one stream as before. Concurrent runs fill each other's last partial wave of tiles. A run's last group may
-// write its 1..3 extra rows into the next run's first rows while that run computes them: those rows are computed
-// again through the 4-row scratch GEMM after the join, so every row still ends with its own group's value. Each
-// stream has its own cuBLASLt workspace (32 MiB) and tail scratch. Measured on the H200 (bench_grouped_gemm,
-// reports/results/h200/conversion-and-gemm-tuning-20261129/): 2 streams take 1.01-1.17x less time with 32
-// experts of ~512 tokens (every op, both V3 shapes, BF16 and FP8) and 0.87-1.36x with 8 experts of ~2048, so the
-// default stays 1 and callers with many small groups opt in.
+// Streams (set_tuning, default 1): with S > 1 the groups are cut into S runs of consecutive groups, run s starting
+// at the first group whose first token is at or past s * M / S (grouped_runs.h group_runs; a run may be empty);
+// run 0 goes on the caller's stream, run s on a side stream of this object that waits for the caller's work
+// queued so far, and the caller's stream waits for every run before the call returns (also when a call throws
+// half-way), so callers see one stream as before. Concurrent runs fill each other's last partial wave of tiles.
+// Any group of a run may write its 1..3 extra rows past the run's last group, into a later run that may already
+// have written them: those rows (grouped_runs.h rows_to_recompute, at most 3 per run boundary) are computed again
+// by their own groups through the 4-row scratch GEMM after the join, so every row ends with its own group's
+// value. Each stream has its own cuBLASLt workspace (32 MiB) and tail scratch. Measured on the H200
+// (bench_grouped_gemm, reports/results/h200/conversion-and-gemm-tuning-20261129/): 2 streams take 1.01-1.17x less
+// time with 32 experts of ~512 tokens (every op, both V3 shapes, BF16 and FP8) and 0.87-1.36x with 8 experts of
+// ~2048, so the default stays 1 and callers with many small groups opt in.
 //
 // Not thread-safe; one GroupedGemm per stream (it owns the cuBLASLt workspace and a scratch buffer that grows on
 // demand with cudaMalloc, which synchronises the device: call reserve() once up front to avoid that).
@@ -96,7 +98,8 @@ struct Fp8BlockStack {
   const float* scales = nullptr;
 };
 
-// Throughput options of a GroupedGemm (results are the same bits run after run with any of them).
+// Throughput options of a GroupedGemm. Any of them gives the same bits run after run; with S > 1 streams the
+// recomputed rows (a 4-row GEMM instead of their group's) may differ in the last bits from a one-stream run.
 struct GroupedGemmTuning {
   int streams = 1;  // 1..8 concurrent runs of groups (see "Streams" above)
 };
@@ -127,7 +130,8 @@ class GroupedGemm {
 
   // Grows the scratch for FP8 Fprop/Dgrad up to M tokens, reduction dimension R (K for Fprop, N for Dgrad),
   // output width P (N for Fprop, K for Dgrad) and G groups, so that later calls within those bounds allocate
-  // nothing. Bytes held: scratch_bytes(M, R, P, G, tuning().streams). Call after set_tuning.
+  // nothing. Bytes held: scratch_bytes(M, R, P, G, tuning().streams); a later set_tuning with more streams grows
+  // it to the same bounds at once.
   void reserve(int64_t M, int64_t R, int64_t P, int64_t G);
   static size_t scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G, int streams = 1);
 
@@ -137,7 +141,7 @@ class GroupedGemm {
   // during a call).
   void set_tuning(const GroupedGemmTuning& tuning);
   const GroupedGemmTuning& tuning() const { return tuning_; }
-  // Rows recomputed after a join (see "Streams"), summed over calls: benchmarks report it.
+  // Rows recomputed after a join (see "Streams"), summed over calls (the GPU tests check it).
   int64_t rows_recomputed() const { return rows_recomputed_; }
 
  private:
@@ -145,14 +149,13 @@ class GroupedGemm {
   void row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8BlockStack blocks, int64_t P, int64_t R,
                             const GroupSplit& split, GemmOutput out, cudaStream_t stream);
   void ensure_scratch(size_t bytes);
-  // The runs of consecutive groups (first group of run s at [s], G at [runs]) and the streams they use.
-  std::vector<int64_t> runs_of(const GroupSplit& split) const;
   CublasLtMatmul& lt_of(int s) { return s == 0 ? lt_ : *side_lt_[static_cast<size_t>(s - 1)]; }
   cudaStream_t stream_of(int s, cudaStream_t caller) const {
     return s == 0 ? caller : side_streams_[static_cast<size_t>(s - 1)];
   }
   void fork(cudaStream_t caller, int runs);
   void join(cudaStream_t caller, int runs);
+  void join_after_error(cudaStream_t caller, int runs) noexcept;
   // Forks, calls per_group(s, g, M_g, lt, stream) for every group g in order, run s with its cuBLASLt object and
   // stream, and joins.
   template <typename PerGroup>
@@ -166,6 +169,7 @@ class GroupedGemm {
   std::vector<cudaStream_t> side_streams_;
   std::vector<cudaEvent_t> events_;  // [0]: fork; [s]: end of run s
   int64_t rows_recomputed_ = 0;
+  int64_t reserved_[4] = {0, 0, 0, 0};  // the last reserve()'s M, R, P, G (G = 0: none)
 };
 
 }  // namespace fp4moe
