@@ -66,14 +66,18 @@ def convert_table(seed):
 
 
 def gemm_table(seed):
-    """/bench/grouped_gemm columns: Fprop/Dgrad/Wgrad x BF16/FP8 over two grouped shapes and their dense ceilings."""
+    """/bench/grouped_gemm columns: Fprop/Dgrad/Wgrad x BF16/FP8 over three grouped shapes (ragged 8 and 32
+    experts, even 8) and their dense ceilings, each grouped shape on one stream (tuning "none") and two ("s2")."""
     rng = np.random.default_rng(seed)
     cols = {c: [] for c in ["case", "shape", "recipe", "time_us", "tflops", "gbps", "fraction_of_copy_bw", "speedup",
                             "fraction_of_dense", "experts", "n", "k", "tuning"]}
     for op in ["fprop", "dgrad", "wgrad"]:
         for name, n, k in [("up", 4096, 7168), ("down", 7168, 2048)]:
-            for experts, shape, dense in [(8, f"{name} 8x2048", False), (32, f"{name} 32x512", False),
-                                          (1, f"{name} 1x16384", True)]:
+            for experts, shape, dense, tuning in [
+                    (8, f"{name} 8x2048", False, "none"), (32, f"{name} 32x512", False, "none"),
+                    (8, f"{name} 8x2048 even", False, "none"), (1, f"{name} 1x16384", True, "none"),
+                    (8, f"{name} 8x2048", False, "s2"), (32, f"{name} 32x512", False, "s2"),
+                    (8, f"{name} 8x2048 even", False, "s2")]:
                 t_bf16 = float(rng.uniform(500, 900))
                 for recipe in ["bf16", "fp8"]:
                     t = t_bf16 if recipe == "bf16" else t_bf16 / float(rng.uniform(1.2, 1.9))
@@ -89,7 +93,7 @@ def gemm_table(seed):
                     cols["experts"].append(experts)
                     cols["n"].append(n)
                     cols["k"].append(k)
-                    cols["tuning"].append("none")
+                    cols["tuning"].append(tuning)
     return cols
 
 
