@@ -17,7 +17,6 @@
 #include <cuda_bf16.h>
 
 #include <climits>
-#include <cstring>
 
 #include "kernels/formats/formats.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
@@ -84,39 +83,9 @@ __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, floa
   return packed;
 }
 
-// The RNE encoder rounds two elements per instruction in BF16x2 arithmetic. For a = |v| * 2^-e < 8 (any finite
-// block), a + 2^(max(E_a, 0) + 6) in BF16 (7 fraction bits; E_a = floor(log2 a)) rounds a to the E2M1 step of its
-// binade (0.5 below 2, 1 in [2, 4), 2 in [4, 8)) with ties to even, as E2M1 does; the code is the integer
-// difference of the two BF16 bit patterns plus 2 per binade above the first. a is clamped to 6 first (E2M1's
-// largest), so 7 and more saturate to code 7 rather than round to 8. a itself is one BF16x2 product by 2^-e
-// (exact: a power of two; results below 2^-133 become 0 or subnormal, both code 0; BF16 subnormal inputs are
-// multiplied exactly, tests/gpu/test_quant_row.cpp checks every block exponent). Measured on the H200 against
-// the fp32 encoder it replaced (one fp32 product and fp32-addition rounding per element): 0.882 vs 0.722 of the
-// copy bandwidth, reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert.log.
-constexpr uint32_t kBf16x2Sixes = 0x40C040C0u;  // 6.0, 6.0
-constexpr uint32_t kBf16x2Base = 0x42804280u;   // 64.0 = 2^6, 2^6: the magic number of the first binade (step 0.5)
-
-__device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) {
-  __nv_bfloat162 r;
-  memcpy(&r, &u, 4);
-  return r;
-}
-__device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) {
-  uint32_t r;
-  memcpy(&r, &v, 4);
-  return r;
-}
-
-// E2M1 codes (sign included) of the two BF16 of word w given their magnitudes a2 = |w| * 2^-e as BF16x2:
-// element 0 in bits 0..3, element 1 in bits 16..19.
-__device__ __forceinline__ uint32_t e2m1_pair_from_scaled(uint32_t w, __nv_bfloat162 a2) {
-  const uint32_t a = as_u32(__hmin2(a2, as_bf162(kBf16x2Sixes)));
-  const uint32_t magic = as_u32(__hmax2(as_bf162((a & 0x7F807F80u) + 0x03000300u), as_bf162(kBf16x2Base)));
-  const uint32_t t = as_u32(__hadd2(as_bf162(a), as_bf162(magic)));
-  const uint32_t code = t - magic + ((magic - kBf16x2Base) >> 6);  // per half 0..7, no borrow between halves
-  return code | ((w >> 12) & 0x00080008u);                          // sign bits 15, 31 -> 3, 19
-}
-
+// RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2). Measured on the H200
+// against the fp32 encoder it replaced (one fp32 product and fp32-addition rounding per element): 0.882 vs 0.722
+// of the copy bandwidth, reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert.log.
 // Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3.
 __device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_scale) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -124,7 +93,7 @@ __device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_s
   uint32_t byte[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t c = e2m1_pair_from_scaled(w[i], __hmul2(as_bf162(w[i] & 0x7FFF7FFFu), inv2));
+    const uint32_t c = detail::e2m1_pair_rne_bf16x2(w[i], inv2);
     byte[i] = c | (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
   }
   return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410);

@@ -1,28 +1,50 @@
 // Cheaper formulations of two rules of formats.h, used by the BF16 -> MXFP4 row kernel
-// (bf16_to_mxfp4_row.cu): the same results bit for bit, computed with fewer integer-pipe instructions.
+// (bf16_to_mxfp4_row.cu): the same results bit for bit, computed with fewer instructions.
 // Host and device alike, so that the CPU tests compare them with formats.h exhaustively (tests/gpu/
 // test_quant_row.cpp, host-only tests that run without a device).
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/formats/formats.h"
 
 namespace fp4moe::detail {
 
-// The E2M1 magnitude code (0..7) of a finite a >= 0 with a < 2^105, rounded to nearest even with saturation:
-// the magnitude code of f32_to_e2m1_rne(a). One fp32 addition does the rounding: the E2M1 grid near a has step
-// 2^max(E-1, -1), E = floor(log2 a), which is the ulp of M = 2^max(E+22, 22); a + M rounds a to that step
-// (round to nearest even, as the hardware adds), and the low bits of a + M minus M count the steps, q. The code
-// is q plus 2 max(E, 0) (q in 0..4 below 2, in 2..4 above; the codes of 1, 2, 4 are 2, 4, 6), clamped at 7.
-// In an MX block a = |v| 2^-e < 8 always (e >= floor(log2 amax) - 2).
-FP4MOE_HD uint32_t e2m1_rne_magnitude_by_add(float a) {
-  const uint32_t ua = f32_bits(a);
-  const uint32_t scaled = (ua & 0x7F800000u) + (22u << 23);  // 2^(E+22) (a normal: its fraction bits are 0)
-  const uint32_t magic = scaled > 0x4A800000u ? scaled : 0x4A800000u;  // at least 2^22
-  const float t = a + f32_from_bits(magic);
-  const uint32_t code = (f32_bits(t) - magic) + ((magic - 0x4A800000u) >> 22);
-  return code < 7u ? code : 7u;
+// E2M1 codes of two BF16 elements at once, rounded to nearest even with saturation: the codes of
+// f32_to_e2m1_rne(v * 2^-e) for both halves of w (element 0 in bits 0..3 of the result, element 1 in bits
+// 16..19, sign in bit 3 of each, -0 kept), given inv2 = 2^-e in both halves. Valid for a finite block: every
+// |v| * 2^-e < 8 (e >= floor(log2 amax) - 2) and e in [-127, 126] (2^-e a BF16 normal).
+// In BF16x2 arithmetic, two elements per instruction: a = |v| * 2^-e is one product by a power of two (exact;
+// below 2^-126 it is rounded to a subnormal or 0, far under 0.25: code 0 either way). a is clamped at 6 (E2M1's
+// largest, so that 7 and more saturate rather than round to 8). a + 2^(max(E_a, 0) + 6), E_a = floor(log2 a), in
+// BF16 (7 fraction bits) rounds a to the E2M1 step of its binade (0.5 below 2, 1 in [2, 4), 2 in [4, 8)) with
+// ties to even, as E2M1 does; the code is the integer difference of the two BF16 bit patterns plus 2 per binade
+// above the first. Both halves' integer steps stay inside their 16 bits (no borrow or carry between them). The
+// _rn intrinsics keep each product and sum a separate correctly rounded operation.
+FP4MOE_HD __nv_bfloat162 bf162_from_bits(uint32_t u) {
+  __nv_bfloat162 r;
+  memcpy(static_cast<void*>(&r), &u, sizeof r);
+  return r;
+}
+FP4MOE_HD uint32_t bits_of_bf162(__nv_bfloat162 v) {
+  uint32_t r;
+  memcpy(&r, &v, sizeof r);
+  return r;
+}
+
+FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
+  constexpr uint32_t kSixes = 0x40C040C0u;  // 6.0, 6.0
+  constexpr uint32_t kBase = 0x42804280u;   // 64.0 = 2^6, 2^6: the magic number of the first binade (step 0.5)
+  const __nv_bfloat162 a2 = __hmul2_rn(bf162_from_bits(w & 0x7FFF7FFFu), inv2);
+  const uint32_t a = bits_of_bf162(__hmin2(a2, bf162_from_bits(kSixes)));
+  const uint32_t magic =
+      bits_of_bf162(__hmax2(bf162_from_bits((a & 0x7F807F80u) + 0x03000300u), bf162_from_bits(kBase)));
+  const uint32_t t = bits_of_bf162(__hadd2_rn(bf162_from_bits(a), bf162_from_bits(magic)));
+  const uint32_t code = t - magic + ((magic - kBase) >> 6);  // per half 0..7
+  return code | ((w >> 12) & 0x00080008u);                   // sign bits 15, 31 -> 3, 19
 }
 
 // uniform_from_counter(seed, index) (formats.h) with two steps of the outer splitmix64 finaliser dropped that

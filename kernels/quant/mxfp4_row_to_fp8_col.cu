@@ -1,7 +1,7 @@
 // FP4RowToFP8Col: cached MXFP4 rows -> FP8 E4M3 columns over ragged expert groups, for Wgrad (the paper's
 // fused conversion). One thread block per (group, 128-token block, 256 features), found on the device.
 // Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, 8, 16 and 32 groups, geomean): 0.847
-// of the copy bandwidth (0.83-0.87 per case; the kernel before its grid order and warp find: 0.772),
+// of the copy bandwidth (0.82-0.87 per case; the kernel before its grid order and warp find: 0.772),
 // reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert_col_variants.log (variant 2 there)
 //
 //   0. each warp finds the block's group and token block from the device offsets (find_by_warp: no barrier).
@@ -57,8 +57,8 @@ __device__ __forceinline__ void transpose_bytes_4x4(const uint32_t (&in)[4], uin
 }
 
 // The grid is (256-feature tiles, token blocks): the thread blocks in flight together share token rows (their
-// scale bytes' sectors come from L2 once). Past 65535 token blocks (8.4M tokens) the grid is transposed
-// (kTokensOnX), the same kernel otherwise.
+// scale bytes' sectors come from L2 once). Past 65535 token blocks (ceil(M/128) + G: about 8.3M tokens) the grid
+// is transposed (kTokensOnX), the same kernel otherwise.
 template <bool kTokensOnX>
 __global__ void __launch_bounds__(kThreads)
 mxfp4_row_to_fp8_col_kernel(const uint8_t* __restrict__ in_codes, const uint8_t* __restrict__ in_scales,

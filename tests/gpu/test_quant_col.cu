@@ -209,6 +209,13 @@ TEST(Mxfp4RowToFp8ColGpu, RaggedGroupsWithHostAndDeviceOffsets) {
   check_mxfp4_col(offsets_of({162, 0, 2577, 446, 0, 83}), 576, seed++, true);
 }
 
+// More than 65535 token blocks (8.4M tokens): the kernel's grid puts the token blocks on grid.x then.
+TEST(Mxfp4RowToFp8ColGpu, MoreTokenBlocksThanGridYHolds) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int32_t M = 65535 * 128 + 77;
+  check_mxfp4_col({0, 4000001, M}, 32, 909, true);
+}
+
 // ---- BF16 -> FP8 column -------------------------------------------------------------------------------------
 
 void check_bf16_col(const std::vector<int32_t>& offsets, int64_t K, Fp8ScaleMode mode, uint32_t seed,
@@ -386,16 +393,24 @@ TEST(QuantColGpuRejects, InvalidDeviceOffsetsWriteNothing) {
   const int64_t M = 64, K = 64;
   DeviceBuffer<uint8_t> codes(M * K / 2), scales(M * K / 32);
   DeviceBuffer<bf16> x(M * K);
-  for (std::vector<int32_t> bad : {std::vector<int32_t>{0, 40, 30, 64}, {0, 10, 20, 63}, {5, 10, 20, 64}}) {
+  // 40 groups: the warp find reads them in two chunks of 32; the bad entry in the second chunk.
+  std::vector<int32_t> long_split(41);
+  for (int g = 0; g <= 40; ++g) long_split[g] = static_cast<int32_t>(g * M / 40);
+  std::vector<int32_t> long_decreasing = long_split, long_short = long_split;
+  long_decreasing[36] = long_decreasing[35] - 1;
+  long_short[40] = static_cast<int32_t>(M - 1);
+  for (std::vector<int32_t> bad : {std::vector<int32_t>{0, 40, 30, 64}, {0, 10, 20, 63}, {5, 10, 20, 64},
+                                   long_decreasing, long_short}) {
+    const int64_t G = static_cast<int64_t>(bad.size()) - 1;
     DeviceCopy<int32_t> d_offsets(bad);
-    GuardedOutput<uint8_t> out(fp8_col_codes_capacity(M, K, 3));
-    GuardedOutput<float> out_scales(fp8_col_scales_capacity(M, K, 3));
-    mxfp4_row_to_fp8_col(codes.ptr, scales.ptr, M, K, d_offsets.ptr, 3, nullptr, out.device(), out_scales.device(),
+    GuardedOutput<uint8_t> out(fp8_col_codes_capacity(M, K, G));
+    GuardedOutput<float> out_scales(fp8_col_scales_capacity(M, K, G));
+    mxfp4_row_to_fp8_col(codes.ptr, scales.ptr, M, K, d_offsets.ptr, G, nullptr, out.device(), out_scales.device(),
                          nullptr);
-    bf16_to_fp8_col(x.ptr, M, K, d_offsets.ptr, 3, nullptr, Fp8ScaleMode::pow2, out.device(), out_scales.device(),
+    bf16_to_fp8_col(x.ptr, M, K, d_offsets.ptr, G, nullptr, Fp8ScaleMode::pow2, out.device(), out_scales.device(),
                     nullptr, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_TRUE(out.all_poison()) << "offsets " << bad[0] << "," << bad[1] << "," << bad[2] << "," << bad[3];
+    EXPECT_TRUE(out.all_poison()) << "offsets " << bad[0] << "," << bad[1] << ",..., " << bad[G] << " (G " << G << ")";
     EXPECT_TRUE(out_scales.all_poison());
   }
 }

@@ -200,6 +200,36 @@ TEST(Bf16ToMxfp4RowGpu, EveryBlockExponentAndMagnitudeMatchesReference) {
   }
 }
 
+// Every BF16 magnitude at every normal block exponent, both signs: for e in [-127, 125] the blocks hold the amax
+// 2^(e+2) (block exponent e under the floor rule) and then every magnitude below 2^(e+3), 31 per block, so every
+// product the RNE encoder forms on the device occurs (each tie included); ceil blocks as the rule makes them.
+TEST(Bf16ToMxfp4RowGpu, EveryMagnitudeAtEveryBlockExponentMatchesReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  std::vector<bf16> x;
+  for (int e = -127; e <= 125; ++e) {
+    const uint32_t amax_bits = static_cast<uint32_t>(e + 2 + kUE8M0Bias) << 7;  // 2^(e+2), biased exponent >= 2
+    const uint32_t below = amax_bits + 0x80u;                                  // magnitudes below 2^(e+3)
+    for (uint32_t h = 0; h < below;) {
+      x.push_back(bf16_from_bits(static_cast<uint16_t>(amax_bits)));
+      for (int i = 1; i < 32; ++i, ++h)
+        x.push_back(bf16_from_bits(static_cast<uint16_t>((h < below ? h : 0u) | ((h & 1u) << 15))));
+    }
+  }
+  const int64_t K = 1024, M = (static_cast<int64_t>(x.size()) + K - 1) / K;
+  x.resize(static_cast<size_t>(M * K), bf16_from_bits(0));
+  for (auto mode : {MxScaleMode::floor, MxScaleMode::ceil}) {
+    MxQuantConfig cfg;
+    cfg.scale_mode = mode;
+    SCOPED_TRACE(testing::Message() << "mode=" << int(mode) << " M=" << M);
+    std::vector<uint8_t> ref_codes(M * K / 2), ref_scales(M * K / 32);
+    EXPECT_EQ(bf16_to_mxfp4_row_ref(x.data(), M, K, ref_codes.data(), ref_scales.data(), cfg), 0);
+    const QuantRun got = quantize_on_gpu(x, M, K, cfg);
+    EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
+    EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);
+    EXPECT_TRUE(got.guards_intact);
+  }
+}
+
 TEST(Bf16ToMxfp4RowGpu, RowRangesWithRowOffsetMatchOneLaunch) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t M = 4099, K = 576, r0 = 1500;  // halves of different sizes, pointer offsets into one tensor
@@ -289,33 +319,37 @@ TEST(Bf16ToMxfp4RowGpu, RejectsBadArgumentsBeforeLaunch) {
 
 // ---- faster codecs of the quantizer (host, no device needed) ---------------------------------------------------
 
-// e2m1_rne_magnitude_by_add against f32_to_e2m1_rne on every product the quantizer forms: every finite BF16
-// magnitude times every block scale 2^-e (e in [-127, 127]) that stays below 8, and on a dense sweep of fp32
-// values in [0, 8) (every tie and its neighbours included).
-TEST(MxFastCodecs, E2m1ByAddMatchesRoundToNearestEven) {
+// e2m1_pair_rne_bf16x2 against f32_to_e2m1_rne on every element the quantizer encodes: every finite BF16 value
+// (both signs, subnormals and -0 included) at every block exponent e in [-127, 126] that keeps |v| 2^-e below 8,
+// paired with a second value so that both halves are checked, and every tie and its neighbours.
+TEST(MxFastCodecs, E2m1PairByBf16AddMatchesRoundToNearestEven) {
   int64_t checked = 0, mismatches = 0;
-  for (uint32_t h = 0; h < 0x7F80u; ++h) {
-    for (int e = -127; e <= 127; ++e) {
-      const float a = bf16_bits_to_f32(static_cast<uint16_t>(h)) * exp2_exact(-e);
-      if (!(a < 8.0f)) continue;
-      ++checked;
-      if (detail::e2m1_rne_magnitude_by_add(a) != (f32_to_e2m1_rne(a) & 7u) && mismatches++ < 5)
-        ADD_FAILURE() << "bf16 bits 0x" << std::hex << h << std::dec << " e " << e;
+  for (int e = -127; e <= 126; ++e) {
+    const __nv_bfloat162 inv2 = __float2bfloat162_rn(exp2_exact(-e));
+    const float scale = exp2_exact(-e);
+    for (uint32_t h = 0; h < 0x7F80u; ++h) {
+      if (!(bf16_bits_to_f32(static_cast<uint16_t>(h)) * scale < 8.0f)) break;  // magnitudes ascend with h
+      const uint32_t lo = h | ((h & 1u) << 15), hi = (h * 7u) % (h + 1u) | ((h & 2u) << 14);  // hi <= h: in range
+      const uint32_t got = detail::e2m1_pair_rne_bf16x2(lo | (hi << 16), inv2);
+      const uint32_t want_lo = f32_to_e2m1_rne(bf16_bits_to_f32(static_cast<uint16_t>(lo)) * scale);
+      const uint32_t want_hi = f32_to_e2m1_rne(bf16_bits_to_f32(static_cast<uint16_t>(hi)) * scale);
+      checked += 2;
+      if (((got & 0xFu) != want_lo || ((got >> 16) & 0xFu) != want_hi || (got & 0xFFF0FFF0u) != 0) &&
+          mismatches++ < 5)
+        ADD_FAILURE() << "e " << e << " bf16 bits 0x" << std::hex << lo << ", 0x" << hi << ": got 0x" << got;
     }
   }
-  for (uint32_t u = 0; u < 0x41000000u; u += 61) {  // fp32 [0, 8)
-    const float a = f32_from_bits(u);
-    ++checked;
-    if (detail::e2m1_rne_magnitude_by_add(a) != (f32_to_e2m1_rne(a) & 7u) && mismatches++ < 5)
-      ADD_FAILURE() << "fp32 bits 0x" << std::hex << u;
-  }
-  for (float tie : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 7.9999995f}) {
+  for (float tie : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f}) {
     for (float a : {std::nextafter(tie, 0.0f), tie, std::nextafter(tie, 8.0f)}) {
+      const uint32_t bits = f32_to_bf16_bits(a);  // the BF16 nearest a (the value itself at a tie)
+      const float v = bf16_bits_to_f32(static_cast<uint16_t>(bits));
+      if (!(v < 8.0f)) continue;
       ++checked;
-      EXPECT_EQ(detail::e2m1_rne_magnitude_by_add(a), f32_to_e2m1_rne(a) & 7u) << a;
+      EXPECT_EQ(detail::e2m1_pair_rne_bf16x2(bits, __float2bfloat162_rn(1.0f)) & 0xFu, f32_to_e2m1_rne(v)) << v;
     }
   }
   EXPECT_EQ(mismatches, 0) << "of " << checked;
+  EXPECT_GT(checked, 4000000);
 }
 
 TEST(MxFastCodecs, CounterUniformMatchesUniformFromCounter) {
