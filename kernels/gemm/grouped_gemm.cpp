@@ -123,6 +123,21 @@ size_t GroupedGemm::scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G, in
   return ScratchLayout(M, R, P, G, streams).total;
 }
 
+CublasLtMatmul& GroupedGemm::lt() {
+  if (lt0_ == nullptr) {
+    own_lt_ = std::make_unique<CublasLtMatmul>();
+    lt0_ = own_lt_.get();
+  }
+  return *lt0_;
+}
+
+void GroupedGemm::use_matmul(CublasLtMatmul* lt) {
+  FP4MOE_CHECK(lt != nullptr, "GroupedGemm::use_matmul: the cuBLASLt object is null");
+  if (lt0_ == lt) return;
+  lt0_ = lt;
+  own_lt_.reset();  // cudaFree of its workspace synchronises: nothing queued still uses it
+}
+
 void GroupedGemm::ensure_scratch(size_t bytes) {
   if (bytes <= scratch_capacity_) return;
   if (scratch_) CUDA_CHECK(cudaFree(scratch_));  // synchronises: no queued work still uses the old buffer
@@ -302,7 +317,7 @@ void GroupedGemm::row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8
   if (S > 1)
     for (const GroupRows& r :
          rows_to_recompute(split.host_offsets, split.G, group_runs(split.host_offsets, split.G, S))) {
-      rows_through_slot(lt_, tail_slot(scratch_, sl, 0), rows, weights(r.group), P, R, M, r.first, r.count, out,
+      rows_through_slot(lt(), tail_slot(scratch_, sl, 0), rows, weights(r.group), P, R, M, r.first, r.count, out,
                         stream);
       rows_recomputed_ += r.count;
     }

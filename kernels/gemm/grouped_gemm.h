@@ -50,8 +50,9 @@
 // time with 32 experts of ~512 tokens (every op, both V3 shapes, BF16 and FP8) and 0.87-1.36x with 8 experts of
 // ~2048, so the default stays 1 and callers with many small groups opt in.
 //
-// Not thread-safe; one GroupedGemm per stream (it owns the cuBLASLt workspace and a scratch buffer that grows on
-// demand with cudaMalloc, which synchronises the device: call reserve() once up front to avoid that).
+// Not thread-safe; one GroupedGemm per stream (it owns, or borrows through use_matmul, the cuBLASLt object and
+// workspace of that stream, and owns a scratch buffer that grows on demand with cudaMalloc, which synchronises
+// the device: call reserve() once up front to avoid that).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -135,7 +136,13 @@ class GroupedGemm {
   void reserve(int64_t M, int64_t R, int64_t P, int64_t G);
   static size_t scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G, int streams = 1);
 
-  CublasLtMatmul& lt() { return lt_; }
+  // The cuBLASLt object of the caller's stream (run 0): the one use_matmul gave, else this object's own, made on
+  // first need (its 32 MiB workspace is allocated then, not at construction).
+  CublasLtMatmul& lt();
+  // Run 0's GEMMs through `lt` (not owned; it must outlive this object and, as every CublasLtMatmul, serve one
+  // stream at a time: the model's one object for all its layers on the model's stream). An own object made
+  // before is freed. Rejects null.
+  void use_matmul(CublasLtMatmul* lt);
 
   // Rejects streams outside [1, 8]. Creates the side streams, their events and cuBLASLt objects here (never
   // during a call).
@@ -149,7 +156,7 @@ class GroupedGemm {
   void row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8BlockStack blocks, int64_t P, int64_t R,
                             const GroupSplit& split, GemmOutput out, cudaStream_t stream);
   void ensure_scratch(size_t bytes);
-  CublasLtMatmul& lt_of(int s) { return s == 0 ? lt_ : *side_lt_[static_cast<size_t>(s - 1)]; }
+  CublasLtMatmul& lt_of(int s) { return s == 0 ? lt() : *side_lt_[static_cast<size_t>(s - 1)]; }
   cudaStream_t stream_of(int s, cudaStream_t caller) const {
     return s == 0 ? caller : side_streams_[static_cast<size_t>(s - 1)];
   }
@@ -161,7 +168,8 @@ class GroupedGemm {
   template <typename PerGroup>
   void for_each_group(const GroupSplit& split, cudaStream_t caller, PerGroup&& per_group);
 
-  CublasLtMatmul lt_;
+  CublasLtMatmul* lt0_ = nullptr;            // run 0's: own_lt_ or the one use_matmul gave
+  std::unique_ptr<CublasLtMatmul> own_lt_;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
   GroupedGemmTuning tuning_;

@@ -34,9 +34,9 @@
 //                (held_activation_bytes, each buffer rounded up to DeviceMemory's 256 bytes)
 //   workspace    FP8 row copies of X and dY, dY's column copy, mxfp4's X column copy (backward), the device
 //                offsets {0, M}, and the BF16 dX scratch of an FP32 Dgrad
-// Not counted: the cuBLASLt handle and 32 MiB workspace that each fp8/mxfp4 layer's Group Linear owns
-// (GroupedGemm's CublasLtMatmul) and GroupedGemm's scratch for a token count M % 4 != 0 (cudaMalloc inside
-// kernels/gemm), as the model's own cuBLASLt workspace is not (model.cpp). The caller's BF16 X is the caller's:
+// Not counted: the cuBLASLt handle and 32 MiB workspace, the model's one (ctx.lt, which every fp8/mxfp4 layer's
+// Group Linear uses from its first forward on, GroupedGemm::use_matmul; a Linear run without ctx.lt makes its own),
+// and GroupedGemm's scratch for a token count M % 4 != 0 (cudaMalloc inside kernels/gemm), as model.cpp says. The caller's BF16 X is the caller's:
 // the fp8 and mxfp4 recipes do not read it in backward (backward_reads_input() is false), so a caller may free
 // or reuse it after forward.
 //

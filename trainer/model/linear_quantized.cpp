@@ -53,6 +53,7 @@ void LinearQuantized::bind(const ModelContext& ctx, const char* what) {
   FP4MOE_CHECK(ctx.mem == mem_,
                "Linear {} {}: ctx.mem is not the DeviceMemory of the layer's first forward, which holds its buffers",
                name_, what);
+  if (ctx.lt != nullptr) gl_.gemm().use_matmul(ctx.lt);  // the model's one cuBLASLt workspace, not one per layer
 }
 
 // The split of one group, {0, M}: the host copy for Group Linear's checks and loops, the device copy for the

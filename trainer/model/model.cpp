@@ -29,7 +29,8 @@
 // and the residual-stream grad, shared by all layers), the loss, and the shared scratch arena (scratch.h) sized to
 // the largest of: any layer's forward or backward, the LM head backward's FP32 Dgrad [max_tokens, d], the final
 // norm's backward, the embedding backward's workspace. Outside DeviceMemory's accounting: the cuBLASLt workspaces
-// of the model's CublasLtMatmul and of LmHeadCrossEntropy, the latter's chunk scratch (logits FP32 + dlogits BF16
+// of the model's CublasLtMatmul (which every layer's GEMMs use, the fp8/mxfp4 Group Linears' included) and of
+// LmHeadCrossEntropy, the latter's chunk scratch (logits FP32 + dlogits BF16
 // [max_tokens, chunk]), and Group Linear's own FP8 buffers, all cudaMalloc'd by those classes.
 #include "trainer/model/model.h"
 

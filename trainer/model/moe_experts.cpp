@@ -167,6 +167,10 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
   t_ = bind_forward(arena, M * k_);
   fc1_.set_weights(w1_->param, ctx.stream);
   fc2_.set_weights(w2_->param, ctx.stream);
+  if (ctx.lt != nullptr) {  // the model's one cuBLASLt workspace, not one per Group Linear
+    fc1_.gemm().use_matmul(ctx.lt);
+    fc2_.gemm().use_matmul(ctx.lt);
+  }
   run_to_ys(ctx, x, r, t_);
   unpermute_forward(t_.ys, r.topk_weight, t_.row_of, M, k_, d_, y, ctx.stream);  // y [M, d]
   stamp_ = arena.stamp();
