@@ -3,6 +3,11 @@
 those of bench_convert and bench_grouped_gemm."""
 
 import math
+import os
+import shutil
+import tempfile
+import textwrap
+import unittest
 
 import h5py
 import numpy as np
@@ -112,3 +117,23 @@ def rows_where(columns, **conds):
     """Indices of the rows whose cells equal every condition."""
     n = len(columns["case"])
     return [i for i in range(n) if all(columns[c][i] == v for c, v in conds.items())]
+
+
+class Tmp(unittest.TestCase):
+    """A test case with its own temporary folder (removed after each test)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="fp4moe_test_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def path(self, *parts):
+        return os.path.join(self.tmp, *parts)
+
+    def write_toml(self, text):
+        """Writes the dedented text to bad.toml in the folder and returns its path (scenario files under test)."""
+        p = self.path("bad.toml")
+        with open(p, "w", encoding="utf-8") as f:
+            f.write(textwrap.dedent(text))
+        return p

@@ -9,10 +9,8 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import unittest
 
@@ -52,15 +50,7 @@ def by_row(scn, rows):
     return out
 
 
-class Tmp(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="fp4moe_repro_")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def path(self, *parts):
-        return os.path.join(self.tmp, *parts)
+Tmp = util.Tmp
 
 
 def benchmark_cells(family, name):
@@ -137,12 +127,6 @@ class ScenarioFiles(Tmp):
         for t in ["", "n/a", "1.5x", "-3"]:
             self.assertTrue(math.isnan(scenario.paper_value(t)), t)
 
-    def write(self, text):
-        p = self.path("bad.toml")
-        with open(p, "w", encoding="utf-8") as f:
-            f.write(textwrap.dedent(text))
-        return p
-
     GOOD = """
         title = "t"
         benchmark = "bench_convert"
@@ -167,7 +151,7 @@ class ScenarioFiles(Tmp):
         """
 
     def test_bad_scenarios_are_rejected_with_the_reason(self):
-        scenario.load(self.write(self.GOOD))  # the base case is valid
+        scenario.load(self.write_toml(self.GOOD))  # the base case is valid
         cases = [
             (self.GOOD.replace("smoke = 1\n", ""), "budget_gpu_minutes] smoke"),
             (self.GOOD.replace('smoke = "^copy/"', 'smoke = "(copy"'), "not a regular expression"),
@@ -180,7 +164,7 @@ class ScenarioFiles(Tmp):
         for text, message in cases:
             with self.subTest(message):
                 with self.assertRaises(scenario.ScenarioError) as cm:
-                    scenario.load(self.write(text))
+                    scenario.load(self.write_toml(text))
                 self.assertIn("bad.toml", str(cm.exception))
                 self.assertIn(message, str(cm.exception))
 

@@ -8,10 +8,8 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import unittest
 
@@ -115,15 +113,7 @@ def by_key(cols, name, **conds):
             if all(cols[c][i] == v for c, v in conds.items())}
 
 
-class Tmp(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="fp4moe_gl_")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def path(self, *parts):
-        return os.path.join(self.tmp, *parts)
+Tmp = util.Tmp
 
 
 # ---- scenario ------------------------------------------------------------------------------------------------------

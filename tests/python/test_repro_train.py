@@ -10,11 +10,8 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
-import textwrap
 import unittest
 
 import h5py
@@ -23,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, ROOT)
 
+import repro_test_util as util  # noqa: E402
 import train_cells_test_util as fake  # noqa: E402
 from reports import cells_report, report, result_file  # noqa: E402
 from repro import merge, ours, process, scenario, train_cells  # noqa: E402
@@ -63,15 +61,7 @@ def cells_frame(s, scale, outcome=fake_outcome):
     return train_cells.table_frame(rows), rows
 
 
-class Tmp(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="fp4moe_repro_train_")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def path(self, *parts):
-        return os.path.join(self.tmp, *parts)
+Tmp = util.Tmp
 
 
 # ---- the scenario files ---------------------------------------------------------------------------------------------
@@ -205,12 +195,6 @@ class TrainScenarioFiles(Tmp):
         self.assertTrue(math.isnan(bf16_oom["pct_of_80_gib"]))
         self.assertAlmostEqual(bf16_oom["pct_of_141_gib"], bf16_oom["peak_total_gib"] / 141 * 100)
 
-    def write(self, text):
-        p = self.path("bad.toml")
-        with open(p, "w", encoding="utf-8") as f:
-            f.write(textwrap.dedent(text))
-        return p
-
     GOOD = """
         title = "t"
         kind = "train"
@@ -248,7 +232,7 @@ class TrainScenarioFiles(Tmp):
         """
 
     def test_bad_training_scenarios_are_rejected_with_the_reason(self):
-        s = scenario.load(self.write(self.GOOD))
+        s = scenario.load(self.write_toml(self.GOOD))
         self.assertEqual(s.kind, "train")
         self.assertEqual(s.train.policies, {"none": []})
         cases = [
@@ -270,7 +254,7 @@ class TrainScenarioFiles(Tmp):
         for text, message in cases:
             with self.subTest(message):
                 with self.assertRaises(scenario.ScenarioError) as cm:
-                    scenario.load(self.write(text))
+                    scenario.load(self.write_toml(text))
                 self.assertIn("bad.toml", str(cm.exception))
                 self.assertIn(message, str(cm.exception))
 
