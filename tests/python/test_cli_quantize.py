@@ -342,7 +342,7 @@ class QuantizeCli(unittest.TestCase):
         os.makedirs(specials, exist_ok=True)
         fifo = os.path.join(specials, "fifo")
         os.mkfifo(fifo)
-        cases = [(fifo, "is a FIFO", stat.S_ISFIFO)]
+        cases = [(fifo, "is a FIFO (named pipe)", stat.S_ISFIFO)]
         sock = socket.socket(socket.AF_UNIX)
         self.addCleanup(sock.close)
         sock.bind(os.path.join(specials, "sock"))
