@@ -228,6 +228,8 @@ TEST(TrainCommand, AnExistingOutNeedsOverwriteUnlessTheRunContinuesIt) {
   const TrainRequest resumed = parse_train_command(tiny({"--synthetic-data", "--resume", ckpt, "--out", own}));
   EXPECT_FALSE(resumed.options.replace_out);
   EXPECT_EQ(resumed.options.out_path, own);
+  EXPECT_FALSE(parse_train_command(tiny({"--synthetic-data", "--resume", ckpt, "--out", own, "--overwrite"}))
+                   .options.replace_out);  // --overwrite only lets a file be replaced that the run does not continue
 
   // ... and nothing else: another run, another configuration, other results, another kind of file.
   const std::string other_config = dir.file("other_config.h5"), extra = dir.file("extra.h5");

@@ -107,6 +107,11 @@ class BenchResultPath(unittest.TestCase):
                         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
                         self.assertIn(f"--h5 '{path}{expected}", r.stderr)
                         self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            # Google Benchmark's own output file is another output of the program: the HDF5 rename would replace it.
+            same = os.path.join(self.tmp, "r.h5")
+            r = self.run_program(prog, "--h5", same, f"--benchmark_out={self.tmp}/./r.h5", "--benchmark_filter=^$")
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn(f"--h5 '{same}' is the same file as --benchmark_out '{self.tmp}/./r.h5'", r.stderr)
             r = self.run_program(prog, "--h5=")
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("--h5 is empty, expected the path of the file to write", r.stderr)

@@ -48,17 +48,17 @@ TrainOutUse check_train_out(const std::string& out, const std::string& run, cons
   check_output_path("--out", out, inputs, OutputFolder::may_be_created);
   std::error_code ec;
   if (!std::filesystem::exists(out, ec)) return TrainOutUse::create;
+  const std::string why = resuming ? why_not_this_run(out, run, cfg) : "";
+  if (resuming && why.empty()) return TrainOutUse::resume;
   if (overwrite) return TrainOutUse::replace;
   FP4MOE_CHECK(resuming,
                "--out '{}' already exists and a fresh run would replace it, expected a new path (pass --overwrite to "
                "replace it, or --resume a checkpoint of the run it holds to continue it)",
                out);
-  const std::string why = why_not_this_run(out, run, cfg);
-  FP4MOE_CHECK(why.empty(),
-               "--out '{}' {}, expected a path that does not exist or the result file of the resumed run '{}' (pass "
-               "--overwrite to replace it, or another --out)",
-               out, why, run);
-  return TrainOutUse::resume;
+  fail(__FILE__, __LINE__,
+       fmt::format("--out '{}' {}, expected a path that does not exist or the result file of the resumed run '{}' "
+                   "(pass --overwrite to replace it, or another --out)",
+                   out, why, run));
 }
 
 }  // namespace fp4moe

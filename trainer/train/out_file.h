@@ -4,9 +4,10 @@
 //   - a path that does not exist is created;
 //   - an existing file is continued by a --resume of its own run: an HDF5 result file holding /train/<run> of this
 //     model configuration (its model_config_hash attribute) and no other results (only datasets under
-//     /train/<run> and /memory/<run>); its rows up to the checkpoint's step are carried over (Trainer);
+//     /train/<run> and /memory/<run>); its rows up to the checkpoint's step are carried over (Trainer), with or
+//     without --overwrite;
 //   - any other existing file (a fresh run, another run, another configuration, another kind of file) is refused,
-//     unless --overwrite asks to replace it: then none of its rows are read or kept.
+//     unless --overwrite asks to replace it: then none of its rows are kept.
 #pragma once
 
 #include <string>
