@@ -7,6 +7,7 @@ import os
 import random
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -166,6 +167,47 @@ class TrainCli(unittest.TestCase):
         refused("--memory-budget", "0", parts=("--memory-budget must be > 0 GiB",))
         refused("--synthetic-data", "--run", "a/b", parts=("run name 'a/b'",))
         refused("--data", os.path.join(self.tmp, "nowhere"), parts=("nowhere", "not a folder"))
+
+    def test_out_never_destroys_a_file(self):
+        # Each refusal comes before any device is used (with or without a GPU) and leaves the file as it was.
+        def refused(*args, parts=(), config="tiny"):
+            r = self.train("--synthetic-data", *args, config=config, expect_rc=2)
+            lines = r.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertTrue(lines[0].startswith("fp4moe train: error: "), r.stderr)
+            self.assertIsNone(re.search(r"\.cpp:\d+\)", lines[0]), lines[0])
+            for p in parts:
+                self.assertIn(p, lines[0])
+
+        earlier = os.path.join(self.tmp, "earlier.h5")
+        with open(earlier, "wb") as f:
+            f.write(b"an earlier result")
+        refused("--out", earlier, parts=(f"--out '{earlier}' already exists", "pass --overwrite to replace it"))
+        refused("--out", earlier, "--dry-run", parts=(f"--out '{earlier}' already exists",))
+        self.train("--synthetic-data", "--out", earlier, "--overwrite", "--dry-run")
+        with open(earlier, "rb") as f:
+            self.assertEqual(f.read(), b"an earlier result")
+
+        config = os.path.join(self.tmp, "own_tiny.toml")
+        shutil.copyfile(os.path.join(ROOT, "configs", "tiny.toml"), config)
+        link = os.path.join(self.tmp, "config_link.h5")
+        os.symlink(config, link)
+        refused("--out", link, "--overwrite", config=config,
+                parts=(f"--out '{link}' is the same file as --config '{config}'",))
+        with open(config, "rb") as a, open(os.path.join(ROOT, "configs", "tiny.toml"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        refused("--out", fifo, "--overwrite",
+                parts=(f"--out '{fifo}' is a FIFO (named pipe), expected a regular file",))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        refused("--out", "/dev/null", "--overwrite",
+                parts=("--out '/dev/null' is a character device, expected a regular file",))
+        self.assertTrue(stat.S_ISCHR(os.stat("/dev/null").st_mode))
+
+        r = subprocess.run([self.exe, "train", "--help"], capture_output=True, text=True, timeout=60)
+        self.assertIn("--overwrite", r.stdout)
 
     def test_bad_shapes_are_rejected(self):
         self.rejected("model.heads = 5 does not divide model.hidden = 64", args=("--model.heads", "5"))
