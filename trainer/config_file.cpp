@@ -54,7 +54,11 @@ class FileReader {
     try {
       root = toml::parse_file(path_);
     } catch (const toml::parse_error& e) {
-      reject(e.source(), std::string(e.description()));
+      std::string what(e.description());
+      // A basic string left open runs into the end of its line, which toml++ reports as a control character.
+      if (what.find("parsing string") != std::string::npos && what.find("control characters") != std::string::npos)
+        what += " (a string not closed on its line?)";
+      reject(e.source(), what);
     }
     walk(root, "");
     return set_;

@@ -189,7 +189,7 @@ TEST(TrainerConfigToml, RejectsMalformedFilesWithLineAndColumn) {
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   };
-  rejected("unterminated.toml", "[model]\nname = \"tiny\nhidden = 64\n", {"line 2, column"});
+  rejected("unterminated.toml", "[model]\nname = \"tiny\nhidden = 64\n", {"line 2, column", "not closed"});
   rejected("twice.toml", "[model]\nhidden = 64\nhidden = 128\n", {"line 3, column", "'hidden'"});
   rejected("section_twice.toml", "[model]\nhidden = 64\n[train]\n[model]\nlayers = 2\n", {"line 4", "'model'"});
   rejected("unknown.toml", "[model]\n\nhiden = 64\n", {"line 3, column 1", "unknown option 'model.hiden'"});
