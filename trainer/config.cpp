@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -41,6 +42,21 @@ namespace {
 const char* router_text(RouterStyle s) { return s == RouterStyle::v2_softmax ? "v2" : "v3"; }
 const char* policy_text(NonFinitePolicy p) { return p == NonFinitePolicy::stop ? "stop" : "skip"; }
 
+// The command line's integers: decimal and within int64_t (CLI11 alone reads 010 as octal 8 and clamps
+// 99999999999999999999 to 2^63 - 1 without a word).
+const CLI::Validator kDecimalInt64(
+    [](std::string& text) -> std::string {
+      int64_t v = 0;
+      const char* end = text.data() + text.size();
+      const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+      const std::string_view digits = std::string_view(text).substr(text.starts_with('-') ? 1 : 0);
+      const bool octal = digits.size() > 1 && digits[0] == '0';
+      if (ec == std::errc() && ptr == end && !octal) return "";
+      return fmt::format("'{}' is not a decimal integer in [{}, {}]", text, std::numeric_limits<int64_t>::min(),
+                         std::numeric_limits<int64_t>::max());
+    },
+    "", "INT64");
+
 }  // namespace
 
 ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
@@ -60,6 +76,8 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
     fields_.push_back({key, &var});
     options_.push_back(
         app.add_option(fmt::format("--{}", key), var, help)->capture_default_str()->group("Configuration"));
+    if constexpr (std::is_same_v<std::remove_reference_t<decltype(var)>, int64_t>)
+      options_.back()->check(kDecimalInt64);
   };
   add("model.name", m.name, "preset name, for reports");
   add("model.vocab_size", m.vocab_size, "tokenizer vocabulary (the shards' vocab_size)");

@@ -8,7 +8,8 @@
 //   lr = 3e-4            # a comment
 //
 // and on the command line as `--train.lr 3e-4`; the command line wins over the file. Sections: model, moe,
-// train, recipe, recompute (see the presets in configs/ for every key with its meaning).
+// train, recipe, recompute (see the presets in configs/ for every key with its meaning). Integers on the command
+// line must be decimal and within int64_t (010, 0x40 and 99999999999999999999 are rejected).
 //
 // The file is TOML v1.0 (https://toml.io/en/v1.0.0), read by toml++ (trainer/config_file.h): comments anywhere
 // after a '#' outside a string (a '#' inside "a#b" is part of the string), a UTF-8 byte order mark, basic and

@@ -226,6 +226,17 @@ TEST(TrainerConfig, RejectsFileProblemsNamingFileAndKey) {
   expect_error_with([&] { parse_config_args({"--config", preset("tiny"), "--no.such"}); }, {"command line"});
 }
 
+TEST(TrainerConfig, CommandLineIntegersAreDecimalAndInRange) {
+  for (const char* text : {"99999999999999999999", "010", "0x40", "64.0", "1e3"}) {
+    SCOPED_TRACE(text);
+    expect_error_with([&] { tiny_with({"--train.seed", text}); },
+                      {"command line", "--train.seed", fmt::format("'{}' is not a decimal integer", text)});
+  }
+  EXPECT_EQ(tiny_with({"--model.hidden", "64", "--train.seed", "0"}).train.seed, 0u);
+  EXPECT_EQ(tiny_with({"--model.n_dense_layers", "0"}).model.n_dense_layers, 0);
+  expect_error_with([] { tiny_with({"--train.warmup_steps=-1"}); }, {"train.warmup_steps = -1"});
+}
+
 TEST(TrainerConfig, MissingRequiredKeysAreNamed) {
   test::TrainerTempDir dir;
   const std::string no_hidden = dir.write("c.toml", tiny_text_with({{"hidden = ", "# hidden unset"}}));
