@@ -282,7 +282,8 @@ void validate_data(const TrainerConfig& cfg) {
                cfg.model.vocab_size);
   std::error_code ec;
   FP4MOE_CHECK(std::filesystem::is_directory(dir, ec),
-               "train.data_dir '{}' is not a folder (run make data, or point it at the folder of token shards)", dir);
+               "train.data_dir {} is not a folder (make it with {}, or point it at the folder of token shards)",
+               folder_for_message(dir), make_data_command(dir));
   std::vector<std::string> shards = find_token_shards(dir, "train");
   if (cfg.train.eval_interval > 0) {
     std::vector<std::string> val = find_token_shards(dir, "val");
