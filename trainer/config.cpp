@@ -394,7 +394,8 @@ void validate_data(const TrainerConfig& cfg) {
                cfg.model.vocab_size);
   std::error_code ec;
   FP4MOE_CHECK(std::filesystem::is_directory(dir, ec),
-               "train.data_dir '{}' is not a folder (run make data, or point it at the folder of token shards)", dir);
+               "train.data_dir {} is not a folder (make it with {}, or point it at the folder of token shards)",
+               folder_for_message(dir), make_data_command(dir));
   const std::vector<std::string> train = find_token_shards(dir, "train");
   const std::vector<std::string> val =
       cfg.train.eval_interval > 0 ? find_token_shards(dir, "val") : std::vector<std::string>{};
