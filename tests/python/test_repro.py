@@ -495,9 +495,10 @@ class Reports(Tmp):
     def test_report_writes_tables_and_plots(self):
         run = self.path("20261129-120000-nvidia-h200.h5")
         conv, _ = write_run(run, [1.812345, 3.5])
-        r = subprocess.run([sys.executable, REPORT_PY, run], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, REPORT_PY, run, "--runs", self.path("runs")], capture_output=True,
+                           text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
-        out = self.path("20261129-120000-nvidia-h200")
+        out = self.path("runs", "20261129-120000-nvidia-h200")
         self.assertEqual(sorted(os.listdir(out)), ["TABLES.md", "convert_fraction_of_copy.png",
                                                    "grouped_gemm_tflops.png"])
         with open(os.path.join(out, "TABLES.md"), encoding="utf-8") as f:
