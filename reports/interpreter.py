@@ -42,10 +42,10 @@ def _imports(python, modules, env):
     return r.returncode == 0
 
 
-def _candidates():
-    """Interpreters to try, in order: $FP4MOE_PYTHON, then CANDIDATES; each once, existing and executable."""
+def _candidates(env):
+    """Interpreters to try, in order: FP4MOE_PYTHON of `env`, then CANDIDATES; each once, existing and executable."""
     seen, out = set(), []
-    for p in [os.environ.get("FP4MOE_PYTHON", "")] + list(CANDIDATES):
+    for p in [env.get("FP4MOE_PYTHON", "")] + list(CANDIDATES):
         if p and p not in seen and os.path.isfile(p) and os.access(p, os.X_OK):
             seen.add(p)
             out.append(p)
@@ -60,7 +60,7 @@ def find(modules, env=None):
     stripped = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     variants = [env] + ([stripped] if stripped != env else [])
     me = os.path.abspath(sys.executable) if sys.executable else ""  # not realpath: a venv's python is a link
-    for python in _candidates():
+    for python in _candidates(env):
         for e in variants:
             if e is env and os.path.abspath(python) == me:
                 continue
@@ -86,7 +86,7 @@ def require(tool, modules=PACKAGES, argv=None):
         sys.stderr.flush()
         os.execve(python, [python] + argv, env)
     after = (f" (a re-run: {os.environ[REEXEC_ENV]} lacked it first)" if os.environ.get(REEXEC_ENV)
-             else f"; neither does {', '.join(_candidates()) or '/usr/bin/python3 (absent)'}")
+             else f"; neither does {', '.join(_candidates(os.environ)) or '/usr/bin/python3 (absent)'}")
     print(f"{tool}: this Python ({sys.executable}) cannot import {module} ({why}){after}: run `make setup` "
           f"(installs {', '.join(PACKAGES)}) and run the script with an interpreter that has them, e.g. "
           f"`/usr/bin/python3 {argv[0] if argv else ''}`", file=sys.stderr)

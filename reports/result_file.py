@@ -79,7 +79,8 @@ def read_table(group):
                          " without the attribute `columns`, expected a table group (results/h5_file.h)")
     columns = group.attrs["columns"]
     if np.ndim(columns) != 1 or not all(isinstance(text(c), str) for c in columns):
-        raise TableError(f"{where}: attribute `columns` is {columns!r}, expected a 1-D list of column names")
+        shown = " ".join(repr(np.asarray(columns).tolist()).split())[:120]
+        raise TableError(f"{where}: attribute `columns` is {shown}, expected a 1-D list of column names")
     columns = [text(c) for c in columns]
     data, length = {}, None
     for c in columns:
