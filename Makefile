@@ -7,6 +7,8 @@ BUILD   ?= build
 JOBS    ?= $(shell nproc)
 # The first interpreter that can import what reports/ needs (Debian's python3 has them after setup).
 PYTHON  ?= $(shell for p in python3 /usr/bin/python3; do $$p -c 'import pandas, matplotlib, h5py, numpy' 2>/dev/null && { echo $$p; break; }; done)
+need_python = test -n $(call q,$(PYTHON)) || \
+  { echo "make: no python3 imports pandas, matplotlib, h5py and numpy: run make setup" >&2; exit 1; }
 
 .PHONY: all setup configure cmake-configure build test test-gpu bench data repro-table report clean
 
@@ -21,7 +23,7 @@ $(subst $(space),\ ,$(BUILD))/build.ninja:
 	@$(MAKE) --no-print-directory cmake-configure
 
 cmake-configure:
-	@test -n $(call q,$(PYTHON)) || { echo "make: no python3 imports pandas, matplotlib, h5py and numpy: run make setup" >&2; exit 1; }
+	@$(need_python)
 	cmake -S . -B $(call q,$(BUILD)) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_PYTHON=$(call q,$(PYTHON))
 
 configure: $(subst $(space),\ ,$(BUILD))/build.ninja
@@ -58,7 +60,7 @@ RUNS  ?= runs
 repro-table:
 	@bash scripts/setup.sh --check-only || bash scripts/setup.sh
 	@$(MAKE) --no-print-directory build BUILD=$(call q,$(BUILD))
-	@test -n $(call q,$(PYTHON)) || { echo "make: no python3 imports pandas, matplotlib, h5py and numpy: run make setup" >&2; exit 1; }
+	@$(need_python)
 	$(call q,$(PYTHON)) repro/run.py --build $(call q,$(BUILD)) --scale $(call q,$(SCALE)) --out $(call q,$(RUNS))
 
 # TABLES.md and plots of one run file: make report RUN=path/to/<stem>.h5 writes $(RUNS)/<stem>/ (runs/<stem>/), so
@@ -67,7 +69,7 @@ repro-table:
 OUT ?=
 report:
 	@test -n $(call q,$(RUN)) || { echo "make report: name the run file: make report RUN=runs/<date>-<gpu>.h5" >&2; exit 2; }
-	@test -n $(call q,$(PYTHON)) || { echo "make: no python3 imports pandas, matplotlib, h5py and numpy: run make setup" >&2; exit 1; }
+	@$(need_python)
 	$(call q,$(PYTHON)) reports/report.py $(call q,$(RUN)) --runs $(call q,$(RUNS)) $(if $(OUT),--out $(call q,$(OUT)))
 
 clean:

@@ -88,7 +88,7 @@ def read_table(group):
         what = f"{where} column '{c}'"
         if not isinstance(ds, h5py.Dataset):
             raise TableError(f"{what}: " + ("absent" if ds is None else "is a group") + ", expected a 1-D dataset "
-                             f"(the table's `columns` attribute names it)")
+                             "(the table's `columns` attribute names it)")
         if ds.ndim != 1:
             raise TableError(f"{what}: shape {ds.shape}, expected a 1-D dataset")
         is_str = h5py.check_string_dtype(ds.dtype) is not None

@@ -77,7 +77,8 @@ class Interpreter(util.Tmp):
         # Already a re-run (the guard against re-running forever): no further attempt.
         env = {**self.env, "PYTHONPATH": fake, interpreter.REEXEC_ENV: "/some/python3"}
         out = self.path("out.md")
-        for tool, args in (("report", [self.run_file, "--out", out]), ("compare", [self.run_file] * 2 + ["--out", out])):
+        for tool, args in (("report", [self.run_file, "--out", out]),
+                           ("compare", [self.run_file, self.run_file, "--out", out])):
             with self.subTest(tool=tool):
                 r = subprocess.run([sys.executable, SCRIPTS[tool], *args], capture_output=True, text=True, env=env,
                                    timeout=300)

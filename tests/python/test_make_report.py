@@ -58,6 +58,10 @@ class MakeReport(util.Tmp):
         r = make("-n", "data", "DATA_CACHE=x y", "JOBS=3")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(command_of(r.stdout, "build_data.py")[2:], ["--cache", "x y", "--jobs", "3"])
+        r = make("-n", "repro-table", "BUILD=b u", f"RUNS={runs}", f"PYTHON={python}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(command_of(r.stdout, "repro/run.py"),
+                         [python, "repro/run.py", "--build", "b u", "--scale", "default", "--out", runs])
         r = make("-n", "clean", "BUILD=b u")
         self.assertEqual(command_of(r.stdout, "rm "), ["rm", "-rf", "b u"])
         r = make("-n", "cmake-configure", "BUILD=b u", f"PYTHON={python}")

@@ -1,10 +1,11 @@
 """No output path of a Python command may be one of its inputs (the same path, a symbolic link or a hard link to it)
-or anything but a regular file (a folder, /dev/null, a fifo): reports/compare.py, reports/bench_report.py,
+or anything but a regular file (a folder, a device node, a fifo): reports/compare.py, reports/bench_report.py,
 reports/report.py, repro/merge.py (repro/run.py's run file) and reports/result_file.py (the PyTorch peers' result
 files) all go through reports/output_path.py and refuse with one line, the input untouched."""
 
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import unittest
@@ -45,14 +46,25 @@ class OutputPaths(util.Tmp):
         return [("same path", target), ("symbolic link", link), ("hard link", hard),
                 ("other spelling", os.path.join(self.tmp, "sub", "..", os.path.basename(target)))]
 
+    def device(self):
+        """A character device node of this test's own (a copy of /dev/null's numbers), or None where this user may
+        not make one. Never the system's /dev/null: a writer with the defect under test would replace it."""
+        path = self.path("null_device")
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.stat(os.devnull).st_rdev)
+        except (PermissionError, OSError):
+            return None
+        return path
+
     def non_regular(self):
         """(kind, path, expected words) of outputs that exist and are not regular files."""
         fifo = self.path("fifo")
         os.mkfifo(fifo)
         folder = self.path("folder")
         os.mkdir(folder)
-        return [("device", os.devnull, "is a character device"), ("fifo", fifo, "is a fifo"),
-                ("folder", folder, "is a folder")]
+        device = self.device()
+        return ([("device", device, "is a character device")] if device else []) + [
+            ("fifo", fifo, "is a fifo"), ("folder", folder, "is a folder")]
 
     def assert_inputs_untouched(self):
         for p, d in self.before.items():
@@ -119,8 +131,8 @@ class OutputPaths(util.Tmp):
                 self.assert_one_line(r, 2, "report", f"'{run}' is the input")
                 self.assertEqual(digest(run), d)
                 self.assertEqual(sorted(os.listdir(folder)), sorted({"TABLES.md", name}))  # nothing else written
-        r = self.run_py(REPORT_PY, self.a, "--out", os.devnull)
-        self.assert_one_line(r, 2, "report", f"'{os.devnull}' exists and is not a folder")
+        r = self.run_py(REPORT_PY, self.a, "--out", self.path("r.h5"))
+        self.assert_one_line(r, 2, "report", f"'{self.path('r.h5')}' exists and is not a folder")
         self.assert_inputs_untouched()
 
     def test_report_never_replaces_a_fifo_among_its_files(self):
@@ -140,8 +152,9 @@ class OutputPaths(util.Tmp):
                 with self.assertRaisesRegex(output_path.OutputPathError, "is the input"):
                     merge.merge_run(out, [bench], [])
                 self.assertEqual(digest(bench), d)
-        with self.assertRaisesRegex(output_path.OutputPathError, "is a character device"):
-            merge.merge_run(os.devnull, [bench], [])
+        for kind, out, words in self.non_regular():
+            with self.subTest(kind=kind), self.assertRaisesRegex(output_path.OutputPathError, words):
+                merge.merge_run(out, [bench], [])
         self.assertFalse([n for n in os.listdir(self.tmp) if ".tmp-" in n])
 
     def test_peer_result_files_are_regular_files_and_not_inputs(self):
