@@ -56,9 +56,14 @@ REPRO_SHOWN = [("row", "row"), ("paper", "paper"), ("ours", "ours"), ("ratio", "
 
 def load_run(path):
     """{"attrs", "repro": {path: (DataFrame, attrs)}, "bench": {path: (DataFrame, attrs)}} of a run file.
-    Raises OSError for a missing or unreadable file and result_file.SchemaError for another schema."""
+    Raises OSError naming the file for a missing or unreadable file, result_file.SchemaError for another schema and
+    result_file.TableError for a malformed table."""
     result_file.check_readable(path)
-    with h5py.File(path, "r") as f:
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise OSError(f"'{path}' is not a readable HDF5 file: {result_file.one_line(e)}") from None
+    with f:
         result_file.check_schema(path, f)
         run = {"attrs": result_file.root_attributes(f), "repro": {}, "bench": {}}
         for kind in ("repro", "bench"):

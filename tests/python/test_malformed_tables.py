@@ -1,8 +1,8 @@
 """Run files of the right schema version whose tables are malformed (ragged columns, a 2-D column, a metric column of
 strings, a column the `columns` attribute names but the group lacks) and files whose schema_version is stored as a
 string: reports/report.py, reports/compare.py and reports/bench_report.py say so on one line naming the file, the
-table and the column, and exit 2 (compare: the bad file of the two); the reader (reports/result_file.py read_table)
-raises TableError."""
+table and the column, and exit 2 (compare: the bad file of the two, also when it is no HDF5 file at all); the reader
+(reports/result_file.py read_table) raises TableError."""
 
 import os
 import subprocess
@@ -78,6 +78,14 @@ class MalformedTables(util.Tmp):
                 if table.startswith("/bench/"):
                     r = subprocess.run([sys.executable, BENCH_REPORT_PY, bad], capture_output=True, text=True)
                     self.assert_one_line(r, 2, "bench_report", expected)
+
+    def test_compare_names_the_file_that_is_not_hdf5(self):
+        bad = self.path("notes.h5")
+        with open(bad, "w", encoding="utf-8") as f:
+            f.write("not an HDF5 file\n")
+        for args in ((self.good, bad), (bad, self.good)):
+            r = subprocess.run([sys.executable, COMPARE_PY, *args], capture_output=True, text=True)
+            self.assert_one_line(r, 2, "compare", f"'{bad}' is not a readable HDF5 file")
 
     def test_columns_attribute_of_another_shape(self):
         bad = self.path("bad.h5")
