@@ -75,6 +75,7 @@ def require(tool, modules=PACKAGES, argv=None):
     with EXIT_CODE when there is none or this process is already such a re-run (REEXEC_ENV set)."""
     gap = missing(modules)
     if gap is None:
+        os.environ.pop(REEXEC_ENV, None)  # the marker guards one re-run, not the programs this one starts
         return
     module, why = gap
     argv = list(sys.argv if argv is None else argv)

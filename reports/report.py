@@ -300,7 +300,7 @@ def write_report(run_path, out_dir=None, runs=None):
         plots = write_plots(run, stage)
         with open(os.path.join(stage, "TABLES.md"), "w", encoding="utf-8") as f:
             f.write(render_markdown(run, plots, os.path.basename(run_path)))
-        names = ["TABLES.md"] + [n for names in plots.values() for n in names]
+        names = ["TABLES.md"] + [n for files in plots.values() for n in files]
         for n in names:
             output_path.check_file(os.path.join(out_dir, n), [run_path])
         for n in names:
