@@ -7,7 +7,10 @@ Reads the root attributes (git_sha, date, gpu, driver, cuda, cublaslt, nccl, hos
 and every table under /bench (one group per table: one 1-D dataset per column, the attribute `columns` giving
 their order; results/h5_file.h) as a Markdown table, followed by the geometric means of its ratio columns
 (fraction_of_copy_bw, speedup) where it has them. NaN cells (not applicable) print as "-".
-Exit codes: 0 written, 1 no /bench table in the file, 2 bad arguments or unreadable file.
+REPORT.md may not be RESULT.h5 (nor a link to it) nor anything but a regular file; it is written under a temporary
+name and renamed (reports/output_path.py).
+Exit codes: 0 written, 1 no /bench table in the file, 2 bad arguments, an unreadable file or a malformed table, an
+output refused, or no interpreter that imports numpy, pandas and h5py (reports/interpreter.py).
 """
 
 import argparse
@@ -15,43 +18,27 @@ import math
 import os
 import sys
 
-import h5py
-import numpy as np
-import pandas as pd
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__":
+    from reports import interpreter
+
+    interpreter.require("bench_report", ("numpy", "pandas", "h5py"))
+
+import h5py  # noqa: E402
+
+from reports import output_path, result_file  # noqa: E402
 
 ROOT_ATTRIBUTES = ["git_sha", "date", "gpu", "driver", "cuda", "cublaslt", "nccl", "host", "command"]
 RATIO_COLUMNS = {"fraction_of_copy_bw": "x copy", "speedup": "speedup"}
-
-
-def _text(v):
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
-def read_table(group):
-    """One table group -> DataFrame, columns in the order of its `columns` attribute."""
-    columns = [_text(c) for c in group.attrs["columns"]]
-    data = {}
-    for c in columns:
-        ds = group[c]
-        data[c] = ds.asstr()[()] if ds.dtype.kind == "O" else ds[()]
-    return pd.DataFrame(data, columns=columns)
+_text = result_file.text
 
 
 def read_bench_tables(path):
-    """(root attributes, {table path: DataFrame}) for every table group under /bench, in name order."""
-    tables = {}
+    """(root attributes, {table path: DataFrame}) for every table group under /bench, in name order. Raises
+    OSError and result_file.TableError (a malformed table)."""
     with h5py.File(path, "r") as f:
-        attrs = {k: _text(v) for k, v in f.attrs.items()}
-        if "bench" in f:
-            def visit(name, obj):
-                if isinstance(obj, h5py.Group) and "columns" in obj.attrs:
-                    tables["/bench/" + name] = read_table(obj)
-            f["bench"].visititems(visit)
-    return attrs, tables
+        return result_file.root_attributes(f), result_file.tables_under(f, "bench")
 
 
 def _cell(v):
@@ -111,8 +98,17 @@ def main(argv=None):
         why = "not a file" if os.path.exists(a.result) else "no such file"
         print(f"bench_report: cannot read '{a.result}': {why}", file=sys.stderr)
         return 2
+    if a.out:
+        try:
+            output_path.check_file(a.out, [a.result])
+        except output_path.OutputPathError as e:
+            print(f"bench_report: refused --out: {e}", file=sys.stderr)
+            return 2
     try:
         text, n = render(a.result)
+    except result_file.TableError as e:
+        print(f"bench_report: {e}", file=sys.stderr)
+        return 2
     except (OSError, KeyError) as e:
         print(f"bench_report: cannot read '{a.result}': {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -121,9 +117,8 @@ def main(argv=None):
         return 1
     if a.out:
         try:
-            with open(a.out, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
+            output_path.write_text(a.out, text, [a.result])
+        except (OSError, output_path.OutputPathError) as e:
             print(f"bench_report: cannot write '{a.out}': {' '.join(str(e).split())}", file=sys.stderr)
             return 2
         print(f"bench_report: wrote {a.out} ({n} tables)")

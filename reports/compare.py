@@ -8,10 +8,12 @@ matched by `row`: the paper value, ours in A and in B, B - A and B / A; for ever
 (case, shape, recipe): time_us in A and B with B / A, and the table's headline rate (tflops where the table has
 any above zero, else gbps) in A and B with B / A. A row or table present in one file only shows "-" for the other.
 Both files must have the schema_version this code reads (result_file.SCHEMA_VERSION); any other is refused, and so
-is a result file that holds no /repro or /bench table (e.g. an `fp4moe quantize` output). FILE is written under a
-temporary name and renamed.
+is a result file that holds no /repro or /bench table (e.g. an `fp4moe quantize` output). FILE may not be A or B
+(nor a link to either) nor anything but a regular file; it is written under a temporary name and renamed
+(reports/output_path.py).
 Exit codes: 0 written, 1 a file of another schema or without tables (refused), 2 bad arguments, an unreadable
-file or an output that cannot be written.
+file, a malformed table (named with its file and column), an output refused or not writable, or no interpreter that
+imports numpy, pandas, h5py and matplotlib (reports/interpreter.py).
 """
 
 import argparse
@@ -21,9 +23,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+if __name__ == "__main__":
+    from reports import interpreter
+
+    interpreter.require("compare")
+
 import pandas as pd  # noqa: E402
 
-from reports import result_file  # noqa: E402
+from reports import output_path, result_file  # noqa: E402
 from reports.report import load_run  # noqa: E402
 
 ATTRIBUTES = ["schema_version", "git_sha", "date", "gpu", "driver", "cuda", "cublaslt", "nccl", "host", "scale"]
@@ -118,23 +125,27 @@ def main(argv=None):
     p.add_argument("b", help="run file B")
     p.add_argument("--out", help="write the comparison here instead of printing it")
     args = p.parse_args(argv)
+    if args.out:
+        try:
+            output_path.check_file(args.out, [args.a, args.b])
+        except output_path.OutputPathError as e:
+            print(f"compare: refused --out: {e}", file=sys.stderr)
+            return 2
     try:
         text = render(args.a, args.b)
     except result_file.SchemaError as e:
         print(f"compare: refused: {e}", file=sys.stderr)
         return 1
+    except result_file.TableError as e:
+        print(f"compare: {e}", file=sys.stderr)
+        return 2
     except (OSError, KeyError) as e:
         print(f"compare: cannot read the run files: {result_file.one_line(e)}", file=sys.stderr)
         return 2
     if args.out:
-        tmp = f"{args.out}.tmp-{os.getpid()}"
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, args.out)
-        except OSError as e:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            output_path.write_text(args.out, text, [args.a, args.b])
+        except (OSError, output_path.OutputPathError) as e:
             print(f"compare: cannot write '{args.out}': {result_file.one_line(e)}", file=sys.stderr)
             return 2
         print(f"compare: wrote {args.out}")

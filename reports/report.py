@@ -2,9 +2,10 @@
 """TABLES.md and PNG plots of one run file (`make report RUN=runs/<date>-<gpu>.h5`; repro/run.py calls the same
 write_report after a run).
 
-    reports/report.py RUN.h5 [--out DIR]
+    reports/report.py RUN.h5 [--out DIR | --runs RUNS]
 
-DIR (default: RUN without .h5, e.g. runs/20261129-120000-nvidia-h200/) receives
+DIR (default: RUNS/<stem of RUN>/, RUNS the repository's runs/ folder, e.g. runs/20261129-120000-nvidia-h200/;
+so a committed run under reports/results/ is never written over unless --out names its folder) receives
     TABLES.md                           the run's root attributes; for each /repro/<scenario> table the paper value,
                                         ours and their ratio with the source of each row; then every /bench table
                                         in full with the geometric means of its ratio columns (bench_report.py)
@@ -19,7 +20,11 @@ above zero). Files whose schema_version is not result_file.SCHEMA_VERSION are re
 For /train/<run> groups (fp4moe train): a summary row per run and train_loss.png (reports/train_report.py) of the
 runs that no reproduction scenario made (those carry the attribute repro_scenarios and are plotted per scenario).
 A cells table is shown with the columns that matter for reading it (cells_report.markdown).
-Exit codes: 0 written, 1 no /repro, /bench or /train table in the file, 2 unreadable file or other schema.
+Every file is written under a temporary name and renamed; none may be the run file (nor a link to it) or anything
+but a regular file (reports/output_path.py).
+Exit codes: 0 written, 1 no /repro, /bench or /train table in the file, 2 an unreadable file, another schema, a
+malformed table (named with its column), an output refused or not writable, or no interpreter that imports numpy,
+pandas, h5py and matplotlib (reports/interpreter.py).
 """
 
 import argparse
@@ -27,7 +32,13 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+if __name__ == "__main__":
+    from reports import interpreter
+
+    interpreter.require("report")
 
 import h5py  # noqa: E402
 import matplotlib  # noqa: E402
@@ -36,17 +47,23 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from reports import bench_report, cells_report, result_file, train_report  # noqa: E402
+from reports import bench_report, cells_report, output_path, result_file, train_report  # noqa: E402
 
+RUNS = os.path.join(ROOT, "runs")
 REPRO_SHOWN = [("row", "row"), ("paper", "paper"), ("ours", "ours"), ("ratio", "ours / paper"), ("unit", "unit"),
                ("paper_source", "source"), ("note", "note")]
 
 
 def load_run(path):
     """{"attrs", "repro": {path: (DataFrame, attrs)}, "bench": {path: (DataFrame, attrs)}} of a run file.
-    Raises OSError for a missing or unreadable file and result_file.SchemaError for another schema."""
+    Raises OSError naming the file for a missing or unreadable file, result_file.SchemaError for another schema and
+    result_file.TableError for a malformed table."""
     result_file.check_readable(path)
-    with h5py.File(path, "r") as f:
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise OSError(f"'{path}' is not a readable HDF5 file: {result_file.one_line(e)}") from None
+    with f:
         result_file.check_schema(path, f)
         run = {"attrs": result_file.root_attributes(f), "repro": {}, "bench": {}}
         for kind in ("repro", "bench"):
@@ -246,47 +263,69 @@ def render_markdown(run, plots, run_name=""):
     return "\n".join(out) + "\n"
 
 
-def default_out_dir(run_path):
-    base = run_path[:-3] if run_path.endswith(".h5") else run_path + ".report"
-    return base
+def default_out_dir(run_path, runs=None):
+    """runs/<stem of run_path>/ ("runs/20261129-120000-nvidia-h200/" for any ".../20261129-120000-nvidia-h200.h5"),
+    under `runs` (default: RUNS, the repository's runs/ folder): never beside a committed run file."""
+    name = os.path.basename(run_path)
+    stem = name[:-3] if name.endswith(".h5") and len(name) > 3 else name + ".report"
+    return os.path.join(RUNS if runs is None else runs, stem)
 
 
 class ReportWriteError(OSError):
     """The run file was read but the report could not be written (a folder that cannot be created or written)."""
 
 
-def write_report(run_path, out_dir=None):
-    """Writes TABLES.md and the plots of `run_path` into out_dir (default_out_dir when None); returns
+def write_report(run_path, out_dir=None, runs=None):
+    """Writes TABLES.md and the plots of `run_path` into out_dir (default_out_dir(run_path, runs) when None); returns
     (TABLES.md path, [png paths], number of tables); writes nothing and returns (None, [], 0) for a file without
-    /repro or /bench tables. Raises OSError (ReportWriteError when writing fails) / result_file.SchemaError."""
+    /repro, /bench or /train tables. Everything is drawn into a temporary folder inside out_dir first, then each
+    file is checked (output_path.check_file: not the run file, not anything but a regular file) and renamed into
+    place, so a refusal replaces nothing. Raises output_path.OutputPathError (out_dir or one of its files would be
+    the run file or is not a folder / regular file), ReportWriteError when writing fails, OSError,
+    result_file.SchemaError and result_file.TableError (reading)."""
+    import shutil
+    import tempfile
+
+    out_dir = out_dir or default_out_dir(run_path, runs)
+    output_path.check_folder(out_dir, [run_path])
     run = load_run(run_path)
     if not run["repro"] and not run["bench"] and not run["train"]:
         return None, [], 0
-    out_dir = out_dir or default_out_dir(run_path)
-    md = os.path.join(out_dir, "TABLES.md")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        plots = write_plots(run, out_dir)
-        with open(md + ".tmp", "w", encoding="utf-8") as f:
-            f.write(render_markdown(run, plots, os.path.basename(run_path)))
-        os.replace(md + ".tmp", md)
+        stage = tempfile.mkdtemp(prefix=".report.tmp-", dir=out_dir)
     except OSError as e:
         raise ReportWriteError(f"cannot write the report into '{out_dir}': {result_file.one_line(e)}") from None
-    pngs = [os.path.join(out_dir, n) for names in plots.values() for n in names]
-    return md, pngs, len(run["repro"]) + len(run["bench"]) + len(run["train"])
+    try:
+        plots = write_plots(run, stage)
+        with open(os.path.join(stage, "TABLES.md"), "w", encoding="utf-8") as f:
+            f.write(render_markdown(run, plots, os.path.basename(run_path)))
+        names = ["TABLES.md"] + [n for files in plots.values() for n in files]
+        for n in names:
+            output_path.check_file(os.path.join(out_dir, n), [run_path])
+        for n in names:
+            os.replace(os.path.join(stage, n), os.path.realpath(os.path.join(out_dir, n)))
+    except OSError as e:
+        raise ReportWriteError(f"cannot write the report into '{out_dir}': {result_file.one_line(e)}") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    pngs = [os.path.join(out_dir, n) for n in names[1:]]
+    return os.path.join(out_dir, "TABLES.md"), pngs, len(run["repro"]) + len(run["bench"]) + len(run["train"])
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="TABLES.md and plots of one fp4moe run file")
     p.add_argument("run", help="HDF5 run file (repro/run.py writes runs/<date>-<gpu>.h5)")
-    p.add_argument("--out", help="folder for TABLES.md and the plots (default: the run file's name without .h5)")
+    p.add_argument("--out", help="folder for TABLES.md and the plots (default: RUNS/<run file's name without .h5>)")
+    p.add_argument("--runs", help="the folder whose <run stem>/ receives the report when --out is not given "
+                                  "(default: runs/ of the repository)")
     a = p.parse_args(argv)
     try:
-        md, pngs, n = write_report(a.run, a.out)
-    except result_file.SchemaError as e:
-        print(f"report: {e}", file=sys.stderr)
+        md, pngs, n = write_report(a.run, a.out, a.runs)
+    except output_path.OutputPathError as e:
+        print(f"report: refused output: {e}", file=sys.stderr)
         return 2
-    except ReportWriteError as e:
+    except (result_file.SchemaError, result_file.TableError, ReportWriteError) as e:
         print(f"report: {e}", file=sys.stderr)
         return 2
     except (OSError, KeyError) as e:

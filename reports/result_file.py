@@ -15,16 +15,29 @@ import os
 
 import h5py
 import numpy as np
+import pandas as pd
 
-from reports.bench_report import read_table  # noqa: F401  (one reader of table groups, shared)
+from reports import output_path
 
 SCHEMA_VERSION = 1
 ROOT_ATTRIBUTES = ["schema_version", "git_sha", "date", "gpu", "driver", "cuda", "cublaslt", "nccl", "host", "command"]
 STR = h5py.string_dtype("utf-8")
+# Columns the reports compute with, numbers (float64 or int64) in every table that has them: the benchmark columns
+# of benchmarks/bench_util.cuh, the /repro columns of repro/ours.py, the training steps and eval tables and the
+# cells tables (repro/scenario.py TRAIN_COLUMNS).
+NUMERIC_COLUMNS = frozenset([
+    "time_us", "tflops", "gbps", "fraction_of_copy_bw", "speedup", "fraction_of_dense",
+    "ours", "ratio", "paper_value", "count",
+    "step", "steps", "tokens", "loss", "val_loss", "train_loss", "best_val_loss", "lr", "grad_norm", "tokens_per_s",
+    "mfu", "skipped", "peak_act_gib", "peak_total_gib", "pct_of_80_gib", "pct_of_141_gib", "elapsed_s", "exit_code"])
 
 
 class SchemaError(Exception):
     """A result file whose schema_version is missing or not SCHEMA_VERSION."""
+
+
+class TableError(Exception):
+    """A table group that does not have the layout of results/h5_file.h (message: file, table, column, what)."""
 
 
 def text(v):
@@ -47,10 +60,48 @@ def check_schema(path, f):
         raise SchemaError(f"'{path}' has no schema_version root attribute: it is not an fp4moe result file, or one "
                           f"older than schema version {SCHEMA_VERSION}")
     v = text(f.attrs["schema_version"])
-    if not isinstance(v, int) or v != SCHEMA_VERSION:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise SchemaError(f"'{path}' has schema_version {v!r} stored as {type(v).__name__}, expected an int64 "
+                          f"attribute (results/run_info.h)")
+    if v != SCHEMA_VERSION:
         raise SchemaError(f"'{path}' has schema_version {v}; this code reads version {SCHEMA_VERSION} only "
                           f"(results/run_info.h kResultSchemaVersion): use the reports/ of the fp4moe version that "
                           f"wrote the file")
+
+
+def read_table(group):
+    """One table group -> DataFrame, columns in the order of its `columns` attribute. Raises TableError, naming the
+    file, the table and the column, unless `columns` is a 1-D list of names, each naming a 1-D dataset of numbers or
+    strings, all of one length, with the NUMERIC_COLUMNS among them numbers."""
+    where = f"'{group.file.filename}' table {group.name}"
+    if not isinstance(group, h5py.Group) or "columns" not in group.attrs:
+        raise TableError(f"{where}: " + ("a group" if isinstance(group, h5py.Group) else "a dataset") +
+                         " without the attribute `columns`, expected a table group (results/h5_file.h)")
+    columns = group.attrs["columns"]
+    if np.ndim(columns) != 1 or not all(isinstance(text(c), str) for c in columns):
+        shown = " ".join(repr(np.asarray(columns).tolist()).split())[:120]
+        raise TableError(f"{where}: attribute `columns` is {shown}, expected a 1-D list of column names")
+    columns = [text(c) for c in columns]
+    data, length = {}, None
+    for c in columns:
+        ds = group.get(c)
+        what = f"{where} column '{c}'"
+        if not isinstance(ds, h5py.Dataset):
+            raise TableError(f"{what}: " + ("absent" if ds is None else "is a group") + ", expected a 1-D dataset "
+                             "(the table's `columns` attribute names it)")
+        if ds.ndim != 1:
+            raise TableError(f"{what}: shape {ds.shape}, expected a 1-D dataset")
+        is_str = h5py.check_string_dtype(ds.dtype) is not None
+        if not is_str and ds.dtype.kind not in "fiu":
+            raise TableError(f"{what}: dtype {ds.dtype}, expected float64, int64 or UTF-8 strings")
+        if is_str and c in NUMERIC_COLUMNS:
+            raise TableError(f"{what}: strings, expected numbers (float64 or int64)")
+        if length is not None and ds.shape[0] != length[1]:
+            raise TableError(f"{what}: {ds.shape[0]} rows, but column '{length[0]}' has {length[1]} (ragged "
+                             f"columns), expected one length")
+        length = length or (c, ds.shape[0])
+        data[c] = ds.asstr()[()] if is_str else ds[()]
+    return pd.DataFrame(data, columns=columns)
 
 
 def tables_under(f, prefix):
@@ -126,15 +177,16 @@ def is_number(v):
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def replace_table(path, table_path, columns, attributes, new_file_root):
+def replace_table(path, table_path, columns, attributes, new_file_root, inputs=()):
     """Adds (or replaces) the table at `table_path` (e.g. "/bench/attention_torch") in the result file `path`, or
     creates the file with the root attributes `new_file_root()` (called only then). columns and attributes as in
-    write_table. Atomic: the file is copied to a temporary name, changed there, synced and renamed over `path`, so a
-    crash leaves the old file whole. Raises SchemaError for an existing file of another schema (nothing written)."""
+    write_table; inputs: other files the command read (never written over). Atomic (reports/output_path.py): the
+    file is copied to a temporary name, changed there, synced and renamed over `path`, so a crash leaves the old file
+    whole. Raises output_path.OutputPathError for a `path` that is an input or not a regular file, SchemaError for an
+    existing file of another schema (nothing written either way)."""
     import shutil
 
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
+    with output_path.atomic(path, inputs) as tmp:
         if os.path.exists(path):
             with h5py.File(path, "r") as f:
                 check_schema(path, f)
@@ -146,20 +198,18 @@ def replace_table(path, table_path, columns, attributes, new_file_root):
             if table_path.lstrip("/") in f:
                 del f[table_path.lstrip("/")]
             write_table(f, table_path, columns, attributes)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
-def unwritable(path):
-    """Why the result file `path` cannot be written ("" when it can), checked before anything is measured; creates
-    its folder when missing."""
+def unwritable(path, inputs=()):
+    """Why the result file `path` cannot be written ("" when it can), checked before anything is measured: one of
+    `inputs` (files the command reads), a folder or anything else that is not a regular file, a folder that cannot
+    be created or written. Creates its folder when missing."""
     if os.path.isdir(path):
         return "is a folder, expected the path of a file to write"
+    try:
+        output_path.check_file(path, inputs)
+    except output_path.OutputPathError as e:
+        return str(e).replace(f"'{path}' ", "", 1)
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)

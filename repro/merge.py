@@ -13,14 +13,13 @@
     /repro/<scenario>      row, paper, paper_source, ours, ratio, unit, note, paper_value, count (repro/ours.py),
                            with the scenario's description as attributes
 
-Written to `<path>.tmp-<pid>` and renamed, so a failure never leaves a half-written run file.
+Written under a temporary name and renamed (reports/output_path.py), so a failure never leaves a half-written run
+file; a run file path that is one of the files merged, or not a regular file, is refused.
 """
-
-import os
 
 import h5py
 
-from reports import result_file
+from reports import output_path, result_file
 from repro.ours import REPRO_COLUMNS
 
 
@@ -88,12 +87,12 @@ def merge_run(path, bench_files, repro_tables, root_attributes=None, tables=(), 
     train_runs: list of (result file of `fp4moe train`, run name, scenario names) whose /train/<run> and
     /memory/<run> are copied; without benchmark files the first gives the root attributes.
     At least one benchmark file, table or training run is needed. Returns the list of tables and groups copied.
-    Raises MergeError (or OSError) and leaves no file behind."""
+    Raises MergeError, output_path.OutputPathError (`path` is one of the files merged or not a regular file) or
+    OSError, and leaves no file behind."""
     if not bench_files and not tables and not train_runs:
         raise MergeError("no benchmark result file to merge")
-    tmp = f"{path}.tmp-{os.getpid()}"
     copied = []
-    try:
+    with output_path.atomic(path, list(bench_files) + [p for p, _, _ in train_runs]) as tmp:
         with h5py.File(tmp, "w") as out:
             if not bench_files and not train_runs:
                 result_file.set_attribute(out, "schema_version", result_file.SCHEMA_VERSION)
@@ -123,11 +122,4 @@ def merge_run(path, bench_files, repro_tables, root_attributes=None, tables=(), 
             for name, rows, attrs in repro_tables:
                 columns = [(c, kind, [r[c] for r in rows]) for c, kind in REPRO_COLUMNS]
                 result_file.write_table(out, f"/repro/{name}", columns, attrs)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     return copied

@@ -42,9 +42,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+if __name__ == "__main__":
+    from reports import interpreter
+
+    interpreter.require("repro")
+
 import h5py  # noqa: E402
 
-from reports import report, result_file  # noqa: E402
+from reports import output_path, report, result_file  # noqa: E402
 from repro import merge, ours, process, scenario, train_cells  # noqa: E402
 from repro.process import fmt_elapsed  # noqa: E402
 
@@ -109,8 +114,8 @@ def read_bench_table(path, family):
             result_file.check_schema(path, f)
             g = f.get(f"bench/{family}")
             return None if g is None else result_file.read_table(g)
-    except (OSError, result_file.SchemaError) as e:
-        print(f"repro: cannot read {path}: {e}", file=sys.stderr)
+    except (OSError, result_file.SchemaError, result_file.TableError) as e:
+        print(f"repro: cannot read {path}: {result_file.one_line(e)}", file=sys.stderr)
         return None
 
 
@@ -165,7 +170,8 @@ def main(argv=None):
     except scenario.ScenarioError as e:
         print(f"repro: scenario {e}", file=sys.stderr)
         return 2
-    except (merge.MergeError, result_file.SchemaError, OSError) as e:
+    except (merge.MergeError, result_file.SchemaError, result_file.TableError, output_path.OutputPathError,
+            OSError) as e:
         print(f"repro: cannot write the run file: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

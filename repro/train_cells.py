@@ -172,7 +172,8 @@ def read_run(path, run):
     peaks per category (GiB, from /memory, else the step table's), median tokens/s, MFU and step time over the
     steps after the first (max(1, n // 10) warm-up steps dropped), tokens, final train and validation loss
     (reports/train_report.py summarize), the dispatch payload per routed token (the dispatch_* attributes of
-    /memory/<run>; NaN when absent). Raises OSError, KeyError (no such run) or result_file.SchemaError."""
+    /memory/<run>; NaN when absent). Raises OSError, KeyError (no such run), result_file.SchemaError or
+    result_file.TableError."""
     result_file.check_readable(path)
     with h5py.File(path, "r") as f:
         result_file.check_schema(path, f)
@@ -265,7 +266,7 @@ def run_cell(fp4moe, cell, spec, steps, run_dir, run, label, budget_min, root, d
     if os.path.exists(out):
         try:
             metrics = read_run(out, run)
-        except (OSError, KeyError, result_file.SchemaError) as e:
+        except (OSError, KeyError, result_file.SchemaError, result_file.TableError) as e:
             status = "failed"
             notes.append(f"cannot read {os.path.basename(out)}: {result_file.one_line(e)}")
     elif status == "ok":

@@ -119,6 +119,27 @@ def rows_where(columns, **conds):
     return [i for i in range(n) if all(columns[c][i] == v for c, v in conds.items())]
 
 
+def write_run(path, ours_values, time_scale=1.0, schema_version=1, extra_row=False):
+    """A run file as repro/run.py writes it, made with h5py alone: /bench/convert, /bench/grouped_gemm and one
+    /repro table with the given ours values."""
+    conv, gemm = convert_table(31), gemm_table(32)
+    conv["time_us"] = [t * time_scale for t in conv["time_us"]]
+    with h5py.File(path, "w") as f:
+        write_root(f, schema_version, scale="default")
+        write_table(f, "/bench/convert", conv, {"command": "bench_convert --h5 x.h5"})
+        write_table(f, "/bench/grouped_gemm", gemm)
+        rows = ["fused over unfused", "bytes"] + (["only in B"] if extra_row else [])
+        write_table(f, "/repro/conversion_kernels", {
+            "row": rows, "paper": ["1.6-1.9", "~3"] + ([""] if extra_row else []),
+            "paper_source": ["P1, secondary summary", "P1"] + (["none: x"] if extra_row else []),
+            "ours": list(ours_values), "ratio": [ours_values[0] / 1.75, ours_values[1] / 3] + ([math.nan] if extra_row
+                                                                                              else []),
+            "unit": ["x"] * len(rows), "note": ["n"] * len(rows)},
+            {"title": "Conversion kernels", "benchmark": "bench_convert", "budget_gpu_minutes": 15.0,
+             "elapsed_s": 120.0, "exit_code": 0, "filter": ""})
+    return conv, gemm
+
+
 class Tmp(unittest.TestCase):
     """A test case with its own temporary folder (removed after each test)."""
 
@@ -130,6 +151,15 @@ class Tmp(unittest.TestCase):
 
     def path(self, *parts):
         return os.path.join(self.tmp, *parts)
+
+    def assert_one_line(self, r, code, tool, expected):
+        """The finished process `r` exited with `code` and wrote one line "<tool>: ...expected..." to stderr, no
+        traceback."""
+        self.assertEqual(r.returncode, code, r.stdout + r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertTrue(r.stderr.startswith(f"{tool}: "), r.stderr)
+        self.assertIn(expected, r.stderr)
 
     def write_toml(self, text):
         """Writes the dedented text to bad.toml in the folder and returns its path (scenario files under test)."""

@@ -470,34 +470,14 @@ class FakeMachine(Tmp):
             self.assertEqual(result_file.text(f["/repro/conversion_kernels"].attrs["exit_code"]), 3)
 
 
-def write_run(path, ours_values, time_scale=1.0, schema_version=1, extra_row=False):
-    """A run file as repro/run.py writes it, made with h5py alone: /bench/convert, /bench/grouped_gemm and one
-    /repro table with the given ours values."""
-    conv, gemm = util.convert_table(31), util.gemm_table(32)
-    conv["time_us"] = [t * time_scale for t in conv["time_us"]]
-    with h5py.File(path, "w") as f:
-        util.write_root(f, schema_version, scale="default")
-        util.write_table(f, "/bench/convert", conv, {"command": "bench_convert --h5 x.h5"})
-        util.write_table(f, "/bench/grouped_gemm", gemm)
-        rows = ["fused over unfused", "bytes"] + (["only in B"] if extra_row else [])
-        util.write_table(f, "/repro/conversion_kernels", {
-            "row": rows, "paper": ["1.6-1.9", "~3"] + ([""] if extra_row else []),
-            "paper_source": ["P1, secondary summary", "P1"] + (["none: x"] if extra_row else []),
-            "ours": list(ours_values), "ratio": [ours_values[0] / 1.75, ours_values[1] / 3] + ([math.nan] if extra_row
-                                                                                              else []),
-            "unit": ["x"] * len(rows), "note": ["n"] * len(rows)},
-            {"title": "Conversion kernels", "benchmark": "bench_convert", "budget_gpu_minutes": 15.0,
-             "elapsed_s": 120.0, "exit_code": 0, "filter": ""})
-    return conv, gemm
-
-
 class Reports(Tmp):
     def test_report_writes_tables_and_plots(self):
         run = self.path("20261129-120000-nvidia-h200.h5")
-        conv, _ = write_run(run, [1.812345, 3.5])
-        r = subprocess.run([sys.executable, REPORT_PY, run], capture_output=True, text=True)
+        conv, _ = util.write_run(run, [1.812345, 3.5])
+        r = subprocess.run([sys.executable, REPORT_PY, run, "--runs", self.path("runs")], capture_output=True,
+                           text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
-        out = self.path("20261129-120000-nvidia-h200")
+        out = self.path("runs", "20261129-120000-nvidia-h200")
         self.assertEqual(sorted(os.listdir(out)), ["TABLES.md", "convert_fraction_of_copy.png",
                                                    "grouped_gemm_tflops.png"])
         with open(os.path.join(out, "TABLES.md"), encoding="utf-8") as f:
@@ -521,7 +501,7 @@ class Reports(Tmp):
 
     def test_report_refuses_other_schema_and_empty_files(self):
         run = self.path("v2.h5")
-        write_run(run, [1.0, 2.0], schema_version=2)
+        util.write_run(run, [1.0, 2.0], schema_version=2)
         r = subprocess.run([sys.executable, REPORT_PY, run], capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
         self.assertIn("schema_version 2", r.stderr)
@@ -537,8 +517,8 @@ class Reports(Tmp):
 
     def test_compare_side_by_side(self):
         a, b = self.path("a.h5"), self.path("b.h5")
-        conv, _ = write_run(a, [1.5, 3.0])
-        write_run(b, [1.8, 2.4, 7.0], time_scale=0.5, extra_row=True)
+        conv, _ = util.write_run(a, [1.5, 3.0])
+        util.write_run(b, [1.8, 2.4, 7.0], time_scale=0.5, extra_row=True)
         r = subprocess.run([sys.executable, COMPARE_PY, a, b], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.splitlines()
@@ -567,9 +547,9 @@ class Reports(Tmp):
 
     def test_compare_refuses_another_schema_version(self):
         a, b, c = self.path("a.h5"), self.path("b.h5"), self.path("c.h5")
-        write_run(a, [1.5, 3.0])
-        write_run(b, [1.5, 3.0], schema_version=2)
-        write_run(c, [1.5, 3.0], schema_version=None)
+        util.write_run(a, [1.5, 3.0])
+        util.write_run(b, [1.5, 3.0], schema_version=2)
+        util.write_run(c, [1.5, 3.0], schema_version=None)
         for other, message in [(b, "has schema_version 2; this code reads version 1"),
                                (c, "has no schema_version root attribute")]:
             for args in [(a, other), (other, a)]:
@@ -583,16 +563,9 @@ class Reports(Tmp):
         self.assertEqual(r.returncode, 2)
         self.assertNotIn("Traceback", r.stderr)
 
-    def assert_one_line(self, r, code, tool, expected):
-        self.assertEqual(r.returncode, code, r.stdout + r.stderr)
-        self.assertNotIn("Traceback", r.stderr)
-        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
-        self.assertTrue(r.stderr.startswith(f"{tool}: "), r.stderr)
-        self.assertIn(expected, r.stderr)
-
     def test_missing_files_and_folders_are_named_on_one_line(self):
         run = self.path("r.h5")
-        write_run(run, [1.5, 3.0])
+        util.write_run(run, [1.5, 3.0])
         missing, folder = self.path("missing.h5"), self.path("folder.h5")
         os.mkdir(folder)
         for tool, script in (("report", [REPORT_PY]), ("compare", [COMPARE_PY, run])):
@@ -603,7 +576,7 @@ class Reports(Tmp):
 
     def test_compare_refuses_a_file_without_tables(self):
         run, quantized = self.path("r.h5"), self.path("quantized.h5")
-        write_run(run, [1.5, 3.0])
+        util.write_run(run, [1.5, 3.0])
         with h5py.File(quantized, "w") as f:  # a result file of another kind: root attributes and arrays only
             util.write_root(f)
             f["codes"] = np.zeros((4, 16), dtype=np.uint8)
@@ -614,7 +587,7 @@ class Reports(Tmp):
 
     def test_outputs_that_cannot_be_written(self):
         run = self.path("r.h5")
-        write_run(run, [1.5, 3.0])
+        util.write_run(run, [1.5, 3.0])
         blocker = self.path("plain_file")
         with open(blocker, "w", encoding="utf-8") as f:
             f.write("x")
@@ -628,7 +601,7 @@ class Reports(Tmp):
 
     def test_report_module_is_what_the_runner_uses(self):
         run = self.path("r.h5")
-        write_run(run, [1.5, 3.0])
+        util.write_run(run, [1.5, 3.0])
         md, pngs, n = report.write_report(run, self.path("out"))
         self.assertEqual(n, 3)
         self.assertEqual(len(pngs), 2)
