@@ -1,5 +1,5 @@
-// Router combine weights for a given selection (router_gates.h): one thread per token for the weights (k is small),
-// one thread per expert for the v2 balance loss (tokens in order, then experts in order), as router.cu does.
+// Router combine weights for a given selection (router_gates.h): one thread per token for the weights (k is small);
+// the v2 balance loss is router.cu's (detail::launch_balance_loss).
 #include <algorithm>
 
 #include "kernels/common/check.h"
@@ -10,7 +10,6 @@ namespace fp4moe {
 namespace {
 
 constexpr int kThreads = 256;
-static_assert(kRouterMaxExperts <= 1024, "the balance loss uses one thread per expert in one block");
 
 // probs [T, E], topk_idx [T, k] -> topk_weight [T, k].
 __global__ void __launch_bounds__(kThreads)
@@ -34,28 +33,6 @@ router_gates_kernel(const float* __restrict__ probs, const int32_t* __restrict__
   }
 }
 
-// v2 balance loss from probs [T, E] and counts [E]: thread e sums P_e over tokens in order; thread 0 sums the
-// terms in expert order.
-__global__ void gates_balance_loss_kernel(const float* __restrict__ probs, const int32_t* __restrict__ counts,
-                                          int64_t T, int E, int k, float alpha, float* __restrict__ aux_loss) {
-  __shared__ float term[kRouterMaxExperts];
-  const int e = threadIdx.x;
-  if (e < E) {
-    float P = 0.0f;
-    for (int64_t t = 0; t < T; ++t) P = __fadd_rn(P, probs[t * E + e]);
-    P = __fdiv_rn(P, static_cast<float>(T));
-    const float f = __fdiv_rn(__fmul_rn(static_cast<float>(E), static_cast<float>(counts[e])),
-                              static_cast<float>(static_cast<int64_t>(k) * T));
-    term[e] = __fmul_rn(f, P);
-  }
-  __syncthreads();
-  if (e == 0) {
-    float loss = 0.0f;
-    for (int i = 0; i < E; ++i) loss = __fadd_rn(loss, term[i]);
-    *aux_loss = __fmul_rn(alpha, loss);
-  }
-}
-
 }  // namespace
 
 void router_gates_for_indices(const float* probs, const int32_t* topk_idx, const int32_t* counts, int64_t T,
@@ -76,14 +53,7 @@ void router_gates_for_indices(const float* probs, const int32_t* topk_idx, const
                                                        topk_weight);
     CUDA_CHECK_LAUNCH();
   }
-  if (!loss) return;
-  if (T == 0) {
-    CUDA_CHECK(cudaMemsetAsync(aux_loss, 0, sizeof(float), stream));
-    return;
-  }
-  gates_balance_loss_kernel<<<1, static_cast<unsigned>(E), 0, stream>>>(
-      probs, counts, T, static_cast<int>(E), static_cast<int>(cfg.top_k), cfg.aux_alpha, aux_loss);
-  CUDA_CHECK_LAUNCH();
+  if (loss) detail::launch_balance_loss(probs, counts, T, E, cfg.top_k, cfg.aux_alpha, aux_loss, stream);
 }
 
 }  // namespace fp4moe

@@ -1,5 +1,5 @@
 // CPU reference of the router weights for a given selection (router_gates.h), from the rules in the header, in the
-// operation order of the device kernel. Instantiated for float (compared with the GPU) and double.
+// operation order of the device kernel; the weights and the balance loss are router_ref.cpp's. Instantiated for float (compared with the GPU) and double.
 #include <vector>
 
 #include "kernels/common/check.h"
@@ -26,26 +26,9 @@ void router_gates_for_indices_ref(const Real* probs, const int32_t* topk_idx, co
       FP4MOE_CHECK(counts[e] == own_counts[e], "{}: counts[{}] = {} but the selection sends {} tokens to expert {}",
                    what, e, counts[e], own_counts[e], e);
   const Real scale = static_cast<Real>(cfg.routed_scale);
-  for (int64_t t = 0; t < T; ++t) {
-    const Real* p = probs + t * E;
-    const int32_t* idx = topk_idx + t * k;
-    Real denom = 1;
-    if (v3) {
-      denom = 0;
-      for (int64_t j = 0; j < k; ++j) denom += p[idx[j]];
-    }
-    for (int64_t j = 0; j < k; ++j) topk_weight[t * k + j] = scale * (p[idx[j]] / denom);
-  }
-  if (!loss) return;
-  Real total = 0;
-  for (int64_t e = 0; e < E && T > 0; ++e) {
-    Real P = 0;
-    for (int64_t t = 0; t < T; ++t) P += probs[t * E + e];
-    P /= static_cast<Real>(T);
-    const Real f = static_cast<Real>(E) * static_cast<Real>(counts[e]) / static_cast<Real>(k * T);
-    total += f * P;
-  }
-  *aux_loss = static_cast<Real>(cfg.aux_alpha) * total;
+  for (int64_t t = 0; t < T; ++t)
+    detail::combine_weights_ref(probs + t * E, topk_idx + t * k, k, v3, scale, topk_weight + t * k);
+  if (loss) *aux_loss = detail::balance_loss_ref(probs, counts, T, E, k, cfg.aux_alpha);
 }
 
 template void router_gates_for_indices_ref<float>(const float*, const int32_t*, const int32_t*, int64_t, int64_t,
