@@ -39,13 +39,8 @@ void router_gates_for_indices(const float* probs, const int32_t* topk_idx, const
                               int64_t E, const RouterConfig& cfg, float* topk_weight, float* aux_loss,
                               cudaStream_t stream) {
   const char* what = "router_gates_for_indices";
-  detail::check_router_shape(what, T, E, cfg);
+  const bool loss = detail::check_router_gates(what, probs, topk_idx, counts, T, E, cfg, topk_weight, aux_loss);
   const bool v3 = cfg.style == RouterStyle::v3_sigmoid;
-  const bool loss = !v3 && aux_loss != nullptr;
-  FP4MOE_CHECK(T == 0 || (probs && topk_idx && topk_weight),
-               "{}: probs [T, E], topk_idx [T, k] and topk_weight [T, k] must not be null for T={}", what, T);
-  FP4MOE_CHECK(!loss || counts != nullptr, "{}: the v2 balance loss needs the selection's counts [E], got null",
-               what);
   if (T > 0) {
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(T, kThreads), int64_t{132} * 16));
     router_gates_kernel<<<grid, kThreads, 0, stream>>>(probs, topk_idx, T, static_cast<int>(E),

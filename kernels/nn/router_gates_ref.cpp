@@ -11,13 +11,8 @@ template <typename Real>
 void router_gates_for_indices_ref(const Real* probs, const int32_t* topk_idx, const int32_t* counts, int64_t T,
                                   int64_t E, const RouterConfig& cfg, Real* topk_weight, Real* aux_loss) {
   const char* what = "router_gates_for_indices_ref";
-  detail::check_router_shape(what, T, E, cfg);
+  const bool loss = detail::check_router_gates(what, probs, topk_idx, counts, T, E, cfg, topk_weight, aux_loss);
   const bool v3 = cfg.style == RouterStyle::v3_sigmoid;
-  const bool loss = !v3 && aux_loss != nullptr;
-  FP4MOE_CHECK(T == 0 || (probs && topk_idx && topk_weight),
-               "{}: probs [T, E], topk_idx [T, k] and topk_weight [T, k] must not be null for T={}", what, T);
-  FP4MOE_CHECK(!loss || counts != nullptr, "{}: the v2 balance loss needs the selection's counts [E], got null",
-               what);
   const int64_t k = cfg.top_k;
   std::vector<int32_t> own_counts(E), own_offsets(E + 1);
   expert_counts_and_offsets_ref(topk_idx, T, k, E, own_counts.data(), own_offsets.data());  // validates topk_idx
