@@ -376,26 +376,17 @@ template <int Dqk, int Dv>
 void launch_column_split(const BwdParams& p, int64_t B, cudaStream_t stream) {
   using KV = BwdKVConfig<Dqk, Dv>;
   using Q = BwdQConfig<Dqk, Dv>;
-  auto* dkdv = flash_attention_backward_dkdv_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, KV::kSmemBytes));
   const dim3 kv_grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + KV::kBlockN - 1) / KV::kBlockN));
-  dkdv<<<kv_grid, KV::kThreads, KV::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
-  auto* dq = flash_attention_backward_dq_kernel<Dqk, Dv, false>;
-  CUDA_CHECK(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
+  launch_with_smem(flash_attention_backward_dkdv_kernel<Dqk, Dv>, kv_grid, KV::kThreads, KV::kSmemBytes, p, stream);
   const dim3 q_grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + Q::kBlockM - 1) / Q::kBlockM));
-  dq<<<q_grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_backward_dq_kernel<Dqk, Dv, false>, q_grid, Q::kThreads, Q::kSmemBytes, p, stream);
 }
 
 template <int Dqk, int Dv>
 void launch_dq_grouped(const BwdParams& p, cudaStream_t stream) {
   using Q = BwdQConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_backward_dq_kernel<Dqk, Dv, true>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + Q::kBlockM - 1) / Q::kBlockM);
-  kernel<<<grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_backward_dq_kernel<Dqk, Dv, true>, grid, Q::kThreads, Q::kSmemBytes, p, stream);
 }
 
 }  // namespace
@@ -408,20 +399,15 @@ void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream) {
 }
 
 void launch_backward_column_split(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::column_split)
-      launch_column_split<kDqk, kDv>(p, B, stream);
-    else FP4MOE_CHECK(false, "launch_backward_column_split: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
-  });
+  with_family_head_dims<BwdKernels::column_split>(
+      "flash_attention_backward", "launch_backward_column_split", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_column_split<decltype(dqk)::value, decltype(dv)::value>(p, B, stream); });
 }
 
 void launch_backward_dq_grouped(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::role_split) launch_dq_grouped<kDqk, kDv>(p, stream);
-    else FP4MOE_CHECK(false, "launch_backward_dq_grouped: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
-  });
+  with_family_head_dims<BwdKernels::role_split>(
+      "flash_attention_backward", "launch_backward_dq_grouped", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_dq_grouped<decltype(dqk)::value, decltype(dv)::value>(p, stream); });
 }
 
 }  // namespace fp4moe::attn

@@ -299,22 +299,17 @@ __global__ void __launch_bounds__(SplitConfig<Dqk, Dv>::kThreads, 1)
 template <int Dqk, int Dv>
 void launch_role_split_dkdv(const BwdParams& p, cudaStream_t stream) {
   using C = SplitConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_backward_dkdv_role_split_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + C::kBlockN - 1) / C::kBlockN);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_backward_dkdv_role_split_kernel<Dqk, Dv>, grid, C::kThreads, C::kSmemBytes, p,
+                   stream);
 }
 
 }  // namespace
 
 void launch_backward_role_split_dkdv(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::role_split)
-      launch_role_split_dkdv<kDqk, kDv>(p, stream);
-    else FP4MOE_CHECK(false, "launch_backward_role_split_dkdv: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
-  });
+  with_family_head_dims<BwdKernels::role_split>(
+      "flash_attention_backward", "launch_backward_role_split_dkdv", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_role_split_dkdv<decltype(dqk)::value, decltype(dv)::value>(p, stream); });
 }
 
 }  // namespace fp4moe::attn

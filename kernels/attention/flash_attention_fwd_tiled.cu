@@ -102,21 +102,16 @@ __global__ void __launch_bounds__(Key32FwdConfig<Dqk, Dv>::kThreads)
 template <int Dqk, int Dv>
 void launch_forward(const FwdParams& p, cudaStream_t stream) {
   using C = Key32FwdConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_forward_key32_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + C::kBlockM - 1) / C::kBlockM);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_forward_key32_kernel<Dqk, Dv>, grid, C::kThreads, C::kSmemBytes, p, stream);
 }
 
 }  // namespace
 
 void launch_forward_key32(const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_forward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (forward_kernel_for(kDqk, kDv) == FwdKernel::key32) launch_forward<kDqk, kDv>(p, stream);
-    else FP4MOE_CHECK(false, "launch_forward_key32: (Dqk, Dv) = ({},{}) takes another kernel", kDqk, kDv);
-  });
+  with_family_head_dims<FwdKernel::key32>(
+      "flash_attention_forward", "launch_forward_key32", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_forward<decltype(dqk)::value, decltype(dv)::value>(p, stream); });
 }
 
 }  // namespace fp4moe::attn
