@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, PEERS)
 
 import peer_result_file  # noqa: E402
+import peer_timing  # noqa: E402
 
 PROGRAM = "attention_torch"
 FAMILY = "attention_torch"
@@ -213,19 +214,7 @@ def time_pass(torch, work, pass_, min_time_s, min_iters=5, max_iters=10000):
     """Median seconds of one pass over CUDA events, after a warm-up pass (bwd runs on a retained forward graph)."""
     if pass_ == "bwd":
         work.forward()
-    work.run(pass_)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    while len(times) < max_iters and (len(times) < min_iters or sum(times) < min_time_s):
-        start.record()
-        work.run(pass_)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    times.sort()
-    n = len(times)
-    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+    return peer_timing.median_pass_seconds(torch, lambda: work.run(pass_), min_time_s, min_iters, max_iters)
 
 
 # ---- result file ---------------------------------------------------------------------------------------------------

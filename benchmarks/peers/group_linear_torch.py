@@ -48,6 +48,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, PEERS)
 
 import peer_result_file  # noqa: E402
+import peer_timing  # noqa: E402
 
 PROGRAM = "group_linear_torch"
 FAMILY = "group_linear_torch"
@@ -298,23 +299,6 @@ class Workload:
         return worst
 
 
-def time_pass(torch, work, pass_, min_time_s, min_iters=5, max_iters=10000):
-    """Median seconds of one pass over CUDA events, after a warm-up pass."""
-    work.run(pass_)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    while len(times) < max_iters and (len(times) < min_iters or sum(times) < min_time_s):
-        start.record()
-        work.run(pass_)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    times.sort()
-    n = len(times)
-    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
-
-
 # ---- result file ---------------------------------------------------------------------------------------------------
 
 COLUMNS = [("case", "str"), ("shape", "str"), ("recipe", "str"), ("time_us", "f64"), ("tflops", "f64"),
@@ -377,7 +361,7 @@ def measure(torch, cases, min_time_s):
             for p in recipes.get(recipe, []):
                 name = case_name(p, recipe, *cfg)
                 try:
-                    s = time_pass(torch, work, p, min_time_s)
+                    s = peer_timing.median_pass_seconds(torch, lambda: work.run(p), min_time_s)
                 except (RuntimeError, ValueError) as e:
                     print(f"{PROGRAM}: {name}: {e}", file=sys.stderr, flush=True)
                     failed.append(name)

@@ -64,6 +64,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import sys
 import tomllib
 
@@ -859,7 +860,7 @@ def bench(cfg, config_path, steps, warmup, peak_tflops, seed):
         stop.record()
     torch.cuda.synchronize()
     times = sorted(start.elapsed_time(stop) * 1e-3 for start, stop in events)
-    median = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
+    median = statistics.median(times)
     loss_values = [float(v) for v in losses]
     if not all(math.isfinite(v) for v in loss_values):
         raise RuntimeError(f"non-finite loss in the timed steps: {loss_values}")
