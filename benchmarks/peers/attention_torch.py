@@ -47,7 +47,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, PEERS)
 
 import peer_result_file  # noqa: E402
-import peer_timing  # noqa: E402
+import peer_torch  # noqa: E402
 
 PROGRAM = "attention_torch"
 FAMILY = "attention_torch"
@@ -89,17 +89,7 @@ def flops(pass_, shape):
 
 def require_torch():
     """(torch, sdpa_kernel, SDPBackend), or Unavailable saying what is missing."""
-    try:
-        import torch
-    except ImportError as e:
-        raise Unavailable(f"PyTorch is not installed ({e}); the peer needs torch with CUDA on a Hopper GPU") from None
-    if not torch.cuda.is_available():
-        raise Unavailable(f"PyTorch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda}); "
-                          f"the peer needs a Hopper GPU")
-    major, minor = torch.cuda.get_device_capability(0)
-    if major != 9:
-        raise Unavailable(f"GPU 0 is {torch.cuda.get_device_name(0)} (sm_{major}{minor}): the peer measures "
-                          f"Hopper (sm_90)")
+    torch = peer_torch.hopper_torch(Unavailable)
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
@@ -214,7 +204,7 @@ def time_pass(torch, work, pass_, min_time_s, min_iters=5, max_iters=10000):
     """Median seconds of one pass over CUDA events, after a warm-up pass (bwd runs on a retained forward graph)."""
     if pass_ == "bwd":
         work.forward()
-    return peer_timing.median_pass_seconds(torch, lambda: work.run(pass_), min_time_s, min_iters, max_iters)
+    return peer_torch.median_pass_seconds(torch, lambda: work.run(pass_), min_time_s, min_iters, max_iters)
 
 
 # ---- result file ---------------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, PEERS)
 
 import peer_result_file  # noqa: E402
-import peer_timing  # noqa: E402
+import peer_torch  # noqa: E402
 
 PROGRAM = "group_linear_torch"
 FAMILY = "group_linear_torch"
@@ -147,17 +147,7 @@ def round_up(v, a):
 
 def require_torch():
     """The torch module, or Unavailable saying what is missing."""
-    try:
-        import torch
-    except ImportError as e:
-        raise Unavailable(f"PyTorch is not installed ({e}); the peer needs torch with CUDA on a Hopper GPU") from None
-    if not torch.cuda.is_available():
-        raise Unavailable(f"PyTorch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda}); "
-                          f"the peer needs a Hopper GPU")
-    major, minor = torch.cuda.get_device_capability(0)
-    if major != 9:
-        raise Unavailable(f"GPU 0 is {torch.cuda.get_device_name(0)} (sm_{major}{minor}): the peer measures "
-                          f"torch._scaled_grouped_mm on Hopper (sm_90)")
+    torch = peer_torch.hopper_torch(Unavailable, "torch._scaled_grouped_mm on Hopper (sm_90)")
     for op in ("_grouped_mm", "_scaled_grouped_mm"):
         if not hasattr(torch, op):
             raise Unavailable(f"PyTorch {torch.__version__} has no torch.{op} (grouped GEMMs need 2.8 or later)")
@@ -361,7 +351,7 @@ def measure(torch, cases, min_time_s):
             for p in recipes.get(recipe, []):
                 name = case_name(p, recipe, *cfg)
                 try:
-                    s = peer_timing.median_pass_seconds(torch, lambda: work.run(p), min_time_s)
+                    s = peer_torch.median_pass_seconds(torch, lambda: work.run(p), min_time_s)
                 except (RuntimeError, ValueError) as e:
                     print(f"{PROGRAM}: {name}: {e}", file=sys.stderr, flush=True)
                     failed.append(name)
