@@ -33,19 +33,21 @@ Exit codes: 0 every selected case ran; 1 a case failed or the file could not be 
 """
 
 import argparse
-import datetime
 import json
 import math
 import os
 import re
 import shlex
-import socket
-import subprocess
 import sys
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PEERS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(PEERS))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, PEERS)
+
+import peer_result_file  # noqa: E402
+import peer_torch  # noqa: E402
 
 PROGRAM = "attention_torch"
 FAMILY = "attention_torch"
@@ -87,17 +89,7 @@ def flops(pass_, shape):
 
 def require_torch():
     """(torch, sdpa_kernel, SDPBackend), or Unavailable saying what is missing."""
-    try:
-        import torch
-    except ImportError as e:
-        raise Unavailable(f"PyTorch is not installed ({e}); the peer needs torch with CUDA on a Hopper GPU") from None
-    if not torch.cuda.is_available():
-        raise Unavailable(f"PyTorch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda}); "
-                          f"the peer needs a Hopper GPU")
-    major, minor = torch.cuda.get_device_capability(0)
-    if major != 9:
-        raise Unavailable(f"GPU 0 is {torch.cuda.get_device_name(0)} (sm_{major}{minor}): the peer measures "
-                          f"Hopper (sm_90)")
+    torch = peer_torch.hopper_torch(Unavailable)
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
@@ -212,19 +204,7 @@ def time_pass(torch, work, pass_, min_time_s, min_iters=5, max_iters=10000):
     """Median seconds of one pass over CUDA events, after a warm-up pass (bwd runs on a retained forward graph)."""
     if pass_ == "bwd":
         work.forward()
-    work.run(pass_)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    while len(times) < max_iters and (len(times) < min_iters or sum(times) < min_time_s):
-        start.record()
-        work.run(pass_)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    times.sort()
-    n = len(times)
-    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+    return peer_torch.median_pass_seconds(torch, lambda: work.run(pass_), min_time_s, min_iters, max_iters)
 
 
 # ---- result file ---------------------------------------------------------------------------------------------------
@@ -249,41 +229,10 @@ def table_attributes(torch, command):
     }
 
 
-def root_attributes(torch, command):
-    """Root attributes of a new result file (results/run_info.h's names), from what this process can see."""
-    from reports import result_file
-
-    def output_of(cmd):
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=ROOT)
-            return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
-        except (OSError, subprocess.TimeoutExpired):
-            return "unknown"
-
-    try:
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:  # noqa: BLE001 (no NCCL in this build of torch)
-        nccl = "unknown"
-    return {"schema_version": result_file.SCHEMA_VERSION, "git_sha": output_of(["git", "rev-parse", "HEAD"]),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "gpu": torch.cuda.get_device_name(0),
-            "driver": output_of(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]),
-            "cuda": str(torch.version.cuda), "cublaslt": "unknown (PyTorch's)", "nccl": nccl,
-            "host": socket.gethostname(), "command": command}
-
-
 def write_into(path, rows, attributes, new_file_root):
     """Adds (or replaces) /bench/attention_torch in the result file `path`, or creates it with the root attributes
-    `new_file_root()`; atomically (reports/result_file.py replace_table)."""
-    from reports import result_file
-    result_file.replace_table(path, f"/bench/{FAMILY}", [(c, kind, [r[c] for r in rows]) for c, kind in COLUMNS],
-                              attributes, new_file_root)
-
-
-def unwritable(path):
-    """Why the result file `path` cannot be written ("" when it can); reports/result_file.py unwritable."""
-    from reports import result_file
-    return result_file.unwritable(path)
+    `new_file_root()`; atomically (peer_result_file.write_table)."""
+    peer_result_file.write_table(path, FAMILY, COLUMNS, rows, attributes, new_file_root)
 
 
 # ---- main ----------------------------------------------------------------------------------------------------------
@@ -346,7 +295,7 @@ def main(argv=None):
         print(f"{PROGRAM}: no case matches --filter {a.filter!r}", file=sys.stderr)
         return 2
     if a.h5:
-        why = unwritable(a.h5)
+        why = peer_result_file.unwritable(a.h5)
         if why:
             print(f"{PROGRAM}: --h5 '{a.h5}': {why}", file=sys.stderr)
             return 2
@@ -362,7 +311,8 @@ def main(argv=None):
     rc = 1 if failed else 0
     if rows and a.h5:
         try:
-            write_into(a.h5, rows, table_attributes(torch, command), lambda: root_attributes(torch, command))
+            write_into(a.h5, rows, table_attributes(torch, command),
+                       lambda: peer_result_file.root_attributes(torch, command))
             print(f"{PROGRAM}: wrote {a.h5} (/bench/{FAMILY}, {len(rows)} rows)", file=sys.stderr, flush=True)
         except Exception as e:  # noqa: BLE001 (h5py raises OSError, KeyError, ...; one line either way)
             print(f"{PROGRAM}: cannot write {a.h5}: {e}", file=sys.stderr)

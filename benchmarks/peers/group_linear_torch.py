@@ -36,17 +36,19 @@ Exit codes: 0 every selected case ran; 1 a case failed or the file could not be 
 """
 
 import argparse
-import datetime
 import math
 import os
 import re
 import shlex
-import socket
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PEERS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(PEERS))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, PEERS)
+
+import peer_result_file  # noqa: E402
+import peer_torch  # noqa: E402
 
 PROGRAM = "group_linear_torch"
 FAMILY = "group_linear_torch"
@@ -145,17 +147,7 @@ def round_up(v, a):
 
 def require_torch():
     """The torch module, or Unavailable saying what is missing."""
-    try:
-        import torch
-    except ImportError as e:
-        raise Unavailable(f"PyTorch is not installed ({e}); the peer needs torch with CUDA on a Hopper GPU") from None
-    if not torch.cuda.is_available():
-        raise Unavailable(f"PyTorch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda}); "
-                          f"the peer needs a Hopper GPU")
-    major, minor = torch.cuda.get_device_capability(0)
-    if major != 9:
-        raise Unavailable(f"GPU 0 is {torch.cuda.get_device_name(0)} (sm_{major}{minor}): the peer measures "
-                          f"torch._scaled_grouped_mm on Hopper (sm_90)")
+    torch = peer_torch.hopper_torch(Unavailable, "torch._scaled_grouped_mm on Hopper (sm_90)")
     for op in ("_grouped_mm", "_scaled_grouped_mm"):
         if not hasattr(torch, op):
             raise Unavailable(f"PyTorch {torch.__version__} has no torch.{op} (grouped GEMMs need 2.8 or later)")
@@ -297,23 +289,6 @@ class Workload:
         return worst
 
 
-def time_pass(torch, work, pass_, min_time_s, min_iters=5, max_iters=10000):
-    """Median seconds of one pass over CUDA events, after a warm-up pass."""
-    work.run(pass_)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    while len(times) < max_iters and (len(times) < min_iters or sum(times) < min_time_s):
-        start.record()
-        work.run(pass_)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    times.sort()
-    n = len(times)
-    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
-
-
 # ---- result file ---------------------------------------------------------------------------------------------------
 
 COLUMNS = [("case", "str"), ("shape", "str"), ("recipe", "str"), ("time_us", "f64"), ("tflops", "f64"),
@@ -341,41 +316,10 @@ def table_attributes(torch, command):
     }
 
 
-def root_attributes(torch, command):
-    """Root attributes for a new result file (results/run_info.h's names), from what this process can see."""
-    from reports import result_file
-
-    def run(cmd):
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=ROOT)
-            return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
-        except (OSError, subprocess.TimeoutExpired):
-            return "unknown"
-
-    try:
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:  # noqa: BLE001 (no NCCL in this build of torch)
-        nccl = "unknown"
-    return {"schema_version": result_file.SCHEMA_VERSION, "git_sha": run(["git", "rev-parse", "HEAD"]),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "gpu": torch.cuda.get_device_name(0),
-            "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]),
-            "cuda": str(torch.version.cuda), "cublaslt": "unknown (PyTorch's)", "nccl": nccl,
-            "host": socket.gethostname(), "command": command}
-
-
 def write_into(path, rows, attributes, new_file_root):
     """Adds (or replaces) /bench/group_linear_torch in the result file `path`, or creates it with the root attributes
-    `new_file_root()`; atomically (reports/result_file.py replace_table)."""
-    from reports import result_file
-    result_file.replace_table(path, f"/bench/{FAMILY}", [(c, kind, [r[c] for r in rows]) for c, kind in COLUMNS],
-                              attributes, new_file_root)
-
-
-def unwritable(path):
-    """Why the result file `path` cannot be written ("" when it can); reports/result_file.py unwritable."""
-    from reports import result_file
-    return result_file.unwritable(path)
+    `new_file_root()`; atomically (peer_result_file.write_table)."""
+    peer_result_file.write_table(path, FAMILY, COLUMNS, rows, attributes, new_file_root)
 
 
 # ---- main ----------------------------------------------------------------------------------------------------------
@@ -407,7 +351,7 @@ def measure(torch, cases, min_time_s):
             for p in recipes.get(recipe, []):
                 name = case_name(p, recipe, *cfg)
                 try:
-                    s = time_pass(torch, work, p, min_time_s)
+                    s = peer_torch.median_pass_seconds(torch, lambda: work.run(p), min_time_s)
                 except (RuntimeError, ValueError) as e:
                     print(f"{PROGRAM}: {name}: {e}", file=sys.stderr, flush=True)
                     failed.append(name)
@@ -465,7 +409,7 @@ def main(argv=None):
     if not cases:
         print(f"{PROGRAM}: no case matches --filter {a.filter!r}", file=sys.stderr)
         return 2
-    why = unwritable(a.h5)
+    why = peer_result_file.unwritable(a.h5)
     if why:
         print(f"{PROGRAM}: --h5 '{a.h5}': {why}", file=sys.stderr)
         return 2
@@ -480,7 +424,8 @@ def main(argv=None):
     rc = 1 if failed else 0
     if rows:
         try:
-            write_into(a.h5, rows, table_attributes(torch, command), lambda: root_attributes(torch, command))
+            write_into(a.h5, rows, table_attributes(torch, command),
+                       lambda: peer_result_file.root_attributes(torch, command))
             print(f"wrote {a.h5} (/bench/{FAMILY}, {len(rows)} rows)", flush=True)
         except Exception as e:  # noqa: BLE001 (h5py raises OSError, KeyError, ...; one line either way)
             print(f"{PROGRAM}: cannot write {a.h5}: {e}", file=sys.stderr)

@@ -64,6 +64,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import sys
 import tomllib
 
@@ -859,7 +860,7 @@ def bench(cfg, config_path, steps, warmup, peak_tflops, seed):
         stop.record()
     torch.cuda.synchronize()
     times = sorted(start.elapsed_time(stop) * 1e-3 for start, stop in events)
-    median = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
+    median = statistics.median(times)
     loss_values = [float(v) for v in losses]
     if not all(math.isfinite(v) for v in loss_values):
         raise RuntimeError(f"non-finite loss in the timed steps: {loss_values}")
@@ -914,13 +915,11 @@ def table_attributes(r, command):
 
 def write_into(path, rows, attributes, command):
     """Adds (or replaces) /bench/moe_model_torch in the result file `path`, or creates it with this machine's root
-    attributes (group_linear_torch.root_attributes); atomically (reports/result_file.py replace_table)."""
-    sys.path.insert(0, ROOT)
+    attributes (peer_result_file.root_attributes); atomically (peer_result_file.write_table)."""
     sys.path.insert(0, PEERS)
-    import group_linear_torch
-    from reports import result_file
-    result_file.replace_table(path, f"/bench/{FAMILY}", [(c, kind, [r[c] for r in rows]) for c, kind in COLUMNS],
-                              attributes, lambda: group_linear_torch.root_attributes(torch, command))
+    import peer_result_file
+    peer_result_file.write_table(path, FAMILY, COLUMNS, rows, attributes,
+                                 lambda: peer_result_file.root_attributes(torch, command))
 
 
 # ---- main ------------------------------------------------------------------------------------------------------------
@@ -956,8 +955,8 @@ def main(argv=None):
             raise BadInput(f"--peak-tflops must be > 0, got {a.peak_tflops}")
         if a.h5:
             sys.path.insert(0, PEERS)
-            import group_linear_torch
-            why = group_linear_torch.unwritable(a.h5)
+            import peer_result_file
+            why = peer_result_file.unwritable(a.h5)
             if why:
                 raise BadInput(f"--h5 '{a.h5}': {why}")
         require_torch("cuda")

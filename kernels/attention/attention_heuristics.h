@@ -1,19 +1,25 @@
 // Which kernels flash_attention_forward and flash_attention_backward (flash_attention.h) run for a (Dqk, Dv) pair:
 // one rule, kept apart from the launchers so that a new measurement changes this file only.
 //
-// Measured on an H200 (bench_attention; TFLOP/s, causal, backward counted as 2.5x forward; the log:
-// reports/results/h200/repro-trainer-20261129/bench_attention_variants.log), among five forward and five backward
-// kernels timed on the same inputs:
-//   shape                              forward                        backward
-//   mla   B1 T4096 H128 Dqk/Dv 192/128 key32: 300 (key64: 240)        role_split: 169 (column_split: 138)
-//   small B8 T1024 H12  Dqk/Dv  96/64  key64: 206 (key32: 141)        column_split: 116 (role_split: 106)
-// The other kernels timed then are removed: forward with row-stepping tile copies alone, or with Q fragments held
-// in registers (with and without the head-grouped order); backward with row-stepping copies alone, role_split
-// without the head-grouped order, or with dQ fused into the dK/dV sweep through an FP32 accumulator. The best of
-// them: forward 272 and backward 163 at mla, 203 and 113 at small.
-// Rule: Dqk >= 128 -> key32 forward and role_split backward; smaller Dqk -> key64 and column_split. Only (192, 128)
-// and (96, 64) were measured: (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured, and (32, 16),
-// (32, 32), (64, 64) the rule below it.
+// The rule: Dqk >= 128 -> key32 forward and role_split backward; smaller Dqk -> key64 forward and column_split
+// backward. Chosen from timings on an H200 of five forward and five backward kernels on the same inputs, at the MLA
+// shape (Dqk/Dv 192/128) and a small one (96/64); the runs and their results are listed in
+// reports/results/h200/README.md. Why each side wins:
+//   forward, Dqk >= 128: the key64 kernel drops to 16 query rows per warp there (so that its 64-key score fragments
+//     and output accumulator fit in registers without spilling), so every K and V fragment it reads from shared
+//     memory feeds one product; key32 halves the key block to keep 32 rows per warp (each fragment feeds two
+//     products) and fits two thread blocks per SM.
+//   forward, Dqk < 128: key64 already runs 32 rows per warp there, and its 64-key blocks take half the online-softmax
+//     rescales of key32's 32-key blocks.
+//   backward, Dqk >= 128: role_split keeps P^T and dS^T in registers between products (no shared-memory round trip),
+//     reads K and V fragments once per thread block, balances its two roles (Dqk + Dv columns each) and reuses Q and dO
+//     from L2 in the head-grouped order; these savings grow with the head dims.
+//   backward, Dqk < 128: with short products per step those savings are small against the FP32 exchange of P^T
+//     between the paired warps of role_split; column_split was faster.
+// The kernels that lost (forward with row-stepping copies alone or with Q fragments held in registers; backward with
+// row-stepping copies alone, role_split without the head-grouped order, or dQ fused into the dK/dV sweep through an
+// FP32 accumulator) were removed. Only (192, 128) and (96, 64) were timed: (128, 128) and (192, 192) follow the
+// Dqk >= 128 rule untimed, and (32, 16), (32, 32), (64, 64) the rule below it.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
 
@@ -51,6 +52,32 @@ void with_head_dims(const char* what, int64_t Dqk, int64_t Dv, F&& f) {
     case 192192: f(integral_constant<int, 192>{}, integral_constant<int, 192>{}); break;
     default: FP4MOE_CHECK(false, "{}: no kernel for (Dqk, Dv) = ({},{})", what, Dqk, Dv);
   }
+}
+
+// The forward or backward family of (Dqk, Dv) (attention_heuristics.h), by the type of the last argument.
+constexpr FwdKernel family_of(int64_t Dqk, int64_t Dv, FwdKernel) { return forward_kernel_for(Dqk, Dv); }
+constexpr BwdKernels family_of(int64_t Dqk, int64_t Dv, BwdKernels) { return backward_kernels_for(Dqk, Dv); }
+
+// f(Dqk, Dv) as in with_head_dims for the pairs that attention_heuristics.h gives kFamily (a FwdKernel or a
+// BwdKernels); an Error naming `launcher` for a pair of another family. Each family's launcher instantiates its
+// kernels for its own pairs only.
+template <auto kFamily, typename F>
+void with_family_head_dims(const char* what, const char* launcher, int64_t Dqk, int64_t Dv, F&& f) {
+  with_head_dims(what, Dqk, Dv, [&](auto dqk, auto dv) {
+    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
+    if constexpr (family_of(kDqk, kDv, kFamily) == kFamily) f(dqk, dv);
+    else FP4MOE_CHECK(false, "{}: (Dqk, Dv) = ({},{}) takes another kernel family", launcher, kDqk, kDv);
+  });
+}
+
+// Allows `kernel` smem_bytes of dynamic shared memory and launches it on grid x threads with p (asynchronous on
+// `stream`).
+template <typename Params>
+void launch_with_smem(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes, const Params& p,
+                      cudaStream_t stream) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  kernel<<<grid, threads, smem_bytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
 }
 
 // ---- launchers (asynchronous on `stream`; arguments checked by the caller) ---------------------------------------

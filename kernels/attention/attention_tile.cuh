@@ -89,6 +89,40 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// acc[n] += a b[n] for the kNT n-tiles of B (over k0..k0+15), two per fragment read: B stored transposed (rows = n,
+// from row n0; load_b_from_rows_n) or as itself (rows = k from row k0, n from column n0; load_b_from_rows_k).
+template <int kNT>
+__device__ __forceinline__ void mma_b_rows_n(float (&acc)[kNT][4], const uint32_t (&a)[4], const bf16* tile, int pitch,
+                                             int n0, int k0, int lane) {
+#pragma unroll
+  for (int jj = 0; jj < kNT / 2; ++jj) {
+    uint32_t b[4];
+    load_b_from_rows_n(b, tile, pitch, n0 + jj * 16, k0, lane);
+    mma_bf16_16816(acc[2 * jj], a, b[0], b[1]);
+    mma_bf16_16816(acc[2 * jj + 1], a, b[2], b[3]);
+  }
+}
+template <int kNT>
+__device__ __forceinline__ void mma_b_rows_k(float (&acc)[kNT][4], const uint32_t (&a)[4], const bf16* tile, int pitch,
+                                             int k0, int n0, int lane) {
+#pragma unroll
+  for (int jj = 0; jj < kNT / 2; ++jj) {
+    uint32_t b[4];
+    load_b_from_rows_k(b, tile, pitch, k0, n0 + jj * 16, lane);
+    mma_bf16_16816(acc[2 * jj], a, b[0], b[1]);
+    mma_bf16_16816(acc[2 * jj + 1], a, b[2], b[3]);
+  }
+}
+
+// Sets kN accumulator fragments to 0.
+template <int kN>
+__device__ __forceinline__ void zero_fragments(float (&acc)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[j][r] = 0.0f;
+}
+
 // Two floats rounded to BF16 (RNE), lo in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -148,14 +148,8 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
   }
 
   float acc_dk[kKT][4], acc_dv[kVT][4];
-#pragma unroll
-  for (int j = 0; j < kKT; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc_dk[j][r] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kVT; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc_dv[j][r] = 0.0f;
+  zero_fragments(acc_dk);
+  zero_fragments(acc_dv);
 
   for (int mb = mb_first; mb < mb_end; ++mb) {
     const int stage = (mb - mb_first) & 1, m0 = mb * C::kBlockM;
@@ -182,33 +176,19 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
 
     // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x kQCols queries.
     float acc_s[kST][4], acc_dp[kST][4];
-#pragma unroll
-    for (int j = 0; j < kST; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc_s[j][r] = 0.0f, acc_dp[j][r] = 0.0f;
+    zero_fragments(acc_s);
+    zero_fragments(acc_dp);
 #pragma unroll
     for (int kk = 0; kk < Dqk / 16; ++kk) {
       uint32_t a[4];
       load_a(a, sK, C::kPitchQK, key_row0, kk * 16, lane);
-#pragma unroll
-      for (int jj = 0; jj < kST / 2; ++jj) {
-        uint32_t bq[4];
-        load_b_from_rows_n(bq, sQs, C::kPitchQK, wx * C::kQCols + jj * 16, kk * 16, lane);
-        mma_bf16_16816(acc_s[2 * jj], a, bq[0], bq[1]);
-        mma_bf16_16816(acc_s[2 * jj + 1], a, bq[2], bq[3]);
-      }
+      mma_b_rows_n(acc_s, a, sQs, C::kPitchQK, wx * C::kQCols, kk * 16, lane);
     }
 #pragma unroll
     for (int kk = 0; kk < Dv / 16; ++kk) {
       uint32_t a[4];
       load_a(a, sV, C::kPitchV, key_row0, kk * 16, lane);
-#pragma unroll
-      for (int jj = 0; jj < kST / 2; ++jj) {
-        uint32_t bo[4];
-        load_b_from_rows_n(bo, sdOs, C::kPitchV, wx * C::kQCols + jj * 16, kk * 16, lane);
-        mma_bf16_16816(acc_dp[2 * jj], a, bo[0], bo[1]);
-        mma_bf16_16816(acc_dp[2 * jj + 1], a, bo[2], bo[3]);
-      }
+      mma_b_rows_n(acc_dp, a, sdOs, C::kPitchV, wx * C::kQCols, kk * 16, lane);
     }
 
     // P^T = 2^(S^T scale log2e - lse log2e) (0 where the key is after the query), dS^T = P^T (dP^T - D), both
@@ -237,21 +217,9 @@ __global__ void __launch_bounds__(BwdKVConfig<Dqk, Dv>::kThreads) flash_attentio
     for (int kk = 0; kk < C::kBlockM / 16; ++kk) {
       uint32_t a[4];
       load_a(a, sP, C::kPitchP, key_row0, kk * 16, lane);
-#pragma unroll
-      for (int jj = 0; jj < kVT / 2; ++jj) {
-        uint32_t bo[4];
-        load_b_from_rows_k(bo, sdOs, C::kPitchV, kk * 16, wx * C::kDvCols + jj * 16, lane);
-        mma_bf16_16816(acc_dv[2 * jj], a, bo[0], bo[1]);
-        mma_bf16_16816(acc_dv[2 * jj + 1], a, bo[2], bo[3]);
-      }
+      mma_b_rows_k(acc_dv, a, sdOs, C::kPitchV, kk * 16, wx * C::kDvCols, lane);
       load_a(a, sdS, C::kPitchP, key_row0, kk * 16, lane);
-#pragma unroll
-      for (int jj = 0; jj < kKT / 2; ++jj) {
-        uint32_t bq[4];
-        load_b_from_rows_k(bq, sQs, C::kPitchQK, kk * 16, wx * C::kDkCols + jj * 16, lane);
-        mma_bf16_16816(acc_dk[2 * jj], a, bq[0], bq[1]);
-        mma_bf16_16816(acc_dk[2 * jj + 1], a, bq[2], bq[3]);
-      }
+      mma_b_rows_k(acc_dk, a, sQs, C::kPitchQK, kk * 16, wx * C::kDkCols, lane);
     }
     __syncthreads();  // P^T, dS^T, this stage and lse/D are free for the next step
   }
@@ -329,10 +297,7 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
   }
 
   float acc_dq[kQT][4];
-#pragma unroll
-  for (int j = 0; j < kQT; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc_dq[j][r] = 0.0f;
+  zero_fragments(acc_dq);
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb & 1, n0 = nb * C::kBlockN;
@@ -354,33 +319,19 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
     if (n0 <= warp_q_last) {  // else every key of the block is after every row of this warp
       // S = Q K^T, dP = dO V^T
       float acc_s[kNT][4], acc_dp[kNT][4];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc_s[j][r] = 0.0f, acc_dp[j][r] = 0.0f;
+      zero_fragments(acc_s);
+      zero_fragments(acc_dp);
 #pragma unroll
       for (int kk = 0; kk < Dqk / 16; ++kk) {
         uint32_t a[4];
         load_a(a, sQ, C::kPitchQK, warp_row0, kk * 16, lane);
-#pragma unroll
-        for (int jj = 0; jj < kNT / 2; ++jj) {
-          uint32_t bk[4];
-          load_b_from_rows_n(bk, sKs, C::kPitchQK, jj * 16, kk * 16, lane);
-          mma_bf16_16816(acc_s[2 * jj], a, bk[0], bk[1]);
-          mma_bf16_16816(acc_s[2 * jj + 1], a, bk[2], bk[3]);
-        }
+        mma_b_rows_n(acc_s, a, sKs, C::kPitchQK, 0, kk * 16, lane);
       }
 #pragma unroll
       for (int kk = 0; kk < Dv / 16; ++kk) {
         uint32_t a[4];
         load_a(a, sdO, C::kPitchV, warp_row0, kk * 16, lane);
-#pragma unroll
-        for (int jj = 0; jj < kNT / 2; ++jj) {
-          uint32_t bv[4];
-          load_b_from_rows_n(bv, sVs, C::kPitchV, jj * 16, kk * 16, lane);
-          mma_bf16_16816(acc_dp[2 * jj], a, bv[0], bv[1]);
-          mma_bf16_16816(acc_dp[2 * jj + 1], a, bv[2], bv[3]);
-        }
+        mma_b_rows_n(acc_dp, a, sVs, C::kPitchV, 0, kk * 16, lane);
       }
 
       // dS = P (dP - D), P = 2^(S scale log2e - lse log2e), 0 where the key is after the query; kept in acc_s.
@@ -400,13 +351,7 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
       for (int kk = 0; kk < kNT / 2; ++kk) {
         uint32_t a[4];
         a_from_acc(a, acc_s[2 * kk], acc_s[2 * kk + 1]);
-#pragma unroll
-        for (int jj = 0; jj < kQT / 2; ++jj) {
-          uint32_t bk[4];
-          load_b_from_rows_k(bk, sKs, C::kPitchQK, kk * 16, jj * 16, lane);
-          mma_bf16_16816(acc_dq[2 * jj], a, bk[0], bk[1]);
-          mma_bf16_16816(acc_dq[2 * jj + 1], a, bk[2], bk[3]);
-        }
+        mma_b_rows_k(acc_dq, a, sKs, C::kPitchQK, kk * 16, 0, lane);
       }
     }
     __syncthreads();  // every warp is done with this stage before the next prefetch overwrites it
@@ -431,26 +376,17 @@ template <int Dqk, int Dv>
 void launch_column_split(const BwdParams& p, int64_t B, cudaStream_t stream) {
   using KV = BwdKVConfig<Dqk, Dv>;
   using Q = BwdQConfig<Dqk, Dv>;
-  auto* dkdv = flash_attention_backward_dkdv_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, KV::kSmemBytes));
   const dim3 kv_grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + KV::kBlockN - 1) / KV::kBlockN));
-  dkdv<<<kv_grid, KV::kThreads, KV::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
-  auto* dq = flash_attention_backward_dq_kernel<Dqk, Dv, false>;
-  CUDA_CHECK(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
+  launch_with_smem(flash_attention_backward_dkdv_kernel<Dqk, Dv>, kv_grid, KV::kThreads, KV::kSmemBytes, p, stream);
   const dim3 q_grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + Q::kBlockM - 1) / Q::kBlockM));
-  dq<<<q_grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_backward_dq_kernel<Dqk, Dv, false>, q_grid, Q::kThreads, Q::kSmemBytes, p, stream);
 }
 
 template <int Dqk, int Dv>
 void launch_dq_grouped(const BwdParams& p, cudaStream_t stream) {
   using Q = BwdQConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_backward_dq_kernel<Dqk, Dv, true>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Q::kSmemBytes));
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + Q::kBlockM - 1) / Q::kBlockM);
-  kernel<<<grid, Q::kThreads, Q::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_backward_dq_kernel<Dqk, Dv, true>, grid, Q::kThreads, Q::kSmemBytes, p, stream);
 }
 
 }  // namespace
@@ -463,20 +399,15 @@ void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream) {
 }
 
 void launch_backward_column_split(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::column_split)
-      launch_column_split<kDqk, kDv>(p, B, stream);
-    else FP4MOE_CHECK(false, "launch_backward_column_split: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
-  });
+  with_family_head_dims<BwdKernels::column_split>(
+      "flash_attention_backward", "launch_backward_column_split", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_column_split<decltype(dqk)::value, decltype(dv)::value>(p, B, stream); });
 }
 
 void launch_backward_dq_grouped(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::role_split) launch_dq_grouped<kDqk, kDv>(p, stream);
-    else FP4MOE_CHECK(false, "launch_backward_dq_grouped: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
-  });
+  with_family_head_dims<BwdKernels::role_split>(
+      "flash_attention_backward", "launch_backward_dq_grouped", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_dq_grouped<decltype(dqk)::value, decltype(dv)::value>(p, stream); });
 }
 
 }  // namespace fp4moe::attn

@@ -93,10 +93,7 @@ __device__ __forceinline__ void role0_step(const BwdParams& p, const SplitSmem& 
   constexpr int kST = C::kST;
   const int g = lane / 4, c = lane % 4, key_row0 = 16 * kg;
   float acc_s[kST][4];
-#pragma unroll
-  for (int j = 0; j < kST; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc_s[j][r] = 0.0f;
+  zero_fragments(acc_s);
 #pragma unroll
   for (int kk = 0; kk < Dqk / 16; ++kk) {
     uint32_t a[4];
@@ -106,13 +103,7 @@ __device__ __forceinline__ void role0_step(const BwdParams& p, const SplitSmem& 
     } else {
       load_a(a, sm.k, C::kPitchQK, key_row0, kk * 16, lane);
     }
-#pragma unroll
-    for (int jj = 0; jj < kST / 2; ++jj) {
-      uint32_t bq[4];
-      load_b_from_rows_n(bq, sQs, C::kPitchQK, jj * 16, kk * 16, lane);
-      mma_bf16_16816(acc_s[2 * jj], a, bq[0], bq[1]);
-      mma_bf16_16816(acc_s[2 * jj + 1], a, bq[2], bq[3]);
-    }
+    mma_b_rows_n(acc_s, a, sQs, C::kPitchQK, 0, kk * 16, lane);
   }
   // P^T = 2^(S^T scale log2e - lse log2e), 0 where key n0 + kr is after query m0 + qc (rows past T: lse = +inf).
 #pragma unroll
@@ -132,15 +123,7 @@ __device__ __forceinline__ void role0_step(const BwdParams& p, const SplitSmem& 
 #pragma unroll
   for (int kk = 0; kk < C::kBlockM / 16; ++kk) a_from_acc(pf[kk], acc_s[2 * kk], acc_s[2 * kk + 1]);
 #pragma unroll
-  for (int kk = 0; kk < C::kBlockM / 16; ++kk) {
-#pragma unroll
-    for (int jj = 0; jj < Dv / 16; ++jj) {
-      uint32_t bo[4];
-      load_b_from_rows_k(bo, sdOs, C::kPitchV, kk * 16, jj * 16, lane);
-      mma_bf16_16816(acc_dv[2 * jj], pf[kk], bo[0], bo[1]);
-      mma_bf16_16816(acc_dv[2 * jj + 1], pf[kk], bo[2], bo[3]);
-    }
-  }
+  for (int kk = 0; kk < C::kBlockM / 16; ++kk) mma_b_rows_k(acc_dv, pf[kk], sdOs, C::kPitchV, kk * 16, 0, lane);
 }
 
 // Role 1's step: dP^T, dS^T = P^T (dP^T - D) with its partner's P^T, dK += dS^T Q.
@@ -151,10 +134,7 @@ __device__ __forceinline__ void role1_step(const SplitSmem& sm, const bf16* sQs,
   constexpr int kST = C::kST;
   const int c = lane % 4, key_row0 = 16 * kg;
   float acc_dp[kST][4];
-#pragma unroll
-  for (int j = 0; j < kST; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc_dp[j][r] = 0.0f;
+  zero_fragments(acc_dp);
 #pragma unroll
   for (int kk = 0; kk < Dv / 16; ++kk) {
     uint32_t a[4];
@@ -164,13 +144,7 @@ __device__ __forceinline__ void role1_step(const SplitSmem& sm, const bf16* sQs,
     } else {
       load_a(a, sm.v, C::kPitchV, key_row0, kk * 16, lane);
     }
-#pragma unroll
-    for (int jj = 0; jj < kST / 2; ++jj) {
-      uint32_t bo[4];
-      load_b_from_rows_n(bo, sdOs, C::kPitchV, jj * 16, kk * 16, lane);
-      mma_bf16_16816(acc_dp[2 * jj], a, bo[0], bo[1]);
-      mma_bf16_16816(acc_dp[2 * jj + 1], a, bo[2], bo[3]);
-    }
+    mma_b_rows_n(acc_dp, a, sdOs, C::kPitchV, 0, kk * 16, lane);
   }
   pair_sync(kg);  // the partner's P^T of this step is in shared memory
 #pragma unroll
@@ -187,15 +161,7 @@ __device__ __forceinline__ void role1_step(const SplitSmem& sm, const bf16* sQs,
 #pragma unroll
   for (int kk = 0; kk < C::kBlockM / 16; ++kk) a_from_acc(dsf[kk], acc_dp[2 * kk], acc_dp[2 * kk + 1]);
 #pragma unroll
-  for (int kk = 0; kk < C::kBlockM / 16; ++kk) {
-#pragma unroll
-    for (int jj = 0; jj < Dqk / 16; ++jj) {
-      uint32_t bq[4];
-      load_b_from_rows_k(bq, sQs, C::kPitchQK, kk * 16, jj * 16, lane);
-      mma_bf16_16816(acc_dk[2 * jj], dsf[kk], bq[0], bq[1]);
-      mma_bf16_16816(acc_dk[2 * jj + 1], dsf[kk], bq[2], bq[3]);
-    }
-  }
+  for (int kk = 0; kk < C::kBlockM / 16; ++kk) mma_b_rows_k(acc_dk, dsf[kk], sQs, C::kPitchQK, kk * 16, 0, lane);
 }
 
 // ---- kernel -------------------------------------------------------------------------------------------------------
@@ -226,10 +192,7 @@ __device__ __forceinline__ void split_sweep(const BwdParams& p, const SplitSmem&
   }
   constexpr int kOutT = Role == 0 ? Dv / 8 : Dqk / 8;  // dV or dK n-tiles
   float acc_out[kOutT][4];
-#pragma unroll
-  for (int j = 0; j < kOutT; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc_out[j][r] = 0.0f;
+  zero_fragments(acc_out);
 
   for (int i = 0; i < it.n_steps; ++i) {
     const int mb = it.j + i, m0 = mb * C::kBlockM, buf = i & 1;
@@ -336,22 +299,17 @@ __global__ void __launch_bounds__(SplitConfig<Dqk, Dv>::kThreads, 1)
 template <int Dqk, int Dv>
 void launch_role_split_dkdv(const BwdParams& p, cudaStream_t stream) {
   using C = SplitConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_backward_dkdv_role_split_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + C::kBlockN - 1) / C::kBlockN);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_backward_dkdv_role_split_kernel<Dqk, Dv>, grid, C::kThreads, C::kSmemBytes, p,
+                   stream);
 }
 
 }  // namespace
 
 void launch_backward_role_split_dkdv(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_backward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (backward_kernels_for(kDqk, kDv) == BwdKernels::role_split)
-      launch_role_split_dkdv<kDqk, kDv>(p, stream);
-    else FP4MOE_CHECK(false, "launch_backward_role_split_dkdv: (Dqk, Dv) = ({},{}) takes other kernels", kDqk, kDv);
-  });
+  with_family_head_dims<BwdKernels::role_split>(
+      "flash_attention_backward", "launch_backward_role_split_dkdv", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_role_split_dkdv<decltype(dqk)::value, decltype(dv)::value>(p, stream); });
 }
 
 }  // namespace fp4moe::attn

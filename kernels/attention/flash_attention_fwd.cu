@@ -1,9 +1,11 @@
 // Causal flash attention, forward (flash_attention.h), the key64 kernel (attention_heuristics.h: the pairs with
 // Dqk < 128): one thread block per (query block, sequence, head), K and V streamed through shared memory in 64-key
-// blocks (double-buffered cp.async), online softmax in registers.
+// blocks (double-buffered cp.async), online softmax in registers (attention_fwd_block.cuh, shared with the key32
+// kernel).
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention/attention_fwd_block.cuh"
 #include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
@@ -36,12 +38,7 @@ struct FwdConfig {
 template <int Dqk, int Dv>
 __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_forward_key64_kernel(FwdParams p) {
   using C = FwdConfig<Dqk, Dv>;
-  static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
-  static_assert(C::kBlockN % 16 == 0 && C::kBlockM % 16 == 0, "tiles must be multiples of 16");
-  static_assert(C::kSmemBytes <= 227 * 1024, "tiles exceed the 227 KiB of shared memory of a Hopper thread block");
-  static_assert(C::kMTiles * (Dv / 2 + C::kBlockN / 2) <= 192, "accumulators would not fit in registers");
-  constexpr int kNT = C::kBlockN / 8;  // n-tiles of a score row block
-  constexpr int kVT = Dv / 8;          // n-tiles of an output row block
+  constexpr int kVT = Dv / 8;  // n-tiles of an output row block
 
   bf16* sQ = dynamic_smem<bf16>();
   bf16* sK = sQ + C::kBlockM * C::kPitchQK;
@@ -67,15 +64,7 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
 
   float acc_o[C::kMTiles][kVT][4];
   float row_max[C::kMTiles][2], row_sum[C::kMTiles][2];  // rows g and g + 8 of each m-tile; raw scores, partial sums
-#pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt) {
-#pragma unroll
-    for (int j = 0; j < kVT; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc_o[mt][j][r] = 0.0f;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) row_max[mt][hr] = -INFINITY, row_sum[mt][hr] = 0.0f;
-  }
+  forward_rows_init<Dv, C>(acc_o, row_max, row_sum);
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb & 1, n0 = nb * C::kBlockN;
@@ -94,110 +83,13 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
     const bf16* sKs = sK + stage * C::kBlockN * C::kPitchQK;
     const bf16* sVs = sV + stage * C::kBlockN * C::kPitchV;
 
-    if (n0 <= warp_q_last) {  // else every key of the block is after every row of this warp: nothing to add
-      // S = Q K^T (raw scores)
-      float acc_s[C::kMTiles][kNT][4];
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc_s[mt][j][r] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < Dqk / 16; ++kk) {
-        uint32_t a[C::kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) load_a(a[mt], sQ, C::kPitchQK, warp_row0 + mt * 16, kk * 16, lane);
-#pragma unroll
-        for (int jj = 0; jj < kNT / 2; ++jj) {
-          uint32_t bk[4];
-          load_b_from_rows_n(bk, sKs, C::kPitchQK, jj * 16, kk * 16, lane);
-#pragma unroll
-          for (int mt = 0; mt < C::kMTiles; ++mt) {
-            mma_bf16_16816(acc_s[mt][2 * jj], a[mt], bk[0], bk[1]);
-            mma_bf16_16816(acc_s[mt][2 * jj + 1], a[mt], bk[2], bk[3]);
-          }
-        }
-      }
-
-      // Causal mask: key n0 + col after query m0 + row -> -inf (keys at or past T are after every valid query).
-      if (n0 + C::kBlockN - 1 > warp_q_first) {
-#pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-          for (int j = 0; j < kNT; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const int q = warp_q_first + mt * 16 + g + (r >= 2 ? 8 : 0);
-              const int key = n0 + j * 8 + 2 * c + (r & 1);
-              if (key > q) acc_s[mt][j][r] = -INFINITY;
-            }
-      }
-
-      // Online softmax: new row max, rescale the running sum and output, P = 2^(S scale log2e - max).
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          float mx = row_max[mt][hr];
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * hr], acc_s[mt][j][2 * hr + 1]));
-          mx = quad_max(mx);
-          // A row with no visible key yet keeps max -inf; subtracting 0 then gives P = 0, never NaN.
-          const float max_scaled = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
-          const float alpha = fast_exp2(fmaf(row_max[mt][hr], p.scale_log2, -max_scaled));
-          row_max[mt][hr] = mx;
-          row_sum[mt][hr] *= alpha;
-#pragma unroll
-          for (int j = 0; j < kVT; ++j) acc_o[mt][j][2 * hr] *= alpha, acc_o[mt][j][2 * hr + 1] *= alpha;
-#pragma unroll
-          for (int j = 0; j < kNT; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& s = acc_s[mt][j][2 * hr + e];
-              s = fast_exp2(fmaf(s, p.scale_log2, -max_scaled));
-              row_sum[mt][hr] += s;
-            }
-        }
-
-      // O += P V, P rounded to BF16 straight from the score fragments.
-#pragma unroll
-      for (int kk = 0; kk < kNT / 2; ++kk) {
-        uint32_t a[C::kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) a_from_acc(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
-#pragma unroll
-        for (int jj = 0; jj < kVT / 2; ++jj) {
-          uint32_t bv[4];
-          load_b_from_rows_k(bv, sVs, C::kPitchV, kk * 16, jj * 16, lane);
-#pragma unroll
-          for (int mt = 0; mt < C::kMTiles; ++mt) {
-            mma_bf16_16816(acc_o[mt][2 * jj], a[mt], bv[0], bv[1]);
-            mma_bf16_16816(acc_o[mt][2 * jj + 1], a[mt], bv[2], bv[3]);
-          }
-        }
-      }
-    }
+    if (n0 <= warp_q_last)  // else every key of the block is after every row of this warp: nothing to add
+      forward_key_block<Dqk, Dv, C>(p, acc_o, row_max, row_sum, sQ, sKs, sVs, warp_row0, warp_q_first, n0,
+                                    lane, g, c);
     __syncthreads();  // every warp is done with this stage before the next prefetch overwrites it
   }
 
-  // O = acc / rowsum, lse = (max scale log2e + log2 rowsum) ln 2.
-  bf16* gO = p.o.data + b * T * p.o.token_stride + h * p.o.head_stride;
-  float* gL = p.lse + bh * T;
-#pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const float l = quad_sum(row_sum[mt][hr]);
-      const int q = warp_q_first + mt * 16 + g + 8 * hr;
-      if (q >= T) continue;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      bf16* orow = gO + static_cast<int64_t>(q) * p.o.token_stride;
-#pragma unroll
-      for (int j = 0; j < kVT; ++j)
-        store_bf16x2(orow + j * 8 + 2 * c, acc_o[mt][j][2 * hr] * inv, acc_o[mt][j][2 * hr + 1] * inv);
-      if (c == 0) gL[q] = (row_max[mt][hr] * p.scale_log2 + log2f(l)) * kLn2;
-    }
+  forward_rows_store<Dv, C>(p, acc_o, row_max, row_sum, T, b, h, bh, warp_q_first, g, c);
 }
 
 // ---- launcher -----------------------------------------------------------------------------------------------------
@@ -205,21 +97,16 @@ __global__ void __launch_bounds__(FwdConfig<Dqk, Dv>::kThreads) flash_attention_
 template <int Dqk, int Dv>
 void launch_forward(const FwdParams& p, int64_t B, cudaStream_t stream) {
   using C = FwdConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_forward_key64_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(B * p.H), static_cast<unsigned>((p.T + C::kBlockM - 1) / C::kBlockM));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_forward_key64_kernel<Dqk, Dv>, grid, C::kThreads, C::kSmemBytes, p, stream);
 }
 
 }  // namespace
 
 void launch_forward_key64(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_forward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (forward_kernel_for(kDqk, kDv) == FwdKernel::key64) launch_forward<kDqk, kDv>(p, B, stream);
-    else FP4MOE_CHECK(false, "launch_forward_key64: (Dqk, Dv) = ({},{}) takes another kernel", kDqk, kDv);
-  });
+  with_family_head_dims<FwdKernel::key64>(
+      "flash_attention_forward", "launch_forward_key64", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_forward<decltype(dqk)::value, decltype(dv)::value>(p, B, stream); });
 }
 
 }  // namespace fp4moe::attn

@@ -1,5 +1,5 @@
 // Causal flash attention, forward (flash_attention.h), the key32 kernel (attention_heuristics.h: the pairs with
-// Dqk >= 128): the arithmetic of the key64 kernel (flash_attention_fwd.cu: the same products, online softmax and
+// Dqk >= 128): the arithmetic of the key64 kernel (attention_fwd_block.cuh: the same products, online softmax and
 // roundings) with 32 query rows per warp (4 warps, 128-row query tiles) against 32-key blocks: every K and V fragment
 // read from shared memory feeds two m-tiles (S: 4 ldmatrix per 8 mma, P V: 1 per 4), the score fragments stay small
 // enough for the 32-row output accumulator, and two thread blocks fit an SM (94 KiB of shared memory at Dqk = 192,
@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention/attention_fwd_block.cuh"
 #include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
@@ -41,13 +42,7 @@ template <int Dqk, int Dv>
 __global__ void __launch_bounds__(Key32FwdConfig<Dqk, Dv>::kThreads)
     flash_attention_forward_key32_kernel(FwdParams p) {
   using C = Key32FwdConfig<Dqk, Dv>;
-  static_assert(Dqk % 16 == 0 && Dv % 16 == 0, "head dims must be multiples of 16 (mma k-steps, ldmatrix pairs)");
-  static_assert(C::kBlockN % 16 == 0 && C::kBlockM % 16 == 0, "tiles must be multiples of 16");
-  static_assert(C::kSmemBytes <= 227 * 1024, "tiles exceed the 227 KiB of shared memory of a Hopper thread block");
-  static_assert(C::kMTiles * (Dv / 2 + C::kBlockN / 2) <= 192, "accumulators would not fit in registers");
-  constexpr int kNT = C::kBlockN / 8;  // n-tiles of a score row block
-  constexpr int kVT = Dv / 8;          // n-tiles of an output row block
-  constexpr int kKS = Dqk / 16;        // k-steps of S = Q K^T
+  constexpr int kVT = Dv / 8;  // n-tiles of an output row block
 
   bf16* sQ = dynamic_smem<bf16>();
   bf16* sK = sQ + C::kBlockM * C::kPitchQK;
@@ -79,15 +74,7 @@ __global__ void __launch_bounds__(Key32FwdConfig<Dqk, Dv>::kThreads)
 
   float acc_o[C::kMTiles][kVT][4];
   float row_max[C::kMTiles][2], row_sum[C::kMTiles][2];  // rows g and g + 8 of each m-tile; raw scores, partial sums
-#pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt) {
-#pragma unroll
-    for (int j = 0; j < kVT; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc_o[mt][j][r] = 0.0f;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) row_max[mt][hr] = -INFINITY, row_sum[mt][hr] = 0.0f;
-  }
+  forward_rows_init<Dv, C>(acc_o, row_max, row_sum);
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb & 1, n0 = nb * C::kBlockN;
@@ -105,127 +92,26 @@ __global__ void __launch_bounds__(Key32FwdConfig<Dqk, Dv>::kThreads)
     const bf16* sKs = sK + stage * C::kBlockN * C::kPitchQK;
     const bf16* sVs = sV + stage * C::kBlockN * C::kPitchV;
 
-    // S = Q K^T (raw scores)
-    float acc_s[C::kMTiles][kNT][4];
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc_s[mt][j][r] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kKS; ++kk) {
-      uint32_t a[C::kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt) load_a(a[mt], sQ, C::kPitchQK, warp_row0 + mt * 16, kk * 16, lane);
-#pragma unroll
-      for (int jj = 0; jj < kNT / 2; ++jj) {
-        uint32_t bk[4];
-        load_b_from_rows_n(bk, sKs, C::kPitchQK, jj * 16, kk * 16, lane);
-#pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) {
-          mma_bf16_16816(acc_s[mt][2 * jj], a[mt], bk[0], bk[1]);
-          mma_bf16_16816(acc_s[mt][2 * jj + 1], a[mt], bk[2], bk[3]);
-        }
-      }
-    }
-
-    // Causal mask: key n0 + col after query m0 + row -> -inf (keys at or past T are after every valid query).
-    if (n0 + C::kBlockN - 1 > warp_q_first) {
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int q = warp_q_first + mt * 16 + g + (r >= 2 ? 8 : 0);
-            const int key = n0 + j * 8 + 2 * c + (r & 1);
-            if (key > q) acc_s[mt][j][r] = -INFINITY;
-          }
-    }
-
-    // Online softmax: new row max, rescale the running sum and output, P = 2^(S scale log2e - max scale log2e).
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        float mx = row_max[mt][hr];
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * hr], acc_s[mt][j][2 * hr + 1]));
-        mx = quad_max(mx);
-        // A row with no visible key yet keeps max -inf; subtracting 0 then gives P = 0, never NaN.
-        const float max_scaled = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
-        const float alpha = fast_exp2(fmaf(row_max[mt][hr], p.scale_log2, -max_scaled));
-        row_max[mt][hr] = mx;
-        row_sum[mt][hr] *= alpha;
-#pragma unroll
-        for (int j = 0; j < kVT; ++j) acc_o[mt][j][2 * hr] *= alpha, acc_o[mt][j][2 * hr + 1] *= alpha;
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& s = acc_s[mt][j][2 * hr + e];
-            s = fast_exp2(fmaf(s, p.scale_log2, -max_scaled));
-            row_sum[mt][hr] += s;
-          }
-      }
-
-    // O += P V, P rounded to BF16 straight from the score fragments.
-#pragma unroll
-    for (int kk = 0; kk < kNT / 2; ++kk) {
-      uint32_t a[C::kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt) a_from_acc(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
-#pragma unroll
-      for (int jj = 0; jj < kVT / 2; ++jj) {
-        uint32_t bv[4];
-        load_b_from_rows_k(bv, sVs, C::kPitchV, kk * 16, jj * 16, lane);
-#pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) {
-          mma_bf16_16816(acc_o[mt][2 * jj], a[mt], bv[0], bv[1]);
-          mma_bf16_16816(acc_o[mt][2 * jj + 1], a[mt], bv[2], bv[3]);
-        }
-      }
-    }
+    forward_key_block<Dqk, Dv, C>(p, acc_o, row_max, row_sum, sQ, sKs, sVs, warp_row0, warp_q_first, n0,
+                                  lane, g, c);
   }
 
-  // O = acc / rowsum, lse = (max scale log2e + log2 rowsum) ln 2.
-  bf16* gO = p.o.data + b * T * p.o.token_stride + h * p.o.head_stride;
-  float* gL = p.lse + bh * T;
-#pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const float l = quad_sum(row_sum[mt][hr]);
-      const int q = warp_q_first + mt * 16 + g + 8 * hr;
-      if (q >= T) continue;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      bf16* orow = gO + static_cast<int64_t>(q) * p.o.token_stride;
-#pragma unroll
-      for (int j = 0; j < kVT; ++j)
-        store_bf16x2(orow + j * 8 + 2 * c, acc_o[mt][j][2 * hr] * inv, acc_o[mt][j][2 * hr + 1] * inv);
-      if (c == 0) gL[q] = (row_max[mt][hr] * p.scale_log2 + log2f(l)) * kLn2;
-    }
+  forward_rows_store<Dv, C>(p, acc_o, row_max, row_sum, T, b, h, bh, warp_q_first, g, c);
 }
 
 template <int Dqk, int Dv>
 void launch_forward(const FwdParams& p, cudaStream_t stream) {
   using C = Key32FwdConfig<Dqk, Dv>;
-  auto* kernel = flash_attention_forward_key32_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + C::kBlockM - 1) / C::kBlockM);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_with_smem(flash_attention_forward_key32_kernel<Dqk, Dv>, grid, C::kThreads, C::kSmemBytes, p, stream);
 }
 
 }  // namespace
 
 void launch_forward_key32(const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
-  with_head_dims("flash_attention_forward", Dqk, Dv, [&](auto dqk, auto dv) {
-    constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (forward_kernel_for(kDqk, kDv) == FwdKernel::key32) launch_forward<kDqk, kDv>(p, stream);
-    else FP4MOE_CHECK(false, "launch_forward_key32: (Dqk, Dv) = ({},{}) takes another kernel", kDqk, kDv);
-  });
+  with_family_head_dims<FwdKernel::key32>(
+      "flash_attention_forward", "launch_forward_key32", Dqk, Dv,
+      [&](auto dqk, auto dv) { launch_forward<decltype(dqk)::value, decltype(dv)::value>(p, stream); });
 }
 
 }  // namespace fp4moe::attn

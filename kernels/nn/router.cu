@@ -124,7 +124,8 @@ __global__ void exclusive_scan_kernel(const int32_t* __restrict__ counts, int E,
   }
 }
 
-// v2 balance loss: thread e sums P_e over tokens in order; thread 0 sums the terms in expert order.
+// v2 balance loss (detail::launch_balance_loss): thread e sums P_e over tokens in order; thread 0 sums the terms in
+// expert order.
 __global__ void balance_loss_kernel(const float* __restrict__ probs, const int32_t* __restrict__ counts, int64_t T,
                                     int E, int k, float alpha, float* __restrict__ aux_loss) {
   __shared__ float term[kRouterMaxExperts];
@@ -205,6 +206,17 @@ unsigned blocks_for_tokens(int64_t T) { return static_cast<unsigned>((T + kWarps
 
 }  // namespace
 
+void detail::launch_balance_loss(const float* probs, const int32_t* counts, int64_t T, int64_t E, int64_t k,
+                                 float alpha, float* aux_loss, cudaStream_t stream) {
+  if (T == 0) {
+    CUDA_CHECK(cudaMemsetAsync(aux_loss, 0, sizeof(float), stream));
+    return;
+  }
+  balance_loss_kernel<<<1, static_cast<unsigned>(E), 0, stream>>>(probs, counts, T, static_cast<int>(E),
+                                                                   static_cast<int>(k), alpha, aux_loss);
+  CUDA_CHECK_LAUNCH();
+}
+
 void router_bias_update(const int32_t* counts, int64_t E, int64_t total_assignments, float gamma, float* bias,
                         cudaStream_t stream) {
   detail::check_bias_update("router_bias_update", counts, E, total_assignments, gamma, bias);
@@ -249,15 +261,7 @@ void router_forward(const float* logits, const float* bias, int64_t T, int64_t E
     CUDA_CHECK_LAUNCH();
   }
   expert_counts_and_offsets(topk_idx, T, k, E, counts, offsets, stream);
-  if (!v3 && aux_loss) {
-    if (T == 0) {
-      CUDA_CHECK(cudaMemsetAsync(aux_loss, 0, sizeof(float), stream));
-    } else {
-      balance_loss_kernel<<<1, static_cast<unsigned>(E), 0, stream>>>(probs, counts, T, static_cast<int>(E), k,
-                                                                       cfg.aux_alpha, aux_loss);
-      CUDA_CHECK_LAUNCH();
-    }
-  }
+  if (!v3 && aux_loss) detail::launch_balance_loss(probs, counts, T, E, k, cfg.aux_alpha, aux_loss, stream);
 }
 
 void router_backward(const float* probs, const int32_t* topk_idx, const int32_t* counts, const float* dweights,

@@ -76,6 +76,22 @@ inline void check_bias_update(const char* what, const int32_t* counts, int64_t E
                what, gamma);
   FP4MOE_CHECK(counts != nullptr && bias != nullptr, "{}: counts [E] and bias [E] must not be null", what);
 }
+
+// The v2 balance loss alpha * sum_e f_e P_e (above) from probs [T, E] FP32 and counts [E] int32 into aux_loss [1] FP32,
+// device memory, asynchronous on `stream`: one thread per expert sums its P_e over the tokens in token order, then one
+// thread adds the terms in expert order, one rounding per operation (no FMA). T = 0 writes 0. Shared by router_forward
+// and router_gates_for_indices (router_gates.h), which check the arguments (1 <= k <= E <= kRouterMaxExperts).
+void launch_balance_loss(const float* probs, const int32_t* counts, int64_t T, int64_t E, int64_t k, float alpha,
+                         float* aux_loss, cudaStream_t stream);
+
+// CPU references shared by router_forward_ref and router_gates_for_indices_ref (router_ref.cpp), in the device
+// kernels' operation order. The combine weights of one token: p [E] its scores, idx [k] its experts (any order),
+// weight [k] = scale * p / 1 (v2) or scale * p / (sum of the k scores in slot order) (v3).
+template <typename Real>
+void combine_weights_ref(const Real* p, const int32_t* idx, int64_t k, bool v3, Real scale, Real* weight);
+// The v2 balance loss above from probs [T, E] and counts [E]; 0 for T = 0.
+template <typename Real>
+Real balance_loss_ref(const Real* probs, const int32_t* counts, int64_t T, int64_t E, int64_t k, float alpha);
 }  // namespace detail
 
 // Forward on the device, asynchronous on `stream`. All pointers device memory:

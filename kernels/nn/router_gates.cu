@@ -1,5 +1,5 @@
-// Router combine weights for a given selection (router_gates.h): one thread per token for the weights (k is small),
-// one thread per expert for the v2 balance loss (tokens in order, then experts in order), as router.cu does.
+// Router combine weights for a given selection (router_gates.h): one thread per token for the weights (k is small);
+// the v2 balance loss is router.cu's (detail::launch_balance_loss).
 #include <algorithm>
 
 #include "kernels/common/check.h"
@@ -10,7 +10,6 @@ namespace fp4moe {
 namespace {
 
 constexpr int kThreads = 256;
-static_assert(kRouterMaxExperts <= 1024, "the balance loss uses one thread per expert in one block");
 
 // probs [T, E], topk_idx [T, k] -> topk_weight [T, k].
 __global__ void __launch_bounds__(kThreads)
@@ -34,41 +33,14 @@ router_gates_kernel(const float* __restrict__ probs, const int32_t* __restrict__
   }
 }
 
-// v2 balance loss from probs [T, E] and counts [E]: thread e sums P_e over tokens in order; thread 0 sums the
-// terms in expert order.
-__global__ void gates_balance_loss_kernel(const float* __restrict__ probs, const int32_t* __restrict__ counts,
-                                          int64_t T, int E, int k, float alpha, float* __restrict__ aux_loss) {
-  __shared__ float term[kRouterMaxExperts];
-  const int e = threadIdx.x;
-  if (e < E) {
-    float P = 0.0f;
-    for (int64_t t = 0; t < T; ++t) P = __fadd_rn(P, probs[t * E + e]);
-    P = __fdiv_rn(P, static_cast<float>(T));
-    const float f = __fdiv_rn(__fmul_rn(static_cast<float>(E), static_cast<float>(counts[e])),
-                              static_cast<float>(static_cast<int64_t>(k) * T));
-    term[e] = __fmul_rn(f, P);
-  }
-  __syncthreads();
-  if (e == 0) {
-    float loss = 0.0f;
-    for (int i = 0; i < E; ++i) loss = __fadd_rn(loss, term[i]);
-    *aux_loss = __fmul_rn(alpha, loss);
-  }
-}
-
 }  // namespace
 
 void router_gates_for_indices(const float* probs, const int32_t* topk_idx, const int32_t* counts, int64_t T,
                               int64_t E, const RouterConfig& cfg, float* topk_weight, float* aux_loss,
                               cudaStream_t stream) {
   const char* what = "router_gates_for_indices";
-  detail::check_router_shape(what, T, E, cfg);
+  const bool loss = detail::check_router_gates(what, probs, topk_idx, counts, T, E, cfg, topk_weight, aux_loss);
   const bool v3 = cfg.style == RouterStyle::v3_sigmoid;
-  const bool loss = !v3 && aux_loss != nullptr;
-  FP4MOE_CHECK(T == 0 || (probs && topk_idx && topk_weight),
-               "{}: probs [T, E], topk_idx [T, k] and topk_weight [T, k] must not be null for T={}", what, T);
-  FP4MOE_CHECK(!loss || counts != nullptr, "{}: the v2 balance loss needs the selection's counts [E], got null",
-               what);
   if (T > 0) {
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(T, kThreads), int64_t{132} * 16));
     router_gates_kernel<<<grid, kThreads, 0, stream>>>(probs, topk_idx, T, static_cast<int>(E),
@@ -76,14 +48,7 @@ void router_gates_for_indices(const float* probs, const int32_t* topk_idx, const
                                                        topk_weight);
     CUDA_CHECK_LAUNCH();
   }
-  if (!loss) return;
-  if (T == 0) {
-    CUDA_CHECK(cudaMemsetAsync(aux_loss, 0, sizeof(float), stream));
-    return;
-  }
-  gates_balance_loss_kernel<<<1, static_cast<unsigned>(E), 0, stream>>>(
-      probs, counts, T, static_cast<int>(E), static_cast<int>(cfg.top_k), cfg.aux_alpha, aux_loss);
-  CUDA_CHECK_LAUNCH();
+  if (loss) detail::launch_balance_loss(probs, counts, T, E, cfg.top_k, cfg.aux_alpha, aux_loss, stream);
 }
 
 }  // namespace fp4moe

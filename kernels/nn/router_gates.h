@@ -21,6 +21,22 @@
 
 namespace fp4moe {
 
+namespace detail {
+// The rejections shared by router_gates_for_indices and its reference (same messages); returns whether the v2 balance
+// loss is computed (v2 with a non-null aux_loss).
+inline bool check_router_gates(const char* what, const void* probs, const int32_t* topk_idx, const int32_t* counts,
+                               int64_t T, int64_t E, const RouterConfig& cfg, const void* topk_weight,
+                               const void* aux_loss) {
+  check_router_shape(what, T, E, cfg);
+  const bool loss = cfg.style != RouterStyle::v3_sigmoid && aux_loss != nullptr;
+  FP4MOE_CHECK(T == 0 || (probs && topk_idx && topk_weight),
+               "{}: probs [T, E], topk_idx [T, k] and topk_weight [T, k] must not be null for T={}", what, T);
+  FP4MOE_CHECK(!loss || counts != nullptr, "{}: the v2 balance loss needs the selection's counts [E], got null",
+               what);
+  return loss;
+}
+}  // namespace detail
+
 // Device, asynchronous on `stream`. probs [T, E] FP32, topk_idx [T, k] int32 (entries in [0, E), distinct within
 // a token; not checked on the device: an entry outside [0, E) gives NaN weights for that token, a repeated one a
 // wrong normalisation), counts [E] int32 (v2 loss only; may be null when aux_loss is null) -> topk_weight [T, k]

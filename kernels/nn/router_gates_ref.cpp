@@ -1,5 +1,5 @@
 // CPU reference of the router weights for a given selection (router_gates.h), from the rules in the header, in the
-// operation order of the device kernel. Instantiated for float (compared with the GPU) and double.
+// operation order of the device kernel; the weights and the balance loss are router_ref.cpp's. Instantiated for float (compared with the GPU) and double.
 #include <vector>
 
 #include "kernels/common/check.h"
@@ -11,13 +11,8 @@ template <typename Real>
 void router_gates_for_indices_ref(const Real* probs, const int32_t* topk_idx, const int32_t* counts, int64_t T,
                                   int64_t E, const RouterConfig& cfg, Real* topk_weight, Real* aux_loss) {
   const char* what = "router_gates_for_indices_ref";
-  detail::check_router_shape(what, T, E, cfg);
+  const bool loss = detail::check_router_gates(what, probs, topk_idx, counts, T, E, cfg, topk_weight, aux_loss);
   const bool v3 = cfg.style == RouterStyle::v3_sigmoid;
-  const bool loss = !v3 && aux_loss != nullptr;
-  FP4MOE_CHECK(T == 0 || (probs && topk_idx && topk_weight),
-               "{}: probs [T, E], topk_idx [T, k] and topk_weight [T, k] must not be null for T={}", what, T);
-  FP4MOE_CHECK(!loss || counts != nullptr, "{}: the v2 balance loss needs the selection's counts [E], got null",
-               what);
   const int64_t k = cfg.top_k;
   std::vector<int32_t> own_counts(E), own_offsets(E + 1);
   expert_counts_and_offsets_ref(topk_idx, T, k, E, own_counts.data(), own_offsets.data());  // validates topk_idx
@@ -26,26 +21,9 @@ void router_gates_for_indices_ref(const Real* probs, const int32_t* topk_idx, co
       FP4MOE_CHECK(counts[e] == own_counts[e], "{}: counts[{}] = {} but the selection sends {} tokens to expert {}",
                    what, e, counts[e], own_counts[e], e);
   const Real scale = static_cast<Real>(cfg.routed_scale);
-  for (int64_t t = 0; t < T; ++t) {
-    const Real* p = probs + t * E;
-    const int32_t* idx = topk_idx + t * k;
-    Real denom = 1;
-    if (v3) {
-      denom = 0;
-      for (int64_t j = 0; j < k; ++j) denom += p[idx[j]];
-    }
-    for (int64_t j = 0; j < k; ++j) topk_weight[t * k + j] = scale * (p[idx[j]] / denom);
-  }
-  if (!loss) return;
-  Real total = 0;
-  for (int64_t e = 0; e < E && T > 0; ++e) {
-    Real P = 0;
-    for (int64_t t = 0; t < T; ++t) P += probs[t * E + e];
-    P /= static_cast<Real>(T);
-    const Real f = static_cast<Real>(E) * static_cast<Real>(counts[e]) / static_cast<Real>(k * T);
-    total += f * P;
-  }
-  *aux_loss = static_cast<Real>(cfg.aux_alpha) * total;
+  for (int64_t t = 0; t < T; ++t)
+    detail::combine_weights_ref(probs + t * E, topk_idx + t * k, k, v3, scale, topk_weight + t * k);
+  if (loss) *aux_loss = detail::balance_loss_ref(probs, counts, T, E, k, cfg.aux_alpha);
 }
 
 template void router_gates_for_indices_ref<float>(const float*, const int32_t*, const int32_t*, int64_t, int64_t,

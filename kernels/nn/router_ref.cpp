@@ -49,6 +49,30 @@ void router_bias_update_ref(const int32_t* counts, int64_t E, int64_t total_assi
 }
 
 template <typename Real>
+void detail::combine_weights_ref(const Real* p, const int32_t* idx, int64_t k, bool v3, Real scale, Real* weight) {
+  Real denom = 1;
+  if (v3) {
+    denom = 0;
+    for (int64_t j = 0; j < k; ++j) denom += p[idx[j]];
+  }
+  for (int64_t j = 0; j < k; ++j) weight[j] = scale * (p[idx[j]] / denom);
+}
+
+template <typename Real>
+Real detail::balance_loss_ref(const Real* probs, const int32_t* counts, int64_t T, int64_t E, int64_t k,
+                              float alpha) {
+  Real loss = 0;
+  for (int64_t e = 0; e < E && T > 0; ++e) {
+    Real P = 0;
+    for (int64_t t = 0; t < T; ++t) P += probs[t * E + e];
+    P /= static_cast<Real>(T);
+    const Real f = static_cast<Real>(E) * static_cast<Real>(counts[e]) / static_cast<Real>(k * T);
+    loss += f * P;
+  }
+  return static_cast<Real>(alpha) * loss;
+}
+
+template <typename Real>
 void router_forward_ref(const Real* logits, const Real* bias, int64_t T, int64_t E, const RouterConfig& cfg,
                         Real* probs, int32_t* topk_idx, Real* topk_weight, int32_t* counts, int32_t* offsets,
                         Real* aux_loss) {
@@ -84,25 +108,10 @@ void router_forward_ref(const Real* logits, const Real* bias, int64_t T, int64_t
       taken[best] = 1;
       topk_idx[t * k + j] = static_cast<int32_t>(best);
     }
-    Real denom = 1;
-    if (v3) {
-      denom = 0;
-      for (int64_t j = 0; j < k; ++j) denom += p[topk_idx[t * k + j]];
-    }
-    for (int64_t j = 0; j < k; ++j) topk_weight[t * k + j] = scale * (p[topk_idx[t * k + j]] / denom);
+    detail::combine_weights_ref(p, topk_idx + t * k, k, v3, scale, topk_weight + t * k);
   }
   expert_counts_and_offsets_ref(topk_idx, T, k, E, counts, offsets);
-  if (!v3 && aux_loss) {
-    Real loss = 0;
-    for (int64_t e = 0; e < E && T > 0; ++e) {
-      Real P = 0;
-      for (int64_t t = 0; t < T; ++t) P += probs[t * E + e];
-      P /= static_cast<Real>(T);
-      const Real f = static_cast<Real>(E) * static_cast<Real>(counts[e]) / static_cast<Real>(k * T);
-      loss += f * P;
-    }
-    *aux_loss = static_cast<Real>(cfg.aux_alpha) * loss;
-  }
+  if (!v3 && aux_loss) *aux_loss = detail::balance_loss_ref(probs, counts, T, E, k, cfg.aux_alpha);
 }
 
 template <typename Real>
@@ -144,6 +153,10 @@ void router_backward_ref(const Real* probs, const int32_t* topk_idx, const int32
   }
 }
 
+template void detail::combine_weights_ref<float>(const float*, const int32_t*, int64_t, bool, float, float*);
+template void detail::combine_weights_ref<double>(const double*, const int32_t*, int64_t, bool, double, double*);
+template float detail::balance_loss_ref<float>(const float*, const int32_t*, int64_t, int64_t, int64_t, float);
+template double detail::balance_loss_ref<double>(const double*, const int32_t*, int64_t, int64_t, int64_t, float);
 template void router_forward_ref<float>(const float*, const float*, int64_t, int64_t, const RouterConfig&, float*,
                                         int32_t*, float*, int32_t*, int32_t*, float*);
 template void router_forward_ref<double>(const double*, const double*, int64_t, int64_t, const RouterConfig&,
