@@ -10,7 +10,8 @@
 // kernels/quant/layouts.h, /input_bf16 uint16 [M, K] (attribute dtype="bfloat16"), /dequantized float32 [M, K],
 // /group_offsets int32 [G+1] (fp8-col); root attributes: the run's provenance (results/run_info.h), the options
 // and the error figures. Errors are measured against the BF16 input the quantizer saw; finite float32/float64 input
-// values beyond BF16's range become +-Inf there (counted: input_overflow_elements, and a line of the report).
+// values beyond BF16's range become +-Inf there (counted: input_overflow_elements, and a line of the report), and
+// nonzero values below its smallest subnormal become +-0 (input_underflow_elements, likewise).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -179,6 +180,7 @@ int run_quantize(const QuantizeOptions& o) {
   out.set_attribute("blocks", q.blocks);
   out.set_attribute("nonfinite_blocks", q.nonfinite_blocks);
   out.set_attribute("input_overflow_elements", x.overflowed);
+  out.set_attribute("input_underflow_elements", x.underflowed);
   out.add_array("/codes", q.codes_shape, q.codes);
   if (mx) out.add_array("/scales", q.scales_shape, q.scales_ue8m0);
   else out.add_array("/scales", q.scales_shape, q.scales_f32);
@@ -198,6 +200,8 @@ int run_quantize(const QuantizeOptions& o) {
   if (x.overflowed > 0)
     fmt::print("  beyond BF16 range   {} finite input values rounded to +-Inf (their blocks count as NaN/Inf)\n",
                x.overflowed);
+  if (x.underflowed > 0)
+    fmt::print("  below BF16 range    {} nonzero input values rounded to +-0\n", x.underflowed);
   fmt::print("wrote {}: /codes uint8 {}, /scales {} {}, /dequantized float32 [{}, {}]\n", o.output,
              shape_text(q.codes_shape), mx ? "uint8" : "float32", shape_text(q.scales_shape), M, K);
   return kExitOk;

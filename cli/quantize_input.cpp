@@ -94,7 +94,9 @@ Bf16Matrix load_bf16_matrix(const std::string& file, const std::string& dataset)
     out.bits.resize(v.size());
     for (size_t i = 0; i < v.size(); ++i) {
       out.bits[i] = f64_to_bf16_bits(v[i]);
-      out.overflowed += std::isfinite(v[i]) && (out.bits[i] & 0x7FFFu) == 0x7F80u;
+      const uint16_t magnitude = out.bits[i] & 0x7FFFu;
+      out.overflowed += std::isfinite(v[i]) && magnitude == 0x7F80u;
+      out.underflowed += v[i] != 0.0 && magnitude == 0;
     }
     out.source_type = info.type;
   } else if (info.type == "uint16") {

@@ -12,6 +12,7 @@ struct Bf16Matrix {
   int64_t M = 0, K = 0;
   std::string source_type;     // "float32", "float64" or "bfloat16"
   int64_t overflowed = 0;      // finite float32/float64 values beyond BF16's range, rounded to +-Inf
+  int64_t underflowed = 0;     // nonzero float32/float64 values below BF16's smallest subnormal, rounded to +-0
 };
 
 // Reads `dataset` of `file`: float32 or float64 (rounded to BF16, nearest even), or uint16 holding BF16 bits

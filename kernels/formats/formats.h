@@ -229,18 +229,32 @@ FP4MOE_HD int mx_scale_exponent(float amax, MxScaleMode mode) {
 
 // ---- FP8 1x128 / 128x128 block scale rules -------------------------------------------------------------------
 
+// A block with finite amax > 0 gets a scale s and a multiplier m: codes E4M3(v * m), dequantized value
+// E4M3(code) * s. In both modes s is a normal fp32 no smaller than 2^-126 and m is a normal fp32 no larger than
+// 2^126, with s * m = 1 exactly (pow2) or within 2^-23 (fp32, two roundings), for every finite amax:
+//   pow2: s = 2^p, m = 2^-p, p = fp8_pow2_scale_exponent(amax) (ceil(log2(amax / 448)) clamped to >= -126);
+//   fp32: amax >= 448 * 2^-126: s = amax / 448 and m = 448 / amax, each one fp32 round-to-nearest division;
+//         amax <  448 * 2^-126: s = 2^-126 and m = 2^126, the pow2 floor (amax / 448 would be subnormal, losing
+//         bits, and 448 / amax overflows for amax < 448 / FLT_MAX; the block then uses less than the E4M3 range).
+// The dequantized amax is within E4M3's 2^-4 relative rounding of amax for every BF16 amax (amax * 2^126 >= 2^-7
+// for the smallest BF16 subnormal 2^-133, an exact E4M3 subnormal), with one exception, pow2 at the top: for
+// amax >= 1.9375 * 2^127 the code rounds up to 256 and 256 * 2^120 overflows fp32 on dequantization (+-Inf), a
+// limit of a power-of-two scale with three mantissa bits (fp32 scales stay finite: 448 * s <= FLT_MAX).
+// The one implementation of the rule is fp8_block_scale (kernels/quant/fp8_block_scale.h), host and device.
 enum class Fp8ScaleMode : int {
-  pow2 = 0,  // s = 2^ceil(log2(amax / 448)) computed exactly, clamped to [2^-126, 2^127]
-  fp32 = 1,  // s = amax / 448 in fp32; codes E4M3(v * (448 / amax))
+  pow2 = 0,  // s = 2^ceil(log2(amax / 448)) computed exactly, clamped to [2^-126, 2^127]; m = 1 / s
+  fp32 = 1,  // s = amax / 448, m = 448 / amax in fp32; s = 2^-126, m = 2^126 for amax < 448 * 2^-126
 };
 
+// The smallest FP8 block scale exponent of both modes (the smallest normal fp32 exponent: 1/s stays finite).
+constexpr int kFp8MinScaleExponent = -126;
+
 // Exponent p of the pow2 scale for a finite amax > 0: the smallest p with amax <= 448 * 2^p (exact), clamped to
-// [-126, 127] so that 1/s stays a normal fp32. For amax >= 1.9375 * 2^127 the largest code rounds up to 256 and
-// 256 * 2^120 overflows fp32 on dequantization (+-Inf), a limit of the rule rather than of the code.
+// [kFp8MinScaleExponent, 127] (the top is never reached: p <= 120 for finite amax).
 FP4MOE_HD int fp8_pow2_scale_exponent(float amax) {
   int f = floor_log2(amax);
   int p = (normalized_fraction(amax) <= 0x600000u) ? f - 8 : f - 7;  // 448 = 1.75 * 2^8
-  return p < -126 ? -126 : (p > 127 ? 127 : p);
+  return p < kFp8MinScaleExponent ? kFp8MinScaleExponent : (p > 127 ? 127 : p);
 }
 
 // ---- Direct MXFP4 -> FP8 (the paper's FP4RowToFP8Row/Col rule) ----------------------------------------------

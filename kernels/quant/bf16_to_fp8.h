@@ -4,8 +4,9 @@
 // Rules (DESIGN.md "FP8 1x128 block"; TransformerEngine's Float8BlockScaling with power-of-two scales, the
 // DeepSeek-V3 tile/block quantization), fp8_block_scale.h: amax = max |v| over the block; pow2 scale
 // s = 2^fp8_pow2_scale_exponent(amax), code = E4M3(v * 2^-p) (exact power-of-two product, then RNE with
-// saturation); fp32 scale s = amax / 448, code = E4M3(v * (448 / amax)) with two fp32 round-to-nearest operations
-// (448/amax saturated to FLT_MAX). amax = 0 -> s = 1 and zero codes (a -0 keeps its sign bit: 0x80).
+// saturation); fp32 scale s = amax / 448, code = E4M3(v * (448 / amax)) with two fp32 round-to-nearest operations,
+// and the pow2 floor s = 2^-126 (code = E4M3(v * 2^126)) for amax < 448 * 2^-126 (formats.h, Fp8ScaleMode).
+// amax = 0 -> s = 1 and zero codes (a -0 keeps its sign bit: 0x80).
 // A block holding NaN/Inf -> s = NaN (0x7FC00000), all its codes 0x7F, counted; other blocks are unaffected.
 // The dequantized value is e4m3(code) * s. A short last block (K % 128 != 0) covers the remaining elements.
 // GPU and CPU agree bit for bit (codes and scales). nonfinite_blocks (optional device counter) is incremented by

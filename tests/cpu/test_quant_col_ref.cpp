@@ -121,7 +121,9 @@ TEST(Fp8BlockScale, HandComputedScales) {
   // fp32: s = amax / 448, multiplier 448 / amax, both rounded to nearest in fp32.
   EXPECT_EQ(fp8_block_scale(3.0f, Fp8ScaleMode::fp32).scale, 3.0f / 448.0f);
   EXPECT_EQ(fp8_block_scale(3.0f, Fp8ScaleMode::fp32).multiplier, 448.0f / 3.0f);
-  EXPECT_EQ(fp8_block_scale(1e-40f, Fp8ScaleMode::fp32).multiplier, FLT_MAX);   // 448 / amax overflows
+  // fp32 below amax = 448 * 2^-126: the pow2 floor s = 2^-126, multiplier 2^126 (448 / 1e-40 overflows).
+  EXPECT_EQ(fp8_block_scale(1e-40f, Fp8ScaleMode::fp32).scale, std::ldexp(1.0f, -126));
+  EXPECT_EQ(fp8_block_scale(1e-40f, Fp8ScaleMode::fp32).multiplier, std::ldexp(1.0f, 126));
   for (Fp8ScaleMode mode : {Fp8ScaleMode::pow2, Fp8ScaleMode::fp32}) {
     EXPECT_EQ(fp8_block_scale(0.0f, mode).scale, 1.0f);
     EXPECT_FALSE(fp8_block_scale(0.0f, mode).nonfinite);

@@ -1,6 +1,7 @@
 // GPU column conversions and BF16 -> FP8 baselines against their CPU references, bit for bit (codes and scales):
 // mxfp4_row_to_fp8_col, bf16_to_fp8_col, bf16_to_fp8_row, bf16_to_fp8_block128 (and its transpose).
-// Seeded random data with outliers, tiny values, zero rows and NaN/Inf blocks; row shapes M in {1, 7, 128, 4099}
+// Seeded random data with outliers, tiny values, zero rows and NaN/Inf blocks, and blocks whose amax spans BF16's
+// whole exponent range (the fp32 scale mode's pow2 floor included); row shapes M in {1, 7, 128, 4099}
 // x K in {32, 96, 576, 2048, 7168}; ragged groups [162, 0, 2577, 446, 0, 83], random splits, all tokens on one
 // expert, groups of one row, G = 1 and G = 1024. Outputs are poisoned before every run and surrounded by guards:
 // each whole buffer (guards and unused capacity included) must equal the reference's, which writes exactly the
@@ -99,6 +100,27 @@ std::vector<bf16> random_bf16(int64_t rows, int64_t cols, uint32_t seed, bool no
       x[r * cols + c] = to_bf16(v);
     }
   }
+  return x;
+}
+
+// Seeded BF16 [rows, cols] whose 128x128 tiles take amax exponents over BF16's whole range: tile t (row-major
+// over tiles) holds uniform values in (-2, 2) * 2^(-133 + t % 260), so every 1x128 row block, 128-token column
+// block and 128x128 block inside it has its amax near that power: BF16 subnormals (2^-133 up), the blocks where
+// the fp32 scale mode takes the pow2 floor (amax < 448 * 2^-126), and the top binade, with the largest finite BF16
+// (0x7F7F, beyond pow2's stated limit 1.9375 * 2^127) now and then in the top tiles. 33 x 16 tiles cover every
+// exponent. No NaN/Inf.
+std::vector<bf16> extreme_amax_bf16(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> mantissa(-2.0, 2.0);
+  std::uniform_int_distribution<int> pick(0, 63);
+  const int64_t tiles_per_row = (cols + 127) / 128;
+  std::vector<bf16> x(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int e = -133 + static_cast<int>(((r / 128) * tiles_per_row + c / 128) % 260);  // up to 2^126
+      const float v = static_cast<float>(std::ldexp(mantissa(rng), e));                 // |v| < 2^127
+      x[r * cols + c] = (e == 126 && pick(rng) == 0) ? bf16_from_bits(v < 0 ? 0xFF7F : 0x7F7F) : to_bf16(v);
+    }
   return x;
 }
 
@@ -218,12 +240,12 @@ TEST(Mxfp4RowToFp8ColGpu, MoreTokenBlocksThanGridYHolds) {
 
 // ---- BF16 -> FP8 column -------------------------------------------------------------------------------------
 
-void check_bf16_col(const std::vector<int32_t>& offsets, int64_t K, Fp8ScaleMode mode, uint32_t seed,
+// x [M, K] with M = offsets.back().
+void check_bf16_col(const std::vector<bf16>& x, const std::vector<int32_t>& offsets, int64_t K, Fp8ScaleMode mode,
                     bool give_host_offsets, bool nonfinite) {
   const int64_t G = static_cast<int64_t>(offsets.size()) - 1, M = offsets.back();
   SCOPED_TRACE(fmt::format("M = {}, K = {}, G = {}, mode {}, host offsets {}", M, K, G, static_cast<int>(mode),
                            give_host_offsets));
-  std::vector<bf16> x = random_bf16(M, K, seed, nonfinite);
   DeviceCopy<bf16> d_x(x);
   DeviceCopy<int32_t> d_offsets(offsets);
   DeviceBuffer<unsigned long long> count(1);
@@ -238,6 +260,11 @@ void check_bf16_col(const std::vector<int32_t>& offsets, int64_t K, Fp8ScaleMode
   EXPECT_EQ(out_scales.first_difference(), "") << "scales";
   EXPECT_EQ(static_cast<int64_t>(count.download()[0]), expect_bad) << "non-finite blocks";
   if (nonfinite && M * K >= 4096) EXPECT_GT(expect_bad, 0) << "the data should hold NaN/Inf blocks";
+}
+
+void check_bf16_col(const std::vector<int32_t>& offsets, int64_t K, Fp8ScaleMode mode, uint32_t seed,
+                    bool give_host_offsets, bool nonfinite) {
+  check_bf16_col(random_bf16(offsets.back(), K, seed, nonfinite), offsets, K, mode, give_host_offsets, nonfinite);
 }
 
 TEST(Bf16ToFp8ColGpu, RowShapesOneGroup) {
@@ -265,11 +292,21 @@ TEST(Bf16ToFp8ColGpu, RaggedGroupsWithHostAndDeviceOffsets) {
   check_bf16_col(offsets_of({162, 0, 2577, 446, 0, 83}), 7168, Fp8ScaleMode::pow2, seed++, false, true);
 }
 
+// Block amaxes over BF16's whole exponent range (extreme_amax_bf16), one group and ragged groups.
+TEST(Bf16ToFp8ColGpu, ExtremeAmaxMatchesReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t M = 33 * 128, K = 2048;
+  const std::vector<bf16> x = extreme_amax_bf16(M, K, 350);
+  for (Fp8ScaleMode mode : kModes) {
+    check_bf16_col(x, {0, static_cast<int32_t>(M)}, K, mode, true, false);
+    check_bf16_col(x, offsets_of({162, 0, 2577, 446, 0, 83, 956}), K, mode, false, false);
+  }
+}
+
 // ---- BF16 -> FP8 row and 128x128 blocks ---------------------------------------------------------------------
 
-void check_bf16_row(int64_t M, int64_t K, Fp8ScaleMode mode, uint32_t seed, bool nonfinite) {
+void check_bf16_row(const std::vector<bf16>& x, int64_t M, int64_t K, Fp8ScaleMode mode) {
   SCOPED_TRACE(fmt::format("M = {}, K = {}, mode {}", M, K, static_cast<int>(mode)));
-  std::vector<bf16> x = random_bf16(M, K, seed, nonfinite);
   DeviceCopy<bf16> d_x(x);
   DeviceBuffer<unsigned long long> count(1);
   CUDA_CHECK(cudaMemset(count.ptr, 0, sizeof(unsigned long long)));
@@ -283,6 +320,10 @@ void check_bf16_row(int64_t M, int64_t K, Fp8ScaleMode mode, uint32_t seed, bool
   EXPECT_EQ(static_cast<int64_t>(count.download()[0]), expect_bad) << "non-finite blocks";
 }
 
+void check_bf16_row(int64_t M, int64_t K, Fp8ScaleMode mode, uint32_t seed, bool nonfinite) {
+  check_bf16_row(random_bf16(M, K, seed, nonfinite), M, K, mode);
+}
+
 TEST(Bf16ToFp8RowGpu, MatchesReference) {
   FP4MOE_REQUIRE_DEVICE();
   uint32_t seed = 400;
@@ -294,9 +335,8 @@ TEST(Bf16ToFp8RowGpu, MatchesReference) {
       }
 }
 
-void check_bf16_block128(int64_t N, int64_t K, Fp8ScaleMode mode, bool transpose, uint32_t seed, bool nonfinite) {
+void check_bf16_block128(const std::vector<bf16>& w, int64_t N, int64_t K, Fp8ScaleMode mode, bool transpose) {
   SCOPED_TRACE(fmt::format("N = {}, K = {}, mode {}, transpose {}", N, K, static_cast<int>(mode), transpose));
-  std::vector<bf16> w = random_bf16(N, K, seed, nonfinite);
   DeviceCopy<bf16> d_w(w);
   DeviceBuffer<unsigned long long> count(1);
   CUDA_CHECK(cudaMemset(count.ptr, 0, sizeof(unsigned long long)));
@@ -310,6 +350,18 @@ void check_bf16_block128(int64_t N, int64_t K, Fp8ScaleMode mode, bool transpose
   EXPECT_EQ(static_cast<int64_t>(count.download()[0]), expect_bad) << "non-finite blocks";
 }
 
+// Block amaxes over BF16's whole exponent range (extreme_amax_bf16).
+TEST(Bf16ToFp8RowGpu, ExtremeAmaxMatchesReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t M = 33 * 128, K = 2048;
+  const std::vector<bf16> x = extreme_amax_bf16(M, K, 450);
+  for (Fp8ScaleMode mode : kModes) check_bf16_row(x, M, K, mode);
+}
+
+void check_bf16_block128(int64_t N, int64_t K, Fp8ScaleMode mode, bool transpose, uint32_t seed, bool nonfinite) {
+  check_bf16_block128(random_bf16(N, K, seed, nonfinite), N, K, mode, transpose);
+}
+
 TEST(Bf16ToFp8Block128Gpu, MatchesReferenceBothOrientations) {
   FP4MOE_REQUIRE_DEVICE();
   uint32_t seed = 500;
@@ -320,6 +372,15 @@ TEST(Bf16ToFp8Block128Gpu, MatchesReferenceBothOrientations) {
           ++seed;
           check_bf16_block128(N, K, mode, transpose, seed, seed % 4 == 0);
         }
+}
+
+// Block amaxes over BF16's whole exponent range (extreme_amax_bf16), both orientations.
+TEST(Bf16ToFp8Block128Gpu, ExtremeAmaxMatchesReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t N = 33 * 128, K = 2048;
+  const std::vector<bf16> w = extreme_amax_bf16(N, K, 550);
+  for (Fp8ScaleMode mode : kModes)
+    for (bool transpose : {false, true}) check_bf16_block128(w, N, K, mode, transpose);
 }
 
 // ---- rejected arguments: checked before any launch, outputs untouched ------------------------------------------

@@ -439,6 +439,67 @@ class QuantizeCli(unittest.TestCase):
         with h5py.File(out) as f:
             self.assertEqual(f.attrs["input_overflow_elements"], 0)
 
+    def test_values_below_bf16_range_are_counted(self):
+        path = os.path.join(self.tmp, "tiny.h5")
+        x = np.ones((2, 64))
+        x[0, 3] = 1e-45  # float32's smallest subnormal 2^-149, far below BF16's smallest subnormal 2^-133: +0
+        x[0, 4] = 2.0**-134  # half of 2^-133: a tie, to the even BF16 +0
+        x[1, 40] = -1e-300  # nonzero in float64; already -0 in float32 (not counted there)
+        x[1, 41] = 1e-39  # a BF16 subnormal, kept
+        x[1, 42] = 0.0  # zero input is not an underflow
+        with h5py.File(path, "w") as f:
+            f["x64"] = x
+            f["x32"] = x.astype(np.float32)
+        for name, underflowed in (("x64", 3), ("x32", 2)):
+            with self.subTest(dataset=name):
+                out = os.path.join(self.tmp, f"tiny_{name}.h5")
+                r = self.run_cli("--input", path, "--dataset", name, "--format", "fp8-row", "--output", out)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(f"below BF16 range    {underflowed} nonzero input values rounded to +-0", r.stdout)
+                self.assertNotIn("beyond BF16 range", r.stdout)
+                with h5py.File(out) as f:
+                    self.assertEqual(f.attrs["input_underflow_elements"], underflowed)
+                    self.assertEqual(f.attrs["input_overflow_elements"], 0)
+                    bits = f["input_bf16"][()]
+                self.assertEqual((bits[0, 3], bits[0, 4], bits[1, 40], bits[1, 42]), (0, 0, 0x8000, 0))
+                self.assertNotEqual(bits[1, 41], 0)
+        out, r = self.quantize("--format", "mxfp4")
+        self.assertNotIn("below BF16 range", r.stdout)
+        with h5py.File(out) as f:
+            self.assertEqual(f.attrs["input_underflow_elements"], 0)
+
+    def test_fp8_fp32_scales_of_tiny_and_huge_blocks(self):
+        # One 1x128 block per row, amax from BF16's smallest subnormal to near its largest value; 448 / amax
+        # overflows fp32 below about 1.3e-36 and amax / 448 is subnormal below 448 * 2^-126 (about 5.3e-36).
+        amaxes = [2.0**-133, 1e-39, 2.0**-126, 3e-38, 1e-37, 2.0**-118, 5e-36, 1e-30, 1.0, 448.0, 1e10, 1e30, 1e36,
+                  1e38, 3e38, 3.38e38]
+        pattern = np.zeros(128)
+        pattern[:6] = [1.0, -0.75, 0.5, 0.3, 0.125, -0.01]
+        path = os.path.join(self.tmp, "range.h5")
+        with h5py.File(path, "w") as f:
+            f["x"] = (np.array(amaxes)[:, None] * pattern[None, :]).astype(np.float32)
+        out = os.path.join(self.tmp, "range_fp32.h5")
+        r = self.run_cli("--input", path, "--dataset", "x", "--format", "fp8-row", "--scale-mode", "fp32",
+                         "--output", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(out) as f:
+            x = bf16_to_f64(f["input_bf16"][()])
+            y = f["dequantized"][()].astype(np.float64)
+            s = f["scales"][()][0].astype(np.float64)  # [ceil(K/128), round_up(M, 4)]
+            codes = f["codes"][()]
+            self.assertEqual(f.attrs["saturated_elements"], 0)
+            self.assertEqual(f.attrs["nonfinite_blocks"], 0)
+        self.assertTrue(np.all(np.isfinite(y)) and np.all(np.isfinite(s)) and np.all(s > 0))
+        self.assertFalse(np.any((codes & 0x7F) == 0x7F), "no E4M3 NaN code")
+        np.testing.assert_array_equal((E4M3[codes] * s[:, None]).astype(np.float32), y.astype(np.float32))
+        # E4M3 rounding: 2^-4 relative, or half the subnormal step (2^-10 of the scale), plus fp32 roundings.
+        bound = (2.0**-4 + 2.0**-18) * np.abs(x) + (2.0**-10 + 2.0**-18) * s[:, None] + 2.0**-149
+        worst = np.argmax(np.abs(y - x) - bound)
+        self.assertTrue(np.all(np.abs(y - x) <= bound),
+                        f"element {np.unravel_index(worst, x.shape)}: {x.flat[worst]} -> {y.flat[worst]}")
+        amax = np.abs(x).max(axis=1)
+        self.assertLessEqual(np.max(np.abs(y[:, 0] - x[:, 0]) / amax), 2.0**-4 + 2.0**-20)
+
     def test_uint16_needs_a_string_dtype_attribute(self):
         path = os.path.join(self.tmp, "tags.h5")
         with h5py.File(path, "w") as f:
