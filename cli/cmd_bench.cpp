@@ -122,7 +122,8 @@ Command add_bench_command(CLI::App& app) {
             BenchOptions opts = *o;
             opts.args = sub->remaining();
             // Without a name, an argument left over can only be this command's -h/--help (the unknown rest is an
-            // error below); with one, a leading "--" only separates the program's arguments.
+            // error below). A "--" before the name only separates it (after the name CLI11 hands "--" and what
+            // follows back to fp4moe's own parser).
             if (opts.name.empty() && !opts.args.empty()) opts.help = is_help(opts.args.front());
             if (!opts.args.empty() && opts.args.front() == "--") opts.args.erase(opts.args.begin());
             return run_bench(opts, sub->get_description());

@@ -73,12 +73,11 @@ class BenchCli(unittest.TestCase):
 
 
     def test_help_after_the_name_reaches_the_program(self):
-        for args, expected in ((["--help"], ["--help"]), (["-h"], ["-h"]), (["--", "--help"], ["--help"]),
-                               (["--benchmark_filter=x", "--help"], ["--benchmark_filter=x", "--help"])):
+        for args in (["--help"], ["-h"], ["--benchmark_filter=x", "--help"]):
             with self.subTest(args=args):
                 r = self.bench("echo", *args)
                 self.assertEqual(r.returncode, 0, r.stderr)
-                self.assertEqual(r.stdout.splitlines(), [f"[{a}]" for a in expected])
+                self.assertEqual(r.stdout.splitlines(), [f"[{a}]" for a in args])
 
     def test_help_before_the_name_says_how_to_run_the_programs(self):
         for flag in ("--help", "-h"):

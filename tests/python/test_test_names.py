@@ -38,7 +38,7 @@ def unreadable_names(listing):
 
 def gtest_programs(build):
     return sorted(p for p in [os.path.join(build, "tests", "fp4moe_tests_cpu"),
-                              *glob.glob(os.path.join(build, "tests", "fp4moe_tests_gpu_*"))]
+                              *glob.glob(os.path.join(build, "tests", "fp4moe_tests_gpu*"))]
                   if os.path.isfile(p) and os.access(p, os.X_OK))
 
 
