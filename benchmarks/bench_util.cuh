@@ -28,6 +28,7 @@
 #include "kernels/formats/formats.h"
 #include "results/env_info.h"
 #include "results/h5_file.h"
+#include "results/output_path.h"
 #include "results/run_info.h"
 #include "results/table.h"
 
@@ -152,24 +153,37 @@ inline bool has_flag(int argc, char** argv, const char* flag) {
   return false;
 }
 
+// The value of Google Benchmark's --benchmark_out=PATH in argv ("" when absent): another output of the program.
+inline std::string benchmark_out_flag(int argc, char** argv) {
+  constexpr const char* prefix = "--benchmark_out=";
+  std::string path;
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) path = argv[i] + std::strlen(prefix);
+  return path;
+}
+
 // Makes sure the result file `path` can be written before any benchmark runs (the write comes only after all of
-// them): creates its folder when missing, and ends the program (exit code 2, one line on stderr) when the path is
-// a folder, its folder cannot be created, or the folder is not writable.
-inline void prepare_h5_output(const char* program, const std::string& path) {
+// them): check_output_path (results/output_path.h: a new path or a regular file, not a directory, device, FIFO or
+// socket, not the --benchmark_out file `benchmark_out`), then creates its folder when missing. Ends the program
+// (exit code 2, one line "<program>: <reason>" on stderr) when the path is refused or the folder cannot be created.
+inline void prepare_h5_output(const char* program, const std::string& path, const std::string& benchmark_out) {
   namespace fs = std::filesystem;
-  auto refuse = [&](const std::string& why) {
-    std::fprintf(stderr, "%s: --h5 '%s': %s\n", program, path.c_str(), why.c_str());
+  try {
+    check_output_path("--h5", path, {{"--benchmark_out", benchmark_out}}, OutputFolder::may_be_created);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
     std::exit(2);
-  };
-  if (path.empty()) refuse("empty path, expected the HDF5 result file to write");
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) refuse("is a folder, expected the path of a file to write");
-  const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) {
-    fs::create_directories(dir, ec);
-    if (ec) refuse(fmt::format("cannot create the folder '{}': {}", dir.string(), ec.message()));
   }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) refuse(fmt::format("the folder '{}' is not writable", dir.string()));
+  const fs::path dir = fs::path(output_file_target(path)).parent_path();
+  std::error_code ec;
+  if (!dir.empty() && !fs::is_directory(dir, ec)) {
+    fs::create_directories(dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "%s: --h5 '%s': cannot create the folder '%s': %s\n", program, path.c_str(),
+                   dir.string().c_str(), ec.message().c_str());
+      std::exit(2);
+    }
+  }
 }
 
 // Removes "--h5 PATH" / "--h5=PATH" from argv (Google Benchmark rejects flags it does not know) and returns PATH
@@ -185,7 +199,7 @@ inline std::string take_h5_flag(int& argc, char** argv) {
     else argv[out++] = argv[i];
   }
   argc = out;
-  if (given) prepare_h5_output(argv[0], path);
+  if (given) prepare_h5_output(argv[0], path, benchmark_out_flag(argc, argv));
   return path;
 }
 

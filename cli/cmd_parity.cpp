@@ -29,10 +29,8 @@
 // 1 a failure while running or writing, or a non-finite loss or gradient (the file is written first, for
 // inspection).
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +41,7 @@
 #include "kernels/nn/cross_entropy.h"
 #include "results/env_info.h"
 #include "results/h5_file.h"
+#include "results/output_path.h"
 #include "results/run_info.h"
 #include "trainer/config.h"
 #include "trainer/memory.h"
@@ -65,18 +64,6 @@ struct ParityOptions {
   CLI::Option* seed_option = nullptr;
   CLI::Option* batch_option = nullptr;
 };
-
-// fp4moe::Error messages end in " (file:line)"; the user is told what was wrong, not where it was noticed.
-std::string user_message(const Error& e) {
-  const std::string msg = e.what();
-  const size_t open = msg.rfind(" (");
-  if (open == std::string::npos || msg.back() != ')') return msg;
-  const std::string where = msg.substr(open + 2, msg.size() - open - 3);
-  const size_t colon = where.rfind(':');
-  const bool file_line = colon != std::string::npos && colon + 1 < where.size() &&
-                         where.find_first_not_of("0123456789", colon + 1) == std::string::npos;
-  return file_line ? msg.substr(0, open) : msg;
-}
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -152,21 +139,6 @@ std::string config_toml(const TrainerConfig& cfg) {
   return s;
 }
 
-// --out must name a file that can be created: not a folder, in an existing writable folder.
-void check_out_path(const std::string& out) {
-  namespace fs = std::filesystem;
-  if (out.empty()) throw CliError("no output: pass --out FILE.h5 (the HDF5 file to write)");
-  std::error_code ec;
-  const fs::path path(out);
-  if (fs::is_directory(path, ec))
-    throw CliError(fmt::format("--out '{}' is a folder, expected the path of a file to write", out));
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec))
-    throw CliError(fmt::format("--out '{}': folder '{}' does not exist (create it first)", out, dir.string()));
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    throw CliError(fmt::format("--out '{}': folder '{}' is not writable", out, dir.string()));
-}
-
 // Validates everything that needs no GPU; throws CliError.
 void resolve(ParityOptions& o) {
   try {
@@ -175,9 +147,16 @@ void resolve(ParityOptions& o) {
     o.config->load_config_file();
     validate_config(o.cfg);
   } catch (const Error& e) {
-    throw CliError(user_message(e));
+    throw CliError(user_message(e.what()));
   }
-  if (!o.dry_run) check_out_path(o.out);
+  if (!o.dry_run) {
+    if (o.out.empty()) throw CliError("no output: pass --out FILE.h5 (the HDF5 file to write)");
+    try {
+      check_output_path("--out", o.out, {{"--config", o.config->config_path()}});
+    } catch (const Error& e) {
+      throw CliError(user_message(e.what()));
+    }
+  }
   const int64_t mb = o.cfg.train.micro_batch;
   if (o.batch_option->count() == 0) o.batch = mb;
   if (o.batch < 1 || o.batch > mb)
@@ -239,7 +218,8 @@ int run_parity(ParityOptions& o) {
     try {
       built = std::make_unique<Model>(cfg, mem, stream.s);
     } catch (const Error& e) {  // a setting the layers do not build yet (e.g. a recipe), before any allocation
-      throw CliError(fmt::format("cannot build the model of '{}': {}", o.config->config_path(), user_message(e)));
+      throw CliError(
+          fmt::format("cannot build the model of '{}': {}", o.config->config_path(), user_message(e.what())));
     }
     Model& model = *built;
     model.init_weights(o.seed);
@@ -268,7 +248,7 @@ int run_parity(ParityOptions& o) {
       file.add_array("/routing/" + std::to_string(layer), {M, k}, download(routing[i], M * k));
     }
   } catch (const Error& e) {
-    throw std::runtime_error(user_message(e));
+    throw std::runtime_error(user_message(e.what()));
   }
 
   file.add_array("/tokens", {B, T}, tokens);
@@ -288,7 +268,7 @@ int run_parity(ParityOptions& o) {
   try {
     file.write(o.out);
   } catch (const Error& e) {
-    throw std::runtime_error(user_message(e));
+    throw std::runtime_error(user_message(e.what()));
   }
   fmt::print("parity dump of {} (seed {}, batch {} x {} tokens, {} valid targets): loss {:.7g}, aux loss {:.7g}\n",
              o.config->config_path(), o.seed, B, T, stats.tokens, stats.loss, stats.aux_loss);

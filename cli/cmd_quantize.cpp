@@ -13,20 +13,19 @@
 // values beyond BF16's range become +-Inf there (counted: input_overflow_elements, and a line of the report).
 #include <fmt/format.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/quantize_input.h"
 #include "cli/quantize_run.h"
+#include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/quant/layouts.h"
 #include "results/env_info.h"
 #include "results/h5_file.h"
+#include "results/output_path.h"
 #include "results/run_info.h"
 
 namespace fp4moe::cli {
@@ -66,26 +65,6 @@ std::vector<int32_t> parse_groups(const std::string& text, int64_t M) {
 
 // Groups the GPU column quantizer accepts (bf16_to_fp8.h: 1 <= G <= 1024); the CPU reference takes any G >= 1.
 constexpr size_t kMaxCudaColGroups = 1024;
-
-// The output must be a file that can be created: a non-empty path, not a directory, in an existing writable
-// directory, and not the input file (which the atomic rename would replace). Checked before the input is read,
-// so that a bad path fails at once rather than after the quantization.
-void check_output_path(const std::string& output, const std::string& input) {
-  namespace fs = std::filesystem;
-  if (output.empty()) throw CliError("--output is empty, expected the path of the HDF5 file to write");
-  std::error_code ec;
-  const fs::path out(output);
-  if (fs::is_directory(out, ec))
-    throw CliError(fmt::format("--output '{}' is a directory, expected the path of a file to write", output));
-  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec))
-    throw CliError(fmt::format("--output '{}': directory '{}' does not exist (create it first)", output,
-                               dir.string()));
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    throw CliError(fmt::format("--output '{}': directory '{}' is not writable", output, dir.string()));
-  if (fs::exists(out, ec) && fs::exists(input, ec) && fs::equivalent(out, fs::path(input), ec))
-    throw CliError(fmt::format("--output '{}' is the input file: write the result to another path", output));
-}
 
 void check_options(const QuantizeOptions& o, bool mx) {
   if (o.scale_mode.empty()) return;
@@ -133,7 +112,12 @@ int run_quantize(const QuantizeOptions& o) {
     throw CliError(fmt::format("--groups lists {} groups: the cuda column kernel takes at most {} (--device cpu "
                                "takes any number)",
                                group_count, kMaxCudaColGroups));
-  check_output_path(o.output, o.input);
+  // Before the input is read, so that a bad path fails at once rather than after the quantization.
+  try {
+    check_output_path("--output", o.output, {{"--input", o.input}});
+  } catch (const Error& e) {
+    throw CliError(user_message(e.what()));
+  }
   if (cuda) {
     std::string why = why_no_cuda_device();
     if (!why.empty()) throw CliError(fmt::format("--device cuda: {}", why));

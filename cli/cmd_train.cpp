@@ -3,7 +3,7 @@
 // --section.key) and the token shards' headers are validated before anything is allocated; then the run writes its
 // metrics to an HDF5 file (trainer/train/metrics.h), prints progress, evaluates and checkpoints as configured.
 // The options (trainer/train/command_line.h):
-//   --data DIR, --out FILE.h5 (default runs/train-<config name>-<UTC date-time>.h5), --run NAME,
+//   --data DIR, --out FILE.h5 (default runs/train-<config name>-<UTC date-time>.h5), --overwrite, --run NAME,
 //   --resume PATH|latest, --log-interval N, --synthetic-data, --peak-tflops X, --memory-budget GiB,
 //   --dry-run [--no-data-check] [--production v3|v2]
 // --dry-run prints the model summary (shapes, parameters total and activated per token, model FLOPs per token,
@@ -36,19 +36,6 @@
 namespace fp4moe::cli {
 
 namespace {
-
-// An fp4moe::Error message without its " (file.cpp:123)" suffix: the user is told what was wrong with the
-// configuration, not where in the sources it was noticed.
-std::string without_source_location(const std::string& msg) {
-  const size_t open = msg.rfind(" (");
-  if (open == std::string::npos || msg.empty() || msg.back() != ')') return msg;
-  const std::string inner = msg.substr(open + 2, msg.size() - open - 3);
-  const size_t colon = inner.rfind(':');
-  if (colon == std::string::npos || colon + 1 == inner.size() ||
-      inner.find_first_not_of("0123456789", colon + 1) != std::string::npos)
-    return msg;
-  return msg.substr(0, open);
-}
 
 std::string si(double v) {
   if (v >= 1e12) return fmt::format("{:.2f}T", v / 1e12);
@@ -128,7 +115,7 @@ struct TrainCommand {
     try {
       line->resolve();
     } catch (const Error& err) {
-      throw CliError(without_source_location(err.what()));
+      throw CliError(user_message(err.what()));
     }
     const TrainerConfig& cfg = line->config();
     if (!production.empty() && !line->dry_run()) throw CliError("--production applies to --dry-run only");
@@ -149,7 +136,7 @@ struct TrainCommand {
       Trainer trainer(cfg, opts);
       result = trainer.run();
     } catch (const Error& err) {
-      throw std::runtime_error(without_source_location(err.what()));
+      throw std::runtime_error(user_message(err.what()));
     }
     if (result.stop_signal == 0) return kExitOk;
     const std::string resume =

@@ -35,4 +35,8 @@ Command add_repro_command(CLI::App& app);     // cmd_repro.cpp
 // The full command line as given, for the `command` attribute of result files (set by main).
 const std::string& invocation();
 
+// An fp4moe::Error message (kernels/common/check.h) without its " (file.cpp:123)" suffix: the user is told what
+// was wrong, not where in the sources it was noticed. Any other text is returned unchanged.
+std::string user_message(const std::string& msg);
+
 }  // namespace fp4moe::cli

@@ -14,6 +14,16 @@ namespace fp4moe::cli {
 static std::string g_invocation;
 const std::string& invocation() { return g_invocation; }
 
+std::string user_message(const std::string& msg) {
+  const size_t open = msg.rfind(" (");
+  if (open == std::string::npos || msg.empty() || msg.back() != ')') return msg;
+  const std::string where = msg.substr(open + 2, msg.size() - open - 3);
+  const size_t colon = where.rfind(':');
+  const bool file_line = colon != std::string::npos && colon + 1 < where.size() &&
+                         where.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+  return file_line ? msg.substr(0, open) : msg;
+}
+
 }  // namespace fp4moe::cli
 
 int main(int argc, char** argv) {

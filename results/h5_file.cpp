@@ -10,6 +10,7 @@
 
 #include "kernels/common/check.h"
 #include "results/h5_util.h"
+#include "results/output_path.h"
 
 namespace fp4moe {
 
@@ -225,7 +226,13 @@ void ResultFile::write_contents(int64_t file_id) const {
 
 void ResultFile::write(const std::string& path) const {
   FP4MOE_CHECK(!path.empty(), "result file: empty output path");
-  const std::string tmp = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
+  std::string target;
+  try {
+    target = output_file_target(path);  // refuses a device, FIFO, socket or directory before anything is written
+  } catch (const Error& e) {
+    throw Error(fmt::format("writing result file '{}' failed: {}", path, e.what()));
+  }
+  const std::string tmp = fmt::format("{}.tmp-{}", target, static_cast<long>(::getpid()));
   h5::ErrorSilencer silence;
   try {
     Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
@@ -233,8 +240,8 @@ void ResultFile::write(const std::string& path) const {
     write_contents(file.get());
     if (!file.reset()) h5::fail_h5(__FILE__, __LINE__, fmt::format("closing temporary file '{}' failed", tmp));
     sync_file(tmp);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      fail(__FILE__, __LINE__, fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
+    if (std::rename(tmp.c_str(), target.c_str()) != 0)
+      fail(__FILE__, __LINE__, fmt::format("cannot rename '{}' to '{}': {}", tmp, target, std::strerror(errno)));
   } catch (const Error& e) {
     std::remove(tmp.c_str());
     throw Error(fmt::format("writing result file '{}' failed: {}", path, e.what()));

@@ -14,7 +14,9 @@
 //   df = pd.DataFrame({c: g[c].asstr()[()] if g[c].dtype.kind == "O" else g[c][()] for c in g.attrs["columns"]})
 //
 // write(path) writes everything to `<path>.tmp-<pid>`, closes it, flushes it to disk and renames it to `path`
-// (an existing file is replaced only then). On any failure the temporary file is removed and fp4moe::Error is
+// (an existing file is replaced only then). `path` must be a new path or a regular file; a symbolic link is
+// followed and its final target written (results/output_path.h: output_file_target); a directory, device, FIFO or
+// socket is refused before anything is written. On any failure the temporary file is removed and fp4moe::Error is
 // thrown naming the path and what failed (HDF5's own reason included); `path` is never left half-written.
 #pragma once
 

@@ -31,6 +31,7 @@ checks=(
   "pkg-config|has_cmd pkg-config"
   "libcli11-dev|has_file /usr/include/CLI/CLI.hpp"
   "libfmt-dev|has_file /usr/include/fmt/format.h"
+  "libtomlplusplus-dev|has_file /usr/include/toml++/toml.hpp /usr/include/toml++/toml.h"
   "libhdf5-dev|has_file /usr/include/hdf5/serial/hdf5.h /usr/include/hdf5.h"
   "libgtest-dev|has_file /usr/include/gtest/gtest.h"
   "libgmock-dev|has_file /usr/include/gmock/gmock.h"

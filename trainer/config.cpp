@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <set>
 
 #include "kernels/common/check.h"
@@ -39,9 +42,24 @@ namespace {
 const char* router_text(RouterStyle s) { return s == RouterStyle::v2_softmax ? "v2" : "v3"; }
 const char* policy_text(NonFinitePolicy p) { return p == NonFinitePolicy::stop ? "stop" : "skip"; }
 
+// The command line's integers: decimal and within int64_t (CLI11 alone reads 010 as octal 8 and clamps
+// 99999999999999999999 to 2^63 - 1 without a word).
+const CLI::Validator kDecimalInt64(
+    [](std::string& text) -> std::string {
+      int64_t v = 0;
+      const char* end = text.data() + text.size();
+      const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+      const std::string_view digits = std::string_view(text).substr(text.starts_with('-') ? 1 : 0);
+      const bool octal = digits.size() > 1 && digits[0] == '0';
+      if (ec == std::errc() && ptr == end && !octal) return "";
+      return fmt::format("'{}' is not a decimal integer in [{}, {}]", text, std::numeric_limits<int64_t>::min(),
+                         std::numeric_limits<int64_t>::max());
+    },
+    "", "INT64");
+
 }  // namespace
 
-ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : app_(app), cfg_(cfg) {
+ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   ModelConfig& m = cfg.model;
   MoeConfig& e = cfg.moe;
   TrainingConfig& t = cfg.train;
@@ -53,90 +71,92 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : app_(app), cfg
   recipe_routed_ = recipe_name(cfg.recipe.routed_experts);
 
   app.add_option("--config", config_path_, "TOML configuration file (configs/*.toml); options given here win");
-  auto add = [&](const char* name, auto& var, const char* help) {
-    app.add_option(name, var, help)->capture_default_str()->group("Configuration");
+  seed_ = static_cast<int64_t>(t.seed);
+  auto add = [&](const char* key, auto& var, const char* help) {
+    fields_.push_back({key, &var});
+    options_.push_back(
+        app.add_option(fmt::format("--{}", key), var, help)->capture_default_str()->group("Configuration"));
+    if constexpr (std::is_same_v<std::remove_reference_t<decltype(var)>, int64_t>)
+      options_.back()->check(kDecimalInt64);
   };
-  add("--model.name", m.name, "preset name, for reports");
-  add("--model.vocab_size", m.vocab_size, "tokenizer vocabulary (the shards' vocab_size)");
-  add("--model.hidden", m.hidden, "d_model");
-  add("--model.layers", m.layers, "decoder layers");
-  add("--model.n_dense_layers", m.n_dense_layers, "first layers with a dense FFN instead of MoE");
-  add("--model.heads", m.heads, "attention heads");
-  add("--model.q_lora_rank", m.q_lora_rank, "query down-projection rank (0: direct projection)");
-  add("--model.kv_lora_rank", m.kv_lora_rank, "joint key/value compression rank");
-  add("--model.qk_nope_head_dim", m.qk_nope_head_dim, "per-head query/key dims without RoPE");
-  add("--model.qk_rope_head_dim", m.qk_rope_head_dim, "per-head decoupled RoPE dims");
-  add("--model.v_head_dim", m.v_head_dim, "per-head value dims");
-  add("--model.dense_ffn", m.dense_ffn, "dense SwiGLU intermediate size");
-  add("--model.rope_theta", m.rope_theta, "RoPE base");
-  add("--model.norm_eps", m.norm_eps, "RMSNorm epsilon");
-  add("--moe.routed_experts", e.routed_experts, "routed experts per MoE layer");
-  add("--moe.shared_experts", e.shared_experts, "shared experts per MoE layer");
-  add("--moe.top_k", e.top_k, "routed experts per token");
-  add("--moe.expert_ffn", e.expert_ffn, "expert intermediate size");
-  add("--moe.router", router_, "v3 (sigmoid, aux-loss-free bias) or v2 (softmax, balance loss)");
-  add("--moe.routed_scale", e.routed_scale, "routed_scaling_factor");
-  add("--moe.aux_alpha", e.aux_alpha, "v2 balance loss coefficient");
-  add("--moe.bias_update_rate", e.bias_update_rate, "v3 aux-loss-free bias update speed");
-  add("--train.data_dir", t.data_dir, "token shards from make data");
-  add("--train.seq_len", t.seq_len, "tokens per row");
-  add("--train.micro_batch", t.micro_batch, "rows per micro-batch");
-  add("--train.grad_accum", t.grad_accum, "micro-batches per optimizer step");
-  add("--train.steps", t.steps, "optimizer steps");
-  add("--train.lr", t.lr, "peak learning rate");
-  add("--train.warmup_steps", t.warmup_steps, "linear warm-up steps");
-  add("--train.min_lr", t.min_lr, "learning rate at the end of the cosine decay");
-  add("--train.weight_decay", t.weight_decay, "AdamW weight decay");
-  add("--train.beta1", t.beta1, "AdamW beta1");
-  add("--train.beta2", t.beta2, "AdamW beta2");
-  add("--train.eps", t.eps, "AdamW epsilon");
-  add("--train.grad_clip", t.grad_clip, "global gradient-norm clip (0: none)");
-  add("--train.seed", t.seed, "seed of weights, data order and stochastic rounding");
-  add("--train.eval_interval", t.eval_interval, "steps between evaluations (0: none)");
-  add("--train.eval_steps", t.eval_steps, "validation batches per evaluation");
-  add("--train.non_finite", non_finite_, "skip or stop on a non-finite loss or gradient norm");
-  add("--train.checkpoint_interval", t.checkpoint_interval, "steps between checkpoints (0: none)");
-  add("--train.checkpoint_dir", t.checkpoint_dir, "checkpoint folder");
-  add("--recipe.attention", recipe_attention_, "bf16, fp8 or mxfp4 for the MLA projections");
-  add("--recipe.dense_mlp", recipe_dense_, "bf16, fp8 or mxfp4 for the dense FFN");
-  add("--recipe.shared_experts", recipe_shared_, "bf16, fp8 or mxfp4 for the shared experts");
-  add("--recipe.routed_experts", recipe_routed_, "bf16, fp8 or mxfp4 for the routed experts");
-  app.add_option("--recompute.modules", cfg.recompute.modules,
-                 "modules recomputed in backward: mla_up_proj core_attn layernorm moe_act moe mlp shared_experts "
-                 "full (none: keep every activation)")
-      ->expected(0, CLI::detail::expected_max_vector_size)
-      ->group("Configuration");
+  add("model.name", m.name, "preset name, for reports");
+  add("model.vocab_size", m.vocab_size, "tokenizer vocabulary (the shards' vocab_size)");
+  add("model.hidden", m.hidden, "d_model");
+  add("model.layers", m.layers, "decoder layers");
+  add("model.n_dense_layers", m.n_dense_layers, "first layers with a dense FFN instead of MoE");
+  add("model.heads", m.heads, "attention heads");
+  add("model.q_lora_rank", m.q_lora_rank, "query down-projection rank (0: direct projection)");
+  add("model.kv_lora_rank", m.kv_lora_rank, "joint key/value compression rank");
+  add("model.qk_nope_head_dim", m.qk_nope_head_dim, "per-head query/key dims without RoPE");
+  add("model.qk_rope_head_dim", m.qk_rope_head_dim, "per-head decoupled RoPE dims");
+  add("model.v_head_dim", m.v_head_dim, "per-head value dims");
+  add("model.dense_ffn", m.dense_ffn, "dense SwiGLU intermediate size");
+  add("model.rope_theta", m.rope_theta, "RoPE base");
+  add("model.norm_eps", m.norm_eps, "RMSNorm epsilon");
+  add("moe.routed_experts", e.routed_experts, "routed experts per MoE layer");
+  add("moe.shared_experts", e.shared_experts, "shared experts per MoE layer");
+  add("moe.top_k", e.top_k, "routed experts per token");
+  add("moe.expert_ffn", e.expert_ffn, "expert intermediate size");
+  add("moe.router", router_, "v3 (sigmoid, aux-loss-free bias) or v2 (softmax, balance loss)");
+  add("moe.routed_scale", e.routed_scale, "routed_scaling_factor");
+  add("moe.aux_alpha", e.aux_alpha, "v2 balance loss coefficient");
+  add("moe.bias_update_rate", e.bias_update_rate, "v3 aux-loss-free bias update speed");
+  add("train.data_dir", t.data_dir, "token shards from make data");
+  add("train.seq_len", t.seq_len, "tokens per row");
+  add("train.micro_batch", t.micro_batch, "rows per micro-batch");
+  add("train.grad_accum", t.grad_accum, "micro-batches per optimizer step");
+  add("train.steps", t.steps, "optimizer steps");
+  add("train.lr", t.lr, "peak learning rate");
+  add("train.warmup_steps", t.warmup_steps, "linear warm-up steps");
+  add("train.min_lr", t.min_lr, "learning rate at the end of the cosine decay");
+  add("train.weight_decay", t.weight_decay, "AdamW weight decay");
+  add("train.beta1", t.beta1, "AdamW beta1");
+  add("train.beta2", t.beta2, "AdamW beta2");
+  add("train.eps", t.eps, "AdamW epsilon");
+  add("train.grad_clip", t.grad_clip, "global gradient-norm clip (0: none)");
+  add("train.seed", seed_, "seed of weights, data order and stochastic rounding");
+  add("train.eval_interval", t.eval_interval, "steps between evaluations (0: none)");
+  add("train.eval_steps", t.eval_steps, "validation batches per evaluation");
+  add("train.non_finite", non_finite_, "skip or stop on a non-finite loss or gradient norm");
+  add("train.checkpoint_interval", t.checkpoint_interval, "steps between checkpoints (0: none)");
+  add("train.checkpoint_dir", t.checkpoint_dir, "checkpoint folder");
+  add("recipe.attention", recipe_attention_, "bf16, fp8 or mxfp4 for the MLA projections");
+  add("recipe.dense_mlp", recipe_dense_, "bf16, fp8 or mxfp4 for the dense FFN");
+  add("recipe.shared_experts", recipe_shared_, "bf16, fp8 or mxfp4 for the shared experts");
+  add("recipe.routed_experts", recipe_routed_, "bf16, fp8 or mxfp4 for the routed experts");
+  add("recompute.modules", cfg.recompute.modules,
+      "modules recomputed in backward: mla_up_proj core_attn layernorm moe_act moe mlp shared_experts full (none: "
+      "keep every activation)");
+  options_.back()->expected(0, CLI::detail::expected_max_vector_size);
+}
+
+void ConfigOptions::check_required(const std::set<std::string>& set) const {
+  std::vector<const char*> required = {"model.vocab_size",       "model.hidden",           "model.layers",
+                                       "model.heads",            "model.kv_lora_rank",     "model.qk_nope_head_dim",
+                                       "model.qk_rope_head_dim", "model.v_head_dim",       "train.seq_len",
+                                       "train.micro_batch",      "train.steps",            "train.lr"};
+  if (cfg_.model.n_dense_layers > 0) required.push_back("model.dense_ffn");
+  if (cfg_.model.n_dense_layers < cfg_.model.layers)
+    for (const char* key : {"moe.routed_experts", "moe.top_k", "moe.expert_ffn"}) required.push_back(key);
+  for (const char* key : required)
+    FP4MOE_CHECK(set.count(key), "{} is missing (set it in the config file{} or with --{})", key,
+                 config_path_.empty() ? "" : fmt::format(" '{}'", config_path_), key);
 }
 
 void ConfigOptions::load_config_file() {
+  std::set<std::string> set;  // the keys given on the command line or in the file
+  for (size_t i = 0; i < fields_.size(); ++i)
+    if (options_[i]->count() > 0) set.insert(fields_[i].key);
   if (!config_path_.empty()) {
     std::error_code ec;
     FP4MOE_CHECK(std::filesystem::is_regular_file(config_path_, ec), "config file '{}' does not exist or is not a file",
                  config_path_);
-    std::vector<CLI::ConfigItem> items;
-    try {
-      items = CLI::ConfigTOML().from_file(config_path_);
-    } catch (const CLI::Error& err) {
-      FP4MOE_CHECK(false, "config file '{}': cannot read: {}", config_path_, err.what());
-    }
-    for (const CLI::ConfigItem& item : items) {
-      if (item.name == "++" || item.name == "--") continue;  // section open/close markers
-      const std::string key = item.fullname();
-      CLI::Option* opt = app_.get_option_no_throw("--" + key);
-      FP4MOE_CHECK(opt != nullptr && key != "config",
-                   "config file '{}': unknown option '{}' (a key of a [section]; fp4moe train --help lists them)",
-                   config_path_, key);
-      if (opt->count() > 0) continue;  // given on the command line: that value wins
-      try {
-        // An empty array (`modules = []`) as one empty value: a list drops it, a number rejects it.
-        opt->add_result(item.inputs.empty() ? std::vector<std::string>{""} : item.inputs);
-        opt->run_callback();
-      } catch (const CLI::Error& err) {
-        FP4MOE_CHECK(false, "config file '{}': {} = [{}]: {}", config_path_, key, fmt::join(item.inputs, ", "),
-                     err.what());
-      }
-    }
+    const std::set<std::string> from_file = read_config_file(config_path_, fields_, set);
+    set.insert(from_file.begin(), from_file.end());
   }
+  check_required(set);
+  FP4MOE_CHECK(seed_ >= 0, "train.seed must be >= 0, got {}", seed_);
+  cfg_.train.seed = static_cast<uint64_t>(seed_);
   const std::string where = config_path_.empty() ? "" : fmt::format(" (config '{}')", config_path_);
   FP4MOE_CHECK(router_ == "v3" || router_ == "v2", "moe.router = '{}'{}: expected v3 (sigmoid) or v2 (softmax)",
                router_, where);
@@ -173,12 +193,95 @@ namespace {
 
 void check_positive(int64_t v, const char* name) { FP4MOE_CHECK(v >= 1, "{} must be >= 1, got {}", name, v); }
 
+// A float option: finite and within [lo or (lo, and, when hi is finite, hi] or hi). The message states the range.
+void check_float(double v, const char* name, double lo, bool lo_closed, double hi = INFINITY, bool hi_closed = false) {
+  const bool in_range = (lo_closed ? v >= lo : v > lo) && (hi_closed ? v <= hi : v < hi);
+  const std::string range = std::isinf(hi) ? fmt::format("{} {}", lo_closed ? ">=" : ">", lo)
+                                           : fmt::format("in {}{}, {}{}", lo_closed ? '[' : '(', lo, hi,
+                                                         hi_closed ? ']' : ')');
+  FP4MOE_CHECK(std::isfinite(v) && in_range, "{} must be a finite number {}, got {}", name, range, v);
+}
+
+// The product of `factors` ({option name, value >= 0}) as int64_t; throws, naming the options, when it does not
+// fit. `what` says what the product is.
+int64_t checked_product(const char* what, std::initializer_list<std::pair<const char*, int64_t>> factors) {
+  int64_t p = 1;
+  bool overflow = false;
+  std::vector<std::string> names, values;
+  for (const auto& [name, v] : factors) {
+    overflow |= __builtin_mul_overflow(p, v, &p);
+    names.push_back(name);
+    values.push_back(std::to_string(v));
+  }
+  FP4MOE_CHECK(!overflow, "{} = {} = {} does not fit in a 64-bit integer (at most {}): lower them", what,
+               fmt::join(names, " x "), fmt::join(values, " x "), std::numeric_limits<int64_t>::max());
+  return p;
+}
+
+int64_t checked_sum(const char* what, const char* a_name, int64_t a, const char* b_name, int64_t b) {
+  int64_t s = 0;
+  FP4MOE_CHECK(!__builtin_add_overflow(a, b, &s), "{} = {} + {} = {} + {} does not fit in a 64-bit integer: lower them",
+               what, a_name, b_name, a, b);
+  return s;
+}
+
 // GEMM dimensions: multiples of 16 (grouped_gemm.h, cuBLASLt FP8), 32 where an MXFP4 recipe blocks along them.
 void check_gemm_dim(int64_t v, const char* name, bool mx) {
   const int64_t m = mx ? 32 : 16;
   FP4MOE_CHECK(v % m == 0, "{} = {} must be a multiple of {} ({})", name, v, m,
                mx ? "an mxfp4 recipe quantizes blocks of 32 along the GEMM's K"
                   : "the FP8/BF16 GEMMs take N and K in multiples of 16");
+}
+
+// Every size derived from the configuration as a product, once the factors are known to be positive.
+void check_derived_sizes(const TrainerConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  const MoeConfig& e = cfg.moe;
+  const TrainingConfig& t = cfg.train;
+  const int64_t row = checked_sum("tokens per row", "train.seq_len", t.seq_len, "1", 1);
+  checked_product("tokens read per micro-batch", {{"train.micro_batch", t.micro_batch}, {"(train.seq_len + 1)", row}});
+  const int64_t tokens = checked_product("tokens per micro-batch",
+                                         {{"train.seq_len", t.seq_len}, {"train.micro_batch", t.micro_batch}});
+  const int64_t step = checked_product("tokens per step", {{"train.seq_len", t.seq_len},
+                                                           {"train.micro_batch", t.micro_batch},
+                                                           {"train.grad_accum", t.grad_accum}});
+  checked_product("tokens of the run", {{"tokens per step", step}, {"train.steps", t.steps}});
+  checked_product("logits per micro-batch", {{"tokens per micro-batch", tokens}, {"model.vocab_size", m.vocab_size}});
+  checked_product("activations per micro-batch", {{"tokens per micro-batch", tokens}, {"model.hidden", m.hidden}});
+  checked_product("embedding weights", {{"model.vocab_size", m.vocab_size}, {"model.hidden", m.hidden}});
+  const int64_t q_in = m.q_lora_rank > 0 ? m.q_lora_rank : m.hidden;
+  checked_product("query up-projection weights", {{m.q_lora_rank > 0 ? "model.q_lora_rank" : "model.hidden", q_in},
+                                                  {"model.heads", m.heads},
+                                                  {"model.qk_nope_head_dim + qk_rope_head_dim", m.qk_head_dim()}});
+  checked_product("key/value up-projection weights",
+                  {{"model.kv_lora_rank", m.kv_lora_rank},
+                   {"model.heads", m.heads},
+                   {"model.qk_nope_head_dim + v_head_dim",
+                    checked_sum("key/value head dims", "model.qk_nope_head_dim", m.qk_nope_head_dim,
+                                "model.v_head_dim", m.v_head_dim)}});
+  checked_product("output projection weights",
+                  {{"model.heads", m.heads}, {"model.v_head_dim", m.v_head_dim}, {"model.hidden", m.hidden}});
+  checked_product("dense FFN weights", {{"model.n_dense_layers", m.n_dense_layers},
+                                        {"3", 3},
+                                        {"model.hidden", m.hidden},
+                                        {"model.dense_ffn", m.dense_ffn}});
+  if (m.n_dense_layers < m.layers) {
+    const int64_t moe_layers = m.layers - m.n_dense_layers;
+    checked_product("routed expert weights", {{"MoE layers", moe_layers},
+                                              {"moe.routed_experts", e.routed_experts},
+                                              {"3", 3},
+                                              {"model.hidden", m.hidden},
+                                              {"moe.expert_ffn", e.expert_ffn}});
+    checked_product("shared expert weights", {{"MoE layers", moe_layers},
+                                              {"moe.shared_experts", e.shared_experts},
+                                              {"3", 3},
+                                              {"model.hidden", m.hidden},
+                                              {"moe.expert_ffn", e.expert_ffn}});
+    checked_product("routed activations per micro-batch", {{"tokens per micro-batch", tokens},
+                                                           {"moe.top_k", e.top_k},
+                                                           {"2", 2},
+                                                           {"moe.expert_ffn", e.expert_ffn}});
+  }
 }
 
 }  // namespace
@@ -207,16 +310,26 @@ void validate_config(const TrainerConfig& cfg) {
                m.heads, m.hidden);
   FP4MOE_CHECK(m.qk_rope_head_dim % 2 == 0, "model.qk_rope_head_dim = {} must be even (RoPE rotates pairs)",
                m.qk_rope_head_dim);
-  FP4MOE_CHECK(m.rope_theta > 0, "model.rope_theta must be > 0, got {}", m.rope_theta);
-  FP4MOE_CHECK(m.norm_eps > 0 && m.norm_eps < 1, "model.norm_eps must be in (0, 1), got {}", m.norm_eps);
+  check_float(m.rope_theta, "model.rope_theta", 0, false);
+  check_float(m.norm_eps, "model.norm_eps", 0, false, 1, false);
+  check_float(e.routed_scale, "moe.routed_scale", 0, false);
+  check_float(e.aux_alpha, "moe.aux_alpha", 0, true);
+  check_float(e.bias_update_rate, "moe.bias_update_rate", 0, true);
+  const int64_t qk_head_dim = checked_sum("the query/key head dim", "model.qk_nope_head_dim", m.qk_nope_head_dim,
+                                          "model.qk_rope_head_dim", m.qk_rope_head_dim);
+  const int64_t qk_width = checked_product("the query/key width", {{"model.heads", m.heads},
+                                                                  {"model.qk_nope_head_dim + qk_rope_head_dim",
+                                                                   qk_head_dim}});
+  const int64_t v_width =
+      checked_product("the value width", {{"model.heads", m.heads}, {"model.v_head_dim", m.v_head_dim}});
 
   const bool attn_mx = r.attention == Recipe::mxfp4;
   check_gemm_dim(m.hidden, "model.hidden", attn_mx || r.dense_mlp == Recipe::mxfp4 ||
                                                r.shared_experts == Recipe::mxfp4 || r.routed_experts == Recipe::mxfp4);
   if (m.q_lora_rank > 0) check_gemm_dim(m.q_lora_rank, "model.q_lora_rank", attn_mx);
   check_gemm_dim(m.kv_lora_rank, "model.kv_lora_rank", attn_mx);
-  check_gemm_dim(m.heads * m.v_head_dim, "model.heads x model.v_head_dim", attn_mx);
-  check_gemm_dim(m.heads * m.qk_head_dim(), "model.heads x (qk_nope_head_dim + qk_rope_head_dim)", false);
+  check_gemm_dim(v_width, "model.heads x model.v_head_dim", attn_mx);
+  check_gemm_dim(qk_width, "model.heads x (qk_nope_head_dim + qk_rope_head_dim)", false);
   if (m.n_dense_layers > 0) {
     check_positive(m.dense_ffn, "model.dense_ffn");
     check_gemm_dim(m.dense_ffn, "model.dense_ffn", r.dense_mlp == Recipe::mxfp4);
@@ -234,24 +347,22 @@ void validate_config(const TrainerConfig& cfg) {
     check_positive(e.expert_ffn, "moe.expert_ffn");
     check_gemm_dim(e.expert_ffn, "moe.expert_ffn",
                    r.routed_experts == Recipe::mxfp4 || (e.shared_experts > 0 && r.shared_experts == Recipe::mxfp4));
-    FP4MOE_CHECK(e.routed_scale > 0, "moe.routed_scale must be > 0, got {}", e.routed_scale);
-    FP4MOE_CHECK(e.aux_alpha >= 0, "moe.aux_alpha must be >= 0, got {}", e.aux_alpha);
-    FP4MOE_CHECK(e.bias_update_rate >= 0, "moe.bias_update_rate must be >= 0, got {}", e.bias_update_rate);
   }
 
   check_positive(t.seq_len, "train.seq_len");
   check_positive(t.micro_batch, "train.micro_batch");
   check_positive(t.grad_accum, "train.grad_accum");
   check_positive(t.steps, "train.steps");
-  FP4MOE_CHECK(t.lr > 0, "train.lr must be > 0, got {}", t.lr);
-  FP4MOE_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr = {} must be in [0, train.lr = {}]", t.min_lr, t.lr);
+  check_float(t.lr, "train.lr", 0, false);
+  check_float(t.min_lr, "train.min_lr", 0, true);
+  FP4MOE_CHECK(t.min_lr <= t.lr, "train.min_lr = {} must be <= train.lr = {}", t.min_lr, t.lr);
   FP4MOE_CHECK(t.warmup_steps >= 0 && t.warmup_steps <= t.steps,
                "train.warmup_steps = {} must be in [0, train.steps = {}]", t.warmup_steps, t.steps);
-  FP4MOE_CHECK(t.weight_decay >= 0, "train.weight_decay must be >= 0, got {}", t.weight_decay);
-  FP4MOE_CHECK(t.beta1 >= 0 && t.beta1 < 1, "train.beta1 must be in [0, 1), got {}", t.beta1);
-  FP4MOE_CHECK(t.beta2 >= 0 && t.beta2 < 1, "train.beta2 must be in [0, 1), got {}", t.beta2);
-  FP4MOE_CHECK(t.eps > 0, "train.eps must be > 0, got {}", t.eps);
-  FP4MOE_CHECK(t.grad_clip >= 0, "train.grad_clip must be >= 0 (0: no clipping), got {}", t.grad_clip);
+  check_float(t.weight_decay, "train.weight_decay", 0, true);
+  check_float(t.beta1, "train.beta1", 0, true, 1, false);
+  check_float(t.beta2, "train.beta2", 0, true, 1, false);
+  check_float(t.eps, "train.eps", 0, false);
+  check_float(t.grad_clip, "train.grad_clip", 0, true);  // 0: no clipping
   FP4MOE_CHECK(t.eval_interval >= 0, "train.eval_interval must be >= 0 (0: no evaluation), got {}", t.eval_interval);
   FP4MOE_CHECK(t.eval_interval == 0 || t.eval_steps >= 1,
                "train.eval_steps must be >= 1 when train.eval_interval = {} > 0, got {}", t.eval_interval,
@@ -262,6 +373,7 @@ void validate_config(const TrainerConfig& cfg) {
                "train.checkpoint_interval = {} needs train.checkpoint_dir", t.checkpoint_interval);
   FP4MOE_CHECK(!t.data_dir.empty(), "train.data_dir is empty: name the folder of token shards (make data writes "
                                     "data/cache/shards)");
+  check_derived_sizes(cfg);
 
   const auto& known = recompute_module_names();
   std::set<std::string> seen;
@@ -282,14 +394,27 @@ void validate_data(const TrainerConfig& cfg) {
                cfg.model.vocab_size);
   std::error_code ec;
   FP4MOE_CHECK(std::filesystem::is_directory(dir, ec),
-               "train.data_dir '{}' is not a folder (run make data, or point it at the folder of token shards)", dir);
-  std::vector<std::string> shards = find_token_shards(dir, "train");
-  if (cfg.train.eval_interval > 0) {
-    std::vector<std::string> val = find_token_shards(dir, "val");
-    shards.insert(shards.end(), val.begin(), val.end());
-  }
-  for (const std::string& path : shards)  // header checks, including the vocabulary; payloads are read later
-    TokenShard(path, static_cast<uint32_t>(cfg.model.vocab_size), /*verify_payload=*/false);
+               "train.data_dir {} is not a folder (make it with {}, or point it at the folder of token shards)",
+               folder_for_message(dir), make_data_command(dir));
+  const std::vector<std::string> train = find_token_shards(dir, "train");
+  const std::vector<std::string> val =
+      cfg.train.eval_interval > 0 ? find_token_shards(dir, "val") : std::vector<std::string>{};
+  // Header checks, including the vocabulary (payloads are read later), and one batch per split: B windows of
+  // T + 1 tokens, a shard of n tokens holding floor((n - 1) / T) of them (trainer/data/loader.h).
+  const auto T = static_cast<uint64_t>(cfg.train.seq_len), B = static_cast<uint64_t>(cfg.train.micro_batch);
+  auto check_split = [&](const std::vector<std::string>& shards, const char* split, const char* needs) {
+    uint64_t windows = 0;
+    for (const std::string& path : shards) {
+      const uint64_t n = TokenShard(path, static_cast<uint32_t>(cfg.model.vocab_size), false).header().token_count;
+      windows += n >= 1 ? (n - 1) / T : 0;
+    }
+    FP4MOE_CHECK(windows >= B,
+                 "train.data_dir '{}': the {} shards hold {} windows of train.seq_len + 1 = {} tokens, fewer than one "
+                 "batch of train.micro_batch = {} rows ({}; lower train.seq_len or train.micro_batch, or add data)",
+                 dir, split, windows, T + 1, B, needs);
+  };
+  check_split(train, "train", "training needs one per step");
+  if (!val.empty()) check_split(val, "val", "evaluation needs one; train.eval_interval = 0 turns it off");
 }
 
 std::string model_config_text(const TrainerConfig& cfg) {

@@ -1,6 +1,6 @@
 // The reference trainer's configuration: model shape, training schedule, recipe per layer class and recompute
-// policy (DESIGN.md "Trainer"), read from a TOML file through CLI11's config reader, with any option overridable
-// on the command line: `fp4moe train --config configs/small.toml --train.lr 3e-4`.
+// policy (DESIGN.md "Trainer"), read from a TOML file, with any option overridable on the command line:
+// `fp4moe train --config configs/small.toml --train.lr 3e-4`.
 //
 // Every option is named `section.key`, in the file as
 //
@@ -8,25 +8,37 @@
 //   lr = 3e-4            # a comment
 //
 // and on the command line as `--train.lr 3e-4`; the command line wins over the file. Sections: model, moe,
-// train, recipe, recompute (see the presets in configs/ for every key with its meaning).
+// train, recipe, recompute (see the presets in configs/ for every key with its meaning). Integers on the command
+// line must be decimal and within int64_t (010, 0x40 and 99999999999999999999 are rejected).
 //
-// The TOML subset CLI11 2.1's reader understands, and so the one these files may use: `[section]` headers,
-// `key = value` lines, integers, floats (3e-4), booleans, "strings" without escapes and without '#' (a '#'
-// starts a comment anywhere on the line), arrays of strings ["a", "b"] (also over several lines). No inline
-// tables, no multi-line strings, no dotted keys inside a section.
+// The file is TOML v1.0 (https://toml.io/en/v1.0.0), read by toml++ (trainer/config_file.h): comments anywhere
+// after a '#' outside a string (a '#' inside "a#b" is part of the string), a UTF-8 byte order mark, basic and
+// literal strings with escapes ("a\tb", 'C:\path'), multi-line strings, arrays over several lines with comments
+// and a trailing comma, `section.key = v` dotted keys and inline tables. Each option takes one TOML type: an
+// integer (64 = ok, 64.0 is not) for the sizes, steps and seed; a float or an integer (3e-4, 1, inf and nan
+// parse, validation rejects the last two) for the rates and coefficients; a string for names, paths, recipes,
+// router and policy; an array of strings for recompute.modules (`[]`: none).
 //
-// Loading rejects (fp4moe::Error naming the file and the key): an unreadable file, a key no option has, a value
-// that does not convert (hidden = "abc"), a key given twice. Validation (validate_config) then rejects shapes and
-// settings that cannot run, before anything is allocated; validate_data opens the shard headers.
+// Loading rejects (fp4moe::Error, one line naming the file, with the line and column): a file that is not TOML
+// (an unterminated string, a key or section given twice, ...), a key no option has, a value of the wrong type;
+// then a required key set neither in the file nor on the command line ("model.hidden is missing"). Required are
+// the keys whose default cannot run: the shape (model.vocab_size, hidden, layers, heads, kv_lora_rank,
+// qk_nope_head_dim, qk_rope_head_dim, v_head_dim; model.dense_ffn when n_dense_layers > 0; moe.routed_experts,
+// top_k and expert_ffn when some layer is MoE) and train.seq_len, micro_batch, steps and lr. The other keys have
+// working defaults (n_dense_layers, q_lora_rank and shared_experts 0: none). Validation (validate_config) then
+// rejects shapes and settings that cannot run, before anything is allocated; validate_data opens the shard
+// headers.
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "kernels/nn/router.h"
+#include "trainer/config_file.h"
 
 namespace fp4moe {
 
@@ -93,13 +105,14 @@ struct TrainingConfig {
   double weight_decay = 0;       // AdamW decoupled weight decay
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;        // global gradient-norm clip (0: none)
-  uint64_t seed = 0;             // weights, data order, stochastic rounding
+  uint64_t seed = 0;             // weights, data order, stochastic rounding (set as a signed value >= 0)
   int64_t eval_interval = 0;     // steps between evaluations (0: none)
   int64_t eval_steps = 0;        // validation batches per evaluation
   NonFinitePolicy non_finite = NonFinitePolicy::skip;
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: none)
   std::string checkpoint_dir;        // where checkpoints go (needed when checkpoint_interval > 0)
 
+  // seq_len x micro_batch x grad_accum (validate_config checks that it fits in int64_t).
   int64_t tokens_per_step() const { return seq_len * micro_batch * grad_accum; }
 };
 
@@ -132,16 +145,22 @@ struct TrainerConfig {
 class ConfigOptions {
  public:
   ConfigOptions(CLI::App& app, TrainerConfig& cfg);
-  // Reads the file named by --config, if any, and assigns every key not already given on the command line, then
-  // converts the text options (recipes, router, policy, recompute) into `cfg`. Throws fp4moe::Error as described
-  // at the top of this file.
+  // Reads the file named by --config, if any (read_config_file), assigning every key not given on the command
+  // line, checks that every required key was set in one of them and that train.seed >= 0, then converts the text
+  // options (recipes, router, policy, recompute) into `cfg`. Throws fp4moe::Error as described at the top of this
+  // file.
   void load_config_file();
   const std::string& config_path() const { return config_path_; }
 
  private:
-  CLI::App& app_;
+  // Throws "KEY is missing (...)" for the first required key (top of this file) not in `set`.
+  void check_required(const std::set<std::string>& set) const;
+
   TrainerConfig& cfg_;
   std::string config_path_;
+  std::vector<ConfigField> fields_;
+  std::vector<CLI::Option*> options_;  // options_[i] is the --fields_[i].key option
+  int64_t seed_ = 0;                   // train.seed, read signed so that a negative value is rejected, not wrapped
   std::string router_, non_finite_, recipe_attention_, recipe_dense_, recipe_shared_, recipe_routed_;
 };
 
@@ -155,12 +174,18 @@ TrainerConfig parse_config_args(const std::vector<std::string>& args);
 // cannot take (hidden, ffn sizes and ranks multiples of 16; multiples of 32 for an mxfp4 class, MX
 // blocks); bad schedule values (warm-up > steps, min_lr > lr, betas outside [0, 1), eps <= 0, negative clip or
 // weight decay); checkpoint_interval > 0 without checkpoint_dir; unknown or duplicate recompute modules, and
-// `full` combined with others. The MoE settings are checked only when some layer is MoE.
+// `full` combined with others. Every float option must be finite and in its range, whatever the layers (the
+// message states the range: "train.lr must be a finite number > 0, got inf"). Every size derived as a product
+// (tokens per micro-batch, per step and per run, logits per micro-batch, heads x head dims, the largest weight
+// tensors) must fit in int64_t, checked without overflowing. The other MoE settings are checked only when some
+// layer is MoE.
 void validate_config(const TrainerConfig& cfg);
 
 // Checks the data before anything is allocated: model.vocab_size <= 65536 (uint16 tokens), train.data_dir exists
-// and holds train shards (and val shards when eval_interval > 0), and every shard header's vocabulary equals
-// model.vocab_size (TokenShard, header only). Throws fp4moe::Error naming the folder or file.
+// and holds train shards (and val shards when eval_interval > 0), every shard header's vocabulary equals
+// model.vocab_size (TokenShard, header only), and each split read holds at least one batch of the configured
+// shape: train.micro_batch windows of train.seq_len + 1 tokens (windows as in trainer/data/loader.h). Throws
+// fp4moe::Error naming the folder or file. Call validate_config first.
 void validate_data(const TrainerConfig& cfg);
 
 // A canonical text of the settings a checkpoint depends on (the [model] and [moe] sections and the recipe), one

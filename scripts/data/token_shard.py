@@ -15,7 +15,8 @@ Header, all integers little-endian:
       32    8 document_count   number of eot_token in the payload
       40    4 token_bytes      2 (uint16 tokens)
       44    4 payload_crc32    CRC-32 (ISO-HDLC, as zlib.crc32) of the token bytes
-      48    4 tokenizer_crc32  CRC-32 of the sentencepiece .model file the shard was made with (0: unknown)
+      48    4 tokenizer_crc32  CRC-32 of the sentencepiece .model file the shard was made with (0: unknown), as
+                               tokenizer_crc32() computes it
       52    4 header_crc32     CRC-32 of header bytes 0..51
       56    8 reserved         zero
 """
@@ -38,6 +39,16 @@ assert _HEAD.size == 52
 
 class ShardError(ValueError):
     pass
+
+
+def tokenizer_crc32(model_path: str) -> int:
+    """CRC-32 (zlib.crc32) of the whole tokenizer model file, read in 1 MiB chunks: the header's tokenizer_crc32.
+    trainer/data/token_shard.h's tokenizer_model_crc32 computes the same value."""
+    crc = 0
+    with open(model_path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def _le_bytes(tokens: array) -> bytes:

@@ -1,6 +1,7 @@
 // Token shards and the data loader (trainer/data/): the on-disk header layout, rejection of every kind of bad shard
-// (each message must name the file and the fault), window geometry, determinism per seed, disjoint ranks, resume
-// from a saved state, and, when `make data` has run, the real shards.
+// (each message must name the file, the fault and the `make data` command that rebuilds it), shards of another
+// tokenizer than the one beside them, window geometry, determinism per seed, disjoint ranks, resume from a saved
+// state, and, when `make data` has run, the real shards.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "kernels/common/check.h"
+#include "trainer/config.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/token_shard.h"
 
@@ -185,6 +187,8 @@ class BadShard : public ::testing::Test {
     const std::string msg_ = open_error(__VA_ARGS__);                                 \
     EXPECT_NE(msg_.find(path_), std::string::npos) << "message: " << msg_;            \
     EXPECT_NE(msg_.find(fault), std::string::npos) << "message: " << msg_;            \
+    EXPECT_NE(msg_.find("rebuild it with `make data`"), std::string::npos)            \
+        << "the message must name the repair; message: " << msg_;                     \
   } while (0)
 
 TEST_F(BadShard, ValidShardOpens) { EXPECT_EQ(open_error(), ""); }
@@ -192,6 +196,7 @@ TEST_F(BadShard, ValidShardOpens) { EXPECT_EQ(open_error(), ""); }
 TEST_F(BadShard, MissingFile) {
   const auto missing = dir_.file("train_004.bin");
   EXPECT_REJECTED(TokenShard(missing, 1000), missing, "cannot open");
+  EXPECT_REJECTED(TokenShard(missing, 1000), missing, "rebuild it with `make data`");
 }
 
 TEST_F(BadShard, TruncatedHeader) {
@@ -251,7 +256,9 @@ TEST_F(BadShard, CorruptedPayloadPassesWithoutVerification) {
   EXPECT_EQ(error_of([&] { TokenShard s(path_, 1000, /*verify_payload=*/false); }), "");
 }
 
-TEST_F(BadShard, VocabularyMismatchWithTheModel) { EXPECT_OPEN_FAILS("the model expects 32768", 32768); }
+TEST_F(BadShard, VocabularyMismatchWithTheModel) {
+  EXPECT_REJECTED(TokenShard(path_, 32768), path_, "the model expects 32768");
+}
 
 TEST_F(BadShard, TokenOutsideTheVocabulary) {
   // A consistent file (CRCs right) whose header claims a smaller vocabulary than its tokens use.
@@ -270,6 +277,98 @@ TEST_F(BadShard, EotTokenOutsideTheVocabulary) {
   put_u32(bytes_, 20, 1000);
   reseal_header(bytes_);
   EXPECT_OPEN_FAILS("eot_token 1000");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The repair command, the tokenizer checksum, relative folders
+
+TEST(TokenShardRepair, MessagesNameTheMakeDataCommandOfTheirCache) {
+  EXPECT_EQ(make_data_command("data/cache/shards"), "`make data`");
+  EXPECT_EQ(make_data_command("./data/cache/shards/"), "`make data`");
+  EXPECT_EQ(make_data_command("/scratch/c/shards"), "`make data DATA_CACHE=/scratch/c`");
+  EXPECT_EQ(make_data_command("other/shards"),
+            fmt::format("`make data DATA_CACHE={}`", (fs::current_path() / "other").string()));
+  EXPECT_EQ(make_data_command("/scratch/tokens"), "`make data` (it writes DATA_CACHE/shards)");
+
+  // A truncated and a corrupted shard of a cache elsewhere: the message names that cache.
+  TempDir dir;
+  fs::create_directories(dir.file("cache/shards"));
+  const std::string path = dir.file("cache/shards/train_000.bin");
+  const std::string cache = fs::path(dir.file("cache")).lexically_normal().string();
+  write_token_shard(path, random_tokens(3000, 1000, 2, 5), 1000, 2);
+  auto bytes = read_bytes(path);
+  bytes[64 + 2 * 7] ^= 0x10;
+  write_bytes(path, bytes);
+  EXPECT_REJECTED(TokenShard(path, 1000), path, "(corrupted tokens); rebuild it with `make data DATA_CACHE=" + cache);
+  bytes.resize(bytes.size() - 6);
+  write_bytes(path, bytes);
+  EXPECT_REJECTED(TokenShard(path, 1000), path, "(truncated); rebuild it with `make data DATA_CACHE=" + cache);
+}
+
+TEST(TokenizerChecksum, IsTheCrc32OfTheWholeModelFile) {
+  TempDir dir;
+  write_bytes(dir.file("check.model"), std::vector<uint8_t>{'1', '2', '3', '4', '5', '6', '7', '8', '9'});
+  EXPECT_EQ(tokenizer_model_crc32(dir.file("check.model")), 0xCBF43926u);  // zlib.crc32(b"123456789")
+  std::vector<uint8_t> big(3 * (1 << 20) + 17);  // more than one 1 MiB read
+  std::mt19937 rng(3);
+  for (auto& b : big) b = static_cast<uint8_t>(rng());
+  write_bytes(dir.file("big.model"), big);
+  EXPECT_EQ(tokenizer_model_crc32(dir.file("big.model")), crc32(big.data(), big.size()));
+  EXPECT_REJECTED(tokenizer_model_crc32(dir.file("none.model")), "none.model", "cannot open");
+}
+
+// A `make data` layout under a temporary folder: cache/shards/{train,val}_000.bin and cache/tokenizer/spm.model.
+struct CacheLayout {
+  TempDir dir;
+  std::string shards = dir.file("cache/shards"), model = dir.file("cache/tokenizer/spm.model");
+  std::vector<uint8_t> model_bytes = std::vector<uint8_t>(5000, 0x5A);
+  uint32_t model_crc = crc32(model_bytes.data(), model_bytes.size());
+
+  CacheLayout() {
+    fs::create_directories(shards);
+    fs::create_directories(fs::path(model).parent_path());
+    write_bytes(model, model_bytes);
+    write_shards(model_crc);
+  }
+  void write_shards(uint32_t tokenizer_crc) const {
+    for (const char* name : {"train_000.bin", "val_000.bin"})
+      write_token_shard((fs::path(shards) / name).string(), random_tokens(500, 1000, 2, 1), 1000, 2, tokenizer_crc);
+  }
+};
+
+TEST(FindTokenShards, RefusesShardsOfAnotherTokenizerThanTheOneBesideThem) {
+  CacheLayout c;
+  EXPECT_EQ(find_token_shards(c.shards, "train").size(), 1u);  // made with the model beside them
+  c.write_shards(0);                                            // made with an unknown tokenizer: accepted
+  EXPECT_EQ(find_token_shards(c.shards, "val").size(), 1u);
+
+  const uint32_t stale = c.model_crc ^ 0x00FF00FFu;
+  c.write_shards(stale);
+  const std::string msg = error_of([&] { find_token_shards(c.shards, "train"); });
+  for (const std::string& part : {std::string("train_000.bin"), fmt::format("{:#010x}", stale),
+                                  fmt::format("{:#010x}", c.model_crc), std::string("stale shards"),
+                                  std::string("`make data DATA_CACHE=")})
+    EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
+
+  // The model in the shard folder itself is used as well; without any model nothing is compared.
+  fs::rename(c.model, fs::path(c.shards) / "spm.model");
+  EXPECT_NE(error_of([&] { find_token_shards(c.shards, "val"); }).find("stale shards"), std::string::npos);
+  fs::remove(fs::path(c.shards) / "spm.model");
+  EXPECT_EQ(error_of([&] { find_token_shards(c.shards, "val"); }), "");
+}
+
+TEST(FindTokenShards, ARelativeFolderIsNamedWithTheWorkingDirectory) {
+  const std::string relative = "no_such_folder_of_shards/shards";
+  const std::string tried = (fs::current_path() / relative).string();
+  for (const std::string& msg : {error_of([&] { find_token_shards(relative, "train"); }), error_of([&] {
+         TrainerConfig cfg;
+         cfg.train.data_dir = relative;
+         validate_data(cfg);
+       })}) {
+    EXPECT_NE(msg.find("relative to the working directory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(tried), std::string::npos) << msg;
+    EXPECT_NE(msg.find("make data DATA_CACHE="), std::string::npos) << msg;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

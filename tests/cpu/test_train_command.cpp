@@ -1,16 +1,23 @@
 // The options of `fp4moe train` (trainer/train/command_line.h) as the command parses them: defaults, --data,
-// --resume (a file, latest = the highest step), and each option error with its message; the stop signals.
+// --resume (a file, latest = the highest step), --out (never an input or a special file; an existing file only
+// when the resumed run continues it, or with --overwrite: trainer/train/out_file.h), and each option error with
+// its message; the stop signals.
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <vector>
 
+#include "results/h5_file.h"
+#include "results/table.h"
 #include "tests/cpu/trainer_test_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data/token_shard.h"
 #include "trainer/train/command_line.h"
+#include "trainer/train/metrics.h"
 #include "trainer/train/resume.h"
 #include "trainer/train/stop_signals.h"
 
@@ -141,6 +148,120 @@ TEST(TrainCommand, ResumeLatestPicksTheHighestStep) {
   EXPECT_EQ(latest_checkpoint(empty.path().string()), "");
   expect_error_with([&] { latest_checkpoint(empty.file("absent")); }, {"does not exist or is not a folder"});
   expect_error_with([&] { resolve_resume_path("", dir.path().string()); }, {"--resume"});
+}
+
+// A result file of `run` under `cfg` as the trainer writes it, with one step row.
+void write_run_file(const std::string& path, const std::string& run, const TrainerConfig& cfg) {
+  TrainMetrics m(run, train_run_attributes(cfg), "fp4moe train", EnvInfo{});
+  m.add_step({1, 64, 10.0, 1e-3, 1.0, 1e3, 0.1, 0.5, 1.0, 0});
+  m.write(path);
+}
+
+std::string contents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(TrainCommand, OutIsNeverAnInputOrASpecialFile) {
+  TrainerTempDir dir;
+  const std::string config = dir.write("tiny.toml", contents(test::preset("tiny")));
+  std::filesystem::create_symlink(config, dir.file("config_link.h5"));
+  std::filesystem::create_hard_link(config, dir.file("config_hard.h5"));
+  for (const std::string& out : {config, dir.file("config_link.h5"), dir.file("config_hard.h5")}) {
+    SCOPED_TRACE(out);
+    expect_error_with([&] { parse_train_command({"--config", config, "--synthetic-data", "--out", out}); },
+                      {"--out '" + out + "' is the same file as --config '" + config + "'"});
+    // --overwrite never lets an output replace an input.
+    expect_error_with(
+        [&] { parse_train_command({"--config", config, "--synthetic-data", "--out", out, "--overwrite"}); },
+        {"is the same file as --config"});
+  }
+  EXPECT_EQ(contents(config), contents(test::preset("tiny")));
+
+  const std::string ckpt = dir.file(checkpoint_file_name(3));
+  write_tiny_checkpoint(ckpt, 3, tiny_hash());
+  expect_error_with([&] { parse_train_command(tiny({"--synthetic-data", "--resume", ckpt, "--out", ckpt})); },
+                    {"--out '" + ckpt + "' is the same file as --resume '" + ckpt + "'"});
+
+  std::vector<uint16_t> tokens(5000, 7);
+  tokens.back() = 2;
+  write_token_shard(dir.file("train_000.bin"), tokens, 32768, 2);
+  write_token_shard(dir.file("val_000.bin"), tokens, 32768, 2);
+  for (const char* shard : {"train_000.bin", "val_000.bin"})
+    expect_error_with(
+        [&] { parse_train_command(tiny({"--data", dir.path().string(), "--out", dir.file(shard), "--overwrite"})); },
+        {"is the same file as the token shard '" + dir.file(shard) + "'"});
+
+  expect_error_with([] { parse_train_command(tiny({"--synthetic-data", "--out", "/dev/null", "--overwrite"})); },
+                    {"--out '/dev/null' is a character device, expected a regular file"});
+  expect_error_with([&] { parse_train_command(tiny({"--synthetic-data", "--dry-run", "--out", dir.path().string()})); },
+                    {"is a folder"});
+  // A folder that does not exist yet is created by the run.
+  EXPECT_EQ(parse_train_command(tiny({"--synthetic-data", "--out", dir.file("new/r.h5")})).options.out_path,
+            dir.file("new/r.h5"));
+}
+
+TEST(TrainCommand, AnExistingOutNeedsOverwriteUnlessTheRunContinuesIt) {
+  TrainerTempDir dir;
+  const std::string old = dir.write("old.h5", "an earlier result");
+  for (bool dry : {false, true}) {
+    std::vector<std::string> args = tiny({"--synthetic-data", "--out", old});
+    if (dry) args.push_back("--dry-run");
+    expect_error_with([&] { parse_train_command(args); },
+                      {"--out '" + old + "' already exists", "expected a new path", "--overwrite"});
+    args.push_back("--overwrite");
+    const TrainRequest r = parse_train_command(args);
+    EXPECT_TRUE(r.options.replace_out);
+  }
+  EXPECT_EQ(contents(old), "an earlier result");
+  EXPECT_FALSE(parse_train_command(tiny({"--synthetic-data", "--out", dir.file("new.h5")})).options.replace_out);
+
+  // A fresh run does not continue a file of its own run either: it would start the curve again from step 1.
+  const TrainerConfig cfg = parse_config_args(tiny({}));
+  const std::string own = dir.file("own.h5");
+  write_run_file(own, "tiny", cfg);
+  expect_error_with([&] { parse_train_command(tiny({"--synthetic-data", "--out", own})); }, {"already exists"});
+
+  // A resume continues the file of its own run (same run name, same model configuration, nothing else in it).
+  const std::string ckpt = dir.file(checkpoint_file_name(3));
+  write_tiny_checkpoint(ckpt, 3, tiny_hash());
+  const TrainRequest resumed = parse_train_command(tiny({"--synthetic-data", "--resume", ckpt, "--out", own}));
+  EXPECT_FALSE(resumed.options.replace_out);
+  EXPECT_EQ(resumed.options.out_path, own);
+  EXPECT_FALSE(parse_train_command(tiny({"--synthetic-data", "--resume", ckpt, "--out", own, "--overwrite"}))
+                   .options.replace_out);  // --overwrite only lets a file be replaced that the run does not continue
+
+  // ... and nothing else: another run, another configuration, other results, another kind of file.
+  const std::string other_config = dir.file("other_config.h5"), extra = dir.file("extra.h5");
+  write_run_file(other_config, "tiny", parse_config_args(tiny({"--moe.top_k", "3"})));
+  {
+    ResultFile f;
+    Table run;
+    for (const auto& [name, v] : train_run_attributes(cfg)) run.set_attribute(name, v);
+    f.add_table("/train/tiny", std::move(run));
+    Table bench;
+    bench.add_column("case", ColumnType::str).add_row({std::string("a")});
+    f.add_table("/bench/convert", std::move(bench));
+    f.write(extra);
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> refused = {
+      {{"--out", own, "--run", "other"}, {"holds no run 'other'"}},
+      {{"--out", other_config}, {"holds run 'tiny' of another model configuration"}},
+      {{"--out", extra}, {"holds results besides run 'tiny' (/bench/convert/case)"}},
+      {{"--out", old}, {"is not an HDF5 result file"}},
+  };
+  for (const auto& [more, words] : refused) {
+    std::vector<std::string> args = tiny({"--synthetic-data", "--resume", ckpt});
+    args.insert(args.end(), more.begin(), more.end());
+    SCOPED_TRACE(more[1]);
+    const std::string msg = test::error_message([&] { parse_train_command(args); });
+    EXPECT_NE(msg.find("--out '" + more[1] + "' "), std::string::npos) << msg;
+    for (const std::string& w : words) EXPECT_NE(msg.find(w), std::string::npos) << msg;
+    EXPECT_NE(msg.find("pass --overwrite to replace it"), std::string::npos) << msg;
+    args.push_back("--overwrite");
+    EXPECT_TRUE(parse_train_command(args).options.replace_out);  // replaced whole: none of its rows are read
+  }
+  EXPECT_EQ(contents(old), "an earlier result");
 }
 
 TEST(TrainCommand, StopSignalsAreCaughtOnceAndRestored) {

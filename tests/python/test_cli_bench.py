@@ -141,19 +141,27 @@ class BenchResultPath(unittest.TestCase):
         blocker = os.path.join(self.tmp, "plain_file")
         with open(blocker, "w", encoding="utf-8") as f:
             f.write("x")
-        cases = [(os.path.join(blocker, "sub", "r.h5"), "cannot create the folder"),
-                 (self.tmp, "is a folder, expected the path of a file to write")]
+        cases = [(os.path.join(blocker, "sub", "r.h5"), f"': cannot create the folder '{blocker}/sub': "
+                                                        f"'{blocker}' is not a folder"),
+                 (self.tmp, "' is a folder, expected a regular file or a path that does not exist yet"),
+                 ("/dev/null", "' is a character device, expected a regular file")]
         for prog in self.programs():
             for path, expected in cases:
                 for args in (["--h5", path], [f"--h5={path}"]):
                     with self.subTest(prog=prog, args=args):
                         r = self.run_program(prog, *args, "--benchmark_filter=^$")
                         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-                        self.assertIn(f"--h5 '{path}': {expected}", r.stderr)
+                        self.assertIn(f"--h5 '{path}{expected}", r.stderr)
                         self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            # Google Benchmark's own output file is another output of the program: the HDF5 rename would replace it.
+            same = os.path.join(self.tmp, "r.h5")
+            r = self.run_program(prog, "--h5", same, f"--benchmark_out={self.tmp}/./r.h5", "--benchmark_filter=^$")
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn(f"--h5 '{same}' is the same file as --benchmark_out '{self.tmp}/./r.h5'", r.stderr)
             r = self.run_program(prog, "--h5=")
             self.assertEqual(r.returncode, 2, r.stderr)
-            self.assertIn("empty path", r.stderr)
+            self.assertIn("--h5 is empty, expected the path of the file to write", r.stderr)
+            self.assertTrue(stat.S_ISCHR(os.stat("/dev/null").st_mode))
 
     def test_a_missing_folder_is_created_before_the_run(self):
         for prog in self.programs():

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,27 @@ class ParityCli(unittest.TestCase):
         r = self.parity(*tiny, "--out", out, "--no-such-option", "1", expect_rc=2)
         self.assertIn("--no-such-option", r.stderr)
         self.assertFalse(os.path.exists(out))
+
+    def test_output_is_never_an_input_or_a_special_file(self):
+        config = os.path.join(self.tmp, "tiny.toml")
+        shutil.copyfile(os.path.join(ROOT, "configs", "tiny.toml"), config)
+        link = os.path.join(self.tmp, "config_link.h5")
+        os.symlink(config, link)
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        with open(config, "rb") as f:
+            before = f.read()
+        for out, words in ((config, f"--out '{config}' is the same file as --config '{config}'"),
+                           (link, f"--out '{link}' is the same file as --config '{config}'"),
+                           (fifo, f"--out '{fifo}' is a FIFO (named pipe), expected a regular file"),
+                           ("/dev/null", "--out '/dev/null' is a character device, expected a regular file")):
+            with self.subTest(out=out):
+                self.error("--config", config, "--out", out, words=words)
+        with open(config, "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertTrue(os.path.islink(link))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        self.assertTrue(stat.S_ISCHR(os.stat("/dev/null").st_mode))
 
     def test_without_a_gpu(self):
         if self.gpu:

@@ -4,6 +4,8 @@ bad input. The binary is $FP4MOE_BUILD/fp4moe (ctest sets FP4MOE_BUILD to the bu
 
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -317,30 +319,82 @@ class QuantizeCli(unittest.TestCase):
         base = ["--input", missing_input, "--dataset", "x", "--format", "mxfp4"]
         missing_dir = os.path.join(self.tmp, "no_such_dir", "q.h5")
         cases = [
-            (missing_dir, f"--output '{missing_dir}': directory '{os.path.dirname(missing_dir)}' does not exist"),
-            (self.tmp, f"--output '{self.tmp}' is a directory, expected the path of a file to write"),
+            (missing_dir, f"--output '{missing_dir}': folder '{os.path.dirname(missing_dir)}' does not exist"),
+            (self.tmp, f"--output '{self.tmp}' is a folder, expected a regular file or a path that does not exist"),
             ("", "--output is empty"),
+            ("/dev/null", "--output '/dev/null' is a character device, expected a regular file"),
         ]
         for out, expected in cases:
             with self.subTest(output=out):
                 self.assert_one_line_error(self.run_cli(*base, "--output", out), expected)
         self.assertFalse(os.path.exists(os.path.dirname(missing_dir)))
+        self.assertTrue(stat.S_ISCHR(os.stat("/dev/null").st_mode))
         if os.geteuid() != 0:  # root writes anywhere
             ro = os.path.join(self.tmp, "read_only")
             os.mkdir(ro, 0o555)
             self.assert_one_line_error(self.run_cli(*base, "--output", os.path.join(ro, "q.h5")),
-                                       f"directory '{ro}' is not writable")
+                                       f"folder '{ro}' is not writable")
+
+    def test_only_a_regular_file_is_replaced(self):
+        # With a readable input, so that nothing but the check stops the write: a rename over a FIFO, a socket or
+        # a device node would replace it with the result file.
+        specials = os.path.join(self.tmp, "specials")
+        os.makedirs(specials, exist_ok=True)
+        fifo = os.path.join(specials, "fifo")
+        os.mkfifo(fifo)
+        cases = [(fifo, "is a FIFO (named pipe)", stat.S_ISFIFO)]
+        sock = socket.socket(socket.AF_UNIX)
+        self.addCleanup(sock.close)
+        sock.bind(os.path.join(specials, "sock"))
+        cases.append((os.path.join(specials, "sock"), "is a socket", stat.S_ISSOCK))
+        try:  # a device node of this test's own (root only): a copy of /dev/null's numbers
+            os.mknod(os.path.join(specials, "null"), stat.S_IFCHR | 0o666, os.makedev(1, 3))
+            cases.append((os.path.join(specials, "null"), "is a character device", stat.S_ISCHR))
+        except OSError:
+            pass
+        for out, expected, kind in cases:
+            with self.subTest(output=out):
+                r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--output", out)
+                self.assert_one_line_error(r, f"--output '{out}' {expected}, expected a regular file")
+                self.assertTrue(kind(os.lstat(out).st_mode), f"{out} was replaced")
+        self.assertEqual(sorted(os.listdir(specials)), sorted(os.path.basename(c[0]) for c in cases))
 
     def test_output_may_not_replace_the_input(self):
         before = os.stat(self.input)
-        for out in (self.input, os.path.join(os.path.dirname(self.input), ".", os.path.basename(self.input))):
-            r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--output", out)
-            self.assert_one_line_error(r, "is the input file: write the result to another path")
+        folder, name = os.path.split(self.input)
+        link, hard = os.path.join(self.tmp, "link_to_input.h5"), os.path.join(self.tmp, "hard_link_to_input.h5")
+        os.symlink(self.input, link)
+        os.link(self.input, hard)
+        self.addCleanup(os.remove, link)
+        self.addCleanup(os.remove, hard)
+        for out in (self.input, os.path.join(folder, ".", name), link, hard):
+            with self.subTest(output=out):
+                r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--output", out)
+                self.assert_one_line_error(r, f"--output '{out}' is the same file as --input '{self.input}'")
         after = os.stat(self.input)
         self.assertEqual((before.st_size, before.st_mtime_ns, before.st_ino), (after.st_size, after.st_mtime_ns,
                                                                               after.st_ino))
+        self.assertTrue(os.path.islink(link))
         with h5py.File(self.input, "r") as f:
             self.assertIn("x", f)
+
+    def test_a_symbolic_link_output_writes_its_target(self):
+        target = os.path.join(self.tmp, "link_target.h5")
+        with open(target, "w", encoding="utf-8") as f:
+            f.write("previous")
+        link = os.path.join(self.tmp, "latest.h5")
+        os.symlink(target, link)
+        r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--output", link)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.islink(link))
+        self.assertEqual(os.readlink(link), target)
+        with h5py.File(target, "r") as f:
+            self.assertEqual(f.attrs["format"], "mxfp4")
+        dangling = os.path.join(self.tmp, "dangling.h5")
+        os.symlink(os.path.join(self.tmp, "nowhere.h5"), dangling)
+        r = self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--output", dangling)
+        self.assert_one_line_error(r, f"--output '{dangling}' is a symbolic link to")
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "nowhere.h5")))
 
     def test_unreadable_input_message_names_the_file_not_the_source(self):
         junk = os.path.join(self.tmp, "junk.h5")

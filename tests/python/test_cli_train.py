@@ -7,6 +7,7 @@ import os
 import random
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,11 +27,13 @@ def binary():
     return os.path.join(build, "fp4moe")
 
 
-def write_shards(folder, vocab, seed):
+def write_shards(folder, vocab, seed, tokens_per_split=(10000, 10000)):
+    """train_000.bin and val_000.bin of tokens_per_split[0] and [1] + 1 tokens. 10001 tokens hold one batch of every
+    preset (small: 8 rows of 1024 + 1 tokens)."""
     os.makedirs(folder, exist_ok=True)
     rng = random.Random(seed)
-    for split in ("train", "val"):
-        tokens = array("H", (rng.randrange(3, vocab) if rng.random() > 0.01 else 2 for _ in range(5000)))
+    for split, n in zip(("train", "val"), tokens_per_split):
+        tokens = array("H", (rng.randrange(3, vocab) if rng.random() > 0.01 else 2 for _ in range(n)))
         tokens.append(2)
         token_shard.write_shard(os.path.join(folder, f"{split}_000.bin"), tokens, vocab, 2)
 
@@ -167,6 +170,47 @@ class TrainCli(unittest.TestCase):
         refused("--synthetic-data", "--run", "a/b", parts=("run name 'a/b'",))
         refused("--data", os.path.join(self.tmp, "nowhere"), parts=("nowhere", "not a folder"))
 
+    def test_out_never_destroys_a_file(self):
+        # Each refusal comes before any device is used (with or without a GPU) and leaves the file as it was.
+        def refused(*args, parts=(), config="tiny"):
+            r = self.train("--synthetic-data", *args, config=config, expect_rc=2)
+            lines = r.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertTrue(lines[0].startswith("fp4moe train: error: "), r.stderr)
+            self.assertIsNone(re.search(r"\.cpp:\d+\)", lines[0]), lines[0])
+            for p in parts:
+                self.assertIn(p, lines[0])
+
+        earlier = os.path.join(self.tmp, "earlier.h5")
+        with open(earlier, "wb") as f:
+            f.write(b"an earlier result")
+        refused("--out", earlier, parts=(f"--out '{earlier}' already exists", "pass --overwrite to replace it"))
+        refused("--out", earlier, "--dry-run", parts=(f"--out '{earlier}' already exists",))
+        self.train("--synthetic-data", "--out", earlier, "--overwrite", "--dry-run")
+        with open(earlier, "rb") as f:
+            self.assertEqual(f.read(), b"an earlier result")
+
+        config = os.path.join(self.tmp, "own_tiny.toml")
+        shutil.copyfile(os.path.join(ROOT, "configs", "tiny.toml"), config)
+        link = os.path.join(self.tmp, "config_link.h5")
+        os.symlink(config, link)
+        refused("--out", link, "--overwrite", config=config,
+                parts=(f"--out '{link}' is the same file as --config '{config}'",))
+        with open(config, "rb") as a, open(os.path.join(ROOT, "configs", "tiny.toml"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        refused("--out", fifo, "--overwrite",
+                parts=(f"--out '{fifo}' is a FIFO (named pipe), expected a regular file",))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        refused("--out", "/dev/null", "--overwrite",
+                parts=("--out '/dev/null' is a character device, expected a regular file",))
+        self.assertTrue(stat.S_ISCHR(os.stat("/dev/null").st_mode))
+
+        r = subprocess.run([self.exe, "train", "--help"], capture_output=True, text=True, timeout=60)
+        self.assertIn("--overwrite", r.stdout)
+
     def test_bad_shapes_are_rejected(self):
         self.rejected("model.heads = 5 does not divide model.hidden = 64", args=("--model.heads", "5"))
         self.rejected("moe.top_k = 9 exceeds moe.routed_experts = 8", args=("--moe.top_k", "9"))
@@ -193,6 +237,54 @@ class TrainCli(unittest.TestCase):
         missing = os.path.join(self.tmp, "missing.toml")
         self.rejected(missing, "does not exist", config=missing)
         self.rejected("no configuration", "--config", config=None)
+
+    def write_config(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "wb") as f:
+            f.write(text.encode())
+        return path
+
+    def tiny_text(self):
+        with open(os.path.join(ROOT, "configs", "tiny.toml")) as f:
+            return f.read()
+
+    def test_toml_files_read_as_toml(self):
+        # A byte order mark, '#' inside a string, comments after values and a recompute list over several lines.
+        text = "\ufeff" + self.tiny_text().replace('name = "tiny"', 'name = "tiny#2"  # a comment').replace(
+            "modules = []", 'modules = [\n  "moe_act",  # SwiGLU\n  "core_attn",\n]')
+        r = self.train("--dry-run", config=self.write_config("full.toml", text))
+        self.assertIn("model: tiny#2\n", r.stdout)
+        self.assertIn("recompute: moe_act core_attn\n", r.stdout)
+        bad = self.write_config("unterminated.toml", self.tiny_text().replace('name = "tiny"', 'name = "tiny'))
+        self.rejected(bad, "line 7, column", config=bad)
+        twice = self.write_config("twice.toml", self.tiny_text().replace("hidden = 64\n", "hidden = 64\nhidden = 64\n"))
+        self.rejected(twice, "'hidden'", config=twice)
+        wrong = self.write_config("wrong.toml", self.tiny_text().replace("hidden = 64", 'hidden = "64"'))
+        self.rejected(wrong, 'model.hidden = "64": expected an integer, got a string', config=wrong)
+
+    def test_what_cannot_run_is_rejected_before_anything_runs(self):
+        self.rejected("train.lr must be a finite number > 0, got inf", args=("--train.lr", "inf"))
+        self.rejected("train.eps must be a finite number > 0, got nan", args=("--train.eps", "nan"))
+        self.rejected("moe.routed_scale must be a finite number > 0, got inf", args=("--moe.routed_scale", "inf"))
+        self.rejected("train.seed must be >= 0, got -1", args=("--train.seed=-1",))
+        self.rejected("tokens per step", "does not fit in a 64-bit integer",
+                      args=("--train.seq_len", "1048576", "--train.micro_batch", "1048576", "--train.grad_accum",
+                            "1073741824"))
+        no_hidden = self.write_config("no_hidden.toml", self.tiny_text().replace("hidden = 64\n", ""))
+        self.rejected(f"model.hidden is missing (set it in the config file '{no_hidden}' or with --model.hidden)",
+                      config=no_hidden)
+
+    def test_each_split_must_hold_one_batch(self):
+        # tiny: 4 rows of 64 + 1 tokens; 200 tokens hold 3 windows.
+        short_val = os.path.join(self.tmp, "short_val")
+        write_shards(short_val, 32768, 3, tokens_per_split=(10000, 199))
+        self.rejected(short_val, "the val shards hold 3 windows of train.seq_len + 1 = 65 tokens",
+                      "train.micro_batch = 4", data=short_val)
+        self.train("--dry-run", "--train.eval_interval", "0", data=short_val)
+        self.train("--dry-run", "--train.micro_batch", "3", data=short_val)
+        short_train = os.path.join(self.tmp, "short_train")
+        write_shards(short_train, 32768, 4, tokens_per_split=(199, 10000))
+        self.rejected(short_train, "the train shards hold 3 windows", data=short_train)
 
     def test_bad_data_is_rejected(self):
         missing = os.path.join(self.tmp, "no_shards_here")

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zlib
 from unittest import mock
@@ -62,6 +63,14 @@ class ShardFormatTest(TempDirTest):
         header, back = token_shard.read_shard(self.path("train_000.bin"), expected_vocab_size=1000)
         self.assertEqual(header, written)
         self.assertEqual(back, tokens)
+
+    def test_tokenizer_checksum_is_the_crc32_of_the_whole_model_file(self):
+        # The same check value as the C++ TokenizerChecksum test: both sides compute one function.
+        Path(self.path("check.model")).write_bytes(b"123456789")
+        self.assertEqual(token_shard.tokenizer_crc32(self.path("check.model")), 0xCBF43926)
+        big = bytes(range(256)) * (3 * 4096 + 1)  # more than one 1 MiB read
+        Path(self.path("big.model")).write_bytes(big)
+        self.assertEqual(token_shard.tokenizer_crc32(self.path("big.model")), zlib.crc32(big))
 
     def test_writer_rejects_tokens_outside_the_vocabulary(self):
         with self.assertRaisesRegex(token_shard.ShardError, "not below vocab_size"):
@@ -129,8 +138,11 @@ class TokenizerAndShardStagesTest(TempDirTest):
         return argparse.Namespace(**a)
 
     def run_stages(self, cache, **kw):
-        with mock.patch.object(build_data, "log", lambda msg: None):
+        """Runs the tokenizer and shard stages; returns their log lines."""
+        lines = []
+        with mock.patch.object(build_data, "log", lines.append):
             self._run_stages(cache, **kw)
+        return lines
 
     def _run_stages(self, cache, **kw):
         build_data.stage_tokenizer(self.args(**kw), Path(cache, "corpus"), Path(cache, "tokenizer"))
@@ -182,6 +194,78 @@ class TokenizerAndShardStagesTest(TempDirTest):
         self.assertEqual({p.name: p.read_bytes() for p in Path(other, "shards").glob("*.bin")},
                          {k: v[1] for k, v in before.items()})
 
+    def built_cache(self):
+        """A cache with a corpus, a tokenizer and shards (several train shards), and the shards' bytes."""
+        cache = self.path("cache")
+        self.make_corpus(os.path.join(cache, "corpus"))
+        self.run_stages(cache)
+        return cache, {p.name: p.read_bytes() for p in Path(cache, "shards").glob("*.bin")}
+
+    def assert_rebuilt(self, lines, name, fault):
+        """The log names the shard, its fault and that it is rebuilt."""
+        said = [line for line in lines if name in line and fault in line]
+        self.assertTrue(said and "rebuilding" in said[0], "\n".join(lines))
+
+    def test_a_truncated_or_corrupted_shard_is_detected_and_rebuilt_alone(self):
+        cache, good = self.built_cache()
+        shards = Path(cache, "shards")
+        self.assertIn("train_001.bin", good)
+        others = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.bin") if p.name != "train_001.bin"}
+        with open(shards / "train_001.bin", "r+b") as f:
+            f.truncate(len(good["train_001.bin"]) - 2)
+        self.assert_rebuilt(self.run_stages(cache), "train_001.bin", "truncated")
+        self.assertEqual({p.name: p.read_bytes() for p in shards.glob("*.bin")}, good)
+        self.assertEqual({p.name: p.stat().st_mtime_ns for p in shards.glob("*.bin") if p.name != "train_001.bin"},
+                         others, "only the damaged shard is rewritten")
+
+        data = bytearray(good["val_000.bin"])
+        data[64 + 2 * 10] ^= 0x01  # one token bit: same size, payload CRC now wrong
+        (shards / "val_000.bin").write_bytes(bytes(data))
+        self.assert_rebuilt(self.run_stages(cache), "val_000.bin", "corrupted")
+        self.assertEqual({p.name: p.read_bytes() for p in shards.glob("*.bin")}, good)
+
+        (shards / "train_000.bin").unlink()
+        self.assert_rebuilt(self.run_stages(cache), "train_000.bin", "missing")
+        self.assertEqual({p.name: p.read_bytes() for p in shards.glob("*.bin")}, good)
+        self.assertIn("data: shards up to date", self.run_stages(cache))
+
+    def test_a_shard_not_made_by_the_build_is_removed(self):
+        cache, good = self.built_cache()
+        shards = Path(cache, "shards")
+        extra = "train_%03d.bin" % len([n for n in good if n.startswith("train_")])
+        (shards / extra).write_bytes(good["train_000.bin"])  # the trainer would read it as one more shard
+        self.assert_rebuilt(self.run_stages(cache), extra, "not made by this build")
+        self.assertEqual({p.name: p.read_bytes() for p in shards.glob("*.bin")}, good)
+
+    def test_a_stale_shard_of_another_tokenizer_is_rebuilt(self):
+        cache, good = self.built_cache()
+        shards = Path(cache, "shards")
+        model_crc = zlib.crc32(Path(cache, "tokenizer", "spm.model").read_bytes())
+        # The same tokens, stamped with another tokenizer's checksum; the stamp's record made to agree, so that
+        # only the header's tokenizer_crc32 tells.
+        header, tokens = token_shard.read_shard(str(shards / "train_000.bin"))
+        token_shard.write_shard(str(shards / "train_000.bin"), tokens, header["vocab_size"], header["eot_token"],
+                                model_crc ^ 0x5A5A5A5A)
+        stamp = json.loads((shards / ".stamp.json").read_text())
+        if "outputs" in stamp:
+            stamp["outputs"]["train_000.bin"] = build_data.file_record(shards / "train_000.bin")
+            (shards / ".stamp.json").write_text(json.dumps(stamp))
+        lines = self.run_stages(cache)
+        self.assert_rebuilt(lines, "train_000.bin", f"{model_crc ^ 0x5A5A5A5A:#010x}")
+        self.assertTrue(any(f"{model_crc:#010x}" in line for line in lines), "\n".join(lines))
+        self.assertEqual({p.name: p.read_bytes() for p in shards.glob("*.bin")}, good)
+
+    def test_a_corrupted_tokenizer_model_is_retrained(self):
+        cache, good = self.built_cache()
+        model = Path(cache, "tokenizer", "spm.model")
+        model_bytes = model.read_bytes()
+        data = bytearray(model_bytes)
+        data[len(data) // 2] ^= 0xFF
+        model.write_bytes(bytes(data))
+        self.assert_rebuilt(self.run_stages(cache), "spm.model", "corrupted")
+        self.assertEqual(model.read_bytes(), model_bytes)
+        self.assertEqual({p.name: p.read_bytes() for p in Path(cache, "shards").glob("*.bin")}, good)
+
     def test_encoding_does_not_depend_on_the_number_of_processes(self):
         corpus_dir = self.path("corpus")
         self.make_corpus(corpus_dir)
@@ -205,6 +289,28 @@ class TokenizerAndShardStagesTest(TempDirTest):
         self.assertTrue(size // 8 < ba < size // 2, (ba, size))
         with open(a, encoding="utf-8") as f:
             self.assertTrue(all(line.strip() for line in f))
+
+
+class TokenizerProgressTest(TempDirTest):
+    def test_spm_train_is_not_silent(self):
+        """While spm_train runs (here a stand-in that takes 0.5 s), heartbeat lines say how long it has run."""
+        corpus_dir, folder = Path(self.path("corpus")), Path(self.path("tokenizer"))
+        corpus_dir.mkdir()
+        (corpus_dir / "train.txt").write_text("A line of text.\n", encoding="utf-8")
+
+        def slow_train(sample, prefix, vocab_size, max_sentence_length, log):
+            time.sleep(0.5)
+            Path(prefix + ".model").write_bytes(b"model")
+            Path(prefix + ".vocab").write_text("".join(f"p{k}\t0\n" for k in range(vocab_size)))
+
+        lines = []
+        args = argparse.Namespace(vocab_size=5, sample_mb=1, force=False)
+        with mock.patch.object(build_data, "log", lines.append), mock.patch.object(tokenizer, "train", slow_train), \
+                mock.patch.object(build_data, "HEARTBEAT_SECONDS", 0.1, create=True):
+            build_data.stage_tokenizer(args, corpus_dir, folder)
+        beats = [line for line in lines if "spm_train" in line and line.endswith("s elapsed")]
+        self.assertGreaterEqual(len(beats), 2, "\n".join(lines))
+        self.assertEqual(lines[-1][:len("data: tokenizer trained")], "data: tokenizer trained")
 
 
 class BuildDataArgumentsTest(TempDirTest):

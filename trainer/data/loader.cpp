@@ -166,11 +166,43 @@ static int64_t shard_number(const std::string& name, const std::string& split) {
   return std::stoll(digits);
 }
 
+std::string folder_for_message(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::path(path).is_absolute()) return fmt::format("'{}'", path);
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  return ec ? fmt::format("'{}' (relative to the working directory)", path)
+            : fmt::format("'{}' (relative to the working directory: {})", path,
+                          absolute.lexically_normal().string());
+}
+
+std::string tokenizer_model_of_shards(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const fs::path& model : {fs::path(dir) / "spm.model", fs::path(dir) / ".." / "tokenizer" / "spm.model"})
+    if (fs::is_regular_file(model, ec)) return model.lexically_normal().string();
+  return "";
+}
+
+// Rejects a shard of `shard_paths` whose header names another tokenizer than the model beside them, if any.
+static void check_shards_tokenizer(const std::string& dir, const std::vector<std::string>& shard_paths) {
+  const std::string model = tokenizer_model_of_shards(dir);
+  if (model.empty()) return;
+  const uint32_t model_crc = tokenizer_model_crc32(model);
+  for (const std::string& path : shard_paths) {
+    const uint32_t shard_crc = TokenShard(path, 0, /*verify_payload=*/false).header().tokenizer_crc32;
+    FP4MOE_CHECK(shard_crc == 0 || shard_crc == model_crc,
+                 "token shard '{}': made with the tokenizer of CRC-32 {:#010x}, but the tokenizer model '{}' beside "
+                 "the shards has CRC-32 {:#010x} (stale shards of another tokenizer); rebuild them with {}",
+                 path, shard_crc, model, model_crc, make_data_command(dir));
+  }
+}
+
 std::vector<std::string> find_token_shards(const std::string& dir, const std::string& split) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  FP4MOE_CHECK(fs::is_directory(dir, ec), "token shards: '{}' is not a folder (run `make data` to make the shards)",
-               dir);
+  FP4MOE_CHECK(fs::is_directory(dir, ec), "token shards: {} is not a folder (make them with {})",
+               folder_for_message(dir), make_data_command(dir));
   FP4MOE_CHECK(!split.empty() && split.find('/') == std::string::npos,
                "token shards: split name '{}' must be a non-empty file name prefix such as train or val", split);
   std::map<int64_t, std::string> found;
@@ -182,15 +214,16 @@ std::vector<std::string> find_token_shards(const std::string& dir, const std::st
     if (index >= 0 && it->is_regular_file(ec)) found.emplace(index, it->path().string());
   }
   FP4MOE_CHECK(!ec, "token shards: cannot list '{}': {}", dir, ec.message());
-  FP4MOE_CHECK(!found.empty(), "token shards: no {}_NNN.bin in '{}' (run `make data` to make the shards)", split,
-               dir);
+  FP4MOE_CHECK(!found.empty(), "token shards: no {}_NNN.bin in {} (make them with {})", split,
+               folder_for_message(dir), make_data_command(dir));
   std::vector<std::string> paths;
   for (const auto& [index, path] : found) {
     FP4MOE_CHECK(index == static_cast<int64_t>(paths.size()),
-                 "token shards: {}_{:03d}.bin is missing from '{}' (the next one present is {})", split, paths.size(),
-                 dir, path);
+                 "token shards: {}_{:03d}.bin is missing from '{}' (the next one present is {}); rebuild them with {}",
+                 split, paths.size(), dir, path, make_data_command(dir));
     paths.push_back(path);
   }
+  check_shards_tokenizer(dir, paths);
   return paths;
 }
 

@@ -97,8 +97,21 @@ class DataLoader {
 
 // The shards of one split in a folder made by `make data`: DIR/SPLIT_NNN.bin (NNN = 000, 001, ... without gaps),
 // in number order; `split` is matched as plain text (not a pattern), NNN as 1 to 9 digits. Throws fp4moe::Error
-// when the folder has none or cannot be listed, when a number is missing, or for an empty split name or one with
-// a '/', naming the folder and the pattern.
+// when the folder is missing, has none or cannot be listed, when a number is missing, or for an empty split name
+// or one with a '/', naming the folder (see folder_for_message) and the pattern.
+// When the tokenizer model is beside the shards (tokenizer_model_of_shards), also reads each shard's header
+// (TokenShard without the payload) and throws when its tokenizer_crc32, unless 0 (unknown), differs from the
+// model's tokenizer_model_crc32: a stale shard of another tokenizer; the message names both checksums and the
+// `make data` command that rebuilds the shards.
 std::vector<std::string> find_token_shards(const std::string& dir, const std::string& split);
+
+// The sentencepiece model that the shards of folder `dir` were made with, when present: DIR/spm.model, else
+// DIR/../tokenizer/spm.model (where `make data` puts it beside DATA_CACHE/shards); "" when neither is a file.
+std::string tokenizer_model_of_shards(const std::string& dir);
+
+// A folder or file path quoted for an error message; a relative path also says that it is relative to the working
+// directory and gives the absolute path tried: "'data/cache/shards' (relative to the working directory:
+// /home/u/run/data/cache/shards)".
+std::string folder_for_message(const std::string& path);
 
 }  // namespace fp4moe

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string_view>
+#include <vector>
 
 #include "kernels/common/check.h"
 
@@ -47,6 +49,30 @@ uint32_t crc32(const void* data, size_t bytes, uint32_t crc) {
   uint32_t c = ~crc;
   for (size_t i = 0; i < bytes; ++i) c = kCrc32Table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
   return ~c;
+}
+
+uint32_t tokenizer_model_crc32(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  FP4MOE_CHECK(f != nullptr, "tokenizer model '{}': cannot open: {}", path, std::strerror(errno));
+  std::vector<uint8_t> chunk(1 << 20);
+  uint32_t crc = 0;
+  size_t got = 0;
+  while ((got = std::fread(chunk.data(), 1, chunk.size(), f)) > 0) crc = crc32(chunk.data(), got, crc);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  FP4MOE_CHECK(!failed, "tokenizer model '{}': read failed", path);
+  return crc;
+}
+
+std::string make_data_command(const std::string& shard_dir) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(shard_dir).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // "a/shards/" -> "a/shards"
+  if (dir == fs::path("data/cache/shards")) return "`make data`";
+  if (dir.filename() != "shards") return "`make data` (it writes DATA_CACHE/shards)";
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(dir, ec);
+  return fmt::format("`make data DATA_CACHE={}`", (ec ? dir : absolute).parent_path().string());
 }
 
 uint32_t token_shard_header_crc32(const TokenShardHeader& h) {
@@ -90,8 +116,10 @@ TokenShardHeader write_token_shard(const std::string& path, std::span<const uint
 }
 
 TokenShard::TokenShard(const std::string& path, uint32_t expected_vocab_size, bool verify_payload) : path_(path) {
+  // What every message of a missing or damaged shard ends with.
+  const std::string fix = "rebuild it with " + make_data_command(std::filesystem::path(path).parent_path().string());
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FP4MOE_CHECK(fd >= 0, "token shard '{}': cannot open: {}", path, std::strerror(errno));
+  FP4MOE_CHECK(fd >= 0, "token shard '{}': cannot open: {}; {}", path, std::strerror(errno), fix);
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
@@ -101,8 +129,8 @@ TokenShard::TokenShard(const std::string& path, uint32_t expected_vocab_size, bo
   const auto file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < kTokenShardHeaderBytes) {
     ::close(fd);
-    FP4MOE_CHECK(false, "token shard '{}': {} bytes, shorter than the {}-byte header (truncated)", path, file_bytes,
-                 kTokenShardHeaderBytes);
+    FP4MOE_CHECK(false, "token shard '{}': {} bytes, shorter than the {}-byte header (truncated); {}", path,
+                 file_bytes, kTokenShardHeaderBytes, fix);
   }
   map_ = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_err = errno;
@@ -117,25 +145,25 @@ TokenShard::TokenShard(const std::string& path, uint32_t expected_vocab_size, bo
     std::memcpy(&header_, bytes, sizeof header_);
     const TokenShardHeader& h = header_;
     FP4MOE_CHECK(std::string_view(h.magic, 8) == std::string_view(kTokenShardMagic, 8),
-                 "token shard '{}': magic \"{}\", expected \"{}\" (not a token shard)", path, magic_text(h.magic),
-                 magic_text(kTokenShardMagic));
+                 "token shard '{}': magic \"{}\", expected \"{}\" (not a token shard); {}", path,
+                 magic_text(h.magic), magic_text(kTokenShardMagic), fix);
     FP4MOE_CHECK(h.format_version == kTokenShardVersion,
-                 "token shard '{}': format version {}, this reader reads version {} (remake it with `make data`)",
-                 path, h.format_version, kTokenShardVersion);
-    FP4MOE_CHECK(h.header_bytes == kTokenShardHeaderBytes, "token shard '{}': header_bytes {}, expected {}", path,
-                 h.header_bytes, kTokenShardHeaderBytes);
+                 "token shard '{}': format version {}, this reader reads version {}; {}", path, h.format_version,
+                 kTokenShardVersion, fix);
+    FP4MOE_CHECK(h.header_bytes == kTokenShardHeaderBytes, "token shard '{}': header_bytes {}, expected {}; {}",
+                 path, h.header_bytes, kTokenShardHeaderBytes, fix);
     FP4MOE_CHECK(token_shard_header_crc32(h) == h.header_crc32,
-                 "token shard '{}': header CRC-32 {:#010x} does not match the stored {:#010x} (corrupted header)",
-                 path, token_shard_header_crc32(h), h.header_crc32);
-    FP4MOE_CHECK(h.token_bytes == kTokenShardTokenBytes, "token shard '{}': token_bytes {}, expected {} (uint16)",
-                 path, h.token_bytes, kTokenShardTokenBytes);
+                 "token shard '{}': header CRC-32 {:#010x} does not match the stored {:#010x} (corrupted header); {}",
+                 path, token_shard_header_crc32(h), h.header_crc32, fix);
+    FP4MOE_CHECK(h.token_bytes == kTokenShardTokenBytes, "token shard '{}': token_bytes {}, expected {} (uint16); {}",
+                 path, h.token_bytes, kTokenShardTokenBytes, fix);
     const uint64_t expected_bytes = kTokenShardHeaderBytes + uint64_t{kTokenShardTokenBytes} * h.token_count;
     FP4MOE_CHECK(h.token_count <= (UINT64_MAX - kTokenShardHeaderBytes) / 2 && file_bytes == expected_bytes,
-                 "token shard '{}': {} bytes, expected {} for {} tokens ({})", path, file_bytes, expected_bytes,
-                 h.token_count, file_bytes < expected_bytes ? "truncated" : "trailing bytes");
+                 "token shard '{}': {} bytes, expected {} for {} tokens ({}); {}", path, file_bytes, expected_bytes,
+                 h.token_count, file_bytes < expected_bytes ? "truncated" : "trailing bytes", fix);
     FP4MOE_CHECK(h.vocab_size >= 1 && h.vocab_size <= 65536 && h.eot_token < h.vocab_size,
                  "token shard '{}': vocab_size {} and eot_token {} are invalid (expected eot_token < vocab_size "
-                 "<= 65536)", path, h.vocab_size, h.eot_token);
+                 "<= 65536); {}", path, h.vocab_size, h.eot_token, fix);
     FP4MOE_CHECK(expected_vocab_size == 0 || h.vocab_size == expected_vocab_size,
                  "token shard '{}': vocabulary of {} tokens, the model expects {} (shards and model must come from "
                  "the same tokenizer)", path, h.vocab_size, expected_vocab_size);
@@ -144,19 +172,19 @@ TokenShard::TokenShard(const std::string& path, uint32_t expected_vocab_size, bo
       const auto toks = tokens();
       const uint32_t crc = crc32(toks.data(), toks.size_bytes());
       FP4MOE_CHECK(crc == h.payload_crc32,
-                   "token shard '{}': payload CRC-32 {:#010x} does not match the header's {:#010x} (corrupted tokens)",
-                   path, crc, h.payload_crc32);
+                   "token shard '{}': payload CRC-32 {:#010x} does not match the header's {:#010x} (corrupted "
+                   "tokens); {}", path, crc, h.payload_crc32, fix);
       uint64_t eot = 0;
       uint16_t max_token = 0;
       for (uint16_t t : toks) {
         eot += t == h.eot_token;
         max_token = t > max_token ? t : max_token;
       }
-      FP4MOE_CHECK(toks.empty() || max_token < h.vocab_size, "token shard '{}': token {} is not below vocab_size {}",
-                   path, max_token, h.vocab_size);
+      FP4MOE_CHECK(toks.empty() || max_token < h.vocab_size,
+                   "token shard '{}': token {} is not below vocab_size {}; {}", path, max_token, h.vocab_size, fix);
       FP4MOE_CHECK(eot == h.document_count,
-                   "token shard '{}': {} end-of-text tokens ({}), header says {} documents", path, eot, h.eot_token,
-                   h.document_count);
+                   "token shard '{}': {} end-of-text tokens ({}), header says {} documents; {}", path, eot,
+                   h.eot_token, h.document_count, fix);
     }
   } catch (...) {
     unmap();

@@ -14,7 +14,8 @@
 //       32    8 document_count   number of eot_token in the payload
 //       40    4 token_bytes      2 (uint16 tokens)
 //       44    4 payload_crc32    CRC-32 (ISO-HDLC, zlib's crc32) of the token bytes
-//       48    4 tokenizer_crc32  CRC-32 of the sentencepiece .model file the shard was made with (0: unknown)
+//       48    4 tokenizer_crc32  CRC-32 of the sentencepiece .model file the shard was made with (0: unknown), as
+//                                tokenizer_model_crc32 computes it
 //       52    4 header_crc32     CRC-32 of header bytes 0..51
 //       56    8 reserved         zero
 #pragma once
@@ -57,6 +58,17 @@ uint32_t crc32(const void* data, size_t bytes, uint32_t crc = 0);
 // CRC-32 of header bytes 0..51 (the header_crc32 field covers everything before it).
 uint32_t token_shard_header_crc32(const TokenShardHeader& h);
 
+// CRC-32 of the whole file at `path`, read in 1 MiB chunks: the tokenizer_crc32 of shards made with the
+// sentencepiece model at `path` (scripts/data/token_shard.py's tokenizer_crc32 is the same function). Throws
+// fp4moe::Error naming the file when it cannot be opened or read.
+uint32_t tokenizer_model_crc32(const std::string& path);
+
+// The command that makes, or rebuilds, the token shards of folder `shard_dir`, for error messages:
+// "`make data`" for data/cache/shards (the Makefile's default DATA_CACHE, relative to the repository root),
+// "`make data DATA_CACHE=<absolute parent>`" for another folder named shards (make data writes DATA_CACHE/shards),
+// and "`make data` (it writes DATA_CACHE/shards)" for a folder of any other name.
+std::string make_data_command(const std::string& shard_dir);
+
 // Writes a shard at `path` (to path + ".tmp-<pid>", one temporary per writer process, then renamed): tokens
 // [token_count] uint16, documents delimited by eot_token. Fills document_count and the CRCs. Throws fp4moe::Error
 // for vocab_size outside [1, 65536], an eot_token or a token not below vocab_size, or an I/O failure. Returns the
@@ -70,7 +82,8 @@ TokenShardHeader write_token_shard(const std::string& path, std::span<const uint
 // a header CRC mismatch; vocab_size outside [1, 65536] or eot_token not below it; a vocabulary different from
 // `expected_vocab_size` (the model's; 0 accepts any). With `verify_payload` (default), it also reads every token
 // once: payload CRC mismatch, a token not below vocab_size, or an end-of-text count different from
-// document_count are rejected.
+// document_count are rejected. The message of a missing or damaged shard ends with the command that rebuilds it
+// (make_data_command).
 class TokenShard {
  public:
   TokenShard(const std::string& path, uint32_t expected_vocab_size, bool verify_payload = true);

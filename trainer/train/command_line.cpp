@@ -8,7 +8,9 @@
 
 #include "kernels/common/check.h"
 #include "trainer/checkpoint.h"
+#include "trainer/data/loader.h"
 #include "trainer/train/metrics.h"
+#include "trainer/train/out_file.h"
 #include "trainer/train/resume.h"
 
 namespace fp4moe {
@@ -16,7 +18,10 @@ namespace fp4moe {
 TrainCommandLine::TrainCommandLine(CLI::App& app) {
   config_ = std::make_unique<ConfigOptions>(app, cfg_);
   app.add_option("--data", data_dir_, "folder of token shards (overrides train.data_dir)");
-  app.add_option("--out", out_, "HDF5 result file (default runs/train-<config name>-<UTC date-time>.h5)");
+  app.add_option("--out", out_, "HDF5 result file (default runs/train-<config name>-<UTC date-time>.h5); an existing "
+                                "file is refused unless --resume continues the run it holds, or --overwrite");
+  app.add_flag("--overwrite", overwrite_, "replace an existing --out file that this run does not continue (its "
+                                          "rows are not kept)");
   app.add_option("--run", run_, "group name of the run under /train and /memory (default the config name)");
   app.add_option("--resume", resume_, "continue from a checkpoint file, or 'latest' (the highest step in "
                                       "train.checkpoint_dir)");
@@ -67,6 +72,18 @@ void TrainCommandLine::resolve() {
                  "--train.steps)",
                  opts_.resume_path, ckpt.state().step, cfg_.train.steps);
   }
+
+  std::vector<NamedPath> inputs = {{"--config", config_path}, {"--resume", opts_.resume_path}};
+  if (!opts_.synthetic_data && !no_data_check_) {
+    std::vector<std::string> shards = find_token_shards(cfg_.train.data_dir, "train");
+    if (cfg_.train.eval_interval > 0) {
+      const std::vector<std::string> val = find_token_shards(cfg_.train.data_dir, "val");
+      shards.insert(shards.end(), val.begin(), val.end());
+    }
+    for (const std::string& shard : shards) inputs.push_back({"the token shard", shard});
+  }
+  const TrainOutUse use = check_train_out(opts_.out_path, opts_.run_name, cfg_, !resume_.empty(), overwrite_, inputs);
+  opts_.replace_out = use == TrainOutUse::replace;
 }
 
 std::string default_train_out_path(const std::string& config_name) {

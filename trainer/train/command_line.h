@@ -3,7 +3,9 @@
 //
 //   --config FILE, --section.key VALUE   the configuration (trainer/config.h)
 //   --data DIR              overrides train.data_dir
-//   --out FILE.h5           result file; default runs/train-<config name>-<UTC date-time>.h5
+//   --out FILE.h5           result file; default runs/train-<config name>-<UTC date-time>.h5 (trainer/train/out_file.h:
+//                           an existing file only when --resume continues the run it holds, or with --overwrite)
+//   --overwrite             replace an existing --out file that this run does not continue
 //   --run NAME              group under /train and /memory; default the config name
 //   --resume PATH|latest    continue from a checkpoint (latest: the highest step in train.checkpoint_dir)
 //   --log-interval N        without a terminal, a progress line every N steps (default 10)
@@ -37,10 +39,12 @@ class TrainCommandLine {
   // After app.parse(): reads the configuration file, applies --data, validates the configuration
   // (validate_config) and the shards (validate_data; not with --synthetic-data, nor with --dry-run
   // --no-data-check), checks the run options, resolves --resume (resolve_resume_path, then the checkpoint's
-  // header: readable and of this model's configuration hash, with a step below train.steps) and fills the default
-  // output and run names. Nothing is allocated. Throws fp4moe::Error with a message for the user, naming the
-  // option: no --config, --no-data-check without --dry-run, --log-interval < 1, --peak-tflops or
-  // --memory-budget not > 0 (or not finite), a bad --run name, and every error of the functions named above.
+  // header: readable and of this model's configuration hash, with a step below train.steps), fills the default
+  // output and run names and checks the output (check_train_out against --config, the --resume checkpoint and the
+  // shards read; with --dry-run too, so that a dry run answers for the real one). Nothing is allocated. Throws
+  // fp4moe::Error with a message for the user, naming the option: no --config, --no-data-check without --dry-run,
+  // --log-interval < 1, --peak-tflops or --memory-budget not > 0 (or not finite), a bad --run name, and every
+  // error of the functions named above.
   void resolve();
 
   const TrainerConfig& config() const { return cfg_; }
@@ -57,7 +61,7 @@ class TrainCommandLine {
   std::string data_dir_, out_, run_, resume_;
   double peak_tflops_ = kH100H200DenseBf16Flops / 1e12;
   double memory_budget_gib_ = 0;
-  bool dry_run_ = false, no_data_check_ = false;
+  bool dry_run_ = false, no_data_check_ = false, overwrite_ = false;
 };
 
 // "runs/train-<config_name>-<UTC date-time>.h5", the date-time as 20261129T101500Z.

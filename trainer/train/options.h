@@ -16,6 +16,8 @@ enum class ProgressMode { automatic, terminal, plain };
 
 struct TrainerOptions {
   std::string out_path;     // HDF5 result file (trainer/train/metrics.h), replaced at each write; "": none written
+  bool replace_out = false; // an existing out_path is replaced without being read: on a resume none of its rows are
+                            // carried over (`train --overwrite` of a file that is not this run's: out_file.h)
   std::string run_name;     // group under /train and /memory (check_run_name); "": model.name, else "run"
   std::string resume_path;  // checkpoint to continue from (an existing file; resolve_resume_path turns "latest"
                             // into one); "": a fresh start from init_weights(train.seed)

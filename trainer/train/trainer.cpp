@@ -8,6 +8,7 @@
 
 #include "kernels/common/check.h"
 #include "results/env_info.h"
+#include "results/output_path.h"
 #include "trainer/flops.h"
 #include "trainer/model/moe_experts.h"
 #include "trainer/train/stop_signals.h"
@@ -46,6 +47,10 @@ void Trainer::State::setup() {
   std::error_code ec;
   FP4MOE_CHECK(opts.resume_path.empty() || fs::is_regular_file(opts.resume_path, ec),
                "resume: checkpoint '{}' does not exist or is not a file", opts.resume_path);
+  if (!opts.out_path.empty())
+    check_output_path("the result file", opts.out_path,
+                      {{"the configuration file", opts.config_path}, {"the resume checkpoint", opts.resume_path}},
+                      OutputFolder::may_be_created);
 
   B = t.micro_batch;
   T = t.seq_len;
@@ -108,7 +113,8 @@ void Trainer::State::setup() {
     CUDA_CHECK(cudaStreamSynchronize(stream));
   } else {
     restore(opts.resume_path);
-    if (!opts.out_path.empty() && fs::exists(opts.out_path, ec)) metrics->load_previous(opts.out_path, step);
+    if (!opts.out_path.empty() && !opts.replace_out && fs::exists(opts.out_path, ec))
+      metrics->load_previous(opts.out_path, step);
   }
   result.start_step = step;
   run_peaks.merge(*mem);  // construction and initialisation

@@ -27,8 +27,8 @@
 // step, the optimizer steps (updates applied), the tokens seen, the RNG state (the synthetic stream's position),
 // the data loader's state and train_config_text. Resuming (options.resume_path) restores all of it instead of
 // init_weights, so that the steps after the checkpoint give bitwise the losses of an uninterrupted run (the model
-// is deterministic). When options.out_path already exists, its rows of this run up to the checkpoint's step are
-// carried into the new file.
+// is deterministic). When options.out_path already exists (and options.replace_out is false), its rows of this
+// run up to the checkpoint's step are carried into the new file.
 #pragma once
 
 #include <cstdint>
@@ -62,9 +62,10 @@ class Trainer {
  public:
   // Checks everything that can be checked without a device first: validate_config, validate_data (unless
   // options.synthetic_data), the options (log_interval >= 1, peak_flops > 0, the run name, an existing
-  // resume_path), the shards' payloads (DataLoader), a CUDA device. Then creates the output and checkpoint
-  // folders, the stream, the DeviceMemory (options.memory_budget_bytes), the Model and the batch buffers, and
-  // initialises the weights from train.seed or restores options.resume_path. Throws fp4moe::Error; an
+  // resume_path, an out_path that check_output_path of results/output_path.h accepts: a new path or a regular file,
+  // neither config_path nor resume_path), the shards' payloads (DataLoader), a CUDA device. Then creates the output
+  // and checkpoint folders, the stream, the DeviceMemory (options.memory_budget_bytes), the Model and the batch
+  // buffers, and initialises the weights from train.seed or restores options.resume_path. Throws fp4moe::Error; an
   // allocation over the budget throws with the allocator's report.
   Trainer(const TrainerConfig& cfg, const TrainerOptions& options);
   ~Trainer();
