@@ -37,9 +37,10 @@ test: build
 	@$(call q,$(BUILD))/fp4moe env | grep -q 'no CUDA device' && \
 	  echo "note: the GPU tests (ctest label gpu) were skipped: $$($(call q,$(BUILD))/fp4moe env | grep -o 'no CUDA device.*')" || true
 
-# On a machine with a GPU: every test must run (a skipped GPU test is a failure here).
+# On a machine with a GPU: every test must run (a skipped GPU test is a failure here). The GPU test programs, one
+# per kernel family (tests/CMakeLists.txt), start first and run beside each other and the CPU tests.
 test-gpu: build
-	cd $(call q,$(BUILD)) && FP4MOE_REQUIRE_GPU=1 ctest --output-on-failure
+	cd $(call q,$(BUILD)) && FP4MOE_REQUIRE_GPU=1 ctest --output-on-failure -j $(JOBS)
 
 # On a Hopper machine: the benchmark programs, their logs and HDF5 results under runs/bench-<date>/.
 bench: build

@@ -291,6 +291,11 @@ int main(int argc, char** argv) {
   bench::Program program;
   program.name = "bench_attention";
   program.needs = "the attention benchmarks";
+  program.help.summary =
+      "causal flash attention (kernels/attention), forward, backward and forward+backward, on the MLA shape (B1 T4096 "
+      "H128, 192/128) and the small config's (B8 T1024 H12, 96/64), against a cuBLASLt BF16 GEMM measured in the same "
+      "run";
+  program.help.example = "--benchmark_filter=mla";
   program.min_time_s = kMinTimeS;
   program.cases = [] {
     define_cases();

@@ -480,6 +480,10 @@ int main(int argc, char** argv) {
   Program program;
   program.name = "bench_convert";
   program.needs = "the conversion benchmarks";
+  program.help.summary =
+      "the conversion kernels of kernels/quant against the device-to-device copy of the same bytes, and the direct "
+      "MXFP4 -> FP8 conversions against the naive MXFP4 -> BF16 -> FP8 path";
+  program.help.example = "--benchmark_filter=fp8_col";
   program.min_time_s = kMinTimeS;
   program.cases = [] {
     define_cases();

@@ -495,6 +495,13 @@ int main(int argc, char** argv) {
   bench::Program program;
   program.name = "bench_group_linear";
   program.needs = "the Group Linear benchmarks";
+  program.help.summary =
+      "the Group Linear layer (kernels/gemm/group_linear.h) in its three recipes, forward, backward and "
+      "forward+backward, against the dense cuBLASLt FP8 GEMMs of the same tokens measured in the same run";
+  program.help.flags = {
+      {"--all", "the whole grid: {8, 16, 32} experts x {16384, 32768, 65536} routed tokens (default {8, 32} x 16384)"},
+      {"--list_splits", "print the group sizes of every split of the grid and exit (no GPU needed)"}};
+  program.help.example = "--benchmark_filter=v3_fc1";
   program.min_time_s = kMinTimeS;
   program.take_flags = [&all](int& argc, char** argv) {
     all = take_flag(argc, argv, "--all");

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_help.h"
 #include "kernels/common/check.h"
 #include "kernels/formats/formats.h"
 #include "results/env_info.h"
@@ -254,6 +255,7 @@ std::vector<std::string> case_names(const Cases& cases) {
 struct Program {
   const char* name = "";     // "bench_attention": the first word of its error lines
   const char* needs = "";    // "the attention benchmarks": "<name>: <why>: <needs> need a Hopper GPU" without device
+  ProgramHelp help;          // what -h/--help prints besides the common flags (bench_help.h)
   double min_time_s = 0.05;  // Google Benchmark's MinTime of every case, seconds
   // Optional: takes the program's own flags out of argv (after --h5, before Google Benchmark sees the rest);
   // returns an exit code to end the program with at once, or -1 to go on.
@@ -278,6 +280,7 @@ struct Program {
 };
 
 // The main() of every benchmark program, in this order:
+//  0. with -h or --help: prints the program's help (print_program_help) and returns 0;
 //  1. command_line of the whole argv (for the result file), take_h5_flag (exit code 2 when the --h5 path cannot be
 //     written), program.take_flags (ends here with its exit code when it returns one >= 0);
 //  2. program.cases, each registered with manual time, microseconds and MinTime(min_time_s);
@@ -289,6 +292,10 @@ struct Program {
 //  6. runs the cases (benchmark::RunSpecifiedBenchmarks), program.after_cases, benchmark::Shutdown;
 //  7. returns program.report(h5_path, command).
 inline int run_program(int argc, char** argv, const Program& program) {
+  if (asks_for_help(argc, argv)) {
+    print_program_help(program.name, program.help);
+    return 0;
+  }
   const std::string command = command_line(argc, argv);
   const std::string h5_path = take_h5_flag(argc, argv);
   if (program.take_flags) {

@@ -9,12 +9,13 @@
 #                    env.txt            fp4moe env
 #                    build.log          configure + build
 #                    tests.log          ctest --output-on-failure, every test, FP4MOE_REQUIRE_GPU=1
-#                    tests.xml          the same as JUnit XML
+#                    tests.xml          the same as JUnit XML, with every test's output (a GPU test program, one
+#                                       per kernel family, is one ctest test gpu_<family>: its counts, failures)
 #                    bench_<name>.log   each benchmark program's output
 #                    bench_<name>.h5    its results (programs that take --h5; bench_convert does)
 #   --bench-only   skip the tests
 #   --skip-build   use the existing build folder as it is
-# Environment: BUILD (build folder, default build), JOBS (build jobs, default nproc).
+# Environment: BUILD (build folder, default build), JOBS (build and ctest jobs, default nproc).
 set -uo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -89,7 +90,8 @@ elif [[ ! -f "$build/CTestTestfile.cmake" ]]; then
   record tests 1
 else
   echo "== tests: FP4MOE_REQUIRE_GPU=1 ctest (log: $out/tests.log)"
-  (cd "$build" && FP4MOE_REQUIRE_GPU=1 ctest --output-on-failure --output-junit "$out/tests.xml") >"$out/tests.log" 2>&1
+  (cd "$build" && FP4MOE_REQUIRE_GPU=1 ctest --output-on-failure -j "$jobs" --output-junit "$out/tests.xml") \
+    >"$out/tests.log" 2>&1
   rc=$?
   grep -E "tests passed|tests failed|^\s+[0-9]+ - " "$out/tests.log" | tail -n 40
   record tests $rc

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
+#include "gpu/param_printers.h"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"

@@ -27,12 +27,14 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
+#include "gpu/param_printers.h"
 #include "kernels/common/check.h"
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/cublaslt_matmul.h"
@@ -375,6 +377,12 @@ struct RecipeMix {
   const char* shared_experts;
   const char* routed_experts;
 };
+
+// GetParam() in GoogleTest's output: "paper1: attention fp8, dense_mlp fp8, shared_experts fp8, routed_experts mxfp4".
+void PrintTo(const RecipeMix& m, std::ostream* os) {
+  *os << m.name << ": attention " << m.attention << ", dense_mlp " << m.dense_mlp << ", shared_experts "
+      << m.shared_experts << ", routed_experts " << m.routed_experts;
+}
 
 struct TinyModel {
   explicit TinyModel(const RecipeMix& mix)

@@ -1,5 +1,6 @@
 """`fp4moe bench NAME ARGS...` hands ARGS to benchmarks/bench_NAME untouched and in order (`--h5 PATH` must stay
-`--h5 PATH`), and the benchmark programs check their --h5 path before they run. For the first, the binary is
+`--h5 PATH`; `--help` after the name asks the program for its options, before it `fp4moe bench` for its own help),
+and the benchmark programs check their --h5 path before they run and answer --help with their options. For the first, the binary is
 copied with a stand-in benchmark program beside it (fp4moe finds benchmarks/ next to its own executable), which
 prints each argument it receives on its own line. The binary is $FP4MOE_BUILD/fp4moe."""
 
@@ -65,6 +66,51 @@ class BenchCli(unittest.TestCase):
         r = self.bench()
         self.assertEqual(r.returncode, 2)
         self.assertIn("name a benchmark (available: echo) or pass --list", r.stderr)
+        r = self.bench("--benchmark_filter=x")
+        self.assertEqual((r.returncode, r.stdout), (2, ""))
+        self.assertIn("unknown option '--benchmark_filter=x' before the benchmark's name", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+
+    def test_help_after_the_name_reaches_the_program(self):
+        for args in (["--help"], ["-h"], ["--benchmark_filter=x", "--help"]):
+            with self.subTest(args=args):
+                r = self.bench("echo", *args)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(r.stdout.splitlines(), [f"[{a}]" for a in args])
+
+    def test_help_before_the_name_says_how_to_run_the_programs(self):
+        for flag in ("--help", "-h"):
+            with self.subTest(flag=flag):
+                r = self.bench(flag)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("fp4moe bench NAME --help", r.stdout)
+                self.assertIn("programs: echo", r.stdout)
+
+
+class BenchProgramHelp(unittest.TestCase):
+    """Each benchmark program answers -h/--help, also through `fp4moe bench NAME --help`, with its own options: its
+    flags, --h5 PATH and Google Benchmark's flags; no GPU needed."""
+
+    OWN_FLAGS = {"bench_group_linear": ["--all", "--list_splits"]}
+
+    def test_every_program_lists_its_options(self):
+        exe = binary()
+        bench_dir = os.path.join(os.path.dirname(exe), "benchmarks")
+        programs = sorted(p for p in (os.listdir(bench_dir) if os.path.isdir(bench_dir) else [])
+                          if p.startswith("bench_") and os.access(os.path.join(bench_dir, p), os.X_OK))
+        if not programs or not os.access(exe, os.X_OK):
+            self.skipTest(f"fp4moe or the benchmark programs are not built in {os.path.dirname(exe)}")
+        for prog in programs:
+            for command in ([os.path.join(bench_dir, prog), "--help"], [os.path.join(bench_dir, prog), "-h"],
+                            [exe, "bench", prog[len("bench_"):], "--help"]):
+                with self.subTest(command=command[1:]):
+                    r = subprocess.run(command, capture_output=True, text=True, timeout=60)
+                    self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                    self.assertIn(f"usage: {prog} ", r.stdout)
+                    for flag in [*self.OWN_FLAGS.get(prog, []), "--h5 PATH", "--benchmark_filter=",
+                                 "--benchmark_list_tests"]:
+                        self.assertIn(flag, r.stdout)
 
 
 class BenchResultPath(unittest.TestCase):

@@ -1,0 +1,19 @@
+// How the parameters of the parameterised GPU tests print in GoogleTest's output (the `GetParam() = ...` of
+// --gtest_list_tests and of a failure): recipes and scale modes by name instead of GoogleTest's byte dump of an
+// enum class. GoogleTest finds a PrintTo in the parameter's namespace (tests/python/test_test_names.py checks
+// that no parameter prints as bytes).
+#pragma once
+
+#include <ostream>
+
+#include "kernels/gemm/cublaslt_matmul.h"
+#include "kernels/gemm/group_linear.h"
+#include "trainer/config.h"
+
+namespace fp4moe {
+
+inline void PrintTo(GroupLinearRecipe r, std::ostream* os) { *os << group_linear_recipe_name(r); }
+inline void PrintTo(LtScaleMode m, std::ostream* os) { *os << lt_scale_mode_name(m); }
+inline void PrintTo(Recipe r, std::ostream* os) { *os << recipe_name(r); }
+
+}  // namespace fp4moe
