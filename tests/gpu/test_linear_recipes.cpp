@@ -173,8 +173,8 @@ TEST_P(LinearRecipe, MatchesItsQuantizedReferenceWithinTheRecipesErrorOfBf16) {
     Bands bf, bd, bw;
     recipe_bands(recipe, bf, bd, bw);
     const double ef = rel(y, y_bf), ed = rel(dx, dx_bf), ew = rel(dw, dw_bf);
-    std::printf("[ %s M=%lld ] relative L2 error vs bf16: Fprop %.4f Dgrad %.4f Wgrad %.4f\n", recipe_name(recipe),
-                static_cast<long long>(M), ef, ed, ew);
+    std::printf("[ %s M=%lld ] relative L2 error vs bf16: Fprop %.4f Dgrad %.4f Wgrad %.4f\n",
+                recipe_name(recipe).c_str(), static_cast<long long>(M), ef, ed, ew);
     EXPECT_GE(ef, bf.lo);
     EXPECT_LT(ef, bf.hi);
     EXPECT_GE(ed, bd.lo);
