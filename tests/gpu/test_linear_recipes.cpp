@@ -341,6 +341,9 @@ TEST_P(LinearRecipeQuantized, RejectsMisuse) {
   DeviceMemory other;
   ModelContext other_mem{nullptr, &d.lt, &other};
   EXPECT_THROW(d.linear.forward(other_mem, x.ptr, 64, y.ptr), Error) << "another DeviceMemory";
+  CublasLtMatmul other_lt;
+  ModelContext other_matmul{nullptr, &other_lt, &d.mem};
+  EXPECT_THROW(d.linear.forward(other_matmul, x.ptr, 64, y.ptr), Error) << "another cuBLASLt object";
   EXPECT_THROW(d.linear.forward(d.ctx, nullptr, 64, y.ptr), Error);
   EXPECT_NO_THROW(d.linear.backward(d.ctx, dy.ptr, nullptr, 64, to_dx));
   CUDA_CHECK(cudaDeviceSynchronize());

@@ -119,8 +119,8 @@ class GroupLinear {
   //   mxfp4: the caller's MXFP4 X (layouts.h): M K / 2 bytes of E2M1 codes plus M K / 32 UE8M0 scale bytes.
   // Not counted: the weights and their FP8 copies (held for the whole step: weight_copy_bytes), and the scratch
   // of one pass (FP8 row copies of X and dY, the dY columns), whose contents are dead between forward and
-  // backward although the layer keeps the allocations for reuse. Rejects M < 0, K < 1 or G < 1.
-  // Rejects also a recipe other than the presets.
+  // backward although the layer keeps the allocations for reuse. Rejects M < 0, K < 1, G < 1 and a recipe other
+  // than the presets.
   static size_t held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K, int64_t G);
   // The same for this layer's last forward. Rejects a call before any forward.
   size_t held_activation_bytes() const;
