@@ -1,4 +1,4 @@
-// bench_group_linear: the Group Linear layer of kernels/gemm/group_linear.h (the routed experts' linear layer) in
+// bench_group_linear: the Group Linear layer of trainer/model/group_linear.h (the routed experts' linear layer) in
 // its three recipes, forward, backward and forward+backward, against the dense cuBLASLt FP8 GEMMs of the same
 // tokens measured in the same run.
 //
@@ -41,10 +41,10 @@
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
-#include "kernels/gemm/group_linear.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
+#include "trainer/model/group_linear.h"
 
 namespace fp4moe::bench_gl {
 namespace {
@@ -200,11 +200,6 @@ struct Workload {
   double held_bytes = NAN, weight_copy_bytes = NAN;
 };
 
-GroupLinearRecipe recipe_of(const std::string& r) {
-  if (r == "bf16") return GroupLinearRecipe::bf16;
-  if (r == "fp8") return GroupLinearRecipe::fp8;
-  return GroupLinearRecipe::mxfp4;
-}
 
 std::unique_ptr<Workload> build(const Case& c) {
   auto w = std::make_unique<Workload>();
@@ -266,7 +261,7 @@ std::unique_ptr<Workload> build(const Case& c) {
     return w;
   }
 
-  const GroupLinearRecipe recipe = recipe_of(c.recipe);
+  const Recipe recipe = parse_recipe(c.recipe, "recipe");
   bf16* wt = p.alloc<bf16>(G * N * K);
   bench::fill_bf16_random(wt, G * N, K, 101, bench::weight_spread());
   bf16* x = p.alloc<bf16>(M * K);
@@ -277,7 +272,7 @@ std::unique_ptr<Workload> build(const Case& c) {
   bf16* dx = p.alloc<bf16>(M * K);
   float* dw = p.alloc<float>(G * N * K);
   GroupLinearInput in{};
-  if (recipe == GroupLinearRecipe::mxfp4) {  // as after an FP4 dispatch: quantized once, outside the timed region
+  if (recipe == Recipe::mxfp4) {  // as after an FP4 dispatch: quantized once, outside the timed region
     in.mx_codes = p.alloc<uint8_t>(M * K / 2);
     in.mx_scales = p.alloc<uint8_t>(M * K / kMxBlock);
     bf16_to_mxfp4_row(x, M, K, const_cast<uint8_t*>(in.mx_codes), const_cast<uint8_t*>(in.mx_scales), MxQuantConfig{},
@@ -285,14 +280,14 @@ std::unique_ptr<Workload> build(const Case& c) {
   } else {
     in.x = x;
   }
-  w->layer = std::make_unique<GroupLinear>(G, N, K, recipe);
+  w->layer = std::make_unique<GroupLinear>(G, N, K, recipe, nullptr);
   GroupLinear& layer = *w->layer;
   layer.set_weights(wt, nullptr);  // once per optimizer step: outside the timed region
   CUDA_CHECK(cudaMemset(y, 0xFF, sizeof(bf16) * M * N));  // NaN poison
   CUDA_CHECK(cudaMemset(dx, 0xFF, sizeof(bf16) * M * K));
   CUDA_CHECK(cudaMemset(dw, 0, sizeof(float) * G * N * K));
   auto fwd = [=, &layer] { layer.forward(in, split, y, nullptr); };
-  auto bwd = [=, &layer] { layer.backward(dy, split, dx, dw, nullptr); };
+  auto bwd = [=, &layer] { layer.backward(in, dy, split, dx, dw, nullptr); };
   fwd();
   bwd();
   check_output("Y", y, M * N, counts);

@@ -15,23 +15,6 @@
 
 namespace fp4moe {
 
-const char* recipe_name(Recipe r) {
-  switch (r) {
-    case Recipe::bf16: return "bf16";
-    case Recipe::fp8: return "fp8";
-    case Recipe::mxfp4: return "mxfp4";
-  }
-  return "?";
-}
-
-Recipe parse_recipe(const std::string& text, const std::string& what) {
-  if (text == "bf16") return Recipe::bf16;
-  if (text == "fp8") return Recipe::fp8;
-  if (text == "mxfp4") return Recipe::mxfp4;
-  FP4MOE_CHECK(false, "{} = '{}': unknown recipe, expected bf16, fp8 or mxfp4", what, text);
-  return Recipe::bf16;
-}
-
 bool RecomputeConfig::has(const std::string& module) const {
   return std::find(modules.begin(), modules.end(), module) != modules.end() ||
          std::find(modules.begin(), modules.end(), "full") != modules.end();

@@ -39,15 +39,9 @@
 
 #include "kernels/nn/router.h"
 #include "trainer/config_file.h"
+#include "trainer/model/recipe.h"
 
 namespace fp4moe {
-
-// Precision of a class of linear layers (DESIGN.md "Recipes"): bf16, fp8 (1x128 / 128x128 block-scaled FP8,
-// DeepSeek-V3's fine-grained FP8) or mxfp4 (paper 1: MXFP4 storage and communication, FP8 compute).
-enum class Recipe { bf16, fp8, mxfp4 };
-const char* recipe_name(Recipe r);
-// Throws fp4moe::Error for anything but "bf16", "fp8" or "mxfp4"; `what` names the option in the message.
-Recipe parse_recipe(const std::string& text, const std::string& what);
 
 // What to do with a step whose loss or gradient norm is not finite: skip the update (the step still counts) or
 // stop the run with an error.
@@ -116,8 +110,8 @@ struct TrainingConfig {
   int64_t tokens_per_step() const { return seq_len * micro_batch * grad_accum; }
 };
 
-// Recipe per layer class. Embedding, LM head, router and norms stay BF16/FP32 and the attention core BF16
-// whatever is chosen here (DESIGN.md "Recipes").
+// Recipe per layer class, one of the presets of trainer/model/recipe.h. Embedding, LM head, router and norms stay
+// BF16/FP32 and the attention core BF16 whatever is chosen here (DESIGN.md "Recipes").
 struct RecipeConfig {
   Recipe attention = Recipe::bf16;       // MLA projections (q down/up, kv down/up, output)
   Recipe dense_mlp = Recipe::bf16;       // dense SwiGLU FFN of the first n_dense_layers

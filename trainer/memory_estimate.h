@@ -103,7 +103,8 @@
 // k (4 + 17d/32) = 30,496 (mxfp4) bytes per token; the router its 1,088.
 //
 // The Linears' and Group Linears' copies (FP8 weights, FP8 column or MXFP4 copies of X) come from DeviceMemory at
-// the first forward (MemoryTerm::first_forward; GroupLinear::set_allocator), each buffer rounded up to 256 bytes.
+// the first forward (MemoryTerm::first_forward; counted_allocator, linear_quantized.h), each buffer rounded up to
+// 256 bytes.
 // What DeviceMemory does not see (MemoryTerm::device_memory = false): LmHeadCrossEntropy's buffers and the
 // communication buffers (no expert or pipeline parallelism is built). Not counted at all: cuBLASLt workspaces, the
 // CUDA context, allocator fragmentation, cub's sort storage of the embedding backward (the estimate takes its four

@@ -6,25 +6,15 @@
 
 #include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
-#include "kernels/gemm/group_linear.h"
 #include "kernels/nn/adamw.h"
 #include "kernels/nn/rmsnorm.h"
 #include "kernels/quant/layouts.h"
 #include "trainer/memory_estimate_detail.h"
+#include "trainer/model/group_linear.h"
 
 namespace fp4moe::mem_detail {
 
 namespace {
-
-GroupLinearRecipe group_recipe(Recipe r) {
-  switch (r) {
-    case Recipe::bf16: return GroupLinearRecipe::bf16;
-    case Recipe::fp8: return GroupLinearRecipe::fp8;
-    case Recipe::mxfp4: return GroupLinearRecipe::mxfp4;
-  }
-  FP4MOE_CHECK(false, "memory estimate: unknown recipe {}", static_cast<int>(r));
-  return GroupLinearRecipe::bf16;
-}
 
 // Appends terms of one module and category; zero-byte buffers (absent tensors: r_q = 0) are left out, as
 // DeviceMemory allocates nothing for them.
@@ -43,11 +33,8 @@ int64_t norm_partials(int64_t rows, int64_t C) { return 4 * rmsnorm_backward_wor
 // Bytes per routed row of the dispatch payload in a recipe (DESIGN.md "Expert parallelism"): BF16 rows, FP8 1x128
 // rows with FP32 scales, or MXFP4 codes with UE8M0 scales.
 int64_t dispatch_row_bytes(Recipe r, int64_t d) {
-  switch (r) {
-    case Recipe::bf16: return 2 * d;
-    case Recipe::fp8: return d + 4 * ceil_div(d, kFp8Block);
-    case Recipe::mxfp4: return d / 2 + ceil_div(d, kMxBlock);
-  }
+  if (r == Recipe::fp8) return d + 4 * ceil_div(d, kFp8Block);
+  if (r == Recipe::mxfp4) return d / 2 + ceil_div(d, kMxBlock);
   return 2 * d;
 }
 
@@ -110,7 +97,7 @@ QuantizedCopy quantized_input_copy(Recipe r, int64_t M, int64_t K, int64_t G) {
   if (r == Recipe::mxfp4) return {M * ceil_div(K, 2), M * ceil_div(K, kMxBlock)};
   G = std::max<int64_t>(G, 1);
   const QuantizedCopy q{fp8_col_codes_capacity(M, K, G), 4 * fp8_col_scales_capacity(M, K, G)};
-  FP4MOE_CHECK(q.codes + q.scales == static_cast<int64_t>(GroupLinear::held_activation_bytes(group_recipe(r), M, K, G)),
+  FP4MOE_CHECK(q.codes + q.scales == static_cast<int64_t>(GroupLinear::held_activation_bytes(r, M, K, G)),
                "memory estimate: the FP8 column copy of [{}, {}] in {} groups disagrees with GroupLinear's count", M, K,
                G);
   return q;
@@ -123,7 +110,7 @@ int64_t quantized_input_bytes(Recipe r, int64_t M, int64_t K, int64_t G) {
 
 int64_t weight_copy_bytes(Recipe r, int64_t G, int64_t N, int64_t K, bool as_allocated) {
   if (r == Recipe::bf16) return 0;
-  const int64_t exact = static_cast<int64_t>(GroupLinear::weight_copy_bytes(group_recipe(r), G, N, K));
+  const int64_t exact = static_cast<int64_t>(GroupLinear::weight_copy_bytes(r, G, N, K));
   if (!as_allocated) return exact;
   const int64_t codes = G * N * K, w_scales = 4 * G * fp8_block_scale_count(N, K),
                 wt_scales = 4 * G * fp8_block_scale_count(K, N);

@@ -131,13 +131,6 @@ CublasLtMatmul& GroupedGemm::lt() {
   return *lt0_;
 }
 
-void GroupedGemm::use_matmul(CublasLtMatmul* lt) {
-  FP4MOE_CHECK(lt != nullptr, "GroupedGemm::use_matmul: the cuBLASLt object is null");
-  if (lt0_ == lt) return;
-  lt0_ = lt;
-  own_lt_.reset();  // cudaFree of its workspace synchronises: nothing queued still uses it
-}
-
 void GroupedGemm::ensure_scratch(size_t bytes) {
   if (bytes <= scratch_capacity_) return;
   if (scratch_) CUDA_CHECK(cudaFree(scratch_));  // synchronises: no queued work still uses the old buffer

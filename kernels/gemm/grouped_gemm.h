@@ -50,8 +50,8 @@
 // time with 32 experts of ~512 tokens (every op, both V3 shapes, BF16 and FP8) and 0.87-1.36x with 8 experts of
 // ~2048, so the default stays 1 and callers with many small groups opt in.
 //
-// Not thread-safe; one GroupedGemm per stream (it owns, or borrows through use_matmul, the cuBLASLt object and
-// workspace of that stream, and owns a scratch buffer that grows on demand with cudaMalloc, which synchronises
+// Not thread-safe; one GroupedGemm per stream (it borrows the cuBLASLt object of that stream given at construction,
+// or owns one with its workspace, and owns a scratch buffer that grows on demand with cudaMalloc, which synchronises
 // the device: call reserve() once up front to avoid that).
 #pragma once
 
@@ -107,7 +107,10 @@ struct GroupedGemmTuning {
 
 class GroupedGemm {
  public:
-  GroupedGemm() = default;
+  // Run 0's GEMMs (the caller's stream) through `lt`, not owned: it must outlive this object and, as every
+  // CublasLtMatmul, serve one stream at a time (the model's one object for all its layers on the model's stream).
+  // Null: this object makes its own on first need (its 32 MiB workspace is allocated then, not here).
+  explicit GroupedGemm(CublasLtMatmul* lt = nullptr) : lt0_(lt) {}
   ~GroupedGemm();
   GroupedGemm(const GroupedGemm&) = delete;
   GroupedGemm& operator=(const GroupedGemm&) = delete;
@@ -136,13 +139,9 @@ class GroupedGemm {
   void reserve(int64_t M, int64_t R, int64_t P, int64_t G);
   static size_t scratch_bytes(int64_t M, int64_t R, int64_t P, int64_t G, int streams = 1);
 
-  // The cuBLASLt object of the caller's stream (run 0): the one use_matmul gave, else this object's own, made on
-  // first need (its 32 MiB workspace is allocated then, not at construction).
+  // The cuBLASLt object of the caller's stream (run 0): the one given at construction, else this object's own,
+  // made on first need.
   CublasLtMatmul& lt();
-  // Run 0's GEMMs through `lt` (not owned; it must outlive this object and, as every CublasLtMatmul, serve one
-  // stream at a time: the model's one object for all its layers on the model's stream). An own object made
-  // before is freed. Rejects null.
-  void use_matmul(CublasLtMatmul* lt);
 
   // Rejects streams outside [1, 8]. Creates the side streams, their events and cuBLASLt objects here (never
   // during a call).
@@ -168,7 +167,7 @@ class GroupedGemm {
   template <typename PerGroup>
   void for_each_group(const GroupSplit& split, cudaStream_t caller, PerGroup&& per_group);
 
-  CublasLtMatmul* lt0_ = nullptr;            // run 0's: own_lt_ or the one use_matmul gave
+  CublasLtMatmul* lt0_ = nullptr;            // run 0's: the constructor's, else own_lt_
   std::unique_ptr<CublasLtMatmul> own_lt_;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;

@@ -1,4 +1,4 @@
-// Memory accounting of Group Linear (kernels/gemm/group_linear.h): what each recipe holds between forward and
+// Memory accounting of Group Linear (trainer/model/group_linear.h): what each recipe holds between forward and
 // backward, against the byte counts of the formats (DESIGN.md "Number formats": E2M1 is 4 bits, one UE8M0 byte
 // per 32 elements; E4M3 is 1 byte, one FP32 scale per 128 tokens), and the rejections. No device needed.
 #include <gtest/gtest.h>
@@ -7,12 +7,12 @@
 #include <random>
 
 #include "kernels/common/check.h"
-#include "kernels/gemm/group_linear.h"
+#include "trainer/model/group_linear.h"
 
 namespace fp4moe {
 namespace {
 
-using R = GroupLinearRecipe;
+using R = Recipe;
 
 TEST(GroupLinearMemory, Bf16AndMxfp4HoldExactlyTheirBitsPerElement) {
   std::mt19937 rng(7);
@@ -65,6 +65,15 @@ TEST(GroupLinearMemory, RejectsImpossibleShapes) {
   EXPECT_THROW(GroupLinear::held_activation_bytes(R::fp8, 16, 64, 0), Error);
   EXPECT_THROW(GroupLinear::held_activation_bytes(R::mxfp4, 16, 48, 1), Error);  // K not a multiple of 32
   EXPECT_THROW(GroupLinear::weight_copy_bytes(R::fp8, 0, 64, 64), Error);
+}
+
+TEST(GroupLinearMemory, RejectsRecipesOtherThanThePresets) {
+  R mx_gemm = R::mxfp4;  // MXFP4 Fprop operands: not built yet
+  mx_gemm.fprop = GemmPrecision::mxfp4;
+  EXPECT_THROW(GroupLinear::held_activation_bytes(mx_gemm, 16, 64, 1), Error);
+  EXPECT_THROW(GroupLinear::weight_copy_bytes(mx_gemm, 1, 64, 64), Error);
+  EXPECT_THROW(GroupLinear::check_shape(1, 64, 64, mx_gemm), Error);
+  EXPECT_NO_THROW(GroupLinear::check_shape(1, 64, 64, R::mxfp4));
 }
 
 }  // namespace

@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm/group_linear.h"
 #include "tests/cpu/trainer_test_util.h"
 #include "trainer/config.h"
 #include "trainer/flops.h"
 #include "trainer/memory_estimate.h"
 #include "trainer/memory_estimate_report.h"
+#include "trainer/model/group_linear.h"
 
 namespace fp4moe {
 namespace {
@@ -166,8 +166,8 @@ TEST(MemoryEstimate, TinyRoutedRecipesKeepTheirOwnCopies) {
     // FP8 weight copies (the GEMMs run in FP8): per expert W [N, K] and W^T as E4M3 (2NK) + 4 + 4 FP32 block
     // scales (leading dimension padded to 4): exactly fc1 8 x (8192 + 32) and fc2 8 x (4096 + 32) bytes; as four
     // buffers each rounded up to 256: 2 x 32768 + 2 x 256 and 2 x 16384 + 2 x 256.
-    EXPECT_EQ(GroupLinear::weight_copy_bytes(GroupLinearRecipe::mxfp4, E, 2 * f, d) +
-                  GroupLinear::weight_copy_bytes(GroupLinearRecipe::mxfp4, E, d, f),
+    EXPECT_EQ(GroupLinear::weight_copy_bytes(Recipe::mxfp4, E, 2 * f, d) +
+                  GroupLinear::weight_copy_bytes(Recipe::mxfp4, E, d, f),
               8u * (8192 + 32) + 8u * (4096 + 32));
     EXPECT_EQ(e.category(MemCategory::weights) - bf16.category(MemCategory::weights),
               2 * 32768 + 2 * 256 + 2 * 16384 + 2 * 256);

@@ -163,15 +163,24 @@ TEST(MoeLayerConfig, ConstructorChecksBeforeRegisteringAnything) {
   EXPECT_EQ(mem.current_total(), 0u);
 }
 
-TEST(MoeLayerConfig, InitStdAndRecipeMapping) {
+TEST(MoeLayerConfig, InitStd) {
   TrainerConfig c = tiny();
   c.model.layers = 8;
   EXPECT_FLOAT_EQ(moe_fc2_init_std(c), 0.005f);  // 0.02 / sqrt(16)
   c.model.layers = 0;
   test::expect_error_with([&] { moe_fc2_init_std(c); }, {"model.layers"});
-  EXPECT_EQ(group_linear_recipe(Recipe::bf16), GroupLinearRecipe::bf16);
-  EXPECT_EQ(group_linear_recipe(Recipe::fp8), GroupLinearRecipe::fp8);
-  EXPECT_EQ(group_linear_recipe(Recipe::mxfp4), GroupLinearRecipe::mxfp4);
+}
+
+TEST(MoeLayerConfig, RejectsARoutedRecipeOtherThanThePresetsBeforeRegisteringAnything) {
+  ParamStore store;
+  DeviceMemory mem;
+  TrainerConfig c = tiny();
+  c.recipe.routed_experts = Recipe::mxfp4;
+  c.recipe.routed_experts.mx.rounding = Rounding::stochastic;  // paper 2's ladder: not built yet
+  test::expect_error_with([&] { MoeLayer layer(store, "layers.1.moe", c, 256, mem); },
+                          {"layers.1.moe", "recipe.routed_experts", "rounding=sr", "only the presets"});
+  EXPECT_TRUE(store.params().empty());
+  EXPECT_EQ(mem.current_total(), 0u);
 }
 
 }  // namespace

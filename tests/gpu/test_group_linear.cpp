@@ -1,4 +1,4 @@
-// Group Linear (kernels/gemm/group_linear.h): forward and backward of each recipe against the CPU reference built
+// Group Linear (trainer/model/group_linear.h): forward and backward of each recipe against the CPU reference built
 // from the CPU references of the same quantizers (kernels/quant/) and the grouped GEMM reference, so that a wrong
 // operand, layout or transpose anywhere in the chain shows up. Outputs are poisoned before the run; the FP32
 // master gradient starts from random values and must come back as those plus dW.
@@ -16,13 +16,13 @@
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
-#include "kernels/gemm/group_linear.h"
 #include "kernels/gemm/grouped_gemm_ref.h"
 #include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mxfp4_row_to_fp8_col.h"
 #include "kernels/quant/mxfp4_row_to_fp8_row.h"
+#include "trainer/model/group_linear.h"
 
 namespace fp4moe {
 namespace {
@@ -69,15 +69,15 @@ void expect_rows_close(const std::string& what, const std::vector<float>& got, c
 
 std::vector<float> download_bf16(const DeviceBuffer<bf16>& d) { return to_float(d.download()); }
 
-class GroupLinearRecipes : public ::testing::TestWithParam<GroupLinearRecipe> {};
+class Recipes : public ::testing::TestWithParam<Recipe> {};
 
-TEST_P(GroupLinearRecipes, ForwardAndBackwardMatchTheQuantizedReference) {
+TEST_P(Recipes, ForwardAndBackwardMatchTheQuantizedReference) {
   FP4MOE_REQUIRE_DEVICE();
-  const GroupLinearRecipe recipe = GetParam();
+  const Recipe recipe = GetParam();
   const int64_t N = 256, K = 576;
   const std::vector<int32_t> offsets = {0, 162, 162, 2739, 3185, 3185, 3268};  // [162, 0, 2577, 446, 0, 83]
   const int64_t G = 6, M = offsets[G];
-  SCOPED_TRACE(std::string("recipe ") + group_linear_recipe_name(recipe));
+  SCOPED_TRACE(std::string("recipe ") + recipe_name(recipe));
 
   const std::vector<bf16> x = random_bf16(M, K, 1.0f, 1), w = random_bf16(G * N, K, 0.02f, 2),
                           dy = random_bf16(M, N, 1.0f, 3);
@@ -92,14 +92,14 @@ TEST_P(GroupLinearRecipes, ForwardAndBackwardMatchTheQuantizedReference) {
   std::vector<float> xf = to_float(x), wf = to_float(w), dyf = to_float(dy);
   std::vector<float> x_fprop = xf, w_fprop = wf, dy_dgrad = dyf, w_dgrad = wf, dy_wgrad = dyf, x_wgrad = xf;
   std::vector<uint8_t> mx_codes(M * K / 2), mx_scales(M * K / kMxBlock);
-  if (recipe != GroupLinearRecipe::bf16) {
+  if (recipe != Recipe::bf16) {
     const Fp8ScaleMode mode = Fp8ScaleMode::pow2;
     std::vector<uint8_t> codes;
     std::vector<float> scales;
     // Fprop: X row (BF16 -> FP8, or MXFP4 -> FP8 direct), W 128x128.
     codes.assign(M * K, 0);
     scales.assign(fp8_row_scale_count(M, K), 0.0f);
-    if (recipe == GroupLinearRecipe::mxfp4) {
+    if (recipe == Recipe::mxfp4) {
       bf16_to_mxfp4_row_ref(x.data(), M, K, mx_codes.data(), mx_scales.data(), MxQuantConfig{});
       mxfp4_row_to_fp8_row_ref(mx_codes.data(), mx_scales.data(), M, K, codes.data(), scales.data());
     } else {
@@ -130,7 +130,7 @@ TEST_P(GroupLinearRecipes, ForwardAndBackwardMatchTheQuantizedReference) {
     fp8_col_dequantize_ref(codes.data(), scales.data(), M, N, offsets.data(), G, dy_wgrad.data());
     codes.assign(fp8_col_codes_capacity(M, K, G), 0);
     scales.assign(fp8_col_scales_capacity(M, K, G), 0.0f);
-    if (recipe == GroupLinearRecipe::mxfp4)
+    if (recipe == Recipe::mxfp4)
       mxfp4_row_to_fp8_col_ref(mx_codes.data(), mx_scales.data(), M, K, offsets.data(), G, codes.data(),
                                scales.data());
     else
@@ -157,14 +157,14 @@ TEST_P(GroupLinearRecipes, ForwardAndBackwardMatchTheQuantizedReference) {
   d_dw.upload(dw_init);
 
   const GroupSplit split{d_offsets->ptr, offsets.data(), G};
-  GroupLinear layer(G, N, K, recipe);
+  GroupLinear layer(G, N, K, recipe, nullptr);
   GroupLinearInput in;
-  if (recipe == GroupLinearRecipe::mxfp4) in = GroupLinearInput{nullptr, d_mx_codes->ptr, d_mx_scales->ptr};
+  if (recipe == Recipe::mxfp4) in = GroupLinearInput{nullptr, d_mx_codes->ptr, d_mx_scales->ptr};
   else in.x = d_x->ptr;
   try {
     layer.set_weights(d_w->ptr, nullptr);
     layer.forward(in, split, d_y.ptr, nullptr);
-    layer.backward(d_dy->ptr, split, d_dx.ptr, d_dw.ptr, nullptr);
+    layer.backward(in, d_dy->ptr, split, d_dx.ptr, d_dw.ptr, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
   } catch (const std::exception& e) {
     FAIL() << "GroupLinear threw: " << e.what();
@@ -179,23 +179,36 @@ TEST_P(GroupLinearRecipes, ForwardAndBackwardMatchTheQuantizedReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllRecipes, GroupLinearRecipes,
-                         ::testing::Values(GroupLinearRecipe::bf16, GroupLinearRecipe::fp8, GroupLinearRecipe::mxfp4),
-                         [](const ::testing::TestParamInfo<GroupLinearRecipe>& info) {
-                           return std::string(group_linear_recipe_name(info.param));
+INSTANTIATE_TEST_SUITE_P(AllRecipes, Recipes,
+                         ::testing::Values(Recipe::bf16, Recipe::fp8, Recipe::mxfp4),
+                         [](const ::testing::TestParamInfo<Recipe>& info) {
+                           return std::string(recipe_name(info.param));
                          });
 
 TEST(GroupLinear, RejectsMisuse) {
   FP4MOE_REQUIRE_DEVICE();
-  EXPECT_THROW(GroupLinear(2, 128, 48, GroupLinearRecipe::mxfp4), Error);  // K % 32 != 0
-  EXPECT_THROW(GroupLinear(0, 128, 128, GroupLinearRecipe::fp8), Error);
-  GroupLinear layer(2, 128, 128, GroupLinearRecipe::fp8);
+  EXPECT_THROW(GroupLinear(2, 128, 48, Recipe::mxfp4, nullptr), Error);  // K % 32 != 0
+  EXPECT_THROW(GroupLinear(0, 128, 128, Recipe::fp8, nullptr), Error);
+  Recipe bf16_wgrad = Recipe::fp8;  // not a preset: not built yet
+  bf16_wgrad.wgrad = GemmPrecision::bf16;
+  EXPECT_THROW(GroupLinear(2, 128, 128, bf16_wgrad, nullptr), Error);
+  GroupLinearAllocator half;  // allocate without release
+  half.allocate = [](size_t, GroupLinearBuffer) -> void* { return nullptr; };
+  EXPECT_THROW(GroupLinear(2, 128, 128, Recipe::fp8, nullptr, half), Error);
+  GroupLinear layer(2, 128, 128, Recipe::fp8, nullptr);
   const std::vector<int32_t> offsets = {0, 3, 8};
   auto d_offsets = upload(offsets);
   DeviceBuffer<bf16> buf(8 * 128);
   const GroupSplit split{d_offsets->ptr, offsets.data(), 2};
   EXPECT_THROW(layer.forward(GroupLinearInput{buf.ptr, nullptr, nullptr}, split, buf.ptr, nullptr), Error);  // no W
-  EXPECT_THROW(layer.backward(buf.ptr, split, buf.ptr, nullptr, nullptr), Error);  // no forward
+  EXPECT_THROW(layer.backward(GroupLinearInput{}, buf.ptr, split, buf.ptr, nullptr, nullptr), Error);  // no forward
+  // bf16 Wgrad reads the forward's X, which backward must be given.
+  GroupLinear bf(2, 128, 128, Recipe::bf16, nullptr);
+  DeviceBuffer<float> dw(2 * 128 * 128);
+  DeviceBuffer<bf16> w(2 * 128 * 128), y(8 * 128);  // any values: only the rejection is checked
+  bf.set_weights(w.ptr, nullptr);
+  bf.forward(GroupLinearInput{buf.ptr, nullptr, nullptr}, split, y.ptr, nullptr);
+  EXPECT_THROW(bf.backward(GroupLinearInput{}, buf.ptr, split, nullptr, dw.ptr, nullptr), Error);
 }
 
 }  // namespace

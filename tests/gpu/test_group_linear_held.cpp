@@ -16,10 +16,10 @@
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
-#include "kernels/gemm/group_linear.h"
 #include "kernels/gemm/grouped_gemm_ref.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
+#include "trainer/model/group_linear.h"
 
 namespace fp4moe {
 namespace {
@@ -40,7 +40,7 @@ std::vector<bf16> random_bf16(int64_t n, float stddev, uint32_t seed) {
 
 // One layer with its inputs on the device; X is the caller's (BF16, and its MXFP4 copy for the mxfp4 recipe).
 struct LayerOnDevice {
-  GroupLinearRecipe recipe;
+  Recipe recipe;
   DeviceBuffer<int32_t> offsets{kOffsets.size()};
   DeviceBuffer<bf16> x{kM * kK}, w{kG * kN * kK}, dy{kM * kN}, y{kM * kN}, dx{kM * kK};
   DeviceBuffer<uint8_t> mx_codes{kM * kK / 2}, mx_scales{kM * kK / kMxBlock};
@@ -48,7 +48,7 @@ struct LayerOnDevice {
   GroupLinear layer;
   GroupSplit split;
 
-  explicit LayerOnDevice(GroupLinearRecipe r) : recipe(r), layer(kG, kN, kK, r) {
+  explicit LayerOnDevice(Recipe r) : recipe(r), layer(kG, kN, kK, r, nullptr) {
     offsets.upload(kOffsets);
     x.upload(random_bf16(kM * kK, 1.0f, 1));
     w.upload(random_bf16(kG * kN * kK, 0.02f, 2));
@@ -58,15 +58,15 @@ struct LayerOnDevice {
     layer.set_weights(w.ptr, nullptr);
   }
   GroupLinearInput input() const {
-    return recipe == GroupLinearRecipe::mxfp4 ? GroupLinearInput{nullptr, mx_codes.ptr, mx_scales.ptr}
-                                              : GroupLinearInput{x.ptr, nullptr, nullptr};
+    return recipe == Recipe::mxfp4 ? GroupLinearInput{nullptr, mx_codes.ptr, mx_scales.ptr}
+                                   : GroupLinearInput{x.ptr, nullptr, nullptr};
   }
   void forward() { layer.forward(input(), split, y.ptr, nullptr); }
-  // dW from zero, after whatever happened to the caller's X since forward.
+  // dW from zero, after whatever happened to the caller's X since forward (backward is given the same X).
   std::vector<float> backward_dw() {
     CUDA_CHECK(cudaMemset(dw.ptr, 0, dw.n * sizeof(float)));
     dx.poison(0xFF);
-    layer.backward(dy.ptr, split, dx.ptr, dw.ptr, nullptr);
+    layer.backward(input(), dy.ptr, split, dx.ptr, dw.ptr, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     return dw.download();
   }
@@ -78,7 +78,7 @@ double max_abs(const std::vector<float>& v) {
   return m;
 }
 
-class GroupLinearHeld : public ::testing::TestWithParam<GroupLinearRecipe> {};
+class GroupLinearHeld : public ::testing::TestWithParam<Recipe> {};
 
 TEST_P(GroupLinearHeld, AccessorAfterForwardIsTheCountOfItsTokens) {
   FP4MOE_REQUIRE_DEVICE();
@@ -92,8 +92,8 @@ TEST_P(GroupLinearHeld, AccessorAfterForwardIsTheCountOfItsTokens) {
 
 TEST_P(GroupLinearHeld, WgradReadsExactlyWhatIsCountedAsHeld) {
   FP4MOE_REQUIRE_DEVICE();
-  const GroupLinearRecipe recipe = GetParam();
-  SCOPED_TRACE(std::string("recipe ") + group_linear_recipe_name(recipe));
+  const Recipe recipe = GetParam();
+  SCOPED_TRACE(std::string("recipe ") + recipe_name(recipe));
   LayerOnDevice s(recipe);
   s.forward();
   const std::vector<float> intact = s.backward_dw();
@@ -102,7 +102,7 @@ TEST_P(GroupLinearHeld, WgradReadsExactlyWhatIsCountedAsHeld) {
 
   LayerOnDevice t(recipe);
   t.forward();
-  if (recipe == GroupLinearRecipe::fp8) {
+  if (recipe == Recipe::fp8) {
     // The caller's BF16 X is not held: NaN in it after forward changes nothing.
     t.x.poison(0xFF);
     const std::vector<float> after = t.backward_dw();
@@ -111,20 +111,21 @@ TEST_P(GroupLinearHeld, WgradReadsExactlyWhatIsCountedAsHeld) {
     EXPECT_LT(relative_l2_error(after.data(), intact.data(), static_cast<int64_t>(after.size())), 1e-6)
         << "fp8 recipe: dW changed after the caller's BF16 X was overwritten following forward";
   } else {
-    // The caller's X (BF16 for bf16, MXFP4 for mxfp4) is held by reference: zeroed after forward, dW = dY^T 0 = 0.
-    if (recipe == GroupLinearRecipe::mxfp4) {
+    // The caller's X (BF16 for bf16, MXFP4 for mxfp4) is what Wgrad reads, as backward is given it: zeroed after
+    // forward, dW = dY^T 0 = 0.
+    if (recipe == Recipe::mxfp4) {
       t.mx_codes.poison(0x00);
     } else {
       t.x.poison(0x00);
     }
-    EXPECT_EQ(max_abs(t.backward_dw()), 0.0) << "dW did not come from the caller's X held since forward";
+    EXPECT_EQ(max_abs(t.backward_dw()), 0.0) << "dW did not come from the caller's X given to backward";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllRecipes, GroupLinearHeld,
-                         ::testing::Values(GroupLinearRecipe::bf16, GroupLinearRecipe::fp8, GroupLinearRecipe::mxfp4),
-                         [](const ::testing::TestParamInfo<GroupLinearRecipe>& info) {
-                           return std::string(group_linear_recipe_name(info.param));
+                         ::testing::Values(Recipe::bf16, Recipe::fp8, Recipe::mxfp4),
+                         [](const ::testing::TestParamInfo<Recipe>& info) {
+                           return std::string(recipe_name(info.param));
                          });
 
 }  // namespace

@@ -175,8 +175,8 @@ TEST_P(LinearRecipe, MatchesItsQuantizedReferenceWithinTheRecipesErrorOfBf16) {
     Bands bf, bd, bw;
     recipe_bands(recipe, bf, bd, bw);
     const double ef = rel(y, y_bf), ed = rel(dx, dx_bf), ew = rel(dw, dw_bf);
-    std::printf("[ %s M=%lld ] relative L2 error vs bf16: Fprop %.4f Dgrad %.4f Wgrad %.4f\n", recipe_name(recipe),
-                static_cast<long long>(M), ef, ed, ew);
+    std::printf("[ %s M=%lld ] relative L2 error vs bf16: Fprop %.4f Dgrad %.4f Wgrad %.4f\n",
+                recipe_name(recipe).c_str(), static_cast<long long>(M), ef, ed, ew);
     EXPECT_GE(ef, bf.lo);
     EXPECT_LT(ef, bf.hi);
     EXPECT_GE(ed, bd.lo);
@@ -343,6 +343,9 @@ TEST_P(LinearRecipeQuantized, RejectsMisuse) {
   DeviceMemory other;
   ModelContext other_mem{nullptr, &d.lt, &other};
   EXPECT_THROW(d.linear.forward(other_mem, x.ptr, 64, y.ptr), Error) << "another DeviceMemory";
+  CublasLtMatmul other_lt;
+  ModelContext other_matmul{nullptr, &other_lt, &d.mem};
+  EXPECT_THROW(d.linear.forward(other_matmul, x.ptr, 64, y.ptr), Error) << "another cuBLASLt object";
   EXPECT_THROW(d.linear.forward(d.ctx, nullptr, 64, y.ptr), Error);
   EXPECT_NO_THROW(d.linear.backward(d.ctx, dy.ptr, nullptr, 64, to_dx));
   CUDA_CHECK(cudaDeviceSynchronize());

@@ -1,4 +1,4 @@
-// GroupLinear::fprop_fp8_rows (kernels/gemm/group_linear.h): the Fprop that the `moe` recompute policy reruns for
+// GroupLinear::fprop_fp8_rows (trainer/model/group_linear.h): the Fprop that the `moe` recompute policy reruns for
 // the fp8 routed recipe from the layer's kept FP8 row copy of its dispatched input (trainer/model/moe_experts.h).
 // G = 4 experts, N = 64, K = 192 (a partial last 128-block), groups of 5, 0, 133 and 9 rows (an empty group, and
 // groups whose row count is not a multiple of 4: the grouped GEMM's tail path):
@@ -22,9 +22,9 @@
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
-#include "kernels/gemm/group_linear.h"
 #include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/layouts.h"
+#include "trainer/model/group_linear.h"
 
 namespace fp4moe {
 namespace {
@@ -39,7 +39,7 @@ struct Fp8Layer {
   DeviceBuffer<int32_t> offsets{kOffsets.size()};
   DeviceBuffer<bf16> x{kM * kK}, w{kG * kN * kK}, dy{kM * kN}, y{kM * kN}, dx{kM * kK};
   DeviceBuffer<float> dw{kG * kN * kK};
-  GroupLinear layer{kG, kN, kK, GroupLinearRecipe::fp8};
+  GroupLinear layer{kG, kN, kK, Recipe::fp8, nullptr};
   GroupSplit split;
 
   Fp8Layer() {
@@ -57,7 +57,7 @@ struct Fp8Layer {
   void backward() {
     CUDA_CHECK(cudaMemset(dw.ptr, 0, dw.n * sizeof(float)));
     dx.poison(0xFF);
-    layer.backward(dy.ptr, split, dx.ptr, dw.ptr, nullptr);
+    layer.backward(GroupLinearInput{x.ptr, nullptr, nullptr}, dy.ptr, split, dx.ptr, dw.ptr, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
@@ -114,13 +114,13 @@ TEST(RecomputeGroupLinear, Fp8RowsFpropRejectsWhatItCannotRun) {
   FP4MOE_REQUIRE_DEVICE();
   Fp8Layer s;
   const RowCopy rows(s.x.ptr, s.layer.scale_mode());
-  for (const GroupLinearRecipe other : {GroupLinearRecipe::bf16, GroupLinearRecipe::mxfp4}) {
-    GroupLinear layer(kG, kN, kK, other);
+  for (const Recipe other : {Recipe::bf16, Recipe::mxfp4}) {
+    GroupLinear layer(kG, kN, kK, other, nullptr);
     layer.set_weights(s.w.ptr, nullptr);
     EXPECT_THROW(layer.fprop_fp8_rows(rows.operand(), s.split, s.y.ptr, nullptr), Error)
-        << group_linear_recipe_name(other);
+        << recipe_name(other);
   }
-  GroupLinear unset(kG, kN, kK, GroupLinearRecipe::fp8);
+  GroupLinear unset(kG, kN, kK, Recipe::fp8, nullptr);
   EXPECT_THROW(unset.fprop_fp8_rows(rows.operand(), s.split, s.y.ptr, nullptr), Error) << "before set_weights";
   const GroupSplit three{s.offsets.ptr, kOffsets.data(), kG - 1};
   EXPECT_THROW(s.layer.fprop_fp8_rows(rows.operand(), three, s.y.ptr, nullptr), Error) << "another group count";

@@ -33,8 +33,8 @@ size_t quantized_copy_bytes(const TrainerConfig& cfg, int64_t l, int64_t M) {
   if (fs > 0) b += linear(cfg.recipe.shared_experts, m.hidden) + linear(cfg.recipe.shared_experts, fs);
   if (cfg.recipe.routed_experts == Recipe::fp8) {
     const int64_t R = M * cfg.moe.top_k, E = cfg.moe.routed_experts;
-    b += GroupLinear::held_activation_bytes(GroupLinearRecipe::fp8, R, m.hidden, E) +
-         GroupLinear::held_activation_bytes(GroupLinearRecipe::fp8, R, cfg.moe.expert_ffn, E);
+    b += GroupLinear::held_activation_bytes(Recipe::fp8, R, m.hidden, E) +
+         GroupLinear::held_activation_bytes(Recipe::fp8, R, cfg.moe.expert_ffn, E);
   }
   return b;
 }

@@ -1,15 +1,16 @@
 #include "trainer/model/linear.h"
 
 #include "kernels/common/check.h"
-#include "kernels/gemm/group_linear.h"
 #include "kernels/quant/layouts.h"
+#include "trainer/model/group_linear.h"
 #include "trainer/model/linear_quantized.h"
 
 namespace fp4moe {
 
-Linear::Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features, Recipe recipe,
-               float init_std)
+Linear::Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features,
+               const Recipe& recipe, float init_std)
     : w_(nullptr), K_(in_features), N_(out_features), recipe_(recipe) {
+  require_preset_recipe(recipe, "Linear " + name);
   const bool bf16_gemm = recipe == Recipe::bf16;
   const int64_t mult = bf16_gemm ? 8 : 16;
   FP4MOE_CHECK(in_features >= mult && in_features % mult == 0 && out_features >= mult && out_features % mult == 0,
@@ -17,7 +18,7 @@ Linear::Linear(ParamStore& store, const std::string& name, int64_t in_features, 
                "out={}",
                name, mult, recipe_name(recipe), bf16_gemm ? "16-byte BF16 rows" : "the FP8 GEMMs take 16-byte rows",
                in_features, out_features);
-  FP4MOE_CHECK(recipe != Recipe::mxfp4 || in_features % kMxBlock == 0,
+  FP4MOE_CHECK(!recipe.mxfp4_input || in_features % kMxBlock == 0,
                "Linear {}: the mxfp4 recipe quantizes X in MX blocks of 32 along in_features, got in={}", name,
                in_features);
   if (!bf16_gemm) q_ = std::make_unique<LinearQuantized>(name, in_features, out_features, recipe);
@@ -28,13 +29,13 @@ Linear::~Linear() = default;
 Linear::Linear(Linear&&) noexcept = default;
 Linear& Linear::operator=(Linear&&) noexcept = default;
 
-size_t Linear::held_activation_bytes(Recipe recipe, int64_t M, int64_t K) {
+size_t Linear::held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K) {
   FP4MOE_CHECK(M >= 0 && K >= 1, "Linear::held_activation_bytes: expected M >= 0 and K >= 1, got M={} K={}", M, K);
-  return GroupLinear::held_activation_bytes(linear_group_recipe(recipe), M, K, 1);
+  return GroupLinear::held_activation_bytes(recipe, M, K, 1);
 }
 
-size_t Linear::weight_copy_bytes(Recipe recipe, int64_t N, int64_t K) {
-  return GroupLinear::weight_copy_bytes(linear_group_recipe(recipe), 1, N, K);
+size_t Linear::weight_copy_bytes(const Recipe& recipe, int64_t N, int64_t K) {
+  return GroupLinear::weight_copy_bytes(recipe, 1, N, K);
 }
 
 // bf16: row-major Y [M, N] is column-major Y^T [N, M]: Y^T = W (stored K x N column-major, i.e. W^T op) * X^T.

@@ -16,7 +16,7 @@
 // | mxfp4  | X -> MXFP4 (bf16_to_mxfp4_row) | as fp8                | X: MXFP4 -> FP8 column     | MXFP4 X only      |
 // |        | -> FP8 row (direct)            |                       | (direct), dY as fp8        |                   |
 //
-// The fp8 and mxfp4 recipes run through Group Linear with one group (kernels/gemm/group_linear.h, pow2 FP8
+// The fp8 and mxfp4 recipes run through Group Linear with one group (trainer/model/group_linear.h, pow2 FP8
 // scales, OCP floor MX scales with RNE); the bf16 recipe through the model's cuBLASLt handle (ModelContext::lt).
 // FP32 Dgrad in the fp8/mxfp4 recipes: Group Linear writes BF16 dX into a scratch, then cast_bf16_to_f32 (or,
 // accumulating, add_bf16_into_f32) brings it into the FP32 output, one BF16 rounding more than the bf16 recipe.
@@ -34,8 +34,8 @@
 //                (held_activation_bytes, each buffer rounded up to DeviceMemory's 256 bytes)
 //   workspace    FP8 row copies of X and dY, dY's column copy, mxfp4's X column copy (backward), the device
 //                offsets {0, M}, and the BF16 dX scratch of an FP32 Dgrad
-// Not counted: the cuBLASLt handle and 32 MiB workspace, the model's one (ctx.lt, which every fp8/mxfp4 layer's
-// Group Linear uses from its first forward on, GroupedGemm::use_matmul; a Linear run without ctx.lt makes its own),
+// Not counted: the cuBLASLt handle and 32 MiB workspace, the model's one (ctx.lt, with which every fp8/mxfp4 layer
+// builds its Group Linear at its first forward; a Linear run without ctx.lt makes its own),
 // and GroupedGemm's scratch for a token count M % 4 != 0 (cudaMalloc inside kernels/gemm), as model.cpp says. The caller's BF16 X is the caller's:
 // the fp8 and mxfp4 recipes do not read it in backward (backward_reads_input() is false), so a caller may free
 // or reuse it after forward.
@@ -70,10 +70,10 @@ class LinearQuantized;  // the fp8/mxfp4 path (linear_quantized.h)
 class Linear {
  public:
   // Registers the weight `name` [out_features, in_features], N(0, init_std^2), with weight decay. Rejects
-  // (fp4moe::Error, before registering) the shapes above. The fp8/mxfp4 recipes create their Group Linear here
-  // (a cuBLASLt handle and workspace: needs a CUDA device).
-  Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features, Recipe recipe,
-         float init_std);
+  // (fp4moe::Error, before registering) a recipe other than the presets bf16, fp8, mxfp4 (require_preset_recipe)
+  // and the shapes above. Needs no device: the fp8/mxfp4 recipes build their Group Linear at the first forward.
+  Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features,
+         const Recipe& recipe, float init_std);
   ~Linear();
   Linear(Linear&&) noexcept;
   Linear& operator=(Linear&&) noexcept;
@@ -81,7 +81,7 @@ class Linear {
   Linear& operator=(const Linear&) = delete;
 
   // y [M, N] = x [M, K] W^T. Rejects null x or y (M > 0); fp8/mxfp4 also a null ctx.mem, or another DeviceMemory
-  // than the first forward's.
+  // or cuBLASLt object (ctx.lt) than the first forward's.
   void forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) const;
   // dx (see LinearGradOut) from dy [M, N], and W's grad += dy^T x (FP32). x: the forward's input, read by the
   // bf16 recipe only (fp8 and mxfp4 read their own copy of it: x may be null there). Rejects a null dy, FP32
@@ -101,9 +101,9 @@ class Linear {
   // copy of X as allocated, K (M + 15) E4M3 codes + K (ceil(M/128) + 1) FP32 scales (the capacity of a column
   // tensor of one group, layouts.h); mxfp4 the layer's MXFP4 X, M K / 2 + M K / 32. Rejects M < 0, K < 1, and
   // K % 32 != 0 for mxfp4.
-  static size_t held_activation_bytes(Recipe recipe, int64_t M, int64_t K);
+  static size_t held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K);
   // FP8 copies of W and W^T held for the whole step (fp8, mxfp4; 0 for bf16). Rejects N or K < 1.
-  static size_t weight_copy_bytes(Recipe recipe, int64_t N, int64_t K);
+  static size_t weight_copy_bytes(const Recipe& recipe, int64_t N, int64_t K);
 
  private:
   void backward_bf16(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, LinearGradOut dx) const;

@@ -10,16 +10,6 @@
 
 namespace fp4moe {
 
-GroupLinearRecipe linear_group_recipe(Recipe recipe) {
-  switch (recipe) {
-    case Recipe::bf16: return GroupLinearRecipe::bf16;
-    case Recipe::fp8: return GroupLinearRecipe::fp8;
-    case Recipe::mxfp4: return GroupLinearRecipe::mxfp4;
-  }
-  FP4MOE_CHECK(false, "linear_group_recipe: unknown recipe {}", static_cast<int>(recipe));
-  return GroupLinearRecipe::bf16;
-}
-
 MemCategory linear_buffer_category(GroupLinearBuffer kind) {
   switch (kind) {
     case GroupLinearBuffer::weight_copy: return MemCategory::weights;
@@ -30,8 +20,18 @@ MemCategory linear_buffer_category(GroupLinearBuffer kind) {
   return MemCategory::workspace;
 }
 
-LinearQuantized::LinearQuantized(std::string name, int64_t K, int64_t N, Recipe recipe)
-    : name_(std::move(name)), K_(K), N_(N), recipe_(recipe), gl_(1, N, K, linear_group_recipe(recipe)) {
+GroupLinearAllocator counted_allocator(DeviceMemory& mem, const std::string& owner) {
+  DeviceMemory* m = &mem;
+  return GroupLinearAllocator{
+      [m, owner](size_t bytes, GroupLinearBuffer kind) {
+        return m->allocate(bytes, linear_buffer_category(kind), owner + " " + group_linear_buffer_name(kind));
+      },
+      [m](void* p) { m->release(p); }};
+}
+
+LinearQuantized::LinearQuantized(std::string name, int64_t K, int64_t N, const Recipe& recipe)
+    : name_(std::move(name)), K_(K), N_(N), recipe_(recipe) {
+  GroupLinear::check_shape(1, N, K, recipe);
   FP4MOE_CHECK(recipe != Recipe::bf16, "Linear {}: the bf16 recipe does not go through Group Linear", name_);
 }
 
@@ -39,21 +39,19 @@ void LinearQuantized::bind(const ModelContext& ctx, const char* what) {
   FP4MOE_CHECK(ctx.mem != nullptr,
                "Linear {} {}: the {} recipe takes its buffers from ctx.mem (the model's DeviceMemory), which is null",
                name_, what, recipe_name(recipe_));
-  if (mem_ == nullptr) {
-    DeviceMemory* mem = ctx.mem;
-    const std::string name = name_;
-    gl_.set_allocator(GroupLinearAllocator{
-        [mem, name](size_t bytes, GroupLinearBuffer kind) {
-          return mem->allocate(bytes, linear_buffer_category(kind), name + " " + group_linear_buffer_name(kind));
-        },
-        [mem](void* p) { mem->release(p); }});
-    offsets_ = DeviceArray<int32_t>(*mem, 2, MemCategory::workspace, name_ + " token offsets {0, M}");
-    mem_ = mem;
+  if (mem_ == nullptr) {  // the model's one cuBLASLt workspace (ctx.lt), not one per layer
+    gl_.emplace(1, N_, K_, recipe_, ctx.lt, counted_allocator(*ctx.mem, name_));
+    offsets_ = DeviceArray<int32_t>(*ctx.mem, 2, MemCategory::workspace, name_ + " token offsets {0, M}");
+    mem_ = ctx.mem;
+    lt_ = ctx.lt;
   }
   FP4MOE_CHECK(ctx.mem == mem_,
                "Linear {} {}: ctx.mem is not the DeviceMemory of the layer's first forward, which holds its buffers",
                name_, what);
-  if (ctx.lt != nullptr) gl_.gemm().use_matmul(ctx.lt);  // the model's one cuBLASLt workspace, not one per layer
+  FP4MOE_CHECK(ctx.lt == lt_,
+               "Linear {} {}: ctx.lt is not the cuBLASLt object of the layer's first forward, which its Group Linear "
+               "uses",
+               name_, what);
 }
 
 // The split of one group, {0, M}: the host copy for Group Linear's checks and loops, the device copy for the
@@ -72,9 +70,9 @@ void LinearQuantized::forward(ModelContext& ctx, const bf16* w, const bf16* x, i
   bind(ctx, "forward");
   last_M_ = -1;  // until this forward has been queued: a backward after a failed forward is rejected
   set_tokens(M, ctx.stream);
-  gl_.set_weights(w, ctx.stream);  // W, W^T -> FP8 128x128 (the parameters changed since the last step)
+  gl_->set_weights(w, ctx.stream);  // W, W^T -> FP8 128x128 (the parameters changed since the last step)
   GroupLinearInput in{x, nullptr, nullptr};
-  if (recipe_ == Recipe::mxfp4) {
+  if (recipe_.mxfp4_input) {
     if (M > mx_rows_) {  // free first: the old and new copies are never held together
       mx_codes_.reset();
       mx_scales_.reset();
@@ -87,7 +85,7 @@ void LinearQuantized::forward(ModelContext& ctx, const bf16* w, const bf16* x, i
     bf16_to_mxfp4_row(x, M, K_, mx_codes_.data(), mx_scales_.data(), MxQuantConfig{}, nullptr, ctx.stream);
     in = GroupLinearInput{nullptr, mx_codes_.data(), mx_scales_.data()};
   }
-  gl_.forward(in, split(), y, ctx.stream);
+  gl_->forward(in, split(), y, ctx.stream);
   last_M_ = M;
 }
 
@@ -110,7 +108,9 @@ void LinearQuantized::backward(ModelContext& ctx, const bf16* dy, int64_t M, con
     }
     dx16 = dx16_.data();
   }
-  gl_.backward(dy, split(), dx16, dw, ctx.stream);  // dx16 [M, K] BF16 (or none), dw += dY^T X
+  const GroupLinearInput x = recipe_.mxfp4_input ? GroupLinearInput{nullptr, mx_codes_.data(), mx_scales_.data()}
+                                                 : GroupLinearInput{};  // fp8: Group Linear's own column copy
+  gl_->backward(x, dy, split(), dx16, dw, ctx.stream);  // dx16 [M, K] BF16 (or none), dw += dY^T X
   if (dx.data && dx.fp32) {
     auto* out = static_cast<float*>(dx.data);
     if (dx.accumulate) add_bf16_into_f32(dx16, M * K_, out, ctx.stream);  // dx += dX

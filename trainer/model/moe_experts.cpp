@@ -17,18 +17,8 @@ namespace {
 constexpr float kInitStd = 0.02f;
 }  // namespace
 
-GroupLinearRecipe group_linear_recipe(Recipe r) {
-  switch (r) {
-    case Recipe::bf16: return GroupLinearRecipe::bf16;
-    case Recipe::fp8: return GroupLinearRecipe::fp8;
-    case Recipe::mxfp4: return GroupLinearRecipe::mxfp4;
-  }
-  FP4MOE_CHECK(false, "group_linear_recipe: unknown recipe {}", static_cast<int>(r));
-  return GroupLinearRecipe::bf16;
-}
-
 MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix, int64_t E, int64_t d, int64_t f,
-                                   int64_t k, Recipe recipe, float fc2_init_std, int64_t max_tokens,
+                                   int64_t k, const Recipe& recipe, float fc2_init_std, int64_t max_tokens,
                                    DeviceMemory& mem, MoeRecompute recompute)
     : prefix_(prefix),
       E_(E),
@@ -41,24 +31,15 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
       act_(recompute.act),
       w1_(nullptr),
       w2_(nullptr),
-      fc1_(E, 2 * f, d, group_linear_recipe(recipe)),  // checks E, d, f before anything is registered
-      fc2_(E, d, f, group_linear_recipe(recipe)) {
+      mem_(&mem) {
+  GroupLinear::check_shape(E, 2 * f, d, recipe);  // fc1, fc2: before anything is registered
+  GroupLinear::check_shape(E, d, f, recipe);
   FP4MOE_CHECK(max_tokens >= 0 && k >= 1 && k <= E,
                "MoeRoutedExperts {}: expected max_tokens >= 0 and 1 <= top_k <= E, got max_tokens={} k={} E={}",
                prefix, max_tokens, k, E);
   FP4MOE_CHECK(fc2_init_std > 0.0f, "MoeRoutedExperts {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
   w1_ = &store.add(prefix + ".experts.fc1", {E, 2 * f, d}, ParamInit::normal, kInitStd, /*decay=*/true);
   w2_ = &store.add(prefix + ".experts.fc2", {E, d, f}, ParamInit::normal, fc2_init_std, /*decay=*/true);
-  // Group Linear's own buffers from `mem`, counted as Linear counts them (linear_buffer_category): FP8 weight copies
-  // under weights, the fp8 recipe's FP8 column copy of X under activations, the rest under workspace.
-  for (auto [gl, name] : {std::pair{&fc1_, w1_->name}, std::pair{&fc2_, w2_->name}}) {
-    DeviceMemory* m = &mem;
-    gl->set_allocator(GroupLinearAllocator{
-        [m, name](size_t bytes, GroupLinearBuffer kind) {
-          return m->allocate(bytes, linear_buffer_category(kind), name + " " + group_linear_buffer_name(kind));
-        },
-        [m](void* p) { m->release(p); }});
-  }
   const int64_t R = max_tokens * k;
   const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, f8 = recipe == Recipe::fp8;
   const bool keep = !whole_, keep_a = keep && !act_;
@@ -103,16 +84,12 @@ DispatchBytes MoeRoutedExperts::dispatch_bytes() const {
   const int64_t R = max_tokens_ * k_;
   if (R == 0) return {};
   const double rows = static_cast<double>(R);
-  switch (recipe_) {
-    case Recipe::bf16: return {static_cast<double>(R * d_ * static_cast<int64_t>(sizeof(bf16))) / rows, 0.0};
-    case Recipe::fp8:  // the size of fc1's FP8 row buffer for R rows (GroupLinear::forward, group_linear.cpp)
-      return {static_cast<double>(R * d_) / rows,
-              static_cast<double>(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(R, d_))) / rows};
-    case Recipe::mxfp4:
-      return {static_cast<double>(R * d_ / 2) / rows, static_cast<double>(R * d_ / kMxBlock) / rows};
-  }
-  FP4MOE_CHECK(false, "MoeRoutedExperts {}: unknown recipe {}", prefix_, static_cast<int>(recipe_));
-  return {};
+  if (recipe_ == Recipe::bf16) return {static_cast<double>(R * d_ * static_cast<int64_t>(sizeof(bf16))) / rows, 0.0};
+  if (recipe_ == Recipe::mxfp4)
+    return {static_cast<double>(R * d_ / 2) / rows, static_cast<double>(R * d_ / kMxBlock) / rows};
+  // fp8: the size of fc1's FP8 row buffer for R rows (GroupLinear::forward, group_linear.cpp)
+  return {static_cast<double>(R * d_) / rows,
+          static_cast<double>(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(R, d_))) / rows};
 }
 
 MoeRoutedExperts::Tensors MoeRoutedExperts::bind_forward(ScratchArena& a, int64_t R) {
@@ -156,21 +133,33 @@ GroupLinearInput MoeRoutedExperts::quantized_input(const bf16* rows, int64_t R, 
   return GroupLinearInput{nullptr, codes, scales};
 }
 
+GroupLinearInput MoeRoutedExperts::input_of(const bf16* rows, const uint8_t* codes, const uint8_t* scales) const {
+  return recipe_ == Recipe::mxfp4 ? GroupLinearInput{nullptr, codes, scales} : GroupLinearInput{rows, nullptr, nullptr};
+}
+
+void MoeRoutedExperts::bind(const ModelContext& ctx) {
+  if (!fc1_) {  // the model's one cuBLASLt workspace (ctx.lt), not one per Group Linear
+    fc1_.emplace(E_, 2 * f_, d_, recipe_, ctx.lt, counted_allocator(*mem_, w1_->name));
+    fc2_.emplace(E_, d_, f_, recipe_, ctx.lt, counted_allocator(*mem_, w2_->name));
+    lt_ = ctx.lt;
+  }
+  FP4MOE_CHECK(ctx.lt == lt_,
+               "MoeRoutedExperts {}: ctx.lt is not the cuBLASLt object of the first forward, which fc1 and fc2 use",
+               prefix_);
+}
+
 void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRouting& r, bf16* y) {
   const int64_t M = r.M;
   FP4MOE_CHECK(M >= 1 && M <= max_tokens_ && r.E == E_ && r.k == k_,
                "MoeRoutedExperts {} forward: expected 1 <= M <= {} with E={} k={}, got M={} E={} k={}", prefix_,
                max_tokens_, E_, k_, M, r.E, r.k);
   FP4MOE_CHECK(x && y, "MoeRoutedExperts {} forward: x [M, {}] and y [M, {}] must not be null", prefix_, d_, d_);
+  bind(ctx);
   last_M_ = M;
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);  // takes stay in the caller's scope
   t_ = bind_forward(arena, M * k_);
-  fc1_.set_weights(w1_->param, ctx.stream);
-  fc2_.set_weights(w2_->param, ctx.stream);
-  if (ctx.lt != nullptr) {  // the model's one cuBLASLt workspace, not one per Group Linear
-    fc1_.gemm().use_matmul(ctx.lt);
-    fc2_.gemm().use_matmul(ctx.lt);
-  }
+  fc1_->set_weights(w1_->param, ctx.stream);
+  fc2_->set_weights(w2_->param, ctx.stream);
   run_to_ys(ctx, x, r, t_);
   unpermute_forward(t_.ys, r.topk_weight, t_.row_of, M, k_, d_, y, ctx.stream);  // y [M, d]
   stamp_ = arena.stamp();
@@ -184,15 +173,15 @@ void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRout
   permute_forward(x, t.assignment_of, M, k_, d_, t.xs, s);  // xs [R, d]
   // fp8 under whole: the kept FP8 row copy of xs, the same call (rows, scale mode) by which fc1 quantizes xs for
   // its Fprop below, so that the recompute's Fprop reads the same operand.
-  if (t.xs_fp8_codes) bf16_to_fp8_row(t.xs, R, d_, fc1_.scale_mode(), t.xs_fp8_codes, t.xs_fp8_scales, nullptr, s);
-  fc1_.forward(quantized_input(t.xs, R, d_, t.xs_codes, t.xs_scales, s), split, t.h, s);  // h [R, 2f]
+  if (t.xs_fp8_codes) bf16_to_fp8_row(t.xs, R, d_, fc1_->scale_mode(), t.xs_fp8_codes, t.xs_fp8_scales, nullptr, s);
+  fc1_->forward(quantized_input(t.xs, R, d_, t.xs_codes, t.xs_scales, s), split, t.h, s);  // h [R, 2f]
   run_from_h(ctx, split, R, t);
 }
 
 void MoeRoutedExperts::run_from_h(ModelContext& ctx, const GroupSplit& split, int64_t R, const Tensors& t) {
   cudaStream_t s = ctx.stream;
   swiglu_forward(t.h, R, f_, t.a, s);  // a [R, f]
-  fc2_.forward(quantized_input(t.a, R, f_, t.a_codes, t.a_scales, s), split, t.ys, s);  // ys [R, d]
+  fc2_->forward(quantized_input(t.a, R, f_, t.a_codes, t.a_scales, s), split, t.ys, s);  // ys [R, d]
 }
 
 void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
@@ -206,15 +195,14 @@ void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
   cudaStream_t s = ctx.stream;
   if (whole_) {  // the experts from the kept dispatched input (the weights' FP8 copies of this step are in fc1_, fc2_)
     const GroupSplit split{r.offsets, r.host_offsets, E_};
-    switch (recipe_) {
-      case Recipe::bf16: fc1_.forward(GroupLinearInput{t_.xs, nullptr, nullptr}, split, t_.h, s); break;
-      case Recipe::mxfp4: fc1_.forward(GroupLinearInput{nullptr, t_.xs_codes, t_.xs_scales}, split, t_.h, s); break;
-      case Recipe::fp8: fc1_.fprop_fp8_rows(Fp8RowOperand{t_.xs_fp8_codes, t_.xs_fp8_scales}, split, t_.h, s); break;
-    }
+    if (recipe_ == Recipe::fp8)
+      fc1_->fprop_fp8_rows(Fp8RowOperand{t_.xs_fp8_codes, t_.xs_fp8_scales}, split, t_.h, s);
+    else
+      fc1_->forward(input_of(t_.xs, t_.xs_codes, t_.xs_scales), split, t_.h, s);  // bf16, mxfp4
     run_from_h(ctx, split, R, t_);  // a (and its copy, where fc2's Wgrad reads it), ys
   } else {  // moe_act: a = swiglu(h) again (and its MXFP4 copy), where fc2's Wgrad will read it
     swiglu_forward(t_.h, R, f_, t_.a, s);
-    fc2_.rebind_input(quantized_input(t_.a, R, f_, t_.a_codes, t_.a_scales, s));
+    quantized_input(t_.a, R, f_, t_.a_codes, t_.a_scales, s);  // mxfp4: the copy backward gives fc2's Wgrad
   }
   stamp_ = arena.stamp();
 }
@@ -235,9 +223,9 @@ void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRout
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
   unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys [R, d]
-  fc2_.backward(drows, split, da, w2_->grad, s);                                          // da [R, f]
-  swiglu_backward(da, t_.h, R, f_, dh, s);                                                // dh [R, 2f]
-  fc1_.backward(dh, split, drows, w1_->grad, s);                                          // dxs [R, d]
+  fc2_->backward(input_of(t_.a, t_.a_codes, t_.a_scales), drows, split, da, w2_->grad, s);     // da [R, f]
+  swiglu_backward(da, t_.h, R, f_, dh, s);                                                   // dh [R, 2f]
+  fc1_->backward(input_of(t_.xs, t_.xs_codes, t_.xs_scales), dh, split, drows, w1_->grad, s);  // dxs [R, d]
   permute_backward(drows, t_.row_of, M, k_, d_, dx, s);                                   // dx [M, d]
 }
 

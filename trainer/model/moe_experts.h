@@ -8,8 +8,8 @@
 // Backward in reverse: unpermute_backward -> dys [R, d] and dweights [M, k] FP32; fc2 Dgrad/Wgrad; swiglu
 // backward; fc1 Dgrad/Wgrad; permute_backward -> dx [M, d] BF16. Expert Wgrads accumulate into the FP32 grads.
 //
-// Recipe (cfg.recipe.routed_experts, kernels/gemm/group_linear.h):
-//   bf16  xs and a are kept as BF16 (GroupLinear's Wgrad reads the caller's X).
+// Recipe (cfg.recipe.routed_experts, trainer/model/group_linear.h):
+//   bf16  xs and a are kept as BF16 (GroupLinear's Wgrad reads the caller's X, which backward passes to it).
 //   fp8   GroupLinear keeps its own FP8 column copies of X; xs and a are forward-only scratch (under moe/full the
 //         layer keeps the FP8 row copy of xs, below).
 //   mxfp4 xs and a are quantized to MXFP4 rows (bf16_to_mxfp4_row, OCP floor scales, RNE) and kept in that form
@@ -17,10 +17,11 @@
 //         On one device the permuted rows are quantized, which gives the codes that quantizing x before an
 //         expert-parallel dispatch would (the rule is per row).
 // The fp8/mxfp4 recipes quantize the expert weights in every forward (GroupLinear::set_weights: the BF16
-// parameters change after each optimizer step; a recompute in backward reuses them). GroupLinear's own buffers
-// come from the layer's DeviceMemory (GroupLinear::set_allocator), allocated at the first forward and kept: FP8
+// parameters change after each optimizer step; a recompute in backward reuses them). fc1 and fc2 are built at the
+// first forward, with the model's cuBLASLt object (ctx.lt, the same for every later call) and an allocator over
+// the layer's DeviceMemory (counted_allocator); their buffers are allocated at the first forward and kept: FP8
 // weight copies under weights, the fp8 recipe's FP8 column copies of xs and a under activations, FP8 row copies and
-// columns of one pass under workspace (per layer); its cuBLASLt workspace is not counted.
+// columns of one pass under workspace (per layer); the cuBLASLt workspace is not counted.
 // Experts that receive no token are skipped by the grouped GEMMs (their grads stay unchanged).
 //
 // Memory. Kept from forward to backward (MemCategory::activations), bytes per token (R = k rows per token; the
@@ -43,7 +44,7 @@
 // Recompute (trainer/model/recompute.h):
 //   moe_act  a is not kept: backward reruns swiglu(h) into the scratch; with mxfp4 it is the MXFP4 copy of a that is
 //            not kept: backward reruns swiglu into BF16 scratch and quantizes it again (the same codes and scales,
-//            the rule is deterministic per row), and fc2's Wgrad reads that copy (GroupLinear::rebind_input); fp8:
+//            the rule is deterministic per row), and fc2's Wgrad reads that copy (backward passes it); fp8:
 //            no change (a is never kept here).
 //   whole    (moe, full) the experts alone rerun from the kept dispatched input, on the kept routing (no router,
 //            no permute): fc1 (bf16: GroupLinear::forward on the kept xs; mxfp4: on the kept MXFP4 xs, converted
@@ -57,21 +58,20 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "kernels/common/types.h"
-#include "kernels/gemm/group_linear.h"
 #include "trainer/config.h"
 #include "trainer/memory.h"
 #include "trainer/model/context.h"
+#include "trainer/model/group_linear.h"
 #include "trainer/model/moe_router.h"
 #include "trainer/model/params.h"
 #include "trainer/model/recompute.h"
 #include "trainer/model/scratch.h"
 
 namespace fp4moe {
-
-GroupLinearRecipe group_linear_recipe(Recipe r);
 
 // Bytes per routed token (one row of the permuted input xs: one (token, expert) pair) of the expert-parallel
 // dispatch payload in a layer's recipe (DESIGN.md "Expert parallelism"), from the row layout of the buffers that
@@ -93,14 +93,15 @@ struct DispatchBytes {
 class MoeRoutedExperts {
  public:
   // E experts of width f on hidden d, top-k; fc1 init N(0, 0.02^2), fc2 N(0, fc2_init_std^2); recompute: whole
-  // and act (MoeRecompute's, above; shared_experts is MoeLayer's). Rejects (fp4moe::Error): what GroupLinear
-  // rejects (d, f multiples of 16; of 32 for mxfp4), max_tokens < 0.
+  // and act (MoeRecompute's, above; shared_experts is MoeLayer's). Rejects (fp4moe::Error): what
+  // GroupLinear::check_shape rejects (a recipe other than the presets; d, f multiples of 16, of 32 for mxfp4),
+  // max_tokens < 0.
   MoeRoutedExperts(ParamStore& store, const std::string& prefix, int64_t E, int64_t d, int64_t f, int64_t k,
-                   Recipe recipe, float fc2_init_std, int64_t max_tokens, DeviceMemory& mem,
+                   const Recipe& recipe, float fc2_init_std, int64_t max_tokens, DeviceMemory& mem,
                    MoeRecompute recompute = {});
 
   // x [M, d] BF16 with the router's routing for the same M (1 <= M <= max_tokens) -> y [M, d] BF16 (overwritten).
-  // Takes its scratch in the caller's scope.
+  // Takes its scratch in the caller's scope. Rejects a ctx.lt other than the first forward's.
   void forward(ModelContext& ctx, const bf16* x, const MoeRouting& routing, bf16* y);
   // Whether backward can run now: what it reads is kept, or a forward/recompute in a scope still open left it.
   bool ready(const ScratchArena& arena) const { return !needs_recompute() || arena.alive(stamp_); }
@@ -144,13 +145,19 @@ class MoeRoutedExperts {
   void run_from_h(ModelContext& ctx, const GroupSplit& split, int64_t R, const Tensors& t);
   GroupLinearInput quantized_input(const bf16* rows, int64_t R, int64_t K, uint8_t* codes, uint8_t* scales,
                                    cudaStream_t stream) const;
+  // The Group Linear input the recipe reads: BF16 rows (bf16, fp8), or their MXFP4 codes and scales (mxfp4).
+  GroupLinearInput input_of(const bf16* rows, const uint8_t* codes, const uint8_t* scales) const;
+  // Builds fc1 and fc2 at the first forward, with ctx.lt; rejects another ctx.lt later.
+  void bind(const ModelContext& ctx);
 
   std::string prefix_;
   int64_t E_, d_, f_, k_, max_tokens_;
   Recipe recipe_;
   bool whole_, act_;
   Param *w1_, *w2_;
-  GroupLinear fc1_, fc2_;
+  DeviceMemory* mem_;
+  CublasLtMatmul* lt_ = nullptr;           // the first forward's ctx.lt
+  std::optional<GroupLinear> fc1_, fc2_;  // built at the first forward (bind)
   int64_t last_M_ = -1;
   Tensors t_;                 // the tensors of the last forward / recompute
   uint64_t stamp_ = 0;        // scratch stamp of the last forward / recompute

@@ -1,4 +1,6 @@
-#include "kernels/gemm/group_linear.h"
+#include "trainer/model/group_linear.h"
+
+#include <utility>
 
 #include "kernels/common/check.h"
 #include "kernels/quant/bf16_to_fp8.h"
@@ -11,16 +13,11 @@ namespace fp4moe {
 namespace {
 constexpr GroupLinearBuffer kWeightCopy = GroupLinearBuffer::weight_copy;
 constexpr GroupLinearBuffer kScratch = GroupLinearBuffer::scratch;
-}  // namespace
 
-const char* group_linear_recipe_name(GroupLinearRecipe r) {
-  switch (r) {
-    case GroupLinearRecipe::bf16: return "bf16";
-    case GroupLinearRecipe::fp8: return "fp8";
-    case GroupLinearRecipe::mxfp4: return "mxfp4";
-  }
-  return "?";
-}
+// What the presets differ in here: the bf16 recipe runs BF16 GEMMs on the caller's X; the others FP8 GEMMs, on X
+// stored as MXFP4 (mxfp4) or quantized from BF16 by the layer (fp8).
+bool bf16_gemms(const Recipe& r) { return r.fprop == GemmPrecision::bf16; }
+}  // namespace
 
 const char* group_linear_buffer_name(GroupLinearBuffer kind) {
   switch (kind) {
@@ -64,31 +61,35 @@ GroupLinear::Buffer::~Buffer() {
   }
 }
 
-GroupLinear::GroupLinear(int64_t G, int64_t N, int64_t K, GroupLinearRecipe recipe, Fp8ScaleMode scale_mode)
-    : G_(G), N_(N), K_(K), recipe_(recipe), scale_mode_(scale_mode) {
+void GroupLinear::check_shape(int64_t G, int64_t N, int64_t K, const Recipe& recipe) {
+  require_preset_recipe(recipe, "GroupLinear");
   FP4MOE_CHECK(G >= 1 && N >= 16 && K >= 16 && N % 16 == 0 && K % 16 == 0,
                "GroupLinear: expected G >= 1 and N, K positive multiples of 16, got G={} N={} K={}", G, N, K);
-  FP4MOE_CHECK(recipe != GroupLinearRecipe::mxfp4 || K % kMxBlock == 0,
+  FP4MOE_CHECK(!recipe.mxfp4_input || K % kMxBlock == 0,
                "GroupLinear: the mxfp4 recipe needs K % 32 == 0 (MX blocks), got K={}", K);
+}
+
+GroupLinear::GroupLinear(int64_t G, int64_t N, int64_t K, const Recipe& recipe, CublasLtMatmul* lt,
+                         GroupLinearAllocator allocator, Fp8ScaleMode scale_mode)
+    : G_(G), N_(N), K_(K), recipe_(recipe), scale_mode_(scale_mode), gemm_(lt), allocator_(std::move(allocator)) {
+  check_shape(G, N, K, recipe);
+  FP4MOE_CHECK(static_cast<bool>(allocator_.allocate) == static_cast<bool>(allocator_.release),
+               "GroupLinear: the allocator needs both allocate and release (or neither, for cudaMalloc/cudaFree)");
 }
 
 GroupLinear::~GroupLinear() = default;
 
-void GroupLinear::set_allocator(GroupLinearAllocator allocator) {
-  FP4MOE_CHECK(allocator.allocate && allocator.release,
-               "GroupLinear::set_allocator: both allocate and release must be set");
-  for (const Buffer* b : {&w_codes_, &w_scales_, &wt_codes_, &wt_scales_, &row_codes_, &row_scales_, &xcol_codes_,
-                          &xcol_scales_, &dycol_codes_, &dycol_scales_})
-    FP4MOE_CHECK(b->ptr == nullptr, "GroupLinear::set_allocator: the layer already holds buffers (set the allocator "
-                 "before the first set_weights or forward)");
-  allocator_ = std::move(allocator);
+void GroupLinear::check_input(const GroupLinearInput& x, const char* what) const {
+  const bool mx = recipe_.mxfp4_input;
+  FP4MOE_CHECK(mx ? (x.mx_codes && x.mx_scales) : x.x != nullptr, "{}: the {} recipe takes {} input", what,
+               recipe_name(recipe_), mx ? "an MXFP4 (codes and scales)" : "a BF16");
 }
 
 void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
   FP4MOE_CHECK(w != nullptr, "GroupLinear::set_weights: null weights (expected BF16 [G, N, K] = [{}, {}, {}])", G_, N_,
                K_);
   w_ = w;
-  if (recipe_ == GroupLinearRecipe::bf16) return;
+  if (bf16_gemms(recipe_)) return;
   const int64_t count = fp8_block_scale_count(N_, K_), count_t = fp8_block_scale_count(K_, N_);
   auto* wc = static_cast<uint8_t*>(w_codes_.ensure(static_cast<size_t>(G_ * N_ * K_), kWeightCopy));
   auto* ws = static_cast<float*>(w_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count), kWeightCopy));
@@ -102,21 +103,18 @@ void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
   }
 }
 
-size_t GroupLinear::held_activation_bytes(GroupLinearRecipe recipe, int64_t M, int64_t K, int64_t G) {
+size_t GroupLinear::held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K, int64_t G) {
+  require_preset_recipe(recipe, "GroupLinear::held_activation_bytes");
   FP4MOE_CHECK(M >= 0 && K >= 1 && G >= 1, "GroupLinear::held_activation_bytes: expected M >= 0, K >= 1, G >= 1, "
                "got M={} K={} G={}", M, K, G);
-  switch (recipe) {
-    case GroupLinearRecipe::bf16: return static_cast<size_t>(M * K) * sizeof(bf16);
-    case GroupLinearRecipe::fp8:
-      return static_cast<size_t>(fp8_col_codes_capacity(M, K, G)) +
-             sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K, G));
-    case GroupLinearRecipe::mxfp4:
-      FP4MOE_CHECK(K % kMxBlock == 0, "GroupLinear::held_activation_bytes: the mxfp4 recipe needs K % 32 == 0, got K={}",
-                   K);
-      return static_cast<size_t>(M * (K / 2) + M * (K / kMxBlock));
+  if (bf16_gemms(recipe)) return static_cast<size_t>(M * K) * sizeof(bf16);
+  if (recipe.mxfp4_input) {
+    FP4MOE_CHECK(K % kMxBlock == 0, "GroupLinear::held_activation_bytes: the mxfp4 recipe needs K % 32 == 0, got K={}",
+                 K);
+    return static_cast<size_t>(M * (K / 2) + M * (K / kMxBlock));
   }
-  FP4MOE_CHECK(false, "GroupLinear::held_activation_bytes: unknown recipe {}", static_cast<int>(recipe));
-  return 0;
+  return static_cast<size_t>(fp8_col_codes_capacity(M, K, G)) +  // fp8: the FP8 column copy of X
+         sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K, G));
 }
 
 size_t GroupLinear::held_activation_bytes() const {
@@ -124,10 +122,11 @@ size_t GroupLinear::held_activation_bytes() const {
   return held_activation_bytes(recipe_, cached_M_, K_, G_);
 }
 
-size_t GroupLinear::weight_copy_bytes(GroupLinearRecipe recipe, int64_t G, int64_t N, int64_t K) {
+size_t GroupLinear::weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N, int64_t K) {
+  require_preset_recipe(recipe, "GroupLinear::weight_copy_bytes");
   FP4MOE_CHECK(G >= 1 && N >= 1 && K >= 1, "GroupLinear::weight_copy_bytes: expected G, N, K >= 1, got {} {} {}", G,
                N, K);
-  if (recipe == GroupLinearRecipe::bf16) return 0;
+  if (bf16_gemms(recipe)) return 0;
   const int64_t scales = fp8_block_scale_count(N, K) + fp8_block_scale_count(K, N);
   return static_cast<size_t>(G * (2 * N * K + static_cast<int64_t>(sizeof(float)) * scales));
 }
@@ -137,15 +136,12 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
   FP4MOE_CHECK(w_ != nullptr, "{}: set_weights was not called", what);
   FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr,
                "{}: expected a split of {} groups with its host copy of the offsets, got G={}", what, G_, split.G);
-  const bool mx = recipe_ == GroupLinearRecipe::mxfp4;
-  FP4MOE_CHECK(mx ? (x.mx_codes && x.mx_scales) : x.x != nullptr,
-               "{}: the {} recipe takes {} input", what, group_linear_recipe_name(recipe_),
-               mx ? "an MXFP4 (codes and scales)" : "a BF16");
+  check_input(x, what);
+  const bool mx = recipe_.mxfp4_input;
   const int64_t M = split.host_offsets[G_];
   const GemmOutput out{y, GemmOutType::bf16, false};
-  cached_ = x;
   cached_M_ = M;
-  if (recipe_ == GroupLinearRecipe::bf16) {
+  if (bf16_gemms(recipe_)) {
     gemm_.fprop_bf16(x.x, w_, N_, K_, split, out, stream);
     return;
   }
@@ -166,15 +162,13 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
     auto* cs = static_cast<float*>(
         xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_)), held));
     bf16_to_fp8_col(x.x, M, K_, split.offsets, G_, split.host_offsets, scale_mode_, cc, cs, nullptr, stream);
-    cached_.x = nullptr;
   }
 }
 
 void GroupLinear::fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16* y, cudaStream_t stream) {
   const char* what = "GroupLinear::fprop_fp8_rows";
-  FP4MOE_CHECK(recipe_ == GroupLinearRecipe::fp8,
-               "{}: only the fp8 recipe takes an FP8 row copy of X, this layer is {}", what,
-               group_linear_recipe_name(recipe_));
+  FP4MOE_CHECK(recipe_ == Recipe::fp8, "{}: only the fp8 recipe takes an FP8 row copy of X, this layer is {}", what,
+               recipe_name(recipe_));
   FP4MOE_CHECK(w_ != nullptr, "{}: set_weights was not called", what);
   FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr,
                "{}: expected a split of {} groups with its host copy of the offsets, got G={}", what, G_, split.G);
@@ -184,28 +178,19 @@ void GroupLinear::fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16*
                   GemmOutput{y, GemmOutType::bf16, false}, stream);
 }
 
-void GroupLinear::rebind_input(const GroupLinearInput& x) {
-  const char* what = "GroupLinear::rebind_input";
-  FP4MOE_CHECK(cached_M_ >= 0, "{}: no forward yet (nothing to rebind)", what);
-  FP4MOE_CHECK(recipe_ != GroupLinearRecipe::fp8,
-               "{}: the fp8 recipe keeps its own FP8 column copy of X from forward; there is no input to rebind", what);
-  const bool mx = recipe_ == GroupLinearRecipe::mxfp4;
-  FP4MOE_CHECK(mx ? (x.mx_codes && x.mx_scales) : x.x != nullptr, "{}: the {} recipe takes {} input", what,
-               group_linear_recipe_name(recipe_), mx ? "an MXFP4 (codes and scales)" : "a BF16");
-  cached_ = x;
-}
-
-void GroupLinear::backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream) {
+void GroupLinear::backward(const GroupLinearInput& x, const bf16* dy, const GroupSplit& split, bf16* dx,
+                           float* dw_master, cudaStream_t stream) {
   const char* what = "GroupLinear::backward";
   FP4MOE_CHECK(cached_M_ >= 0, "{}: no forward to differentiate", what);
   FP4MOE_CHECK(dy != nullptr, "{}: null dY (expected BF16 [M, N])", what);
   FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr && split.host_offsets[G_] == cached_M_,
                "{}: the split must be the forward's ({} groups, {} tokens)", what, G_, cached_M_);
+  const bool reads_x = recipe_.mxfp4_input || bf16_gemms(recipe_);  // fp8: its own column copy
+  if (dw_master && reads_x) check_input(x, what);
   const int64_t M = cached_M_;
-  if (recipe_ == GroupLinearRecipe::bf16) {
+  if (bf16_gemms(recipe_)) {
     if (dx) gemm_.dgrad_bf16(dy, w_, N_, K_, split, GemmOutput{dx, GemmOutType::bf16, false}, stream);
-    if (dw_master)
-      gemm_.wgrad_bf16(dy, cached_.x, N_, K_, split, GemmOutput{dw_master, GemmOutType::fp32, true}, stream);
+    if (dw_master) gemm_.wgrad_bf16(dy, x.x, N_, K_, split, GemmOutput{dw_master, GemmOutType::fp32, true}, stream);
     return;
   }
   if (dx) {
@@ -222,12 +207,12 @@ void GroupLinear::backward(const bf16* dy, const GroupSplit& split, bf16* dx, fl
     auto* ds = static_cast<float*>(
         dycol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, N_, G_)), kScratch));
     bf16_to_fp8_col(dy, M, N_, split.offsets, G_, split.host_offsets, scale_mode_, dc, ds, nullptr, stream);
-    if (recipe_ == GroupLinearRecipe::mxfp4) {
+    if (recipe_.mxfp4_input) {
       auto* cc =
           static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_)), kScratch));
       auto* cs = static_cast<float*>(
           xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_)), kScratch));
-      mxfp4_row_to_fp8_col(cached_.mx_codes, cached_.mx_scales, M, K_, split.offsets, G_, split.host_offsets, cc, cs,
+      mxfp4_row_to_fp8_col(x.mx_codes, x.mx_scales, M, K_, split.offsets, G_, split.host_offsets, cc, cs,
                            stream);
     }
     gemm_.wgrad_fp8({dc, ds}, {static_cast<uint8_t*>(xcol_codes_.ptr), static_cast<float*>(xcol_scales_.ptr)}, N_,

@@ -1,26 +1,27 @@
 // Group Linear: one linear layer of the routed MoE experts, Y_g = X_g W_g^T for G experts over ragged token
-// groups, forward and backward, in the three recipes of DESIGN.md "Recipes":
+// groups, forward and backward, in the three preset recipes (trainer/model/recipe.h, DESIGN.md "Recipes"):
 //
-// | recipe | Fprop                               | Dgrad                    | Wgrad                              |
-// | bf16   | BF16 X, W                            | BF16 dY, W               | BF16 dY, X (cached BF16 X)          |
-// | fp8    | X -> FP8 1x128 row, W -> 128x128     | dY -> 1x128 row, W^T     | dY, X as FP8 columns (1x128 along  |
-// |        | (bf16_to_fp8_row / _block128)        | (block128, transpose)    | tokens); the FP8 X column copy is   |
-// |        |                                      |                          | made in forward and cached          |
-// | mxfp4  | X arrives as MXFP4 (dispatched in    | as fp8                   | X via MXFP4 -> FP8 column (direct), |
-// |        | MXFP4) -> FP8 row (direct)           |                          | from the cached MXFP4 X only        |
+// | recipe | Fprop                               | Dgrad                    | Wgrad                               |
+// | bf16   | BF16 X, W                           | BF16 dY, W               | BF16 dY, X (the caller's BF16 X)    |
+// | fp8    | X -> FP8 1x128 row, W -> 128x128    | dY -> 1x128 row, W^T     | dY, X as FP8 columns (1x128 along   |
+// |        | (bf16_to_fp8_row / _block128)       | (block128, transpose)    | tokens); the FP8 X column copy is   |
+// |        |                                     |                          | made in forward and held            |
+// | mxfp4  | X arrives as MXFP4 (dispatched in   | as fp8                   | X via MXFP4 -> FP8 column (direct), |
+// |        | MXFP4) -> FP8 row (direct)          |                          | from the caller's MXFP4 X only      |
 //
 // (the paper: FP4 storage and communication with FP8 compute; DeepSeek-V3's fine-grained FP8 for the fp8 recipe).
 // Weights stay BF16 parameters [G, N, K]; the weight gradient accumulates into an FP32 master gradient [G, N, K].
-// All GEMMs go through GroupedGemm (grouped_gemm.h); shape rules are its own (N, K multiples of 16), plus
-// K % 32 == 0 for the mxfp4 recipe (MX blocks of 32).
+// All GEMMs go through GroupedGemm (kernels/gemm/grouped_gemm.h); shape rules are its own (N, K multiples of
+// 16), plus K % 32 == 0 for the mxfp4 recipe (MX blocks of 32).
 //
 // Routing counts: forward and backward take the layer's GroupSplit, whose host copy of the offsets the caller
 // fetched once for this layer and step (grouped_gemm.h); nothing here synchronises with the device.
-// What the caller keeps alive between forward and backward: the bf16 recipe's X, the mxfp4 recipe's MXFP4 X
-// (the layer keeps pointers, not copies); the fp8 recipe caches its own FP8 column copy of X.
-// Buffers (FP8 copies of weights and activations) are owned by the layer and grow on demand, from cudaMalloc or
-// from the caller's allocator (set_allocator); freeing a buffer to grow it synchronises the device (cudaFree),
-// the first time a larger batch arrives. Not thread-safe; one stream.
+// State: the layer is built with what it uses (the recipe, the cuBLASLt object, the allocator) and owns what it
+// keeps: the FP8 copies of the weights, the fp8 recipe's FP8 column copy of X (from forward to backward) and the
+// scratch of one pass. It keeps no pointer to the caller's tensors: backward takes the forward's input again (the
+// bf16 recipe's X, the mxfp4 recipe's MXFP4 X, which the caller keeps or rebuilds with the same values).
+// Buffers grow on demand, from cudaMalloc or from the caller's allocator; freeing a buffer to grow it
+// synchronises the device (cudaFree), the first time a larger batch arrives. Not thread-safe; one stream.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,12 +31,11 @@
 
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
+#include "kernels/gemm/cublaslt_matmul.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "trainer/model/recipe.h"
 
 namespace fp4moe {
-
-enum class GroupLinearRecipe { bf16, fp8, mxfp4 };
-const char* group_linear_recipe_name(GroupLinearRecipe r);
 
 // What one of the layer's buffers holds, for an allocator that counts device memory by purpose:
 //   weight_copy      FP8 W and W^T (fp8, mxfp4): written by set_weights, read until the next set_weights;
@@ -48,14 +48,15 @@ const char* group_linear_buffer_name(GroupLinearBuffer kind);
 // Where the layer's buffers come from. allocate(bytes, kind) returns device memory of at least `bytes` bytes,
 // 16-byte aligned, or throws; release(p) frees a pointer allocate returned. Both run on the host thread inside
 // set_weights, forward, backward and the destructor (release must then not throw: what it throws there is
-// dropped). The functions, and whatever they capture, must outlive the layer.
+// dropped). The functions, and whatever they capture, must outlive the layer. Both empty: cudaMalloc/cudaFree
+// (which count nowhere).
 struct GroupLinearAllocator {
   std::function<void*(size_t bytes, GroupLinearBuffer kind)> allocate;
   std::function<void(void*)> release;
 };
 
 // The layer's input: BF16 [M, K] for the bf16 and fp8 recipes; MXFP4 row tensor for mxfp4 (layouts.h: codes
-// [M, K/2], UE8M0 scales [M, K/32]), as bf16_to_mxfp4_row writes it before the dispatch.
+// [M, K/2], UE8M0 scales [M, K/32]), as bf16_to_mxfp4_row writes it before the dispatch (recipe.mxfp4_input).
 struct GroupLinearInput {
   const bf16* x = nullptr;
   const uint8_t* mx_codes = nullptr;
@@ -64,17 +65,22 @@ struct GroupLinearInput {
 
 class GroupLinear {
  public:
-  // G experts, N outputs, K inputs. scale_mode: FP8 block scales (pow2 as TransformerEngine, or fp32).
-  // Rejects (fp4moe::Error): G < 1, N or K not a positive multiple of 16, and K % 32 != 0 for the mxfp4 recipe.
+  // G experts, N outputs, K inputs, in `recipe`. lt: the cuBLASLt object of the caller's stream for the GEMMs
+  // (not owned; it must outlive the layer: the model's one, ModelContext::lt), or null for one of the layer's own,
+  // made at the first GEMM. allocator: where the buffers come from (both functions set, or both empty for
+  // cudaMalloc). scale_mode: FP8 block scales (pow2 as TransformerEngine, or fp32).
+  // Rejects (fp4moe::Error): what check_shape rejects, and an allocator with one function set and not the other.
   // Allocates nothing (buffers grow on the first set_weights and forward).
-  GroupLinear(int64_t G, int64_t N, int64_t K, GroupLinearRecipe recipe, Fp8ScaleMode scale_mode = Fp8ScaleMode::pow2);
+  GroupLinear(int64_t G, int64_t N, int64_t K, const Recipe& recipe, CublasLtMatmul* lt,
+              GroupLinearAllocator allocator = {}, Fp8ScaleMode scale_mode = Fp8ScaleMode::pow2);
   ~GroupLinear();
   GroupLinear(const GroupLinear&) = delete;
   GroupLinear& operator=(const GroupLinear&) = delete;
 
-  // The buffers' allocator, instead of cudaMalloc/cudaFree (which count nowhere). Rejects an allocator with an
-  // empty function, and a call once the layer holds a buffer (after the first set_weights or forward).
-  void set_allocator(GroupLinearAllocator allocator);
+  // Rejects (fp4moe::Error) a recipe other than the presets (require_preset_recipe), G < 1, N or K not a positive
+  // multiple of 16, and K % 32 != 0 for a recipe that stores X as MXFP4; for a layer's owner that checks before it
+  // builds the layer.
+  static void check_shape(int64_t G, int64_t N, int64_t K, const Recipe& recipe);
 
   // w: BF16 parameters [G, N, K], device; call again after every optimizer step. The fp8/mxfp4 recipes quantize
   // W and W^T to 128x128 blocks here (2G launches); the bf16 recipe keeps the pointer. Rejects a null w.
@@ -85,10 +91,14 @@ class GroupLinear {
   // the recipe (null x for bf16/fp8, null mx_codes or mx_scales for mxfp4), and everything GroupedGemm rejects.
   void forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream);
 
-  // dy [M, N] BF16 with the forward's split. dx [M, K] BF16 (null: no Dgrad, e.g. the first layer);
-  // dw_master [G, N, K] FP32 += dW (null: no Wgrad). Rejects a backward without a forward, a null dy, and a
-  // split other than the forward's (another G or another token count M).
-  void backward(const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master, cudaStream_t stream);
+  // x: the forward's input, with the forward's values (the same tensor, or one rebuilt at another address, e.g.
+  // by a recompute), read by Wgrad: bf16 x.x, mxfp4 x.mx_codes and x.mx_scales; the fp8 recipe reads its own FP8
+  // column copy of X and ignores x. dy [M, N] BF16 with the forward's split. dx [M, K] BF16 (null: no Dgrad,
+  // e.g. the first layer); dw_master [G, N, K] FP32 += dW (null: no Wgrad). Rejects a backward without a
+  // forward, a null dy, a split other than the forward's (another G or another token count M), and with
+  // dw_master the wrong kind of input for the recipe (as forward).
+  void backward(const GroupLinearInput& x, const bf16* dy, const GroupSplit& split, bf16* dx, float* dw_master,
+                cudaStream_t stream);
 
   // The fp8 recipe's Fprop again, from an FP8 1x128 row copy of X that the caller made with bf16_to_fp8_row
   // (this layer's scale_mode()) and kept: x.codes E4M3 [M, K], x.scales FP32 [fp8_row_scale_count(M, K)]
@@ -100,12 +110,6 @@ class GroupLinear {
   void fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16* y, cudaStream_t stream);
   Fp8ScaleMode scale_mode() const { return scale_mode_; }
 
-  // For a recompute of the input before backward: backward reads X from `x` (the forward's values, rebuilt at
-  // another address) instead of the pointer the last forward kept. bf16: x.x; mxfp4: x.mx_codes and x.mx_scales.
-  // Rejects a call before any forward, the fp8 recipe (it keeps its own FP8 column copy, made in forward) and the
-  // wrong kind of input for the recipe.
-  void rebind_input(const GroupLinearInput& x);
-
   // Activation bytes that must stay alive from a forward over M tokens in G groups to its backward (DESIGN.md
   // "Recipes", column "cached for backward"), whoever owns them:
   //   bf16:  the caller's BF16 X [M, K]: 2 M K bytes;
@@ -115,17 +119,16 @@ class GroupLinear {
   //   mxfp4: the caller's MXFP4 X (layouts.h): M K / 2 bytes of E2M1 codes plus M K / 32 UE8M0 scale bytes.
   // Not counted: the weights and their FP8 copies (held for the whole step: weight_copy_bytes), and the scratch
   // of one pass (FP8 row copies of X and dY, the dY columns), whose contents are dead between forward and
-  // backward although the layer keeps the allocations for reuse. Rejects M < 0, K < 1 or G < 1.
-  static size_t held_activation_bytes(GroupLinearRecipe recipe, int64_t M, int64_t K, int64_t G);
+  // backward although the layer keeps the allocations for reuse. Rejects M < 0, K < 1, G < 1 and a recipe other
+  // than the presets.
+  static size_t held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K, int64_t G);
   // The same for this layer's last forward. Rejects a call before any forward.
   size_t held_activation_bytes() const;
 
   // FP8 copies of the weights held for the whole step (fp8 and mxfp4: W [G, N, K] and W^T [G, K, N] as E4M3
   // codes, 2 G N K bytes, plus their FP32 128x128 block scales; bf16: 0). The BF16 parameters are not counted.
-  // Rejects G, N or K < 1.
-  static size_t weight_copy_bytes(GroupLinearRecipe recipe, int64_t G, int64_t N, int64_t K);
-
-  GroupedGemm& gemm() { return gemm_; }
+  // Rejects G, N or K < 1 and a recipe other than the presets.
+  static size_t weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N, int64_t K);
 
  private:
   // A device buffer that grows on demand, through the owner's allocator (empty functions: cudaMalloc/cudaFree).
@@ -141,8 +144,11 @@ class GroupLinear {
     size_t bytes = 0;
   };
 
+  // Checks that input `x` is the recipe's kind (BF16 or MXFP4); `what` names the call.
+  void check_input(const GroupLinearInput& x, const char* what) const;
+
   int64_t G_, N_, K_;
-  GroupLinearRecipe recipe_;
+  Recipe recipe_;
   Fp8ScaleMode scale_mode_;
   GroupedGemm gemm_;
   const bf16* w_ = nullptr;
@@ -152,8 +158,7 @@ class GroupLinear {
   Buffer row_codes_{&allocator_}, row_scales_{&allocator_};  // FP8 row copy of X (forward) or dY (backward)
   Buffer xcol_codes_{&allocator_}, xcol_scales_{&allocator_}, dycol_codes_{&allocator_},
       dycol_scales_{&allocator_};
-  GroupLinearInput cached_{};
-  int64_t cached_M_ = -1;
+  int64_t cached_M_ = -1;  // the last forward's token count (-1: none yet)
 };
 
 }  // namespace fp4moe
