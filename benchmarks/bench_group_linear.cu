@@ -491,7 +491,7 @@ int main(int argc, char** argv) {
   program.name = "bench_group_linear";
   program.needs = "the Group Linear benchmarks";
   program.help.summary =
-      "the Group Linear layer (kernels/gemm/group_linear.h) in its three recipes, forward, backward and "
+      "the Group Linear layer (trainer/model/group_linear.h) in its three recipes, forward, backward and "
       "forward+backward, against the dense cuBLASLt FP8 GEMMs of the same tokens measured in the same run";
   program.help.flags = {
       {"--all", "the whole grid: {8, 16, 32} experts x {16384, 32768, 65536} routed tokens (default {8, 32} x 16384)"},

@@ -653,7 +653,7 @@ TEST(FindTokenShards, SplitIsPlainTextAndOddNamesAreIgnored) {
 // every shard validates and batches are windows of the 32768-token vocabulary.
 TEST(MakeDataShards, ValidateAndBatch) {
   const char* env = std::getenv("FP4MOE_TOKEN_SHARDS");
-  const fs::path dir = env ? fs::path(env) : fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" /
+  const fs::path dir = env ? fs::path(env) : fs::path(FP4MOE_SOURCE_DIR) / "data" /
                                                  "cache" / "shards";
   if (!fs::exists(dir / "train_000.bin") || !fs::exists(dir / "val_000.bin"))
     GTEST_SKIP() << "no shards in " << dir << " (run `make data` first)";

@@ -39,9 +39,9 @@ class TrainerTempDir {
   std::filesystem::path path_;
 };
 
-// The repository root: this file is tests/cpu/trainer_test_util.h.
+// The repository root (FP4MOE_SOURCE_DIR, set by tests/CMakeLists.txt).
 inline std::string repo_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
+  return std::filesystem::path(FP4MOE_SOURCE_DIR).string();
 }
 inline std::string preset(const std::string& name) { return repo_root() + "/configs/" + name + ".toml"; }
 

@@ -7,13 +7,11 @@
 #include <ostream>
 
 #include "kernels/gemm/cublaslt_matmul.h"
-#include "kernels/gemm/group_linear.h"
-#include "trainer/config.h"
+#include "trainer/model/recipe.h"
 
 namespace fp4moe {
 
-inline void PrintTo(GroupLinearRecipe r, std::ostream* os) { *os << group_linear_recipe_name(r); }
 inline void PrintTo(LtScaleMode m, std::ostream* os) { *os << lt_scale_mode_name(m); }
-inline void PrintTo(Recipe r, std::ostream* os) { *os << recipe_name(r); }
+inline void PrintTo(const Recipe& r, std::ostream* os) { *os << recipe_name(r); }
 
 }  // namespace fp4moe

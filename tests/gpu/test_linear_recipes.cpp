@@ -368,7 +368,7 @@ TEST(LinearRecipeBf16, BackwardNeedsTheCallersX) {
 // ---- the tiny model with each recipe ----
 
 std::string tiny_config_path() {
-  const auto p = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / "tiny.toml";
+  const auto p = std::filesystem::path(FP4MOE_SOURCE_DIR) / "configs" / "tiny.toml";
   return std::filesystem::exists(p) ? p.string() : std::string("configs/tiny.toml");
 }
 

@@ -41,7 +41,7 @@ using test::DeviceBuffer;
 
 // configs/<name>.toml from this file's place in the repository (tests/gpu/), else from the working directory.
 std::string config_path(const std::string& name) {
-  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+  const auto root = std::filesystem::path(FP4MOE_SOURCE_DIR);
   const auto p = root / "configs" / (name + ".toml");
   return std::filesystem::exists(p) ? p.string() : "configs/" + name + ".toml";
 }

@@ -45,7 +45,7 @@ namespace {
 // configs/tiny.toml from this file's place in the repository (tests/gpu/test_model.cpp), else from the working
 // directory (the repository root).
 std::string tiny_config_path() {
-  const auto p = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / "tiny.toml";
+  const auto p = std::filesystem::path(FP4MOE_SOURCE_DIR) / "configs" / "tiny.toml";
   return std::filesystem::exists(p) ? p.string() : std::string("configs/tiny.toml");
 }
 
