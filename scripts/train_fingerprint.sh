@@ -46,7 +46,7 @@ for config in tiny small; do
       h5="$out/train_${name}.h5"
       rm -f "$h5"
       "$build/fp4moe" train --config "$root/configs/$config.toml" --synthetic-data --run "$name" --out "$h5" \
-        --train.steps "$steps" --train.warmup_steps 2 --train.eval_interval 0 --train.checkpoint_interval 0 \
+        --train.steps "$steps" --train.warmup_steps 2 --train.eval_interval 0 --train.checkpoint_interval 0 --train.checkpoint_dir "" \
         --recipe.attention "$recipe" --recipe.dense_mlp "$recipe" --recipe.shared_experts "$recipe" \
         --recipe.routed_experts "$recipe" --recompute.modules ${policies[$policy]} \
         >"$out/train_${name}.log" 2>&1
