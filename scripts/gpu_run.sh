@@ -90,7 +90,8 @@ elif [[ ! -f "$build/CTestTestfile.cmake" ]]; then
   record tests 1
 else
   echo "== tests: FP4MOE_REQUIRE_GPU=1 ctest (log: $out/tests.log)"
-  (cd "$build" && FP4MOE_REQUIRE_GPU=1 ctest --output-on-failure -j "$jobs" --output-junit "$out/tests.xml") \
+  (cd "$build" && FP4MOE_REQUIRE_GPU=1 ctest --output-on-failure -j "$jobs" --test-output-size-passed 4194304 \
+     --output-junit "$out/tests.xml") \
     >"$out/tests.log" 2>&1
   rc=$?
   grep -E "tests passed|tests failed|^\s+[0-9]+ - " "$out/tests.log" | tail -n 40
