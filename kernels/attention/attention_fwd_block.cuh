@@ -1,5 +1,5 @@
-// The per-warp arithmetic of the causal forward kernels (flash_attention_fwd.cu: key64, flash_attention_fwd_tiled.cu:
-// key32), which differ only in their tiles, copies and block order: the running state of the online softmax, one key
+// The per-warp arithmetic of the causal forward kernels (flash_attention_fwd_key64.cu, flash_attention_fwd_key32.cu),
+// which differ only in their tiles, copies and block order: the running state of the online softmax, one key
 // block (S = Q K^T, causal mask, online softmax, O += P V) and the final O and lse. One copy, so that both kernels do
 // the same products, roundings and operation order.
 //

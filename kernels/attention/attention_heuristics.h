@@ -27,20 +27,22 @@
 namespace fp4moe::attn {
 
 enum class FwdKernel {
-  // flash_attention_fwd.cu: 64-key blocks; 32 query rows per warp and 4 warps at the pairs it runs (Dqk <= 96);
+  // flash_attention_fwd_key64.cu: 64-key blocks; 32 query rows per warp and 4 warps at the pairs it runs (Dqk <= 96);
   // Q fragments read from shared memory at every key block; all heads side by side.
   key64,
-  // flash_attention_fwd_tiled.cu: 32 query rows per warp (4 warps; 16 rows and 8 warps at Dv = 192) against 32-key
+  // flash_attention_fwd_key32.cu: 32 query rows per warp (4 warps; 16 rows and 8 warps at Dv = 192) against 32-key
   // blocks, two thread blocks per SM, head-grouped block order (block_tile in attention_tile.cuh).
   key32,
 };
 
 enum class BwdKernels {
   // flash_attention_bwd.cu: dK/dV kernel whose 8 warps split the query columns (P^T and dS^T through shared memory),
-  // then the dQ kernel (recomputes S and dP); tile copies by 16-byte piece, all heads side by side.
+  // then the dQ kernel (recomputes S and dP); tile copies by 16-byte piece, all heads side by side. The file also
+  // holds the D = rowsum(dO * O) kernel and the dQ kernel that role_split runs.
   column_split,
-  // flash_attention_bwd_split.cu: dK/dV kernel whose warps split the products by role (S^T, P^T, dV | dP^T, dS^T,
-  // dK), then flash_attention_bwd.cu's dQ kernel with row-stepping copies; both in the head-grouped block order.
+  // flash_attention_bwd_role_split.cu: dK/dV kernel whose warps split the products by role (S^T, P^T, dV |
+  // dP^T, dS^T, dK), then flash_attention_bwd.cu's dQ kernel with row-stepping copies; both in the head-grouped
+  // block order.
   role_split,
 };
 

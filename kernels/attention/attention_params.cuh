@@ -84,10 +84,10 @@ void launch_with_smem(void (*kernel)(Params), dim3 grid, int threads, int smem_b
 // Each takes the pairs that forward_kernel_for / backward_kernels_for (attention_heuristics.h) give its family and
 // is instantiated for those only; another pair is an Error.
 
-// flash_attention_fwd.cu: the key64 forward kernel, grid (B*H, query tiles).
+// flash_attention_fwd_key64.cu: the key64 forward kernel, grid (B*H, query tiles).
 void launch_forward_key64(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
-// flash_attention_fwd_tiled.cu: the key32 forward kernel, in block_tile's order with p.group_heads over p.bh_count.
+// flash_attention_fwd_key32.cu: the key32 forward kernel, in block_tile's order with p.group_heads over p.bh_count.
 void launch_forward_key32(const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
 // flash_attention_bwd.cu: D = rowsum(dO * O) into p.delta for the B*T rows (every pair); the column_split dK/dV
@@ -97,7 +97,7 @@ void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream);
 void launch_backward_column_split(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 void launch_backward_dq_grouped(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
-// flash_attention_bwd_split.cu: the role_split dK/dV kernel, in block_tile's order with p.group_heads over
+// flash_attention_bwd_role_split.cu: the role_split dK/dV kernel, in block_tile's order with p.group_heads over
 // p.bh_count.
 void launch_backward_role_split_dkdv(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 

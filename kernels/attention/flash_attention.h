@@ -15,8 +15,9 @@
 // Arithmetic: BF16 inputs, FP32 accumulation in mma.sync.m16n8k16; online softmax in FP32 in the base-2 domain
 // (scores times scale*log2(e), ex2.approx); P (and dS in backward) rounded to BF16 for the products with V
 // (dO, K, Q), as FlashAttention-2 does; D is computed from the BF16 O that forward stored; outputs rounded once to
-// BF16 (RNE). Expected accuracy against an FP64 reference on the same BF16 inputs (tests/gpu/test_attention.cpp):
-// relative L2 error of O around the BF16 rounding (< 1e-2), of dQ, dK, dV below 2e-2; lse to ~1e-6 relative.
+// BF16 (RNE). Expected accuracy against an FP64 reference on the same BF16 inputs
+// (tests/attention/test_attention_gpu.cpp): relative L2 error of O around the BF16 rounding (< 1e-2), of dQ, dK, dV
+// below 2e-2; lse to ~1e-6 relative.
 // Deterministic: no atomics, a fixed summation order for a given shape, so the same inputs give the same bits.
 //
 // Kernels per (Dqk, Dv) pair, picked by one rule (attention_heuristics.h) from H200 measurements of two shapes,

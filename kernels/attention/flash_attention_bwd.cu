@@ -4,7 +4,7 @@
 //   2. dK, dV: one thread block per (key block, sequence, head), looping over the query blocks at or after it,
 //      P^T and dS^T recomputed per step and passed through shared memory to the products with dO and Q;
 //   3. dQ: one thread block per (query block, sequence, head), looping over the key blocks up to it, dS kept in
-//      registers for the product with K. The role_split family (flash_attention_bwd_split.cu) runs this kernel
+//      registers for the product with K. The role_split family (flash_attention_bwd_role_split.cu) runs this kernel
 //      too, with row-stepping tile copies and the head-grouped block order.
 // Scores are recomputed from Q, K and the forward's lse in both 2 and 3 (the price of having no atomics).
 #include <algorithm>
