@@ -113,7 +113,7 @@ Command add_bench_command(CLI::App& app) {
   // run_bench prints this command's help.
   sub->set_help_flag();
   sub->add_flag("--list", o->list, "list the benchmark programs");
-  sub->add_option("name", o->name, "benchmark name (e.g. convert), followed by the program's own arguments");
+  sub->add_option("name", o->name, "benchmark name (e.g. quant), followed by the program's own arguments");
   // One positional only: once the name is taken, prefix_command stops parsing at the next argument, so that every
   // argument after the name reaches the program untouched and in order ("--h5 PATH" stays "--h5 PATH"; a
   // positional vector here would collect the words first and pass the options after them).

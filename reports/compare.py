@@ -4,9 +4,10 @@
     reports/compare.py A.h5 B.h5 [--out FILE]
 
 Prints (or writes to FILE) the root attributes of both files; for every /repro table either file has, its rows
-matched by `row`: the paper value, ours in A and in B, B - A and B / A; for every /bench table, its rows matched by
-(case, shape, recipe): time_us in A and B with B / A, and the table's headline rate (tflops where the table has
-any above zero, else gbps) in A and B with B / A. A row or table present in one file only shows "-" for the other.
+matched by `row`: the paper value, ours in A and in B, B - A and B / A; for every /bench table (a table's former name
+read as its current one, result_file.RENAMED_TABLES), its rows matched by (case, shape, recipe): time_us in A and B
+with B / A, and the table's headline rate (tflops where the table has any above zero, else gbps) in A and B with
+B / A. A row or table present in one file only shows "-" for the other.
 Both files must have the schema_version this code reads (result_file.SCHEMA_VERSION); any other is refused, and so
 is a result file that holds no /repro or /bench table (e.g. an `fp4moe quantize` output). FILE may not be A or B
 (nor a link to either) nor anything but a regular file; it is written under a temporary name and renamed
@@ -107,6 +108,10 @@ def render(path_a, path_b):
         if not run["repro"] and not run["bench"]:
             raise result_file.SchemaError(f"'{path}' holds no /repro or /bench table: it is not a run or benchmark "
                                           f"result file")
+        try:
+            run["bench"] = result_file.current_table_names(run["bench"])  # older files: a table's former name
+        except result_file.TableError as e:
+            raise result_file.TableError(f"'{path}': {e}") from None
     out = ["# Comparison", "", f"A: `{path_a}`", "", f"B: `{path_b}`", ""]
     out += _table(["attribute", "A", "B"],
                   [[k, _esc(a["attrs"].get(k)), _esc(b["attrs"].get(k))] for k in ATTRIBUTES

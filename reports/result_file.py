@@ -30,6 +30,10 @@ NUMERIC_COLUMNS = frozenset([
     "ours", "ratio", "paper_value", "count",
     "step", "steps", "tokens", "loss", "val_loss", "train_loss", "best_val_loss", "lr", "grad_norm", "tokens_per_s",
     "mfu", "skipped", "peak_act_gib", "peak_total_gib", "pct_of_80_gib", "pct_of_141_gib", "elapsed_s", "exit_code"])
+# Tables renamed since older run files were written, {former path: current path}: bench_convert became bench_quant
+# (kernels/quant), and its table /bench/convert became /bench/quant. Run files keep the name they were written with;
+# readers that match tables across files (reports/compare.py) read the former name as the current one.
+RENAMED_TABLES = {"/bench/convert": "/bench/quant"}
 
 
 class SchemaError(Exception):
@@ -114,6 +118,19 @@ def tables_under(f, prefix):
                 tables[f"/{prefix}/{name}"] = read_table(obj)
         f[prefix].visititems(visit)
     return dict(sorted(tables.items()))
+
+
+def current_table_names(tables):
+    """`tables` ({table path: value}) with each former name of RENAMED_TABLES replaced by the current one. Raises
+    TableError when a file holds a table under both names (the two cannot be told apart)."""
+    out = {}
+    for path, value in tables.items():
+        name = RENAMED_TABLES.get(path, path)
+        if name in out:
+            raise TableError(f"tables {name} and {next(p for p, n in RENAMED_TABLES.items() if n == name)} hold the "
+                             f"same benchmark (the second is the first's former name); expected one of them")
+        out[name] = value
+    return dict(sorted(out.items()))
 
 
 def table_attributes(f, path):

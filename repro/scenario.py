@@ -5,8 +5,8 @@ its budget and benchmark filter per scale, and the rows of the table with the pu
 computes ours from the benchmark's table:
 
     title = "..."                         # one line
-    benchmark = "bench_convert"           # program in <build>/benchmarks/, run with --h5 PATH
-    family = "convert"                    # it writes the table /bench/<family>
+    benchmark = "bench_quant"             # program in <build>/benchmarks/, run with --h5 PATH
+    family = "quant"                      # it writes the table /bench/<family>
     peer = "benchmarks/peers/x_torch.py"  # optional: a peer program (Python, run after the benchmark with --h5 of
     peer_family = "x_torch"               #   the same file and --filter REGEX) adding /bench/<peer_family>; its
                                           #   rows join the benchmark's for the rules below (repro/run.py)

@@ -12,7 +12,7 @@
 #                    tests.xml          the same as JUnit XML, with every test's output (a GPU test program, one
 #                                       per kernel family, is one ctest test gpu_<family>: its counts, failures)
 #                    bench_<name>.log   each benchmark program's output
-#                    bench_<name>.h5    its results (programs that take --h5; bench_convert does)
+#                    bench_<name>.h5    its results (programs that take --h5; bench_quant does)
 #   --bench-only   skip the tests
 #   --skip-build   use the existing build folder as it is
 # Environment: BUILD (build folder, default build), JOBS (build and ctest jobs, default nproc).

@@ -1,6 +1,6 @@
 """Small result files for the reproduction-suite tests, written with h5py alone in the layout of results/h5_file.h
 (independently of reports/result_file.py, which the tests check), from seeded random benchmark tables shaped like
-those of bench_convert and bench_grouped_gemm."""
+those of bench_quant and bench_grouped_gemm."""
 
 import math
 import os
@@ -119,14 +119,15 @@ def rows_where(columns, **conds):
     return [i for i in range(n) if all(columns[c][i] == v for c, v in conds.items())]
 
 
-def write_run(path, ours_values, time_scale=1.0, schema_version=1, extra_row=False):
-    """A run file as repro/run.py writes it, made with h5py alone: /bench/convert, /bench/grouped_gemm and one
-    /repro table with the given ours values."""
+def write_run(path, ours_values, time_scale=1.0, schema_version=1, extra_row=False, quant_family="quant"):
+    """A run file as repro/run.py writes it, made with h5py alone: /bench/<quant_family> (bench_quant's table;
+    "convert" in run files of its former name bench_convert), /bench/grouped_gemm and one /repro table with the given
+    ours values."""
     conv, gemm = convert_table(31), gemm_table(32)
     conv["time_us"] = [t * time_scale for t in conv["time_us"]]
     with h5py.File(path, "w") as f:
         write_root(f, schema_version, scale="default")
-        write_table(f, "/bench/convert", conv, {"command": "bench_convert --h5 x.h5"})
+        write_table(f, f"/bench/{quant_family}", conv, {"command": f"bench_{quant_family} --h5 x.h5"})
         write_table(f, "/bench/grouped_gemm", gemm)
         rows = ["fused over unfused", "bytes"] + (["only in B"] if extra_row else [])
         write_table(f, "/repro/conversion_kernels", {
@@ -135,7 +136,7 @@ def write_run(path, ours_values, time_scale=1.0, schema_version=1, extra_row=Fal
             "ours": list(ours_values), "ratio": [ours_values[0] / 1.75, ours_values[1] / 3] + ([math.nan] if extra_row
                                                                                               else []),
             "unit": ["x"] * len(rows), "note": ["n"] * len(rows)},
-            {"title": "Conversion kernels", "benchmark": "bench_convert", "budget_gpu_minutes": 15.0,
+            {"title": "Conversion kernels", "benchmark": f"bench_{quant_family}", "budget_gpu_minutes": 15.0,
              "elapsed_s": 120.0, "exit_code": 0, "filter": ""})
     return conv, gemm
 

@@ -42,8 +42,8 @@ class BenchCli(unittest.TestCase):
 
     def test_arguments_reach_the_program_in_order(self):
         cases = [
-            ["--h5", "runs/convert.h5"],  # the README's command
-            ["--h5=runs/convert.h5"],
+            ["--h5", "runs/quant.h5"],  # the README's command
+            ["--h5=runs/quant.h5"],
             ["--benchmark_filter=mxfp4", "--h5", "out.h5", "--benchmark_min_time=0.1s"],
             ["a", "b", "--c", "d"],
             ["--h5", "x.h5", "tail", "--benchmark_repetitions", "3"],
@@ -118,7 +118,7 @@ class BenchResultPath(unittest.TestCase):
     folder is created, a path that cannot be written ends the program with exit code 2 and one line. The check
     comes before the GPU is looked for, so it runs on any machine."""
 
-    PROGRAMS = ("bench_convert", "bench_grouped_gemm")
+    PROGRAMS = ("bench_quant", "bench_grouped_gemm")
 
     def setUp(self):
         self.build = os.path.dirname(binary())

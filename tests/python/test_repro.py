@@ -55,8 +55,8 @@ Tmp = util.Tmp
 
 def benchmark_cells(family, name):
     """{column: [candidate cell values]} of the table row a Google Benchmark case name becomes. bench_grouped_gemm:
-    "op/recipe/shape[/dense][@tuning]" -> case op[_dense], recipe, shape, tuning ("none" without '@'). bench_convert: "case/shape" where both may hold a
-    '/', so every split is a candidate."""
+    "op/recipe/shape[/dense][@tuning]" -> case op[_dense], recipe, shape, tuning ("none" without '@'). bench_quant:
+    "case/shape" where both may hold a '/', so every split is a candidate."""
     parts = name.split("/")
     if family in ("group_linear", "group_linear_torch"):  # "case/recipe/layer/e<G>/t<tokens>/<split>"
         return {"case": [parts[0]], "recipe": [parts[1]], "shape": [" ".join(parts[2:6])]}
@@ -129,8 +129,8 @@ class ScenarioFiles(Tmp):
 
     GOOD = """
         title = "t"
-        benchmark = "bench_convert"
-        family = "convert"
+        benchmark = "bench_quant"
+        family = "quant"
         [budget_gpu_minutes]
         smoke = 1
         default = 2
@@ -157,7 +157,7 @@ class ScenarioFiles(Tmp):
             (self.GOOD.replace('smoke = "^copy/"', 'smoke = "(copy"'), "not a regular expression"),
             (self.GOOD.replace('"geomean"', '"average"'), "aggregate must be one of"),
             (self.GOOD.replace('paper_source = "P1: x"', 'paper_source = ""'), "'paper_source'"),
-            (self.GOOD.replace('benchmark = "bench_convert"', 'benchmark = "convert"'), "'benchmark'"),
+            (self.GOOD.replace('benchmark = "bench_quant"', 'benchmark = "quant"'), "'benchmark'"),
             (self.GOOD.replace('column = "speedup"', ""), "needs 'column'"),
             (self.GOOD + "[rows.x\n", "not valid TOML"),
         ]
@@ -203,7 +203,7 @@ class ScenarioFiles(Tmp):
                         hit = [c for c in cells if all(any(re.fullmatch(rx, v) for v in c.get(col, []))
                                                        for col, rx in sel.where.items())]
                         self.assertTrue(hit, f"{row.row}: no smoke case matches {sel.where}")
-                if s.family == "convert":
+                if s.family == "quant":
                     self.assertTrue(any("copy" in c["case"] for c in cells))
 
 
@@ -287,9 +287,9 @@ class OursValues(unittest.TestCase):
 
 class MergeRun(Tmp):
     def make_inputs(self):
-        a, b = self.path("convert.h5"), self.path("gemm.h5")
+        a, b = self.path("quant.h5"), self.path("gemm.h5")
         self.conv, self.gemm = util.convert_table(3), util.gemm_table(4)
-        util.write_bench_file(a, "convert", self.conv, git_sha="first", command="bench_convert --h5 a.h5")
+        util.write_bench_file(a, "quant", self.conv, git_sha="first", command="bench_quant --h5 a.h5")
         util.write_bench_file(b, "grouped_gemm", self.gemm, git_sha="second", command="bench_grouped_gemm --h5 b.h5")
         return a, b
 
@@ -301,7 +301,7 @@ class MergeRun(Tmp):
         out = self.path("run.h5")
         copied = merge.merge_run(out, [a, b], [("conversion_kernels", rows, {"title": scn.title, "elapsed_s": 1.5})],
                                  {"command": "repro/run.py --scale smoke", "scale": "smoke"})
-        self.assertEqual(copied, ["/bench/convert", "/bench/grouped_gemm"])
+        self.assertEqual(copied, ["/bench/quant", "/bench/grouped_gemm"])
         self.assertEqual(os.listdir(self.tmp).count("run.h5"), 1)
         self.assertFalse([n for n in os.listdir(self.tmp) if ".tmp-" in n])
         with h5py.File(out, "r") as f:
@@ -311,11 +311,11 @@ class MergeRun(Tmp):
             self.assertEqual(attrs["gpu"], "NVIDIA H200")
             self.assertEqual(attrs["command"], "repro/run.py --scale smoke")
             self.assertEqual(attrs["scale"], "smoke")
-            self.assertEqual(nan_as_text(read_table(f, "/bench/convert")), nan_as_text(self.conv))
+            self.assertEqual(nan_as_text(read_table(f, "/bench/quant")), nan_as_text(self.conv))
             self.assertEqual(nan_as_text(read_table(f, "/bench/grouped_gemm")), nan_as_text(self.gemm))
             self.assertEqual(result_file.text(f["/bench/grouped_gemm"].attrs["command"]),
                              "bench_grouped_gemm --h5 b.h5")
-            self.assertEqual(result_file.text(f["/bench/convert"].attrs["note"]), "convert test table")
+            self.assertEqual(result_file.text(f["/bench/quant"].attrs["note"]), "quant test table")
             t = read_table(f, "/repro/conversion_kernels")
             self.assertEqual(list(t), [c for c, _ in ours.REPRO_COLUMNS])
             self.assertEqual(t["row"], [r["row"] for r in rows])
@@ -410,11 +410,11 @@ class FakeMachine(Tmp):
 
     def test_end_to_end_with_fake_benchmarks(self):
         conv, gemm = util.convert_table(21), util.gemm_table(22)
-        build = self.fake_build(self.H200, {"bench_convert": ("convert", self.jsonable(conv), 0),
+        build = self.fake_build(self.H200, {"bench_quant": ("quant", self.jsonable(conv), 0),
                                             "bench_grouped_gemm": ("grouped_gemm", self.jsonable(gemm), 0)})
         r = self.run_py(build, "--scale", "smoke", "--only", "conversion_kernels", "group_linear_gemm")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("[1/2] conversion_kernels: bench_convert (filter ", r.stdout)
+        self.assertIn("[1/2] conversion_kernels: bench_quant (filter ", r.stdout)
         self.assertIn("[2/2] group_linear_gemm: bench_grouped_gemm (filter ", r.stdout)
         self.assertRegex(r.stdout, r"\[2/2\] group_linear_gemm: done in \d+s, /bench/grouped_gemm 84 rows")
         runs = os.listdir(self.path("runs"))
@@ -425,16 +425,16 @@ class FakeMachine(Tmp):
         with open(self.argv_log) as f:
             calls = [json.loads(line) for line in f]
         scns = {s.benchmark: s for s in scenario.load_all(SCENARIOS)}
-        self.assertEqual([c[0] for c in calls], ["bench_convert", "bench_grouped_gemm"])
+        self.assertEqual([c[0] for c in calls], ["bench_quant", "bench_grouped_gemm"])
         for c in calls:
             self.assertIn(f"--benchmark_filter={scns[c[0]].filter['smoke']}", c)
             self.assertEqual(c[c.index("--h5") + 1], os.path.join(run_dir, "bench", f"{c[0]}.h5"))
         with h5py.File(self.path("runs", h5), "r") as f:
-            self.assertEqual(sorted(f["bench"]), ["convert", "grouped_gemm"])
+            self.assertEqual(sorted(f["bench"]), ["grouped_gemm", "quant"])
             self.assertEqual(sorted(f["repro"]), ["conversion_kernels", "group_linear_gemm"])
             self.assertEqual(result_file.text(f.attrs["scale"]), "smoke")
             t = read_table(f, "/repro/conversion_kernels")
-            i = t["row"].index(scns["bench_convert"].rows[0].row)
+            i = t["row"].index(scns["bench_quant"].rows[0].row)
             self.assertAlmostEqual(t["ours"][i], util.geomean(
                 [conv["speedup"][j] for j in util.rows_where(conv, case="mxfp4_row_to_fp8_row")]), places=12)
             g = f["/repro/group_linear_gemm"]
@@ -444,19 +444,19 @@ class FakeMachine(Tmp):
             md = f.read()
         self.assertIn("## conversion_kernels: ", md)
         self.assertIn("| 1.6-1.9 |", md)
-        for png in ["convert_fraction_of_copy.png", "grouped_gemm_tflops.png"]:
+        for png in ["quant_fraction_of_copy.png", "grouped_gemm_tflops.png"]:
             with open(os.path.join(run_dir, png), "rb") as f:
                 self.assertEqual(f.read(8), PNG_MAGIC)
-        with open(os.path.join(run_dir, "logs", "bench_convert.log")) as f:
+        with open(os.path.join(run_dir, "logs", "bench_quant.log")) as f:
             self.assertIn("manual_time", f.read())
 
     def test_a_failing_benchmark_still_leaves_the_others_and_exits_1(self):
         gemm = util.gemm_table(23)
-        build = self.fake_build(self.H200, {"bench_convert": ("convert", {}, 3),
+        build = self.fake_build(self.H200, {"bench_quant": ("quant", {}, 3),
                                             "bench_grouped_gemm": ("grouped_gemm", self.jsonable(gemm), 0)})
         r = self.run_py(build, "--scale", "default", "--only", "conversion_kernels", "group_linear_gemm")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertIn("bench_convert exited with 3", r.stdout)
+        self.assertIn("bench_quant exited with 3", r.stdout)
         self.assertIn("failed: conversion_kernels", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
         with open(self.argv_log) as f:
@@ -478,8 +478,8 @@ class Reports(Tmp):
                            text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         out = self.path("runs", "20261129-120000-nvidia-h200")
-        self.assertEqual(sorted(os.listdir(out)), ["TABLES.md", "convert_fraction_of_copy.png",
-                                                   "grouped_gemm_tflops.png"])
+        self.assertEqual(sorted(os.listdir(out)), ["TABLES.md", "grouped_gemm_tflops.png",
+                                                   "quant_fraction_of_copy.png"])
         with open(os.path.join(out, "TABLES.md"), encoding="utf-8") as f:
             lines = f.read().splitlines()
         self.assertEqual(lines[0], "# Reproduction tables: NVIDIA H200")
@@ -488,14 +488,14 @@ class Reports(Tmp):
         self.assertIn("| row | paper | ours | ours / paper | unit | source | note |", lines)
         self.assertIn(f"| fused over unfused | 1.6-1.9 | 1.812 | {1.812345 / 1.75:.3g} | x | P1, secondary summary "
                       "| n |", lines)
-        self.assertIn("Benchmark `bench_convert` (every case); budget 15 GPU-minutes, took 2 min; exit code 0.", lines)
-        self.assertIn("### /bench/convert", lines)
+        self.assertIn("Benchmark `bench_quant` (every case); budget 15 GPU-minutes, took 2 min; exit code 0.", lines)
+        self.assertIn("### /bench/quant", lines)
         self.assertIn("### /bench/grouped_gemm", lines)
-        self.assertIn("![/bench/convert](convert_fraction_of_copy.png)", lines)
+        self.assertIn("![/bench/quant](quant_fraction_of_copy.png)", lines)
         row = next(l for l in lines if l.startswith("| mxfp4_row_to_fp8_row | 4096x7168 |"))
         i = util.rows_where(conv, case="mxfp4_row_to_fp8_row", shape="4096x7168")[0]
         self.assertIn(f"| {conv['time_us'][i]:.4g} |", row)
-        for png in ["convert_fraction_of_copy.png", "grouped_gemm_tflops.png"]:
+        for png in ["quant_fraction_of_copy.png", "grouped_gemm_tflops.png"]:
             with open(os.path.join(out, png), "rb") as f:
                 self.assertEqual(f.read(8), PNG_MAGIC)
 
@@ -517,7 +517,7 @@ class Reports(Tmp):
 
     def test_compare_side_by_side(self):
         a, b = self.path("a.h5"), self.path("b.h5")
-        conv, _ = util.write_run(a, [1.5, 3.0])
+        conv, _ = util.write_run(a, [1.5, 3.0], quant_family="convert")  # a run of bench_quant's former name
         util.write_run(b, [1.8, 2.4, 7.0], time_scale=0.5, extra_row=True)
         r = subprocess.run([sys.executable, COMPARE_PY, a, b], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -528,7 +528,8 @@ class Reports(Tmp):
         self.assertIn(f"| fused over unfused | 1.6-1.9 | 1.5 | 1.8 | {1.8 - 1.5:.4g} | {1.8 / 1.5:.4g} |", lines)
         self.assertIn(f"| bytes | ~3 | 3 | 2.4 | {2.4 - 3.0:.4g} | {2.4 / 3.0:.4g} |", lines)
         self.assertIn("| only in B | - | - | 7 | - | - |", lines)
-        self.assertIn("## /bench/convert", lines)
+        self.assertIn("## /bench/quant", lines)  # the former /bench/convert of A matched with B's table
+        self.assertFalse([l for l in lines if l.startswith("## ") and "(only in" in l], lines)
         self.assertIn("| case | shape | recipe | time_us A | time_us B | time B / A | gbps A | gbps B | gbps B / A |",
                       lines)
         i = util.rows_where(conv, case="bf16_to_fp8_col", shape="4096x7168/g8")[0]
@@ -584,6 +585,17 @@ class Reports(Tmp):
             r = subprocess.run([sys.executable, COMPARE_PY, *args], capture_output=True, text=True)
             self.assert_one_line(r, 1, "compare", f"refused: '{quantized}' holds no /repro or /bench table")
             self.assertEqual(r.stdout, "")
+
+    def test_compare_refuses_a_table_under_its_current_and_former_name(self):
+        run, both = self.path("r.h5"), self.path("both.h5")
+        util.write_run(run, [1.5, 3.0])
+        util.write_run(both, [1.5, 3.0])
+        with h5py.File(both, "a") as f:
+            util.write_table(f, "/bench/convert", util.convert_table(5))
+        r = subprocess.run([sys.executable, COMPARE_PY, run, both], capture_output=True, text=True)
+        self.assert_one_line(r, 2, "compare", f"'{both}': tables /bench/quant and /bench/convert hold the same "
+                                              "benchmark")
+        self.assertEqual(r.stdout, "")
 
     def test_outputs_that_cannot_be_written(self):
         run = self.path("r.h5")

@@ -1,7 +1,7 @@
-// bench_convert: the conversion kernels of kernels/quant/ against the device-to-device copy of the same byte
+// bench_quant: the conversion kernels of kernels/quant/ against the device-to-device copy of the same byte
 // count (the ceiling) and the direct MXFP4 -> FP8 conversions against the naive MXFP4 -> BF16 -> FP8 path.
 //
-//   bench_convert [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=fp8_col]
+//   bench_quant [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=fp8_col]
 //
 // Timing: CUDA events around a batch of launches, one per rotated input copy (enough copies that together they
 // exceed twice the L2, so every launch reads from HBM), after a warm-up launch on each copy; Google Benchmark's
@@ -11,14 +11,14 @@
 // the naive paths, the BF16 intermediate written and read back too; their speedup compares times, not GB/s).
 // After the run: a table `case | shape | us | GB/s | x copy | speedup` (x copy: the fraction of the copy
 // bandwidth measured in the same run at the closest byte count; speedup: naive time over direct time) with a
-// geometric-mean summary, and with --h5 the table /bench/convert of an HDF5 result file (results/h5_file.h).
+// geometric-mean summary, and with --h5 the table /bench/quant of an HDF5 result file (results/h5_file.h).
 //
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
 // After the table, a geometric mean per case (x copy, speedup). The MXFP4 conversions at 65536 tokens and
 // 16384x7168 (every case moving >= 150 MB) with the copies and naive paths they are compared with:
-//   bench_convert --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
+//   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -458,7 +458,7 @@ void print_table(const std::vector<Row>& rows) {
   }
 }
 
-// The /bench/convert table (bench_util.cuh's columns).
+// The /bench/quant table (bench_util.cuh's columns).
 Table result_table(const std::vector<Row>& rows) {
   Table t = bench_table();
   for (const auto& r : rows)
@@ -478,7 +478,7 @@ int main(int argc, char** argv) {
   using namespace fp4moe;
   using namespace fp4moe::bench;
   Program program;
-  program.name = "bench_convert";
+  program.name = "bench_quant";
   program.needs = "the conversion benchmarks";
   program.help.summary =
       "the conversion kernels of kernels/quant against the device-to-device copy of the same bytes, and the direct "
@@ -497,7 +497,7 @@ int main(int argc, char** argv) {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     g_budget_bytes = static_cast<int64_t>(free_b) / 10 * 7;
-    fmt::print("bench_convert on {} (L2 {:.0f} MiB): inputs rotated over >= 2x L2, min time {} s per case\n", p.name,
+    fmt::print("bench_quant on {} (L2 {:.0f} MiB): inputs rotated over >= 2x L2, min time {} s per case\n", p.name,
                l2 / 1048576.0, kMinTimeS);
   };
   program.after_cases = release_workload;
@@ -505,7 +505,7 @@ int main(int argc, char** argv) {
     const std::vector<Row> rows = summarize();
     print_table(rows);
     int rc = std::all_of(g_measured.begin(), g_measured.end(), [](const auto& kv) { return kv.second.ok; }) ? 0 : 1;
-    if (!h5_path.empty() && write_bench_result("bench_convert", h5_path, "convert", result_table(rows), command) != 0)
+    if (!h5_path.empty() && write_bench_result("bench_quant", h5_path, "quant", result_table(rows), command) != 0)
       rc = 1;
     return rc;
   };
