@@ -13,7 +13,7 @@
 // convention does not count.
 // Inputs: q, k, v, dO seeded N(0, 1) BF16, dense [B*T, H, D]; one copy (every pass is compute-bound and the mla
 // tensors alone exceed the L2 many times over). Check before timing: one forward and backward on NaN-poisoned
-// outputs; O, lse, dQ, dK, dV must be finite everywhere (correctness itself is tests/gpu/test_attention.cpp).
+// outputs; O, lse, dQ, dK, dV must be finite everywhere (correctness itself is tests/attention/test_attention_gpu.cpp).
 // Timing: CUDA events around one pass per iteration after a warm-up pass (Google Benchmark manual time, at least
 // kMinTimeS); the tables report the median iteration.
 // After the run: `case | shape | us | TFLOP/s | x gemm` (x gemm: TFLOP/s over the GEMM's), and with --h5 the table

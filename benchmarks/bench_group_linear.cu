@@ -19,7 +19,7 @@
 // Seeded values with the spread of bench_util.cuh; the working set of every pass (weights, activations, outputs)
 // exceeds twice the 60 MB L2, so no input rotation.
 // Check: one forward+backward per workload on outputs poisoned with NaN; Y, dX and dW must be finite everywhere and
-// mostly nonzero, else the case fails (GPU correctness itself is tests/gpu/test_group_linear.cpp).
+// mostly nonzero, else the case fails (GPU correctness itself is tests/gemm/test_group_linear_gpu.cpp).
 // Timing: CUDA events around one pass per iteration (Google Benchmark manual time, at least kMinTimeS), after a
 // warm-up pass; the tables report the median iteration. FLOPs: fwd 2 M N K, bwd 4 M N K (Dgrad and Wgrad),
 // fwd+bwd 6 M N K, M the routed tokens (conversions add no FLOPs).

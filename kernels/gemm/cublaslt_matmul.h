@@ -13,7 +13,7 @@
 // These are the layouts of kernels/quant/layouts.h (FP8 1x128 row tensor, FP8 column tensor, FP8 128x128 block
 // tensor); a last block shorter than 128 covers the rest.
 //
-// Facts measured with cuBLASLt 13.1 on an H200 (the GPU tests re-check each one, see test_grouped_gemm.cpp):
+// Facts measured with cuBLASLt 13.1 on an H200 (the GPU tests re-check each one, see test_grouped_gemm_gpu.cpp):
 //   - FP8 needs op(A) = T and op(B) = N (both operands contiguous along k), k % 16 == 0, and for the block scale
 //     modes m % 4 == 0 and n % 4 == 0 (else CUBLAS_STATUS_NOT_SUPPORTED); the bf16 output's leading dimension
 //     must keep 16-byte alignment.

@@ -44,7 +44,7 @@ void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* weight, const f
 // ---- CPU references (rmsnorm_ref.cpp) ------------------------------------------------------------------------
 
 // Same contract on host memory, computed in double and rounded once to the output type; the GPU kernels must agree
-// within FP32 rounding (tests/gpu/test_nn_rmsnorm.cpp states the tolerances). Same rejections (alignment aside).
+// within FP32 rounding (tests/nn/test_nn_rmsnorm_gpu.cpp states the tolerances). Same rejections (alignment aside).
 void rmsnorm_forward_ref(const bf16* x, const bf16* weight, int64_t N, int64_t C, float eps, bf16* y, float* rstd);
 void rmsnorm_backward_ref(const bf16* dy, const bf16* x, const bf16* weight, const float* rstd, int64_t N, int64_t C,
                           bf16* dx, float* dweight, bool accumulate_dweight);

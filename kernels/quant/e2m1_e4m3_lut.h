@@ -1,7 +1,7 @@
 // Packed lookup table for the direct MXFP4 -> FP8 rule: the E4M3 codes of the eight E2M1 magnitudes scaled by
 // 2^shift, byte i = e2m1_to_e4m3_shifted(i, shift) (formats.h). All elements of one MX block share one shift,
 // so a kernel builds one table per (token, MX block) and converts four codes at a time with one byte permute.
-// Integer operations only. Checked against e2m1_to_e4m3_shifted for every shift in tests/cpu.
+// Integer operations only. Checked against e2m1_to_e4m3_shifted for every shift in tests/quant/test_quant_col_ref.cpp.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The scale of one FP8 1x128 or 128x128 block from its amax, host and device alike (DESIGN.md "FP8 1x128 block").
 // Shared by the BF16 -> FP8 kernels and their CPU references so that both apply the same rule; the rule itself
-// is pinned down by hand-computed examples in tests/cpu/test_quant_col_ref.cpp and checked over the whole fp32
-// range in tests/cpu/test_fp8_scale_range.cpp.
+// is pinned down by hand-computed examples in tests/quant/test_quant_col_ref.cpp and checked over the whole fp32
+// range in tests/quant/test_fp8_scale_range.cpp.
 #pragma once
 
 #include <cstdint>

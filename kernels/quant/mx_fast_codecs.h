@@ -1,7 +1,7 @@
 // Cheaper formulations of two rules of formats.h, used by the BF16 -> MXFP4 row kernel
 // (bf16_to_mxfp4_row.cu): the same results bit for bit, computed with fewer instructions.
-// Host and device alike, so that the CPU tests compare them with formats.h exhaustively (tests/gpu/
-// test_quant_row.cpp, host-only tests that run without a device).
+// Host and device alike, so that the CPU tests compare them with formats.h exhaustively
+// (tests/quant/test_quant_row_gpu.cpp, host-only tests that run without a device).
 #pragma once
 
 #include <cuda_bf16.h>

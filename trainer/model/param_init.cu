@@ -2,7 +2,7 @@
 // evaluated per element on the GPU (the host loop took ~36 ns per element: minutes for a DeepSeek-V3 layer stack).
 // Same formula, in double: splitmix64 of (seed, key, index) -> two uniforms from the top 53 bits -> Box-Muller.
 // The double log/cos of the device and of the host C library may differ in the last place, which survives the
-// rounding to FP32 only rarely; tests/gpu/test_param_init.cpp bounds the difference by one FP32 ulp.
+// rounding to FP32 only rarely; tests/trainer/test_param_init_gpu.cpp bounds the difference by one FP32 ulp.
 #include <cuda_bf16.h>
 
 #include <algorithm>

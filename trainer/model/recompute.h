@@ -2,7 +2,7 @@
 // (Megatron-Core's --recompute-modules names; DESIGN.md "Trainer"). The layers' headers say what they keep under each
 // flag, in bytes per token; the buffers they do not keep come from the shared scratch (trainer/model/scratch.h) and
 // are rebuilt there by a rerun of the forward pieces in backward. The kernels are deterministic, so gradients are
-// bitwise the same under every policy (tests/gpu/test_recompute.cpp).
+// bitwise the same under every policy (tests/trainer/test_recompute_gpu.cpp).
 //
 //   module          recomputed in backward
 //   mla_up_proj     MLA's q (q_up + RoPE, or q_proj), kv (kv_up) and assembled k, from the kept n_q, n_kv and k_pe

@@ -1,0 +1,206 @@
+// The memory estimator (trainer/memory_estimate.h) against the trainer's DeviceMemory: the model of
+// configs/tiny.toml (bf16; fp8 and mxfp4 routed experts, also under the `moe` recompute policy, which keeps the
+// routing and the routed experts' dispatched input in the recipe's format; q_proj instead of q_lora; the v2 router)
+// and a 2-layer configs/small.toml (one dense, one MoE layer: 8 x 1024 tokens, hidden 768, 32 experts top-4; bf16
+// and mxfp4 routed experts) are built on the device. Checked:
+//   - the parameter tensors (names and element counts) equal parameter_tensors();
+//   - DeviceMemory's weights, grads and optimizer equal the estimate's DeviceMemory view to the byte, after
+//     construction and after one forward_backward;
+//   - its activations, after construction and at their peak over one forward_backward, within 5% of the estimate
+//     (the category's total; the per-layer breakdown is compared once the model reports one);
+//   - workspace and comm are printed beside the estimate, not checked (the trainer's scratch is being reshaped).
+// The Linears' and Group Linears' own copies (MemoryTerm::first_forward) appear at the first forward: the checks
+// after construction leave them out, and after the step they count when DeviceMemory grew (Group Linear's buffers
+// come from DeviceMemory once the model sets its allocator; from cudaMalloc before).
+// Per layer (Model::layer_memory, Model::head_activation_bytes): the estimate's buckets (layer_activation_buckets)
+// within 5%, for configurations without first-forward activation copies.
+// Each case prints a line per category: estimate, DeviceMemory, difference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/common/gpu_test_util.h"
+#include "kernels/nn/cross_entropy.h"
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/memory_estimate.h"
+#include "trainer/model/model.h"
+#include "trainer/model/scratch.h"
+
+namespace fp4moe {
+namespace {
+
+using test::DeviceBuffer;
+
+// configs/<name>.toml of the repository (FP4MOE_SOURCE_DIR), else from the working directory.
+std::string config_path(const std::string& name) {
+  const auto root = std::filesystem::path(FP4MOE_SOURCE_DIR);
+  const auto p = root / "configs" / (name + ".toml");
+  return std::filesystem::exists(p) ? p.string() : "configs/" + name + ".toml";
+}
+
+TrainerConfig load(const std::string& name, const std::vector<std::string>& overrides) {
+  std::vector<std::string> args = {"--config", config_path(name)};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  return parse_config_args(args);
+}
+
+// A model on its own stream and allocator (the allocator outlives the model).
+struct BuiltModel {
+  explicit BuiltModel(const TrainerConfig& cfg) {
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    model = std::make_unique<Model>(cfg, mem, stream);
+  }
+  ~BuiltModel() {
+    model.reset();
+    cudaStreamDestroy(stream);
+  }
+  DeviceMemory mem;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<Model> model;
+};
+
+// One forward_backward of a full micro-batch: random tokens, targets the next token (the last of a row ignored).
+void one_step(BuiltModel& b, const TrainerConfig& cfg) {
+  const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len, M = B * T;
+  std::mt19937 rng(20261129);
+  std::vector<int32_t> tokens(static_cast<size_t>(M)), targets(static_cast<size_t>(M));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg.model.vocab_size));
+  for (int64_t m = 0; m < M; ++m) targets[m] = (m + 1) % T == 0 ? kIgnoreIndex : tokens[m + 1];
+  DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(M)), d_targets(static_cast<size_t>(M));
+  d_tokens.upload(tokens);
+  d_targets.upload(targets);
+  b.model->init_weights(cfg.train.seed);
+  b.model->params().zero_grads(b.stream);
+  const StepStats s = b.model->forward_backward(d_tokens.ptr, d_targets.ptr, B, 1.0f);
+  ASSERT_TRUE(std::isfinite(s.loss));
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+void print_row(const char* what, int64_t estimate, int64_t measured) {
+  std::printf("  %-34s estimate %12.3f MiB  DeviceMemory %12.3f MiB  difference %+.2f%%\n", what, mib(estimate),
+              mib(measured),
+              estimate ? 100.0 * (static_cast<double>(measured) / static_cast<double>(estimate) - 1.0) : 0.0);
+}
+
+void expect_within(const char* what, int64_t estimate, int64_t measured, double tolerance) {
+  EXPECT_LE(std::abs(static_cast<double>(measured - estimate)), tolerance * static_cast<double>(estimate))
+      << what << ": estimate " << estimate << " bytes, DeviceMemory " << measured << " bytes";
+}
+
+void expect_estimate_matches(const std::string& name, const TrainerConfig& cfg) {
+  SCOPED_TRACE(name);
+  const ParallelLayout layout = single_gpu_layout(cfg);
+  const MemoryEstimate e = estimate_memory(cfg, layout);
+  BuiltModel b(cfg);
+
+  // The tensors the model registered, by name.
+  std::map<std::string, int64_t> expected, built;
+  for (const ParamTensor& t : parameter_tensors(cfg, layout, 0)) expected[t.name] = t.n;
+  for (const Param& p : b.model->params().params()) built[p.name] = p.n;
+  for (const StateTensor& s : b.model->params().states()) built[s.name] = s.n;
+  EXPECT_EQ(built, expected);
+
+  // The estimate's DeviceMemory view, and the part of it the first forward allocates.
+  int64_t lazy[kMemCategories] = {};
+  for (const MemoryTerm& t : e.terms)
+    if (t.first_forward && t.kept && t.device_memory)
+      lazy[static_cast<int>(t.category)] += ((t.bytes + 255) / 256 * 256) * t.instances;
+  auto dm = [&](MemCategory c) { return e.device_memory[static_cast<int>(c)]; };
+  auto built_view = [&](MemCategory c) { return dm(c) - lazy[static_cast<int>(c)]; };
+  auto current = [&](MemCategory c) { return static_cast<int64_t>(b.mem.current(c)); };
+
+  const int64_t weights_built = current(MemCategory::weights), act_built = current(MemCategory::activations);
+  EXPECT_EQ(weights_built, built_view(MemCategory::weights)) << "weights after construction";
+  EXPECT_EQ(current(MemCategory::grads), dm(MemCategory::grads)) << "grads after construction";
+  EXPECT_EQ(current(MemCategory::optimizer), dm(MemCategory::optimizer)) << "optimizer after construction";
+  expect_within("activations after construction", built_view(MemCategory::activations), act_built, 0.05);
+
+  // Per layer, as the model reports it (no first-forward copies among the activations: they are not in it).
+  if (lazy[static_cast<int>(MemCategory::activations)] == 0) {
+    const std::vector<LayerMemory> layers = b.model->layer_memory();
+    ASSERT_EQ(static_cast<int64_t>(layers.size()), cfg.model.layers);
+    int64_t sum = static_cast<int64_t>(b.model->head_activation_bytes());
+    for (const LayerMemory& m : layers) {
+      const LayerActivationBuckets x = layer_activation_buckets(cfg, layout, m.layer);
+      const std::string l = "layer " + std::to_string(m.layer) + " ";
+      expect_within((l + "residual").c_str(), x.residual, static_cast<int64_t>(m.residual), 0.05);
+      expect_within((l + "norms").c_str(), x.norms, static_cast<int64_t>(m.norms), 0.05);
+      expect_within((l + "attn").c_str(), x.attn, static_cast<int64_t>(m.attn), 0.05);
+      expect_within((l + "ffn").c_str(), x.ffn, static_cast<int64_t>(m.ffn), 0.05);
+      expect_within((l + "routed_experts").c_str(), x.routed_experts, static_cast<int64_t>(m.routed_experts), 0.05);
+      sum += static_cast<int64_t>(m.kept());
+    }
+    EXPECT_EQ(sum, act_built) << "the model's per-layer report against DeviceMemory";
+  }
+
+  one_step(b, cfg);
+  const int64_t weights_after = current(MemCategory::weights);
+  // Group Linear's (and Linear's) FP8 weight copies, if DeviceMemory holds them, exactly as estimated.
+  if (weights_after != weights_built) {
+    EXPECT_EQ(weights_after, dm(MemCategory::weights)) << "weights after a step";
+  }
+  EXPECT_EQ(current(MemCategory::grads), dm(MemCategory::grads)) << "grads after a step";
+  EXPECT_EQ(current(MemCategory::optimizer), dm(MemCategory::optimizer)) << "optimizer after a step";
+  const int64_t act_peak = static_cast<int64_t>(b.mem.peak(MemCategory::activations));
+  expect_within("activations at their peak", act_peak > act_built ? dm(MemCategory::activations)
+                                                                    : built_view(MemCategory::activations),
+                act_peak, 0.05);
+
+  std::printf("[ %s ] %s\n", name.c_str(), b.mem.report().c_str());
+  for (MemCategory c : {MemCategory::weights, MemCategory::grads, MemCategory::optimizer})
+    print_row(mem_category_name(c), dm(c), static_cast<int64_t>(b.mem.current(c)));
+  print_row("activations (after construction)", built_view(MemCategory::activations), act_built);
+  print_row("activations (peak)", dm(MemCategory::activations), act_peak);
+  print_row("workspace (peak; not checked)", dm(MemCategory::workspace),
+            static_cast<int64_t>(b.mem.peak(MemCategory::workspace)));
+  print_row("scratch arena high water", dm(MemCategory::workspace),
+            static_cast<int64_t>(b.model->scratch().high_water()));
+  print_row("comm (peak; not checked)", dm(MemCategory::comm), static_cast<int64_t>(b.mem.peak(MemCategory::comm)));
+}
+
+TEST(MemoryEstimateModel, TinyBf16) {
+  FP4MOE_REQUIRE_DEVICE();
+  expect_estimate_matches("tiny bf16", load("tiny", {}));
+}
+
+TEST(MemoryEstimateModel, TinyRoutedMxfp4AndFp8) {
+  FP4MOE_REQUIRE_DEVICE();
+  expect_estimate_matches("tiny routed mxfp4", load("tiny", {"--recipe.routed_experts", "mxfp4"}));
+  expect_estimate_matches("tiny routed fp8", load("tiny", {"--recipe.routed_experts", "fp8"}));
+}
+
+// Under moe the fp8 recipe's fc2 keeps its FP8 column copy of a allocated (DeviceMemory counts it after the step)
+// although the estimate, which counts what backward needs, drops it (the rerun of fc2 rebuilds it): about 21 KiB of
+// tiny's 1.2 MiB, inside the 5%.
+TEST(MemoryEstimateModel, TinyMoePolicyEveryRoutedRecipe) {
+  FP4MOE_REQUIRE_DEVICE();
+  for (const char* recipe : {"bf16", "fp8", "mxfp4"})
+    expect_estimate_matches(std::string("tiny routed ") + recipe + ", recompute moe",
+                            load("tiny", {"--recipe.routed_experts", recipe, "--recompute.modules", "moe"}));
+}
+
+TEST(MemoryEstimateModel, TinyQProjAndV2Router) {
+  FP4MOE_REQUIRE_DEVICE();
+  expect_estimate_matches("tiny q_proj", load("tiny", {"--model.q_lora_rank", "0"}));
+  expect_estimate_matches("tiny v2 router", load("tiny", {"--moe.router", "v2", "--moe.aux_alpha", "0.003",
+                                                          "--moe.bias_update_rate", "0"}));
+}
+
+TEST(MemoryEstimateModel, SmallTwoLayers) {
+  FP4MOE_REQUIRE_DEVICE();
+  expect_estimate_matches("small, 2 layers, bf16", load("small", {"--model.layers", "2"}));
+  expect_estimate_matches("small, 2 layers, routed mxfp4",
+                          load("small", {"--model.layers", "2", "--recipe.routed_experts", "mxfp4"}));
+}
+
+}  // namespace
+}  // namespace fp4moe

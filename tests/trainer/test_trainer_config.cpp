@@ -1,0 +1,407 @@
+// Trainer configuration (trainer/config.h): the presets in configs/ load and validate, the command line wins over
+// the file, and every bad configuration is rejected with a message naming the option (and the file or folder).
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "tests/common/trainer_test_util.h"
+#include "trainer/config.h"
+#include "trainer/data/token_shard.h"
+#include "trainer/train/metrics.h"
+
+namespace fp4moe {
+namespace {
+
+using test::expect_error_with;
+using test::preset;
+
+TrainerConfig tiny_with(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--config", preset("tiny")};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return parse_config_args(args);
+}
+
+TEST(TrainerConfig, EveryPresetLoadsAndValidates) {
+  for (const char* name : {"tiny", "small", "v3", "v2"}) {
+    SCOPED_TRACE(name);
+    const TrainerConfig cfg = parse_config_args({"--config", preset(name)});
+    EXPECT_EQ(cfg.model.name, name);
+    EXPECT_EQ(cfg.model.vocab_size, 32768);  // the tokenizer of `make data`
+    EXPECT_GE(cfg.model.layers, 2);
+    EXPECT_LT(cfg.model.n_dense_layers, cfg.model.layers);  // every preset has MoE layers
+    EXPECT_EQ(cfg.train.data_dir, "data/cache/shards");
+  }
+}
+
+TEST(TrainerConfig, V3AndV2PresetsKeepTheDeepSeekPerLayerDimensions) {
+  const TrainerConfig v3 = parse_config_args({"--config", preset("v3")});
+  EXPECT_EQ(v3.model.hidden, 7168);
+  EXPECT_EQ(v3.model.heads, 128);
+  EXPECT_EQ(v3.model.q_lora_rank, 1536);
+  EXPECT_EQ(v3.model.kv_lora_rank, 512);
+  EXPECT_EQ(v3.model.qk_nope_head_dim, 128);
+  EXPECT_EQ(v3.model.qk_rope_head_dim, 64);
+  EXPECT_EQ(v3.model.v_head_dim, 128);
+  EXPECT_EQ(v3.model.dense_ffn, 18432);
+  EXPECT_EQ(v3.moe.expert_ffn, 2048);
+  EXPECT_EQ(v3.moe.top_k, 8);
+  EXPECT_EQ(v3.moe.shared_experts, 1);
+  EXPECT_EQ(v3.moe.router, RouterStyle::v3_sigmoid);
+  EXPECT_EQ(v3.recipe.routed_experts, Recipe::mxfp4);
+  EXPECT_EQ(v3.recompute.modules, std::vector<std::string>{"mla_up_proj"});
+
+  const TrainerConfig v2 = parse_config_args({"--config", preset("v2")});
+  EXPECT_EQ(v2.model.hidden, 5120);
+  EXPECT_EQ(v2.model.heads, 128);
+  EXPECT_EQ(v2.model.q_lora_rank, 1536);
+  EXPECT_EQ(v2.model.kv_lora_rank, 512);
+  EXPECT_EQ(v2.model.dense_ffn, 12288);
+  EXPECT_EQ(v2.moe.expert_ffn, 1536);
+  EXPECT_EQ(v2.moe.top_k, 6);
+  EXPECT_EQ(v2.moe.shared_experts, 2);
+  EXPECT_EQ(v2.moe.router, RouterStyle::v2_softmax);
+  EXPECT_DOUBLE_EQ(v2.moe.aux_alpha, 0.003);
+}
+
+TEST(TrainerConfig, CommandLineWinsOverTheFileAndTheRestComesFromTheFile) {
+  const TrainerConfig file = parse_config_args({"--config", preset("small")});
+  const TrainerConfig cli = parse_config_args(
+      {"--config", preset("small"), "--train.lr", "3e-4", "--recipe.routed_experts", "mxfp4", "--model.layers", "6"});
+  EXPECT_DOUBLE_EQ(cli.train.lr, 3e-4);
+  EXPECT_NE(file.train.lr, 3e-4);
+  EXPECT_EQ(cli.recipe.routed_experts, Recipe::mxfp4);
+  EXPECT_EQ(cli.model.layers, 6);
+  EXPECT_EQ(cli.model.hidden, file.model.hidden);
+  EXPECT_EQ(cli.moe.routed_experts, file.moe.routed_experts);
+  EXPECT_EQ(cli.train.steps, file.train.steps);
+}
+
+// The text of configs/tiny.toml with each line that starts with a given prefix replaced.
+std::string tiny_text_with(std::initializer_list<std::pair<std::string, std::string>> lines) {
+  std::ifstream in(preset("tiny"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [prefix, by] : lines) {
+    const size_t at = text.find("\n" + prefix);
+    EXPECT_NE(at, std::string::npos) << prefix;
+    if (at != std::string::npos) text.replace(at + 1, text.find('\n', at + 1) - at - 1, by);
+  }
+  return text;
+}
+
+TEST(TrainerConfigToml, CommentsAfterValuesAndHashesInsideStrings) {
+  test::TrainerTempDir dir;
+  const std::string path = dir.write("c.toml", tiny_text_with({{"lr = ", "lr = 2.5e-3   # trailing comment"},
+                                                               {"name = ", "name = \"tiny #2\"  # '#' in a string"},
+                                                               {"checkpoint_dir = ", "checkpoint_dir = 'runs/#a'"}}));
+  const TrainerConfig cfg = parse_config_args({"--config", path});
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 2.5e-3);
+  EXPECT_EQ(cfg.model.name, "tiny #2");
+  EXPECT_EQ(cfg.train.checkpoint_dir, "runs/#a");
+}
+
+TEST(TrainerConfigToml, MultiLineArraysWithCommentsAndATrailingComma) {
+  test::TrainerTempDir dir;
+  const std::string path = dir.write(
+      "c.toml", tiny_text_with({{"modules = ", "modules = [\n  \"core_attn\",  # the attention core\n  # next\n"
+                                               "  \"moe_act\",\n]"}}));
+  const TrainerConfig cfg = parse_config_args({"--config", path});
+  EXPECT_EQ(cfg.recompute.modules, (std::vector<std::string>{"core_attn", "moe_act"}));
+  EXPECT_TRUE(cfg.recompute.has("moe_act"));
+  EXPECT_FALSE(cfg.recompute.has("moe"));
+}
+
+TEST(TrainerConfigToml, ByteOrderMarkEscapesAndDottedKeys) {
+  test::TrainerTempDir dir;
+  // A UTF-8 byte order mark, a \u escape, an integer for a float option and `section.key` at the top level.
+  // ([recompute] moves to the top: a dotted key defines its table, which no header may open again.)
+  const std::string text = tiny_text_with({{"name = ", "name = \"t\\u0069ny\""},
+                                           {"rope_theta = ", "rope_theta = 500"},
+                                           {"[recompute]", ""},
+                                           {"modules = ", ""}});
+  const std::string path = dir.write("c.toml", "\xEF\xBB\xBFrecompute.modules = [\"moe_act\"]\n" + text);
+  const TrainerConfig cfg = parse_config_args({"--config", path});
+  EXPECT_EQ(cfg.model.name, "tiny");
+  EXPECT_EQ(cfg.model.rope_theta, 500.0);
+  EXPECT_EQ(cfg.recompute.modules, std::vector<std::string>{"moe_act"});
+  EXPECT_EQ(cfg.model.hidden, 64);
+}
+
+TEST(TrainerConfigToml, EmptyAndNoneRecompute) {
+  EXPECT_TRUE(tiny_with({"--recompute.modules", "none"}).recompute.modules.empty());
+  EXPECT_TRUE(parse_config_args({"--config", preset("tiny")}).recompute.modules.empty());  // modules = []
+  EXPECT_TRUE(tiny_with({"--recompute.modules", "full"}).recompute.has("core_attn"));
+}
+
+// Every preset reads as CLI11's TOML reader (the one used before toml++) read it: its values given on the command
+// line give the same configuration as the file.
+TEST(TrainerConfigToml, EveryPresetReadsAsBefore) {
+  int presets = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(test::repo_root() + "/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    ++presets;
+    std::vector<std::string> args, modules;
+    for (const CLI::ConfigItem& item : CLI::ConfigTOML().from_file(entry.path().string())) {
+      if (item.name == "++" || item.name == "--") continue;
+      if (item.fullname() == "recompute.modules") {
+        modules = {"--recompute.modules"};
+        modules.insert(modules.end(), item.inputs.begin(), item.inputs.end());
+        if (item.inputs.empty()) modules.push_back("none");
+        continue;
+      }
+      ASSERT_EQ(item.inputs.size(), 1u) << item.fullname();
+      args.insert(args.end(), {"--" + item.fullname(), item.inputs[0]});
+    }
+    args.insert(args.end(), modules.begin(), modules.end());  // a list takes the arguments up to the next option
+    const TrainerConfig before = parse_config_args(args);
+    const TrainerConfig now = parse_config_args({"--config", entry.path().string()});
+    EXPECT_EQ(train_config_text(now), train_config_text(before));
+    EXPECT_EQ(now.model.name, before.model.name);
+    EXPECT_EQ(now.model.name, entry.path().stem().string());
+    EXPECT_EQ(now.moe.aux_alpha, before.moe.aux_alpha);
+    EXPECT_EQ(now.moe.bias_update_rate, before.moe.bias_update_rate);
+    EXPECT_EQ(now.train.data_dir, "data/cache/shards");
+  }
+  EXPECT_GE(presets, 5);
+  const TrainerConfig small = parse_config_args({"--config", preset("small")});
+  EXPECT_EQ(small.model.hidden, 768);
+  EXPECT_EQ(small.moe.routed_experts, 32);
+  EXPECT_DOUBLE_EQ(small.moe.routed_scale, 2.5);
+  EXPECT_DOUBLE_EQ(small.train.lr, 1e-3);
+  EXPECT_EQ(small.train.seed, 1234u);
+  EXPECT_EQ(small.train.checkpoint_dir, "runs/small/checkpoints");
+}
+
+TEST(TrainerConfigToml, RejectsMalformedFilesWithLineAndColumn) {
+  test::TrainerTempDir dir;
+  auto rejected = [&](const std::string& name, const std::string& text, std::initializer_list<std::string> parts) {
+    SCOPED_TRACE(name);
+    const std::string path = dir.write(name, text);
+    const std::string msg = test::error_message([&] { parse_config_args({"--config", path}); });
+    EXPECT_NE(msg.find("config file '" + path + "'"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  };
+  rejected("unterminated.toml", "[model]\nname = \"tiny\nhidden = 64\n", {"line 2, column", "not closed"});
+  rejected("twice.toml", "[model]\nhidden = 64\nhidden = 128\n", {"line 3, column", "'hidden'"});
+  rejected("section_twice.toml", "[model]\nhidden = 64\n[train]\n[model]\nlayers = 2\n", {"line 4", "'model'"});
+  rejected("unknown.toml", "[model]\n\nhiden = 64\n", {"line 3, column 1", "unknown option 'model.hiden'"});
+  rejected("top.toml", "lr = 1e-3\n", {"unknown option 'lr'"});
+  rejected("nested.toml", "[model.attention]\nheads = 4\n", {"unknown option 'model.attention.heads'"});
+  rejected("section.toml", "[optimizer]\n", {"unknown option 'optimizer'"});
+  rejected("string_int.toml", "[model]\nhidden = \"64\"\n",
+           {"line 2, column 1", "model.hidden = \"64\": expected an integer, got a string"});
+  rejected("float_int.toml", "[model]\nhidden = 64.0\n", {"model.hidden = 64.0: expected an integer, got a float"});
+  rejected("string_float.toml", "[train]\nlr = \"1e-3\"\n", {"train.lr = \"1e-3\": expected a number, got a string"});
+  rejected("bool_string.toml", "[moe]\nrouter = true\n", {"moe.router = true: expected a string, got a boolean"});
+  rejected("string_list.toml", "[recompute]\nmodules = \"moe\"\n",
+           {"recompute.modules", "expected an array of strings"});
+  rejected("mixed_list.toml", "[recompute]\nmodules = [\"moe\", 1]\n", {"expected an array of strings"});
+}
+
+TEST(TrainerConfig, CommandLineWinsButTheFileIsStillChecked) {
+  test::TrainerTempDir dir;
+  const std::string path = dir.write("c.toml", tiny_text_with({{"hidden = ", "hidden = \"wide\""}}));
+  expect_error_with([&] { parse_config_args({"--config", path, "--model.hidden", "64"}); },
+                    {path, "model.hidden = \"wide\""});
+}
+
+TEST(TrainerConfig, RejectsFileProblemsNamingFileAndKey) {
+  test::TrainerTempDir dir;
+  const std::string unknown = dir.write("unknown.toml", "[model]\nhiden = 64\n");
+  expect_error_with([&] { parse_config_args({"--config", unknown}); }, {unknown, "unknown option 'model.hiden'"});
+  const std::string bad_value = dir.write("bad.toml", "[model]\nhidden = \"abc\"\n");
+  expect_error_with([&] { parse_config_args({"--config", bad_value}); }, {bad_value, "model.hidden", "abc"});
+  const std::string missing = dir.file("missing.toml");
+  expect_error_with([&] { parse_config_args({"--config", missing}); }, {missing, "does not exist"});
+  expect_error_with([&] { parse_config_args({"--config", preset("tiny"), "--model.hidden", "x"}); },
+                    {"command line", "--model.hidden"});
+  expect_error_with([&] { parse_config_args({"--config", preset("tiny"), "--no.such"}); }, {"command line"});
+}
+
+TEST(TrainerConfig, CommandLineIntegersAreDecimalAndInRange) {
+  for (const char* text : {"99999999999999999999", "010", "0x40", "64.0", "1e3"}) {
+    SCOPED_TRACE(text);
+    expect_error_with([&] { tiny_with({"--train.seed", text}); },
+                      {"command line", "--train.seed", fmt::format("'{}' is not a decimal integer", text)});
+  }
+  EXPECT_EQ(tiny_with({"--model.hidden", "64", "--train.seed", "0"}).train.seed, 0u);
+  EXPECT_EQ(tiny_with({"--model.n_dense_layers", "0"}).model.n_dense_layers, 0);
+  expect_error_with([] { tiny_with({"--train.warmup_steps=-1"}); }, {"train.warmup_steps = -1"});
+}
+
+TEST(TrainerConfig, MissingRequiredKeysAreNamed) {
+  test::TrainerTempDir dir;
+  const std::string no_hidden = dir.write("c.toml", tiny_text_with({{"hidden = ", "# hidden unset"}}));
+  expect_error_with([&] { parse_config_args({"--config", no_hidden}); },
+                    {"model.hidden is missing (set it in the config file '" + no_hidden + "' or with --model.hidden)"});
+  EXPECT_EQ(parse_config_args({"--config", no_hidden, "--model.hidden", "64"}).model.hidden, 64);
+  const std::string no_lr = dir.write("lr.toml", tiny_text_with({{"lr = ", ""}}));
+  expect_error_with([&] { parse_config_args({"--config", no_lr}); }, {"train.lr is missing"});
+  // dense_ffn only with dense layers, the MoE sizes only with MoE layers; keys with working defaults may go.
+  const std::string no_ffn = dir.write("ffn.toml", tiny_text_with({{"dense_ffn = ", ""}}));
+  expect_error_with([&] { parse_config_args({"--config", no_ffn}); }, {"model.dense_ffn is missing"});
+  EXPECT_NO_THROW(parse_config_args({"--config", no_ffn, "--model.n_dense_layers", "0"}));
+  const std::string no_moe = dir.write("moe.toml", tiny_text_with({{"top_k = ", ""}, {"shared_experts = ", ""}}));
+  expect_error_with([&] { parse_config_args({"--config", no_moe}); }, {"moe.top_k is missing"});
+  EXPECT_NO_THROW(parse_config_args({"--config", no_moe, "--model.n_dense_layers", "2"}));
+  EXPECT_EQ(parse_config_args({"--config", no_moe, "--moe.top_k", "2"}).moe.shared_experts, 0);
+}
+
+TEST(TrainerConfig, SeedIsReadSignedAndNegativeRejected) {
+  expect_error_with([] { tiny_with({"--train.seed=-1"}); }, {"train.seed must be >= 0, got -1"});
+  test::TrainerTempDir dir;
+  const std::string path = dir.write("c.toml", tiny_text_with({{"seed = ", "seed = -5"}}));
+  expect_error_with([&] { parse_config_args({"--config", path}); }, {"train.seed must be >= 0, got -5"});
+  EXPECT_EQ(tiny_with({"--train.seed", "9223372036854775807"}).train.seed, 9223372036854775807ull);
+}
+
+TEST(TrainerConfig, RejectsNonFiniteAndOutOfRangeFloats) {
+  for (const char* key : {"model.rope_theta", "model.norm_eps", "moe.routed_scale", "moe.aux_alpha",
+                          "moe.bias_update_rate", "train.lr", "train.min_lr", "train.weight_decay", "train.beta1",
+                          "train.beta2", "train.eps", "train.grad_clip"})
+    for (const char* v : {"inf", "-inf", "nan"}) {
+      SCOPED_TRACE(std::string(key) + " = " + v);
+      expect_error_with([&] { tiny_with({fmt::format("--{}={}", key, v)}); },
+                        {fmt::format("{} must be a finite number", key), fmt::format("got {}", v)});
+    }
+  expect_error_with([] { tiny_with({"--train.lr", "inf"}); }, {"train.lr must be a finite number > 0, got inf"});
+  expect_error_with([] { tiny_with({"--model.norm_eps", "1"}); }, {"model.norm_eps must be a finite number in (0, 1)"});
+  expect_error_with([] { tiny_with({"--train.beta1", "1"}); },
+                    {"train.beta1 must be a finite number in [0, 1), got 1"});
+  expect_error_with([] { tiny_with({"--moe.aux_alpha=-0.5"}); }, {"moe.aux_alpha must be a finite number >= 0"});
+  // The same from the file (TOML spells them inf and nan); MoE floats also for an all-dense model.
+  test::TrainerTempDir dir;
+  const std::string path = dir.write("c.toml", tiny_text_with({{"lr = ", "lr = inf"}}));
+  expect_error_with([&] { parse_config_args({"--config", path}); }, {"train.lr must be a finite number > 0, got inf"});
+  expect_error_with([] { tiny_with({"--model.n_dense_layers", "2", "--moe.routed_scale", "nan"}); },
+                    {"moe.routed_scale must be a finite number > 0, got nan"});
+}
+
+TEST(TrainerConfig, RejectsDerivedSizesThatOverflow) {
+  // 2^20 x 2^20 tokens per micro-batch fit; x 2^30 micro-batches per step do not.
+  expect_error_with([] { tiny_with({"--train.seq_len", "1048576", "--train.micro_batch", "1048576",
+                                    "--train.grad_accum", "1073741824"}); },
+                    {"tokens per step = train.seq_len x train.micro_batch x train.grad_accum",
+                     "1048576 x 1048576 x 1073741824", "does not fit in a 64-bit integer"});
+  expect_error_with([] { tiny_with({"--train.seq_len", "1048576", "--train.micro_batch", "1048576",
+                                    "--train.grad_accum", "1024", "--train.steps", "1099511627776"}); },
+                    {"tokens of the run", "train.steps", "does not fit"});
+  expect_error_with([] { tiny_with({"--train.seq_len", "9223372036854775807"}); },
+                    {"train.seq_len + 1", "does not fit"});
+  expect_error_with([] { tiny_with({"--train.seq_len", "4611686018427387904", "--train.micro_batch", "2"}); },
+                    {"train.micro_batch", "train.seq_len", "does not fit"});
+  expect_error_with([] { tiny_with({"--train.seq_len", "1099511627776", "--train.micro_batch", "1024"}); },
+                    {"logits per micro-batch", "model.vocab_size", "does not fit"});
+  expect_error_with([] { tiny_with({"--model.qk_nope_head_dim", "9223372036854775800"}); },
+                    {"model.qk_nope_head_dim + model.qk_rope_head_dim", "does not fit"});
+  expect_error_with([] { tiny_with({"--moe.routed_experts", "1024", "--moe.expert_ffn", "4611686018427387904"}); },
+                    {"routed expert weights", "does not fit"});
+}
+
+TEST(TrainerConfig, RejectsShapesThatCannotRun) {
+  expect_error_with([] { tiny_with({"--model.heads", "5"}); }, {"model.heads = 5 does not divide model.hidden = 64"});
+  expect_error_with([] { tiny_with({"--moe.top_k", "9"}); }, {"moe.top_k = 9 exceeds moe.routed_experts = 8"});
+  expect_error_with([] { tiny_with({"--model.n_dense_layers", "3"}); },
+                    {"model.n_dense_layers = 3", "model.layers = 2"});
+  expect_error_with([] { tiny_with({"--moe.routed_experts", "2000"}); }, {"moe.routed_experts = 2000", "1024"});
+  expect_error_with([] { tiny_with({"--model.vocab_size", "1"}); }, {"model.vocab_size must be >= 2"});
+  expect_error_with([] { tiny_with({"--model.hidden", "0"}); }, {"model.hidden must be >= 1"});
+  expect_error_with([] { tiny_with({"--model.qk_rope_head_dim", "15"}); }, {"qk_rope_head_dim = 15 must be even"});
+  expect_error_with([] { tiny_with({"--moe.expert_ffn", "40"}); }, {"moe.expert_ffn = 40", "multiple of 16"});
+  expect_error_with([] { tiny_with({"--moe.expert_ffn", "48", "--recipe.routed_experts", "mxfp4"}); },
+                    {"moe.expert_ffn = 48", "multiple of 32", "mxfp4"});
+  EXPECT_NO_THROW(tiny_with({"--moe.expert_ffn", "48"}));  // 48 is fine for bf16
+  // An all-dense model does not need MoE settings.
+  EXPECT_NO_THROW(tiny_with({"--model.n_dense_layers", "2", "--moe.routed_experts", "0", "--moe.top_k", "0"}));
+}
+
+TEST(TrainerConfig, RejectsScheduleRecipeRouterAndRecomputeMistakes) {
+  expect_error_with([] { tiny_with({"--train.warmup_steps", "30"}); }, {"train.warmup_steps = 30", "train.steps = 20"});
+  expect_error_with([] { tiny_with({"--train.min_lr", "1"}); }, {"train.min_lr"});
+  expect_error_with([] { tiny_with({"--train.beta2", "1"}); }, {"train.beta2 must be a finite number in [0, 1)"});
+  expect_error_with([] { tiny_with({"--train.eps", "0"}); }, {"train.eps must be a finite number > 0"});
+  expect_error_with([] { tiny_with({"--train.grad_clip", "-1"}); }, {"train.grad_clip must be a finite number >= 0"});
+  expect_error_with([] { tiny_with({"--train.seq_len", "0"}); }, {"train.seq_len must be >= 1"});
+  expect_error_with([] { tiny_with({"--train.checkpoint_interval", "5"}); }, {"needs train.checkpoint_dir"});
+  expect_error_with([] { tiny_with({"--train.eval_steps", "0"}); }, {"train.eval_steps must be >= 1"});
+  expect_error_with([] { tiny_with({"--train.non_finite", "ignore"}); }, {"train.non_finite = 'ignore'", "skip or stop"});
+  expect_error_with([] { tiny_with({"--train.data_dir", ""}); }, {"train.data_dir is empty"});
+  expect_error_with([] { tiny_with({"--recipe.attention", "fp4"}); },
+                    {"recipe.attention = 'fp4'", "bf16, fp8 or mxfp4"});
+  expect_error_with([] { tiny_with({"--moe.router", "v4"}); }, {"moe.router = 'v4'"});
+  expect_error_with([] { tiny_with({"--recompute.modules", "attention"}); },
+                    {"unknown module 'attention'", "mla_up_proj"});
+  expect_error_with([] { tiny_with({"--recompute.modules", "moe", "moe"}); }, {"'moe' is listed twice"});
+  expect_error_with([] { tiny_with({"--recompute.modules", "full", "moe_act"}); }, {"'full'", "cannot be combined"});
+}
+
+TEST(TrainerConfig, DataChecksFolderShardsAndVocabulary) {
+  test::TrainerTempDir dir;
+  const std::string missing = dir.file("nothing_here");
+  expect_error_with([&] { validate_data(tiny_with({"--train.data_dir", missing})); }, {missing, "not a folder"});
+  expect_error_with([&] { validate_data(tiny_with({"--model.vocab_size", "129280"})); },
+                    {"model.vocab_size = 129280 exceeds 65536"});
+  const std::string empty = dir.path().string();
+  expect_error_with([&] { validate_data(tiny_with({"--train.data_dir", empty})); }, {empty, "train"});
+
+  // 9 tokens: 4 windows of seq_len + 1 = 3 tokens, one batch of 4 rows.
+  const std::vector<uint16_t> tokens = {5, 7, 2, 9, 11, 2, 3, 4, 2};
+  const std::vector<std::string> shape = {"--train.seq_len", "2", "--train.micro_batch", "4"};
+  auto data_of = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--train.data_dir", empty, "--model.vocab_size", "1000"});
+    extra.insert(extra.end(), shape.begin(), shape.end());
+    return tiny_with(extra);
+  };
+  write_token_shard(dir.file("train_000.bin"), tokens, 1000, 2);
+  write_token_shard(dir.file("val_000.bin"), tokens, 1000, 2);
+  expect_error_with([&] { validate_data(tiny_with({"--train.data_dir", empty})); },
+                    {dir.file("train_000.bin"), "1000", "32768"});
+  EXPECT_NO_THROW(validate_data(data_of({})));
+  // Evaluation needs val shards.
+  std::filesystem::remove(dir.file("val_000.bin"));
+  expect_error_with([&] { validate_data(data_of({})); }, {"val"});
+  EXPECT_NO_THROW(validate_data(data_of({"--train.eval_interval", "0"})));
+}
+
+TEST(TrainerConfig, DataMustHoldOneBatchPerSplit) {
+  test::TrainerTempDir dir;
+  const std::string folder = dir.path().string();
+  // train: 9 tokens, 4 windows of 2 + 1 tokens; val: 7 tokens, 3 windows.
+  write_token_shard(dir.file("train_000.bin"), std::vector<uint16_t>{5, 7, 2, 9, 11, 2, 3, 4, 2}, 1000, 2);
+  write_token_shard(dir.file("val_000.bin"), std::vector<uint16_t>{5, 7, 2, 9, 11, 3, 2}, 1000, 2);
+  auto config = [&](const char* micro_batch, const char* eval_interval) {
+    return tiny_with({"--train.data_dir", folder, "--model.vocab_size", "1000", "--train.seq_len", "2",
+                      "--train.micro_batch", micro_batch, "--train.eval_interval", eval_interval});
+  };
+  EXPECT_NO_THROW(validate_data(config("3", "10")));
+  expect_error_with([&] { validate_data(config("4", "10")); },
+                    {folder, "the val shards hold 3 windows of train.seq_len + 1 = 3 tokens",
+                     "fewer than one batch of train.micro_batch = 4 rows", "evaluation"});
+  EXPECT_NO_THROW(validate_data(config("4", "0")));  // no evaluation: the val split is not read
+  expect_error_with([&] { validate_data(config("5", "0")); },
+                    {"the train shards hold 4 windows", "train.micro_batch = 5", "training"});
+}
+
+TEST(TrainerConfig, ModelHashFollowsShapeAndRecipeNotSchedule) {
+  const TrainerConfig base = parse_config_args({"--config", preset("small")});
+  const uint64_t h = model_config_hash(base);
+  EXPECT_EQ(h, model_config_hash(parse_config_args({"--config", preset("small")})));
+  EXPECT_EQ(h, model_config_hash(parse_config_args({"--config", preset("small"), "--train.lr", "1e-4",
+                                                    "--train.steps", "5000"})));
+  EXPECT_NE(h, model_config_hash(parse_config_args({"--config", preset("small"), "--model.hidden", "960"})));
+  EXPECT_NE(h, model_config_hash(parse_config_args({"--config", preset("small"), "--moe.top_k", "2"})));
+  EXPECT_NE(h, model_config_hash(
+                   parse_config_args({"--config", preset("small"), "--recipe.routed_experts", "fp8"})));
+  EXPECT_NE(model_config_text(base).find("model.hidden = 768\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fp4moe
