@@ -93,7 +93,7 @@ def repro_markdown(df):
 
 
 def family_of(table_path):
-    """"/bench/convert" -> "convert", "/bench/gemm/fp8" -> "gemm_fp8"."""
+    """"/bench/quant" -> "quant", "/bench/gemm/fp8" -> "gemm_fp8"."""
     return table_path.split("/", 2)[2].replace("/", "_")
 
 

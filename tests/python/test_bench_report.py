@@ -46,10 +46,10 @@ class BenchReport(unittest.TestCase):
             f.attrs["schema_version"] = np.int64(1)
             for k, v in [("git_sha", "abc123"), ("date", "2026-01-31T12:00:00Z"), ("gpu", "NVIDIA H200"),
                          ("driver", "570.86.15 (CUDA 12.8)"), ("cuda", "13.0"), ("cublaslt", "13.1.0"),
-                         ("nccl", "2.28.9"), ("host", "node7"), ("command", "bench_convert --h5 'a|b.h5'")]:
+                         ("nccl", "2.28.9"), ("host", "node7"), ("command", "bench_quant --h5 'a|b.h5'")]:
                 f.attrs.create(k, v, dtype=STR)
             # Column order differs from name order on purpose.
-            write_table(f, "/bench/convert", [
+            write_table(f, "/bench/quant", [
                 ("case", ["copy", "mxfp4_row_to_fp8_row", "bf16_to_fp8_row"]),
                 ("shape", ["123B", "4096x7168", "4096x7168"]),
                 ("recipe", ["copy", "mxfp4", "fp8"]),
@@ -67,8 +67,8 @@ class BenchReport(unittest.TestCase):
 
     def test_tables_read_back_in_column_order(self):
         attrs, tables = bench_report.read_bench_tables(self.path)
-        self.assertEqual(sorted(tables), ["/bench/convert", "/bench/gemm/fp8"])
-        df = tables["/bench/convert"]
+        self.assertEqual(sorted(tables), ["/bench/gemm/fp8", "/bench/quant"])
+        df = tables["/bench/quant"]
         self.assertEqual(list(df.columns), ["case", "shape", "recipe", "time_us", "tflops", "gbps",
                                             "fraction_of_copy_bw", "speedup"])
         self.assertEqual(df["case"].tolist(), ["copy", "mxfp4_row_to_fp8_row", "bf16_to_fp8_row"])
@@ -82,8 +82,8 @@ class BenchReport(unittest.TestCase):
         lines = text.splitlines()
         self.assertEqual(lines[0], "# Benchmarks: NVIDIA H200")
         self.assertIn("| git_sha | abc123 |", lines)
-        self.assertIn("| command | bench_convert --h5 'a\\|b.h5' |", lines)  # '|' escaped
-        self.assertIn("## /bench/convert", lines)
+        self.assertIn("| command | bench_quant --h5 'a\\|b.h5' |", lines)  # '|' escaped
+        self.assertIn("## /bench/quant", lines)
         self.assertIn("| case | shape | recipe | time_us | tflops | gbps | fraction_of_copy_bw | speedup |", lines)
         row = next(l for l in lines if l.startswith("| bf16_to_fp8_row |"))
         self.assertEqual(row, f"| bf16_to_fp8_row | 4096x7168 | fp8 | 31.25 | 0 | 2800 | {self.fraction[2]:.4g} | - |")

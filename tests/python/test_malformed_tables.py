@@ -38,8 +38,8 @@ def replace_column(path, table, column, data):
 
 # (what, table, column, new data or None to remove it, words of the message)
 DEFECTS = [
-    ("ragged", "/bench/convert", "gbps", np.ones(3), "3 rows, but column 'case' has"),
-    ("2-D", "/bench/convert", "time_us", np.ones((18, 2)), "shape (18, 2), expected a 1-D dataset"),
+    ("ragged", "/bench/quant", "gbps", np.ones(3), "3 rows, but column 'case' has"),
+    ("2-D", "/bench/quant", "time_us", np.ones((18, 2)), "shape (18, 2), expected a 1-D dataset"),
     ("metric of strings", "/bench/grouped_gemm", "tflops", np.array(["fast"] * 84), "strings, expected numbers"),
     ("ours of strings", "/repro/conversion_kernels", "ours", np.array(["1.5", "3"]), "strings, expected numbers"),
     ("absent", "/repro/conversion_kernels", "ratio", None, "absent, expected a 1-D dataset"),
@@ -91,10 +91,10 @@ class MalformedTables(util.Tmp):
         bad = self.path("bad.h5")
         util.write_run(bad, [1.5, 3.0])
         with h5py.File(bad, "r+") as f:
-            f["/bench/convert"].attrs["columns"] = np.array([[1, 2], [3, 4]])
+            f["/bench/quant"].attrs["columns"] = np.array([[1, 2], [3, 4]])
         r = subprocess.run([sys.executable, REPORT_PY, bad, "--out", self.path("rep")], capture_output=True,
                            text=True)
-        self.assert_one_line(r, 2, "report", f"'{bad}' table /bench/convert: attribute `columns` is")
+        self.assert_one_line(r, 2, "report", f"'{bad}' table /bench/quant: attribute `columns` is")
 
     def test_schema_version_of_another_type(self):
         for value, shown in (("1", "'1' stored as str"), (1.0, "1.0 stored as float")):

@@ -121,7 +121,7 @@ class OutputPaths(util.Tmp):
         # A run file named like one of the report's files, in the folder the report goes to.
         folder = self.path("out")
         os.mkdir(folder)
-        for name, how in (("TABLES.md", os.replace), ("convert_fraction_of_copy.png", os.symlink)):
+        for name, how in (("TABLES.md", os.replace), ("quant_fraction_of_copy.png", os.symlink)):
             with self.subTest(name=name):
                 run = os.path.join(folder, name)
                 util.write_run(self.path("r.h5"), [1.5, 3.0])
@@ -145,7 +145,7 @@ class OutputPaths(util.Tmp):
 
     def test_merged_run_file_is_none_of_the_merged_files(self):
         bench = self.path("bench.h5")
-        util.write_bench_file(bench, "convert", util.convert_table(3))
+        util.write_bench_file(bench, "quant", util.convert_table(3))
         d = digest(bench)
         for kind, out in self.aliases(bench):
             with self.subTest(kind=kind):

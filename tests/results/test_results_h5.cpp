@@ -224,7 +224,7 @@ TEST_F(ResultsH5, TableAndArrayRoundTripThroughTheCApi) {
   f.set_attribute("git_sha", "0123abcd");
   f.set_attribute("git_sha", "feedbeef");  // replaced, not duplicated
   f.set_attribute("ratio", 0.25);
-  f.add_table("/bench/convert", t);
+  f.add_table("/bench/quant", t);
   f.add_array("/codes", {3, 10}, codes, {{"layout", "mxfp4 row"}});
   f.add_array("/deep/group/dequantized", {2, 5}, deq);
   const std::string path = (dir_ / "out.h5").string();
@@ -239,7 +239,7 @@ TEST_F(ResultsH5, TableAndArrayRoundTripThroughTheCApi) {
   EXPECT_EQ(read_string_attr(root, "git_sha"), "feedbeef");
   EXPECT_EQ((read_scalar_attr<double>(root, "ratio", H5T_NATIVE_DOUBLE, H5T_FLOAT)), 0.25);
 
-  hid_t g = H5Gopen2(file, "/bench/convert", H5P_DEFAULT);
+  hid_t g = H5Gopen2(file, "/bench/quant", H5P_DEFAULT);
   ASSERT_GE(g, 0);
   EXPECT_EQ(read_string_list_attr(g, "columns"), (std::vector<std::string>{"case", "time_us", "bytes"}));
   EXPECT_EQ(read_string_attr(g, "recipe"), "mxfp4");
@@ -272,21 +272,21 @@ TEST_F(ResultsH5, TableAndArrayRoundTripThroughTheCApi) {
 
   // The same file through the library's reader (used by `fp4moe quantize` for its input).
   H5Reader r(path);
-  EXPECT_EQ(r.datasets(), (std::vector<std::string>{"bench/convert/bytes", "bench/convert/case",
-                                                    "bench/convert/time_us", "codes", "deep/group/dequantized"}));
+  EXPECT_EQ(r.datasets(), (std::vector<std::string>{"bench/quant/bytes", "bench/quant/case",
+                                                    "bench/quant/time_us", "codes", "deep/group/dequantized"}));
   EXPECT_TRUE(r.has_dataset("/codes"));
   EXPECT_FALSE(r.has_dataset("bench"));
   auto info = r.info("deep/group/dequantized");
   EXPECT_EQ(info.type, "float32");
   EXPECT_EQ(info.shape, (std::vector<int64_t>{2, 5}));
   EXPECT_EQ(r.info("codes").type, "uint8");
-  EXPECT_EQ(r.info("bench/convert/case").type, "string");
+  EXPECT_EQ(r.info("bench/quant/case").type, "string");
   auto as_f64 = r.read_f64("deep/group/dequantized");
   for (size_t i = 0; i < deq.size(); ++i) EXPECT_EQ(as_f64[i], static_cast<double>(deq[i]));
   EXPECT_EQ(r.string_attribute("codes", "layout"), std::optional<std::string>("mxfp4 row"));
   EXPECT_EQ(r.string_attribute("/", "git_sha"), std::optional<std::string>("feedbeef"));
   EXPECT_EQ(r.string_attribute("codes", "absent"), std::nullopt);
-  EXPECT_NE(error_of([&] { (void)r.read_f64("bench/convert/case"); }).find("holds string, expected numbers"),
+  EXPECT_NE(error_of([&] { (void)r.read_f64("bench/quant/case"); }).find("holds string, expected numbers"),
             std::string::npos);
   EXPECT_NE(error_of([&] { (void)r.info("nope"); }).find("no dataset 'nope'"), std::string::npos);
 }
@@ -375,11 +375,11 @@ TEST(ResultsFile, RejectsBadPathsAndShapes) {
   ResultFile f;
   Table t;
   t.add_column("x", ColumnType::f64);
-  EXPECT_NE(error_of([&] { f.add_table("bench/convert", t); }).find("must be absolute"), std::string::npos);
-  EXPECT_NE(error_of([&] { f.add_table("/bench//convert", t); }).find("empty, '.' or '..' component"),
+  EXPECT_NE(error_of([&] { f.add_table("bench/quant", t); }).find("must be absolute"), std::string::npos);
+  EXPECT_NE(error_of([&] { f.add_table("/bench//quant", t); }).find("empty, '.' or '..' component"),
             std::string::npos);
-  f.add_table("/bench/convert", t);
-  EXPECT_NE(error_of([&] { f.add_table("/bench/convert", t); }).find("already added"), std::string::npos);
+  f.add_table("/bench/quant", t);
+  EXPECT_NE(error_of([&] { f.add_table("/bench/quant", t); }).find("already added"), std::string::npos);
   EXPECT_NE(error_of([&] { f.add_array("/codes", {2, 3}, std::vector<uint8_t>(5)); })
                 .find("shape [2, 3] holds 6 elements, got 5"),
             std::string::npos);
@@ -401,7 +401,7 @@ TEST(ResultsRunInfo, RootAttributesAndCommandLine) {
   env.nccl = "2.28.9";
   env.host = "node7";
   ResultFile f;
-  fill_root_attributes(f, "fp4moe bench convert", env);
+  fill_root_attributes(f, "fp4moe bench quant", env);
   std::vector<std::string> names;
   for (const auto& [n, v] : f.attributes()) names.push_back(n);
   EXPECT_EQ(names, (std::vector<std::string>{"schema_version", "git_sha", "date", "gpu", "driver", "cuda", "cublaslt",
@@ -409,7 +409,7 @@ TEST(ResultsRunInfo, RootAttributesAndCommandLine) {
   EXPECT_EQ(std::get<int64_t>(f.attributes()[0].second), 1);
   EXPECT_EQ(std::get<std::string>(f.attributes()[3].second), "none");
   EXPECT_EQ(std::get<std::string>(f.attributes()[4].second), "570.86.15 (CUDA 12.8)");
-  EXPECT_EQ(std::get<std::string>(f.attributes()[9].second), "fp4moe bench convert");
+  EXPECT_EQ(std::get<std::string>(f.attributes()[9].second), "fp4moe bench quant");
 
   env.gpus = {GpuInfo{0, "NVIDIA H200", 9, 0, 132, 0, 0}, GpuInfo{1, "NVIDIA H200", 9, 0, 132, 0, 0}};
   EXPECT_EQ(gpu_summary(env), "NVIDIA H200 x2");

@@ -241,13 +241,13 @@ TEST(TrainCommand, AnExistingOutNeedsOverwriteUnlessTheRunContinuesIt) {
     f.add_table("/train/tiny", std::move(run));
     Table bench;
     bench.add_column("case", ColumnType::str).add_row({std::string("a")});
-    f.add_table("/bench/convert", std::move(bench));
+    f.add_table("/bench/quant", std::move(bench));
     f.write(extra);
   }
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> refused = {
       {{"--out", own, "--run", "other"}, {"holds no run 'other'"}},
       {{"--out", other_config}, {"holds run 'tiny' of another model configuration"}},
-      {{"--out", extra}, {"holds results besides run 'tiny' (/bench/convert/case)"}},
+      {{"--out", extra}, {"holds results besides run 'tiny' (/bench/quant/case)"}},
       {{"--out", old}, {"is not an HDF5 result file"}},
   };
   for (const auto& [more, words] : refused) {
