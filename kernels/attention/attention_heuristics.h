@@ -36,9 +36,9 @@ enum class FwdKernel {
 };
 
 enum class BwdKernels {
-  // flash_attention_bwd.cu: dK/dV kernel whose 8 warps split the query columns (P^T and dS^T through shared memory),
-  // then the dQ kernel (recomputes S and dP); tile copies by 16-byte piece, all heads side by side. The file also
-  // holds the D = rowsum(dO * O) kernel and the dQ kernel that role_split runs.
+  // flash_attention_bwd_column_split.cu: dK/dV kernel whose 8 warps split the query columns (P^T and dS^T through
+  // shared memory), then flash_attention_bwd.cu's dQ kernel (recomputes S and dP); tile copies by 16-byte piece, all
+  // heads side by side.
   column_split,
   // flash_attention_bwd_role_split.cu: dK/dV kernel whose warps split the products by role (S^T, P^T, dV |
   // dP^T, dS^T, dK), then flash_attention_bwd.cu's dQ kernel with row-stepping copies; both in the head-grouped

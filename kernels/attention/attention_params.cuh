@@ -90,12 +90,15 @@ void launch_forward_key64(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv
 // flash_attention_fwd_key32.cu: the key32 forward kernel, in block_tile's order with p.group_heads over p.bh_count.
 void launch_forward_key32(const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
-// flash_attention_bwd.cu: D = rowsum(dO * O) into p.delta for the B*T rows (every pair); the column_split dK/dV
-// kernel then its dQ kernel (all heads side by side, grid (B*H, tiles)); the role_split family's dQ kernel (the same
-// kernel with row-stepping copies, in block_tile's order with p.group_heads over p.bh_count).
+// flash_attention_bwd.cu: D = rowsum(dO * O) into p.delta for the B*T rows (every pair); the dQ kernel of the
+// column_split family (all heads side by side, grid (B*H, tiles)) and of the role_split family (the same kernel with
+// row-stepping copies, in block_tile's order with p.group_heads over p.bh_count).
 void launch_backward_delta(const BwdParams& p, int64_t B, cudaStream_t stream);
-void launch_backward_column_split(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+void launch_backward_dq(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 void launch_backward_dq_grouped(const BwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+
+// flash_attention_bwd_column_split.cu: the column_split dK/dV kernel, all heads side by side, grid (B*H, tiles).
+void launch_backward_column_split_dkdv(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
 // flash_attention_bwd_role_split.cu: the role_split dK/dV kernel, in block_tile's order with p.group_heads over
 // p.bh_count.

@@ -39,7 +39,10 @@ void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnI
                     static_cast<int>(s.H), static_cast<int>(s.Dv), s.scale, s.scale * attn::kLog2e};
   attn::launch_backward_delta(p, s.B, stream);
   switch (attn::backward_kernels_for(s.Dqk, s.Dv)) {
-    case attn::BwdKernels::column_split: attn::launch_backward_column_split(p, s.B, s.Dqk, s.Dv, stream); break;
+    case attn::BwdKernels::column_split:
+      attn::launch_backward_column_split_dkdv(p, s.B, s.Dqk, s.Dv, stream);
+      attn::launch_backward_dq(p, s.B, s.Dqk, s.Dv, stream);
+      break;
     case attn::BwdKernels::role_split:
       p.bh_count = s.B * s.H;
       p.group_heads = attn::group_heads_for(p.bh_count);
