@@ -41,8 +41,8 @@ def write_root(f, schema_version=1, **overrides):
         f.attrs.create(k, v, dtype=STR)
 
 
-def convert_table(seed):
-    """/bench/convert columns: conversion kernels over two row shapes and two grouped column shapes, plus copies."""
+def quant_table(seed):
+    """/bench/quant columns: conversion kernels over two row shapes and two grouped column shapes, plus copies."""
     rng = np.random.default_rng(seed)
     cols = {c: [] for c in ["case", "shape", "recipe", "time_us", "tflops", "gbps", "fraction_of_copy_bw", "speedup"]}
 
@@ -123,7 +123,7 @@ def write_run(path, ours_values, time_scale=1.0, schema_version=1, extra_row=Fal
     """A run file as repro/run.py writes it, made with h5py alone: /bench/<quant_family> (bench_quant's table;
     "convert" in run files of its former name bench_convert), /bench/grouped_gemm and one /repro table with the given
     ours values."""
-    conv, gemm = convert_table(31), gemm_table(32)
+    conv, gemm = quant_table(31), gemm_table(32)
     conv["time_us"] = [t * time_scale for t in conv["time_us"]]
     with h5py.File(path, "w") as f:
         write_root(f, schema_version, scale="default")

@@ -145,7 +145,7 @@ class OutputPaths(util.Tmp):
 
     def test_merged_run_file_is_none_of_the_merged_files(self):
         bench = self.path("bench.h5")
-        util.write_bench_file(bench, "quant", util.convert_table(3))
+        util.write_bench_file(bench, "quant", util.quant_table(3))
         d = digest(bench)
         for kind, out in self.aliases(bench):
             with self.subTest(kind=kind):

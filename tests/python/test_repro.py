@@ -210,7 +210,7 @@ class ScenarioFiles(Tmp):
 class OursValues(unittest.TestCase):
     def setUp(self):
         import pandas as pd
-        self.conv_cols = util.convert_table(11)
+        self.conv_cols = util.quant_table(11)
         self.gemm_cols = util.gemm_table(12)
         self.conv = pd.DataFrame(self.conv_cols)
         self.gemm = pd.DataFrame(self.gemm_cols)
@@ -288,7 +288,7 @@ class OursValues(unittest.TestCase):
 class MergeRun(Tmp):
     def make_inputs(self):
         a, b = self.path("quant.h5"), self.path("gemm.h5")
-        self.conv, self.gemm = util.convert_table(3), util.gemm_table(4)
+        self.conv, self.gemm = util.quant_table(3), util.gemm_table(4)
         util.write_bench_file(a, "quant", self.conv, git_sha="first", command="bench_quant --h5 a.h5")
         util.write_bench_file(b, "grouped_gemm", self.gemm, git_sha="second", command="bench_grouped_gemm --h5 b.h5")
         return a, b
@@ -327,7 +327,7 @@ class MergeRun(Tmp):
     def test_refusals_leave_no_file(self):
         a, b = self.make_inputs()
         other = self.path("v2.h5")
-        util.write_bench_file(other, "other", util.convert_table(5), schema_version=2)
+        util.write_bench_file(other, "other", util.quant_table(5), schema_version=2)
         out = self.path("run.h5")
         for files, message in [([a, other], "schema_version 2"), ([a, a], "more than one benchmark file"),
                                ([a, self.path("missing.h5")], "cannot read"), ([], "no benchmark result file")]:
@@ -409,7 +409,7 @@ class FakeMachine(Tmp):
         self.assertNotIn("Traceback", r.stderr)
 
     def test_end_to_end_with_fake_benchmarks(self):
-        conv, gemm = util.convert_table(21), util.gemm_table(22)
+        conv, gemm = util.quant_table(21), util.gemm_table(22)
         build = self.fake_build(self.H200, {"bench_quant": ("quant", self.jsonable(conv), 0),
                                             "bench_grouped_gemm": ("grouped_gemm", self.jsonable(gemm), 0)})
         r = self.run_py(build, "--scale", "smoke", "--only", "conversion_kernels", "group_linear_gemm")
@@ -591,7 +591,7 @@ class Reports(Tmp):
         util.write_run(run, [1.5, 3.0])
         util.write_run(both, [1.5, 3.0])
         with h5py.File(both, "a") as f:
-            util.write_table(f, "/bench/convert", util.convert_table(5))
+            util.write_table(f, "/bench/convert", util.quant_table(5))
         r = subprocess.run([sys.executable, COMPARE_PY, run, both], capture_output=True, text=True)
         self.assert_one_line(r, 2, "compare", f"'{both}': tables /bench/quant and /bench/convert hold the same "
                                               "benchmark")
