@@ -44,7 +44,7 @@
 #include "results/output_path.h"
 #include "results/run_info.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/model.h"
 
 namespace fp4moe::cli {

@@ -7,10 +7,10 @@
 //   --resume PATH|latest, --log-interval N, --synthetic-data, --peak-tflops X, --memory-budget GiB,
 //   --dry-run [--no-data-check] [--production v3|v2]
 // --dry-run prints the model summary (shapes, parameters total and activated per token, model FLOPs per token,
-// tokens per step) and the memory estimate of the configuration on one GPU (trainer/memory_estimate.h), and exits
+// tokens per step) and the memory estimate of the configuration on one GPU (trainer/memory/estimate.h), and exits
 // 0 without a GPU; --no-data-check leaves the shards out of it (for shapes no local data fits, such as
 // DeepSeek-V3's production vocabulary of 129280). --production v3|v2 adds the estimate of the production run
-// (DeepSeek-V3 671B on 256 GPUs, DeepSeek-V2 236B on 128 GPUs: trainer/memory_estimate_report.h) under this
+// (DeepSeek-V3 671B on 256 GPUs, DeepSeek-V2 236B on 128 GPUs: trainer/memory/estimate_report.h) under this
 // configuration's recipe and recompute policy, and paper 1's policies x recipes table.
 // Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
 // allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a
@@ -28,8 +28,8 @@
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
 #include "trainer/flops.h"
-#include "trainer/memory_estimate.h"
-#include "trainer/memory_estimate_report.h"
+#include "trainer/memory/estimate.h"
+#include "trainer/memory/estimate_report.h"
 #include "trainer/train/command_line.h"
 #include "trainer/train/trainer.h"
 

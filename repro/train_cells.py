@@ -13,9 +13,9 @@ empty list); the policy named "config" leaves the config file's modules.
 Outcomes (status column):
     ok        the run finished and wrote /train/<run> and /memory/<run>
     oom       the allocator refused an allocation over --memory-budget ("out of the memory budget: <what> needs X
-              GiB of <category> but Y of Z GiB are held", trainer/memory.cpp), or the device itself ran out
-              (cudaMalloc); with [train] retry_without_budget the cell runs again without the budget, and its peaks,
-              throughput and losses come from that run (the note says so)
+              GiB of <category> but Y of Z GiB are held", trainer/memory/device_memory.cpp), or the device itself
+              ran out (cudaMalloc); with [train] retry_without_budget the cell runs again without the budget, and its
+              peaks, throughput and losses come from that run (the note says so)
     not run   the trainer refused the cell before training: exit 2 (a configuration it rejects, no token shards, no
               device), or exit 1 with a message that the recipe or policy is not built, supported or implemented
               yet; the note quotes the trainer's line

@@ -26,8 +26,8 @@
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "kernels/nn/rmsnorm.h"
 #include "kernels/nn/rope.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/mla.h"
-#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 namespace {

@@ -18,10 +18,10 @@
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/cublaslt_matmul.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
-#include "trainer/model/scratch.h"
 
 namespace fp4moe::test {
 

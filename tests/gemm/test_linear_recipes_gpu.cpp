@@ -42,7 +42,7 @@
 #include "kernels/nn/adamw.h"
 #include "kernels/nn/cross_entropy.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/linear.h"
 #include "trainer/model/linear_ref.h"

@@ -118,7 +118,7 @@ class BenchResultPath(unittest.TestCase):
     folder is created, a path that cannot be written ends the program with exit code 2 and one line. The check
     comes before the GPU is looked for, so it runs on any machine."""
 
-    PROGRAMS = ("bench_quant", "bench_grouped_gemm")
+    PROGRAMS = ("bench_quant", "bench_grouped_gemm", "bench_nn")
 
     def setUp(self):
         self.build = os.path.dirname(binary())
@@ -169,6 +169,35 @@ class BenchResultPath(unittest.TestCase):
                 folder = os.path.join(self.tmp, prog, "runs")
                 self.run_program(prog, "--h5", os.path.join(folder, "r.h5"), "--benchmark_list_tests")
                 self.assertTrue(os.path.isdir(folder))
+
+
+
+class BenchNnCases(unittest.TestCase):
+    """bench_nn lists its cases without a device (--benchmark_list_tests): every kernel of kernels/nn it measures at
+    both of the trainer's scales, named <kernel>/<scale>/<dims>, and the copies it compares them with."""
+
+    KERNELS = ("rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd", "swiglu_fwd", "swiglu_bwd", "router_fwd",
+               "router_bwd", "permute_map", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
+               "embedding_fwd", "embedding_bwd", "cross_entropy_fwd", "cross_entropy_bwd", "adamw")
+
+    def test_lists_every_kernel_at_both_scales(self):
+        prog = os.path.join(os.path.dirname(binary()), "benchmarks", "bench_nn")
+        if not os.access(prog, os.X_OK):
+            self.skipTest(f"{prog} is not built")
+        r = subprocess.run([prog, "--benchmark_list_tests"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # Google Benchmark appends the run options: rmsnorm_fwd/small/8192x768/min_time:0.050/manual_time.
+        names = [n.split("/min_time:")[0] for n in r.stdout.split()]
+        for kernel in self.KERNELS:
+            for scale in ("small", "v3"):
+                with self.subTest(kernel=kernel, scale=scale):
+                    self.assertEqual(sum(n.startswith(f"{kernel}/{scale}/") for n in names), 1, names)
+        self.assertIn("rmsnorm_fwd/small/8192x768", names)
+        self.assertIn("rmsnorm_fwd/v3/4096x7168", names)
+        self.assertIn("router_fwd/v3/4096x16/top8", names)
+        self.assertIn("cross_entropy_fwd/v3/4096/V32768/chunk8192", names)
+        self.assertTrue(any(n.startswith("copy/") for n in names), names)
+        self.assertEqual(len(names), len(set(names)), "case names must be unique")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The reproduction suite's training scenarios without a GPU (repro/scenario.py kind = "train", repro/train_cells.py):
 the four scenario files parse, name their paper rows with sources and fit the suite's budget; the cells' command
 lines (checked against the built `fp4moe train --dry-run` when it is built), steps per scale and shared runs;
-out-of-memory and refusal messages read from the logs (the allocator's format taken from trainer/memory.cpp); the
-readers on result files made here; the rules on cells tables; repro/run.py end to end with a fake `fp4moe`
-(OOM at the 80 GiB budget and the retry without it, runs shared between scenarios, today's refusals, a crash);
-the merged run file and the report's tables and plots."""
+out-of-memory and refusal messages read from the logs (the allocator's format taken from
+trainer/memory/device_memory.cpp); the readers on result files made here; the rules on cells tables; repro/run.py
+end to end with a fake `fp4moe` (OOM at the 80 GiB budget and the retry without it, runs shared between scenarios,
+today's refusals, a crash); the merged run file and the report's tables and plots."""
 
 import json
 import math
@@ -357,10 +357,10 @@ class CellCommandLines(unittest.TestCase):
 
 class FailureParsing(unittest.TestCase):
     def memory_cpp_format(self, start):
-        with open(os.path.join(ROOT, "trainer", "memory.cpp"), encoding="utf-8") as f:
+        with open(os.path.join(ROOT, "trainer", "memory", "device_memory.cpp"), encoding="utf-8") as f:
             text = f.read()
         m = re.search(r'"(' + re.escape(start) + r'[^"]*)\\n\{\}"', text)
-        self.assertIsNotNone(m, f"trainer/memory.cpp no longer says '{start}...'")
+        self.assertIsNotNone(m, f"trainer/memory/device_memory.cpp no longer says '{start}...'")
         return m.group(1)
 
     def test_the_allocators_budget_report_is_an_oom_with_its_category(self):

@@ -1,6 +1,7 @@
 """Stand-ins for `fp4moe train` in the reproduction suite's tests: result files in the layout of
-trainer/train/metrics.h written with h5py alone, the allocator's out-of-budget report as trainer/memory.cpp prints
-it, and a fake `fp4moe` program (env and train) that trains nothing but answers like the real one.
+trainer/train/metrics.h written with h5py alone, the allocator's out-of-budget report as
+trainer/memory/device_memory.cpp prints it, and a fake `fp4moe` program (env and train) that trains nothing but
+answers like the real one.
 
 The fake's behaviour is set by a JSON file named in FAKE_FP4MOE (see FAKE_DEFAULTS): a peak memory per cell from
 the config, recipe and policy, "out of the memory budget" above --memory-budget, the dense-layer fp8 refusal of
@@ -23,7 +24,8 @@ H200_ENV = "GPU 0:        NVIDIA H200 (sm_90), 132 SMs, 139.8 GiB, L2 60.0 MiB\n
 
 
 def budget_report(what, request_gib, category, held_gib, budget_gib):
-    """The allocator's message (trainer/memory.cpp DeviceMemory::allocate) as `fp4moe train` prints it on failure."""
+    """The allocator's message (trainer/memory/device_memory.cpp DeviceMemory::allocate) as `fp4moe train` prints
+    it on failure."""
     lines = [f"fp4moe train: failed: out of the memory budget: {what} needs {request_gib:.3f} GiB of {category} but "
              f"{held_gib:.3f} of {budget_gib:.3f} GiB are held"]
     for c in CATEGORIES:

@@ -1,4 +1,4 @@
-// The analytic memory estimator (trainer/memory_estimate.h), no device needed:
+// The analytic memory estimator (trainer/memory/estimate.h), no device needed:
 //   - configs/tiny.toml on one GPU, by hand: the parameter tensors, weights, grads and optimizer to the byte (and
 //     DeviceMemory's 256-byte rounding), the activations of every module from the header's formulas in the bf16,
 //     fp8 and mxfp4 routed recipes, the FP8 weight copies;
@@ -24,8 +24,8 @@
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
 #include "trainer/flops.h"
-#include "trainer/memory_estimate.h"
-#include "trainer/memory_estimate_report.h"
+#include "trainer/memory/estimate.h"
+#include "trainer/memory/estimate_report.h"
 #include "trainer/model/group_linear.h"
 
 namespace fp4moe {

@@ -1,4 +1,4 @@
-// The memory estimator (trainer/memory_estimate.h) against the trainer's DeviceMemory: the model of
+// The memory estimator (trainer/memory/estimate.h) against the trainer's DeviceMemory: the model of
 // configs/tiny.toml (bf16; fp8 and mxfp4 routed experts, also under the `moe` recompute policy, which keeps the
 // routing and the routed experts' dispatched input in the recipe's format; q_proj instead of q_lora; the v2 router)
 // and a 2-layer configs/small.toml (one dense, one MoE layer: 8 x 1024 tokens, hidden 768, 32 experts top-4; bf16
@@ -29,10 +29,10 @@
 #include "tests/common/gpu_test_util.h"
 #include "kernels/nn/cross_entropy.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
-#include "trainer/memory_estimate.h"
+#include "trainer/memory/device_memory.h"
+#include "trainer/memory/estimate.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/model.h"
-#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 namespace {

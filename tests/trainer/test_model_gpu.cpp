@@ -36,7 +36,7 @@
 #include "kernels/nn/adamw.h"
 #include "kernels/nn/cross_entropy.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/model.h"
 
 namespace fp4moe {

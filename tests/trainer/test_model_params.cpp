@@ -6,7 +6,7 @@
 #include <string>
 
 #include "kernels/common/check.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/params.h"
 
 namespace fp4moe {

@@ -18,7 +18,7 @@
 #include "results/h5_read.h"
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/model.h"
 #include "trainer/model/moe_experts.h"
 #include "trainer/model/params.h"

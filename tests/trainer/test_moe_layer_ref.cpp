@@ -12,7 +12,7 @@
 #include "tests/common/nn_ref_test_util.h"
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/moe.h"
 #include "trainer/model/moe_experts.h"
 #include "trainer/model/params.h"

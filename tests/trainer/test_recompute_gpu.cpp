@@ -36,9 +36,9 @@
 #include "kernels/quant/layouts.h"
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/model.h"
-#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 namespace {

@@ -34,14 +34,14 @@
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "kernels/quant/layouts.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
 #include "trainer/model/mla.h"
 #include "trainer/model/moe.h"
 #include "trainer/model/params.h"
 #include "trainer/model/recompute.h"
 #include "trainer/model/rms_norm.h"
-#include "trainer/model/scratch.h"
 #include "trainer/model/swiglu_mlp.h"
 
 namespace fp4moe {

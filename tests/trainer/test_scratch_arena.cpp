@@ -1,4 +1,4 @@
-// The layers' shared scratch (trainer/model/scratch.h) and the recompute flags (trainer/model/recompute.h), without a
+// The layers' shared scratch (trainer/memory/scratch.h) and the recompute flags (trainer/model/recompute.h), without a
 // device: a measuring arena, and an arena over host memory (its pointers are only compared, never dereferenced by a
 // kernel). Run: fp4moe_tests_cpu --gtest_filter='ScratchArena*:LayerRecompute*'
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/recompute.h"
-#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 namespace {

@@ -10,8 +10,8 @@
 
 #include "kernels/common/check.h"
 #include "kernels/gemm/cublaslt_matmul.h"
-#include "trainer/memory.h"
-#include "trainer/model/scratch.h"
+#include "trainer/memory/device_memory.h"
+#include "trainer/memory/scratch.h"
 
 namespace fp4moe {
 
@@ -19,7 +19,7 @@ struct ModelContext {
   cudaStream_t stream = nullptr;
   CublasLtMatmul* lt = nullptr;
   DeviceMemory* mem = nullptr;
-  // The shared scratch (trainer/model/scratch.h), sized by its owner to the most any layer call takes (each layer
+  // The shared scratch (trainer/memory/scratch.h), sized by its owner to the most any layer call takes (each layer
   // reports it: scratch_bytes()). The Model owns one; a test of a single layer makes one for that layer.
   ScratchArena* scratch = nullptr;
 };
@@ -28,7 +28,7 @@ struct ModelContext {
 inline ScratchArena& scratch_of(const ModelContext& ctx, const std::string& who) {
   FP4MOE_CHECK(ctx.scratch != nullptr,
                "{}: the ModelContext has no scratch arena (ModelContext::scratch); size one to the layer's "
-               "scratch_bytes() (trainer/model/scratch.h)",
+               "scratch_bytes() (trainer/memory/scratch.h)",
                who);
   return *ctx.scratch;
 }

@@ -30,7 +30,7 @@
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/mla.h"
 #include "trainer/model/moe.h"

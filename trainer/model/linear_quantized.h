@@ -10,7 +10,7 @@
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/group_linear.h"
 

@@ -26,11 +26,11 @@
 //   h_out     [max_tokens, d]            final norm output (LM head input), and the final norm's rstd
 // plus each decoder layer's own under the recompute policy (decoder_layer.h, mla.h, moe.h, swiglu_mlp.h,
 // rms_norm.h; per layer: layer_memory()). Workspace: tmp and d_res [max_tokens, d] BF16 (the branch output / grad
-// and the residual-stream grad, shared by all layers), the loss, and the shared scratch arena (scratch.h) sized to
-// the largest of: any layer's forward or backward, the LM head backward's FP32 Dgrad [max_tokens, d], the final
-// norm's backward, the embedding backward's workspace. Outside DeviceMemory's accounting: the cuBLASLt workspaces
-// of the model's CublasLtMatmul (which every layer's GEMMs use, the fp8/mxfp4 Group Linears' included) and of
-// LmHeadCrossEntropy, the latter's chunk scratch (logits FP32 + dlogits BF16
+// and the residual-stream grad, shared by all layers), the loss, and the shared scratch arena
+// (trainer/memory/scratch.h) sized to the largest of: any layer's forward or backward, the LM head backward's FP32
+// Dgrad [max_tokens, d], the final norm's backward, the embedding backward's workspace. Outside DeviceMemory's
+// accounting: the cuBLASLt workspaces of the model's CublasLtMatmul (which every layer's GEMMs use, the fp8/mxfp4
+// Group Linears' included) and of LmHeadCrossEntropy, the latter's chunk scratch (logits FP32 + dlogits BF16
 // [max_tokens, chunk]), and Group Linear's own FP8 buffers, all cudaMalloc'd by those classes.
 #include "trainer/model/model.h"
 
@@ -44,10 +44,10 @@
 #include "kernels/nn/cross_entropy.h"
 #include "kernels/nn/elementwise.h"
 #include "kernels/nn/embedding.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/decoder_layer.h"
 #include "trainer/model/moe.h"
 #include "trainer/model/rms_norm.h"
-#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 

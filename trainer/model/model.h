@@ -8,7 +8,7 @@
 //
 // Activations kept for backward are allocated once, at construction, for micro_batch x seq_len tokens
 // (MemCategory::activations), as the recompute policy (cfg.recompute, trainer/model/recompute.h) decides; every
-// layer's scratch and what it recomputes come from one shared arena (trainer/model/scratch.h, MemCategory::
+// layer's scratch and what it recomputes come from one shared arena (trainer/memory/scratch.h, MemCategory::
 // workspace) sized once to the largest single layer call. Parameters live in a ParamStore. Deterministic: the same
 // weights and batch give bitwise the same loss and gradients (no floating-point atomics on the training path),
 // under every recompute policy.
@@ -21,14 +21,14 @@
 #include <vector>
 
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
 
 namespace fp4moe {
 
 struct DispatchBytes;  // trainer/model/moe_experts.h
-class ScratchArena;    // trainer/model/scratch.h
+class ScratchArena;    // trainer/memory/scratch.h
 
 // Device memory of one decoder layer for micro_batch x seq_len tokens, in bytes as DeviceMemory counts them (each
 // buffer rounded up to 256): what it keeps from forward to backward (MemCategory::activations) by module, under the

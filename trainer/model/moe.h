@@ -64,13 +64,13 @@
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
 #include "trainer/model/moe_experts.h"
 #include "trainer/model/moe_router.h"
 #include "trainer/model/params.h"
 #include "trainer/model/recompute.h"
-#include "trainer/model/scratch.h"
 #include "trainer/model/swiglu_mlp.h"
 
 namespace fp4moe {

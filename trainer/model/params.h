@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "kernels/common/types.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 
 namespace fp4moe {
 

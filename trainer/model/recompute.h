@@ -1,6 +1,6 @@
 // What each layer recomputes in backward instead of keeping from forward, from the config's [recompute] modules
 // (Megatron-Core's --recompute-modules names; DESIGN.md "Trainer"). The layers' headers say what they keep under each
-// flag, in bytes per token; the buffers they do not keep come from the shared scratch (trainer/model/scratch.h) and
+// flag, in bytes per token; the buffers they do not keep come from the shared scratch (trainer/memory/scratch.h) and
 // are rebuilt there by a rerun of the forward pieces in backward. The kernels are deterministic, so gradients are
 // bitwise the same under every policy (tests/trainer/test_recompute_gpu.cpp).
 //

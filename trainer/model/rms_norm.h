@@ -15,7 +15,7 @@
 #include <string>
 
 #include "kernels/common/types.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
 

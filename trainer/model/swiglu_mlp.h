@@ -26,11 +26,11 @@
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
 #include "trainer/model/linear.h"
 #include "trainer/model/params.h"
-#include "trainer/model/scratch.h"
 
 namespace fp4moe {
 

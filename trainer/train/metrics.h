@@ -24,7 +24,7 @@
 #include "results/env_info.h"
 #include "results/table.h"
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 
 namespace fp4moe {
 

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/train/metrics.h"
 #include "trainer/train/options.h"
 

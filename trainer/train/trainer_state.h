@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/nn/adamw.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/model.h"
 #include "trainer/train/batch.h"
 #include "trainer/train/metrics.h"

@@ -1,13 +1,13 @@
-// The memory estimator's layouts, parameter tensors and per-stage assembly (trainer/memory_estimate.h); the
-// per-buffer terms are in memory_estimate_terms.cpp.
-#include "trainer/memory_estimate.h"
+// The memory estimator's layouts, parameter tensors and per-stage assembly (trainer/memory/estimate.h); the
+// per-buffer terms are in trainer/memory/estimate_terms.cpp.
+#include "trainer/memory/estimate.h"
 
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "kernels/common/check.h"
-#include "trainer/memory_estimate_detail.h"
+#include "trainer/memory/estimate_detail.h"
 
 namespace fp4moe {
 

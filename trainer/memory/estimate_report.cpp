@@ -1,5 +1,5 @@
-// Production presets, paper 1's policies x recipes table and the dry run's text (trainer/memory_estimate_report.h).
-#include "trainer/memory_estimate_report.h"
+// Production presets, paper 1's policies x recipes table and the dry run's text (trainer/memory/estimate_report.h).
+#include "trainer/memory/estimate_report.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-// The per-buffer terms of the memory estimator (trainer/memory_estimate.h documents every formula): what a decoder
+// The per-buffer terms of the memory estimator (trainer/memory/estimate.h documents every formula): what a decoder
 // layer keeps for backward under the recipe and recompute policy, its backward scratch, the model's terms outside
 // the layers, and the expert- and pipeline-parallel communication buffers.
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include "kernels/nn/adamw.h"
 #include "kernels/nn/rmsnorm.h"
 #include "kernels/quant/layouts.h"
-#include "trainer/memory_estimate_detail.h"
+#include "trainer/memory/estimate_detail.h"
 #include "trainer/model/group_linear.h"
 
 namespace fp4moe::mem_detail {

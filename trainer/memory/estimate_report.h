@@ -1,4 +1,4 @@
-// The production configurations of paper 1 for the memory estimator (trainer/memory_estimate.h), its recompute
+// The production configurations of paper 1 for the memory estimator (trainer/memory/estimate.h), its recompute
 // policies x recipes table, and the text `fp4moe train --dry-run` prints.
 //
 // Presets (production_preset), each a full TrainerConfig of the production shape (recipe bf16, no recompute: a
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "trainer/config.h"
-#include "trainer/memory_estimate.h"
+#include "trainer/memory/estimate.h"
 
 namespace fp4moe {
 

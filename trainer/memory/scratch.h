@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 
 namespace fp4moe {
 

@@ -1,4 +1,4 @@
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 
 #include <fmt/format.h>
 

@@ -1,9 +1,9 @@
 // Analytic memory estimator (DESIGN.md "Trainer", "Memory"): the bytes one GPU holds per MemCategory
-// (trainer/memory.h) when a TrainerConfig trains under a ParallelLayout, from formulas, without a device.
+// (trainer/memory/device_memory.h) when a TrainerConfig trains under a ParallelLayout, from formulas, without a device.
 //
 // On a 1-GPU layout (single_gpu_layout) it counts what trainer/model/* allocate today, buffer by buffer, so that
 // the GPU test (suite MemoryEstimate*) finds DeviceMemory's weights, grads and optimizer to the byte and its
-// activations within 5%. On a production layout (memory_estimate_report.h: DeepSeek-V3 671B, V2 236B) it gives
+// activations within 5%. On a production layout (trainer/memory/estimate_report.h: DeepSeek-V3 671B, V2 236B) it gives
 // one GPU's share of the production run under a recipe and recompute policy.
 //
 // ---- Notation -----------------------------------------------------------------------------------------------
@@ -32,7 +32,7 @@
 // workspace    the largest single layer's scratch (its backward's gradient buffers plus the activations it does
 //              not keep, live while they are recomputed) + the model's (residual-stream grads, LM head Dgrad and
 //              chunked cross-entropy, embedding backward, batch), as the trainer's one shared scratch arena is
-//              sized (trainer/model/scratch.h); an approximation of the arena's plan, not its exact size.
+//              sized (trainer/memory/scratch.h); an approximation of the arena's plan, not its exact size.
 //              MemoryEstimate::workspace_all_layers sums every layer's instead (per-layer buffers).
 //
 // ---- Activations kept for backward: bytes per token per layer (one term per (module, tensor)) -----------------
@@ -119,7 +119,7 @@
 #include <vector>
 
 #include "trainer/config.h"
-#include "trainer/memory.h"
+#include "trainer/memory/device_memory.h"
 
 namespace fp4moe {
 

@@ -1,6 +1,6 @@
-// Internals of the memory estimator shared by memory_estimate.cpp (layout, parameters, assembly) and
-// memory_estimate_terms.cpp (activation, scratch, model-level and communication terms). Not a public API: the
-// formulas and their meaning are documented in trainer/memory_estimate.h.
+// Internals of the memory estimator shared by trainer/memory/estimate.cpp (layout, parameters, assembly) and
+// trainer/memory/estimate_terms.cpp (activation, scratch, model-level and communication terms). Not a public API: the
+// formulas and their meaning are documented in trainer/memory/estimate.h.
 #pragma once
 
 #include <cstdint>
@@ -9,11 +9,11 @@
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
-#include "trainer/memory_estimate.h"
+#include "trainer/memory/estimate.h"
 
 namespace fp4moe::mem_detail {
 
-// The sizes of trainer/memory_estimate.h's notation for one GPU of a layout (validated beforehand).
+// The sizes of trainer/memory/estimate.h's notation for one GPU of a layout (validated beforehand).
 struct Dims {
   int64_t d, H, Hl, nope, rope, dqk, dv, rq, rkv;  // model; Hl = H / tp
   int64_t F, Fl;                                   // dense FFN width, per GPU

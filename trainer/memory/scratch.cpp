@@ -1,4 +1,4 @@
-#include "trainer/model/scratch.h"
+#include "trainer/memory/scratch.h"
 
 #include <fmt/format.h>
 
