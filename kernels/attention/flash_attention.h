@@ -20,14 +20,12 @@
 // below 2e-2; lse to ~1e-6 relative.
 // Deterministic: no atomics, a fixed summation order for a given shape, so the same inputs give the same bits.
 //
-// Kernels per (Dqk, Dv) pair, picked by one rule (attention_heuristics.h) from H200 measurements of two shapes,
-// TFLOP/s (causal, backward counted as 2.5x forward): at MLA's B1 T4096 H128 192/128 a forward of 32 query rows per
-// warp against 32-key blocks in a head-grouped block order (300, against 240 for the 64-key kernel) and a backward
-// whose dK/dV warps split the products by role (169, against 138 for the column-split kernels); at `small`'s
-// B8 T1024 H12 96/64 the 64-key forward (206, against 141) and the column-split backward (116, against 106).
-// Hence Dqk >= 128 -> 32-key forward and role-split backward, smaller Dqk -> 64-key forward and column-split
-// backward. (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured; (32, 16), (32, 32) and (64, 64) the
-// small-Dqk rule. The two families sum in different orders: results differ between them by FP32 rounding only.
+// Kernels per (Dqk, Dv) pair, picked by one rule (attention_heuristics.h, where the reasons are): Dqk >= 128 -> the
+// 32-key forward (flash_attention_fwd_key32.cu) and the role-split backward, smaller Dqk -> the 64-key forward and
+// the column-split backward. The rule comes from H200 timings of two shapes (runs listed in
+// reports/results/h200/README.md); (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured, and (32, 16),
+// (32, 32) and (64, 64) the small-Dqk rule. The two families sum in different orders: results differ between them
+// by FP32 rounding only.
 #pragma once
 
 #include <cuda_runtime.h>

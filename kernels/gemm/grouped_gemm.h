@@ -45,10 +45,10 @@
 // Any group of a run may write its 1..3 extra rows past the run's last group, into a later run that may already
 // have written them: those rows (grouped_runs.h rows_to_recompute, at most 3 per run boundary) are computed again
 // by their own groups through the 4-row scratch GEMM after the join, so every row ends with its own group's
-// value. Each stream has its own cuBLASLt workspace (32 MiB) and tail scratch. Measured on the H200
-// (bench_grouped_gemm, reports/results/h200/conversion-and-gemm-tuning-20261129/): 2 streams take 1.01-1.17x less
-// time with 32 experts of ~512 tokens (every op, both V3 shapes, BF16 and FP8) and 0.87-1.36x with 8 experts of
-// ~2048, so the default stays 1 and callers with many small groups opt in.
+// value. Each stream has its own cuBLASLt workspace (32 MiB) and tail scratch. Concurrent streams help when the
+// groups are many and small (each GEMM alone leaves SMs idle) and not reliably with a few large ones, so the
+// default stays 1 and callers with many small groups opt in (bench_grouped_gemm's `@s2`/`@s4` cases measure it;
+// the runs are listed in reports/results/h200/README.md).
 //
 // Not thread-safe; one GroupedGemm per stream (it borrows the cuBLASLt object of that stream given at construction,
 // or owns one with its workspace, and owns a scratch buffer that grows on demand with cudaMalloc, which synchronises

@@ -1,7 +1,5 @@
 // BF16 -> MXFP4 row quantization (bf16_to_mxfp4_row.h).
-// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, geomean): 0.882 (RNE) and 0.177
-// (stochastic) of the copy bandwidth, reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert.log
-// and reports/results/h200/gpu-tests-and-variants-20261129/bench_convert_variants.log.
+// bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
 // The [M, K] tensor is walked as one flat sequence of 8-element chunks (16 bytes of BF16): K % 32 == 0, so every
 // MX block is four consecutive chunks of one row, and its codes (16 bytes) and scale (1 byte) sit at the flat
@@ -83,9 +81,8 @@ __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, floa
   return packed;
 }
 
-// RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2). Measured on the H200
-// against the fp32 encoder it replaced (one fp32 product and fp32-addition rounding per element): 0.882 vs 0.722
-// of the copy bandwidth, reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert.log.
+// RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2): half the instructions of an
+// fp32 encoder (one fp32 product and one rounding per element), which it replaced when timed faster (bench_quant).
 // Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3.
 __device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_scale) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};

@@ -1,8 +1,8 @@
 // FP4RowToFP8Col: cached MXFP4 rows -> FP8 E4M3 columns over ragged expert groups, for Wgrad (the paper's
 // fused conversion). One thread block per (group, 128-token block, 256 features), found on the device.
-// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, 8, 16 and 32 groups, geomean): 0.847
-// of the copy bandwidth (0.82-0.87 per case; the kernel before its grid order and warp find: 0.772),
-// reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert_col_variants.log (variant 2 there)
+// Its grid order (feature tiles fastest, so blocks in flight share token rows and their scale sectors) and per-warp
+// token-block find were chosen among variants timed by bench_quant against the copy ceiling (runs listed in
+// reports/results/h200/README.md).
 //
 //   0. each warp finds the block's group and token block from the device offsets (find_by_warp: no barrier).
 //   1. load: 128 token rows x 8 MX blocks, one 16-byte load per MX block (its 32 packed E2M1 codes) plus its

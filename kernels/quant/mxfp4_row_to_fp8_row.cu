@@ -1,6 +1,5 @@
 // Direct MXFP4 -> FP8 1x128 row conversion (mxfp4_row_to_fp8_row.h) and the naive two-pass baseline.
-// Measured (H200, 65536 tokens x K {7168, 5120, 2048, 1536} and 16384x7168, geomean): 0.873 of the copy bandwidth,
-// 3.43x the naive path, reports/results/h200/gpu-tests-and-variants-20261129/bench_convert_variants.log
+// bench_quant times both against the copy ceiling in the same run (results: reports/results/h200/README.md).
 //
 // One thread block converts a tile of kRowsPerCta rows x one 1x128 group. Grid: groups x row tiles, groups
 // fastest so that neighbouring blocks write neighbouring bytes of the same rows; shapes past the grid's limits

@@ -35,9 +35,8 @@ struct TokenBlockFinder {
   // must call it (warps may run it at their own pace). Returns false when the slot has no token block, or when
   // the device offsets are not a valid split of M rows (offsets[0] != 0, a decrease, offsets[G] != M): then
   // nothing may be written, so an invalid split can never write out of bounds. Host checks reject invalid
-  // host_offsets earlier. Measured against a block scan of the same pairs (a barrier before any load): the column
-  // conversion went from 0.805 to 0.847 of the copy bandwidth on the H200,
-  // reports/results/h200/conversion-and-gemm-tuning-20261129/bench_convert_col_variants.log.
+  // host_offsets earlier. Unlike a block scan of the same pairs, no barrier stands before the first load, which
+  // made the column conversion faster when the two were timed side by side (bench_quant).
   static __device__ bool find_by_warp(const int32_t* offsets, int G, int64_t M, int64_t K, long long slot,
                                       TokenBlock& tb) {
     const int lane = threadIdx.x & 31;
