@@ -1,5 +1,5 @@
-// Shared by the trainer foundation tests (configuration, FLOPs, checkpoints): a temporary folder per test, the
-// repository root (for configs/), and the message of an expected fp4moe::Error.
+// Shared by the trainer foundation tests (configuration, FLOPs, checkpoints): a temporary folder per test
+// (tests/common/temp_dir.h), the repository root (for configs/), and the message of an expected fp4moe::Error.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,33 +11,10 @@
 #include <string>
 
 #include "kernels/common/check.h"
+#include "tests/common/temp_dir.h"
 
 namespace fp4moe::test {
 
-// A fresh folder per test under the system temporary folder, removed afterwards.
-class TrainerTempDir {
- public:
-  TrainerTempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            (std::string("fp4moe_trainer_") + info->test_suite_name() + "_" + info->name() + "_" +
-             std::to_string(std::random_device{}()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TrainerTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(file(name), std::ios::binary | std::ios::trunc) << text;
-    return file(name);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // The repository root (FP4MOE_SOURCE_DIR, set by tests/CMakeLists.txt).
 inline std::string repo_root() {

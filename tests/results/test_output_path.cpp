@@ -20,6 +20,7 @@
 #include "results/h5_file.h"
 #include "results/h5_read.h"
 #include "results/output_path.h"
+#include "tests/common/temp_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -28,18 +29,8 @@ namespace {
 
 class OutputPath : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("fp4moe_output_path_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::permissions(dir_, fs::perms::owner_all, ec);
-    fs::remove_all(dir_, ec);
-  }
+  test::TempDir tmp_;  // before dir_: members are made in this order
+  fs::path dir_ = tmp_.path();
   std::string file(const std::string& name) const { return (dir_ / name).string(); }
   std::string write(const std::string& name, const std::string& text) const {
     std::ofstream(file(name), std::ios::binary) << text;
@@ -64,7 +55,6 @@ class OutputPath : public ::testing::Test {
     if (sock_ >= 0) ::close(sock_);
   }
 
-  fs::path dir_;
   int sock_ = -1;
 };
 

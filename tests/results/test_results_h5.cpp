@@ -20,6 +20,7 @@
 #include "results/h5_read.h"
 #include "results/run_info.h"
 #include "results/table.h"
+#include "tests/common/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace fp4moe;
@@ -28,18 +29,8 @@ namespace {
 
 class ResultsH5 : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("fp4moe_results_h5_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::permissions(dir_, fs::perms::owner_all, ec);
-    fs::remove_all(dir_, ec);
-  }
+  test::TempDir tmp_;  // before dir_: members are made in this order
+  fs::path dir_ = tmp_.path();
   // Every entry of the test directory (to catch leftover temporary files).
   std::vector<std::string> entries() const {
     std::vector<std::string> v;
@@ -47,7 +38,6 @@ class ResultsH5 : public ::testing::Test {
     std::sort(v.begin(), v.end());
     return v;
   }
-  fs::path dir_;
 };
 
 std::string read_string_attr(hid_t obj, const char* name) {

@@ -81,7 +81,7 @@ struct Fixture {
 };
 
 TEST(Checkpoint, RoundTripsTensorsAndState) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const Fixture fx(11);
   const std::string path = dir.file(checkpoint_file_name(fx.state.step));
   fx.write(path);
@@ -117,7 +117,7 @@ TEST(Checkpoint, RoundTripsTensorsAndState) {
 }
 
 TEST(Checkpoint, FileFollowsTheDocumentedLayout) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const Fixture fx(12);
   const std::string path = dir.file("a.ckpt");
   fx.write(path);
@@ -143,7 +143,7 @@ TEST(Checkpoint, FileFollowsTheDocumentedLayout) {
 }
 
 TEST(Checkpoint, ReplacesAtomicallyAndLeavesThePreviousFileOnError) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("ckpt");
   const Fixture old_fx(21);
   old_fx.write(path);
@@ -198,7 +198,7 @@ TEST(Checkpoint, ReplacesAtomicallyAndLeavesThePreviousFileOnError) {
 }
 
 TEST(Checkpoint, RejectsBadWrites) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const Fixture fx(31);
   auto views = fx.views();
   const std::string path = dir.file("x.ckpt");
@@ -217,7 +217,7 @@ TEST(Checkpoint, RejectsBadWrites) {
 }
 
 TEST(Checkpoint, RejectsBadFilesNamingThem) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const Fixture fx(41);
   const std::string good = dir.file("good.ckpt");
   fx.write(good);

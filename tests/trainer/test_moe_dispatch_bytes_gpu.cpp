@@ -79,7 +79,7 @@ TEST(MoeDispatchBytes, ModelReportsEachMoeLayerAndTheRunWritesThem) {
     cudaStreamDestroy(stream);
   }
 
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   TrainerOptions o;
   o.synthetic_data = true;
   o.log = nullptr;

@@ -110,7 +110,7 @@ TEST(TrainBatch, SyntheticBatchesResumeAndReset) {
 }
 
 TEST(TrainBatch, ShardsInFileOrderResetAndRefuseSyntheticState) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   std::vector<uint16_t> tokens(200);
   std::iota(tokens.begin(), tokens.end(), uint16_t{1});
   tokens.back() = 0;  // end of text

@@ -25,7 +25,7 @@ namespace fp4moe {
 namespace {
 
 using test::expect_error_with;
-using test::TrainerTempDir;
+using test::TempDir;
 
 std::vector<std::string> tiny(std::initializer_list<std::string> more) {
   std::vector<std::string> args = {"--config", test::preset("tiny")};
@@ -69,7 +69,7 @@ TEST(TrainCommand, DefaultsAndOverrides) {
 }
 
 TEST(TrainCommand, DataOverridesTheConfigAndIsChecked) {
-  TrainerTempDir dir;
+  TempDir dir;
   std::vector<uint16_t> tokens(5000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(3 + i % 1000);
   tokens.back() = 2;
@@ -105,7 +105,7 @@ TEST(TrainCommand, OptionErrorsSayWhatWasWrong) {
 }
 
 TEST(TrainCommand, ResumeOfAMissingOrWrongFileIsRefused) {
-  TrainerTempDir dir;
+  TempDir dir;
   expect_error_with([&] { parse_train_command(tiny({"--synthetic-data", "--resume", dir.file("missing.ckpt")})); },
                     {"--resume", dir.file("missing.ckpt"), "does not exist"});
   expect_error_with([&] { parse_train_command(tiny({"--synthetic-data", "--resume", "latest"})); },
@@ -127,7 +127,7 @@ TEST(TrainCommand, ResumeOfAMissingOrWrongFileIsRefused) {
 }
 
 TEST(TrainCommand, ResumeLatestPicksTheHighestStep) {
-  TrainerTempDir dir;
+  TempDir dir;
   const uint64_t hash = tiny_hash();
   write_tiny_checkpoint(dir.file(checkpoint_file_name(3)), 3, hash);
   write_tiny_checkpoint(dir.file(checkpoint_file_name(12)), 12, hash);
@@ -144,7 +144,7 @@ TEST(TrainCommand, ResumeLatestPicksTheHighestStep) {
                                                    "--train.checkpoint_dir", dir.path().string()}));
   EXPECT_EQ(f.options.resume_path, dir.file("step_00000003.ckpt"));
 
-  TrainerTempDir empty;
+  TempDir empty;
   EXPECT_EQ(latest_checkpoint(empty.path().string()), "");
   expect_error_with([&] { latest_checkpoint(empty.file("absent")); }, {"does not exist or is not a folder"});
   expect_error_with([&] { resolve_resume_path("", dir.path().string()); }, {"--resume"});
@@ -163,7 +163,7 @@ std::string contents(const std::string& path) {
 }
 
 TEST(TrainCommand, OutIsNeverAnInputOrASpecialFile) {
-  TrainerTempDir dir;
+  TempDir dir;
   const std::string config = dir.write("tiny.toml", contents(test::preset("tiny")));
   std::filesystem::create_symlink(config, dir.file("config_link.h5"));
   std::filesystem::create_hard_link(config, dir.file("config_hard.h5"));
@@ -202,7 +202,7 @@ TEST(TrainCommand, OutIsNeverAnInputOrASpecialFile) {
 }
 
 TEST(TrainCommand, AnExistingOutNeedsOverwriteUnlessTheRunContinuesIt) {
-  TrainerTempDir dir;
+  TempDir dir;
   const std::string old = dir.write("old.h5", "an earlier result");
   for (bool dry : {false, true}) {
     std::vector<std::string> args = tiny({"--synthetic-data", "--out", old});

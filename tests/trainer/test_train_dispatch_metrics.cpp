@@ -20,7 +20,7 @@ namespace fp4moe {
 namespace {
 
 using test::expect_error_with;
-using test::TrainerTempDir;
+using test::TempDir;
 
 TrainMetrics one_step_run(const TrainerConfig& cfg) {
   TrainMetrics m("tiny", train_run_attributes(cfg), "fp4moe train --config configs/tiny.toml", EnvInfo{});
@@ -46,7 +46,7 @@ std::optional<double> number_attribute(const std::string& path, const std::strin
 }
 
 TEST(TrainDispatchMetrics, MemoryGroupCarriesThePayloadPerRoutedToken) {
-  TrainerTempDir dir;
+  TempDir dir;
   // tiny: hidden 64, top-2, 2 layers (1 MoE), 4 x 64 = 256 tokens per step.
   const TrainerConfig cfg = parse_config_args({"--config", test::preset("tiny"), "--recipe.routed_experts", "mxfp4"});
   ASSERT_EQ(cfg.train.tokens_per_step(), 256);
@@ -67,7 +67,7 @@ TEST(TrainDispatchMetrics, MemoryGroupCarriesThePayloadPerRoutedToken) {
 }
 
 TEST(TrainDispatchMetrics, PerStepCountsEveryMoeLayerAndFractionalScaleBytes) {
-  TrainerTempDir dir;
+  TempDir dir;
   const TrainerConfig cfg = parse_config_args({"--config", test::preset("tiny"), "--recipe.routed_experts", "fp8"});
   TrainMetrics m = one_step_run(cfg);
   // fp8 rows of 64 elements, R = 10 rows: 4 * ceil(64/128) * round_up(10, 4) / 10 = 4.8 scale bytes per row.
@@ -82,7 +82,7 @@ TEST(TrainDispatchMetrics, PerStepCountsEveryMoeLayerAndFractionalScaleBytes) {
 }
 
 TEST(TrainDispatchMetrics, DenseModelGetsNoAttributes) {
-  TrainerTempDir dir;
+  TempDir dir;
   const TrainerConfig cfg = parse_config_args({"--config", test::preset("tiny")});
   TrainMetrics m = one_step_run(cfg);
   set_dispatch_attributes(m, cfg, {});

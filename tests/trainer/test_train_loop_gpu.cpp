@@ -8,7 +8,7 @@
 //     update (the next losses stay finite) and continues; `stop` writes the checkpoint of the step before and
 //     throws naming the step;
 //   - a memory budget below what the model needs fails with the allocator's report.
-// Each test writes under its own temporary folder (TrainerTempDir, under the system temporary folder).
+// Each test writes under its own temporary folder (TempDir, under the system temporary folder).
 // Run: fp4moe_tests_gpu --gtest_filter='TrainLoop*'
 #include <gtest/gtest.h>
 
@@ -29,7 +29,7 @@
 namespace fp4moe {
 namespace {
 
-using test::TrainerTempDir;
+using test::TempDir;
 
 TrainerConfig tiny_config(std::vector<std::string> overrides) {
   std::vector<std::string> args = {"--config", test::preset("tiny")};
@@ -38,7 +38,7 @@ TrainerConfig tiny_config(std::vector<std::string> overrides) {
 }
 
 // Synthetic tokens, quiet, no signal handlers, results in the test's folder.
-TrainerOptions quiet_options(const TrainerTempDir& dir, const std::string& out = "run.h5") {
+TrainerOptions quiet_options(const TempDir& dir, const std::string& out = "run.h5") {
   TrainerOptions o;
   o.synthetic_data = true;
   o.log = nullptr;
@@ -52,7 +52,7 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 
 TEST(TrainLoop, TwentySyntheticStepsLowerTheLoss) {
   FP4MOE_REQUIRE_DEVICE();
-  TrainerTempDir dir;
+  TempDir dir;
   const TrainerConfig cfg = tiny_config({});  // 20 steps, warm-up 2, eval every 10 steps (2 batches)
   ASSERT_EQ(cfg.train.steps, 20);
   Trainer trainer(cfg, quiet_options(dir));
@@ -111,7 +111,7 @@ TEST(TrainLoop, TwentySyntheticStepsLowerTheLoss) {
 
 TEST(TrainLoop, ResumeIsBitwise) {
   FP4MOE_REQUIRE_DEVICE();
-  TrainerTempDir dir;
+  TempDir dir;
   const std::string a_dir = dir.file("a"), b_dir = dir.file("b");
   // Run A: 6 uninterrupted steps, checkpoints at steps 3 and 6. No evaluation (it is not part of the state).
   const TrainerConfig a_cfg = tiny_config({"--train.steps", "6", "--train.warmup_steps", "2", "--train.eval_interval",
@@ -187,7 +187,7 @@ TEST(TrainLoop, ResumeIsBitwise) {
 
 TEST(TrainLoop, NonFiniteStepIsSkippedAndCounted) {
   FP4MOE_REQUIRE_DEVICE();
-  TrainerTempDir dir;
+  TempDir dir;
   const TrainerConfig cfg =
       tiny_config({"--train.steps", "6", "--train.eval_interval", "0", "--train.non_finite", "skip"});
   TrainResult clean, skipped;
@@ -226,7 +226,7 @@ TEST(TrainLoop, NonFiniteStepIsSkippedAndCounted) {
 
 TEST(TrainLoop, NonFiniteStepStopsWithACheckpointOfTheStepBefore) {
   FP4MOE_REQUIRE_DEVICE();
-  TrainerTempDir dir;
+  TempDir dir;
   const std::string ckpt_dir = dir.file("ckpt");
   const TrainerConfig cfg = tiny_config({"--train.steps", "6", "--train.eval_interval", "0", "--train.non_finite",
                                          "stop", "--train.checkpoint_dir", ckpt_dir});
@@ -260,7 +260,7 @@ TEST(TrainLoop, NonFiniteStepStopsWithACheckpointOfTheStepBefore) {
 
 TEST(TrainLoop, MemoryBudgetFailsWithTheAllocatorsReport) {
   FP4MOE_REQUIRE_DEVICE();
-  TrainerTempDir dir;
+  TempDir dir;
   TrainerOptions opts = quiet_options(dir);
   opts.memory_budget_bytes = size_t{1} << 20;  // 1 MiB: the tiny model's embedding alone is 4 MiB in BF16
   const std::string msg = test::error_message([&] { Trainer trainer(tiny_config({}), opts); });

@@ -16,7 +16,7 @@ namespace fp4moe {
 namespace {
 
 using test::expect_error_with;
-using test::TrainerTempDir;
+using test::TempDir;
 
 StepRecord fake_step(int64_t step) {
   StepRecord r;
@@ -56,7 +56,7 @@ TrainMetrics fake_run(const TrainerConfig& cfg, int64_t steps) {
 }
 
 TEST(TrainMetrics, WritesTheDocumentedLayout) {
-  TrainerTempDir dir;
+  TempDir dir;
   const TrainerConfig cfg = parse_config_args({"--config", test::preset("tiny")});
   const std::string path = dir.file("run.h5");
   fake_run(cfg, 4).write(path);
@@ -102,7 +102,7 @@ TEST(TrainMetrics, WritesTheDocumentedLayout) {
 }
 
 TEST(TrainMetrics, NonFiniteLossesRoundTrip) {
-  TrainerTempDir dir;
+  TempDir dir;
   const TrainerConfig cfg = parse_config_args({"--config", test::preset("tiny")});
   TrainMetrics m("r", train_run_attributes(cfg), "", fake_env());
   StepRecord s = fake_step(1);
@@ -117,7 +117,7 @@ TEST(TrainMetrics, NonFiniteLossesRoundTrip) {
 }
 
 TEST(TrainMetrics, ResumedRunCarriesTheEarlierRowsUpToItsStep) {
-  TrainerTempDir dir;
+  TempDir dir;
   const TrainerConfig cfg = parse_config_args({"--config", test::preset("tiny")});
   const std::string path = dir.file("run.h5");
   fake_run(cfg, 4).write(path);

@@ -96,7 +96,7 @@ std::string tiny_text_with(std::initializer_list<std::pair<std::string, std::str
 }
 
 TEST(TrainerConfigToml, CommentsAfterValuesAndHashesInsideStrings) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string path = dir.write("c.toml", tiny_text_with({{"lr = ", "lr = 2.5e-3   # trailing comment"},
                                                                {"name = ", "name = \"tiny #2\"  # '#' in a string"},
                                                                {"checkpoint_dir = ", "checkpoint_dir = 'runs/#a'"}}));
@@ -107,7 +107,7 @@ TEST(TrainerConfigToml, CommentsAfterValuesAndHashesInsideStrings) {
 }
 
 TEST(TrainerConfigToml, MultiLineArraysWithCommentsAndATrailingComma) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string path = dir.write(
       "c.toml", tiny_text_with({{"modules = ", "modules = [\n  \"core_attn\",  # the attention core\n  # next\n"
                                                "  \"moe_act\",\n]"}}));
@@ -118,7 +118,7 @@ TEST(TrainerConfigToml, MultiLineArraysWithCommentsAndATrailingComma) {
 }
 
 TEST(TrainerConfigToml, ByteOrderMarkEscapesAndDottedKeys) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   // A UTF-8 byte order mark, a \u escape, an integer for a float option and `section.key` at the top level.
   // ([recompute] moves to the top: a dotted key defines its table, which no header may open again.)
   const std::string text = tiny_text_with({{"name = ", "name = \"t\\u0069ny\""},
@@ -180,7 +180,7 @@ TEST(TrainerConfigToml, EveryPresetReadsAsBefore) {
 }
 
 TEST(TrainerConfigToml, RejectsMalformedFilesWithLineAndColumn) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   auto rejected = [&](const std::string& name, const std::string& text, std::initializer_list<std::string> parts) {
     SCOPED_TRACE(name);
     const std::string path = dir.write(name, text);
@@ -207,14 +207,14 @@ TEST(TrainerConfigToml, RejectsMalformedFilesWithLineAndColumn) {
 }
 
 TEST(TrainerConfig, CommandLineWinsButTheFileIsStillChecked) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string path = dir.write("c.toml", tiny_text_with({{"hidden = ", "hidden = \"wide\""}}));
   expect_error_with([&] { parse_config_args({"--config", path, "--model.hidden", "64"}); },
                     {path, "model.hidden = \"wide\""});
 }
 
 TEST(TrainerConfig, RejectsFileProblemsNamingFileAndKey) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string unknown = dir.write("unknown.toml", "[model]\nhiden = 64\n");
   expect_error_with([&] { parse_config_args({"--config", unknown}); }, {unknown, "unknown option 'model.hiden'"});
   const std::string bad_value = dir.write("bad.toml", "[model]\nhidden = \"abc\"\n");
@@ -238,7 +238,7 @@ TEST(TrainerConfig, CommandLineIntegersAreDecimalAndInRange) {
 }
 
 TEST(TrainerConfig, MissingRequiredKeysAreNamed) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string no_hidden = dir.write("c.toml", tiny_text_with({{"hidden = ", "# hidden unset"}}));
   expect_error_with([&] { parse_config_args({"--config", no_hidden}); },
                     {"model.hidden is missing (set it in the config file '" + no_hidden + "' or with --model.hidden)"});
@@ -257,7 +257,7 @@ TEST(TrainerConfig, MissingRequiredKeysAreNamed) {
 
 TEST(TrainerConfig, SeedIsReadSignedAndNegativeRejected) {
   expect_error_with([] { tiny_with({"--train.seed=-1"}); }, {"train.seed must be >= 0, got -1"});
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string path = dir.write("c.toml", tiny_text_with({{"seed = ", "seed = -5"}}));
   expect_error_with([&] { parse_config_args({"--config", path}); }, {"train.seed must be >= 0, got -5"});
   EXPECT_EQ(tiny_with({"--train.seed", "9223372036854775807"}).train.seed, 9223372036854775807ull);
@@ -278,7 +278,7 @@ TEST(TrainerConfig, RejectsNonFiniteAndOutOfRangeFloats) {
                     {"train.beta1 must be a finite number in [0, 1), got 1"});
   expect_error_with([] { tiny_with({"--moe.aux_alpha=-0.5"}); }, {"moe.aux_alpha must be a finite number >= 0"});
   // The same from the file (TOML spells them inf and nan); MoE floats also for an all-dense model.
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string path = dir.write("c.toml", tiny_text_with({{"lr = ", "lr = inf"}}));
   expect_error_with([&] { parse_config_args({"--config", path}); }, {"train.lr must be a finite number > 0, got inf"});
   expect_error_with([] { tiny_with({"--model.n_dense_layers", "2", "--moe.routed_scale", "nan"}); },
@@ -344,7 +344,7 @@ TEST(TrainerConfig, RejectsScheduleRecipeRouterAndRecomputeMistakes) {
 }
 
 TEST(TrainerConfig, DataChecksFolderShardsAndVocabulary) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string missing = dir.file("nothing_here");
   expect_error_with([&] { validate_data(tiny_with({"--train.data_dir", missing})); }, {missing, "not a folder"});
   expect_error_with([&] { validate_data(tiny_with({"--model.vocab_size", "129280"})); },
@@ -372,7 +372,7 @@ TEST(TrainerConfig, DataChecksFolderShardsAndVocabulary) {
 }
 
 TEST(TrainerConfig, DataMustHoldOneBatchPerSplit) {
-  test::TrainerTempDir dir;
+  test::TempDir dir;
   const std::string folder = dir.path().string();
   // train: 9 tokens, 4 windows of 2 + 1 tokens; val: 7 tokens, 3 windows.
   write_token_shard(dir.file("train_000.bin"), std::vector<uint16_t>{5, 7, 2, 9, 11, 2, 3, 4, 2}, 1000, 2);
