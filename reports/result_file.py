@@ -96,7 +96,7 @@ def _strings(ds, what):
     """A string column's values as str. Raises TableError naming `what` for a value that is not valid UTF-8."""
     values = ds[()]
     try:
-        return np.array([v.decode("utf-8") if isinstance(v, bytes) else text(v) for v in values], dtype=object)
+        return np.array([text(v) for v in values], dtype=object)
     except UnicodeError:
         bad = next(i for i, v in enumerate(values) if not _is_utf8(v))
         raise TableError(f"{what}: row {bad} is not valid UTF-8, expected UTF-8 strings") from None

@@ -1,6 +1,8 @@
 """Run files of the right schema version whose tables are malformed (ragged columns, a 2-D column, a metric column of
-strings, a column the `columns` attribute names but the group lacks) and files whose schema_version is stored as a
-string: reports/report.py, reports/compare.py and reports/bench_report.py say so on one line naming the file, the
+strings, a column the `columns` attribute names but the group lacks or names twice, a required or key column absent,
+a key column of numbers, a key on two rows, strings or attributes that are not UTF-8, NaN in a count column, a table
+group without `columns`, /train or /bench stored as a dataset) and files whose schema_version is stored as a string
+or missing: reports/report.py, reports/compare.py and reports/bench_report.py say so on one line naming the file, the
 table and the column, and exit 2 (compare: the bad file of the two, also when it is no HDF5 file at all); the reader
 (reports/result_file.py read_table) raises TableError."""
 
