@@ -9,7 +9,8 @@ their order; results/h5_file.h) as a Markdown table, followed by the geometric m
 (fraction_of_copy_bw, speedup) where it has them. NaN cells (not applicable) print as "-".
 REPORT.md may not be RESULT.h5 (nor a link to it) nor anything but a regular file; it is written under a temporary
 name and renamed (reports/output_path.py).
-Exit codes: 0 written, 1 no /bench table in the file, 2 bad arguments, an unreadable file or a malformed table, an
+Exit codes: 0 written, 1 no /bench table in the file, 2 bad arguments, an unreadable file, another schema_version (result_file.check_schema)
+or a malformed table, an
 output refused, or no interpreter that imports numpy, pandas and h5py (reports/interpreter.py).
 """
 
@@ -36,8 +37,9 @@ _text = result_file.text
 
 def read_bench_tables(path):
     """(root attributes, {table path: DataFrame}) for every table group under /bench, in name order. Raises
-    OSError and result_file.TableError (a malformed table)."""
+    OSError, result_file.SchemaError (another schema_version) and result_file.TableError (a malformed table)."""
     with h5py.File(path, "r") as f:
+        result_file.check_schema(path, f)
         return result_file.root_attributes(f), result_file.tables_under(f, "bench")
 
 
@@ -98,7 +100,7 @@ def main(argv=None):
         why = "not a file" if os.path.exists(a.result) else "no such file"
         print(f"bench_report: cannot read '{a.result}': {why}", file=sys.stderr)
         return 2
-    if a.out:
+    if a.out is not None:
         try:
             output_path.check_file(a.out, [a.result])
         except output_path.OutputPathError as e:
@@ -106,7 +108,7 @@ def main(argv=None):
             return 2
     try:
         text, n = render(a.result)
-    except result_file.TableError as e:
+    except (result_file.SchemaError, result_file.TableError) as e:
         print(f"bench_report: {e}", file=sys.stderr)
         return 2
     except (OSError, KeyError) as e:
@@ -115,7 +117,7 @@ def main(argv=None):
     if n == 0:
         print(f"bench_report: '{a.result}' holds no /bench table", file=sys.stderr)
         return 1
-    if a.out:
+    if a.out is not None:
         try:
             output_path.write_text(a.out, text, [a.result])
         except (OSError, output_path.OutputPathError) as e:

@@ -5,9 +5,10 @@
 
 Prints (or writes to FILE) the root attributes of both files; for every /repro table either file has, its rows
 matched by `row`: the paper value, ours in A and in B, B - A and B / A; for every /bench table (a table's former name
-read as its current one, result_file.RENAMED_TABLES), its rows matched by (case, shape, recipe): time_us in A and B
-with B / A, and the table's headline rate (tflops where the table has any above zero, else gbps) in A and B with
-B / A. A row or table present in one file only shows "-" for the other.
+read as its current one, result_file.RENAMED_TABLES), its rows matched by (case, shape, recipe), and `tuning` where
+both tables have it: time_us in A and B with B / A, and the table's headline rate (tflops where the table has any
+above zero, else gbps) in A and B with B / A. A row or table present in one file only shows "-" for the other. A
+table without its key columns, or with a key on two rows, is refused as malformed (rows could not be matched).
 Both files must have the schema_version this code reads (result_file.SCHEMA_VERSION); any other is refused, and so
 is a result file that holds no /repro or /bench table (e.g. an `fp4moe quantize` output). FILE may not be A or B
 (nor a link to either) nor anything but a regular file; it is written under a temporary name and renamed
@@ -36,6 +37,8 @@ from reports.report import load_run  # noqa: E402
 
 ATTRIBUTES = ["schema_version", "git_sha", "date", "gpu", "driver", "cuda", "cublaslt", "nccl", "host", "scale"]
 BENCH_KEY = ["case", "shape", "recipe"]
+# Key columns of the tables that have them: bench_grouped_gemm measures each (case, shape, recipe) once per `tuning`.
+BENCH_KEY_WHERE_PRESENT = ["tuning"]
 
 
 def _num(v):
@@ -69,6 +72,19 @@ def _outer(a, b, key):
     return a.merge(b, on=key, how="outer", suffixes=("_a", "_b"), sort=False)
 
 
+def _check_key(tables, key):
+    """Raises result_file.TableError unless no DataFrame of `tables` ({"'file' table /path": DataFrame or None})
+    holds a key twice (rows are matched by it; load_run has checked that the key columns are there)."""
+    for where, df in tables.items():
+        if df is None:
+            continue
+        twice = df[df.duplicated(key, keep="first")]
+        if len(twice):
+            shown = ", ".join(f"{k}={twice.iloc[0][k]!r}" for k in key)
+            raise result_file.TableError(f"{where} column '{key[0]}': key ({shown}) appears more than once, "
+                                         f"expected each row's key ({', '.join(key)}) once")
+
+
 def compare_repro(da, db):
     m = _outer(da, db, ["row"])
     rows = []
@@ -87,8 +103,15 @@ def _rate_column(*dfs):
     return "gbps"
 
 
+def bench_key(da, db):
+    """The columns /bench rows are matched by: BENCH_KEY, and those of BENCH_KEY_WHERE_PRESENT that each table given
+    (not None) has."""
+    tables = [d for d in (da, db) if d is not None]
+    return BENCH_KEY + [k for k in BENCH_KEY_WHERE_PRESENT if all(k in d.columns for d in tables)]
+
+
 def compare_bench(da, db):
-    key = [k for k in BENCH_KEY if all(d is None or k in d.columns for d in (da, db))]
+    key = bench_key(da, db)
     rate = _rate_column(da, db)
     m = _outer(da, db, key)
     rows = []
@@ -119,6 +142,8 @@ def render(path_a, path_b):
     for kind, fn in (("repro", compare_repro), ("bench", compare_bench)):
         for p in sorted(set(a[kind]) | set(b[kind])):
             da, db = (a[kind].get(p, (None,))[0], b[kind].get(p, (None,))[0])
+            _check_key({f"'{path_a}' table {p}": da, f"'{path_b}' table {p}": db},
+                       ["row"] if kind == "repro" else bench_key(da, db))
             only = "" if da is not None and db is not None else (" (only in A)" if db is None else " (only in B)")
             out += ["", f"## {p}{only}", ""] + fn(da, db)
     return "\n".join(out) + "\n"
@@ -130,7 +155,7 @@ def main(argv=None):
     p.add_argument("b", help="run file B")
     p.add_argument("--out", help="write the comparison here instead of printing it")
     args = p.parse_args(argv)
-    if args.out:
+    if args.out is not None:
         try:
             output_path.check_file(args.out, [args.a, args.b])
         except output_path.OutputPathError as e:
@@ -147,7 +172,7 @@ def main(argv=None):
     except (OSError, KeyError) as e:
         print(f"compare: cannot read the run files: {result_file.one_line(e)}", file=sys.stderr)
         return 2
-    if args.out:
+    if args.out is not None:
         try:
             output_path.write_text(args.out, text, [args.a, args.b])
         except (OSError, output_path.OutputPathError) as e:

@@ -1,9 +1,10 @@
 """Output paths of the Python commands (reports/*.py, repro/run.py, the PyTorch peers' result files): never one of
 the command's inputs, never anything but a regular file, written atomically.
 
-check_file(out, inputs)    raises OutputPathError when `out` is one of `inputs` (the same path, a symbolic link to
-                           it or a hard link: os.path.samefile, i.e. st_dev and st_ino) or exists and is not a
-                           regular file (a folder, a device such as /dev/null, a fifo, a socket)
+check_file(out, inputs)    raises OutputPathError when `out` is empty, is one of `inputs` (the same path, a symbolic
+                           link to it or a hard link: os.path.samefile, i.e. st_dev and st_ino), exists and is not a
+                           regular file (a folder, a device such as /dev/null, a fifo, a socket) or is a symbolic
+                           link whose target does not exist (results/output_path.cpp refuses it too)
 check_folder(out, inputs)  the same for a folder that receives files: it may exist only as a folder
 atomic(out, inputs)        context manager: check_file, then yields a temporary path in the folder of `out` (its
                            link target's folder when `out` is a symbolic link, so that the link stays) to write;
@@ -43,17 +44,24 @@ def _same_input(out, inputs):
 
 
 def check_file(out, inputs=()):
-    """Raises OutputPathError unless the file `out` can be written without harm: it is none of `inputs` (paths
-    read by the same command) and, where it exists, a regular file (symbolic links followed)."""
+    """Raises OutputPathError unless the file `out` can be written without harm: it is not empty, none of `inputs`
+    (paths read by the same command), where it exists a regular file (symbolic links followed), and not a symbolic
+    link to nothing."""
     same = _same_input(out, inputs)
     if same is not None:
         shown = f"'{same}'" if same == out else f"'{same}' (the same file through a link)"
         raise OutputPathError(f"'{out}' is the input {shown}: writing it would destroy the input; name another "
                               f"output path")
+    if out == "":
+        raise OutputPathError("the output path is empty, expected the path of the file to write")
     try:
         mode = os.stat(out).st_mode
-    except OSError:  # absent, or its folder is not one: nothing there to destroy (writing it fails plainly)
-        return
+    except OSError as e:
+        if os.path.islink(out):  # a dangling link: writing through it would create its target somewhere else
+            raise OutputPathError(f"'{out}' is a symbolic link to '{os.readlink(out)}', which does not exist "
+                                  f"({e.strerror}); expected a link to an existing regular file, a regular file, "
+                                  f"or a path that does not exist yet") from None
+        return  # absent, or its folder is not one: nothing there to destroy (writing it fails plainly)
     if not stat.S_ISREG(mode):
         raise OutputPathError(f"'{out}' is {_kind(mode)}, expected the path of a regular file to write")
 

@@ -52,12 +52,14 @@ from reports import bench_report, cells_report, output_path, result_file, train_
 RUNS = os.path.join(ROOT, "runs")
 REPRO_SHOWN = [("row", "row"), ("paper", "paper"), ("ours", "ours"), ("ratio", "ours / paper"), ("unit", "unit"),
                ("paper_source", "source"), ("note", "note")]
+# The columns every table of a kind has (repro/ours.py, benchmarks/bench_util.cuh): the report and compare.py use them.
+REQUIRED = {"repro": tuple(c for c, _ in REPRO_SHOWN), "bench": ("case", "shape", "recipe")}
 
 
 def load_run(path):
     """{"attrs", "repro": {path: (DataFrame, attrs)}, "bench": {path: (DataFrame, attrs)}} of a run file.
     Raises OSError naming the file for a missing or unreadable file, result_file.SchemaError for another schema and
-    result_file.TableError for a malformed table."""
+    result_file.TableError for a malformed table (one without the REQUIRED columns of its kind among them)."""
     result_file.check_readable(path)
     try:
         f = h5py.File(path, "r")
@@ -67,7 +69,7 @@ def load_run(path):
         result_file.check_schema(path, f)
         run = {"attrs": result_file.root_attributes(f), "repro": {}, "bench": {}}
         for kind in ("repro", "bench"):
-            for p, df in result_file.tables_under(f, kind).items():
+            for p, df in result_file.tables_under(f, kind, REQUIRED[kind]).items():
                 run[kind][p] = (df, result_file.table_attributes(f, p))
     run["train"] = train_report.load_train_runs(path)
     return run

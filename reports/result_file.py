@@ -30,6 +30,11 @@ NUMERIC_COLUMNS = frozenset([
     "ours", "ratio", "paper_value", "count",
     "step", "steps", "tokens", "loss", "val_loss", "train_loss", "best_val_loss", "lr", "grad_norm", "tokens_per_s",
     "mfu", "skipped", "peak_act_gib", "peak_total_gib", "pct_of_80_gib", "pct_of_141_gib", "elapsed_s", "exit_code"])
+# Numeric columns that count (steps, tokens, skipped steps, a process's exit code): integers, or floats that hold
+# whole numbers only (no NaN), so that reports may cast them to int.
+INTEGER_COLUMNS = frozenset(["step", "steps", "tokens", "skipped", "exit_code"])
+# Columns that name a row (the keys reports/compare.py matches rows by): strings in every table that has them.
+KEY_COLUMNS = frozenset(["case", "shape", "recipe", "row", "tuning"])
 # Tables renamed since older run files were written, {former path: current path}: bench_convert became bench_quant
 # (kernels/quant), and its table /bench/convert became /bench/quant. Run files keep the name they were written with;
 # readers that match tables across files (reports/compare.py) read the former name as the current one.
@@ -45,17 +50,64 @@ class TableError(Exception):
 
 
 def text(v):
-    """An attribute value as plain Python (bytes decoded, numpy scalars unwrapped)."""
+    """An attribute value as plain Python (bytes decoded, numpy scalars unwrapped). Raises UnicodeError for bytes
+    that are not UTF-8 and for a str that holds undecodable bytes (h5py reads those as surrogate escapes)."""
     if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
+        return v.decode("utf-8")
+    if isinstance(v, str):
+        v.encode("utf-8")
+        return v
     if isinstance(v, np.generic):
         return v.item()
     return v
 
 
+def attributes(obj, leave_out=()):
+    """{name: value} of the attributes of an open file, group or dataset, `leave_out` left out. Raises TableError,
+    naming the file, the object and the attribute, for a string attribute that is not valid UTF-8."""
+    out = {}
+    for k in obj.attrs:
+        if k in leave_out:
+            continue
+        try:
+            out[k] = text(obj.attrs[k])
+        except UnicodeError:
+            where = "root" if obj.name == "/" else obj.name
+            raise TableError(f"'{obj.file.filename}' {where} attribute '{k}': not valid UTF-8, expected a UTF-8 "
+                             f"string") from None
+    return out
+
+
 def root_attributes(f):
-    """{name: value} of an open file's root attributes."""
-    return {k: text(v) for k, v in f.attrs.items()}
+    """{name: value} of an open file's root attributes. Raises TableError for one that is not valid UTF-8."""
+    return attributes(f)
+
+
+def group_at(f, name):
+    """The group `name` (e.g. "train") of an open file, or None when absent. Raises TableError when it is a
+    dataset."""
+    obj = f.get(name)
+    if obj is not None and not isinstance(obj, h5py.Group):
+        raise TableError(f"'{f.filename}' /{name}: a dataset, expected a group of tables (results/h5_file.h)")
+    return obj
+
+
+def _strings(ds, what):
+    """A string column's values as str. Raises TableError naming `what` for a value that is not valid UTF-8."""
+    values = ds[()]
+    try:
+        return np.array([text(v) for v in values], dtype=object)
+    except UnicodeError:
+        bad = next(i for i, v in enumerate(values) if not _is_utf8(v))
+        raise TableError(f"{what}: row {bad} is not valid UTF-8, expected UTF-8 strings") from None
+
+
+def _is_utf8(v):
+    try:
+        text(v)
+        return True
+    except UnicodeError:
+        return False
 
 
 def check_schema(path, f):
@@ -73,19 +125,28 @@ def check_schema(path, f):
                           f"wrote the file")
 
 
-def read_table(group):
+def read_table(group, required=()):
     """One table group -> DataFrame, columns in the order of its `columns` attribute. Raises TableError, naming the
-    file, the table and the column, unless `columns` is a 1-D list of names, each naming a 1-D dataset of numbers or
-    strings, all of one length, with the NUMERIC_COLUMNS among them numbers."""
+    file, the table and the column, unless `columns` is a 1-D list of distinct names, holding every name of
+    `required`, each naming a 1-D dataset of numbers or UTF-8 strings, all of one length, with the NUMERIC_COLUMNS
+    among them numbers, the INTEGER_COLUMNS whole numbers and the KEY_COLUMNS strings."""
     where = f"'{group.file.filename}' table {group.name}"
     if not isinstance(group, h5py.Group) or "columns" not in group.attrs:
         raise TableError(f"{where}: " + ("a group" if isinstance(group, h5py.Group) else "a dataset") +
                          " without the attribute `columns`, expected a table group (results/h5_file.h)")
     columns = group.attrs["columns"]
-    if np.ndim(columns) != 1 or not all(isinstance(text(c), str) for c in columns):
+    if np.ndim(columns) != 1 or not all(isinstance(c, (str, bytes)) and _is_utf8(c) for c in columns):
         shown = " ".join(repr(np.asarray(columns).tolist()).split())[:120]
-        raise TableError(f"{where}: attribute `columns` is {shown}, expected a 1-D list of column names")
+        raise TableError(f"{where}: attribute `columns` is {shown}, expected a 1-D list of UTF-8 column names")
     columns = [text(c) for c in columns]
+    twice = next((c for i, c in enumerate(columns) if c in columns[:i]), None)
+    if twice is not None:
+        raise TableError(f"{where} column '{twice}': named twice in the attribute `columns`, expected distinct "
+                         f"column names")
+    missing = next((c for c in required if c not in columns), None)
+    if missing is not None:
+        raise TableError(f"{where} column '{missing}': absent, expected it in every table of this kind (columns: "
+                         f"{', '.join(columns)})")
     data, length = {}, None
     for c in columns:
         ds = group.get(c)
@@ -100,23 +161,34 @@ def read_table(group):
             raise TableError(f"{what}: dtype {ds.dtype}, expected float64, int64 or UTF-8 strings")
         if is_str and c in NUMERIC_COLUMNS:
             raise TableError(f"{what}: strings, expected numbers (float64 or int64)")
+        if not is_str and c in KEY_COLUMNS:
+            raise TableError(f"{what}: dtype {ds.dtype}, expected UTF-8 strings (a key column names rows)")
         if length is not None and ds.shape[0] != length[1]:
             raise TableError(f"{what}: {ds.shape[0]} rows, but column '{length[0]}' has {length[1]} (ragged "
                              f"columns), expected one length")
         length = length or (c, ds.shape[0])
-        data[c] = ds.asstr()[()] if is_str else ds[()]
+        data[c] = _strings(ds, what) if is_str else ds[()]
+        if c in INTEGER_COLUMNS and ds.dtype.kind == "f":
+            bad = np.flatnonzero(~np.isfinite(data[c]) | (data[c] != np.round(data[c])))
+            if bad.size:
+                raise TableError(f"{what}: row {bad[0]} is {data[c][bad[0]]}, expected whole numbers (a count)")
     return pd.DataFrame(data, columns=columns)
 
 
-def tables_under(f, prefix):
+def tables_under(f, prefix, required=()):
     """{"/<prefix>/<name>": DataFrame} for every table group under the group `prefix` of an open file, in name order
-    (empty when the group is absent)."""
+    (empty when the group is absent); each table read by read_table(group, required). A group that holds a dataset
+    is a table and must have `columns`. Raises TableError for a malformed table and for `prefix` stored as a
+    dataset."""
     tables = {}
-    if prefix in f:
+    top = group_at(f, prefix)
+    if top is not None:
         def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and "columns" not in obj.parent.attrs:
+                read_table(obj.parent)  # raises: a group of datasets without `columns`
             if isinstance(obj, h5py.Group) and "columns" in obj.attrs:
-                tables[f"/{prefix}/{name}"] = read_table(obj)
-        f[prefix].visititems(visit)
+                tables[f"/{prefix}/{name}"] = read_table(obj, required)
+        top.visititems(visit)
     return dict(sorted(tables.items()))
 
 
@@ -134,8 +206,8 @@ def current_table_names(tables):
 
 
 def table_attributes(f, path):
-    """{name: value} of a table group's attributes, `columns` left out."""
-    return {k: text(v) for k, v in f[path].attrs.items() if k != "columns"}
+    """{name: value} of a table group's attributes, `columns` left out. Raises TableError as attributes()."""
+    return attributes(f[path], ("columns",))
 
 
 def set_attribute(obj, name, value):

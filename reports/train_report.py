@@ -23,22 +23,28 @@ import numpy as np  # noqa: E402
 from reports import result_file  # noqa: E402
 
 
+STEPS_REQUIRED = ("step", "tokens", "loss")
+EVAL_REQUIRED = ("step", "tokens", "val_loss")
+
+
 def load_train_runs(path):
     """{run name: {"steps": DataFrame, "eval": DataFrame or None, "attrs": {...}}} for every /train/<run> group of
-    a result file (schema-checked); empty when the file has none."""
+    a result file (schema-checked); empty when the file has none. Raises result_file.SchemaError, and TableError
+    for /train stored as a dataset, a malformed table or one without STEPS_REQUIRED / EVAL_REQUIRED columns."""
     result_file.check_readable(path)
     runs = {}
     with h5py.File(path, "r") as f:
         result_file.check_schema(path, f)
-        if "train" not in f:
+        train = result_file.group_at(f, "train")
+        if train is None:
             return runs
-        for name, g in f["train"].items():
+        for name, g in train.items():
             if not isinstance(g, h5py.Group) or "steps" not in g:
                 continue
-            attrs = {k: result_file.text(v) for k, v in g.attrs.items()}
-            steps = result_file.read_table(g["steps"])
-            evals = result_file.read_table(g["eval"]) if "eval" in g else None
-            attrs.update({k: result_file.text(v) for k, v in g["steps"].attrs.items() if k != "columns"})
+            attrs = result_file.attributes(g)
+            steps = result_file.read_table(g["steps"], STEPS_REQUIRED)
+            evals = result_file.read_table(g["eval"], EVAL_REQUIRED) if "eval" in g else None
+            attrs.update(result_file.attributes(g["steps"], ("columns",)))
             runs[name] = {"steps": steps, "eval": evals, "attrs": attrs}
     return runs
 

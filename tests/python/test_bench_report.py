@@ -103,6 +103,7 @@ class BenchReport(unittest.TestCase):
 
         empty = os.path.join(self.tmp, "empty.h5")
         with h5py.File(empty, "w") as f:
+            f.attrs["schema_version"] = np.int64(bench_report.result_file.SCHEMA_VERSION)
             f.attrs["git_sha"] = "x"
         r = subprocess.run([sys.executable, SCRIPT, empty], capture_output=True, text=True)
         self.assertEqual(r.returncode, 1)

@@ -104,6 +104,25 @@ class OutputPaths(util.Tmp):
             self.assertTrue(f.read().startswith("# Comparison"))
         self.assert_inputs_untouched()
 
+    def test_a_link_to_nothing_and_an_empty_path_are_refused(self):
+        target = self.path("made_by_the_write.md")
+        link = self.path("dangling.md")
+        os.symlink(target, link)
+        for script, tool, args in ((COMPARE_PY, "compare", (self.a, self.b)), (BENCH_REPORT_PY, "bench_report",
+                                                                               (self.a,))):
+            with self.subTest(tool=tool):
+                r = self.run_py(script, *args, "--out", link)
+                self.assert_one_line(r, 2, tool, f"refused --out: '{link}' is a symbolic link to '{target}', which "
+                                                 f"does not exist")
+                self.assertFalse(os.path.lexists(target))
+                r = self.run_py(script, *args, "--out", "")
+                self.assert_one_line(r, 2, tool, "refused --out: the output path is empty")
+                self.assertEqual(r.stdout, "")
+        with self.assertRaises(output_path.OutputPathError):
+            output_path.write_text(link, "text")
+        self.assertFalse(os.path.lexists(target))
+        self.assert_inputs_untouched()
+
     def test_bench_report_refuses_its_input_and_non_regular_outputs(self):
         for kind, out in self.aliases(self.a):
             with self.subTest(kind=kind):

@@ -517,7 +517,7 @@ class Reports(Tmp):
 
     def test_compare_side_by_side(self):
         a, b = self.path("a.h5"), self.path("b.h5")
-        conv, _ = util.write_run(a, [1.5, 3.0], quant_family="convert")  # a run of bench_quant's former name
+        conv, gemm = util.write_run(a, [1.5, 3.0], quant_family="convert")  # a run of bench_quant's former name
         util.write_run(b, [1.8, 2.4, 7.0], time_scale=0.5, extra_row=True)
         r = subprocess.run([sys.executable, COMPARE_PY, a, b], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -538,7 +538,10 @@ class Reports(Tmp):
         self.assertEqual(row, f"| bf16_to_fp8_col | 4096x7168/g8 | fp8 | {t:.4g} | {t * 0.5:.4g} | 0.5 | "
                               f"{conv['gbps'][i]:.4g} | {conv['gbps'][i]:.4g} | 1 |")
         self.assertIn("## /bench/grouped_gemm", lines)
-        self.assertTrue(any(l.startswith("| case | shape | recipe | time_us A") and "tflops A" in l for l in lines))
+        # grouped_gemm measures each (case, shape, recipe) once per tuning: its rows are matched by all four
+        self.assertTrue(any(l.startswith("| case | shape | recipe | tuning | time_us A") and "tflops A" in l
+                            for l in lines))
+        self.assertEqual(sum(l.startswith("| fprop |") for l in lines), len(util.rows_where(gemm, case="fprop")))
 
         out = self.path("cmp.md")
         r = subprocess.run([sys.executable, COMPARE_PY, a, b, "--out", out], capture_output=True, text=True)
