@@ -44,6 +44,7 @@
 #include "results/output_path.h"
 #include "results/run_info.h"
 #include "trainer/config.h"
+#include "trainer/config_file.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/model.h"
 
@@ -89,22 +90,13 @@ void synthetic_batch(uint64_t seed, int64_t B, int64_t T, int64_t V, std::vector
     }
 }
 
-std::string toml_string(const std::string& s) {
-  std::string q = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') q += '\\';
-    q += c;
-  }
-  return q + "\"";
-}
-
 // The configuration the PyTorch model builds from, as TOML (doubles in their shortest exact form).
 std::string config_toml(const TrainerConfig& cfg) {
   const ModelConfig& m = cfg.model;
   const MoeConfig& e = cfg.moe;
   std::string s = "[model]\n";
   auto line = [&](const char* key, const auto& v) { s += fmt::format("{} = {}\n", key, v); };
-  line("name", toml_string(m.name));
+  line("name", toml_basic_string(m.name));
   line("vocab_size", m.vocab_size);
   line("hidden", m.hidden);
   line("layers", m.layers);
@@ -123,7 +115,7 @@ std::string config_toml(const TrainerConfig& cfg) {
   line("shared_experts", e.shared_experts);
   line("top_k", e.top_k);
   line("expert_ffn", e.expert_ffn);
-  line("router", toml_string(e.router == RouterStyle::v2_softmax ? "v2" : "v3"));
+  line("router", toml_basic_string(e.router == RouterStyle::v2_softmax ? "v2" : "v3"));
   line("routed_scale", e.routed_scale);
   line("aux_alpha", e.aux_alpha);
   line("bias_update_rate", e.bias_update_rate);
@@ -132,10 +124,10 @@ std::string config_toml(const TrainerConfig& cfg) {
   line("micro_batch", cfg.train.micro_batch);
   line("seed", cfg.train.seed);
   s += "\n[recipe]\n";
-  line("attention", toml_string(recipe_name(cfg.recipe.attention)));
-  line("dense_mlp", toml_string(recipe_name(cfg.recipe.dense_mlp)));
-  line("shared_experts", toml_string(recipe_name(cfg.recipe.shared_experts)));
-  line("routed_experts", toml_string(recipe_name(cfg.recipe.routed_experts)));
+  line("attention", toml_basic_string(recipe_name(cfg.recipe.attention)));
+  line("dense_mlp", toml_basic_string(recipe_name(cfg.recipe.dense_mlp)));
+  line("shared_experts", toml_basic_string(recipe_name(cfg.recipe.shared_experts)));
+  line("routed_experts", toml_basic_string(recipe_name(cfg.recipe.routed_experts)));
   return s;
 }
 

@@ -15,7 +15,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <limits>
 #include <memory>
 
 #include "cli/commands.h"
@@ -35,7 +37,7 @@ namespace {
 
 struct QuantizeOptions {
   std::string input, dataset, format, scale_mode, rounding = "rne", groups, device = "cpu", output;
-  uint64_t seed = 0;
+  std::string seed = "0";  // --seed as given: parse_seed reads it
 };
 
 struct ErrorFigures {
@@ -62,6 +64,17 @@ std::vector<int32_t> parse_groups(const std::string& text, int64_t M) {
     throw CliError(fmt::format("--groups '{}' sums to {} rows, expected the {} rows of the input (M)", text,
                                off.back(), M));
   return std::vector<int32_t>(off.begin(), off.end());  // every entry <= M < 2^31
+}
+
+// --seed: a decimal integer in [0, 2^64 - 1] (no sign); throws CliError naming the range otherwise.
+uint64_t parse_seed(const std::string& text) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || stop != end)
+    throw CliError(fmt::format("--seed must be an integer in [0, {}], got {}", std::numeric_limits<uint64_t>::max(),
+                               text));
+  return v;
 }
 
 // Groups the GPU column quantizer accepts (bf16_to_fp8.h: 1 <= G <= 1024); the CPU reference takes any G >= 1.
@@ -103,6 +116,7 @@ std::string shape_text(const std::vector<int64_t>& s) {
 int run_quantize(const QuantizeOptions& o) {
   const bool mx = o.format == "mxfp4";
   check_options(o, mx);
+  const uint64_t seed = parse_seed(o.seed);
   if (!mx && o.rounding != "rne")
     throw CliError(fmt::format("--rounding {} applies to mxfp4 only ({} rounds to nearest even)", o.rounding, o.format));
   if (o.format != "fp8-col" && !o.groups.empty())
@@ -147,7 +161,7 @@ int run_quantize(const QuantizeOptions& o) {
     spec.format = QuantFormat::mxfp4;
     spec.mx.scale_mode = scale_mode == "ceil" ? MxScaleMode::ceil : MxScaleMode::floor;
     spec.mx.rounding = o.rounding == "stochastic" ? Rounding::stochastic : Rounding::rne;
-    spec.mx.seed = o.seed;
+    spec.mx.seed = seed;
   } else {
     spec.format = o.format == "fp8-row" ? QuantFormat::fp8_row
                   : o.format == "fp8-col" ? QuantFormat::fp8_col
@@ -170,7 +184,7 @@ int run_quantize(const QuantizeOptions& o) {
   out.set_attribute("format", o.format);
   out.set_attribute("scale_mode", scale_mode);
   out.set_attribute("rounding", o.rounding);
-  out.set_attribute("seed", static_cast<int64_t>(o.seed));
+  out.set_attribute("seed", static_cast<int64_t>(seed));
   out.set_attribute("device", o.device);
   out.set_attribute("layout", q.layout);
   out.set_attribute("rel_l2_error", e.rel_l2);
@@ -222,8 +236,8 @@ Command add_quantize_command(CLI::App& app) {
       ->check(CLI::IsMember({"floor", "ceil", "pow2", "fp32"}));
   sub->add_option("--rounding", o->rounding, "mxfp4 rounding: rne (default) or stochastic")
       ->check(CLI::IsMember({"rne", "stochastic"}));
-  sub->add_option("--seed", o->seed, "seed of stochastic rounding (default 0)")
-      ->check(CLI::NonNegativeNumber);  // CLI11 would read -1 into the unsigned seed as 2^64 - 1
+  sub->add_option("--seed", o->seed, "seed of stochastic rounding, an integer in [0, 2^64 - 1] (default 0)")
+      ->type_name("UINT");
   sub->add_option("--groups", o->groups, "fp8-col: rows per group, e.g. 162,0,2577 (default: one group)");
   sub->add_option("--device", o->device, "cpu (references, default) or cuda (kernels)")
       ->check(CLI::IsMember({"cpu", "cuda"}));

@@ -1,6 +1,7 @@
 // fp4moe: one binary for the project's tasks (DESIGN.md "Layout"): env, quantize, bench, train, parity, repro.
 // Exit codes: 0 success, 1 unexpected failure, 2 bad arguments or inputs (one line on stderr, no trace).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <vector>
@@ -24,6 +25,21 @@ std::string user_message(const std::string& msg) {
   return file_line ? msg.substr(0, open) : msg;
 }
 
+// A CLI11 parse error as one line of text: its message with any line breaks joined by "; ", and, for arguments
+// that were not expected, those arguments in the order given (CLI11 lists them in reverse).
+static std::string parse_error_message(const CLI::ParseError& e, const CLI::App& app) {
+  std::string msg;
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    std::vector<std::string> extras = app.remaining(true);
+    msg = fmt::format("unexpected argument{} '{}' (see --help for the options)", extras.size() == 1 ? "" : "s",
+                      fmt::join(extras, " "));
+  } else {
+    msg = e.what();
+  }
+  for (size_t nl; (nl = msg.find('\n')) != std::string::npos;) msg.replace(nl, 1, "; ");
+  return msg;
+}
+
 }  // namespace fp4moe::cli
 
 int main(int argc, char** argv) {
@@ -39,8 +55,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);  // prints help (rc 0) or the parse error
-    return rc == 0 ? kExitOk : kExitUsage;
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
+    const std::vector<CLI::App*> subs = app.get_subcommands();
+    const std::string who = subs.empty() ? "fp4moe" : "fp4moe " + subs.front()->get_name();
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), parse_error_message(e, app).c_str());
+    return kExitUsage;
   }
 
   for (const auto& c : commands) {

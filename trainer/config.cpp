@@ -176,13 +176,37 @@ namespace {
 
 void check_positive(int64_t v, const char* name) { FP4MOE_CHECK(v >= 1, "{} must be >= 1, got {}", name, v); }
 
-// A float option: finite and within [lo or (lo, and, when hi is finite, hi] or hi). The message states the range.
+// A float option, used in float32 by the model and the optimizer: finite and within [lo or (lo, and, when hi is
+// finite, hi] or hi), both as given and after rounding to float32; the value must not overflow float32, and one that
+// must be > 0 must stay a normal float32 (>= FLT_MIN), not round to a subnormal or to 0. The message states the range.
 void check_float(double v, const char* name, double lo, bool lo_closed, double hi = INFINITY, bool hi_closed = false) {
-  const bool in_range = (lo_closed ? v >= lo : v > lo) && (hi_closed ? v <= hi : v < hi);
+  auto in_range = [&](double x) { return (lo_closed ? x >= lo : x > lo) && (hi_closed ? x <= hi : x < hi); };
   const std::string range = std::isinf(hi) ? fmt::format("{} {}", lo_closed ? ">=" : ">", lo)
                                            : fmt::format("in {}{}, {}{}", lo_closed ? '[' : '(', lo, hi,
                                                          hi_closed ? ']' : ')');
-  FP4MOE_CHECK(std::isfinite(v) && in_range, "{} must be a finite number {}, got {}", name, range, v);
+  FP4MOE_CHECK(std::isfinite(v) && in_range(v), "{} must be a finite number {}, got {}", name, range, v);
+  constexpr float kMax = std::numeric_limits<float>::max(), kMinNormal = std::numeric_limits<float>::min();
+  FP4MOE_CHECK(std::fabs(v) <= kMax, "{} = {} exceeds the largest float32 {:g}; it is used in float32", name, v, kMax);
+  const float f = static_cast<float>(v);
+  FP4MOE_CHECK(lo_closed || std::fabs(f) >= kMinNormal,
+               "{} = {} is below the smallest normal float32 {:g}; it is used in float32", name, v, kMinNormal);
+  FP4MOE_CHECK(in_range(f), "{} = {} rounds to {} in float32, which is not {}; it is used in float32", name, v, f,
+               range);
+}
+
+// model.name: at most kMaxModelName characters, each printable ASCII (0x20 to 0x7e), so that it can be written into
+// any result file or TOML string as it is.
+constexpr size_t kMaxModelName = 128;
+void check_model_name(const std::string& name) {
+  FP4MOE_CHECK(name.size() <= kMaxModelName, "model.name is {} characters long, expected at most {}", name.size(),
+               kMaxModelName);
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    FP4MOE_CHECK(c >= 0x20 && c <= 0x7e,
+                 "model.name has character {:#04x} at position {}, expected printable ASCII (letters, digits, "
+                 "punctuation, spaces)",
+                 c, i);
+  }
 }
 
 // The product of `factors` ({option name, value >= 0}) as int64_t; throws, naming the options, when it does not
@@ -275,6 +299,7 @@ void validate_config(const TrainerConfig& cfg) {
   const TrainingConfig& t = cfg.train;
   const RecipeConfig& r = cfg.recipe;
 
+  check_model_name(m.name);
   FP4MOE_CHECK(m.vocab_size >= 2, "model.vocab_size must be >= 2, got {}", m.vocab_size);
   check_positive(m.hidden, "model.hidden");
   check_positive(m.layers, "model.layers");
@@ -354,6 +379,14 @@ void validate_config(const TrainerConfig& cfg) {
                t.checkpoint_interval);
   FP4MOE_CHECK(t.checkpoint_interval == 0 || !t.checkpoint_dir.empty(),
                "train.checkpoint_interval = {} needs train.checkpoint_dir", t.checkpoint_interval);
+  if (!t.checkpoint_dir.empty()) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(t.checkpoint_dir, ec);
+    FP4MOE_CHECK(!std::filesystem::exists(st) || std::filesystem::is_directory(st),
+                 "train.checkpoint_dir '{}' exists and is not a folder, expected a folder or a path that does not "
+                 "exist (it is created)",
+                 t.checkpoint_dir);
+  }
   FP4MOE_CHECK(!t.data_dir.empty(), "train.data_dir is empty: name the folder of token shards (make data writes "
                                     "data/cache/shards)");
   check_derived_sizes(cfg);

@@ -167,12 +167,15 @@ TrainerConfig parse_config_args(const std::vector<std::string>& args);
 // experts or routed experts beyond the router kernels' limit (1024); vocab_size < 2; dimensions the GEMMs
 // cannot take (hidden, ffn sizes and ranks multiples of 16; multiples of 32 for an mxfp4 class, MX
 // blocks); bad schedule values (warm-up > steps, min_lr > lr, betas outside [0, 1), eps <= 0, negative clip or
-// weight decay); checkpoint_interval > 0 without checkpoint_dir; unknown or duplicate recompute modules, and
-// `full` combined with others. Every float option must be finite and in its range, whatever the layers (the
-// message states the range: "train.lr must be a finite number > 0, got inf"). Every size derived as a product
-// (tokens per micro-batch, per step and per run, logits per micro-batch, heads x head dims, the largest weight
-// tensors) must fit in int64_t, checked without overflowing. The other MoE settings are checked only when some
-// layer is MoE.
+// weight decay); checkpoint_interval > 0 without checkpoint_dir; a checkpoint_dir that exists but is not a folder;
+// a model.name longer than 128 characters or with any but printable ASCII characters (it is written into result
+// files and the parity TOML); unknown or duplicate recompute modules, and `full` combined with others. Every float
+// option must be finite and in its range, whatever the layers (the message states the range: "train.lr must be a
+// finite number > 0, got inf"), and, as it is used in float32, must not overflow float32 nor, where it must be
+// > 0, fall below the smallest normal float32 (FLT_MIN); its float32 rounding must be in the range too. Every size
+// derived as a product (tokens per micro-batch, per step and per run, logits per micro-batch, heads x head dims,
+// the largest weight tensors) must fit in int64_t, checked without overflowing. The other MoE settings are checked
+// only when some layer is MoE.
 void validate_config(const TrainerConfig& cfg);
 
 // Checks the data before anything is allocated: model.vocab_size <= 65536 (uint16 tokens), train.data_dir exists

@@ -145,4 +145,24 @@ std::set<std::string> read_config_file(const std::string& path, const std::vecto
   return FileReader(path, fields, keep).read();
 }
 
+std::string toml_basic_string(const std::string& s) {
+  std::string q = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': q += "\\\""; break;
+      case '\\': q += "\\\\"; break;
+      case '\b': q += "\\b"; break;
+      case '\t': q += "\\t"; break;
+      case '\n': q += "\\n"; break;
+      case '\f': q += "\\f"; break;
+      case '\r': q += "\\r"; break;
+      default: {
+        const auto u = static_cast<unsigned char>(c);
+        q += u < 0x20 || u == 0x7f ? fmt::format("\\u{:04X}", u) : std::string(1, c);
+      }
+    }
+  }
+  return q + "\"";
+}
+
 }  // namespace fp4moe

@@ -28,4 +28,9 @@ struct ConfigField {
 std::set<std::string> read_config_file(const std::string& path, const std::vector<ConfigField>& fields,
                                        const std::set<std::string>& keep);
 
+// `s` as a TOML basic string, quotes included: `"` and `\` escaped with a backslash, the control characters
+// U+0000 to U+001F and U+007F as \b \t \n \f \r or \uXXXX; every other byte as it is (UTF-8 text stays valid).
+// Takes any string.
+std::string toml_basic_string(const std::string& s);
+
 }  // namespace fp4moe

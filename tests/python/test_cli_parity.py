@@ -87,8 +87,11 @@ class ParityCli(unittest.TestCase):
         self.error("--config", "configs/none.toml", "--out", out, words="configs/none.toml")
         self.error(*tiny, "--out", out, "--model.heads", "5", words="model.heads = 5 does not divide")
         self.error(*tiny, "--out", out, "--moe.top_k", "9", words="moe.top_k = 9 exceeds")
-        r = self.parity(*tiny, "--out", out, "--no-such-option", "1", expect_rc=2)
-        self.assertIn("--no-such-option", r.stderr)
+        # An argument the parser does not know: one line, the arguments in the order given.
+        self.error(*tiny, "--out", out, "--no-such-option", "1", words="unexpected arguments '--no-such-option 1'")
+        # A model name the configuration TOML could not carry as it is (a line break, a control character).
+        self.error(*tiny, "--dry-run", "--model.name", "two\nlines", words="model.name has character 0x0a")
+        self.error(*tiny, "--dry-run", "--model.name", "bell\x07", words="model.name has character 0x07")
         self.assertFalse(os.path.exists(out))
 
     def test_output_is_never_an_input_or_a_special_file(self):

@@ -299,9 +299,19 @@ class QuantizeCli(unittest.TestCase):
         # An unknown format is refused by the argument parser, with the same exit code.
         _, r = self.quantize("--format", "nvfp4", expect_rc=2)
         self.assertIn("--format", r.stderr)
-        # So is a negative seed (it would wrap around in the unsigned seed).
-        _, r = self.quantize("--format", "mxfp4", "--rounding", "stochastic", "--seed", "-1", expect_rc=2)
-        self.assertIn("--seed", r.stderr)
+        # So is a seed outside the unsigned 64-bit range (-1 would wrap around), with the range in plain numbers.
+        for seed in ("-1", "18446744073709551616", "1.5", "x"):
+            with self.subTest(seed=seed):
+                self.assert_one_line_error(
+                    self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--rounding",
+                                 "stochastic", "--seed", seed, "--output", os.path.join(self.tmp, "never.h5")),
+                    f"--seed must be an integer in [0, 18446744073709551615], got {seed}")
+        # Parser errors are one line with the command's prefix too.
+        self.assert_one_line_error(
+            self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--output",
+                         os.path.join(self.tmp, "never.h5"), "--bogus", "1"),
+            "unexpected arguments '--bogus 1'")
+        self.assert_one_line_error(self.run_cli("--dataset", "x"), "--input is required")
 
     def run_cli(self, *args):
         return subprocess.run([self.exe, "quantize", *args], capture_output=True, text=True, timeout=60)

@@ -166,7 +166,7 @@ class TrainCli(unittest.TestCase):
         refused("--resume", missing, parts=("--resume", missing, "does not exist"))
         refused("--resume", "latest", parts=("--resume latest needs train.checkpoint_dir",))
         refused("--log-interval", "0", parts=("--log-interval must be >= 1",))
-        refused("--memory-budget", "0", parts=("--memory-budget must be > 0 GiB",))
+        refused("--memory-budget", "0", parts=("--memory-budget must be a finite number of GiB in (0, ",))
         refused("--synthetic-data", "--run", "a/b", parts=("run name 'a/b'",))
         refused("--data", os.path.join(self.tmp, "nowhere"), parts=("nowhere", "not a folder"))
 
@@ -224,8 +224,19 @@ class TrainCli(unittest.TestCase):
         self.rejected("'full'", "cannot be combined", args=("--recompute.modules", "full", "moe"))
         self.rejected("moe.router = 'v1'", args=("--moe.router", "v1"))
         self.rejected("train.non_finite = 'retry'", args=("--train.non_finite", "retry"))
-        r = self.train("--dry-run", "--model.hiddn", "64", expect_rc=2)  # unknown option on the command line
-        self.assertIn("model.hiddn", r.stderr)
+        # Unknown options and stray values on the command line: one line, the arguments in the order given.
+        self.rejected("unexpected arguments '--model.hiddn 64'", args=("--model.hiddn", "64"))
+        self.rejected("unexpected arguments '--bogus 1'", args=("--bogus", "1"))
+        self.rejected("--log-interval", "x", args=("--log-interval", "x"))
+
+    def test_floats_used_in_float32_are_representable(self):
+        self.rejected("train.eps = 1e-50 is below the smallest normal float32 1.17549e-38; it is used in float32",
+                      args=("--train.eps", "1e-50"))
+        self.rejected("model.norm_eps = 1e-320 is below the smallest normal float32",
+                      args=("--model.norm_eps", "1e-320"))
+        self.rejected("model.rope_theta = 1e+300 exceeds the largest float32", args=("--model.rope_theta", "1e300"))
+        for gib in ("1e300", "nan", "0"):
+            self.rejected("--memory-budget must be a finite number of GiB in (0, ", args=("--memory-budget", gib))
 
     def test_bad_files_are_rejected(self):
         unknown = os.path.join(self.tmp, "unknown.toml")

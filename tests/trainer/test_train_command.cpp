@@ -94,7 +94,15 @@ TEST(TrainCommand, OptionErrorsSayWhatWasWrong) {
   expect_error_with([] { parse_train_command(tiny({"--synthetic-data", "--peak-tflops", "0"})); },
                     {"--peak-tflops must be > 0"});
   expect_error_with([] { parse_train_command(tiny({"--synthetic-data", "--memory-budget", "-1"})); },
-                    {"--memory-budget must be > 0 GiB"});
+                    {"--memory-budget must be a finite number of GiB in (0, 1.71799e+10), got -1"});
+  // GiB x 2^30 bytes must fit in size_t.
+  for (const char* gib : {"0", "nan", "inf", "1.8e10", "1e300"}) {
+    SCOPED_TRACE(gib);
+    expect_error_with([&] { parse_train_command(tiny({"--synthetic-data", "--memory-budget", gib})); },
+                      {"--memory-budget must be a finite number of GiB in (0, 1.71799e+10)"});
+  }
+  EXPECT_EQ(parse_train_command(tiny({"--synthetic-data", "--memory-budget", "1.7e10"})).options.memory_budget_bytes,
+            static_cast<size_t>(1.7e10 * 1073741824.0));
   expect_error_with([] { parse_train_command(tiny({"--synthetic-data", "--run", "a/b"})); }, {"run name 'a/b'"});
   expect_error_with([] { parse_train_command(tiny({"--synthetic-data", "--no-data-check"})); },
                     {"--no-data-check applies to --dry-run only"});
@@ -191,6 +199,12 @@ TEST(TrainCommand, OutIsNeverAnInputOrASpecialFile) {
     expect_error_with(
         [&] { parse_train_command(tiny({"--data", dir.path().string(), "--out", dir.file(shard), "--overwrite"})); },
         {"is the same file as the token shard '" + dir.file(shard) + "'"});
+  // The tokenizer model beside the shards is read too (its checksum against the shards').
+  const std::string spm = dir.write("spm.model", "a sentencepiece model");
+  expect_error_with(
+      [&] { parse_train_command(tiny({"--data", dir.path().string(), "--out", spm, "--overwrite"})); },
+      {"is the same file as the tokenizer model '"});
+  EXPECT_EQ(contents(spm), "a sentencepiece model");
 
   expect_error_with([] { parse_train_command(tiny({"--synthetic-data", "--out", "/dev/null", "--overwrite"})); },
                     {"--out '/dev/null' is a character device, expected a regular file"});
@@ -199,6 +213,28 @@ TEST(TrainCommand, OutIsNeverAnInputOrASpecialFile) {
   // A folder that does not exist yet is created by the run.
   EXPECT_EQ(parse_train_command(tiny({"--synthetic-data", "--out", dir.file("new/r.h5")})).options.out_path,
             dir.file("new/r.h5"));
+}
+
+TEST(TrainCommand, OutIsOutsideTheCheckpointFolder) {
+  TempDir dir;
+  const std::string ckpt_dir = dir.file("ckpt");
+  for (const std::string& out : {ckpt_dir, ckpt_dir + "/r.h5", ckpt_dir + "/sub/r.h5", dir.file("ckpt/../ckpt/r.h5")}) {
+    SCOPED_TRACE(out);
+    expect_error_with(
+        [&] { parse_train_command(tiny({"--synthetic-data", "--train.checkpoint_dir", ckpt_dir, "--out", out})); },
+        {"--out '" + out + "' is inside train.checkpoint_dir '" + ckpt_dir + "'"});
+  }
+  std::filesystem::create_directory(ckpt_dir);
+  auto with_out = [&](const std::string& out) {
+    return parse_train_command(tiny({"--synthetic-data", "--train.checkpoint_dir", ckpt_dir, "--out", out}));
+  };
+  expect_error_with([&] { with_out(ckpt_dir + "/r.h5"); }, {"is inside train.checkpoint_dir"});
+  EXPECT_EQ(with_out(dir.file("ckpt.h5")).options.out_path, dir.file("ckpt.h5"));  // beside it
+  // A checkpoint folder that is a file is refused when the configuration is validated, also by --dry-run.
+  const std::string file = dir.write("ckpt_file", "not a folder");
+  expect_error_with(
+      [&] { parse_train_command(tiny({"--synthetic-data", "--dry-run", "--train.checkpoint_dir", file})); },
+      {"train.checkpoint_dir '" + file + "' exists and is not a folder, expected a folder"});
 }
 
 TEST(TrainCommand, AnExistingOutNeedsOverwriteUnlessTheRunContinuesIt) {

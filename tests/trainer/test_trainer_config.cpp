@@ -13,6 +13,7 @@
 
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
+#include "trainer/config_file.h"
 #include "trainer/data/token_shard.h"
 #include "trainer/train/metrics.h"
 
@@ -206,6 +207,28 @@ TEST(TrainerConfigToml, RejectsMalformedFilesWithLineAndColumn) {
   rejected("mixed_list.toml", "[recompute]\nmodules = [\"moe\", 1]\n", {"expected an array of strings"});
 }
 
+TEST(TrainerConfigToml, BasicStringEscapesQuotesBackslashesAndControlCharacters) {
+  EXPECT_EQ(toml_basic_string("tiny"), "\"tiny\"");
+  EXPECT_EQ(toml_basic_string("a \"b\" \\c"), "\"a \\\"b\\\" \\\\c\"");
+  EXPECT_EQ(toml_basic_string("\b\t\n\f\r"), "\"\\b\\t\\n\\f\\r\"");
+  EXPECT_EQ(toml_basic_string(std::string("\0\x01\x1f\x7f", 4)), "\"\\u0000\\u0001\\u001F\\u007F\"");
+  EXPECT_EQ(toml_basic_string("caf\xc3\xa9"), "\"caf\xc3\xa9\"");  // UTF-8 as it is
+}
+
+TEST(TrainerConfig, ModelNameIsShortPrintableAscii) {
+  for (const std::string& bad : {std::string("a\nb"), std::string("tab\there"), std::string("del\x7f"),
+                                 std::string("caf\xc3\xa9")}) {
+    SCOPED_TRACE(bad);
+    expect_error_with([&] { tiny_with({"--model.name", bad}); },
+                      {"model.name has character 0x", "expected printable ASCII"});
+  }
+  expect_error_with([] { tiny_with({"--model.name", "a\nb"}); }, {"model.name has character 0x0a at position 1"});
+  expect_error_with([] { tiny_with({"--model.name", std::string(129, 'x')}); },
+                    {"model.name is 129 characters long, expected at most 128"});
+  EXPECT_EQ(tiny_with({"--model.name", std::string(128, 'x')}).model.name, std::string(128, 'x'));
+  EXPECT_EQ(tiny_with({"--model.name", "quote \" and \\ backslash"}).model.name, "quote \" and \\ backslash");
+}
+
 TEST(TrainerConfig, CommandLineWinsButTheFileIsStillChecked) {
   test::TempDir dir;
   const std::string path = dir.write("c.toml", tiny_text_with({{"hidden = ", "hidden = \"wide\""}}));
@@ -261,6 +284,25 @@ TEST(TrainerConfig, SeedIsReadSignedAndNegativeRejected) {
   const std::string path = dir.write("c.toml", tiny_text_with({{"seed = ", "seed = -5"}}));
   expect_error_with([&] { parse_config_args({"--config", path}); }, {"train.seed must be >= 0, got -5"});
   EXPECT_EQ(tiny_with({"--train.seed", "9223372036854775807"}).train.seed, 9223372036854775807ull);
+}
+
+// The floats are read as doubles but used in float32: a value that overflows float32, or that must be > 0 and
+// rounds to a subnormal or to 0, or that leaves its range once rounded, is refused.
+TEST(TrainerConfig, RejectsFloatsThatFloat32CannotHold) {
+  expect_error_with([] { tiny_with({"--train.eps", "1e-50"}); },
+                    {"train.eps = 1e-50 is below the smallest normal float32 1.17549e-38; it is used in float32"});
+  expect_error_with([] { tiny_with({"--model.norm_eps", "1e-320"}); },
+                    {"model.norm_eps = 1e-320 is below the smallest normal float32", "used in float32"});
+  expect_error_with([] { tiny_with({"--train.lr", "1e-39"}); }, {"train.lr = 1e-39 is below the smallest normal"});
+  expect_error_with([] { tiny_with({"--model.rope_theta", "1e300"}); },
+                    {"model.rope_theta = 1e+300 exceeds the largest float32 3.40282e+38; it is used in float32"});
+  expect_error_with([] { tiny_with({"--moe.aux_alpha", "1e39"}); }, {"moe.aux_alpha = 1e+39 exceeds the largest"});
+  expect_error_with([] { tiny_with({"--train.beta2", "0.99999999999"}); },
+                    {"train.beta2 = 0.99999999999 rounds to 1 in float32, which is not in [0, 1)"});
+  // At the float32 limits, and below them where the rule allows 0, the values are taken.
+  EXPECT_EQ(tiny_with({"--train.eps", "1.2e-38"}).train.eps, 1.2e-38);
+  EXPECT_EQ(tiny_with({"--model.rope_theta", "3.4e38"}).model.rope_theta, 3.4e38);
+  EXPECT_EQ(tiny_with({"--train.weight_decay", "1e-50"}).train.weight_decay, 1e-50);
 }
 
 TEST(TrainerConfig, RejectsNonFiniteAndOutOfRangeFloats) {

@@ -52,9 +52,12 @@ void TrainCommandLine::resolve() {
   FP4MOE_CHECK(std::isfinite(peak_tflops_) && peak_tflops_ > 0, "--peak-tflops must be > 0, got {}", peak_tflops_);
   opts_.peak_flops = peak_tflops_ * 1e12;
   if (budget_option_->count() > 0) {
-    FP4MOE_CHECK(std::isfinite(memory_budget_gib_) && memory_budget_gib_ > 0,
-                 "--memory-budget must be > 0 GiB, got {}", memory_budget_gib_);
-    opts_.memory_budget_bytes = static_cast<size_t>(memory_budget_gib_ * 1073741824.0);
+    // The bytes must fit in size_t: 2^64 as a double is the first value that does not.
+    constexpr double kGiB = 1073741824.0, kMaxBytes = 18446744073709551616.0;
+    FP4MOE_CHECK(std::isfinite(memory_budget_gib_) && memory_budget_gib_ > 0 && memory_budget_gib_ * kGiB < kMaxBytes,
+                 "--memory-budget must be a finite number of GiB in (0, {:g}), got {}", kMaxBytes / kGiB,
+                 memory_budget_gib_);
+    opts_.memory_budget_bytes = static_cast<size_t>(memory_budget_gib_ * kGiB);
   }
 
   std::string name = std::filesystem::path(config_path).stem().string();
@@ -81,6 +84,7 @@ void TrainCommandLine::resolve() {
       shards.insert(shards.end(), val.begin(), val.end());
     }
     for (const std::string& shard : shards) inputs.push_back({"the token shard", shard});
+    inputs.push_back({"the tokenizer model", tokenizer_model_of_shards(cfg_.train.data_dir)});  // "" when absent
   }
   const TrainOutUse use = check_train_out(opts_.out_path, opts_.run_name, cfg_, !resume_.empty(), overwrite_, inputs);
   opts_.replace_out = use == TrainOutUse::replace;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -41,11 +42,27 @@ std::string why_not_this_run(const std::string& path, const std::string& run, co
   return "";
 }
 
+// The folder the checkpoints are written to (step_<step>.ckpt) holds nothing else: --out may not be it or lie
+// under it. Compared as absolute paths with the links of their existing parts resolved.
+void check_out_outside_checkpoint_dir(const std::string& out, const std::string& checkpoint_dir) {
+  if (checkpoint_dir.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec_out, ec_dir;
+  const fs::path o = fs::weakly_canonical(fs::absolute(out), ec_out);
+  const fs::path d = fs::weakly_canonical(fs::absolute(checkpoint_dir), ec_dir);
+  const bool inside = !ec_out && !ec_dir && std::mismatch(d.begin(), d.end(), o.begin(), o.end()).first == d.end();
+  FP4MOE_CHECK(!inside,
+               "--out '{}' is inside train.checkpoint_dir '{}', where the run writes its checkpoints, expected a path "
+               "outside it",
+               out, checkpoint_dir);
+}
+
 }  // namespace
 
 TrainOutUse check_train_out(const std::string& out, const std::string& run, const TrainerConfig& cfg, bool resuming,
                             bool overwrite, const std::vector<NamedPath>& inputs) {
   check_output_path("--out", out, inputs, OutputFolder::may_be_created);
+  check_out_outside_checkpoint_dir(out, cfg.train.checkpoint_dir);
   std::error_code ec;
   if (!std::filesystem::exists(out, ec)) return TrainOutUse::create;
   const std::string why = resuming ? why_not_this_run(out, run, cfg) : "";

@@ -25,9 +25,10 @@ enum class TrainOutUse {
 };
 
 // out: the --out path; run: the run name (check_run_name); resuming: a --resume was given; overwrite: --overwrite;
-// inputs: the files the run reads (--config, the --resume checkpoint, the token shards). First
-// check_output_path("--out", out, inputs, OutputFolder::may_be_created) (results/output_path.h), then the rules
-// above. Throws fp4moe::Error, one line naming --out and the path, saying what the file holds and what to pass
+// inputs: the files the run reads (--config, the --resume checkpoint, the token shards, the tokenizer model beside
+// them). First check_output_path("--out", out, inputs, OutputFolder::may_be_created) (results/output_path.h), then
+// that out is not train.checkpoint_dir nor inside it (where the checkpoints are written), then the rules above.
+// Throws fp4moe::Error, one line naming --out and the path, saying what the file holds and what to pass
 // (--overwrite, or another --out). A file that --resume would continue but whose tables cannot be read (not HDF5,
 // columns missing or of different lengths) is refused the same way.
 TrainOutUse check_train_out(const std::string& out, const std::string& run, const TrainerConfig& cfg, bool resuming,
