@@ -78,10 +78,12 @@ struct BackwardWorkspace {
   int64_t total() const { return 4 * array_bytes + static_cast<int64_t>(sort_bytes); }
 };
 
+int64_t sort_array_bytes(int64_t M) { return M == 0 ? 0 : round_up(M * 4, 256); }
+
 BackwardWorkspace backward_workspace(int64_t M, int64_t V) {
   BackwardWorkspace ws;
   if (M == 0) return ws;
-  ws.array_bytes = round_up(M * 4, 256);
+  ws.array_bytes = sort_array_bytes(M);
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, ws.sort_bytes, static_cast<const uint32_t*>(nullptr),
                                              static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
                                              static_cast<int32_t*>(nullptr), static_cast<int>(M), 0, key_bits(V)));
@@ -107,6 +109,11 @@ void embedding_forward(const int32_t* tokens, int64_t M, const bf16* table, int6
   else
     embedding_forward_kernel<1><<<grid_for(M * d), kThreads, 0, stream>>>(tokens, M, table, V, d, out, error_flag);
   CUDA_CHECK_LAUNCH();
+}
+
+int64_t embedding_backward_array_bytes(int64_t M) {
+  FP4MOE_CHECK(M >= 0, "embedding_backward_array_bytes: M must be >= 0, got {}", M);
+  return 4 * sort_array_bytes(M);
 }
 
 int64_t embedding_backward_workspace_bytes(int64_t M, int64_t V) {

@@ -38,6 +38,9 @@ void embedding_forward(const int32_t* tokens, int64_t M, const bf16* table, int6
 // Bytes of device workspace embedding_backward needs for M tokens and vocabulary V (the sort's keys, positions and
 // cub's temporary storage). Queries cub, so it needs a CUDA device; the same arguments give the same size.
 int64_t embedding_backward_workspace_bytes(int64_t M, int64_t V);
+// The part of it that needs no device: the four [M] 32-bit arrays of the sort (keys and positions, in and out), each
+// rounded up to 256 bytes; the rest is cub's temporary storage. Rejects M < 0.
+int64_t embedding_backward_array_bytes(int64_t M);
 
 // dout [M, d], tokens [M] -> grad [V, d] += per-token-id sums (above). workspace: device, workspace_bytes >=
 // embedding_backward_workspace_bytes(M, V), 256-byte aligned (what cudaMalloc and DeviceMemory give), contents

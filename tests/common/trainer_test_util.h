@@ -1,4 +1,4 @@
-// Shared by the trainer foundation tests (configuration, FLOPs, checkpoints): a temporary folder per test
+// Shared by the CPU tests (configuration, FLOPs, checkpoints, buffer plans, output paths): a temporary folder per test
 // (tests/common/temp_dir.h), the repository root (for configs/), and the message of an expected fp4moe::Error.
 #pragma once
 

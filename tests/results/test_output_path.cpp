@@ -21,6 +21,7 @@
 #include "results/h5_read.h"
 #include "results/output_path.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/trainer_test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -58,17 +59,10 @@ class OutputPath : public ::testing::Test {
   int sock_ = -1;
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_message;
 
 void expect_error_with(const std::function<void()>& f, std::initializer_list<std::string> parts) {
-  const std::string msg = error_of(f);
+  const std::string msg = error_message(f);
   EXPECT_FALSE(msg.empty()) << "not refused; expected a message with '" << *parts.begin() << "'";
   for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;

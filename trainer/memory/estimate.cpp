@@ -21,23 +21,12 @@ constexpr double kGiB = 1073741824.0;
 
 int64_t padded(int64_t n) { return ceil_div(n, kParamAlignElems) * kParamAlignElems; }
 
-// One linear layer of a stage, for its FP8 weight copies: G groups of [N, K] in `recipe`.
-struct LinearShape {
-  Recipe recipe;
-  int64_t G, N, K;
-  bool expert;  // the routed experts' Group Linear (GroupLinear's own buffers)
-};
-
 std::string layer_name(int64_t l, const char* part) { return "layers." + std::to_string(l) + "." + part; }
 
-// Parameters (and, when `linears` is given, the linear layers) of decoder layer l on one GPU of the layout.
-void layer_parameters(const TrainerConfig& cfg, const Dims& g, int64_t l, std::vector<ParamTensor>& out,
-                      std::vector<LinearShape>* linears) {
+// Parameters of decoder layer l on one GPU of the layout.
+void layer_parameters(const TrainerConfig& cfg, const Dims& g, int64_t l, std::vector<ParamTensor>& out) {
   auto param = [&](const char* part, int64_t n, bool expert = false) {
     out.push_back(ParamTensor{layer_name(l, part), n, expert, false});
-  };
-  auto linear = [&](Recipe r, int64_t G, int64_t N, int64_t K, bool expert = false) {
-    if (linears) linears->push_back(LinearShape{r, G, N, K, expert});
   };
   const int64_t d = g.d, qk = g.Hl * g.dqk;
   param("attn_norm", d);
@@ -45,37 +34,25 @@ void layer_parameters(const TrainerConfig& cfg, const Dims& g, int64_t l, std::v
     param("attn.q_down", g.rq * d);
     param("attn.q_norm", g.rq);
     param("attn.q_up", qk * g.rq);
-    linear(g.attn, 1, g.rq, d);
-    linear(g.attn, 1, qk, g.rq);
   } else {
     param("attn.q_proj", qk * d);
-    linear(g.attn, 1, qk, d);
   }
   param("attn.kv_down", (g.rkv + g.rope) * d);
   param("attn.kv_norm", g.rkv);
   param("attn.kv_up", g.Hl * (g.nope + g.dv) * g.rkv);
   param("attn.out", d * g.Hl * g.dv);
-  linear(g.attn, 1, g.rkv + g.rope, d);
-  linear(g.attn, 1, g.Hl * (g.nope + g.dv), g.rkv);
-  linear(g.attn, 1, d, g.Hl * g.dv);
   param("ffn_norm", d);
   if (!cfg.is_moe_layer(l)) {
     param("mlp.fc1", 2 * g.Fl * d);
     param("mlp.fc2", d * g.Fl);
-    linear(g.dense, 1, 2 * g.Fl, d);
-    linear(g.dense, 1, d, g.Fl);
     return;
   }
   param("moe.router", g.E * d);
   param("moe.experts.fc1", g.El * 2 * g.f * d, true);
   param("moe.experts.fc2", g.El * d * g.f, true);
-  linear(g.routed, g.El, 2 * g.f, d, true);
-  linear(g.routed, g.El, d, g.f, true);
   if (g.Sl > 0) {
     param("moe.shared.fc1", 2 * g.Sl * d);
     param("moe.shared.fc2", d * g.Sl);
-    linear(g.shared, 1, 2 * g.Sl, d);
-    linear(g.shared, 1, d, g.Sl);
   }
 }
 
@@ -92,13 +69,12 @@ StageRange stage_range(const TrainerConfig& cfg, const ParallelLayout& lay, int6
   return r;
 }
 
-std::vector<ParamTensor> stage_tensors(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage,
-                                       std::vector<LinearShape>* linears) {
+std::vector<ParamTensor> stage_tensors(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage) {
   const Dims g = mem_detail::dims_of(cfg, lay);
   const StageRange r = stage_range(cfg, lay, stage);
   std::vector<ParamTensor> out;
   if (stage == 0) out.push_back(ParamTensor{"embed", g.Vl * g.d, false, false});
-  for (int64_t l = r.first; l < r.first + r.count; ++l) layer_parameters(cfg, g, l, out, linears);
+  for (int64_t l = r.first; l < r.first + r.count; ++l) layer_parameters(cfg, g, l, out);
   if (stage == lay.pp - 1) {
     out.push_back(ParamTensor{"norm", g.d, false, false});
     out.push_back(ParamTensor{"lm_head", g.Vl * g.d, false, false});
@@ -121,16 +97,18 @@ void merge(std::vector<MemoryTerm>& terms, MemoryTerm t) {
 }
 
 void add_parameter_terms(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage, MemoryEstimate& e) {
-  std::vector<LinearShape> linears;
-  const std::vector<ParamTensor> tensors = stage_tensors(cfg, lay, stage, &linears);
+  const std::vector<ParamTensor> tensors = stage_tensors(cfg, lay, stage);
   int64_t dense = 0, expert = 0, state = 0;
   for (const ParamTensor& t : tensors) (t.state ? state : t.expert ? expert : dense) += padded(t.n);
   const int64_t shard_dense = lay.zero1 ? lay.dp : 1, shard_expert = lay.zero1 ? lay.expert_dp() : 1;
   const int64_t fp32 = ceil_div(4 * dense, shard_dense) + ceil_div(4 * expert, shard_expert);
-  // Each linear's four buffers (W and W^T codes and scales), from DeviceMemory at the first forward.
+  // The Linears' and Group Linears' FP8 weight copies (their buffer plans), from DeviceMemory at the first forward.
   int64_t routed_copies = 0, dense_copies = 0;
-  for (const LinearShape& s : linears)
-    (s.expert ? routed_copies : dense_copies) += mem_detail::weight_copy_bytes(s.recipe, s.G, s.N, s.K, true);
+  const StageRange r = stage_range(cfg, lay, stage);
+  for (int64_t l = r.first; l < r.first + r.count; ++l)
+    for (const MemoryTerm& t : mem_detail::layer_buffer_terms(cfg, lay, l))
+      if (t.category == MemCategory::weights)
+        (t.module == "moe.experts" ? routed_copies : dense_copies) += round_up_256(t.bytes);
   auto add = [&](MemCategory c, const char* tensor, int64_t bytes, bool first_forward = false) {
     if (bytes > 0) e.terms.push_back(MemoryTerm{c, "params", tensor, bytes, 1, true, true, first_forward});
   };
@@ -201,7 +179,7 @@ std::vector<int64_t> stage_layer_counts(const TrainerConfig& cfg, const Parallel
 
 std::vector<ParamTensor> parameter_tensors(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage) {
   validate_config(cfg);
-  return stage_tensors(cfg, layout, stage, nullptr);
+  return stage_tensors(cfg, layout, stage);
 }
 
 LayerActivationBuckets layer_activation_buckets(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t layer) {
@@ -209,6 +187,10 @@ LayerActivationBuckets layer_activation_buckets(const TrainerConfig& cfg, const 
   for (const MemoryTerm& t : layer_activation_terms(cfg, layout, layer)) {
     if (!t.kept || !t.device_memory) continue;
     const int64_t bytes = round_up_256(t.bytes);
+    if (t.first_forward) {
+      b.quantized_copies += bytes;
+      continue;
+    }
     const bool norm = t.tensor == "attn_norm out" || t.tensor == "ffn_norm out" || t.tensor == "n_q" ||
                       t.tensor == "n_kv" || t.tensor.find("rstd") != std::string::npos;
     if (norm) b.norms += bytes;
@@ -240,6 +222,12 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
     has_moe = has_moe || cfg.is_moe_layer(l);
     const std::vector<MemoryTerm> acts = layer_activation_terms(cfg, lay, l);
     std::vector<MemoryTerm> ws = mem_detail::layer_scratch_terms(cfg, lay, l);
+    // The Linears' and Group Linears' own scratch buffers, held by every layer (their buffer plans).
+    for (MemoryTerm t : mem_detail::layer_buffer_terms(cfg, lay, l))
+      if (t.category == MemCategory::workspace) {
+        ws_all += t.bytes;
+        merge(e.terms, std::move(t));
+      }
     int64_t kept = 0;
     for (MemoryTerm t : acts) {
       kept += t.total();

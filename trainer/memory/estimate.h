@@ -1,116 +1,54 @@
 // Analytic memory estimator (DESIGN.md "Trainer", "Memory"): the bytes one GPU holds per MemCategory
 // (trainer/memory/device_memory.h) when a TrainerConfig trains under a ParallelLayout, from formulas, without a device.
 //
-// On a 1-GPU layout (single_gpu_layout) it counts what trainer/model/* allocate today, buffer by buffer, so that
-// the GPU test (suite MemoryEstimate*) finds DeviceMemory's weights, grads and optimizer to the byte and its
-// activations within 5%. On a production layout (trainer/memory/estimate_report.h: DeepSeek-V3 671B, V2 236B) it gives
-// one GPU's share of the production run under a recipe and recompute policy.
+// On a 1-GPU layout (single_gpu_layout) it counts what trainer/model/* allocate, buffer by buffer, from the same
+// buffer plans the layers allocate from, so that the GPU test (suite MemoryEstimateModel*) finds DeviceMemory's
+// weights, grads, optimizer and activations to the byte. On a production layout (trainer/memory/estimate_report.h:
+// DeepSeek-V3 671B, V2 236B) it gives one GPU's share of the production run under a recipe and recompute policy.
 //
 // ---- Notation -----------------------------------------------------------------------------------------------
 // d hidden, H heads, nope/rope/dv head dims, dqk = nope + rope, r_q q_lora_rank, r_kv kv_lora_rank, F dense_ffn,
 // E routed experts, k top_k, f expert_ffn, s shared experts, V vocab. Per GPU of a layout: t = tp, E_l = E / ep,
 // H_l = H / t, N = micro_batch x seq_len tokens of one micro-batch, N_s = ceil(N / t) (sequence-parallel share),
 // R = ceil(N k routed_load / t) routed rows this GPU's experts receive (exactly N k on one GPU).
-// Q_r(K, G) = bytes a Linear (G = 1) or a Group Linear (G = E_l groups) of a quantized recipe r keeps of its input
-// X [M, K] for backward, M the rows (GroupLinear::held_activation_bytes, DESIGN.md "Recipes"):
-//   fp8    FP8 column copy: K (M + 15 G) E4M3 codes + 4 K (ceil(M / 128) + G) scale bytes ~ (K + K/32) per row
-//   mxfp4  MXFP4 copy: K/2 code bytes + K/32 UE8M0 scale bytes per row
 //
 // ---- Categories (per GPU) -------------------------------------------------------------------------------------
 // weights      BF16 parameters: 2 B per element, every tensor padded to 64 elements (ParamStore::allocate);
 //              FP32 masters: 4 B per element / shard; FP32 state (v3 router bias, E per MoE layer);
-//              FP8 weight copies of each fp8/mxfp4 linear: W and W^T as E4M3 + FP32 128x128 block scales
-//              (GroupLinear::weight_copy_bytes, G = E_l for the routed experts, 1 for a Linear; four buffers)
+//              FP8 weight copies of each fp8/mxfp4 linear (the layers' buffer plans, below)
 // grads        FP32: 4 B per element (ZeRO-1 does not shard them)
 // optimizer    AdamW m and v FP32: 8 B per element / shard
 //              shard (zero1): dp for non-expert tensors, expert_dp = dp t / ep for the routed experts; else 1
-// activations  what backward needs, per layer and micro-batch (the table below) x in_flight(stage) micro-batches
-//              (1F1B: stage s keeps pp - s), plus the last stage's final norm and LM head terms
+// activations  the layers' held buffers (their plans, below) per micro-batch x in_flight(stage) micro-batches
+//              (1F1B: stage s keeps pp - s), plus the last stage's final norm and LM head terms (Model::buffers)
 // comm         ep > 1: one MoE layer's dispatch and combine buffers (send + receive, forward payload by recipe:
 //              bf16 2d, fp8 d + d/32, mxfp4 d/2 + d/32 per row; combine BF16 2d; the backward's FP8 or BF16
 //              buffers when larger); pp > 1: the send and receive buffers of one micro-batch's hidden state
 // workspace    the largest single layer's scratch (its backward's gradient buffers plus the activations it does
 //              not keep, live while they are recomputed) + the model's (residual-stream grads, LM head Dgrad and
 //              chunked cross-entropy, embedding backward, batch), as the trainer's one shared scratch arena is
-//              sized (trainer/memory/scratch.h); an approximation of the arena's plan, not its exact size.
-//              MemoryEstimate::workspace_all_layers sums every layer's instead (per-layer buffers).
+//              sized (trainer/memory/scratch.h); an approximation of the arena's plan, not its exact size; plus
+//              every layer's Linears' own scratch (below). MemoryEstimate::workspace_all_layers sums every layer's
+//              arena scratch instead.
 //
-// ---- Activations kept for backward: bytes per token per layer (one term per (module, tensor)) -----------------
-// A term is dropped (kept = false) by any policy in its last column. The policies (cfg.recompute, Megatron-Core's
-// module names) as trainer/model/recompute.h defines them for the trainer:
-//   mla_up_proj     q, kv, k rebuilt from the kept n_q, n_kv and the rotated k_pe (kept instead)
-//   core_attn       o and lse (the attention forward reruns)
-//   layernorm       the outputs and rstd of attn_norm, ffn_norm, q_norm and kv_norm
-//   moe_act         the routed experts' a (bf16) or its MXFP4 copy (mxfp4); fp8: nothing (Group Linear keeps its
-//                   FP8 column copy of a, made by fc2's forward, which is not rerun)
-//   moe             the routed experts' h, a (or its copies) and ys, rerun from the kept routing and dispatched
-//                   input xs in the routed recipe's storage format (BF16 xs; fp8: its FP8 row copy, kept only under
-//                   moe/full, beside fc1's FP8 column copy; MXFP4 xs), and the shared experts' h and a; the router
-//                   does not rerun (the block input, the ffn_norm out, stays unless layernorm)
-//   mlp, shared_experts   the dense FFN's / shared experts' h and a (fc1 and swiglu rerun; fc2 keeps its copy)
-//   full            everything but the layer input h, the Linears' copies that no rerun rebuilds (the FFNs' fc2 X)
-//                   and what the MoE block keeps under moe (routing, row_of, dispatched input)
-// [/t]: divided by t (sequence-parallel share or head split). Routed terms are per routed row, k rows per token.
-//
-//   module       tensor                  bytes per token            dropped by
-//   layer        h (layer input)         2d [/t]                    never (the residual stream entering the layer)
-//                h_mid                   2d [/t]                    full
-//                attn_norm out           2d [/t]                    layernorm, full; kept only when MLA's backward
-//                                                                   reads it (bf16 projections, or q_proj under
-//                                                                   mla_up_proj: fp8/mxfp4 Linears keep a copy)
-//                ffn_norm out            2d [/t]                    layernorm, full; dense layer: kept only for a
-//                                                                   bf16 fc1 or under mlp (the MoE block reads it)
-//                attn_norm rstd, ffn_norm rstd 4 [/t] each          layernorm, full
-//   mla          c_q, c_kv               2 r_q, 2 r_kv              full
-//                n_q, n_kv               2 r_q, 2 r_kv              layernorm, full; kept only for bf16 attention
-//                                                                   or under mla_up_proj
-//                q_norm rstd, kv_norm rstd     4 each               layernorm, full
-//                q, k                    2 H dqk [/t] each          mla_up_proj, full
-//                kv (k_nope | v)         2 H (nope + dv) [/t]       mla_up_proj, full
-//                k_pe (rotated)          2 rope                     kept only with mla_up_proj (not full)
-//                o                       2 H dv [/t]                core_attn, full
-//                lse                     4 H [/t]                   core_attn, full
-//                attention != bf16: the Linears' copies of their inputs (trainer/model/linear.h), codes + scales:
-//                q_down (q_proj) X, kv_down X  Q(d) each            full
-//                q_up X, kv_up X         Q(r_q), Q(r_kv)            mla_up_proj, full
-//                out X                   Q(H dv [/t])               full
-//   mlp          h                       4F [/t]                    mlp, full
-//   (dense)      a                       2F [/t]                    mlp, full; kept only for a bf16 dense recipe
-//                fc1 X, fc2 X (!= bf16)  Q(d), Q(F [/t])            fc1: mlp, full; fc2: never (not rerun)
-//   moe.router   probs                   4E [/t]                    never
-//                topk_weight             4k [/t]                    never
-//                topk_idx                4k [/t]                    never
-//                counts, offsets, aux    4E + 4(E + 1) + 4 per layer (not per token)   never
-//   moe.experts  row_of                  4k                         never
-//                xs (BF16)               2dk                        never; kept only for bf16
-//                xs FP8 columns (fp8)    Q_fp8(d, E_l) per row      never (Group Linear's codes and scales)
-//                xs FP8 rows (fp8)       d + 4 ceil(d/128) per row  kept only under moe, full (codes and FP32
-//                                                                   scales, 4 fp8_row_scale_count(R, d) bytes)
-//                xs MXFP4 codes, scales  (d/2)k, (d/32)k            never
-//                h                       4fk                        moe, full
-//                a (BF16)                2fk                        moe_act, moe, full; kept only for bf16
-//                a FP8 columns (fp8)     Q_fp8(f, E_l) per row      moe, full (Group Linear's codes and scales)
-//                a MXFP4 codes, scales   (f/2)k, (f/32)k            moe_act, moe, full
-//                ys                      2dk                        moe, full
-//   moe.shared   h                       4sf [/t]                   shared_experts, moe, full
-//   (s > 0)      a                       2sf [/t]                   as h; kept only for a bf16 shared recipe
-//                fc1 X, fc2 X (!= bf16)  Q(d), Q(sf [/t])           fc1: as h; fc2: never (not rerun)
-//   model        h[L] (final norm input), h_out (LM head input)  2d [/t] each;  final norm rstd 4 [/t];
-//   (last stage) LM head cross-entropy statistics 16 (FP32 [4, N], kept by LmHeadCrossEntropy outside DeviceMemory)
-// e.g. DeepSeek-V3 (bf16, no policy): layer 57,352 + mla 205,320 + MoE router 1,088 + routed experts
-// k (4 + 4d + 6f) = 327,712 + shared experts 12,288 bytes per token. Under moe the routed experts keep
-// k (4 + 2d) = 114,720 (bf16), k (4 + d + 4 ceil(d/128)) = 59,168 plus fc1's FP8 columns ~ 59,200 (fp8), and
-// k (4 + 17d/32) = 30,496 (mxfp4) bytes per token; the router its 1,088.
-//
-// The Linears' and Group Linears' copies (FP8 weights, FP8 column or MXFP4 copies of X) come from DeviceMemory at
-// the first forward (MemoryTerm::first_forward; counted_allocator, linear_quantized.h), each buffer rounded up to
-// 256 bytes.
+// ---- Activations, weight copies and the linears' own scratch: the layers' buffer plans ---------------------------
+// Every buffer of a decoder layer comes from the plan the layer itself allocates from (trainer/memory/buffer_plan.h;
+// DecoderLayer::buffers, which gathers RmsNorm, MlaAttention, SwigluMlp, MoeRouter, MoeRoutedExperts, Linear and
+// GroupLinear::buffers), evaluated at this GPU's LayerShape: tokens N, sequence-parallel share N_s, heads H_l, dense
+// width F / t, routed rows R, local experts E_l, shared width s f / t. Each layer's header lists its buffers and
+// which recompute policy drops which (trainer/model/recompute.h names the policies). The estimate files them as:
+//   activations  held entries kept per micro-batch in flight (layer_activation_terms); entries not held are live
+//                while a pass makes or rebuilds them, and count in the largest layer's workspace
+//   weights      the Linears' and Group Linears' FP8 weight copies (four buffers each), per layer
+//   workspace    the Linears' and Group Linears' own scratch (FP8 row and column copies of one pass, the BF16 Dgrad
+//                of an FP32 sum), held by every layer
+// On one GPU the estimate therefore counts what DeviceMemory counts, to the byte (GPU test MemoryEstimateModel*).
+// The Linears' and Group Linears' own buffers come from DeviceMemory at the first forward (MemoryTerm::first_forward)
+// and stay allocated under every policy, as the trainer holds them.
 // What DeviceMemory does not see (MemoryTerm::device_memory = false): LmHeadCrossEntropy's buffers and the
 // communication buffers (no expert or pipeline parallelism is built). Not counted at all: cuBLASLt workspaces, the
 // CUDA context, allocator fragmentation, cub's sort storage of the embedding backward (the estimate takes its four
-// key and position arrays only). The estimate counts what backward needs; the trainer's Linears and Group Linears
-// hold their copies in buffers that outlive a recompute, so under a policy that reruns them DeviceMemory may count
-// more.
+// key and position arrays only).
 #pragma once
 
 #include <array>
@@ -185,16 +123,19 @@ struct ParamTensor {
 // moe.experts.fc1/fc2, moe.shared.fc1/fc2, and "norm", "lm_head" (last stage); states last.
 std::vector<ParamTensor> parameter_tensors(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage);
 
-// The activation terms of decoder layer `layer` for one micro-batch, every (module, tensor) of the table above that
-// exists for the layer's kind and recipe, with `kept` set by cfg.recompute and cfg.recipe (instances = 1).
+// The activation terms of decoder layer `layer` for one micro-batch: every activation buffer of the layer's buffer
+// plans (DecoderLayer::buffers at this GPU's shapes) with bytes > 0, `kept` = held under cfg.recipe and
+// cfg.recompute, `first_forward` for the Linears' and Group Linears' own copies (instances = 1).
 std::vector<MemoryTerm> layer_activation_terms(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t layer);
 
 // A layer's kept activations in the buckets of the trainer's per-layer breakdown, as DeviceMemory counts them
 // (terms with device_memory, each rounded up to 256 bytes): residual = h (layer input) + h_mid; norms = the
-// attn_norm and ffn_norm outputs, the rstd of the four norms, n_q and n_kv; attn = MLA's other tensors (the
-// Linears' copies included); ffn = the dense FFN or the MoE block; routed_experts = the routed experts' part of ffn.
+// attn_norm and ffn_norm outputs, the rstd of the four norms, n_q and n_kv; attn = MLA's other tensors; ffn = the
+// dense FFN or the MoE block; routed_experts = the routed experts' part of ffn; quantized_copies = the Linears' and
+// Group Linears' own copies of their inputs (first_forward terms, in none of the others), as
+// LayerMemory::quantized_copies.
 struct LayerActivationBuckets {
-  int64_t residual = 0, norms = 0, attn = 0, ffn = 0, routed_experts = 0;
+  int64_t residual = 0, norms = 0, attn = 0, ffn = 0, routed_experts = 0, quantized_copies = 0;
   int64_t kept() const { return residual + norms + attn + ffn; }
 };
 LayerActivationBuckets layer_activation_buckets(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t layer);

@@ -10,6 +10,7 @@
 #include "kernels/common/types.h"
 #include "trainer/config.h"
 #include "trainer/memory/estimate.h"
+#include "trainer/model/decoder_layer.h"
 
 namespace fp4moe::mem_detail {
 
@@ -24,28 +25,18 @@ struct Dims {
 };
 Dims dims_of(const TrainerConfig& cfg, const ParallelLayout& layout);
 
-// The recompute modules of cfg.recompute as flags (`full` sets only `full`).
-struct Policy {
-  bool mla_up_proj = false, core_attn = false, layernorm = false, moe_act = false, moe = false, mlp = false,
-       shared_experts = false, full = false;
-};
-Policy policy_of(const RecomputeConfig& rc);
+// The decoder layer's sizes on one GPU of the layout (trainer/model/decoder_layer.h's LayerShape).
+LayerShape layer_shape(const TrainerConfig& cfg, const ParallelLayout& layout);
 
-// Q_r(K, G) of the header: bytes a linear of recipe r (G groups) keeps of its input X [M, K] for backward, as
-// codes (BF16 elements for bf16) and scales; fp8 checked against GroupLinear::held_activation_bytes.
-struct QuantizedCopy {
-  int64_t codes = 0, scales = 0;
-};
-QuantizedCopy quantized_input_copy(Recipe r, int64_t M, int64_t K, int64_t G);
-int64_t quantized_input_bytes(Recipe r, int64_t M, int64_t K, int64_t G);  // codes + scales
+// Every buffer of decoder layer `layer` on one GPU of the layout, from DecoderLayer::buffers at layer_shape: one
+// term per planned buffer with bytes > 0 (kept = held; first_forward for the Linears' and Group Linears' own), in
+// its category (activations, weights: the FP8 weight copies, workspace: the Linears' and Group Linears' own
+// scratch, held per layer).
+std::vector<MemoryTerm> layer_buffer_terms(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t layer);
 
-// FP8 copies of a linear's weights W [G, N, K] and W^T (GroupLinear::weight_copy_bytes; 0 for bf16); with
-// `as_allocated`, each of the four buffers (W codes, W scales, W^T codes, W^T scales) rounded up to 256 bytes.
-int64_t weight_copy_bytes(Recipe r, int64_t G, int64_t N, int64_t K, bool as_allocated);
-
-// Scratch that decoder layer `layer` allocates for its backward as the trainer is built (MemCategory::workspace,
-// every term allocated through DeviceMemory): norms' dweight partial sums, MLA's gradient buffers and attention
-// backward workspace, the FFN's or the MoE's gradient buffers.
+// The scratch decoder layer `layer` takes from the shared arena in its passes (its buffer plans' forward and
+// backward scratch: norms' dweight partial sums, MLA's gradient buffers and attention backward workspace, the
+// FFN's or the MoE's gradient buffers, the router's logits).
 std::vector<MemoryTerm> layer_scratch_terms(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t layer);
 
 // The model's terms outside the decoder layers for `stage` of `pp` stages: activations of the final norm and LM

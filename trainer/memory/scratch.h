@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/device_memory.h"
 
 namespace fp4moe {
@@ -92,6 +93,17 @@ class ScratchArena {
   std::vector<Entry> live_;
   DeviceArray<unsigned char> owned_;
 };
+
+// The planned buffer `b` (trainer/memory/buffer_plan.h) from the arena: b.elems elements of T, whatever b's lifetime
+// (a pass's scratch, or a tensor the policy does not keep). `what` as for take(). Rejects a T whose size is not b's
+// element size.
+template <typename T>
+T* take_planned(ScratchArena& arena, const PlannedBuffer& b, const char* what) {
+  FP4MOE_CHECK(static_cast<int64_t>(sizeof(T)) == elem_bytes(b.type),
+               "scratch: {} is planned as {} elements, taken with {}-byte elements", b.tensor, elem_type_name(b.type),
+               sizeof(T));
+  return arena.take<T>(b.elems, what);
+}
 
 // Restores the arena's top when it ends: everything taken inside goes back.
 class ScratchScope {

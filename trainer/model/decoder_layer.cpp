@@ -12,33 +12,6 @@ namespace {
 
 float eps_of(const TrainerConfig& cfg) { return static_cast<float>(cfg.model.norm_eps); }
 
-DeviceArray<bf16> kept_rows(bool keep, DeviceMemory& mem, int64_t n, const std::string& what) {
-  return keep ? DeviceArray<bf16>(mem, n, MemCategory::activations, what) : DeviceArray<bf16>();
-}
-
-// What the layer's fp8/mxfp4 Linears and fp8 Group Linears keep of their inputs under MemCategory::activations
-// from their first forward on (Linear / GroupLinear::held_activation_bytes, unrounded); bf16 ones keep nothing
-// of their own (their input is the layer's, counted in its kept bytes), nor does an mxfp4 Group Linear (the
-// layer's MXFP4 copy).
-size_t quantized_copy_bytes(const TrainerConfig& cfg, int64_t l, int64_t M) {
-  const ModelConfig& m = cfg.model;
-  auto linear = [&](Recipe r, int64_t K) {
-    return r == Recipe::bf16 ? size_t{0} : Linear::held_activation_bytes(r, M, K);
-  };
-  const Recipe ra = cfg.recipe.attention, rd = cfg.recipe.dense_mlp;
-  size_t b = linear(ra, m.hidden) + linear(ra, m.kv_lora_rank) + linear(ra, m.heads * m.v_head_dim);  // kv, out
-  b += m.q_lora_rank > 0 ? linear(ra, m.hidden) + linear(ra, m.q_lora_rank) : linear(ra, m.hidden);    // q path
-  if (!cfg.is_moe_layer(l)) return b + linear(rd, m.hidden) + linear(rd, m.dense_ffn);
-  const int64_t fs = cfg.moe.shared_experts * cfg.moe.expert_ffn;
-  if (fs > 0) b += linear(cfg.recipe.shared_experts, m.hidden) + linear(cfg.recipe.shared_experts, fs);
-  if (cfg.recipe.routed_experts == Recipe::fp8) {
-    const int64_t R = M * cfg.moe.top_k, E = cfg.moe.routed_experts;
-    b += GroupLinear::held_activation_bytes(Recipe::fp8, R, m.hidden, E) +
-         GroupLinear::held_activation_bytes(Recipe::fp8, R, cfg.moe.expert_ffn, E);
-  }
-  return b;
-}
-
 }  // namespace
 
 DecoderLayer::DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t l, int64_t max_tokens,
@@ -56,21 +29,84 @@ DecoderLayer::DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t 
     mlp_.emplace(store, name(l, "mlp"), cfg.model.hidden, cfg.model.dense_ffn, cfg.recipe.dense_mlp, max_tokens, mem,
                  fc2_std, rc_.dense_mlp);
   }
-  // The norm outputs serve backward as the branches' inputs: kept unless recomputed (layernorm, full) or not read
-  // (fp8/mxfp4 projections without a recompute from x; the MoE block always reads its input: the router).
-  keep_a_in_ = !rc_.norms && attn_.backward_reads_input();
-  keep_f_in_ = !rc_.norms && (moe_ || mlp_->backward_reads_input());
-  const int64_t n = max_tokens * d_;
-  h_mid_ = kept_rows(!rc_.full, mem, n, name(l, "h_mid") + " (residual after attention)");
-  a_in_ = kept_rows(keep_a_in_, mem, n, name(l, "attn_norm") + " output");
-  f_in_ = kept_rows(keep_f_in_, mem, n, name(l, "ffn_norm") + " output");
+  cfg_ = cfg;
+  plans_ = buffers(cfg, l, LayerShape::one_gpu(cfg, max_tokens));
+  const BufferPlan& own = plans_.front();
+  keep_a_in_ = own.at("attn_norm out").held;
+  keep_f_in_ = own.at("ffn_norm out").held;
+  FP4MOE_CHECK(keep_a_in_ == (!rc_.norms && attn_.backward_reads_input()) &&
+                   keep_f_in_ == (!rc_.norms && (moe_ || mlp_->backward_reads_input())),
+               "DecoderLayer {}: the buffer plan keeps the norm outputs otherwise than the layer's backward reads them",
+               l);
+  h_mid_ = own.allocate<bf16>(mem, "h_mid", name(l, "h_mid") + " (residual after attention)");
+  a_in_ = own.allocate<bf16>(mem, "attn_norm out", name(l, "attn_norm"));
+  f_in_ = own.allocate<bf16>(mem, "ffn_norm out", name(l, "ffn_norm"));
   plan_scratch(max_tokens);
-  quantized_copies_ = quantized_copy_bytes(cfg, l, max_tokens);
+}
+
+const BufferPlan& DecoderLayer::plan_for(int64_t M) {
+  if (M != pass_M_) {
+    pass_plan_ = own_buffers(cfg_, index_, M);
+    pass_M_ = M;
+  }
+  return pass_plan_;
+}
+
+LayerShape LayerShape::one_gpu(const TrainerConfig& cfg, int64_t max_tokens) {
+  LayerShape s;
+  s.tokens = s.seq_share = max_tokens;
+  s.seq_len = cfg.train.seq_len;
+  s.heads = cfg.model.heads;
+  s.dense_ffn = cfg.model.dense_ffn;
+  s.routed_rows = max_tokens * cfg.moe.top_k;
+  s.local_experts = cfg.moe.routed_experts;
+  s.shared_ffn = cfg.moe.shared_experts * cfg.moe.expert_ffn;
+  return s;
+}
+
+BufferPlan DecoderLayer::own_buffers(const TrainerConfig& cfg, int64_t l, int64_t seq_share) {
+  const LayerRecompute rc = layer_recompute(cfg.recompute);
+  const ModelConfig& m = cfg.model;
+  // The norm outputs serve backward as the branches' inputs: kept unless recomputed (layernorm, full) or not read
+  // (fp8/mxfp4 projections without a recompute from x, MlaAttention::backward_reads_input; the MoE block always
+  // reads its input: the router's Wgrad and the shared experts).
+  const bool attn_reads =
+      cfg.recipe.attention == Recipe::bf16 || rc.mla.whole || (rc.mla.up_proj && m.q_lora_rank == 0);
+  const bool ffn_reads = cfg.is_moe_layer(l) || rc.dense_mlp || cfg.recipe.dense_mlp == Recipe::bf16;
+  const int64_t n = seq_share * m.hidden;
+  BufferPlan own("layer");
+  own.add("h (layer input)", n, ElemType::bf16);
+  own.add("h_mid", n, ElemType::bf16, !rc.full);
+  own.add("attn_norm out", n, ElemType::bf16, !rc.norms && attn_reads);
+  own.append(RmsNorm::buffers(seq_share, m.hidden, !rc.norms), "attn_norm ");
+  own.add("ffn_norm out", n, ElemType::bf16, !rc.norms && ffn_reads);
+  own.append(RmsNorm::buffers(seq_share, m.hidden, !rc.norms), "ffn_norm ");
+  return own;
+}
+
+std::vector<BufferPlan> DecoderLayer::buffers(const TrainerConfig& cfg, int64_t l, const LayerShape& s) {
+  FP4MOE_CHECK(l >= 0 && l < cfg.model.layers, "DecoderLayer::buffers: layer {} is outside [0, model.layers = {})", l,
+               cfg.model.layers);
+  const LayerRecompute rc = layer_recompute(cfg.recompute);
+  const ModelConfig& m = cfg.model;
+  const bool moe = cfg.is_moe_layer(l);
+  BufferPlan own = own_buffers(cfg, l, s.seq_share);
+  std::vector<BufferPlan> plans{std::move(own),
+                                MlaAttention::buffers(m, cfg.recipe.attention, rc.mla, s.tokens, s.seq_share, s.heads,
+                                                      s.seq_len)};
+  if (moe) {
+    for (BufferPlan& p : MoeLayer::buffers(cfg, s)) plans.push_back(std::move(p));
+  } else {
+    plans.push_back(SwigluMlp::buffers("mlp", s.tokens, s.seq_share, m.hidden, s.dense_ffn, cfg.recipe.dense_mlp,
+                                       rc.dense_mlp, false));
+  }
+  return plans;
 }
 
 // The passes below, for M = max_tokens: every scope's takes, with the sub-layers' own scopes on top.
 void DecoderLayer::plan_scratch(int64_t max_tokens) {
-  const size_t n = ScratchArena::rounded(static_cast<size_t>(max_tokens * d_) * sizeof(bf16));
+  // h_mid, a_in and f_in have the same size: one row of d per token
+  const size_t n = ScratchArena::rounded(static_cast<size_t>(plan_for(max_tokens).at("h_mid").bytes()));
   const size_t r_attn = attn_norm_.recompute_bytes(), r_ffn = ffn_norm_.recompute_bytes();
   const size_t ffn_fwd = moe_ ? moe_->forward_bytes() : mlp_->forward_bytes();
   const size_t ffn_bwd = moe_ ? moe_->backward_bytes() : mlp_->backward_bytes();
@@ -86,19 +122,22 @@ void DecoderLayer::plan_scratch(int64_t max_tokens) {
 
 void DecoderLayer::forward(ModelContext& ctx, const bf16* h, int64_t M, bf16* tmp, bf16* h_next) {
   const int64_t n = M * d_;
+  const BufferPlan& own = plan_for(M);
   ScratchArena& arena = scratch_of(ctx, name(index_, "forward"));
   ScratchScope layer_scope(arena);
-  bf16* h_mid = rc_.full ? arena.take<bf16>(n, "layer h_mid (not kept)") : h_mid_.data();
+  bf16* h_mid = rc_.full ? take_planned<bf16>(arena, own.at("h_mid"), "layer h_mid (not kept)") : h_mid_.data();
   {
     ScratchScope scope(arena);
-    bf16* a_in = keep_a_in_ ? a_in_.data() : arena.take<bf16>(n, "layer attn_norm output (not kept)");
+    bf16* a_in = keep_a_in_ ? a_in_.data()
+                            : take_planned<bf16>(arena, own.at("attn_norm out"), "layer attn_norm output (not kept)");
     attn_norm_.forward(ctx, h, M, a_in);                 // a_in [M, d]
     attn_.forward(ctx, a_in, M, tmp);                    // MLA out [M, d]
     add_bf16(h, tmp, n, h_mid, ctx.stream);              // h_mid = h + MLA
   }
   {
     ScratchScope scope(arena);
-    bf16* f_in = keep_f_in_ ? f_in_.data() : arena.take<bf16>(n, "layer ffn_norm output (not kept)");
+    bf16* f_in = keep_f_in_ ? f_in_.data()
+                            : take_planned<bf16>(arena, own.at("ffn_norm out"), "layer ffn_norm output (not kept)");
     ffn_norm_.forward(ctx, h_mid, M, f_in);              // f_in [M, d]
     if (moe_) moe_->forward(ctx, f_in, M, tmp);          // FFN out [M, d]
     else mlp_->forward(ctx, f_in, M, tmp);
@@ -109,23 +148,24 @@ void DecoderLayer::forward(ModelContext& ctx, const bf16* h, int64_t M, bf16* tm
 void DecoderLayer::backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d_res, bf16* tmp,
                             float aux_grad_scale) {
   const int64_t n = M * d_;
+  const BufferPlan& own = plan_for(M);
   ScratchArena& arena = scratch_of(ctx, name(index_, "backward"));
   ScratchScope layer_scope(arena);
   if (moe_) moe_->set_aux_grad_scale(aux_grad_scale);
   bf16* h_mid = h_mid_.data();
   bf16* a_in = a_in_.data();  // null when neither kept nor read (fp8/mxfp4 projections)
   if (rc_.full) {  // the forward again up to h_mid; MLA's tensors stay in this scope for its backward
-    a_in = arena.take<bf16>(n, "layer attn_norm output (recomputed)");
+    a_in = take_planned<bf16>(arena, own.at("attn_norm out"), "layer attn_norm output (recomputed)");
     attn_norm_.recompute(ctx, h, M, a_in);
     attn_.recompute_forward(ctx, a_in, M, tmp);
-    h_mid = arena.take<bf16>(n, "layer h_mid (recomputed)");
+    h_mid = take_planned<bf16>(arena, own.at("h_mid"), "layer h_mid (recomputed)");
     add_bf16(h, tmp, n, h_mid, ctx.stream);
   }
   {
     ScratchScope scope(arena);
     bf16* f_in = f_in_.data();  // null when neither kept nor read (an fp8/mxfp4 dense fc1)
     if (rc_.norms) {  // recomputed for the norm's rstd (and the branch's input)
-      f_in = arena.take<bf16>(n, "layer ffn_norm output (recomputed)");
+      f_in = take_planned<bf16>(arena, own.at("ffn_norm out"), "layer ffn_norm output (recomputed)");
       ffn_norm_.recompute(ctx, h_mid, M, f_in);
     }
     if (moe_) moe_->backward(ctx, d_res, f_in, M, tmp);  // d f_in
@@ -136,7 +176,7 @@ void DecoderLayer::backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d
   {
     ScratchScope scope(arena);
     if (rc_.norms && !rc_.full) {
-      a_in = arena.take<bf16>(n, "layer attn_norm output (recomputed)");
+      a_in = take_planned<bf16>(arena, own.at("attn_norm out"), "layer attn_norm output (recomputed)");
       attn_norm_.recompute(ctx, h, M, a_in);
     }
     attn_.backward(ctx, d_res, a_in, M, tmp);             // d a_in
@@ -155,7 +195,8 @@ LayerMemory DecoderLayer::memory(size_t input_bytes) const {
   m.attn = attn_.kept_bytes() - attn_.kept_norm_bytes();
   m.ffn = moe_ ? moe_->kept_bytes() : mlp_->kept_bytes();
   m.routed_experts = moe_ ? moe_->experts().kept_bytes() : 0;
-  m.quantized_copies = quantized_copies_;
+  for (const BufferPlan& p : plans_)
+    m.quantized_copies += static_cast<size_t>(p.counted_bytes(MemCategory::activations, Lifetime::first_forward));
   m.scratch_forward = fwd_bytes_;
   m.scratch_backward = bwd_bytes_;
   return m;

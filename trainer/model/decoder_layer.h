@@ -27,9 +27,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/mla.h"
@@ -42,6 +44,22 @@
 namespace fp4moe {
 
 struct LayerMemory;  // trainer/model/model.h
+
+// The sizes of one decoder layer that one GPU holds: on one GPU (one_gpu) the micro-batch and the whole layer;
+// trainer/memory/estimate.h derives them for one GPU of any parallel layout (tensor, expert parallel).
+struct LayerShape {
+  int64_t tokens = 0;         // N: rows of the attention and of the FFN widths' tensors (micro_batch x seq_len)
+  int64_t seq_len = 1;        // tokens per row (the attention's causal rows)
+  int64_t seq_share = 0;      // rows of the sequence-parallel tensors (the residual stream, norms, down-projection
+                              // and fc1 inputs, the router): ceil(N / tp)
+  int64_t heads = 0;          // attention heads on this GPU
+  int64_t dense_ffn = 0;      // the dense FFN's width on this GPU
+  int64_t routed_rows = 0;    // R: routed rows this GPU's experts receive (N top_k on one GPU)
+  int64_t local_experts = 0;  // routed experts on this GPU
+  int64_t shared_ffn = 0;     // the shared experts' width on this GPU (shared_experts x expert_ffn on one GPU)
+
+  static LayerShape one_gpu(const TrainerConfig& cfg, int64_t max_tokens);
+};
 
 class DecoderLayer {
  public:
@@ -62,12 +80,24 @@ class DecoderLayer {
   size_t backward_bytes() const { return bwd_bytes_; }
   size_t scratch_bytes() const { return std::max(fwd_bytes_, bwd_bytes_); }
 
+  // Every buffer of layer l (trainer/memory/buffer_plan.h) at `shape`, one plan per module: "layer" ("h (layer
+  // input)" [seq_share, d], which the model holds; "h_mid", "attn_norm out", "ffn_norm out" [seq_share, d] BF16 as
+  // the Memory paragraph above keeps them; the two norms' RmsNorm::buffers prefixed "attn_norm " and "ffn_norm "),
+  // then MlaAttention::buffers ("mla") and SwigluMlp::buffers ("mlp") or MoeLayer::buffers ("moe.router",
+  // "moe.experts", "moe.shared"). Rejects a layer outside [0, model.layers).
+  static std::vector<BufferPlan> buffers(const TrainerConfig& cfg, int64_t l, const LayerShape& shape);
+  const std::vector<BufferPlan>& plans() const { return plans_; }  // buffers() on this GPU, at max_tokens
+
   MoeLayer* moe() { return moe_ ? &*moe_ : nullptr; }
   const MoeLayer* moe() const { return moe_ ? &*moe_ : nullptr; }
   const LayerRecompute& recompute() const { return rc_; }
 
  private:
   static std::string name(int64_t l, const char* part) { return "layers." + std::to_string(l) + "." + part; }
+  // The "layer" plan of buffers() (the layer's own buffers and its two norms') for seq_share rows; plan_for(M)
+  // keeps the one of the last M.
+  static BufferPlan own_buffers(const TrainerConfig& cfg, int64_t l, int64_t seq_share);
+  const BufferPlan& plan_for(int64_t M);
   void plan_scratch(int64_t max_tokens);
 
   int64_t index_, d_;
@@ -82,7 +112,11 @@ class DecoderLayer {
   DeviceArray<bf16> h_mid_;       // residual stream after attention        (not under full)
   DeviceArray<bf16> a_in_;        // attn_norm output, MLA input            (when keep_a_in_)
   DeviceArray<bf16> f_in_;        // ffn_norm output, FFN input             (when keep_f_in_)
-  size_t fwd_bytes_ = 0, bwd_bytes_ = 0, quantized_copies_ = 0;
+  TrainerConfig cfg_;
+  std::vector<BufferPlan> plans_;  // buffers() at LayerShape::one_gpu
+  BufferPlan pass_plan_{"layer"};
+  int64_t pass_M_ = -1;
+  size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
 };
 
 }  // namespace fp4moe

@@ -1,5 +1,6 @@
 #include "trainer/model/group_linear.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/common/check.h"
@@ -91,16 +92,49 @@ void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
   w_ = w;
   if (bf16_gemms(recipe_)) return;
   const int64_t count = fp8_block_scale_count(N_, K_), count_t = fp8_block_scale_count(K_, N_);
-  auto* wc = static_cast<uint8_t*>(w_codes_.ensure(static_cast<size_t>(G_ * N_ * K_), kWeightCopy));
-  auto* ws = static_cast<float*>(w_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count), kWeightCopy));
-  auto* tc = static_cast<uint8_t*>(wt_codes_.ensure(static_cast<size_t>(G_ * N_ * K_), kWeightCopy));
-  auto* ts = static_cast<float*>(wt_scales_.ensure(sizeof(float) * static_cast<size_t>(G_ * count_t), kWeightCopy));
+  const int64_t M = std::max<int64_t>(plan_M_, 0);  // the weights' buffers do not depend on M
+  auto* wc = static_cast<uint8_t*>(w_codes_.ensure(planned(M, "W FP8 codes"), kWeightCopy));
+  auto* ws = static_cast<float*>(w_scales_.ensure(planned(M, "W FP8 scales"), kWeightCopy));
+  auto* tc = static_cast<uint8_t*>(wt_codes_.ensure(planned(M, "W^T FP8 codes"), kWeightCopy));
+  auto* ts = static_cast<float*>(wt_scales_.ensure(planned(M, "W^T FP8 scales"), kWeightCopy));
   for (int64_t g = 0; g < G_; ++g) {
     bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, false, wc + g * N_ * K_, ws + g * count, nullptr,
                          stream);
     bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, true, tc + g * N_ * K_, ts + g * count_t, nullptr,
                          stream);
   }
+}
+
+BufferPlan GroupLinear::buffers(const Recipe& recipe, int64_t G, int64_t N, int64_t K, int64_t M) {
+  require_preset_recipe(recipe, "GroupLinear::buffers");
+  FP4MOE_CHECK(G >= 1 && N >= 1 && K >= 1 && M >= 0,
+               "GroupLinear::buffers: expected G, N, K >= 1 and M >= 0, got G={} N={} K={} M={}", G, N, K, M);
+  BufferPlan p("group_linear");
+  if (bf16_gemms(recipe)) return p;
+  const bool held = true;
+  const Lifetime first = Lifetime::first_forward;
+  const MemCategory weights = MemCategory::weights, ws = MemCategory::workspace;
+  const MemCategory x_columns = recipe.mxfp4_input ? ws : MemCategory::activations;
+  p.add("W FP8 codes", G * N * K, ElemType::e4m3, held, weights, first);
+  p.add("W FP8 scales", G * fp8_block_scale_count(N, K), ElemType::fp32, held, weights, first);
+  p.add("W^T FP8 codes", G * N * K, ElemType::e4m3, held, weights, first);
+  p.add("W^T FP8 scales", G * fp8_block_scale_count(K, N), ElemType::fp32, held, weights, first);
+  p.add("X FP8 column codes", fp8_col_codes_capacity(M, K, G), ElemType::e4m3, held, x_columns, first);
+  p.add("X FP8 column scales", fp8_col_scales_capacity(M, K, G), ElemType::fp32, held, x_columns, first);
+  p.add("row FP8 codes", M * std::max(K, N), ElemType::e4m3, held, ws, first);
+  p.add("row FP8 scales", std::max(fp8_row_scale_count(M, K), fp8_row_scale_count(M, N)), ElemType::fp32, held, ws,
+        first);
+  p.add("dY FP8 column codes", fp8_col_codes_capacity(M, N, G), ElemType::e4m3, held, ws, first);
+  p.add("dY FP8 column scales", fp8_col_scales_capacity(M, N, G), ElemType::fp32, held, ws, first);
+  return p;
+}
+
+const BufferPlan& GroupLinear::plan_for(int64_t M) {
+  if (M != plan_M_) {
+    plan_ = buffers(recipe_, G_, N_, K_, M);
+    plan_M_ = M;
+  }
+  return plan_;
 }
 
 size_t GroupLinear::held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K, int64_t G) {
@@ -113,8 +147,8 @@ size_t GroupLinear::held_activation_bytes(const Recipe& recipe, int64_t M, int64
                  K);
     return static_cast<size_t>(M * (K / 2) + M * (K / kMxBlock));
   }
-  return static_cast<size_t>(fp8_col_codes_capacity(M, K, G)) +  // fp8: the FP8 column copy of X
-         sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K, G));
+  const BufferPlan p = buffers(recipe, G, 1, K, M);  // fp8: the FP8 column copy of X (N does not enter it)
+  return static_cast<size_t>(p.at("X FP8 column codes").bytes() + p.at("X FP8 column scales").bytes());
 }
 
 size_t GroupLinear::held_activation_bytes() const {
@@ -127,8 +161,11 @@ size_t GroupLinear::weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N
   FP4MOE_CHECK(G >= 1 && N >= 1 && K >= 1, "GroupLinear::weight_copy_bytes: expected G, N, K >= 1, got {} {} {}", G,
                N, K);
   if (bf16_gemms(recipe)) return 0;
-  const int64_t scales = fp8_block_scale_count(N, K) + fp8_block_scale_count(K, N);
-  return static_cast<size_t>(G * (2 * N * K + static_cast<int64_t>(sizeof(float)) * scales));
+  const BufferPlan p = buffers(recipe, G, N, K, 0);
+  size_t sum = 0;
+  for (const PlannedBuffer& b : p.buffers())
+    if (b.category == MemCategory::weights) sum += static_cast<size_t>(b.bytes());
+  return sum;
 }
 
 void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream) {
@@ -145,9 +182,8 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
     gemm_.fprop_bf16(x.x, w_, N_, K_, split, out, stream);
     return;
   }
-  auto* rc = static_cast<uint8_t*>(row_codes_.ensure(static_cast<size_t>(M * K_), kScratch));
-  auto* rs = static_cast<float*>(
-      row_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(M, K_)), kScratch));
+  auto* rc = static_cast<uint8_t*>(row_codes_.ensure(planned(M, "row FP8 codes"), kScratch));
+  auto* rs = static_cast<float*>(row_scales_.ensure(planned(M, "row FP8 scales"), kScratch));
   if (mx) {
     if (M > 0) mxfp4_row_to_fp8_row(x.mx_codes, x.mx_scales, M, K_, rc, rs, stream);
   } else if (M > 0) {
@@ -158,9 +194,8 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
   if (!mx) {
     // The fp8 recipe caches X as its FP8 column copy (what Wgrad reads), not as BF16.
     constexpr GroupLinearBuffer held = GroupLinearBuffer::held_activation;
-    auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_)), held));
-    auto* cs = static_cast<float*>(
-        xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_)), held));
+    auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(planned(M, "X FP8 column codes"), held));
+    auto* cs = static_cast<float*>(xcol_scales_.ensure(planned(M, "X FP8 column scales"), held));
     bf16_to_fp8_col(x.x, M, K_, split.offsets, G_, split.host_offsets, scale_mode_, cc, cs, nullptr, stream);
   }
 }
@@ -194,24 +229,19 @@ void GroupLinear::backward(const GroupLinearInput& x, const bf16* dy, const Grou
     return;
   }
   if (dx) {
-    auto* rc = static_cast<uint8_t*>(row_codes_.ensure(static_cast<size_t>(M * N_), kScratch));
-    auto* rs = static_cast<float*>(
-        row_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(M, N_)), kScratch));
+    auto* rc = static_cast<uint8_t*>(row_codes_.ensure(planned(M, "row FP8 codes"), kScratch));
+    auto* rs = static_cast<float*>(row_scales_.ensure(planned(M, "row FP8 scales"), kScratch));
     if (M > 0) bf16_to_fp8_row(dy, M, N_, scale_mode_, rc, rs, nullptr, stream);
     gemm_.dgrad_fp8({rc, rs}, {static_cast<uint8_t*>(wt_codes_.ptr), static_cast<float*>(wt_scales_.ptr)}, N_, K_,
                     split, GemmOutput{dx, GemmOutType::bf16, false}, stream);
   }
   if (dw_master) {
-    auto* dc =
-        static_cast<uint8_t*>(dycol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, N_, G_)), kScratch));
-    auto* ds = static_cast<float*>(
-        dycol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, N_, G_)), kScratch));
+    auto* dc = static_cast<uint8_t*>(dycol_codes_.ensure(planned(M, "dY FP8 column codes"), kScratch));
+    auto* ds = static_cast<float*>(dycol_scales_.ensure(planned(M, "dY FP8 column scales"), kScratch));
     bf16_to_fp8_col(dy, M, N_, split.offsets, G_, split.host_offsets, scale_mode_, dc, ds, nullptr, stream);
     if (recipe_.mxfp4_input) {
-      auto* cc =
-          static_cast<uint8_t*>(xcol_codes_.ensure(static_cast<size_t>(fp8_col_codes_capacity(M, K_, G_)), kScratch));
-      auto* cs = static_cast<float*>(
-          xcol_scales_.ensure(sizeof(float) * static_cast<size_t>(fp8_col_scales_capacity(M, K_, G_)), kScratch));
+      auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(planned(M, "X FP8 column codes"), kScratch));
+      auto* cs = static_cast<float*>(xcol_scales_.ensure(planned(M, "X FP8 column scales"), kScratch));
       mxfp4_row_to_fp8_col(x.mx_codes, x.mx_scales, M, K_, split.offsets, G_, split.host_offsets, cc, cs,
                            stream);
     }

@@ -33,6 +33,7 @@
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/model/recipe.h"
 
 namespace fp4moe {
@@ -110,24 +111,35 @@ class GroupLinear {
   void fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16* y, cudaStream_t stream);
   Fp8ScaleMode scale_mode() const { return scale_mode_; }
 
+  // Every buffer the layer holds once it has run a forward and a backward over M tokens (trainer/memory/
+  // buffer_plan.h; all Lifetime::first_forward, allocated through the allocator as the passes need them and kept;
+  // module "group_linear"); the passes size their buffers from it. bf16: none. fp8 and mxfp4:
+  //   weights      "W FP8 codes" [G, N, K] E4M3, "W FP8 scales" [G fp8_block_scale_count(N, K)] FP32,
+  //                "W^T FP8 codes" [G, K, N] E4M3, "W^T FP8 scales" [G fp8_block_scale_count(K, N)] FP32
+  //   activations  fp8: "X FP8 column codes" [fp8_col_codes_capacity(M, K, G)] E4M3 and "X FP8 column scales"
+  //                [fp8_col_scales_capacity(M, K, G)] FP32, made by forward, read by Wgrad (layouts.h)
+  //   workspace    "row FP8 codes" [M max(K, N)] E4M3 and "row FP8 scales" [max of fp8_row_scale_count(M, K) and
+  //                (M, N)] FP32 (X in forward, dY in backward); "dY FP8 column codes" / "dY FP8 column scales"
+  //                (the capacities of [M, N] in G groups); mxfp4: X's FP8 column copy, made in backward from the
+  //                MXFP4 X, under workspace
+  // Rejects G, N, K < 1, M < 0 and a recipe other than the presets.
+  static BufferPlan buffers(const Recipe& recipe, int64_t G, int64_t N, int64_t K, int64_t M);
+
   // Activation bytes that must stay alive from a forward over M tokens in G groups to its backward (DESIGN.md
   // "Recipes", column "cached for backward"), whoever owns them:
   //   bf16:  the caller's BF16 X [M, K]: 2 M K bytes;
-  //   fp8:   the layer's FP8 column copy of X, as allocated: fp8_col_codes_capacity(M, K, G) E4M3 codes plus
-  //          fp8_col_scales_capacity(M, K, G) FP32 scales (layouts.h); the caller's BF16 X may be freed after
-  //          forward;
+  //   fp8:   the layer's FP8 column copy of X (buffers(): "X FP8 column codes" and "scales"); the caller's BF16
+  //          X may be freed after forward;
   //   mxfp4: the caller's MXFP4 X (layouts.h): M K / 2 bytes of E2M1 codes plus M K / 32 UE8M0 scale bytes.
-  // Not counted: the weights and their FP8 copies (held for the whole step: weight_copy_bytes), and the scratch
-  // of one pass (FP8 row copies of X and dY, the dY columns), whose contents are dead between forward and
-  // backward although the layer keeps the allocations for reuse. Rejects M < 0, K < 1, G < 1 and a recipe other
-  // than the presets.
+  // Not counted: the weights' FP8 copies (held for the whole step: weight_copy_bytes), and the scratch of one pass.
+  // Rejects M < 0, K < 1, G < 1, a recipe other than the presets and K % 32 != 0 for mxfp4.
   static size_t held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K, int64_t G);
   // The same for this layer's last forward. Rejects a call before any forward.
   size_t held_activation_bytes() const;
 
-  // FP8 copies of the weights held for the whole step (fp8 and mxfp4: W [G, N, K] and W^T [G, K, N] as E4M3
-  // codes, 2 G N K bytes, plus their FP32 128x128 block scales; bf16: 0). The BF16 parameters are not counted.
-  // Rejects G, N or K < 1 and a recipe other than the presets.
+  // FP8 copies of the weights held for the whole step (buffers()' weights: fp8 and mxfp4 W and W^T as E4M3 codes,
+  // 2 G N K bytes, plus their FP32 128x128 block scales; bf16: 0). The BF16 parameters are not counted. Rejects G,
+  // N or K < 1 and a recipe other than the presets.
   static size_t weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N, int64_t K);
 
  private:
@@ -146,6 +158,9 @@ class GroupLinear {
 
   // Checks that input `x` is the recipe's kind (BF16 or MXFP4); `what` names the call.
   void check_input(const GroupLinearInput& x, const char* what) const;
+  // buffers() for this layer and M tokens (kept from the last call with the same M), and the bytes of one of them.
+  const BufferPlan& plan_for(int64_t M);
+  size_t planned(int64_t M, const char* tensor) { return static_cast<size_t>(plan_for(M).at(tensor).bytes()); }
 
   int64_t G_, N_, K_;
   Recipe recipe_;
@@ -159,6 +174,8 @@ class GroupLinear {
   Buffer xcol_codes_{&allocator_}, xcol_scales_{&allocator_}, dycol_codes_{&allocator_},
       dycol_scales_{&allocator_};
   int64_t cached_M_ = -1;  // the last forward's token count (-1: none yet)
+  BufferPlan plan_{"group_linear"};
+  int64_t plan_M_ = -1;    // the M of plan_
 };
 
 }  // namespace fp4moe

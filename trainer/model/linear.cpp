@@ -38,6 +38,24 @@ size_t Linear::weight_copy_bytes(const Recipe& recipe, int64_t N, int64_t K) {
   return GroupLinear::weight_copy_bytes(recipe, 1, N, K);
 }
 
+BufferPlan Linear::buffers(const Recipe& recipe, int64_t M, int64_t N, int64_t K, bool fp32_dgrad) {
+  BufferPlan p("linear");
+  if (recipe == Recipe::bf16) {
+    require_preset_recipe(recipe, "Linear::buffers");
+    return p;
+  }
+  p.append(GroupLinear::buffers(recipe, 1, N, K, M));
+  const Lifetime first = Lifetime::first_forward;
+  p.add("token offsets", 2, ElemType::int32, true, MemCategory::workspace, first);
+  if (recipe.mxfp4_input) {
+    FP4MOE_CHECK(K % kMxBlock == 0, "Linear::buffers: the mxfp4 recipe needs K % 32 == 0, got K={}", K);
+    p.add("X MXFP4 codes", M * K / 2, ElemType::e2m1x2, true, MemCategory::activations, first);
+    p.add("X MXFP4 scales", M * K / kMxBlock, ElemType::ue8m0, true, MemCategory::activations, first);
+  }
+  p.add("BF16 Dgrad before FP32", fp32_dgrad ? M * K : 0, ElemType::bf16, true, MemCategory::workspace, first);
+  return p;
+}
+
 // bf16: row-major Y [M, N] is column-major Y^T [N, M]: Y^T = W (stored K x N column-major, i.e. W^T op) * X^T.
 void Linear::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) const {
   if (M == 0) return;

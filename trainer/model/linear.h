@@ -53,6 +53,7 @@
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
 
@@ -104,6 +105,13 @@ class Linear {
   static size_t held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K);
   // FP8 copies of W and W^T held for the whole step (fp8, mxfp4; 0 for bf16). Rejects N or K < 1.
   static size_t weight_copy_bytes(const Recipe& recipe, int64_t N, int64_t K);
+  // Every buffer the layer holds once it has run a forward and a backward over M tokens (trainer/memory/
+  // buffer_plan.h, all allocated by the first forward or backward from ctx.mem and kept; module "linear"): bf16
+  // none; fp8 and mxfp4 its Group Linear's (GroupLinear::buffers with G = 1), "token offsets" [2] int32 (workspace),
+  // mxfp4 "X MXFP4 codes" [M, K/2] packed E2M1 and "X MXFP4 scales" [M, K/32] UE8M0 (activations: what backward
+  // reads), and with fp32_dgrad (the caller takes Dgrad in FP32) "BF16 Dgrad before FP32" [M, K] (workspace).
+  // Rejects M < 0, N or K < 1, K % 32 != 0 for mxfp4 and a recipe other than the presets.
+  static BufferPlan buffers(const Recipe& recipe, int64_t M, int64_t N, int64_t K, bool fp32_dgrad);
 
  private:
   void backward_bf16(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, LinearGradOut dx) const;

@@ -41,7 +41,7 @@ void LinearQuantized::bind(const ModelContext& ctx, const char* what) {
                name_, what, recipe_name(recipe_));
   if (mem_ == nullptr) {  // the model's one cuBLASLt workspace (ctx.lt), not one per layer
     gl_.emplace(1, N_, K_, recipe_, ctx.lt, counted_allocator(*ctx.mem, name_));
-    offsets_ = DeviceArray<int32_t>(*ctx.mem, 2, MemCategory::workspace, name_ + " token offsets {0, M}");
+    offsets_ = Linear::buffers(recipe_, 0, N_, K_, false).allocate<int32_t>(*ctx.mem, "token offsets", name_);
     mem_ = ctx.mem;
     lt_ = ctx.lt;
   }
@@ -77,9 +77,9 @@ void LinearQuantized::forward(ModelContext& ctx, const bf16* w, const bf16* x, i
       mx_codes_.reset();
       mx_scales_.reset();
       mx_rows_ = 0;
-      mx_codes_ = DeviceArray<uint8_t>(*mem_, M * K_ / 2, MemCategory::activations, name_ + " MXFP4 X codes");
-      mx_scales_ =
-          DeviceArray<uint8_t>(*mem_, M * K_ / kMxBlock, MemCategory::activations, name_ + " MXFP4 X scales");
+      const BufferPlan plan = Linear::buffers(recipe_, M, N_, K_, false);
+      mx_codes_ = plan.allocate<uint8_t>(*mem_, "X MXFP4 codes", name_);
+      mx_scales_ = plan.allocate<uint8_t>(*mem_, "X MXFP4 scales", name_);
       mx_rows_ = M;
     }
     bf16_to_mxfp4_row(x, M, K_, mx_codes_.data(), mx_scales_.data(), MxQuantConfig{}, nullptr, ctx.stream);
@@ -103,7 +103,7 @@ void LinearQuantized::backward(ModelContext& ctx, const bf16* dy, int64_t M, con
     if (M > dx_rows_) {
       dx16_.reset();
       dx_rows_ = 0;
-      dx16_ = DeviceArray<bf16>(*mem_, M * K_, MemCategory::workspace, name_ + " BF16 Dgrad before FP32");
+      dx16_ = Linear::buffers(recipe_, M, N_, K_, true).allocate<bf16>(*mem_, "BF16 Dgrad before FP32", name_);
       dx_rows_ = M;
     }
     dx16 = dx16_.data();

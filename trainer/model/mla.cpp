@@ -54,16 +54,10 @@ std::optional<RmsNorm> maybe_norm(bool present, ParamStore& store, const std::st
 // q_norm and kv_norm keep nothing (their outputs and rstd are recomputed) under layernorm and full.
 bool norms_recomputed(const MlaRecompute& p) { return p.norms || p.whole; }
 
-// A kept buffer of n elements (activations), or an empty one when the policy does not keep it.
+// The kept buffer when the plan holds it, else the planned size from the scratch.
 template <typename T>
-DeviceArray<T> kept(bool keep, DeviceMemory& mem, int64_t n, const std::string& what) {
-  return keep ? DeviceArray<T>(mem, n, MemCategory::activations, what) : DeviceArray<T>();
-}
-
-// The kept buffer, or n elements of the scratch.
-template <typename T>
-T* pick(const DeviceArray<T>& kept_buffer, bool keep, ScratchArena& arena, int64_t n, const char* what) {
-  return keep ? kept_buffer.data() : arena.take<T>(n, what);
+T* pick(const DeviceArray<T>& kept_buffer, const PlannedBuffer& b, ScratchArena& arena, const char* what) {
+  return b.held ? kept_buffer.data() : take_planned<T>(arena, b, what);
 }
 
 }  // namespace
@@ -84,6 +78,8 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
       rope_theta_(static_cast<float>(cfg.rope_theta)),
       scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk_)))),
       policy_(recompute),
+      model_(cfg),
+      recipe_(recipe),
       q_down_(maybe_linear(r_q_ > 0, store, prefix + ".q_down", d_, r_q_, recipe)),
       q_norm_(maybe_norm(r_q_ > 0, store, prefix + ".q_norm", r_q_, static_cast<float>(cfg.norm_eps), max_tokens, mem,
                          !norms_recomputed(recompute))),
@@ -94,58 +90,120 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
       kv_up_(store, prefix + ".kv_up", r_kv_, H_ * (nope_ + dv_), recipe, kInitStd),
       out_(store, prefix + ".out", H_ * dv_, d_, recipe,
            static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(cfg.layers)))) {
-  const int64_t n = max_tokens;
-  const MlaRecompute& p = policy_;
-  c_q_ = kept<bf16>(!p.whole, mem, n * r_q_, prefix + " c_q");
-  // n_q and n_kv serve backward as q_up's and kv_up's input (bf16 Linears only: fp8/mxfp4 keep their own copy) and
-  // as the source of a q or kv recompute (mla_up_proj).
-  keep_n_q_ = !p.whole && !p.norms && (q_up_.backward_reads_input() || p.up_proj);
-  keep_n_kv_ = !p.whole && !p.norms && (kv_up_.backward_reads_input() || p.up_proj);
-  n_q_ = kept<bf16>(keep_n_q_, mem, n * r_q_, prefix + " q_norm output");
-  q_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * dqk_, prefix + " q");
-  c_kv_ = kept<bf16>(!p.whole, mem, n * r_kv_, prefix + " c_kv");
-  n_kv_ = kept<bf16>(keep_n_kv_, mem, n * r_kv_, prefix + " kv_norm output");
-  kv_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * (nope_ + dv_), prefix + " kv_up output");
-  k_ = kept<bf16>(!p.whole && !p.up_proj, mem, n * H_ * dqk_, prefix + " k");
-  k_pe_ = kept<bf16>(!p.whole && p.up_proj, mem, n * rope_, prefix + " k_pe");
-  o_ = kept<bf16>(!p.whole && !p.core_attn, mem, n * H_ * dv_, prefix + " attention output");
-  lse_ = kept<float>(!p.whole && !p.core_attn, mem, n * H_, prefix + " attention lse");
+  plan_ = buffers(cfg, recipe, policy_, max_tokens, max_tokens, H_, seq_len);
+  keep_n_q_ = r_q_ > 0 && plan_.at("n_q").held;
+  keep_n_kv_ = plan_.at("n_kv").held;
+  auto kept = [&](auto tag, const char* tensor) {
+    using T = decltype(tag);
+    return plan_.allocate<T>(mem, tensor, prefix);
+  };
+  if (r_q_ > 0) {
+    c_q_ = kept(bf16{}, "c_q");
+    n_q_ = kept(bf16{}, "n_q");
+  }
+  q_ = kept(bf16{}, "q");
+  c_kv_ = kept(bf16{}, "c_kv");
+  n_kv_ = kept(bf16{}, "n_kv");
+  kv_ = kept(bf16{}, "kv");
+  k_ = kept(bf16{}, "k");
+  k_pe_ = kept(bf16{}, "k_pe");
+  o_ = kept(bf16{}, "o");
+  lse_ = kept(float{}, "lse");
   plan_scratch();
 }
 
+BufferPlan MlaAttention::buffers(const ModelConfig& cfg, const Recipe& recipe, const MlaRecompute& p,
+                                 int64_t tokens, int64_t seq_share, int64_t heads, int64_t seq_len) {
+  FP4MOE_CHECK(tokens >= 0 && seq_share >= 0 && heads >= 1 && seq_len >= 1 && tokens % seq_len == 0,
+               "MlaAttention::buffers: expected tokens, seq_share >= 0, heads >= 1 and tokens a multiple of seq_len "
+               ">= 1, got {} {} {} {}", tokens, seq_share, heads, seq_len);
+  const int64_t N = tokens, d = cfg.hidden, nope = cfg.qk_nope_head_dim, rope = cfg.qk_rope_head_dim;
+  const int64_t dqk = nope + rope, dv = cfg.v_head_dim, r_q = cfg.q_lora_rank, r_kv = cfg.kv_lora_rank;
+  const bool whole = p.whole, up = p.up_proj, norms = norms_recomputed(p);
+  // n_q and n_kv serve backward as q_up's and kv_up's input (bf16 Linears only: fp8/mxfp4 keep their own copy) and
+  // as the source of a q or kv recompute (mla_up_proj).
+  const bool keep_n = !whole && !p.norms && (recipe == Recipe::bf16 || up);
+  BufferPlan b("mla");
+  b.add("c_q", N * r_q, ElemType::bf16, !whole);  // no elements without q_lora (r_q = 0: q_proj)
+  if (r_q > 0) b.append(RmsNorm::buffers(N, r_q, !norms), "q_norm ");
+  b.add("n_q", N * r_q, ElemType::bf16, keep_n);
+  b.add("q", N * heads * dqk, ElemType::bf16, !whole && !up);
+  b.add("c_kv", N * r_kv, ElemType::bf16, !whole);
+  b.append(RmsNorm::buffers(N, r_kv, !norms), "kv_norm ");
+  b.add("n_kv", N * r_kv, ElemType::bf16, keep_n);
+  b.add("kv", N * heads * (nope + dv), ElemType::bf16, !whole && !up);
+  b.add("k", N * heads * dqk, ElemType::bf16, !whole && !up);
+  b.add("k_pe", N * rope, ElemType::bf16, !whole && up);
+  b.add("o", N * heads * dv, ElemType::bf16, !whole && !p.core_attn);
+  b.add("lse", N * heads, ElemType::fp32, !whole && !p.core_attn);
+  // Scratch of one pass: kv_down's output in forward; backward's gradients and the attention backward workspace.
+  const Lifetime fwd = Lifetime::forward_scratch, bwd = Lifetime::backward_scratch;
+  const MemCategory ws = MemCategory::workspace;
+  b.add("kvd (kv_down output)", N * (r_kv + rope), ElemType::bf16, true, ws, fwd);
+  b.add("d o", N * heads * dv, ElemType::bf16, true, ws, bwd);
+  b.add("d q", N * heads * dqk, ElemType::bf16, true, ws, bwd);
+  b.add("d k", N * heads * dqk, ElemType::bf16, true, ws, bwd);
+  b.add("d kv", N * heads * (nope + dv), ElemType::bf16, true, ws, bwd);
+  b.add("d kvd", N * (r_kv + rope), ElemType::bf16, true, ws, bwd);
+  b.add("d latent", N * std::max(r_q, r_kv), ElemType::bf16, true, ws, bwd);
+  b.add("dx (FP32)", N * d, ElemType::fp32, true, ws, bwd);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk)));
+  const AttentionShape shape{N / seq_len, seq_len, heads, dqk, dv, scale};
+  b.add("attention backward workspace", N > 0 ? flash_attention_backward_workspace_bytes(shape) : 0, ElemType::byte,
+        true, ws, bwd);
+  // The projections' own copies; the down-projections' Dgrads sum into dx in FP32 (run_backward).
+  if (r_q > 0) {
+    b.append(Linear::buffers(recipe, seq_share, r_q, d, true), "q_down ");
+    b.append(Linear::buffers(recipe, N, heads * dqk, r_q, false), "q_up ");
+  } else {
+    b.append(Linear::buffers(recipe, seq_share, heads * dqk, d, true), "q_proj ");
+  }
+  b.append(Linear::buffers(recipe, seq_share, r_kv + rope, d, true), "kv_down ");
+  b.append(Linear::buffers(recipe, N, heads * (nope + dv), r_kv, false), "kv_up ");
+  b.append(Linear::buffers(recipe, N, d, heads * dv, false), "out ");
+  return b;
+}
+
 MlaAttention::Acts MlaAttention::bind_acts(ScratchArena& a, int64_t M, bool forward_only) {
-  const MlaRecompute& p = policy_;
+  const BufferPlan& p = plan_for(M);
   Acts t;
-  t.c_q = pick(c_q_, !p.whole, a, M * r_q_, "MLA c_q");
+  t.c_q = pick(c_q_, p.at("c_q"), a, "MLA c_q");
   // n_q / n_kv not kept: forward needs them; a backward only to rebuild the norms' rstd (layernorm).
-  const bool rebuild_n = forward_only || p.norms;
-  t.n_q = keep_n_q_ ? n_q_.data() : rebuild_n ? a.take<bf16>(M * r_q_, "MLA n_q") : nullptr;
-  t.q = pick(q_, !p.whole && !p.up_proj, a, M * H_ * dqk_, "MLA q");
-  t.c_kv = pick(c_kv_, !p.whole, a, M * r_kv_, "MLA c_kv");
-  t.n_kv = keep_n_kv_ ? n_kv_.data() : rebuild_n ? a.take<bf16>(M * r_kv_, "MLA n_kv") : nullptr;
-  t.kv = pick(kv_, !p.whole && !p.up_proj, a, M * H_ * (nope_ + dv_), "MLA kv");
-  t.k = pick(k_, !p.whole && !p.up_proj, a, M * H_ * dqk_, "MLA k");
-  t.o = pick(o_, !p.whole && !p.core_attn, a, M * H_ * dv_, "MLA o");
-  t.lse = pick(lse_, !p.whole && !p.core_attn, a, M * H_, "MLA lse");
-  const bool keep_k_pe = !p.whole && p.up_proj;
-  t.k_pe = keep_k_pe ? k_pe_.data() : forward_only ? a.take<bf16>(M * rope_, "MLA k_pe") : nullptr;
-  t.kvd = forward_only ? a.take<bf16>(M * (r_kv_ + rope_), "MLA kv_down output") : nullptr;
+  const bool rebuild_n = forward_only || policy_.norms;
+  t.n_q = keep_n_q_ ? n_q_.data() : rebuild_n ? take_planned<bf16>(a, p.at("n_q"), "MLA n_q") : nullptr;
+  t.q = pick(q_, p.at("q"), a, "MLA q");
+  t.c_kv = pick(c_kv_, p.at("c_kv"), a, "MLA c_kv");
+  t.n_kv = keep_n_kv_ ? n_kv_.data() : rebuild_n ? take_planned<bf16>(a, p.at("n_kv"), "MLA n_kv") : nullptr;
+  t.kv = pick(kv_, p.at("kv"), a, "MLA kv");
+  t.k = pick(k_, p.at("k"), a, "MLA k");
+  t.o = pick(o_, p.at("o"), a, "MLA o");
+  t.lse = pick(lse_, p.at("lse"), a, "MLA lse");
+  const PlannedBuffer& k_pe = p.at("k_pe");
+  t.k_pe = k_pe.held ? k_pe_.data() : forward_only ? take_planned<bf16>(a, k_pe, "MLA k_pe") : nullptr;
+  t.kvd = forward_only ? take_planned<bf16>(a, p.at("kvd (kv_down output)"), "MLA kv_down output") : nullptr;
   return t;
 }
 
 MlaAttention::Grads MlaAttention::bind_grads(ScratchArena& a, int64_t M) {
+  const BufferPlan& p = plan_for(M);
   Grads g;
-  g.d_o = a.take<bf16>(M * H_ * dv_, "MLA d o");
-  g.d_q = a.take<bf16>(M * H_ * dqk_, "MLA d q");
-  g.d_k = a.take<bf16>(M * H_ * dqk_, "MLA d k");
-  g.d_kv = a.take<bf16>(M * H_ * (nope_ + dv_), "MLA d kv");
-  g.d_kvd = a.take<bf16>(M * (r_kv_ + rope_), "MLA d kvd");
-  g.d_lat = a.take<bf16>(M * std::max(r_q_, r_kv_), "MLA d latent");
-  g.dx32 = a.take<float>(M * d_, "MLA dx (FP32)");
-  const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
-  g.attn_ws = a.take<unsigned char>(M > 0 ? flash_attention_backward_workspace_bytes(shape) : 0,
-                                    "MLA attention backward workspace");
+  g.d_o = take_planned<bf16>(a, p.at("d o"), "MLA d o");
+  g.d_q = take_planned<bf16>(a, p.at("d q"), "MLA d q");
+  g.d_k = take_planned<bf16>(a, p.at("d k"), "MLA d k");
+  g.d_kv = take_planned<bf16>(a, p.at("d kv"), "MLA d kv");
+  g.d_kvd = take_planned<bf16>(a, p.at("d kvd"), "MLA d kvd");
+  g.d_lat = take_planned<bf16>(a, p.at("d latent"), "MLA d latent");
+  g.dx32 = take_planned<float>(a, p.at("dx (FP32)"), "MLA dx (FP32)");
+  g.attn_ws = take_planned<unsigned char>(a, p.at("attention backward workspace"), "MLA attention backward workspace");
   return g;
+}
+
+const BufferPlan& MlaAttention::plan_for(int64_t M) {
+  if (M != pass_M_) {
+    pass_plan_ = buffers(model_, recipe_, policy_, M, M, H_, T_);
+    pass_M_ = M;
+  }
+  return pass_plan_;
 }
 
 // The same binding code as the passes, on a measuring arena, for M = max_tokens.
@@ -180,12 +238,13 @@ size_t MlaAttention::scratch_bytes() const {
 }
 
 size_t MlaAttention::kept_bytes() const {
-  return counted_bytes(c_q_) + counted_bytes(q_) + counted_bytes(c_kv_) + counted_bytes(kv_) + counted_bytes(k_) +
-         counted_bytes(k_pe_) + counted_bytes(o_) + counted_bytes(lse_) + kept_norm_bytes();
+  return static_cast<size_t>(plan_.counted_bytes(MemCategory::activations, Lifetime::construction));
 }
 
 size_t MlaAttention::kept_norm_bytes() const {
-  return counted_bytes(n_q_) + counted_bytes(n_kv_) + (q_norm_ ? q_norm_->kept_bytes() : 0) + kv_norm_.kept_bytes();
+  int64_t sum = plan_.at("n_kv").counted_bytes() + plan_.at("kv_norm rstd").counted_bytes();
+  if (r_q_ > 0) sum += plan_.at("n_q").counted_bytes() + plan_.at("q_norm rstd").counted_bytes();
+  return static_cast<size_t>(sum);
 }
 
 void MlaAttention::check_tokens(const char* what, int64_t M) const {

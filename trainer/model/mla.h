@@ -96,6 +96,17 @@ class MlaAttention {
   // belongs to the q and kv norms (n_q, n_kv and their rstd).
   size_t kept_bytes() const;
   size_t kept_norm_bytes() const;
+  // Every buffer of the layer (trainer/memory/buffer_plan.h; module "mla") for `tokens` rows of attention on
+  // `heads` heads (this GPU's share), the down-projections' inputs holding `seq_share` rows (the sequence-parallel
+  // share of a tensor-parallel layout; `tokens` on one GPU), under `recipe` and `recompute`: the kept tensors of
+  // the Memory paragraph above by name ("c_q", "n_q", "q", "c_kv", "n_kv", "kv", "k", "k_pe", "o", "lse"; c_q and
+  // n_q without elements when r_q = 0), the scratch of the passes ("kvd (kv_down output)" in forward; "d o", "d q",
+  // "d k", "d kv", "d kvd", "d latent", "dx (FP32)", "attention backward workspace" in backward; rows of seq_len
+  // tokens), the norms' RmsNorm::buffers prefixed "q_norm " and "kv_norm ", and the five Linears' Linear::buffers
+  // prefixed "q_down ", "q_up " (or "q_proj "), "kv_down ", "kv_up ", "out ". Rejects negative sizes and tokens
+  // that are not a multiple of seq_len.
+  static BufferPlan buffers(const ModelConfig& cfg, const Recipe& recipe, const MlaRecompute& recompute,
+                            int64_t tokens, int64_t seq_share, int64_t heads, int64_t seq_len);
   // Scratch for M = max_tokens: the most forward takes; what recompute_forward leaves in the caller's scope; the
   // most backward takes, after a normal forward and after a recompute_forward; scratch_bytes() the largest.
   size_t forward_bytes() const { return fwd_bytes_; }
@@ -122,6 +133,8 @@ class MlaAttention {
   Acts bind_acts(ScratchArena& arena, int64_t M, bool forward_only);
   Grads bind_grads(ScratchArena& arena, int64_t M);
   void plan_scratch();
+  // buffers() for M tokens on this GPU (kept from the last call with the same M): the sizes the passes take.
+  const BufferPlan& plan_for(int64_t M);
   // Everything up to the attention output o (and lse) into t; `for_backward`: norms through recompute().
   void run_forward(ModelContext& ctx, const bf16* x, int64_t M, const Acts& t, bool for_backward);
   // The tensors the policy does not keep, for backward (not under `full`): norms, up-projections, attention.
@@ -133,6 +146,8 @@ class MlaAttention {
   int64_t d_, H_, nope_, rope_, dqk_, dv_, r_q_, r_kv_, T_, max_tokens_;
   float rope_theta_, scale_;
   MlaRecompute policy_;
+  ModelConfig model_;
+  Recipe recipe_;
   // Parameters (registration order = checkpoint order): q_down, q_norm, q_up (or q_proj), kv_down, kv_norm, kv_up,
   // out.
   std::optional<Linear> q_down_;    // d -> r_q            (absent when r_q = 0)
@@ -144,6 +159,9 @@ class MlaAttention {
   Linear out_;                      // H * dv -> d
   int64_t last_M_ = -1;
   bool keep_n_q_ = false, keep_n_kv_ = false;
+  BufferPlan plan_{"mla"};           // buffers() at max_tokens
+  BufferPlan pass_plan_{"mla"};      // plan_for's
+  int64_t pass_M_ = -1;
   Acts acts_;                       // the tensors of the last forward or recompute_forward
   uint64_t acts_stamp_ = 0;         // scratch stamp of the last recompute_forward (0: none)
   size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0, bwd_ready_bytes_ = 0;

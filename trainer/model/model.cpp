@@ -70,28 +70,45 @@ struct Model::Impl {
     FP4MOE_CHECK(max_tokens < (int64_t{1} << 24),
                  "Model: micro_batch x seq_len = {} tokens must stay below 2^24 (the cross-entropy counts in FP32)",
                  max_tokens);
+    model_cfg = cfg;
     const int64_t L = cfg.model.layers;
     for (int64_t l = 0; l < L; ++l) layers.push_back(std::make_unique<DecoderLayer>(store, cfg, l, max_tokens, mem));
     norm.emplace(store, "norm", d, static_cast<float>(cfg.model.norm_eps), max_tokens, mem);
     lm_head = &store.add("lm_head", {V, d}, ParamInit::normal, kInitStd, /*decay=*/true);
 
-    const int64_t n = max_tokens * d;
-    auto act = [&](const std::string& what) { return DeviceArray<bf16>(mem, n, MemCategory::activations, what); };
-    for (int64_t l = 0; l <= L; ++l) h.push_back(act("residual stream h[" + std::to_string(l) + "]"));
-    h_out = act("norm output");
-    tmp = DeviceArray<bf16>(mem, n, MemCategory::workspace, "model sub-layer output / grad");
-    d_res = DeviceArray<bf16>(mem, n, MemCategory::workspace, "model residual-stream grad");
-    loss = DeviceArray<float>(mem, 1, MemCategory::workspace, "model loss");
+    for (int64_t l = 0; l < L; ++l)
+      h.push_back(layers[l]->plans().front().allocate<bf16>(mem, "h (layer input)",
+                                                             "residual stream h[" + std::to_string(l) + "]"));
+    const BufferPlan own = Model::buffers(cfg, max_tokens, true, true, 0);  // its buffers (no scratch)
+    h.push_back(own.allocate<bf16>(mem, "h[L] (final norm input)", "residual stream"));
+    h_out = own.allocate<bf16>(mem, "h_out (LM head input)", "model");
+    tmp = own.allocate<bf16>(mem, "sub-layer output / branch grad", "model");
+    d_res = own.allocate<bf16>(mem, "residual-stream grad", "model");
+    loss = own.allocate<float>(mem, "loss", "model");
     // The shared scratch: the largest single call (a layer's forward or backward, the LM head's FP32 Dgrad, the
     // final norm's backward, the embedding backward's workspace), once.
-    size_t scratch_bytes = std::max({ScratchArena::rounded(static_cast<size_t>(n) * sizeof(float)),
-                                     norm->backward_bytes(), embed_ws_bytes(max_tokens)});
+    size_t scratch_bytes = std::max({scratch_of(cfg, max_tokens, "LM head Dgrad (FP32)"), norm->backward_bytes(),
+                                     scratch_of(cfg, max_tokens, "embedding backward workspace")});
     for (const auto& layer : layers) scratch_bytes = std::max(scratch_bytes, layer->scratch_bytes());
     arena.emplace(mem, scratch_bytes, "model scratch arena (shared by the layers)");
   }
 
-  size_t embed_ws_bytes(int64_t M) const {
-    return M > 0 ? ScratchArena::rounded(static_cast<size_t>(embedding_backward_workspace_bytes(M, V))) : 0;
+  // Model::buffers on this GPU for M tokens: both stages, cub's sort storage queried from the device.
+  BufferPlan buffers_at(const TrainerConfig& cfg, int64_t M) const {
+    const int64_t sort = M > 0 ? embedding_backward_workspace_bytes(M, V) - embedding_backward_array_bytes(M) : 0;
+    return Model::buffers(cfg, M, true, true, sort);
+  }
+  // The planned scratch of one backward over M tokens (Model::buffers), rounded as the arena takes it.
+  size_t scratch_of(const TrainerConfig& cfg, int64_t M, const char* tensor) const {
+    return ScratchArena::rounded(static_cast<size_t>(buffers_at(cfg, M).at(tensor).bytes()));
+  }
+  // Model::buffers for M tokens (kept from the last call with the same M).
+  const BufferPlan& plan_for(int64_t M) {
+    if (M != plan_M) {
+      plan = buffers_at(model_cfg, M);
+      plan_M = M;
+    }
+    return plan;
   }
 
   std::vector<MoeLayer*> moe_layers() const {
@@ -144,7 +161,7 @@ struct Model::Impl {
     const int64_t n = M * d;
     {
       ScratchScope scope(*arena);
-      float* dh32 = arena->take<float>(n, "LM head Dgrad (FP32)");
+      float* dh32 = take_planned<float>(*arena, plan_for(M).at("LM head Dgrad (FP32)"), "LM head Dgrad (FP32)");
       ce.backward(h_out.data(), lm_head->param, targets, M, grad_scale, dh32, lm_head->grad, ctx.stream);
       cast_f32_to_bf16(dh32, n, tmp.data(), ctx.stream);                    // d h_out [M, d]
     }
@@ -154,12 +171,16 @@ struct Model::Impl {
       layers[i]->backward(ctx, h[i].data(), M, d_res.data(), tmp.data(), grad_scale);  // d_res = d h[i]
     }
     ScratchScope scope(*arena);
-    const size_t ws_bytes = embed_ws_bytes(M);
-    void* ws = arena->take<unsigned char>(static_cast<int64_t>(ws_bytes), "embedding backward workspace");
+    const PlannedBuffer& planned_ws = plan_for(M).at("embedding backward workspace");
+    const size_t ws_bytes = ScratchArena::rounded(static_cast<size_t>(planned_ws.bytes()));
+    void* ws = take_planned<unsigned char>(*arena, planned_ws, "embedding backward workspace");
     embedding_backward(tokens, M, d_res.data(), V, d, embed->grad, ws, static_cast<int64_t>(ws_bytes), ctx.stream);
   }
 
   CublasLtMatmul lt;
+  TrainerConfig model_cfg;
+  BufferPlan plan{"model"};
+  int64_t plan_M = -1;
   int64_t V, d, T, max_tokens;
   Param* embed;                                     // [V, d]
   std::vector<std::unique_ptr<DecoderLayer>> layers;  // L
@@ -248,7 +269,27 @@ std::vector<LayerMemory> Model::layer_memory() const {
 }
 
 size_t Model::head_activation_bytes() const {
-  return counted_bytes(impl_->h[impl_->layers.size()]) + counted_bytes(impl_->h_out) + impl_->norm->kept_bytes();
+  return static_cast<size_t>(buffers(cfg_, impl_->max_tokens, true, true, 0).counted_bytes(MemCategory::activations));
+}
+
+BufferPlan Model::buffers(const TrainerConfig& cfg, int64_t seq_share, bool first_stage, bool last_stage,
+                          int64_t embedding_sort_bytes) {
+  FP4MOE_CHECK(seq_share >= 0, "Model::buffers: seq_share must be >= 0, got {}", seq_share);
+  const int64_t n = seq_share * cfg.model.hidden, head = last_stage ? n : 0;
+  const MemCategory ws = MemCategory::workspace;
+  BufferPlan p("model");
+  p.add("h[L] (final norm input)", head, ElemType::bf16);
+  p.add("h_out (LM head input)", head, ElemType::bf16);
+  if (last_stage) p.append(RmsNorm::buffers(seq_share, cfg.model.hidden, true), "final norm ");
+  p.add("sub-layer output / branch grad", n, ElemType::bf16, true, ws);
+  p.add("residual-stream grad", n, ElemType::bf16, true, ws);
+  p.add("loss", last_stage ? 1 : 0, ElemType::fp32, true, ws);
+  p.add("LM head Dgrad (FP32)", head, ElemType::fp32, true, ws, Lifetime::backward_scratch);
+  FP4MOE_CHECK(embedding_sort_bytes >= 0, "Model::buffers: embedding_sort_bytes must be >= 0, got {}",
+               embedding_sort_bytes);
+  const int64_t embed_ws = first_stage ? embedding_backward_array_bytes(seq_share) + embedding_sort_bytes : 0;
+  p.add("embedding backward workspace", embed_ws, ElemType::byte, true, ws, Lifetime::backward_scratch);
+  return p;
 }
 
 const ScratchArena& Model::scratch() const { return *impl_->arena; }

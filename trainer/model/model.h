@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "trainer/config.h"
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
@@ -111,6 +112,16 @@ class Model {
   // Activations kept outside the decoder layers: the final norm's input h[L] and output (2 d per token each) and
   // its rstd (4 per token). layer_memory()'s kept() summed plus this is MemCategory::activations after construction.
   size_t head_activation_bytes() const;
+  // The model's own buffers beside its layers' (trainer/memory/buffer_plan.h; module "model") for `seq_share`
+  // rows of hidden d: activations "h[L] (final norm input)", "h_out (LM head input)" [seq_share, d] BF16 and the
+  // final norm's RmsNorm::buffers prefixed "final norm " (last stage); workspace "sub-layer output / branch grad"
+  // and "residual-stream grad" [seq_share, d] BF16 (shared by all layers), "loss" [1] FP32 (last stage); backward's
+  // scratch "LM head Dgrad (FP32)" [seq_share, d] (last stage) and "embedding backward workspace" (first stage:
+  // embedding_backward_array_bytes + embedding_sort_bytes, cub's sort storage, which only a device can tell: the
+  // model queries it, the estimator passes 0). One GPU holds the first and the last stage. Each layer's input h[l]
+  // is in its own plan (DecoderLayer::buffers). Rejects seq_share < 0 and embedding_sort_bytes < 0.
+  static BufferPlan buffers(const TrainerConfig& cfg, int64_t seq_share, bool first_stage, bool last_stage,
+                            int64_t embedding_sort_bytes);
   // The shared scratch (capacity: the most any layer call, the LM head backward or the embedding backward takes;
   // high_water: the most used since construction).
   const ScratchArena& scratch() const;

@@ -6,6 +6,7 @@
 #include "kernels/common/check.h"
 #include "kernels/nn/elementwise.h"
 #include "kernels/nn/router.h"
+#include "trainer/model/decoder_layer.h"
 
 namespace fp4moe {
 
@@ -59,19 +60,42 @@ MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const TrainerCo
                                           cfg.recipe.shared_experts, max_tokens, mem, moe_fc2_init_std(cfg),
                                           policy_.shared_experts);
   // The passes below take in this order; every piece stays until the pass ends.
-  const auto rows = static_cast<size_t>(max_tokens);
-  const size_t out_bf16 = ScratchArena::rounded(rows * d_ * sizeof(bf16));
-  const size_t shared_fwd = shared_ ? out_bf16 + shared_->forward_bytes() : 0;
+  const BufferPlan block = block_buffers(max_tokens, d_, k_, shared_ != nullptr);
+  auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(block.at(t).bytes())); };
+  const size_t shared_fwd = shared_ ? rounded("shared experts output") + shared_->forward_bytes() : 0;
   fwd_bytes_ = router_.forward_bytes() + experts_.forward_bytes() + shared_fwd;
   const size_t rerun = experts_.recompute_bytes();  // the router is never rerun (its routing is kept)
-  const size_t own = out_bf16 + ScratchArena::rounded(rows * d_ * sizeof(float)) +
-                     ScratchArena::rounded(rows * k_ * sizeof(float));
+  const size_t own = rounded("routed experts dx") + rounded("dx (FP32)") + rounded("top-k weights grad");
   bwd_bytes_ = rerun + own +
                std::max({experts_.backward_bytes(), shared_ ? shared_->backward_bytes() : 0, router_.backward_bytes()});
 }
 
 size_t MoeLayer::kept_bytes() const {
   return router_.kept_bytes() + experts_.kept_bytes() + (shared_ ? shared_->kept_bytes() : 0);
+}
+
+BufferPlan MoeLayer::block_buffers(int64_t tokens, int64_t d, int64_t k, bool shared) {
+  const MemCategory ws = MemCategory::workspace;
+  BufferPlan p("moe");
+  p.add("shared experts output", shared ? tokens * d : 0, ElemType::bf16, true, ws, Lifetime::forward_scratch);
+  p.add("routed experts dx", tokens * d, ElemType::bf16, true, ws, Lifetime::backward_scratch);
+  p.add("dx (FP32)", tokens * d, ElemType::fp32, true, ws, Lifetime::backward_scratch);
+  p.add("top-k weights grad", tokens * k, ElemType::fp32, true, ws, Lifetime::backward_scratch);
+  return p;
+}
+
+std::vector<BufferPlan> MoeLayer::buffers(const TrainerConfig& cfg, const LayerShape& s) {
+  const MoeConfig& e = cfg.moe;
+  const MoeRecompute rc = layer_recompute(cfg.recompute).moe;
+  std::vector<BufferPlan> plans;
+  plans.push_back(block_buffers(s.seq_share, cfg.model.hidden, e.top_k, s.shared_ffn > 0));
+  plans.push_back(MoeRouter::buffers(s.seq_share, e.routed_experts, e.top_k));
+  plans.push_back(MoeRoutedExperts::buffers(s.routed_rows, s.local_experts, cfg.model.hidden, e.expert_ffn,
+                                            cfg.recipe.routed_experts, rc));
+  if (s.shared_ffn > 0)
+    plans.push_back(SwigluMlp::buffers("moe.shared", s.tokens, s.seq_share, cfg.model.hidden, s.shared_ffn,
+                                       cfg.recipe.shared_experts, rc.shared_experts, true));
+  return plans;
 }
 
 void MoeLayer::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
@@ -88,7 +112,8 @@ void MoeLayer::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   router_.forward(ctx, x, M);                       // the layer's one host synchronisation
   experts_.forward(ctx, x, router_.routing(), y);   // y = y_routed [M, d]
   if (shared_) {
-    bf16* y_shared = arena.take<bf16>(M * d_, "MoE shared experts output");
+    bf16* y_shared = take_planned<bf16>(arena, block_buffers(M, d_, k_, true).at("shared experts output"),
+                                        "MoE shared experts output");
     shared_->forward(ctx, x, M, y_shared);           // y_shared [M, d]
     add_bf16(y, y_shared, M * d_, y, ctx.stream);    // y = y_routed + y_shared
   }
@@ -107,9 +132,10 @@ void MoeLayer::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_
   // shared experts rerun inside their own backward (shared_experts, moe, full).
   const MoeRouting routing = router_.routing();
   experts_.recompute(ctx, routing);
-  bf16* dx_routed = arena.take<bf16>(M * d_, "MoE routed experts dx");
-  float* dx32 = arena.take<float>(M * d_, "MoE dx (FP32)");
-  float* dweights = arena.take<float>(M * k_, "MoE top-k weights grad");
+  const BufferPlan block = block_buffers(M, d_, k_, shared_ != nullptr);
+  bf16* dx_routed = take_planned<bf16>(arena, block.at("routed experts dx"), "MoE routed experts dx");
+  float* dx32 = take_planned<float>(arena, block.at("dx (FP32)"), "MoE dx (FP32)");
+  float* dweights = take_planned<float>(arena, block.at("top-k weights grad"), "MoE top-k weights grad");
   experts_.backward(ctx, dy, routing, dx_routed, dweights);                // dx_routed [M, d], dweights [M, k]
   cast_bf16_to_f32(dx_routed, M * d_, dx32, ctx.stream);                   // dx32 = dx_routed
   if (shared_) shared_->backward(ctx, dy, x, M, LinearGradOut{dx32, true, true});  // dx32 += shared

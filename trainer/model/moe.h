@@ -27,23 +27,11 @@
 // input x [M, d] BF16 is the caller's: backward reads it for the router's Wgrad and the shared experts (bf16 fc1's
 // Wgrad, or their rerun); DecoderLayer keeps it (the ffn_norm output f_in, 2 d per token) unless `layernorm` or
 // `full`, under which it reruns ffn_norm from the kept residual h_mid (recomputed itself under full) before it calls
-// this backward. Bytes per token and layer, k = top_k, f = expert_ffn, s f the shared width:
-//   router          4 E + 8 k (probs, topk_idx, topk_weight) under every policy; per layer 4 E + 4 (E + 1) + 4
-//   routed experts  no policy             moe_act               moe, full (routing kept, experts rerun)
-//     bf16          k (4 + 4 d + 6 f)     k (4 + 4 d + 4 f)     k (4 + 2 d)               (row_of, BF16 xs)
-//     fp8           k (4 + 2 d + 4 f)     k (4 + 2 d + 4 f)     k (4 + d + 4 ceil(d/128)) (row_of, FP8 rows of xs)
-//     mxfp4         k (4 + 2 d + 4 f      k (4 + 2 d + 4 f      k (4 + 17 d/32)           (row_of, MXFP4 xs)
-//                     + 17 (d + f)/32)      + 17 d/32)
-//     fp8, besides: Group Linear's FP8 column copies of xs and a, about k (d + f)(1 + 1/32), under every policy
-//     (fc1's is what its Wgrad reads; fc2's is rebuilt, bit for bit, when fc2 reruns)
-//   shared experts  6 s f (h, a) with a bf16 shared recipe; 4 s f (h) with fp8/mxfp4, whose fc1 and fc2 Linears keep
-//                   their own copies of x and a (linear.h); shared_experts, moe, full: nothing (fc1 and swiglu rerun
-//                   from x in their backward; a quantized fc2 still reads its own copy of a, made in forward)
-// e.g. DeepSeek-V3 (d 7168, f 2048, k 8, E 256, s 1) under moe: router 1,088, routed experts bf16 114,720,
-// fp8 59,168 (+ about 59,136 of fc1's column copy), mxfp4 30,496 bytes per token.
+// this backward. MoeLayer::buffers (below) gathers the sub-layers' buffer plans, which state every buffer and its
+// size under each recipe and policy.
 // Recompute (trainer/model/recompute.h, MoeRecompute):
-//   moe_act         drops the routed experts' a (2 f k; mxfp4: its MXFP4 copy, 17 f k / 32)
-//   shared_experts  drops the shared experts' h and a (6 s f)
+//   moe_act         drops the routed experts' a (mxfp4: its MXFP4 copy)
+//   shared_experts  drops the shared experts' h and a
 //   moe, full       keep the routing and the dispatched expert input in the routed recipe's storage format (xs:
 //                   BF16, the FP8 row copy, or MXFP4 codes + scales; what an expert-parallel dispatch delivers, so
 //                   the recompute repeats neither the routing nor the all-to-all); backward reruns the routed
@@ -61,6 +49,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
@@ -74,6 +63,8 @@
 #include "trainer/model/swiglu_mlp.h"
 
 namespace fp4moe {
+
+struct LayerShape;  // trainer/model/decoder_layer.h
 
 // What MoeLayer's constructor checks first, before it registers or allocates anything (fp4moe::Error naming the
 // option): model.hidden and moe.expert_ffn positive multiples of 16 (Group Linear; 32 with an mxfp4 routed
@@ -124,6 +115,15 @@ class MoeLayer {
 
   // Activations kept from forward to backward (router, routed and shared experts), as DeviceMemory counts them.
   size_t kept_bytes() const;
+  // Every buffer of the block (trainer/memory/buffer_plan.h) at one GPU's `shape` (trainer/model/decoder_layer.h):
+  // block_buffers ("moe"), MoeRouter::buffers for its seq_share rows ("moe.router"), MoeRoutedExperts::buffers for its routed rows and
+  // local experts ("moe.experts"), and with shared experts SwigluMlp::buffers ("moe.shared", its Dgrad summed in
+  // FP32), under cfg's recipes and recompute policy.
+  static std::vector<BufferPlan> buffers(const TrainerConfig& cfg, const LayerShape& shape);
+  // The block's own scratch for `tokens` rows (module "moe"): forward's "shared experts output" [tokens, d] BF16
+  // (with shared experts); backward's "routed experts dx" [tokens, d] BF16, "dx (FP32)" [tokens, d] and "top-k
+  // weights grad" [tokens, k] FP32. The first of buffers()' plans.
+  static BufferPlan block_buffers(int64_t tokens, int64_t d, int64_t k, bool shared);
   // Scratch for M = max_tokens taken by forward and by backward; scratch_bytes() the larger.
   size_t forward_bytes() const { return fwd_bytes_; }
   size_t backward_bytes() const { return bwd_bytes_; }

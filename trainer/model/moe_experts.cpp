@@ -41,23 +41,22 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
   w1_ = &store.add(prefix + ".experts.fc1", {E, 2 * f, d}, ParamInit::normal, kInitStd, /*decay=*/true);
   w2_ = &store.add(prefix + ".experts.fc2", {E, d, f}, ParamInit::normal, fc2_init_std, /*decay=*/true);
   const int64_t R = max_tokens * k;
-  const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, f8 = recipe == Recipe::fp8;
-  const bool keep = !whole_, keep_a = keep && !act_;
-  auto kept = [&](auto tag, bool on, int64_t n, const std::string& what) {
+  plan_ = buffers(R, E, d, f, recipe, recompute);
+  auto kept = [&](auto tag, const char* tensor) {
     using T = decltype(tag);
-    return on ? DeviceArray<T>(mem, n, MemCategory::activations, prefix + " experts " + what) : DeviceArray<T>();
+    return plan_.allocate<T>(mem, tensor, prefix + " experts");
   };
-  row_of_ = kept(int32_t{}, true, R, "row_of");
-  xs_ = kept(bf16{}, bf, R * d, "permuted input");
-  xs_codes_ = kept(uint8_t{}, mx, R * d / 2, "permuted input MXFP4 codes");
-  xs_scales_ = kept(uint8_t{}, mx, R * d / kMxBlock, "permuted input MXFP4 scales");
-  xs_fp8_codes_ = kept(uint8_t{}, f8 && whole_, R * d, "permuted input FP8 row codes");
-  xs_fp8_scales_ = kept(float{}, f8 && whole_, fp8_row_scale_count(R, d), "permuted input FP8 row scales");
-  h_ = kept(bf16{}, keep, R * 2 * f, "fc1 output");
-  a_ = kept(bf16{}, keep_a && bf, R * f, "swiglu output");
-  ys_ = kept(bf16{}, keep, R * d, "fc2 output");
-  a_codes_ = kept(uint8_t{}, keep_a && mx, R * f / 2, "swiglu output MXFP4 codes");
-  a_scales_ = kept(uint8_t{}, keep_a && mx, R * f / kMxBlock, "swiglu output MXFP4 scales");
+  row_of_ = kept(int32_t{}, "row_of");
+  xs_ = kept(bf16{}, "xs");
+  xs_codes_ = kept(uint8_t{}, "xs MXFP4 codes");
+  xs_scales_ = kept(uint8_t{}, "xs MXFP4 scales");
+  xs_fp8_codes_ = kept(uint8_t{}, "xs FP8 row codes");
+  xs_fp8_scales_ = kept(float{}, "xs FP8 row scales");
+  h_ = kept(bf16{}, "h");
+  a_ = kept(bf16{}, "a");
+  ys_ = kept(bf16{}, "ys");
+  a_codes_ = kept(uint8_t{}, "a MXFP4 codes");
+  a_scales_ = kept(uint8_t{}, "a MXFP4 scales");
 
   ScratchArena m;  // the passes' binding code on a measuring arena, for R = R_max
   Tensors t = bind_forward(m, R);
@@ -67,49 +66,78 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
     bind_recompute(m, R, t);
     recompute_bytes_ = m.used();
   }
-  bwd_bytes_ = ScratchArena::rounded(static_cast<size_t>(R * d) * sizeof(bf16)) +
-               ScratchArena::rounded(static_cast<size_t>(R * f) * sizeof(bf16)) +
-               ScratchArena::rounded(static_cast<size_t>(R * 2 * f) * sizeof(bf16));
+  auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(plan_.at(t).bytes())); };
+  bwd_bytes_ = rounded("d rows") + rounded("d a") + rounded("d h");
 }
 
 size_t MoeRoutedExperts::kept_bytes() const {
-  return counted_bytes(row_of_) + counted_bytes(xs_) + counted_bytes(xs_codes_) + counted_bytes(xs_scales_) +
-         counted_bytes(xs_fp8_codes_) + counted_bytes(xs_fp8_scales_) + counted_bytes(h_) + counted_bytes(a_) +
-         counted_bytes(ys_) + counted_bytes(a_codes_) + counted_bytes(a_scales_);
+  return static_cast<size_t>(plan_.counted_bytes(MemCategory::activations, Lifetime::construction));
 }
 
-// From the recipe's row layout: the sizes the permuted-input buffers hold per row (bf16 xs, mxfp4 xs codes and
-// scales, fp8 fc1's FP8 row buffer), whether or not the recompute policy keeps them.
+BufferPlan MoeRoutedExperts::buffers(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
+                                     const MoeRecompute& rc) {
+  FP4MOE_CHECK(R >= 0, "MoeRoutedExperts::buffers: R must be >= 0, got {}", R);
+  const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, f8 = recipe == Recipe::fp8;
+  const bool keep = !rc.whole, keep_a = keep && !rc.act;
+  BufferPlan p("moe.experts");
+  p.add("row_of", R, ElemType::int32);                      // the permutation, under every policy
+  p.add("xs", R * d, ElemType::bf16, bf);                   // the dispatched input as the recipe stores it
+  // Tensors the recipe or the policy does not make at all have no elements; those with elements that are not held
+  // are taken from the scratch by the passes that need them.
+  const int64_t R_mx = mx ? R : 0, R_row = f8 && rc.whole ? R : 0;
+  p.add("xs MXFP4 codes", R_mx * d / 2, ElemType::e2m1x2);
+  p.add("xs MXFP4 scales", R_mx * d / kMxBlock, ElemType::ue8m0);
+  p.add("xs FP8 row codes", R_row * d, ElemType::e4m3);  // fp8 under moe/full: fc1's Fprop operand, for its rerun
+  p.add("xs FP8 row scales", fp8_row_scale_count(R_row, d), ElemType::fp32);
+  p.add("h", R * 2 * f, ElemType::bf16, keep);
+  p.add("a", R * f, ElemType::bf16, keep_a && bf);
+  p.add("ys", R * d, ElemType::bf16, keep);
+  p.add("a MXFP4 codes", R_mx * f / 2, ElemType::e2m1x2, keep_a);
+  p.add("a MXFP4 scales", R_mx * f / kMxBlock, ElemType::ue8m0, keep_a);
+  const MemCategory ws = MemCategory::workspace;
+  p.add("assignment_of", R, ElemType::int32, true, ws, Lifetime::forward_scratch);  // permute_forward's map
+  p.add("d rows", R * d, ElemType::bf16, true, ws, Lifetime::backward_scratch);     // dys, then dxs
+  p.add("d a", R * f, ElemType::bf16, true, ws, Lifetime::backward_scratch);
+  p.add("d h", R * 2 * f, ElemType::bf16, true, ws, Lifetime::backward_scratch);
+  p.append(GroupLinear::buffers(recipe, E_local, 2 * f, d, R), "fc1 ");
+  p.append(GroupLinear::buffers(recipe, E_local, d, f, R), "fc2 ");
+  return p;
+}
+
+// The sizes the permuted-input buffers hold per row in the recipe's format (bf16 xs, mxfp4 xs codes and scales,
+// fp8 the FP8 row copy of xs that fc1 also makes for its Fprop), whether or not the recompute policy keeps them.
 DispatchBytes MoeRoutedExperts::dispatch_bytes() const {
   const int64_t R = max_tokens_ * k_;
   if (R == 0) return {};
   const double rows = static_cast<double>(R);
-  if (recipe_ == Recipe::bf16) return {static_cast<double>(R * d_ * static_cast<int64_t>(sizeof(bf16))) / rows, 0.0};
-  if (recipe_ == Recipe::mxfp4)
-    return {static_cast<double>(R * d_ / 2) / rows, static_cast<double>(R * d_ / kMxBlock) / rows};
-  // fp8: the size of fc1's FP8 row buffer for R rows (GroupLinear::forward, group_linear.cpp)
-  return {static_cast<double>(R * d_) / rows,
-          static_cast<double>(sizeof(float) * static_cast<size_t>(fp8_row_scale_count(R, d_))) / rows};
+  auto per_row = [&](const char* tensor) { return static_cast<double>(plan_.at(tensor).bytes()) / rows; };
+  if (recipe_ == Recipe::bf16) return {per_row("xs"), 0.0};
+  if (recipe_ == Recipe::mxfp4) return {per_row("xs MXFP4 codes"), per_row("xs MXFP4 scales")};
+  const BufferPlan fp8_rows = buffers(R, E_, d_, f_, recipe_, MoeRecompute{true, true, true});  // fp8: the row copy
+  auto fp8_per_row = [&](const char* tensor) { return static_cast<double>(fp8_rows.at(tensor).bytes()) / rows; };
+  return {fp8_per_row("xs FP8 row codes"), fp8_per_row("xs FP8 row scales")};
 }
 
 MoeRoutedExperts::Tensors MoeRoutedExperts::bind_forward(ScratchArena& a, int64_t R) {
-  const bool bf = recipe_ == Recipe::bf16, mx = recipe_ == Recipe::mxfp4, keep = !whole_, keep_a = keep && !act_;
-  auto pick = [&](auto* kept_ptr, bool on, int64_t n, const char* what) {
+  const BufferPlan& p = plan_for(R);
+  // The kept buffer when the plan holds it, else its planned size from the scratch.
+  auto pick = [&](auto* kept_ptr, const char* tensor, const char* what) {
     using T = std::remove_pointer_t<decltype(kept_ptr)>;
-    return on ? kept_ptr : a.take<T>(n, what);
+    const PlannedBuffer& b = p.at(tensor);
+    return b.held ? kept_ptr : take_planned<T>(a, b, what);
   };
   Tensors t;
   t.row_of = row_of_.data();
-  t.assignment_of = a.take<int32_t>(R, "experts assignment_of");
-  t.xs = pick(xs_.data(), bf, R * d_, "experts permuted input");
-  t.h = pick(h_.data(), keep, R * 2 * f_, "experts fc1 output");
-  t.a = pick(a_.data(), keep_a && bf, R * f_, "experts swiglu output");
-  t.ys = pick(ys_.data(), keep, R * d_, "experts fc2 output");
-  if (mx) {
+  t.assignment_of = take_planned<int32_t>(a, p.at("assignment_of"), "experts assignment_of");
+  t.xs = pick(xs_.data(), "xs", "experts permuted input");
+  t.h = pick(h_.data(), "h", "experts fc1 output");
+  t.a = pick(a_.data(), "a", "experts swiglu output");
+  t.ys = pick(ys_.data(), "ys", "experts fc2 output");
+  if (recipe_ == Recipe::mxfp4) {
     t.xs_codes = xs_codes_.data();
     t.xs_scales = xs_scales_.data();
-    t.a_codes = pick(a_codes_.data(), keep_a, R * f_ / 2, "experts swiglu output MXFP4 codes");
-    t.a_scales = pick(a_scales_.data(), keep_a, R * f_ / kMxBlock, "experts swiglu output MXFP4 scales");
+    t.a_codes = pick(a_codes_.data(), "a MXFP4 codes", "experts swiglu output MXFP4 codes");
+    t.a_scales = pick(a_scales_.data(), "a MXFP4 scales", "experts swiglu output MXFP4 scales");
   }
   t.xs_fp8_codes = xs_fp8_codes_.data();  // null unless fp8 under whole
   t.xs_fp8_scales = xs_fp8_scales_.data();
@@ -117,13 +145,22 @@ MoeRoutedExperts::Tensors MoeRoutedExperts::bind_forward(ScratchArena& a, int64_
 }
 
 void MoeRoutedExperts::bind_recompute(ScratchArena& a, int64_t R, Tensors& t) {
-  if (whole_) t.h = a.take<bf16>(R * 2 * f_, "experts fc1 output (recomputed)");
-  t.a = a.take<bf16>(R * f_, "experts swiglu output (recomputed)");
+  const BufferPlan& p = plan_for(R);
+  if (whole_) t.h = take_planned<bf16>(a, p.at("h"), "experts fc1 output (recomputed)");
+  t.a = take_planned<bf16>(a, p.at("a"), "experts swiglu output (recomputed)");
   if (recipe_ == Recipe::mxfp4) {
-    t.a_codes = a.take<uint8_t>(R * f_ / 2, "experts swiglu output MXFP4 codes (recomputed)");
-    t.a_scales = a.take<uint8_t>(R * f_ / kMxBlock, "experts swiglu output MXFP4 scales (recomputed)");
+    t.a_codes = take_planned<uint8_t>(a, p.at("a MXFP4 codes"), "experts swiglu output MXFP4 codes (recomputed)");
+    t.a_scales = take_planned<uint8_t>(a, p.at("a MXFP4 scales"), "experts swiglu output MXFP4 scales (recomputed)");
   }
-  if (whole_) t.ys = a.take<bf16>(R * d_, "experts fc2 output (recomputed)");
+  if (whole_) t.ys = take_planned<bf16>(a, p.at("ys"), "experts fc2 output (recomputed)");
+}
+
+const BufferPlan& MoeRoutedExperts::plan_for(int64_t R) {
+  if (R != pass_R_) {
+    pass_plan_ = buffers(R, E_, d_, f_, recipe_, MoeRecompute{whole_, act_, false});
+    pass_R_ = R;
+  }
+  return pass_plan_;
 }
 
 GroupLinearInput MoeRoutedExperts::quantized_input(const bf16* rows, int64_t R, int64_t K, uint8_t* codes,
@@ -217,9 +254,10 @@ void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRout
   FP4MOE_CHECK(ready(arena), "MoeRoutedExperts {} backward: the tensors the recompute policy does not keep are gone "
                "(call recompute() in the backward's scratch scope first)", prefix_);
   ScratchScope scope(arena);
-  bf16* drows = arena.take<bf16>(R * d_, "experts d rows");
-  bf16* da = arena.take<bf16>(R * f_, "experts d a");
-  bf16* dh = arena.take<bf16>(R * 2 * f_, "experts d h");
+  const BufferPlan& p = plan_for(R);
+  bf16* drows = take_planned<bf16>(arena, p.at("d rows"), "experts d rows");
+  bf16* da = take_planned<bf16>(arena, p.at("d a"), "experts d a");
+  bf16* dh = take_planned<bf16>(arena, p.at("d h"), "experts d h");
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
   unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys [R, d]

@@ -24,23 +24,17 @@
 // columns of one pass under workspace (per layer); the cuBLASLt workspace is not counted.
 // Experts that receive no token are skipped by the grouped GEMMs (their grads stay unchanged).
 //
-// Memory. Kept from forward to backward (MemCategory::activations), bytes per token (R = k rows per token; the
-// dispatched input is the permuted x, xs, in the recipe's storage format: what an expert-parallel dispatch sends):
-//   every policy  row_of 4 k (the permutation: unpermute and permute backward read it)
-//                 bf16: xs 2 d k;  mxfp4: xs as MXFP4 (d/2 + d/32) k;  fp8: nothing here (below)
-//   no moe/full   h 4 f k (fc1 output), ys 2 d k (fc2 output, for the top-k weights' gradient); a: bf16 2 f k,
-//                 mxfp4 its MXFP4 copy (f/2 + f/32) k, fp8 nothing here (both dropped by moe_act)
-//   moe/full, fp8 xs as its FP8 1x128 row copy (d + 4 ceil(d/128)) k (FP32 scale rows padded to 4:
-//                 fp8_row_scale_count): the operand of fc1's Fprop, which the recompute reruns
-// Group Linear keeps the fp8 recipe's FP8 column copies of xs (fc1) and a (fc2), about (d + d/32) k and
-// (f + f/32) k bytes (GroupLinear::held_activation_bytes), under activations from the first forward, under every
-// policy: fc1's is read by its Wgrad and never rebuilt (its forward does not rerun); fc2's is rebuilt, with the
-// same bits, by the rerun of fc2 under moe/full. Totals per token besides Group Linear's copies:
-//   recipe   no policy                         moe_act                       moe, full
-//   bf16     k (4 + 4 d + 6 f)                 k (4 + 4 d + 4 f)             k (4 + 2 d)
-//   fp8      k (4 + 2 d + 4 f)                 k (4 + 2 d + 4 f)             k (4 + d + 4 ceil(d/128))
-//   mxfp4    k (4 + 2 d + 4 f + 17 (d + f)/32)  k (4 + 2 d + 4 f + 17 d/32)   k (4 + 17 d/32)
-// (fp8 under moe/full: + Group Linear's column copy of xs, about k (d + d/32), is what backward also needs.)
+// Memory. Kept from forward to backward (MemCategory::activations), R = k rows per token; buffers() states every
+// buffer with its size (the dispatched input is the permuted x, xs, in the recipe's storage format: what an
+// expert-parallel dispatch sends):
+//   every policy  row_of (the permutation: unpermute and permute backward read it); bf16: xs; mxfp4: xs as MXFP4
+//                 codes and scales; fp8: nothing here (Group Linear keeps fc1's FP8 column copy of xs)
+//   no moe/full   h (fc1 output), ys (fc2 output, for the top-k weights' gradient); a: bf16 itself, mxfp4 its MXFP4
+//                 copy, fp8 nothing here (both dropped by moe_act)
+//   moe/full, fp8 xs as its FP8 1x128 row copy: the operand of fc1's Fprop, which the recompute reruns
+// fc1's and fc2's Group Linears keep, from the first forward on and under every policy, the FP8 weight copies and
+// the fp8 recipe's FP8 column copies of xs and a (fc1's is read by its Wgrad and never rebuilt; fc2's is rebuilt,
+// with the same bits, by the rerun of fc2 under moe/full), and their scratch (GroupLinear::buffers).
 // Recompute (trainer/model/recompute.h):
 //   moe_act  a is not kept: backward reruns swiglu(h) into the scratch; with mxfp4 it is the MXFP4 copy of a that is
 //            not kept: backward reruns swiglu into BF16 scratch and quantizes it again (the same codes and scales,
@@ -63,6 +57,7 @@
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
@@ -119,7 +114,15 @@ class MoeRoutedExperts {
 
   const Param& fc1_weight() const { return *w1_; }
   const Param& fc2_weight() const { return *w2_; }
-  size_t kept_bytes() const;  // activations kept from forward to backward, as DeviceMemory counts them
+  size_t kept_bytes() const;  // activations kept from forward to backward (buffers()), as DeviceMemory counts them
+  // Every buffer of the routed experts (trainer/memory/buffer_plan.h; module "moe.experts") for R routed rows on
+  // E_local experts (this GPU's), hidden d, width f, under `recipe` and `recompute`: the kept tensors of the Memory
+  // paragraph above by name ("row_of", "xs", "xs MXFP4 codes", "xs MXFP4 scales", "xs FP8 row codes", "xs FP8 row
+  // scales", "h", "a", "ys", "a MXFP4 codes", "a MXFP4 scales"; sized whether held or not, no elements for what
+  // the recipe never makes), the scratch "assignment_of" [R] int32 (forward), "d rows" [R, d], "d a" [R, f], "d h"
+  // [R, 2f] BF16 (backward), then fc1's and fc2's GroupLinear::buffers prefixed "fc1 " and "fc2 ". Rejects R < 0 and what GroupLinear::buffers rejects.
+  static BufferPlan buffers(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
+                            const MoeRecompute& recompute);
   // Scratch for M = max_tokens: left in the caller's scope by forward and by recompute (0 when nothing is
   // recomputed), and taken by backward in its own scope.
   size_t forward_bytes() const { return fwd_bytes_; }
@@ -149,6 +152,7 @@ class MoeRoutedExperts {
   GroupLinearInput input_of(const bf16* rows, const uint8_t* codes, const uint8_t* scales) const;
   // Builds fc1 and fc2 at the first forward, with ctx.lt; rejects another ctx.lt later.
   void bind(const ModelContext& ctx);
+  const BufferPlan& plan_for(int64_t R);  // buffers() for R rows, kept from the last call with the same R
 
   std::string prefix_;
   int64_t E_, d_, f_, k_, max_tokens_;
@@ -162,6 +166,9 @@ class MoeRoutedExperts {
   Tensors t_;                 // the tensors of the last forward / recompute
   uint64_t stamp_ = 0;        // scratch stamp of the last forward / recompute
   size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0;
+  BufferPlan plan_{"moe.experts"};  // buffers() for R_max = max_tokens * k
+  BufferPlan pass_plan_{"moe.experts"};
+  int64_t pass_R_ = -1;
   // Kept (MemCategory::activations), R_max = max_tokens * k rows; empty when not kept (Memory, above). Scratch
   // always: assignment_of [R] int32 (permute_forward only), xs BF16 for fp8/mxfp4, a BF16 for fp8/mxfp4.
   DeviceArray<int32_t> row_of_;         // [R_max] row of assignment t*k + j                      (always)

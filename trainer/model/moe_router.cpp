@@ -47,25 +47,42 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
   const int64_t k = rcfg_.top_k;
   w_ = &store.add(prefix + ".router", {E_, d_}, ParamInit::normal, kRouterInitStd, /*decay=*/true);
   if (rcfg_.style == RouterStyle::v3_sigmoid) bias_ = &store.add_state(prefix + ".router_bias", {E_});
-  probs_ = DeviceArray<float>(mem, max_tokens * E_, MemCategory::activations, prefix + " router probs");
-  topk_weight_ = DeviceArray<float>(mem, max_tokens * k, MemCategory::activations, prefix + " router topk_weight");
-  topk_idx_ = DeviceArray<int32_t>(mem, max_tokens * k, MemCategory::activations, prefix + " router topk_idx");
-  counts_ = DeviceArray<int32_t>(mem, E_, MemCategory::activations, prefix + " router counts");
-  offsets_ = DeviceArray<int32_t>(mem, E_ + 1, MemCategory::activations, prefix + " router offsets");
-  aux_ = DeviceArray<float>(mem, 1, MemCategory::activations, prefix + " router aux loss");
+  const BufferPlan plan = buffers(max_tokens, E_, k);
+  const std::string owner = prefix + " router";
+  probs_ = plan.allocate<float>(mem, "probs", owner);
+  topk_weight_ = plan.allocate<float>(mem, "topk_weight", owner);
+  topk_idx_ = plan.allocate<int32_t>(mem, "topk_idx", owner);
+  counts_ = plan.allocate<int32_t>(mem, "counts", owner);
+  offsets_ = plan.allocate<int32_t>(mem, "offsets", owner);
+  aux_ = plan.allocate<float>(mem, "aux", owner);
   host_offsets_ = PinnedHost((E_ + 1) * sizeof(int32_t));
   host_aux_ = PinnedHost(sizeof(float));
   last_counts_.assign(E_, 0);
   tally_.assign(E_, 0);
-  const auto rows = static_cast<size_t>(max_tokens);
-  const size_t logits = ScratchArena::rounded(rows * E_ * sizeof(float));
-  fwd_bytes_ = logits;
-  bwd_bytes_ = logits + ScratchArena::rounded(rows * E_ * sizeof(bf16));
+  auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(plan.at(t).bytes())); };
+  fwd_bytes_ = rounded("logits (FP32)");
+  bwd_bytes_ = rounded("dlogits (FP32)") + rounded("dlogits (BF16)");
 }
 
 size_t MoeRouter::kept_bytes() const {
-  return counted_bytes(probs_) + counted_bytes(topk_idx_) + counted_bytes(topk_weight_) + counted_bytes(counts_) +
-         counted_bytes(offsets_) + counted_bytes(aux_);
+  return static_cast<size_t>(buffers(max_tokens_, E_, rcfg_.top_k).counted_bytes(MemCategory::activations));
+}
+
+BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k) {
+  FP4MOE_CHECK(tokens >= 0 && E >= 1 && k >= 1, "MoeRouter::buffers: expected tokens >= 0, E, k >= 1, got {} {} {}",
+               tokens, E, k);
+  BufferPlan p("moe.router");
+  p.add("probs", tokens * E, ElemType::fp32);
+  p.add("topk_weight", tokens * k, ElemType::fp32);
+  p.add("topk_idx", tokens * k, ElemType::int32);
+  p.add("counts", E, ElemType::int32);
+  p.add("offsets", E + 1, ElemType::int32);
+  p.add("aux", 1, ElemType::fp32);
+  const MemCategory ws = MemCategory::workspace;
+  p.add("logits (FP32)", tokens * E, ElemType::fp32, true, ws, Lifetime::forward_scratch);
+  p.add("dlogits (FP32)", tokens * E, ElemType::fp32, true, ws, Lifetime::backward_scratch);
+  p.add("dlogits (BF16)", tokens * E, ElemType::bf16, true, ws, Lifetime::backward_scratch);
+  return p;
 }
 
 MoeRouting MoeRouter::routing() const {
@@ -88,7 +105,8 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
   const bool v2 = rcfg_.style == RouterStyle::v2_softmax;
   const int64_t k = rcfg_.top_k;
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);  // the take stays in the caller's scope
-  float* logits = arena.take<float>(M * E_, "router logits");
+  const BufferPlan plan = buffers(M, E_, k);
+  float* logits = take_planned<float>(arena, plan.at("logits (FP32)"), "router logits");
   // logits^T [E, M] (column-major) = W_r (stored d x E column-major, transposed) * x^T (stored d x M)
   ctx.lt->matmul(E_, M, d_, LtOperand{w_->param, CUDA_R_16BF, true, d_}, LtOperand{x, CUDA_R_16BF, false, d_},
                  LtOutput{logits, CUDA_R_32F, E_, false}, RaggedDim::none, ctx.stream);
@@ -128,8 +146,9 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);
   for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];
   ScratchScope scope(arena);
-  float* dlogits = arena.take<float>(M * E_, "router dlogits (FP32)");  // [M, E]
-  bf16* dl = arena.take<bf16>(M * E_, "router dlogits (BF16)");
+  const BufferPlan plan = buffers(M, E_, rcfg_.top_k);
+  float* dlogits = take_planned<float>(arena, plan.at("dlogits (FP32)"), "router dlogits (FP32)");  // [M, E]
+  bf16* dl = take_planned<bf16>(arena, plan.at("dlogits (BF16)"), "router dlogits (BF16)");
   router_backward(probs_.data(), topk_idx_.data(), counts_.data(), dweights, M, E_, rcfg_, aux_grad, dlogits,
                   ctx.stream);
   cast_f32_to_bf16(dlogits, M * E_, dl, ctx.stream);

@@ -38,6 +38,7 @@
 #include "kernels/common/types.h"
 #include "kernels/nn/router.h"
 #include "trainer/config.h"
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
@@ -101,7 +102,13 @@ class MoeRouter {
   const Param& weight() const { return *w_; }
   const StateTensor* bias() const { return bias_; }                  // null for v2
   const std::vector<int64_t>& step_counts() const { return tally_; }  // [E] tokens per expert over the step
-  size_t kept_bytes() const;  // activations kept from forward to backward, as DeviceMemory counts them
+  size_t kept_bytes() const;  // activations kept from forward to backward (buffers()), as DeviceMemory counts them
+  // The router's buffers (trainer/memory/buffer_plan.h; module "moe.router") for `tokens` rows, E experts, top-k,
+  // all held under every policy (the router does not rerun): "probs" [tokens, E] FP32, "topk_weight" [tokens, k]
+  // FP32, "topk_idx" [tokens, k] int32, "counts" [E] int32, "offsets" [E + 1] int32, "aux" [1] FP32; the scratch
+  // "logits (FP32)" [tokens, E] (forward), "dlogits (FP32)" and "dlogits (BF16)" [tokens, E] (backward). Rejects
+  // tokens < 0, E < 1, k < 1.
+  static BufferPlan buffers(int64_t tokens, int64_t E, int64_t k);
   // Scratch for M = max_tokens: what forward leaves in the caller's scope, and what backward takes.
   size_t forward_bytes() const { return fwd_bytes_; }
   size_t backward_bytes() const { return bwd_bytes_; }

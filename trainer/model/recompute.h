@@ -24,15 +24,7 @@
 //   shared_experts  the shared experts' h and a
 //   full            the whole decoder layer from its input h[l] (attn_norm, MLA, h_mid, ffn_norm rerun), except the
 //                   MoE block, which keeps what it keeps under moe (routing, row_of, dispatched input)
-// MoE block, bytes per token and layer (k = top_k, f = expert_ffn, E experts; trainer/model/moe.h has the shared
-// experts and the per-layer vectors): the router's 4 E + 8 k under every policy, plus the routed experts'
-// (Group Linear's copies not included):
-//   recipe   no policy                         moe_act                       moe, full
-//   bf16     k (4 + 4 d + 6 f)                 k (4 + 4 d + 4 f)             k (4 + 2 d)
-//   fp8      k (4 + 2 d + 4 f)                 k (4 + 2 d + 4 f)             k (4 + d + 4 ceil(d/128))
-//   mxfp4    k (4 + 2 d + 4 f + 17 (d+f)/32)   k (4 + 2 d + 4 f + 17 d/32)   k (4 + 17 d/32)
-// (fp8: Group Linear's FP8 column copies of xs and a, about k (d + f)(1 + 1/32), stay under every policy; under
-// moe/full the one of xs is read by fc1's Wgrad, the one of a is rebuilt by the rerun of fc2.)
+// Each layer's buffers() (trainer/memory/buffer_plan.h) states what it keeps under each flag, with its size.
 // Independently of the policy, a layer keeps a Linear's input only when that Linear's backward reads it (the bf16
 // recipe): fp8/mxfp4 Linears and Group Linears keep their own FP8/MXFP4 copy from their forward, in their own
 // buffers, which stay allocated under every policy (Model::layer_memory's quantized_copies).

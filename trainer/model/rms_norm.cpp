@@ -12,17 +12,25 @@ RmsNorm::RmsNorm(ParamStore& store, const std::string& name, int64_t C, float ep
                "RmsNorm {}: expected C >= 1, max_tokens >= 0 and eps > 0, got C={} max_tokens={} eps={}", name, C,
                max_tokens, eps);
   w_ = &store.add(name, {C}, ParamInit::ones, 0.0f, /*decay=*/false);
-  if (keep_rstd) rstd_ = DeviceArray<float>(mem, max_tokens, MemCategory::activations, name + " rstd");
+  rstd_ = buffers(max_tokens, C, keep_rstd).allocate<float>(mem, "rstd", name);
+}
+
+BufferPlan RmsNorm::buffers(int64_t tokens, int64_t C, bool keep_rstd) {
+  FP4MOE_CHECK(tokens >= 0 && C >= 1, "RmsNorm::buffers: expected tokens >= 0 and C >= 1, got {} {}", tokens, C);
+  BufferPlan p("norm");
+  p.add("rstd", tokens, ElemType::fp32, keep_rstd);
+  p.add("dweight partials", tokens > 0 ? rmsnorm_backward_workspace_floats(tokens, C) : 0, ElemType::fp32, true,
+        MemCategory::workspace, Lifetime::backward_scratch);
+  return p;
 }
 
 size_t RmsNorm::recompute_bytes() const {
-  return keep_rstd_ ? 0 : ScratchArena::rounded(static_cast<size_t>(max_tokens_) * sizeof(float));
+  if (keep_rstd_) return 0;
+  return ScratchArena::rounded(static_cast<size_t>(buffers(max_tokens_, C_, false).at("rstd").bytes()));
 }
 
 size_t RmsNorm::backward_bytes() const {
-  if (max_tokens_ == 0) return 0;
-  return ScratchArena::rounded(static_cast<size_t>(rmsnorm_backward_workspace_floats(max_tokens_, C_)) *
-                               sizeof(float));
+  return ScratchArena::rounded(static_cast<size_t>(buffers(max_tokens_, C_, true).at("dweight partials").bytes()));
 }
 
 void RmsNorm::run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd) {
@@ -44,7 +52,7 @@ void RmsNorm::recompute(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   ScratchArena& arena = scratch_of(ctx, "RmsNorm " + name_ + " recompute");
   FP4MOE_CHECK(M <= max_tokens_, "RmsNorm {} recompute: M must be in [0, {}] (max_tokens), got M={}", name_,
                max_tokens_, M);
-  float* rstd = arena.take<float>(M, "RmsNorm rstd (recomputed)");
+  float* rstd = take_planned<float>(arena, buffers(M, C_, false).at("rstd"), "RmsNorm rstd (recomputed)");
   run(ctx, x, M, y, rstd);
   rstd_stamp_ = arena.stamp();
 }
@@ -58,8 +66,8 @@ void RmsNorm::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t
                "alive in the current scratch scope",
                name_);
   ScratchScope scope(arena);
-  const int64_t ws_floats = rmsnorm_backward_workspace_floats(M, C_);
-  float* ws = arena.take<float>(ws_floats, "RmsNorm dweight partial sums");
+  const BufferPlan plan = buffers(M, C_, keep_rstd_);
+  float* ws = take_planned<float>(arena, plan.at("dweight partials"), "RmsNorm dweight partial sums");
   rmsnorm_backward(dy, x, w_->param, rstd_ptr_, M, C_, dx, w_->grad, /*accumulate_dweight=*/true, ws, ctx.stream);
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/common/types.h"
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
@@ -41,7 +42,14 @@ class RmsNorm {
   int64_t features() const { return C_; }
   const Param& weight() const { return *w_; }
   bool keeps_rstd() const { return keep_rstd_; }
-  size_t kept_bytes() const { return counted_bytes(rstd_); }  // activations held from forward to backward
+  // The layer's buffers for `tokens` rows of C features (trainer/memory/buffer_plan.h; module "norm"): "rstd"
+  // [tokens] FP32, held when keep_rstd (else taken by recompute()); backward's "dweight partials"
+  // [rmsnorm_backward_workspace_floats(tokens, C)] FP32. Rejects tokens < 0, C < 1.
+  static BufferPlan buffers(int64_t tokens, int64_t C, bool keep_rstd);
+  // Activations held from forward to backward (buffers() at max_tokens, as DeviceMemory counts them).
+  size_t kept_bytes() const {
+    return static_cast<size_t>(buffers(max_tokens_, C_, keep_rstd_).counted_bytes(MemCategory::activations));
+  }
   // Scratch for M = max_tokens: left in the caller's scope by recompute() (0 with keep_rstd), and taken by
   // backward inside its own scope.
   size_t recompute_bytes() const;

@@ -15,28 +15,56 @@ SwigluMlp::SwigluMlp(ParamStore& store, const std::string& prefix, int64_t hidde
       hidden_(hidden),
       ffn_(ffn),
       max_tokens_(max_tokens),
+      recipe_(recipe),
       recompute_(recompute),
       fc1_(store, prefix + ".fc1", hidden, 2 * ffn, recipe, kInitStd),
       fc2_(store, prefix + ".fc2", ffn, hidden, recipe, fc2_init_std) {
   FP4MOE_CHECK(max_tokens >= 0, "SwigluMlp {}: max_tokens must be >= 0, got {}", prefix, max_tokens);
   FP4MOE_CHECK(fc2_init_std > 0.0f, "SwigluMlp {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
-  keep_a_ = !recompute && fc2_.backward_reads_input();  // a serves backward only as fc2's input
-  if (!recompute) h_ = DeviceArray<bf16>(mem, max_tokens * 2 * ffn, MemCategory::activations, prefix + " fc1 output");
-  if (keep_a_) a_ = DeviceArray<bf16>(mem, max_tokens * ffn, MemCategory::activations, prefix + " swiglu output");
+  const BufferPlan p = plan();
+  keep_a_ = p.at("a").held;
+  h_ = p.allocate<bf16>(mem, "h", prefix);
+  a_ = p.allocate<bf16>(mem, "a", prefix);
+}
+
+BufferPlan SwigluMlp::buffers(const std::string& module, int64_t tokens, int64_t fc1_tokens, int64_t hidden,
+                              int64_t ffn, const Recipe& recipe, bool recompute, bool fp32_dgrad) {
+  FP4MOE_CHECK(tokens >= 0 && fc1_tokens >= 0 && hidden >= 1 && ffn >= 1,
+               "SwigluMlp::buffers: expected tokens, fc1_tokens >= 0 and hidden, ffn >= 1, got {} {} {} {}", tokens,
+               fc1_tokens, hidden, ffn);
+  BufferPlan p(module);
+  p.add("h", tokens * 2 * ffn, ElemType::bf16, !recompute);
+  p.add("a", tokens * ffn, ElemType::bf16, !recompute && recipe == Recipe::bf16);  // a serves backward as fc2's input
+  p.add("d a", tokens * ffn, ElemType::bf16, true, MemCategory::workspace, Lifetime::backward_scratch);
+  p.add("d h", tokens * 2 * ffn, ElemType::bf16, true, MemCategory::workspace, Lifetime::backward_scratch);
+  p.append(Linear::buffers(recipe, fc1_tokens, 2 * ffn, hidden, fp32_dgrad), "fc1 ");
+  p.append(Linear::buffers(recipe, tokens, hidden, ffn, false), "fc2 ");
+  return p;
+}
+
+size_t SwigluMlp::kept_bytes() const {
+  return static_cast<size_t>(plan().counted_bytes(MemCategory::activations, Lifetime::construction));
 }
 
 size_t SwigluMlp::forward_bytes() const {
-  const auto rows = static_cast<size_t>(max_tokens_);
-  return (recompute_ ? ScratchArena::rounded(rows * 2 * ffn_ * sizeof(bf16)) : 0) +
-         (keep_a_ ? 0 : ScratchArena::rounded(rows * ffn_ * sizeof(bf16)));
+  const BufferPlan p = plan();
+  auto scratch = [&](const char* t) { return p.at(t).held ? size_t{0} : ScratchArena::rounded(p.at(t).bytes()); };
+  return scratch("h") + scratch("a");
 }
 
 size_t SwigluMlp::backward_bytes() const {
-  const auto rows = static_cast<size_t>(max_tokens_);
-  const size_t h = ScratchArena::rounded(rows * 2 * ffn_ * sizeof(bf16));
-  const size_t a = ScratchArena::rounded(rows * ffn_ * sizeof(bf16));
-  const size_t rebuilt = recompute_ ? h + (fc2_.backward_reads_input() ? a : 0) : 0;
-  return rebuilt + a + h;  // + d a, d h
+  const BufferPlan p = plan();
+  auto bytes = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(p.at(t).bytes())); };
+  const size_t rebuilt = recompute_ ? bytes("h") + (fc2_.backward_reads_input() ? bytes("a") : 0) : 0;
+  return rebuilt + bytes("d a") + bytes("d h");
+}
+
+const BufferPlan& SwigluMlp::plan_for(int64_t M) {
+  if (M != pass_M_) {
+    pass_plan_ = buffers("mlp", M, M, hidden_, ffn_, recipe_, recompute_, false);
+    pass_M_ = M;
+  }
+  return pass_plan_;
 }
 
 bool SwigluMlp::backward_reads_input() const { return recompute_ || fc1_.backward_reads_input(); }
@@ -52,8 +80,9 @@ void SwigluMlp::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   if (M == 0) return;
   ScratchArena& arena = scratch_of(ctx, "SwigluMlp " + prefix_);
   ScratchScope scope(arena);
-  bf16* h = recompute_ ? arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP h") : h_.data();
-  bf16* a = keep_a_ ? a_.data() : arena.take<bf16>(M * ffn_, "SwiGLU MLP a");
+  const BufferPlan& p = plan_for(M);
+  bf16* h = recompute_ ? take_planned<bf16>(arena, p.at("h"), "SwiGLU MLP h") : h_.data();
+  bf16* a = keep_a_ ? a_.data() : take_planned<bf16>(arena, p.at("a"), "SwiGLU MLP a");
   fc1_.forward(ctx, x, M, h);                        // h [M, 2 ffn]
   swiglu_forward(h, M, ffn_, a, ctx.stream);         // a [M, ffn]
   fc2_.forward(ctx, a, M, y);                        // y [M, hidden]
@@ -72,18 +101,19 @@ void SwigluMlp::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64
   ScratchScope scope(arena);
   FP4MOE_CHECK(dy && (x || !backward_reads_input()),
                "SwigluMlp {} backward: dy and x (read by this recipe and policy) must not be null", prefix_);
+  const BufferPlan& p = plan_for(M);
   bf16* h = h_.data();
   bf16* a = a_.data();  // null unless kept: fp8/mxfp4 fc2 reads its own copy
   if (recompute_) {  // h again (and a for a bf16 fc2); fc2's output is not needed
-    h = arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP h (recomputed)");
+    h = take_planned<bf16>(arena, p.at("h"), "SwiGLU MLP h (recomputed)");
     fc1_.forward(ctx, x, M, h);
     if (fc2_.backward_reads_input()) {
-      a = arena.take<bf16>(M * ffn_, "SwiGLU MLP a (recomputed)");
+      a = take_planned<bf16>(arena, p.at("a"), "SwiGLU MLP a (recomputed)");
       swiglu_forward(h, M, ffn_, a, ctx.stream);
     }
   }
-  bf16* da = arena.take<bf16>(M * ffn_, "SwiGLU MLP d a");
-  bf16* dh = arena.take<bf16>(M * 2 * ffn_, "SwiGLU MLP d h");
+  bf16* da = take_planned<bf16>(arena, p.at("d a"), "SwiGLU MLP d a");
+  bf16* dh = take_planned<bf16>(arena, p.at("d h"), "SwiGLU MLP d h");
   fc2_.backward(ctx, dy, a, M, LinearGradOut{da, false, false});  // da [M, ffn], dW2 +=
   swiglu_backward(da, h, M, ffn_, dh, ctx.stream);                // dh [M, 2 ffn]
   fc1_.backward(ctx, dh, x, M, dx);                               // dx [M, hidden], dW1 +=

@@ -26,6 +26,7 @@
 
 #include "kernels/common/types.h"
 #include "trainer/config.h"
+#include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
@@ -60,7 +61,18 @@ class SwigluMlp {
   // Whether backward reads x: a bf16 fc1's Wgrad, or the recompute. With an fp8/mxfp4 fc1 and no recompute it
   // does not: backward then takes x = null, and the caller need not keep it.
   bool backward_reads_input() const;
-  size_t kept_bytes() const { return counted_bytes(h_) + counted_bytes(a_); }  // activations, as DeviceMemory counts
+  // Every buffer of the block (trainer/memory/buffer_plan.h) in module `module` ("mlp", "moe.shared"), for
+  // `tokens` rows (h, a, fc2's input) of which fc1's input holds `fc1_tokens` (the sequence-parallel share of a
+  // tensor-parallel layout; `tokens` on one GPU) and a width `ffn` (this GPU's share): "h" [tokens, 2 ffn] BF16
+  // (held without recompute), "a" [tokens, ffn] BF16 (held without recompute for a bf16 fc2), backward's "d a"
+  // [tokens, ffn] and "d h" [tokens, 2 ffn] BF16 (scratch), then fc1's and fc2's
+  // Linear::buffers prefixed "fc1 " and "fc2 " (fp32_dgrad: fc1's Dgrad goes to an FP32 sum, as the shared
+  // experts' does). Rejects negative sizes and what Linear::buffers rejects.
+  static BufferPlan buffers(const std::string& module, int64_t tokens, int64_t fc1_tokens, int64_t hidden,
+                            int64_t ffn, const Recipe& recipe, bool recompute, bool fp32_dgrad);
+  // Activations held from forward to backward (buffers() at max_tokens, without the Linears' own copies), as
+  // DeviceMemory counts them.
+  size_t kept_bytes() const;
   // Scratch for M = max_tokens taken by forward and by backward; scratch_bytes() the larger.
   size_t forward_bytes() const;
   size_t backward_bytes() const;
@@ -68,15 +80,22 @@ class SwigluMlp {
 
  private:
   void check_tokens(const char* what, int64_t M) const;
+  const BufferPlan& plan_for(int64_t M);  // buffers() for M tokens, kept from the last call with the same M
 
   std::string prefix_;
   int64_t hidden_, ffn_, max_tokens_;
+  Recipe recipe_;
   bool recompute_;
   Linear fc1_, fc2_;
   bool keep_a_ = false;       // a kept: no recompute and a bf16 fc2 (which reads it in backward)
+  BufferPlan plan() const {  // buffers() at max_tokens
+    return buffers("mlp", max_tokens_, max_tokens_, hidden_, ffn_, recipe_, recompute_, false);
+  }
   int64_t last_M_ = -1;       // tokens of the last forward (backward must match)
   DeviceArray<bf16> h_;       // [max_tokens, 2 ffn] fc1 output, gate | up      (activations; empty with recompute)
   DeviceArray<bf16> a_;       // [max_tokens, ffn]   swiglu output, fc2 input   (activations; when keep_a_)
+  BufferPlan pass_plan_{"mlp"};
+  int64_t pass_M_ = -1;
 };
 
 }  // namespace fp4moe
