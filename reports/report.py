@@ -83,12 +83,29 @@ def _esc(v):
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
+# Columns of rows over seeds (repro/ours.py paired_mean, sd), shown when any row has one (older run files lack them).
+SEED_SHOWN = [("interval", "95% interval (t, over seeds)"), ("spread", "spread over seeds"), ("verdict", "verdict")]
+
+
+def _interval(r):
+    low, high = r.get("ci_low", math.nan), r.get("ci_high", math.nan)
+    if not (result_file.is_number(low) and result_file.is_number(high)):
+        return "-"
+    return f"[{low:+.3g}, {high:+.3g}]"
+
+
 def repro_markdown(df):
-    lines = ["| " + " | ".join(h for _, h in REPRO_SHOWN) + " |", "|---|---|---:|---:|---|---|---|"]
+    seeds = any(c in df.columns and df[c].astype(str).str.strip().ne("").any() for c in ("spread", "verdict"))
+    shown = REPRO_SHOWN[:3] + (SEED_SHOWN if seeds else []) + REPRO_SHOWN[3:]
+    align = {"ours": "---:", "ratio": "---:"}
+    lines = ["| " + " | ".join(h for _, h in shown) + " |", "|" + "|".join(align.get(c, "---") for c, _ in shown) + "|"]
     for _, r in df.iterrows():
         cells = []
-        for c, _ in REPRO_SHOWN:
-            v = r[c]
+        for c, _ in shown:
+            if c == "interval":
+                cells.append(_interval(r))
+                continue
+            v = r[c] if c in r else ""
             cells.append(_num(v, 4 if c == "ours" else 3) if c in ("ours", "ratio") else (_esc(v) if v != "" else "-"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
