@@ -119,7 +119,8 @@ TRAIN_COLUMNS = [
     ("optimizer_gib", "f64"), ("comm_gib", "f64"), ("workspace_gib", "f64"),
     ("pct_of_80_gib", "f64"), ("pct_of_141_gib", "f64"),
     ("tokens_per_s", "f64"), ("mfu", "f64"), ("step_time_s", "f64"), ("tokens", "i64"),
-    ("train_loss", "f64"), ("val_loss", "f64"), ("val_tokens", "i64"),  # val_tokens: of the last evaluation
+    ("train_loss", "f64"), ("val_loss", "f64"), ("val_tokens", "f64"),  # val_tokens: of the last evaluation
+                                                                        # (NaN: not measured)
     ("dispatch_hidden", "i64"), ("dispatch_payload_bytes", "f64"), ("dispatch_scale_bytes", "f64"),
     ("dispatch_bytes", "f64"),
 ]

@@ -196,7 +196,7 @@ def read_run(path, run):
             mem_attrs = result_file.table_attributes(f, f"memory/{run}")
     s = train_report.summarize(steps, evals)
     out = {"tokens": s["tokens"], "train_loss": s["train_loss"], "val_loss": s["val_loss"],
-           "val_tokens": s["val_tokens"]}
+           "val_tokens": float(s["val_tokens"]) if s["val_tokens"] >= 0 else math.nan}
     peaks = {}
     if mem is not None:
         peaks = {str(c): float(v) for c, v in zip(mem["category"], mem["peak_gib"])}
