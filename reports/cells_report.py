@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 
 from reports import bench_report, train_report  # noqa: E402
 
-SHOWN = ["case", "shape", "recipe", "seed", "status", "peak_total_gib", "peak_act_gib", "pct_of_80_gib", "pct_of_141_gib",
+SHOWN = ["case", "shape", "recipe", "seed", "status", "peak_total_gib", "peak_act_gib", "pct_of_80_gib",
+         "pct_of_141_gib",
          "oom_category", "tokens_per_s", "mfu", "train_loss", "val_loss", "val_tokens", "dispatch_payload_bytes",
          "dispatch_scale_bytes", "dispatch_bytes", "elapsed_s", "run", "note"]
 RECIPE_COLORS = {"bf16": "#4C72B0", "fp8": "#DD8452", "mxfp4": "#55A868"}

@@ -101,7 +101,8 @@ def _fmt(v, digits=4):
 
 
 def markdown(runs):
-    """One row per run: steps, tokens, train loss, validation loss (last, its tokens, best), tokens/s, MFU, peaks, skipped."""
+    """One row per run: steps, tokens, train loss, validation loss (last, its tokens, best), tokens/s, MFU, peaks,
+    skipped."""
     head = ("| run | steps | tokens | train loss | val loss | val tokens | best val | tokens/s | MFU | peak act GiB | "
             "peak total GiB | skipped |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -18,7 +18,8 @@ machine's Hopper GPU and puts our numbers beside the papers'.
    A train-kind scenario (kind = "train") instead runs `fp4moe train` once per cell of its grid (seed x config x
    recipe x recompute policy at this scale, repro/train_cells.py; --seeds and --steps override the scenario's seeds
    and steps; --parallel N runs N cells at a time on the GPU, each its own process, log and result file, a failure
-   in one reported for its cell alone, a progress line as each finishes), each into <out>/<date>-<gpu>/train/<run>.h5 with its
+   in one reported for its cell alone, a progress line as each finishes), each into
+   <out>/<date>-<gpu>/train/<run>.h5 with its
    log in logs/train-<run>.log, and reads the runs back into its cells table (/bench/<family>). A cell over its
    memory budget is an "OOM" result with the category that did not fit, and one the trainer refuses (a recipe or
    policy not built yet, no token shards: `make data`) is "not run" with the trainer's reason; neither fails the

@@ -284,7 +284,8 @@ def _ours(path, t, where):
     if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
         _fail(path, f"{where}: ours.match must be a list of column names")
     if agg == "paired_mean" and "seed" not in match:
-        _fail(path, f"{where}: aggregate 'paired_mean' pairs cells by seed: ours.match must include \"seed\", got {match!r}")
+        _fail(path, f"{where}: aggregate 'paired_mean' pairs cells by seed: ours.match must include \"seed\", "
+                    f"got {match!r}")
     if agg == "sd":
         _fail(path, f"{where}: aggregate 'sd' takes one 'column' (the spread of one quantity), not a numerator and a "
                     f"denominator")
@@ -437,7 +438,8 @@ def _train_spec(path, doc):
     for scale in SCALES:
         if not any(scale in c.scales for c in cells):
             _fail(path, f"no [[cells]] entry runs at scale {scale}")
-    return TrainSpec(steps=dict(steps), seeds=seeds, data=data, memory_budget_gib=float(budget), retry_without_budget=retry,
+    return TrainSpec(steps=dict(steps), seeds=seeds, data=data, memory_budget_gib=float(budget),
+                     retry_without_budget=retry,
                      args=_options(path, t.get("args", []), "[train] args"), configs=configs, recipes=recipes,
                      policies=policies, cells=cells)
 

@@ -47,7 +47,8 @@ TEST(TrainEvalSplit, EveryWindowOnceInFileOrderWithAShortLastGroup) {
     std::vector<int32_t> shard(static_cast<size_t>(n));
     std::iota(shard.begin(), shard.end(), first);
     shard.back() = 0;
-    for (int32_t j = 0; j < (n - 1) / T; ++j) expected.insert(expected.end(), shard.begin() + j * T, shard.begin() + j * T + T + 1);
+    for (int32_t j = 0; j < (n - 1) / T; ++j)
+      expected.insert(expected.end(), shard.begin() + j * T, shard.begin() + j * T + T + 1);
   }
   for (int pass = 0; pass < 2; ++pass) {
     SCOPED_TRACE(pass);
