@@ -223,6 +223,13 @@ def _train_facts(a):
         f"{n} {what}" for n, what in counts if isinstance(n, int) and n) + ")"
     if a.get("steps"):
         text += f", {a['steps']} steps each"
+    seeds = str(a.get("seeds", "")).split()
+    if seeds:
+        text += f", {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)})"
+    if a.get("parallel", 1) not in (1, "1"):
+        text += f", {a['parallel']} runs at a time"
+    if a.get("merged_from"):
+        text += f", merged from {a['merged_from']}"
     if result_file.is_number(a.get("memory_budget_gib")) and a["memory_budget_gib"] > 0:
         text += f", memory budget {_num(a['memory_budget_gib'])} GiB"
     if a.get("data"):

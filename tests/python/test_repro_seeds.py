@@ -297,7 +297,9 @@ class RunSeedsWithFakeTrainer(util.Tmp):
         self.assertAlmostEqual(fp8["ours"], sum(d) / 3)
         self.assertEqual(fp8["count"], 3)
         with open(self.path("report", "TABLES.md")) as f:
-            self.assertIn("n = 3 seeds", f.read())
+            tables = f.read()
+        self.assertIn("n = 3 seeds", tables)
+        self.assertIn("3 seeds (1234, 1235, 1236), merged from", tables)
         self.assertTrue(os.path.exists(self.path("report", "loss_deviation_loss.png")))
 
         for other, msg in (("other", "steps 4 in"), ("again", "seed 1235 is in both")):
