@@ -11,7 +11,8 @@ recipe, policy, data, options). Anything else is refused with what differs, e.g.
 whose file is gone. Benchmark (non-train) scenarios are left out (said on the console). The merged file holds
 /repro/<scenario> (rows over every seed), /bench/<family> (the cells of every input, with a `run_file` column
 naming the input), /train/<run> and /memory/<run> of each run, the first input's root attributes plus
-`merged_from` (the inputs) and `command`. Written under a temporary name and renamed (repro/merge.py).
+`merged_from` (the inputs), `command`, and `merged_git_shas` when the inputs come from different commits (allowed,
+said on the console: the command lines agree, the code may not). Written under a temporary name and renamed (repro/merge.py).
 
 Exit codes: 0 written; 1 nothing to merge; 2 bad arguments, an unreadable input, or inputs that do not agree.
 """
@@ -93,11 +94,12 @@ def merge_runs(out_path, inputs, scenarios_dir):
     MergeRunsError, OSError, result_file.SchemaError / TableError, scenario.ScenarioError, merge.MergeError."""
     if len(inputs) < 1:
         raise MergeRunsError("no run file to merge", 1)
-    by_scenario, runs, root = {}, [], None
+    by_scenario, runs, root, shas = {}, [], None, {}
     for path in inputs:
         run = report.load_run(path)
         name = os.path.basename(path)
         root = root or run["attrs"]
+        shas.setdefault(str(run["attrs"].get("git_sha", "")), []).append(name)
         for p, (_, a) in run["repro"].items():
             sname = p.split("/", 2)[2]
             if a.get("kind") != "train":
@@ -129,6 +131,9 @@ def merge_runs(out_path, inputs, scenarios_dir):
     attrs = {k: v for k, v in root.items() if k != "command"}
     attrs.update({"command": shlex.join(["repro/merge_runs.py", "--out", out_path] + list(inputs)),
                   "merged_from": " ".join(os.path.basename(p) for p in inputs)})
+    if len(shas) > 1:  # allowed (the cells' command lines agree), but said
+        attrs["merged_git_shas"] = "; ".join(f"{sha or 'unknown'}: {', '.join(names)}" for sha, names in shas.items())
+        print(f"merge: note: the inputs come from different commits ({attrs['merged_git_shas']})", file=sys.stderr)
     merge.merge_run(out_path, [], repro_tables, attrs, tables=tables,
                     train_runs=[(p, r, " ".join(by_scenario)) for p, r in runs])
     return list(by_scenario)

@@ -283,11 +283,16 @@ class RunSeedsWithFakeTrainer(util.Tmp):
                                   ("again", "1235", "4")):
             r = self.run_py(build, shards, out, "--seeds", seeds, "--steps", steps, "--parallel", "2")
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with h5py.File(self.run_file("day2"), "r+") as f:  # a run of another commit merges, with a note
+            f.attrs["git_sha"] = "0123abc"
         merged = self.path("merged.h5")
         r = subprocess.run([sys.executable, MERGE_PY, "--out", merged, self.run_file("day1"), self.run_file("day2"),
                             "--report-dir", self.path("report")], capture_output=True, text=True, timeout=600)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("the inputs come from different commits", r.stderr)
         with h5py.File(merged, "r") as f:
+            self.assertIn("0123abc: " + os.path.basename(self.run_file("day2")),
+                          result_file.text(f.attrs["merged_git_shas"]))
             cells = result_file.read_table(f["bench/train_loss"])
             rows = result_file.read_table(f["repro/loss_deviation"])
             self.assertEqual(len(f["train"]), 9)
