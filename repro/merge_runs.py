@@ -5,14 +5,15 @@ recomputes each scenario's rows over all the seeds (repro/ours.py), and writes i
 
     repro/merge_runs.py --out runs/merged.h5 RUN.h5 RUN.h5 [...] [--scenarios repro/scenarios] [--report-dir DIR]
 
-What may merge: cells of one scenario whose command lines agree apart from --train.seed (same config file, steps,
-recipe, policy, data, options). Anything else is refused with what differs, e.g. "loss_deviation small bf16: steps
+What may merge: cells of one scenario whose command lines agree apart from --train.seed (same config file,
+steps, recipe, policy, data, options). Anything else is refused with what differs, e.g. "loss_deviation small bf16: steps
 1000 in a.h5 but 500 in b.h5"; so is one seed of one cell in two files (it would count twice), and a scenario
 whose file is gone. Benchmark (non-train) scenarios are left out (said on the console). The merged file holds
 /repro/<scenario> (rows over every seed), /bench/<family> (the cells of every input, with a `run_file` column
 naming the input), /train/<run> and /memory/<run> of each run, the first input's root attributes plus
 `merged_from` (the inputs), `command`, and `merged_git_shas` when the inputs come from different commits (allowed,
-said on the console: the command lines agree, the code may not). Written under a temporary name and renamed (repro/merge.py).
+said on the console: the command lines agree, the code may not). Written under a temporary name and renamed
+(repro/merge.py).
 
 Exit codes: 0 written; 1 nothing to merge; 2 bad arguments, an unreadable input, or inputs that do not agree.
 """
