@@ -84,6 +84,10 @@ def _esc(v):
 
 
 # Columns of rows over seeds (repro/ours.py paired_mean, sd), shown when any row has one (older run files lack them).
+SEED_METHOD = ("Over seeds: ours is the mean of the per-seed paired deviations (same seed: same initial weights and "
+               "data order for every recipe); the interval is the 95% Student-t interval of that mean (n - 1 degrees "
+               "of freedom, repro/stats.py); \"within noise\" when it contains 0; the spread is the baseline's sample "
+               "sd over the same seeds (its noise floor). The loss plot draws the mean over seeds and a min-max band.")
 SEED_SHOWN = [("interval", "95% interval (t, over seeds)"), ("spread", "spread over seeds"), ("verdict", "verdict")]
 
 
@@ -266,6 +270,8 @@ def render_markdown(run, plots, run_name=""):
             sentence = "; ".join(facts)
             out += [sentence[0].upper() + sentence[1:] + ".", ""]
         out.append(repro_markdown(df))
+        if "verdict" in df.columns and df["verdict"].astype(str).str.strip().ne("").any():
+            out += ["", SEED_METHOD]
         for png in plots.get(p, []):
             out += ["", f"![{name}]({png})"]
     if run.get("train"):

@@ -305,6 +305,7 @@ class RunSeedsWithFakeTrainer(util.Tmp):
             tables = f.read()
         self.assertIn("n = 3 seeds", tables)
         self.assertIn("3 seeds (1234, 1235, 1236), merged from", tables)
+        self.assertIn(report.SEED_METHOD, tables)
         self.assertTrue(os.path.exists(self.path("report", "loss_deviation_loss.png")))
 
         for other, msg in (("other", "steps 4 in"), ("again", "seed 1235 is in both")):
