@@ -1,4 +1,5 @@
-// `fp4moe repro <scenario>... [--scale smoke|default|full] [--out DIR] [--data DIR] [--list]`: runs reproduction
+// `fp4moe repro <scenario>... [--scale smoke|default|full] [--out DIR] [--data DIR] [--parallel N] [--seeds S1,S2]
+// [--steps N] [--list]`: runs reproduction
 // scenarios (repro/scenarios/<scenario>.toml) through the suite's runner, repro/run.py, with the build folder of this
 // binary: one run file <out>/<date>-<gpu>.h5 and its report, as `make repro-table` writes for the whole suite.
 // The runner is Python: the interpreter is the one CMake was configured with (FP4MOE_PYTHON, the Makefile's first
@@ -30,6 +31,9 @@ struct ReproOptions {
   std::string scale = "default";
   std::string out = "runs";
   std::string data;
+  int parallel = 1;   // training cells at a time
+  std::string seeds;  // "" : the scenarios' own; checked by the runner
+  int steps = 0;      // 0: the scenarios' own
 };
 
 fs::path source_dir() { return fs::path(FP4MOE_SOURCE_DIR); }
@@ -71,6 +75,9 @@ int run_repro(const ReproOptions& o) {
   std::vector<std::string> argv_s = {py, (source_dir() / "repro" / "run.py").string(), "--build",
                                      self.parent_path().string(), "--scale", o.scale, "--out", o.out};
   if (!o.data.empty()) argv_s.insert(argv_s.end(), {"--data", o.data});
+  if (o.parallel != 1) argv_s.insert(argv_s.end(), {"--parallel", std::to_string(o.parallel)});
+  if (!o.seeds.empty()) argv_s.insert(argv_s.end(), {"--seeds", o.seeds});
+  if (o.steps != 0) argv_s.insert(argv_s.end(), {"--steps", std::to_string(o.steps)});
   argv_s.push_back("--only");
   argv_s.insert(argv_s.end(), o.scenarios.begin(), o.scenarios.end());
   std::vector<char*> argv;
@@ -93,6 +100,12 @@ Command add_repro_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--out", o->out, "folder of run files")->capture_default_str();
   sub->add_option("--data", o->data, "token shards for the training cells that read the corpus");
+  sub->add_option("--parallel", o->parallel, "training cells run N at a time on the GPU, each its own process")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  sub->add_option("--seeds", o->seeds, "training scenarios: these seeds (comma-separated) instead of their own");
+  sub->add_option("--steps", o->steps, "training scenarios: N steps per run instead of their own")
+      ->check(CLI::Range(1, 1 << 20));
   return {sub, [o] { return run_repro(*o); }};
 }
 

@@ -7,7 +7,8 @@ table attribute kind = "train cells"): a narrower Markdown table and the plots t
                                       its budget is hatched ("OOM" and the category; its bar, when drawn, is the
                                       peak measured without the budget), a cell not run says so
     plot_throughput(df, path, title)  the same layout with the median tokens/s per GPU, MFU written on each bar
-    plot_loss(runs, df, path, title)  the loss curves of the cells' runs (reports/train_report.py plot_loss)
+    plot_loss(runs, df, path, title)  the loss curves of the cells' runs, mean and min-max band over seeds per
+                                      recipe (reports/train_report.py plot_loss_bands)
     markdown(df)                      the columns that matter for reading the cells, the empty ones left out
 Each plot function returns False (and writes nothing) when no cell has a value to draw.
 """
@@ -22,8 +23,9 @@ import numpy as np  # noqa: E402
 
 from reports import bench_report, train_report  # noqa: E402
 
-SHOWN = ["case", "shape", "recipe", "status", "peak_total_gib", "peak_act_gib", "pct_of_80_gib", "pct_of_141_gib",
-         "oom_category", "tokens_per_s", "mfu", "train_loss", "val_loss", "dispatch_payload_bytes",
+SHOWN = ["case", "shape", "recipe", "seed", "status", "peak_total_gib", "peak_act_gib", "pct_of_80_gib",
+         "pct_of_141_gib",
+         "oom_category", "tokens_per_s", "mfu", "train_loss", "val_loss", "val_tokens", "dispatch_payload_bytes",
          "dispatch_scale_bytes", "dispatch_bytes", "elapsed_s", "run", "note"]
 RECIPE_COLORS = {"bf16": "#4C72B0", "fp8": "#DD8452", "mxfp4": "#55A868"}
 
@@ -134,14 +136,16 @@ def plot_throughput(df, path, title):
 
 def plot_loss(runs, df, path, title):
     """runs: {run: {"steps", "eval", "attrs"}} (train_report.load_train_runs); the cells' runs (column `run`),
-    labelled "<recipe> <case> <shape>"."""
-    chosen = {}
+    grouped over seeds by "<recipe> <case> <shape>": the mean curves with a min-max band
+    (train_report.plot_loss_bands)."""
+    groups = {}
     for _, r in df.iterrows():
         if r["run"] and r["run"] in runs:
-            chosen[f"{r['recipe']} {r['case']} {r['shape']}".replace(" config", "")] = runs[r["run"]]
-    if not chosen:
+            label = f"{r['recipe']} {r['case']} {r['shape']}".replace(" config", "")
+            groups.setdefault(label, []).append(runs[r["run"]])
+    if not groups:
         return False
-    return train_report.plot_loss(chosen, path, title)
+    return train_report.plot_loss_bands(groups, path, title)
 
 
 PLOTS = {"memory": plot_memory, "throughput": plot_throughput}

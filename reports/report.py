@@ -83,12 +83,33 @@ def _esc(v):
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
+# Columns of rows over seeds (repro/ours.py paired_mean, sd), shown when any row has one (older run files lack them).
+SEED_METHOD = ("Over seeds: ours is the mean of the per-seed paired deviations (same seed: same initial weights and "
+               "data order for every recipe); the interval is the 95% Student-t interval of that mean (n - 1 degrees "
+               "of freedom, repro/stats.py); \"within noise\" when it contains 0; the spread is the baseline's sample "
+               "sd over the same seeds (its noise floor). The loss plot draws the mean over seeds and a min-max band.")
+SEED_SHOWN = [("interval", "95% interval (t, over seeds)"), ("spread", "spread over seeds"), ("verdict", "verdict")]
+
+
+def _interval(r):
+    low, high = r.get("ci_low", math.nan), r.get("ci_high", math.nan)
+    if not (result_file.is_number(low) and result_file.is_number(high)):
+        return "-"
+    return f"[{low:+.3g}, {high:+.3g}]"
+
+
 def repro_markdown(df):
-    lines = ["| " + " | ".join(h for _, h in REPRO_SHOWN) + " |", "|---|---|---:|---:|---|---|---|"]
+    seeds = any(c in df.columns and df[c].astype(str).str.strip().ne("").any() for c in ("spread", "verdict"))
+    shown = REPRO_SHOWN[:3] + (SEED_SHOWN if seeds else []) + REPRO_SHOWN[3:]
+    align = {"ours": "---:", "ratio": "---:"}
+    lines = ["| " + " | ".join(h for _, h in shown) + " |", "|" + "|".join(align.get(c, "---") for c, _ in shown) + "|"]
     for _, r in df.iterrows():
         cells = []
-        for c, _ in REPRO_SHOWN:
-            v = r[c]
+        for c, _ in shown:
+            if c == "interval":
+                cells.append(_interval(r))
+                continue
+            v = r[c] if c in r else ""
             cells.append(_num(v, 4 if c == "ours" else 3) if c in ("ours", "ratio") else (_esc(v) if v != "" else "-"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -206,6 +227,13 @@ def _train_facts(a):
         f"{n} {what}" for n, what in counts if isinstance(n, int) and n) + ")"
     if a.get("steps"):
         text += f", {a['steps']} steps each"
+    seeds = str(a.get("seeds", "")).split()
+    if seeds:
+        text += f", {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)})"
+    if a.get("parallel", 1) not in (1, "1"):
+        text += f", {a['parallel']} runs at a time"
+    if a.get("merged_from"):
+        text += f", merged from {a['merged_from']}"
     if result_file.is_number(a.get("memory_budget_gib")) and a["memory_budget_gib"] > 0:
         text += f", memory budget {_num(a['memory_budget_gib'])} GiB"
     if a.get("data"):
@@ -242,6 +270,8 @@ def render_markdown(run, plots, run_name=""):
             sentence = "; ".join(facts)
             out += [sentence[0].upper() + sentence[1:] + ".", ""]
         out.append(repro_markdown(df))
+        if "verdict" in df.columns and df["verdict"].astype(str).str.strip().ne("").any():
+            out += ["", SEED_METHOD]
         for png in plots.get(p, []):
             out += ["", f"![{name}]({png})"]
     if run.get("train"):

@@ -2,12 +2,14 @@
 
     /train/<run>/steps   one row per optimizer step: step, tokens, loss, lr, grad_norm, tokens_per_s, mfu,
                          peak_act_gib, peak_total_gib, skipped (columns other than step/tokens/loss are optional)
-    /train/<run>/eval    one row per evaluation: step, tokens, val_loss
+    /train/<run>/eval    one row per evaluation: step, tokens, val_loss, val_tokens (validation tokens evaluated:
+                         a fixed subset periodically, the whole split at the end; absent in older files)
     attributes           of /train/<run> or of its tables: the run's config (recipe, model name, ...)
 
 summarize(steps, evals) -> dict of the numbers a report quotes; markdown(runs) -> a Markdown table with one row per
 run; plot_loss(runs, path) -> training loss (a running mean over `smooth` steps) and validation loss against
-tokens, one colour per run. Relative deviations (paper 1: fp8 +0.29%, mxfp4 +0.61% vs bf16) come from
+tokens, one colour per run; plot_loss_bands(groups, path) -> the same per group of runs (a recipe over seeds): the
+mean curve with a min-max band. Relative deviations (paper 1: fp8 +0.29%, mxfp4 +0.61% vs bf16) come from
 deviation(runs, baseline), on the last validation loss of runs that saw the same tokens.
 """
 
@@ -56,7 +58,8 @@ def _finite(values):
 
 def summarize(steps, evals, tail=None):
     """Numbers of one run: steps, tokens, final train loss (mean of the last `tail` finite losses, default 5% of the
-    steps, at least 1), last and best validation loss, median tokens/s and MFU over the steps after the first 10%
+    steps, at least 1), last and best validation loss, the validation tokens of the last evaluation (val_tokens;
+    -1 when the eval table has no such column: files written before the trainer kept it), median tokens/s and MFU over the steps after the first 10%
     (warm-up of clocks and caches), peak memory, skipped steps."""
     n = len(steps)
     out = {"steps": int(steps["step"].max()) if n else 0, "tokens": int(steps["tokens"].max()) if n else 0}
@@ -67,8 +70,10 @@ def summarize(steps, evals, tail=None):
         v = _finite(evals["val_loss"])
         out["val_loss"] = float(v[-1]) if v.size else math.nan
         out["best_val_loss"] = float(v.min()) if v.size else math.nan
+        out["val_tokens"] = int(evals["val_tokens"].iloc[-1]) if "val_tokens" in evals.columns else -1
     else:
         out["val_loss"] = out["best_val_loss"] = math.nan
+        out["val_tokens"] = -1
     settled = steps.iloc[n // 10:] if n >= 10 else steps
     for col in ("tokens_per_s", "mfu"):
         vals = _finite(settled[col]) if col in steps.columns and len(settled) else np.array([])
@@ -96,17 +101,78 @@ def _fmt(v, digits=4):
 
 
 def markdown(runs):
-    """One row per run: steps, tokens, train loss, validation loss (last, best), tokens/s, MFU, peaks, skipped."""
-    head = ("| run | steps | tokens | train loss | val loss | best val | tokens/s | MFU | peak act GiB | "
+    """One row per run: steps, tokens, train loss, validation loss (last, its tokens, best), tokens/s, MFU, peaks,
+    skipped."""
+    head = ("| run | steps | tokens | train loss | val loss | val tokens | best val | tokens/s | MFU | peak act GiB | "
             "peak total GiB | skipped |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in runs.items():
         s = summarize(r["steps"], r["eval"])
         mfu = f"{100 * s['mfu']:.1f}%" if math.isfinite(s["mfu"]) else "-"
         lines.append(f"| {name} | {s['steps']} | {s['tokens']:,} | {_fmt(s['train_loss'])} | {_fmt(s['val_loss'])} | "
+                     f"{format(s['val_tokens'], ',') if s['val_tokens'] >= 0 else '-'} | "
                      f"{_fmt(s['best_val_loss'])} | {_fmt(s['tokens_per_s'], 3)} | {mfu} | "
                      f"{_fmt(s['peak_act_gib'], 3)} | {_fmt(s['peak_total_gib'], 3)} | {s['skipped']} |")
     return "\n".join(lines)
+
+
+def _smoothed(r, smooth):
+    """(tokens, running mean of the finite training losses over `smooth` steps) of one run; None without any."""
+    st = r["steps"]
+    loss = np.asarray(st["loss"], dtype=float)
+    ok = np.isfinite(loss)
+    if not ok.any():
+        return None
+    tokens = np.asarray(st["tokens"], dtype=float)[ok]
+    w = max(1, min(smooth, int(ok.sum())))
+    return tokens[w - 1:], np.convolve(loss[ok], np.ones(w) / w, mode="valid")
+
+
+def _band(curves):
+    """(x, mean, min, max) over curves [(x, y)] on the x of the shortest one (runs of one cell share their x)."""
+    n = min(len(x) for x, _ in curves)
+    ys = np.vstack([y[:n] for _, y in curves])
+    return curves[0][0][:n], ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
+
+
+def plot_loss_bands(groups, path, title="loss", smooth=20):
+    """Per group (e.g. a recipe over seeds: {label: [run, ...]}, runs as load_train_runs gives them): the mean
+    training loss (running mean over `smooth` steps, thin) and mean validation loss (markers) against tokens, each
+    with a shaded band from the minimum to the maximum over the group's runs; a group of one run is its curve. The
+    legend gives n per group. False when no run has a finite loss."""
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    drawn = False
+    for i, (name, runs) in enumerate(groups.items()):
+        color = f"C{i % 10}"
+        n = f" (n={len(runs)})" if len(runs) > 1 else ""
+        train = [c for c in (_smoothed(r, smooth) for r in runs) if c is not None]
+        if train:
+            x, mean, lo, hi = _band(train)
+            ax.plot(x, mean, color=color, linewidth=1.0, alpha=0.8, label=f"{name} train{n}")
+            if len(train) > 1:
+                ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0)
+            drawn = True
+        evals = [(np.asarray(r["eval"]["tokens"], dtype=float), np.asarray(r["eval"]["val_loss"], dtype=float))
+                 for r in runs if r["eval"] is not None and len(r["eval"])]
+        if evals:
+            x, mean, lo, hi = _band(evals)
+            ax.plot(x, mean, "o--", color=color, markersize=3.5, linewidth=0.8, label=f"{name} val{n}")
+            if len(evals) > 1:
+                ax.fill_between(x, lo, hi, color=color, alpha=0.25, linewidth=0)
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(f"{title} (mean over seeds, band: min to max)" if any(len(r) > 1 for r in groups.values())
+                 else title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def plot_loss(runs, path, title="loss", smooth=20):

@@ -6,7 +6,9 @@ and takes one column; rows where that column is not a finite number are dropped 
 the bench tables). A ratio joins the numerator and denominator selections on the `match` columns and divides (or
 combines them as the rule's `combine` says: difference, percent_change, percent_reduction).
 The aggregate then reduces the values to one number: geomean (values must be > 0), median, mean, min, max, or
-single (exactly one value, else nothing).
+single (exactly one value, else nothing); over seeds (repro/stats.py): paired_mean (the mean of the per-seed
+combinations, with its 95% t-interval, the denominator's seed-to-seed spread and the verdict "within noise" when
+the interval contains 0) and sd (the sample sd of the values: a noise floor).
 
 Tables of training cells (kind = "train", repro/train_cells.py) carry `status` and `note` columns: the notes of
 the cells a rule selects (OOM at the budget, not run and why, a reduced shape) are carried into the row's note, so
@@ -19,6 +21,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from repro import stats
 from repro.scenario import paper_value
 
 # Columns computed from the stored ones (DataFrame -> Series).
@@ -39,7 +42,10 @@ COMBINE = {
 }
 
 REPRO_COLUMNS = [("row", "str"), ("paper", "str"), ("paper_source", "str"), ("ours", "f64"), ("ratio", "f64"),
-                 ("unit", "str"), ("note", "str"), ("paper_value", "f64"), ("count", "i64")]
+                 ("unit", "str"), ("note", "str"), ("paper_value", "f64"), ("count", "i64"),
+                 # over seeds (aggregate paired_mean or sd; NaN and "" otherwise): the 95% t-interval of ours, the
+                 # baseline's seed-to-seed spread, and "within noise" / "outside noise" / "1 seed: no interval"
+                 ("ci_low", "f64"), ("ci_high", "f64"), ("spread", "str"), ("verdict", "str")]
 
 
 class RuleError(Exception):
@@ -80,6 +86,13 @@ def values_of(df, rule):
     """The list of values a rule aggregates."""
     if rule.value is not None:
         return select(df, rule.value)["value"].tolist()
+    joined = joined_pairs(df, rule)
+    return COMBINE[rule.combine](joined["value_num"], joined["value_den"]).tolist()
+
+
+def joined_pairs(df, rule):
+    """DataFrame of the numerator and denominator values (value_num, value_den) joined on rule.match (zero
+    denominators dropped unless the rule takes a difference)."""
     num, den = select(df, rule.numerator), select(df, rule.denominator)
     for m in rule.match:
         if m not in df.columns:
@@ -88,11 +101,33 @@ def values_of(df, rule):
         joined = num.merge(den, on=rule.match, suffixes=("_num", "_den"))
     else:
         if len(num) != 1 or len(den) != 1:
-            return []
+            return pd.DataFrame({"value_num": [], "value_den": []})
         joined = pd.DataFrame({"value_num": num["value"].values, "value_den": den["value"].values})
     if rule.combine != "difference":
         joined = joined[(joined["value_den"] != 0)]
-    return COMBINE[rule.combine](joined["value_num"], joined["value_den"]).tolist()
+    return joined
+
+
+def over_seeds(df, rule):
+    """(ours, ci_low, ci_high, spread, verdict) of an aggregate over seeds (repro/stats.py):
+    paired_mean  the mean of the per-seed combinations with its 95% t-interval; the spread of the denominator
+                 over the same seeds ("<denominator's where> sd X (Y% of M), n = k seeds"); the verdict
+    sd           the sample sd of the selected values (NaN with one); the spread with its relative sd and n
+    NaNs and "" when nothing was selected."""
+    none = (math.nan, math.nan, math.nan, "", "")
+    if rule.aggregate == "sd":
+        values = [v for v in select(df, rule.value)["value"].tolist() if math.isfinite(v)]
+        if not values:
+            return none
+        s = stats.spread(values)
+        return s.sd, math.nan, math.nan, s.text(), ""
+    joined = joined_pairs(df, rule)
+    if joined.empty:
+        return none
+    diffs = COMBINE[rule.combine](joined["value_num"], joined["value_den"]).tolist()
+    p = stats.interval(diffs)
+    base = " ".join(str(v) for v in rule.denominator.where.values()) or rule.denominator.column
+    return p.mean, p.low, p.high, stats.spread(joined["value_den"].tolist()).text(base), p.verdict
 
 
 def cell_notes(df, rule):
@@ -137,7 +172,7 @@ def aggregate(values, how):
 
 
 def _spread_note(values, how):
-    if how == "single" or not values:
+    if how in ("single", "paired_mean", "sd") or not values:
         return ""
     return f"{how} of {len(values)} rows, {min(values):.3g} to {max(values):.3g}"
 
@@ -158,7 +193,14 @@ def repro_rows(scenario, df):
                 cells = cell_notes(df, r.ours)
             except RuleError as e:
                 notes.append(f"not computed: {e}")
-        ours = aggregate(values, r.ours.aggregate)
+        seeds = (math.nan, math.nan, math.nan, "", "")
+        if r.ours.aggregate in ("paired_mean", "sd"):
+            ours = math.nan
+            if values:
+                seeds = over_seeds(df, r.ours)
+                ours = seeds[0]
+        else:
+            ours = aggregate(values, r.ours.aggregate)
         if df is not None and not values and not (cells and matched_count(df, r.ours)):
             notes.append("not measured at this scale (no matching rows)")
         elif r.ours.aggregate == "single" and len(values) != 1 and values:
@@ -173,5 +215,6 @@ def repro_rows(scenario, df):
         if not r.comparable:
             notes.append("no ratio: not the same measurement")
         out.append({"row": r.row, "paper": r.paper, "paper_source": r.paper_source, "ours": ours, "ratio": ratio,
-                    "unit": r.unit, "note": "; ".join(notes), "paper_value": pv, "count": len(values)})
+                    "unit": r.unit, "note": "; ".join(notes), "paper_value": pv, "count": len(values),
+                    "ci_low": seeds[1], "ci_high": seeds[2], "spread": seeds[3], "verdict": seeds[4]})
     return out

@@ -4,6 +4,7 @@ machine's Hopper GPU and puts our numbers beside the papers'.
 
     repro/run.py [--build build] [--scale smoke|default|full] [--out runs] [--only NAME ...]
                  [--scenarios repro/scenarios] [--fp4moe PATH] [--peer-python PATH] [--data DIR]
+                 [--parallel N] [--seeds S1,S2,...] [--steps N]
 
 1. Asks `<build>/fp4moe env` for the GPU. Without a CUDA device, or with one that is not a Hopper (sm_90), it says
    so in one line with what to run instead and exits 1.
@@ -14,8 +15,11 @@ machine's Hopper GPU and puts our numbers beside the papers'.
    scenario's rules. A peer that exits 3 (PyTorch, CUDA or its operators missing) is skipped with a note, not a
    failure; the rows that needed it say why they have no value. Scales: smoke (a few cases, minutes), default (every case the
    benchmark has), full ("everything the scenario has": the same as default until a scenario defines more).
-   A train-kind scenario (kind = "train") instead runs `fp4moe train` once per cell of its grid (config x recipe x
-   recompute policy at this scale, repro/train_cells.py), each into <out>/<date>-<gpu>/train/<run>.h5 with its
+   A train-kind scenario (kind = "train") instead runs `fp4moe train` once per cell of its grid (seed x config x
+   recipe x recompute policy at this scale, repro/train_cells.py; --seeds and --steps override the scenario's seeds
+   and steps; --parallel N runs N cells at a time on the GPU, each its own process, log and result file, a failure
+   in one reported for its cell alone, a progress line as each finishes), each into
+   <out>/<date>-<gpu>/train/<run>.h5 with its
    log in logs/train-<run>.log, and reads the runs back into its cells table (/bench/<family>). A cell over its
    memory budget is an "OOM" result with the category that did not fit, and one the trainer refuses (a recipe or
    policy not built yet, no token shards: `make data`) is "not run" with the trainer's reason; neither fails the
@@ -31,6 +35,7 @@ what the others measured); 2 bad arguments, a bad scenario file, or no fp4moe bi
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import os
 import re
@@ -147,6 +152,12 @@ def run_peer(a, s, h5, flt, run_dir, label, budget):
     return rc, took, why
 
 
+def _int_list(text):
+    """"1234,1235" -> [1234, 1235]; a word that is not an integer is kept as text (check_seeds names it)."""
+    words = [w.strip() for w in text.split(",")]
+    return [int(w) if re.fullmatch(r"-?[0-9]+", w) else w for w in words]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="run the reproduction scenarios on this Hopper GPU")
     p.add_argument("--build", default="build", help="build folder holding fp4moe and benchmarks/ (default: build)")
@@ -160,7 +171,22 @@ def main(argv=None):
                    help="the Python that runs the PyTorch peers (default: this one)")
     p.add_argument("--data", help="token shards for the training cells that read the corpus (default: each "
                                   "config's train.data_dir, relative to the repository root; `make data` makes them)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="training cells run N at a time on the GPU, each its own process and output (default: 1; "
+                        "small models leave an H200 mostly idle)")
+    p.add_argument("--seeds", metavar="S1,S2,...",
+                   help="train scenarios: these --train.seed values instead of the scenario's [seeds] at this scale")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help="train scenarios: N steps per run instead of the scenario's [steps] at this scale")
     a = p.parse_args(argv)
+    try:
+        a.seeds = None if a.seeds is None else scenario.check_seeds(_int_list(a.seeds), "--seeds")
+    except ValueError as e:
+        p.error(str(e))
+    if a.steps is not None and a.steps < 1:
+        p.error(f"--steps must be >= 1, got {a.steps}")
+    if a.parallel < 1:
+        p.error(f"--parallel must be >= 1, got {a.parallel}")
     command = shlex.join(["repro/run.py"] + (sys.argv[1:] if argv is None else list(argv)))
     try:
         return run(a, command)
@@ -221,46 +247,85 @@ def run_bench_scenario(a, s, run_dir, label, bench_files, failed):
     return table, attrs, peer_why
 
 
+def run_cells(cells, run_one, parallel, report):
+    """Runs run_one(i, cell) -> outcome for every cell, `parallel` at a time (separate processes started from
+    threads; 1: one after the other, in order), and calls report(i, cell, outcome) as each finishes (in the calling
+    thread, in the order they finish). An exception in run_one propagates after the running ones end. Returns the
+    outcomes in cell order."""
+    outcomes = [None] * len(cells)
+    if parallel <= 1:
+        for i, cell in enumerate(cells):
+            outcomes[i] = run_one(i, cell)
+            report(i, cell, outcomes[i])
+        return outcomes
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = {pool.submit(run_one, i, cell): i for i, cell in enumerate(cells)}
+        for f in concurrent.futures.as_completed(futures):
+            i = futures[f]
+            outcomes[i] = f.result()
+            report(i, cells[i], outcomes[i])
+    return outcomes
+
+
 def run_train_scenario(a, s, run_dir, label, shared, train_files, failed):
-    """Runs the training cells of one train scenario (sharing identical runs through `shared`: cache key ->
-    Outcome); adds the result files of its runs to train_files ({path: (run, [scenarios])}). Returns (cells table
-    rows, /repro attributes)."""
+    """Runs the training cells of one train scenario (a.parallel at a time; sharing identical runs through
+    `shared`: cache key -> Outcome); adds the result files of its runs to train_files ({path: (run, [scenarios])}).
+    a.seeds and a.steps (None: the scenario's) override its seeds and steps at a.scale. Returns (cells table rows,
+    /repro attributes)."""
     spec = s.train
-    steps = spec.steps[a.scale]
-    cells = train_cells.expand(s, a.scale)
+    steps = a.steps or spec.steps[a.scale]
+    cells = train_cells.expand(s, a.scale, a.seeds)
     budget = s.budget_gpu_minutes[a.scale]
-    print(f"{label}: {len(cells)} training cell(s) of {steps} steps, budget {budget:g} GPU-minutes; "
-          f"{fmt_elapsed(time.monotonic() - a.t0)} elapsed in all", flush=True)
+    seeds = sorted({c.seed for c in cells if c.seed is not None})
+    print(f"{label}: {len(cells)} training cell(s) of {steps} steps"
+          f"{f', seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})' if seeds else ''}, {a.parallel} at a time, budget "
+          f"{budget:g} GPU-minutes; {fmt_elapsed(time.monotonic() - a.t0)} elapsed in all", flush=True)
     start = time.monotonic()
-    rows, warned = [], False
     data_dir = os.path.abspath(a.data) if a.data else None
-    for i, cell in enumerate(cells, 1):
-        key = train_cells.cache_key(cell, spec, steps, data_dir)
-        cell_label = f"{label}: cell {i}/{len(cells)} {cell.id}"
-        if key in shared:
-            outcome = shared[key]
-            print(f"{cell_label}: {outcome.status}, the run {outcome.run} (shared)", flush=True)
-        else:
-            outcome = train_cells.run_cell(a.fp4moe_path, cell, spec, steps, run_dir, train_cells.run_name(cell),
-                                           cell_label, budget, ROOT, data_dir)
-            shared[key] = outcome
-            print(f"{cell_label}: {outcome.status} in {fmt_elapsed(outcome.elapsed_s)}"
-                  f"{'' if outcome.status == 'ok' else ': ' + outcome.note}", flush=True)
+    keys = [train_cells.cache_key(cell, spec, steps, data_dir) for cell in cells]
+    todo = [i for i, k in enumerate(keys) if k not in shared and keys.index(k) == i]  # first of each new run
+    done, warned = [0], [False]
+
+    def cell_label(i):
+        return f"{label}: cell {i + 1}/{len(cells)} {cells[i].id}"
+
+    def run_one(j, cell):
+        i = todo[j]
+        return train_cells.run_cell(a.fp4moe_path, cell, spec, steps, run_dir, train_cells.run_name(cell),
+                                    cell_label(i), budget, ROOT, data_dir)
+
+    def report(j, cell, outcome):
+        i = todo[j]
+        shared[keys[i]] = outcome
+        done[0] += 1
+        print(f"{cell_label(i)}: {outcome.status} in {fmt_elapsed(outcome.elapsed_s)}"
+              f"{'' if outcome.status == 'ok' else ': ' + outcome.note} ({done[0]}/{len(todo)} runs done, "
+              f"{fmt_elapsed(time.monotonic() - start)} elapsed)", flush=True)
+        if not warned[0] and time.monotonic() - start > 60 * budget:
+            print(f"{label}: past its budget of {budget:g} GPU-minutes, still running", flush=True)
+            warned[0] = True
+
+    run_cells([cells[i] for i in todo], run_one, a.parallel, report)
+    rows = []
+    for i, cell in enumerate(cells):
+        outcome = shared[keys[i]]
+        if i not in todo:
+            print(f"{cell_label(i)}: {outcome.status}, the run {outcome.run} (shared)", flush=True)
         if outcome.status == "failed" and s.name not in failed:
             failed.append(s.name)
         if outcome.out_path:
-            train_files.setdefault(outcome.out_path, (outcome.run, []))[1].append(s.name)
+            names = train_files.setdefault(outcome.out_path, (outcome.run, []))[1]
+            if s.name not in names:
+                names.append(s.name)
         rows.append(train_cells.table_row(cell, outcome, spec, steps, data_dir))
-        if not warned and time.monotonic() - start > 60 * budget:
-            print(f"{label}: past its budget of {budget:g} GPU-minutes, still running", flush=True)
-            warned = True
     train_cells.flag_same_policy_peaks(rows)
     took = time.monotonic() - start
     counts = {st: sum(r["status"] == st for r in rows) for st in ("ok", "oom", "not run", "failed")}
     print(f"{label}: done in {fmt_elapsed(took)}: " + ", ".join(f"{n} {st}" for st, n in counts.items() if n),
           flush=True)
     attrs = {"title": s.title, "kind": "train", "family": s.family, "plot": s.plot, "scale": a.scale,
-             "steps": int(steps), "cells": len(rows), "cells_ok": counts["ok"], "cells_oom": counts["oom"],
+             "steps": int(steps), "seeds": " ".join(str(x) for x in seeds), "parallel": int(a.parallel),
+             "cells": len(rows), "cells_ok": counts["ok"], "cells_oom": counts["oom"],
              "cells_not_run": counts["not run"], "cells_failed": counts["failed"],
              "memory_budget_gib": float(spec.memory_budget_gib), "data": spec.data,
              "budget_gpu_minutes": float(budget), "elapsed_s": float(took),

@@ -54,6 +54,10 @@ kind = "train" (the default is "bench", above): the table is not a benchmark's b
     smoke = 3
     default = 5
     full = 5
+    [seeds]                               # optional: --train.seed values per scale (lists of distinct integers
+    smoke = [1234]                        #   >= 0); every cell runs once per seed, so that recipes compare
+    default = [1234, 1235, 1236]          #   paired (same seed: same initial weights and data order); absent:
+    full = [1234, 1235, 1236]             #   one run per cell with the config's own seed (seed column -1)
     [train]
     data = "synthetic"                    # synthetic (--synthetic-data) or shards (the config's token shards)
     memory_budget_gib = 80                # optional: --memory-budget of every cell (absent or 0: none)
@@ -75,7 +79,16 @@ kind = "train" (the default is "bench", above): the table is not a benchmark's b
     note = "reduced shape"                # optional: carried into the cells' notes and the rows they feed
 
 A cell's options may not include those the runner sets itself (RUNNER_OPTIONS). Rules read the cells table:
-case = the policy, shape = the label, recipe, status ("ok", "oom", "not run", "failed") and the measured columns.
+case = the policy, shape = the label, recipe, seed, status ("ok", "oom", "not run", "failed") and the measured
+columns.
+
+Aggregates over seeds (repro/stats.py states the method):
+    aggregate = "paired_mean"             # a numerator/denominator rule whose `match` includes "seed": the mean
+                                          #   over seeds of the per-seed combination (e.g. percent_change) with
+                                          #   its 95% t-interval, the denominator's seed-to-seed spread beside it,
+                                          #   and "within noise" when the interval contains 0
+    aggregate = "sd"                      # a column rule: the sample sd over the selected cells (the noise floor
+                                          #   of a baseline over seeds), its relative sd and n in the spread
 
 load() checks all of this and raises ScenarioError naming the file and what was wrong.
 """
@@ -87,17 +100,18 @@ import tomllib
 from dataclasses import dataclass, field
 
 SCALES = ("smoke", "default", "full")
-AGGREGATES = ("geomean", "median", "mean", "min", "max", "single")
+AGGREGATES = ("geomean", "median", "mean", "min", "max", "single", "paired_mean", "sd")
 COMBINES = ("ratio", "difference", "percent_change", "percent_reduction")
 KINDS = ("bench", "train")
 PLOTS = ("", "memory", "throughput", "loss")
 DATA = ("synthetic", "shards")
 # Options of `fp4moe train` that repro/train_cells.py sets for every cell; a scenario may not give them.
-RUNNER_OPTIONS = ("--config", "--out", "--run", "--train.steps", "--memory-budget", "--synthetic-data",
+RUNNER_OPTIONS = ("--config", "--out", "--run", "--train.steps", "--train.seed", "--memory-budget", "--synthetic-data",
                   "--recompute.modules", "--resume", "--dry-run", "--no-data-check", "--data", "--log-interval")
 # The cells table of a train scenario (repro/train_cells.py writes it; rules read these columns).
 TRAIN_COLUMNS = [
     ("case", "str"), ("shape", "str"), ("recipe", "str"),     # policy, label, recipe
+    ("seed", "i64"),                                          # --train.seed (-1: the config's own)
     ("status", "str"), ("note", "str"), ("run", "str"),       # ok | oom | not run | failed; why; /train/<run>
     ("config", "str"), ("args", "str"), ("steps", "i64"), ("exit_code", "i64"), ("elapsed_s", "f64"),
     ("budget_gib", "f64"), ("oom_category", "str"), ("oom_request_gib", "f64"), ("oom_held_gib", "f64"),
@@ -105,7 +119,8 @@ TRAIN_COLUMNS = [
     ("optimizer_gib", "f64"), ("comm_gib", "f64"), ("workspace_gib", "f64"),
     ("pct_of_80_gib", "f64"), ("pct_of_141_gib", "f64"),
     ("tokens_per_s", "f64"), ("mfu", "f64"), ("step_time_s", "f64"), ("tokens", "i64"),
-    ("train_loss", "f64"), ("val_loss", "f64"),
+    ("train_loss", "f64"), ("val_loss", "f64"), ("val_tokens", "f64"),  # val_tokens: of the last evaluation
+                                                                        # (NaN: not measured)
     ("dispatch_hidden", "i64"), ("dispatch_payload_bytes", "f64"), ("dispatch_scale_bytes", "f64"),
     ("dispatch_bytes", "f64"),
 ]
@@ -157,6 +172,7 @@ class CellGroup:
 @dataclass
 class TrainSpec:
     steps: dict                 # scale -> --train.steps
+    seeds: dict                 # scale -> [--train.seed values]; [None]: the config's own seed
     data: str                   # synthetic | shards
     memory_budget_gib: float    # 0: none
     retry_without_budget: bool
@@ -259,12 +275,20 @@ def _ours(path, t, where):
             _fail(path, f"{where}: ours has both 'column' and a numerator/denominator; give one of the two")
         if "combine" in t or "match" in t:
             _fail(path, f"{where}: ours.combine and ours.match apply to a numerator and a denominator, not to 'column'")
+        if agg == "paired_mean":
+            _fail(path, f"{where}: aggregate 'paired_mean' needs a numerator and a denominator (paired per seed)")
         return OursRule(agg, value=_selection(path, t, f"{where} ours"))
     if "numerator" not in t or "denominator" not in t:
         _fail(path, f"{where}: ours needs 'column' (and 'where'), or 'numerator' and 'denominator'")
     match = t.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
         _fail(path, f"{where}: ours.match must be a list of column names")
+    if agg == "paired_mean" and "seed" not in match:
+        _fail(path, f"{where}: aggregate 'paired_mean' pairs cells by seed: ours.match must include \"seed\", "
+                    f"got {match!r}")
+    if agg == "sd":
+        _fail(path, f"{where}: aggregate 'sd' takes one 'column' (the spread of one quantity), not a numerator and a "
+                    f"denominator")
     combine = t.get("combine", "ratio")
     if combine not in COMBINES:
         _fail(path, f"{where}: ours.combine must be one of {', '.join(COMBINES)}, got {combine!r}")
@@ -331,12 +355,35 @@ def _named_table(path, doc, key, check, required=True):
     return out
 
 
+def check_seeds(seeds, where):
+    """A list of distinct integers >= 0 (at least one), as a list; raises ValueError saying what was wrong."""
+    if (not isinstance(seeds, list) or not seeds
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
+        raise ValueError(f"{where} must be a non-empty list of integers >= 0 (--train.seed values), got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"{where} lists a seed twice: {seeds!r}")
+    return list(seeds)
+
+
+def _seeds(path, t):
+    """[seeds] per scale; absent: [None] (the config's own seed) at every scale."""
+    if t is None:
+        return {s: [None] for s in SCALES}
+    if not isinstance(t, dict) or set(t) != set(SCALES):
+        _fail(path, f"[seeds] must give {', '.join(SCALES)}, each a list of seeds, got {t!r}")
+    try:
+        return {s: check_seeds(t[s], f"[seeds] {s}") for s in SCALES}
+    except ValueError as e:
+        _fail(path, str(e))
+
+
 def _train_spec(path, doc):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     steps = doc.get("steps")
     if not isinstance(steps, dict) or set(steps) != set(SCALES) or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in steps.values()):
         _fail(path, f"[steps] must give {', '.join(SCALES)} as integers >= 1 (--train.steps per scale), got {steps!r}")
+    seeds = _seeds(path, doc.get("seeds"))
     t = doc.get("train", {})
     if not isinstance(t, dict):
         _fail(path, "[train] must be a table")
@@ -391,7 +438,8 @@ def _train_spec(path, doc):
     for scale in SCALES:
         if not any(scale in c.scales for c in cells):
             _fail(path, f"no [[cells]] entry runs at scale {scale}")
-    return TrainSpec(steps=dict(steps), data=data, memory_budget_gib=float(budget), retry_without_budget=retry,
+    return TrainSpec(steps=dict(steps), seeds=seeds, data=data, memory_budget_gib=float(budget),
+                     retry_without_budget=retry,
                      args=_options(path, t.get("args", []), "[train] args"), configs=configs, recipes=recipes,
                      policies=policies, cells=cells)
 

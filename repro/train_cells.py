@@ -60,10 +60,11 @@ class Cell:
     options: list        # recipe options, then the group's args
     modules: list = None  # recompute modules; None for the policy "config"
     note: str = ""
+    seed: int = None      # --train.seed; None: the config's own
 
     @property
     def id(self):
-        return f"{self.label} {self.recipe} {self.policy}"
+        return f"{self.label} {self.recipe} {self.policy}" + ("" if self.seed is None else f" seed {self.seed}")
 
 
 @dataclass
@@ -79,18 +80,23 @@ class Outcome:
     metrics: dict = field(default_factory=dict)  # TRAIN_COLUMNS measured from the result file
 
 
-def expand(s, scale):
-    """The cells of scenario s at `scale`, in file order (groups, then configs, recipes, policies)."""
+def expand(s, scale, seeds=None):
+    """The cells of scenario s at `scale`, seed by seed (the scenario's [seeds] at that scale, or `seeds` when
+    given), then in file order (groups, configs, recipes, policies): each seed's comparison completes before the
+    next seed starts."""
     spec, cells = s.train, []
-    for g in spec.cells:
-        if scale not in g.scales:
-            continue
-        for c in g.configs:
-            for r in g.recipes:
-                for p in g.policies:
-                    cells.append(Cell(scenario=s.name, config=c, config_path=spec.configs[c], label=g.label or c,
-                                      recipe=r, policy=p, options=list(spec.recipes[r]) + list(g.args),
-                                      modules=None if p == "config" else list(spec.policies[p]), note=g.note))
+    for seed in (seeds if seeds is not None else spec.seeds[scale]):
+        for g in spec.cells:
+            if scale not in g.scales:
+                continue
+            for c in g.configs:
+                for r in g.recipes:
+                    for p in g.policies:
+                        cells.append(Cell(scenario=s.name, config=c, config_path=spec.configs[c],
+                                          label=g.label or c, recipe=r, policy=p,
+                                          options=list(spec.recipes[r]) + list(g.args),
+                                          modules=None if p == "config" else list(spec.policies[p]), note=g.note,
+                                          seed=seed))
     return cells
 
 
@@ -99,6 +105,8 @@ def cell_args(cell, spec, steps, data_dir=None, budget_gib=None):
     for none."""
     budget = spec.memory_budget_gib if budget_gib is None else budget_gib
     args = ["--config", cell.config_path, "--train.steps", str(steps), "--log-interval", str(max(1, steps // 10))]
+    if cell.seed is not None:
+        args += ["--train.seed", str(cell.seed)]
     if spec.data == "synthetic":
         args.append("--synthetic-data")
     elif data_dir:
@@ -117,8 +125,9 @@ def cache_key(cell, spec, steps, data_dir=None):
 
 
 def run_name(cell):
-    """The run's group name under /train and /memory: "<scenario>-<label>-<recipe>-<policy>"."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cell.scenario}-{cell.label}-{cell.recipe}-{cell.policy}")
+    """The run's group name under /train and /memory: "<scenario>-<label>-<recipe>-<policy>[-s<seed>]"."""
+    seed = "" if cell.seed is None else f"-s{cell.seed}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cell.scenario}-{cell.label}-{cell.recipe}-{cell.policy}{seed}")
 
 
 def _short(text):
@@ -186,7 +195,8 @@ def read_run(path, run):
             mem = result_file.read_table(f[f"memory/{run}"])
             mem_attrs = result_file.table_attributes(f, f"memory/{run}")
     s = train_report.summarize(steps, evals)
-    out = {"tokens": s["tokens"], "train_loss": s["train_loss"], "val_loss": s["val_loss"]}
+    out = {"tokens": s["tokens"], "train_loss": s["train_loss"], "val_loss": s["val_loss"],
+           "val_tokens": float(s["val_tokens"]) if s["val_tokens"] >= 0 else math.nan}
     peaks = {}
     if mem is not None:
         peaks = {str(c): float(v) for c, v in zip(mem["category"], mem["peak_gib"])}
@@ -287,6 +297,7 @@ def table_row(cell, outcome, spec, steps, data_dir=None):
     oom = outcome.oom
     row.update({
         "case": cell.policy, "shape": cell.label, "recipe": cell.recipe, "status": outcome.status,
+        "seed": -1 if cell.seed is None else int(cell.seed),
         "note": "; ".join(x for x in [cell.note, outcome.note] if x),
         "run": outcome.run if outcome.out_path else "", "config": cell.config_path,
         "args": shlex.join(cell_args(cell, spec, steps, data_dir)), "steps": int(steps),

@@ -57,6 +57,20 @@ class ReproCli(unittest.TestCase):
             build = os.path.dirname(os.path.realpath(self.exe))
             self.assertEqual(got, [os.path.join(ROOT, "repro", "run.py"), "--build", build, "--scale", "smoke",
                                    "--out", "somewhere", "--only", "loss_deviation", "comm_volume"])
+            r = self.run_cli("loss_deviation", "--parallel", "3", "--seeds", "1234,1235", "--steps", "200",
+                             env={"FP4MOE_PYTHON": echo})
+            self.assertEqual(r.returncode, 0, r.stderr)
+            got = [line.strip("[]") for line in r.stdout.split()]
+            self.assertEqual(got[got.index("--out") + 2:], ["--parallel", "3", "--seeds", "1234,1235", "--steps", "200",
+                                                             "--only", "loss_deviation"])
+
+    def test_bad_parallel_or_steps_are_refused(self):
+        for args in (["--parallel", "0"], ["--steps", "-5"]):
+            with self.subTest(args=args):
+                r = self.run_cli("loss_deviation", *args)
+                self.assertEqual(r.returncode, 2)
+                self.assertIn("not in range 1 to", r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
 
 
 if __name__ == "__main__":

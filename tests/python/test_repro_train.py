@@ -46,7 +46,7 @@ def fake_outcome(cell, status="ok", budget=80.0, **metrics):
     act = {"bf16": 12.0, "fp8": 11.0, "mxfp4": 7.0}[cell.recipe] * {"attn_ln_experts": 0.5}.get(cell.policy, 1.0)
     m = {"peak_total_gib": 60.0 + act, "peak_act_gib": act, "tokens_per_s": {"bf16": 1000.0, "fp8": 1200.0,
                                                                               "mxfp4": 1150.0}[cell.recipe],
-         "mfu": 0.2, "val_loss": {"bf16": 4.8, "fp8": 4.81, "mxfp4": 4.83}[cell.recipe],
+         "mfu": 0.2, "val_tokens": 65536.0, "val_loss": {"bf16": 4.8, "fp8": 4.81, "mxfp4": 4.83}[cell.recipe],
          "train_loss": {"bf16": 4.9, "fp8": 4.92, "mxfp4": 4.95}[cell.recipe],
          "dispatch_bytes": {"bf16": 2.0, "fp8": 1.03125, "mxfp4": 0.53125}[cell.recipe] * 7168,
          "dispatch_scale_bytes": {"bf16": 0.0, "fp8": 224.0, "mxfp4": 224.0}[cell.recipe]}
@@ -265,7 +265,7 @@ class CellCommandLines(unittest.TestCase):
     def cell(self, name, scale, config, recipe, policy):
         s = load(name)
         (c,) = [c for c in train_cells.expand(s, scale)
-                if (c.config, c.recipe, c.policy) == (config, recipe, policy)]
+                if (c.config, c.recipe, c.policy, c.seed) == (config, recipe, policy, s.train.seeds[scale][0])]
         return s, c
 
     def test_a_memory_cell(self):
@@ -302,7 +302,7 @@ class CellCommandLines(unittest.TestCase):
         self.assertNotIn("--data", train_cells.cell_args(c, s.train, 1000))
 
     def test_steps_per_scale(self):
-        self.assertEqual(load("loss_deviation").train.steps, {"smoke": 100, "default": 1000, "full": 1000})
+        self.assertEqual(load("loss_deviation").train.steps, {"smoke": 60, "default": 1000, "full": 1000})
         self.assertEqual(load("memory_per_policy").train.steps["default"], 5)
         for name in TRAIN:
             s = load(name)
@@ -547,8 +547,9 @@ class RunWithFakeTrainer(Tmp):
         self.assertIn("[3/4] memory_per_policy: cell 2/18 v3 bf16 mla_up_proj: oom", r.stdout)
         self.assertIn("(shared)", r.stdout)
         calls = self.train_calls()
-        # comm 6 + loss 3 + memory 18 + the retries of the two cells over 80 GiB; throughput reads memory's runs.
-        self.assertEqual(len(calls), 6 + 3 + 18 + 2)
+        # comm 6 + loss 3 x 4 seeds + memory 18 + the retries of the two cells over 80 GiB; throughput reads
+        # memory's runs.
+        self.assertEqual(len(calls), 6 + 3 * 4 + 18 + 2)
         retries = [c for c in calls if "--memory-budget" not in c and "configs/v3.toml" in c and "--recompute.modules"
                    in c]
         self.assertEqual(len(retries), 2)
@@ -558,8 +559,8 @@ class RunWithFakeTrainer(Tmp):
         with h5py.File(self.run_file(), "r") as f:
             self.assertEqual(sorted(f["bench"]), ["train_comm", "train_loss", "train_memory", "train_throughput"])
             self.assertEqual(sorted(f["repro"]), sorted(TRAIN))
-            self.assertEqual(len(f["train"]), 6 + 3 + 18)
-            self.assertEqual(len(f["memory"]), 6 + 3 + 18)
+            self.assertEqual(len(f["train"]), 6 + 3 * 4 + 18)
+            self.assertEqual(len(f["memory"]), 6 + 3 * 4 + 18)
             shared = f["train/memory_per_policy-v3-mxfp4-mla_up_proj"]
             self.assertEqual(result_file.text(shared.attrs["repro_scenarios"]),
                              "memory_per_policy throughput_per_policy")
@@ -642,10 +643,10 @@ class RunWithFakeTrainer(Tmp):
             self.assertEqual(result_file.text(f.attrs["schema_version"]), result_file.SCHEMA_VERSION)
             self.assertEqual(result_file.text(f.attrs["gpu"]), "NVIDIA H200")
             self.assertNotIn("train", f)
-            self.assertEqual(list(result_file.read_table(f["bench/train_loss"])["status"]), ["not run"] * 3)
+            self.assertEqual(list(result_file.read_table(f["bench/train_loss"])["status"]), ["not run"] * 6)  # 3 recipes x 2 seeds
         md, _, _ = report.write_report(self.run_file(), self.path("report"))
         with open(md, encoding="utf-8") as f:
-            self.assertIn("Training cells of `fp4moe train`: 3 (3 not run), 100 steps each", f.read())
+            self.assertIn("Training cells of `fp4moe train`: 6 (6 not run), 60 steps each", f.read())
 
 
 # ---- merging and reporting ------------------------------------------------------------------------------------------

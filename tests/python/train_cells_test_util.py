@@ -35,9 +35,10 @@ def budget_report(what, request_gib, category, held_gib, budget_gib):
 
 
 def write_train_file(path, run, tokens_per_s, peaks_gib, losses=None, evals=(), tokens_per_step=4096,
-                     dispatch=None, mfu_per_tps=1e-5, **root):
+                     dispatch=None, mfu_per_tps=1e-5, val_tokens=None, **root):
     """A result file of `fp4moe train`: /train/<run> (configuration attributes), its steps table (one row per
-    tokens_per_s value), its eval table ([(step, val_loss)]), /memory/<run> (peaks_gib: {category or "total":
+    tokens_per_s value), its eval table ([(step, val_loss)], with the column val_tokens when given: one value per
+    evaluation), /memory/<run> (peaks_gib: {category or "total":
     GiB}) and, with dispatch = {"payload": x, "scales": y, "hidden": d}, the dispatch_* attributes."""
     n = len(tokens_per_s)
     losses = list(losses) if losses is not None else [10.0 - 0.1 * i for i in range(n)]
@@ -54,9 +55,11 @@ def write_train_file(path, run, tokens_per_s, peaks_gib, losses=None, evals=(), 
             "mfu": [float(t) * mfu_per_tps for t in tokens_per_s],
             "peak_act_gib": [float(peaks_gib.get("activations", 0.0))] * n,
             "peak_total_gib": [float(peaks_gib.get("total", 0.0))] * n, "skipped": [0] * n})
-        util.write_table(f, f"/train/{run}/eval", {"step": [int(s) for s, _ in evals],
-                                                   "tokens": [int(s) * tokens_per_step for s, _ in evals],
-                                                   "val_loss": [float(v) for _, v in evals]})
+        eval_table = {"step": [int(s) for s, _ in evals], "tokens": [int(s) * tokens_per_step for s, _ in evals],
+                      "val_loss": [float(v) for _, v in evals]}
+        if val_tokens is not None:
+            eval_table["val_tokens"] = [int(v) for v in val_tokens]
+        util.write_table(f, f"/train/{run}/eval", eval_table)
         cats = CATEGORIES + ["total"]
         attrs = {"budget_bytes": np.int64(0)}
         if dispatch:
@@ -81,6 +84,9 @@ FAKE_DEFAULTS = {
     "val_loss": {"bf16": 4.80, "fp8": 4.82, "mxfp4": 4.85},
     "refuse_dense_fp8": False,      # today's trainer: Linear takes bf16 only
     "crash_recipes": [],            # routed recipes whose runs die without a message (exit 139)
+    "seed_val_shift": {},           # --train.seed -> added to every recipe's validation loss
+    "recipe_seed_shift": {},        # "<routed recipe> <seed>" -> added to that run's validation loss only
+    "val_tokens": 65536,            # validation tokens of the final evaluation
     "argv_log": "",
 }
 
@@ -159,10 +165,12 @@ def fake_main(argv, config_path):
     hidden = {"v3": 7168, "v2": 5120}.get(config, 768)
     per = {"bf16": (2.0 * hidden, 0.0), "fp8": (float(hidden), 4.0 * hidden / 128),
            "mxfp4": (hidden / 2.0, hidden / 32.0)}[routed]
-    val = cfg["val_loss"][routed]
+    seed = _option(args, "--train.seed", "config")
+    val = (cfg["val_loss"][routed] + cfg["seed_val_shift"].get(seed, 0.0)
+           + cfg["recipe_seed_shift"].get(f"{routed} {seed}", 0.0))
     write_train_file(_option(args, "--out"), _option(args, "--run"), [tps / 4] + [tps] * (steps - 1),
                      {"total": total, "activations": act, "weights": total - act, "grads": 0.0, "optimizer": 0.0},
-                     losses=[val + 0.01] * steps, evals=[(steps, val)],
+                     losses=[val + 0.01] * steps, evals=[(steps, val)], val_tokens=[cfg["val_tokens"]],
                      dispatch={"recipe": routed, "payload": per[0], "scales": per[1], "hidden": hidden},
                      command="fp4moe train " + " ".join(args))
     return 0

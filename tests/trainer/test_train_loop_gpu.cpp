@@ -23,6 +23,7 @@
 #include "results/h5_read.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/data/token_shard.h"
 #include "trainer/train/schedule.h"
 #include "trainer/train/trainer.h"
 
@@ -90,6 +91,10 @@ TEST(TrainLoop, TwentySyntheticStepsLowerTheLoss) {
   EXPECT_TRUE(std::isfinite(r.evals[0].val_loss));
   EXPECT_LT(r.evals[1].val_loss, r.evals[0].val_loss);  // the same validation batches, 10 more steps
   EXPECT_LT(r.evals[1].val_loss, r.steps[0].loss);
+  // Synthetic data has no end: the final evaluation reads the periodic one's eval_steps batches of B x T tokens.
+  const int64_t subset = cfg.train.eval_steps * cfg.train.micro_batch * cfg.train.seq_len;
+  EXPECT_EQ(r.evals[0].val_tokens, subset);
+  EXPECT_EQ(r.evals[1].val_tokens, subset);
 
   // The HDF5 file has every row.
   const H5Reader h5(dir.file("run.h5"));
@@ -266,6 +271,46 @@ TEST(TrainLoop, MemoryBudgetFailsWithTheAllocatorsReport) {
   const std::string msg = test::error_message([&] { Trainer trainer(tiny_config({}), opts); });
   EXPECT_NE(msg.find("out of the memory budget"), std::string::npos) << msg;
   EXPECT_NE(msg.find("weights"), std::string::npos) << msg;
+}
+
+// Token shards: the final evaluation reads every validation window once (11 windows of T = 64 with B = 4: groups of
+// 4, 4 and 3), the periodic ones the first eval_steps batches; train.final_eval_steps = N reads N batches instead.
+TEST(TrainLoop, FinalEvaluationCoversTheWholeValidationSplit) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  auto shard = [&](const std::string& name, size_t n) {
+    std::vector<uint16_t> tokens(n);
+    for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<uint16_t>(1 + (i * 7919) % 30000);
+    tokens.back() = 0;
+    write_token_shard(dir.file(name), tokens, 32768, 0);
+  };
+  shard("train_000.bin", 64 * 40 + 1);
+  shard("val_000.bin", 64 * 11 + 1);
+  const std::vector<std::string> common = {"--train.data_dir", dir.path().string(), "--train.steps", "4",
+                                           "--train.warmup_steps", "1", "--train.eval_interval", "2",
+                                           "--train.eval_steps", "2"};
+  auto run = [&](std::vector<std::string> extra, const std::string& out) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    TrainerOptions o = quiet_options(dir, out);
+    o.synthetic_data = false;
+    return Trainer(tiny_config(args), o).run();
+  };
+  const TrainResult whole = run({}, "whole.h5");
+  ASSERT_EQ(whole.evals.size(), 2u);
+  EXPECT_EQ(whole.evals[0].step, 2);
+  EXPECT_EQ(whole.evals[0].val_tokens, 2 * 4 * 64);  // periodic: the first 2 batches
+  EXPECT_EQ(whole.evals[1].step, 4);
+  EXPECT_EQ(whole.evals[1].val_tokens, 11 * 64);  // final: every window
+  EXPECT_TRUE(std::isfinite(whole.evals[1].val_loss));
+  const H5Reader h5(dir.file("whole.h5"));
+  EXPECT_EQ(h5.read_f64("train/tiny/eval/val_tokens"), (std::vector<double>{512, 704}));
+
+  const TrainResult first = run({"--train.final_eval_steps", "2"}, "first.h5");
+  ASSERT_EQ(first.evals.size(), 2u);
+  EXPECT_EQ(first.evals[1].val_tokens, 2 * 4 * 64);
+  EXPECT_TRUE(same_bits(first.evals[0].val_loss, whole.evals[0].val_loss));  // same seed: same run up to here
+  EXPECT_NE(first.evals[1].val_loss, whole.evals[1].val_loss);
 }
 
 }  // namespace

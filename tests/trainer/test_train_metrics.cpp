@@ -45,8 +45,8 @@ TrainMetrics fake_run(const TrainerConfig& cfg, int64_t steps) {
   TrainMetrics m("tiny", train_run_attributes(cfg), "fp4moe train --config configs/tiny.toml", fake_env());
   m.set_attribute("synthetic_data", int64_t{1});
   for (int64_t s = 1; s <= steps; ++s) m.add_step(fake_step(s));
-  m.add_eval({2, 512, 6.5});
-  m.add_eval({4, 1024, 6.25});
+  m.add_eval({2, 512, 6.5, 2048});
+  m.add_eval({4, 1024, 6.25, 8192});
   MemoryPeaks peaks;
   for (int c = 0; c < kMemCategories; ++c) peaks.peak[c] = (size_t{1} << 20) * (c + 1);
   peaks.peak_total = size_t{3} << 30;
@@ -78,6 +78,7 @@ TEST(TrainMetrics, WritesTheDocumentedLayout) {
   EXPECT_EQ(r.read_f64("train/tiny/eval/step"), (std::vector<double>{2, 4}));
   EXPECT_EQ(r.read_f64("train/tiny/eval/val_loss"), (std::vector<double>{6.5, 6.25}));
   EXPECT_EQ(r.read_f64("train/tiny/eval/tokens"), (std::vector<double>{512, 1024}));
+  EXPECT_EQ(r.read_f64("train/tiny/eval/val_tokens"), (std::vector<double>{2048, 8192}));
 
   // The configuration on /train/<run>.
   EXPECT_EQ(r.string_attribute("train/tiny", "model_config_text"), model_config_text(cfg));
@@ -131,6 +132,7 @@ TEST(TrainMetrics, ResumedRunCarriesTheEarlierRowsUpToItsStep) {
   EXPECT_EQ(resumed.steps()[2].tokens, 768);
   ASSERT_EQ(resumed.evals().size(), 1u);
   EXPECT_EQ(resumed.evals()[0].val_loss, 6.5);
+  EXPECT_EQ(resumed.evals()[0].val_tokens, 2048);
   expect_error_with([&] { resumed.add_step(fake_step(3)); }, {"step 3 does not follow step 3"});
   resumed.add_step(fake_step(4));
   resumed.write(path);

@@ -374,6 +374,10 @@ TEST(TrainerConfig, RejectsScheduleRecipeRouterAndRecomputeMistakes) {
   expect_error_with([] { tiny_with({"--train.seq_len", "0"}); }, {"train.seq_len must be >= 1"});
   expect_error_with([] { tiny_with({"--train.checkpoint_interval", "5"}); }, {"needs train.checkpoint_dir"});
   expect_error_with([] { tiny_with({"--train.eval_steps", "0"}); }, {"train.eval_steps must be >= 1"});
+  expect_error_with([] { tiny_with({"--train.final_eval_steps", "-1"}); },
+                    {"train.final_eval_steps must be >= 0", "0: the whole validation split", "got -1"});
+  EXPECT_EQ(tiny_with({}).train.final_eval_steps, 0);  // default: the whole split
+  EXPECT_EQ(tiny_with({"--train.final_eval_steps", "3"}).train.final_eval_steps, 3);
   expect_error_with([] { tiny_with({"--train.non_finite", "ignore"}); }, {"train.non_finite = 'ignore'", "skip or stop"});
   expect_error_with([] { tiny_with({"--train.data_dir", ""}); }, {"train.data_dir is empty"});
   expect_error_with([] { tiny_with({"--recipe.attention", "fp4"}); },

@@ -103,4 +103,52 @@ void TokenBatches::restore(const DataLoaderState& loader, const RngState& rng) {
   offset_ = rng.offset;
 }
 
+DataLoaderConfig shard_loader_config(const TrainerConfig& cfg, const std::string& split) {
+  DataLoaderConfig dc;
+  dc.shard_paths = find_token_shards(cfg.train.data_dir, split);
+  dc.vocab_size = static_cast<uint32_t>(cfg.model.vocab_size);
+  dc.batch_size = cfg.train.micro_batch;
+  dc.seq_len = cfg.train.seq_len;
+  dc.seed = cfg.train.seed;
+  dc.shuffle = split == "train";
+  return dc;
+}
+
+DataLoaderConfig ValidationWindows::one_reader(DataLoaderConfig c) {
+  c.batch_size = 1;
+  c.shuffle = false;
+  c.rank = 0;
+  c.world = 1;
+  return c;
+}
+
+ValidationWindows::ValidationWindows(DataLoaderConfig config)
+    : loader_(one_reader(std::move(config))), T_(loader_.config().seq_len) {}
+
+int64_t ValidationWindows::next(std::span<int32_t> rows, int64_t max_rows) {
+  FP4MOE_CHECK(max_rows >= 1, "validation windows: max_rows must be >= 1, got {}", max_rows);
+  const size_t row = static_cast<size_t>(T_ + 1);
+  FP4MOE_CHECK(rows.size() >= static_cast<size_t>(max_rows) * row,
+               "validation windows: rows holds {} tokens, fewer than max_rows {} x {}", rows.size(), max_rows, T_ + 1);
+  const uint64_t left = loader_.window_count() - taken_;
+  const int64_t n = static_cast<int64_t>(std::min<uint64_t>(left, static_cast<uint64_t>(max_rows)));
+  for (int64_t i = 0; i < n; ++i) loader_.next_batch(rows.subspan(static_cast<size_t>(i) * row, row));
+  taken_ += static_cast<uint64_t>(n);
+  return n;
+}
+
+double rows_weighted_mean(std::span<const double> losses, std::span<const int64_t> rows) {
+  FP4MOE_CHECK(losses.size() == rows.size(), "rows_weighted_mean: {} losses but {} row counts", losses.size(),
+               rows.size());
+  FP4MOE_CHECK(!rows.empty(), "rows_weighted_mean: no batch");
+  double sum = 0;
+  int64_t total = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    FP4MOE_CHECK(rows[i] >= 1, "rows_weighted_mean: batch {} has {} rows, expected >= 1", i, rows[i]);
+    sum += losses[i] * static_cast<double>(rows[i]);
+    total += rows[i];
+  }
+  return sum / static_cast<double>(total);
+}
+
 }  // namespace fp4moe

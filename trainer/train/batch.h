@@ -9,8 +9,10 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "trainer/checkpoint.h"
+#include "trainer/config.h"
 #include "trainer/data/loader.h"
 
 namespace fp4moe {
@@ -70,5 +72,37 @@ class TokenBatches {
   uint64_t seed_ = 0, stream_ = 0, offset_ = 0;
   int64_t vocab_ = 0, B_ = 0, T_ = 0;
 };
+
+// The DataLoader configuration of a run's `split` ("train": shuffled; "val": file order) under `cfg`: its shards
+// (find_token_shards of train.data_dir), vocabulary, B = train.micro_batch, T = train.seq_len and train.seed. Only
+// these enter it, never the recipe or the recompute policy, so two runs with one seed read the same batches.
+DataLoaderConfig shard_loader_config(const TrainerConfig& cfg, const std::string& split);
+
+// Every window of the validation shards once, in file order (the final evaluation over the whole split): the
+// windows of DataLoader with shuffle off, handed out up to max_rows at a time, so that the last group may be
+// shorter than B. `config`: as for DataLoader; its batch_size, shuffle, rank and world are ignored (one reader).
+class ValidationWindows {
+ public:
+  explicit ValidationWindows(DataLoaderConfig config);
+
+  // Fills the first n rows [n, T+1] of `rows` with the next n = min(max_rows, windows left) windows and returns n
+  // (0 once every window was handed out, until reset). Throws fp4moe::Error for max_rows < 1 or a `rows` that
+  // cannot hold max_rows rows.
+  int64_t next(std::span<int32_t> rows, int64_t max_rows);
+  void reset() { loader_.reset(), taken_ = 0; }
+  uint64_t window_count() const { return loader_.window_count(); }
+  int64_t seq_len() const { return T_; }
+
+ private:
+  static DataLoaderConfig one_reader(DataLoaderConfig c);
+  DataLoader loader_;
+  int64_t T_ = 0;
+  uint64_t taken_ = 0;
+};
+
+// Mean cross-entropy per token of an evaluation from its batches' mean losses and row counts (every row holds
+// the same number of targets): sum(loss_i x rows_i) / sum(rows_i). Throws fp4moe::Error for different lengths, no
+// rows, or a row count < 1.
+double rows_weighted_mean(std::span<const double> losses, std::span<const int64_t> rows);
 
 }  // namespace fp4moe

@@ -42,6 +42,7 @@ Attributes train_settings(const TrainerConfig& cfg) {
     add("train.seed", std::to_string(t.seed));
   add("train.eval_interval", t.eval_interval);
   add("train.eval_steps", t.eval_steps);
+  add("train.final_eval_steps", t.final_eval_steps);
   add("train.non_finite", std::string(t.non_finite == NonFinitePolicy::stop ? "stop" : "skip"));
   add("train.checkpoint_interval", t.checkpoint_interval);
   add("train.checkpoint_dir", t.checkpoint_dir);
@@ -157,9 +158,13 @@ void TrainMetrics::load_previous(const std::string& path, int64_t up_to_step) {
   if (r.has_dataset(eval + "/step")) {
     const std::vector<double> step = read_column(r, eval, "step", static_cast<size_t>(-1));
     const auto tokens = read_column(r, eval, "tokens", step.size()), loss = read_column(r, eval, "val_loss", step.size());
+    // val_tokens is absent from files written before it existed: 0 (unknown) there.
+    const auto val_tokens = r.has_dataset(eval + "/val_tokens") ? read_column(r, eval, "val_tokens", step.size())
+                                                                 : std::vector<double>(step.size(), 0.0);
     for (size_t i = 0; i < step.size(); ++i)
       if (step[i] <= static_cast<double>(up_to_step))
-        add_eval({static_cast<int64_t>(step[i]), static_cast<int64_t>(tokens[i]), loss[i]});
+        add_eval({static_cast<int64_t>(step[i]), static_cast<int64_t>(tokens[i]), loss[i],
+                  static_cast<int64_t>(val_tokens[i])});
   }
 }
 
@@ -184,7 +189,8 @@ void TrainMetrics::write(const std::string& path) const {
 
   Table eval;
   eval.add_column("step", ColumnType::i64).add_column("tokens", ColumnType::i64).add_column("val_loss", ColumnType::f64);
-  for (const EvalRecord& e : evals_) eval.add_row({e.step, e.tokens, e.val_loss});
+  eval.add_column("val_tokens", ColumnType::i64);
+  for (const EvalRecord& e : evals_) eval.add_row({e.step, e.tokens, e.val_loss, e.val_tokens});
   file.add_table("/train/" + run_ + "/eval", std::move(eval));
 
   Table mem;

@@ -6,7 +6,7 @@
 //   /train/<run>           the configuration as attributes (train_run_attributes), an empty `columns` list
 //   /train/<run>/steps     one row per optimizer step: step, tokens, loss, lr, grad_norm, tokens_per_s, mfu,
 //                          peak_act_gib, peak_total_gib, skipped (StepRecord)
-//   /train/<run>/eval      one row per evaluation: step, tokens, val_loss (EvalRecord)
+//   /train/<run>/eval      one row per evaluation: step, tokens, val_loss, val_tokens (EvalRecord)
 //   /memory/<run>          per-category peaks of the device allocator: category (weights, grads, optimizer,
 //                          activations, comm, workspace, total), peak_bytes, peak_gib; attribute budget_bytes, and
 //                          for a model with MoE layers the dispatch_* attributes (set_dispatch_attributes)
@@ -49,7 +49,9 @@ struct StepRecord {
 struct EvalRecord {
   int64_t step = 0;      // steps completed when it ran
   int64_t tokens = 0;    // training tokens consumed by then
-  double val_loss = 0;   // mean over train.eval_steps validation batches of their mean cross-entropy
+  double val_loss = 0;   // mean cross-entropy per token over the validation tokens evaluated
+  int64_t val_tokens = 0;  // validation tokens evaluated (targets): eval_steps x B x T periodically, the whole
+                           // split (or final_eval_steps batches) at the end; 0 in files written before it was kept
 };
 
 // Per-category peaks of a DeviceMemory over a whole run (bytes).

@@ -61,18 +61,11 @@ void Trainer::State::setup() {
     train = TokenBatches::synthetic(t.seed, kSyntheticTrainStream, cfg.model.vocab_size, B, T);
     if (t.eval_interval > 0) val = TokenBatches::synthetic(t.seed, kSyntheticValStream, cfg.model.vocab_size, B, T);
   } else {
-    auto shards = [&](const char* split, bool shuffle) {
-      DataLoaderConfig dc;
-      dc.shard_paths = find_token_shards(t.data_dir, split);
-      dc.vocab_size = static_cast<uint32_t>(cfg.model.vocab_size);
-      dc.batch_size = B;
-      dc.seq_len = T;
-      dc.seed = t.seed;
-      dc.shuffle = shuffle;
-      return TokenBatches::from_shards(std::move(dc));
-    };
-    train = shards("train", true);
-    if (t.eval_interval > 0) val = shards("val", false);
+    train = TokenBatches::from_shards(shard_loader_config(cfg, "train"));
+    if (t.eval_interval > 0) {
+      val = TokenBatches::from_shards(shard_loader_config(cfg, "val"));
+      val_split = std::make_unique<ValidationWindows>(shard_loader_config(cfg, "val"));
+    }
   }
   const std::string no_gpu = why_no_cuda_device();
   FP4MOE_CHECK(no_gpu.empty(), "{}: training needs one", no_gpu);
@@ -126,9 +119,15 @@ void Trainer::State::setup() {
 
 void Trainer::State::upload(TokenBatches& source) {
   source.next(rows);
+  upload_rows(B);
+}
+
+void Trainer::State::upload_rows(int64_t rows_n) {
+  FP4MOE_CHECK(rows_n >= 1 && rows_n <= B, "upload_rows: {} rows, expected 1 to B = {}", rows_n, B);
   CUDA_CHECK(cudaEventSynchronize(uploaded));  // the previous batch's copies out of `pinned` have finished
-  const size_t n = static_cast<size_t>(B * T);
-  split_rows(rows, B, T, {pinned, n}, {pinned + n, n});
+  const size_t n = static_cast<size_t>(rows_n * T);
+  split_rows(std::span<const int32_t>(rows).first(static_cast<size_t>(rows_n * (T + 1))), rows_n, T, {pinned, n},
+             {pinned + n, n});
   CUDA_CHECK(cudaMemcpyAsync(tokens.data(), pinned, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   CUDA_CHECK(cudaMemcpyAsync(targets.data(), pinned + n, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   CUDA_CHECK(cudaEventRecord(uploaded, stream));
@@ -167,8 +166,9 @@ TrainResult Trainer::run() {
     const double eta = elapsed / static_cast<double>(s.step - s.result.start_step) * static_cast<double>(t.steps - s.step);
     s.progress->step({s.step, t.steps, r.loss, r.lr, r.tokens_per_s, r.mfu, r.peak_total_gib, eta, r.skipped});
 
-    const bool eval_now = t.eval_interval > 0 && s.step % t.eval_interval == 0;
-    if (eval_now) s.evaluate();
+    // The last step's evaluation is the final one (below) rather than a periodic one.
+    const bool eval_now = t.eval_interval > 0 && s.step % t.eval_interval == 0 && s.step < t.steps;
+    if (eval_now) s.evaluate(false);
     if (t.checkpoint_interval > 0 && s.step % t.checkpoint_interval == 0)
       s.checkpoint();  // writes the metrics file too
     else if (eval_now)
@@ -180,7 +180,7 @@ TrainResult Trainer::run() {
       break;
     }
   }
-  if (s.result.stop_signal == 0 && t.eval_interval > 0 && s.last_eval_step != s.step) s.evaluate();
+  if (s.result.stop_signal == 0 && t.eval_interval > 0 && s.last_eval_step != s.step) s.evaluate(true);
   if (!t.checkpoint_dir.empty() && s.last_checkpoint_step != s.step) s.checkpoint();
   s.write_metrics();
 

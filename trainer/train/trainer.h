@@ -17,11 +17,16 @@
 //   4. A row of metrics (trainer/train/metrics.h). Every train.eval_interval steps an evaluation; every
 //      train.checkpoint_interval steps a checkpoint (train.checkpoint_dir/step_<8 digits>.ckpt); after either,
 //      the metrics file. A SIGINT or SIGTERM (options.handle_signals) ends the run after the current step.
-// At the end (and when stopped by a signal): an evaluation when eval_interval > 0 and the last step had none (not
-// after a signal), a checkpoint when checkpoint_dir is set and the last step had none, the metrics file.
+// At the end (and when stopped by a signal): the final evaluation when eval_interval > 0 (not after a signal; it
+// replaces the periodic one of the last step), a checkpoint when checkpoint_dir is set and the last step had none,
+// the metrics file.
 //
-// Evaluation: the validation batches (val shards in file order, or the synthetic validation stream) are reset, so
-// every evaluation sees the same eval_steps batches of B rows; forward only; val_loss is the mean of their losses.
+// Evaluation, forward only: the validation batches (val shards in file order, or the synthetic validation stream)
+// are reset, so every periodic evaluation of every run (any seed, any recipe) sees the same first eval_steps
+// batches of B rows. The final evaluation sees every window of the val shards once, in file order (B at a time, the
+// last group shorter; train.final_eval_steps = N > 0: the first N batches instead; synthetic data, which has no
+// end: eval_steps batches). val_loss is the mean cross-entropy per token over the windows evaluated (batch means
+// weighted by their rows); val_tokens (the eval table's column) is how many tokens that was.
 //
 // Checkpoints hold the tensors of trainer/train/param_checkpoint.h and CheckpointState: model_config_hash, the
 // step, the optimizer steps (updates applied), the tokens seen, the RNG state (the synthetic stream's position),

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <vector>
 
 #include "kernels/common/check.h"
 #include "trainer/checkpoint.h"
@@ -10,22 +11,38 @@
 
 namespace fp4moe {
 
-void Trainer::State::evaluate() {
-  const int64_t batches = cfg.train.eval_steps;
-  val->reset();
-  double sum = 0;
-  for (int64_t i = 0; i < batches; ++i) {
-    upload(*val);
-    sum += model->forward(tokens.data(), targets.data(), B).loss;
+void Trainer::State::evaluate(bool final_evaluation) {
+  const TrainingConfig& t = cfg.train;
+  std::vector<double> losses;
+  std::vector<int64_t> batch_rows;
+  const bool whole_split = final_evaluation && t.final_eval_steps == 0 && val_split;
+  if (whole_split) {
+    val_split->reset();
+    for (int64_t n; (n = val_split->next(rows, B)) > 0;) {
+      upload_rows(n);
+      losses.push_back(model->forward(tokens.data(), targets.data(), n).loss);
+      batch_rows.push_back(n);
+    }
+  } else {
+    const int64_t batches = final_evaluation && t.final_eval_steps > 0 ? t.final_eval_steps : t.eval_steps;
+    val->reset();
+    for (int64_t i = 0; i < batches; ++i) {
+      upload(*val);
+      losses.push_back(model->forward(tokens.data(), targets.data(), B).loss);
+      batch_rows.push_back(B);
+    }
   }
   CUDA_CHECK(cudaStreamSynchronize(stream));
   run_peaks.merge(*mem);
-  const EvalRecord e{step, tokens_seen, sum / static_cast<double>(batches)};
+  int64_t windows = 0;
+  for (const int64_t n : batch_rows) windows += n;
+  const EvalRecord e{step, tokens_seen, rows_weighted_mean(losses, batch_rows), windows * T};
   metrics->add_eval(e);
   result.evals.push_back(e);
   last_eval_step = step;
-  progress->message(fmt::format("eval at step {}: val_loss {:.4f} ({} batches of {} x {} tokens)", step, e.val_loss,
-                                batches, B, T));
+  progress->message(fmt::format("{} at step {}: val_loss {:.4f} ({} validation tokens: {}{} windows of {} tokens)",
+                                final_evaluation ? "final eval" : "eval", step, e.val_loss, e.val_tokens,
+                                whole_split ? "every one of the split's " : "", windows, T));
 }
 
 std::string Trainer::State::checkpoint() {

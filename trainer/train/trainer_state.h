@@ -44,6 +44,7 @@ struct Trainer::State {
   std::vector<GradTensor> grads;         // every Param's grad, in store order
 
   std::unique_ptr<TokenBatches> train, val;  // val: null when eval_interval = 0
+  std::unique_ptr<ValidationWindows> val_split;  // the whole validation split (shards, eval_interval > 0)
   std::unique_ptr<TrainMetrics> metrics;
   std::unique_ptr<ProgressPrinter> progress;
   MemoryPeaks run_peaks;
@@ -56,11 +57,15 @@ struct Trainer::State {
   ~State();
   void setup();                       // trainer.cpp: everything the constructor does
   void upload(TokenBatches& source);  // the next batch of `source` -> tokens, targets (on `stream`)
+  void upload_rows(int64_t n);        // the first n (<= B) rows of `rows` -> tokens, targets (on `stream`)
 
   StepRecord train_step();            // trainer_step.cpp
   [[noreturn]] void stop_non_finite(int64_t bad_step, double loss, double norm);
 
-  void evaluate();                    // trainer_io.cpp: runs, records and prints an evaluation
+  // trainer_io.cpp: runs, records and prints an evaluation: the periodic one (eval_steps batches) or the final
+  // one (final_eval_steps batches; 0: every window of val_split, the last group shorter than B when B does not
+  // divide the windows; with synthetic data eval_steps batches).
+  void evaluate(bool final_evaluation);
   std::string checkpoint();           // writes step's checkpoint and the metrics file; returns the path
   void restore(const std::string& path);
   void write_metrics();               // no-op without opts.out_path
