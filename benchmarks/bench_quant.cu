@@ -356,6 +356,7 @@ Table result_table(const std::vector<Row>& rows) {
   Table t = bench_table();
   for (const auto& r : rows)
     t.add_row({r.m.spec->kase, r.m.spec->shape, r.m.spec->recipe, r.m.us, 0.0, r.m.gbps, r.m.fraction, r.speedup});
+  t.set_attribute("time_us", "median over iterations of one launch's time (a batch over rotated input copies)");
   t.set_attribute("gbps_counts", "minimal traffic: bytes read + bytes written by one launch");
   t.set_attribute("fraction_of_copy_bw", "gbps over the device-to-device copy's at the closest byte count");
   t.set_attribute("speedup", "naive MXFP4 -> BF16 -> FP8 time over the direct conversion's (NaN: not a direct case)");
