@@ -106,8 +106,7 @@ QuantizeResult run_mxfp4(const std::vector<uint16_t>& x, int64_t M, int64_t K, c
   std::vector<float> transformed;  // what was quantized, with a transform
   if (s.mx.transform != HadamardTransform::none) {
     transformed.resize(M * K);
-    for (int64_t i = 0; i < M * K; ++i) transformed[i] = bf16_bits_to_f32(x[i]);
-    mx_transform_rows_ref(transformed.data(), M, K, s.mx.transform, s.mx.rht_seed, transformed.data());
+    mx_transform_rows_bf16_ref(as_bf16(x), M, K, s.mx.transform, s.mx.rht_seed, transformed.data());
     r.dequantized_inverse.resize(M * K);
     mx_transform_rows_inverse_ref(r.dequantized.data(), M, K, s.mx.transform, s.mx.rht_seed,
                                   r.dequantized_inverse.data());

@@ -8,12 +8,13 @@
 // consecutive lanes hold one MX block, the block amax is an integer maximum of BF16 magnitude bits over two warp
 // shuffles, and each lane writes its 4 bytes of codes (a warp writes 128 contiguous bytes). A full tile takes no
 // bounds checks and indexes with 32-bit offsets from the tile's base pointers; only the last tile checks.
-// Without a transform, RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne below). With a
-// transform or stochastic rounding each lane holds its 8 elements in FP32: the transform's butterflies run on them,
-// the stages across chunks with one shuffle per element (h = 8: lanes 1 apart; h = 16: lanes 2 apart); then the
-// block amax over the FP32 magnitude bits and the FP32 encoders of mx_fast_codecs.h. Stochastic rounding draws one
-// 64-bit hash per four elements (mx_sr_bits16), rht one per chunk for its 8 signs. The NaN/Inf blocks are counted
-// per warp and added with one atomic per warp at the end.
+// A transform runs on the chunk in registers before the block rule: the lane's 8 elements in FP32, the butterfly
+// stages within the chunk, then those across chunks with one shuffle per element (h = 8: lanes 1 apart; h = 16:
+// lanes 2 apart), the scale, and the rounding back to BF16 (one BF16x2 conversion per pair); rht draws one 64-bit
+// hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne
+// below); stochastic rounding scales each element by one exact FP32 product and rounds it with the integer
+// formulation of mx_fast_codecs.h, drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are
+// counted per warp and added with one atomic per warp at the end.
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -54,15 +55,6 @@ __device__ __forceinline__ int block_exponent(uint32_t amax_bits, MxScaleMode mo
   return max(biased - kUE8M0Bias - 2 + up, -127);
 }
 
-// The same from FP32 magnitude bits (the transformed path): floor: exponent - 2; ceil: one more when the 23-bit
-// fraction exceeds 1.5; subnormal amax through formats.h.
-__device__ __forceinline__ int block_exponent_f32(uint32_t amax_bits, MxScaleMode mode) {
-  const int biased = static_cast<int>(amax_bits >> 23);
-  if (biased == 0) return mx_scale_exponent(__uint_as_float(amax_bits), mode);
-  const int up = (mode == MxScaleMode::ceil && (amax_bits & 0x7FFFFFu) > 0x400000u) ? 1 : 0;
-  return max(biased - kUE8M0Bias - 2 + up, -127);
-}
-
 // RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2): half the instructions of an
 // fp32 encoder (one fp32 product and one rounding per element), which it replaced when timed faster (bench_quant).
 // Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3.
@@ -100,9 +92,19 @@ __device__ __forceinline__ void butterfly_across_lanes(float (&y)[kChunk]) {
   }
 }
 
-// T(x) on the chunk's 8 elements in FP32 (mx_transform.h), the chunk starting at column k0. Every lane runs it.
+// The 8 BF16 of a chunk in FP32 (exact).
+__device__ __forceinline__ void unpack_chunk(const uint4& v, float (&y)[kChunk]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) y[i] = __uint_as_float((i & 1) ? (w[i / 2] & 0xFFFF0000u) : (w[i / 2] << 16));
+}
+
+// T(x) on the chunk's 8 BF16 elements (mx_transform.h) in FP32, the chunk starting at column k0, rounded back to
+// BF16 (RNE, as f32_to_bf16_bits). Every lane runs it (shuffles).
 template <HadamardTransform kTransform>
-__device__ __forceinline__ void transform_chunk(float (&y)[kChunk], uint32_t k0, uint64_t rht_seed) {
+__device__ __forceinline__ uint4 transform_chunk(const uint4& v, uint32_t k0, uint64_t rht_seed) {
+  float y[kChunk];
+  unpack_chunk(v, y);
   if constexpr (kTransform == HadamardTransform::rht) {
     const uint32_t signs = rht_sign_bits8(rht_seed, k0);
 #pragma unroll
@@ -122,31 +124,27 @@ __device__ __forceinline__ void transform_chunk(float (&y)[kChunk], uint32_t k0,
   constexpr int n = hadamard_block_size(kTransform);
   if constexpr (n == 32) butterfly_across_lanes<2>(y);  // h = 16
   const float c = hadamard_scale(n);
+  uint32_t w[4];
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i) y[i] = __fmul_rn(y[i], c);
+  for (int i = 0; i < 4; ++i)
+    w[i] = detail::bits_of_bf162(__floats2bfloat162_rn(__fmul_rn(y[2 * i], c), __fmul_rn(y[2 * i + 1], c)));
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Codes of a finite block's 8 FP32 elements (element i in bits 4i..4i+3, sign kept, -0 included) with
-// inv_scale = 2^-e: RNE, or stochastic with the 16-bit draws of elements first_index + i.
-template <Rounding kRounding>
-__device__ __forceinline__ uint32_t encode_chunk_f32(const float (&y)[kChunk], float inv_scale, uint64_t seed,
-                                                     uint64_t first_index) {
-  uint64_t draws[2] = {0, 0};
-  if constexpr (kRounding == Rounding::stochastic) {
-    draws[0] = splitmix64_at(seed, first_index / 4);  // first_index % 8 == 0
-    draws[1] = splitmix64_at(seed, first_index / 4 + 1);
-  }
+// Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
+// 4i..4i+3, the sign of v kept (-0 included), drawn with the 16 bits of element first_index + i
+// (first_index % 8 == 0: two hashes). The product is an exact power-of-two scaling (rounded only below 2^-126).
+__device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, uint64_t seed,
+                                                            uint64_t first_index) {
+  float y[kChunk];
+  unpack_chunk(v, y);
+  const uint64_t draws[2] = {splitmix64_at(seed, first_index / 4), splitmix64_at(seed, first_index / 4 + 1)};
   uint32_t packed = 0;
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
-    const uint32_t bits = __float_as_uint(y[i]);
     const float a = fabsf(__fmul_rn(y[i], inv_scale));
-    uint32_t magnitude;
-    if constexpr (kRounding == Rounding::rne)
-      magnitude = detail::e2m1_magnitude_rne_f32(a);
-    else
-      magnitude = detail::e2m1_magnitude_sr_f32(a, static_cast<uint32_t>(draws[i / 4] >> (16 * (i % 4))) & 0xFFFFu);
-    packed |= (magnitude | ((bits >> 28) & 8u)) << (4 * i);
+    const uint32_t s = static_cast<uint32_t>(draws[i / 4] >> (16 * (i % 4))) & 0xFFFFu;
+    packed |= (detail::e2m1_magnitude_sr_f32(a, s) | ((__float_as_uint(y[i]) >> 28) & 8u)) << (4 * i);
   }
   return packed;
 }
@@ -194,40 +192,25 @@ __device__ __forceinline__ void quantize_tile(const uint4* __restrict__ xt, int 
   for (int j = 0; j < kChunksPerThread; ++j) {
     const int c = j * kThreads + static_cast<int>(threadIdx.x);  // valid % 4 == 0: a block is all in or all out
     const bool in = kFull || c < valid;
-    uint32_t packed = 0;  // NaN/Inf block and all-zero block: codes 0
-    uint8_t scale = 0;
-    bool nonfinite = false;
-    if constexpr (kRounding == Rounding::rne && kTransform == HadamardTransform::none) {
-      const uint32_t amax_bits = block_max(chunk_amax_bits(v[j]));
-      nonfinite = amax_bits >= kBf16AbsNonFinite;
-      if (!nonfinite && amax_bits != 0) {
-        const int e = block_exponent(amax_bits, p.mode);
-        scale = static_cast<uint8_t>(e + kUE8M0Bias);
-        packed = encode_chunk_rne(v[j], exp2_exact(-e));
-      }
-    } else {
-      const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-      float y[kChunk];
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) y[i] = __uint_as_float((i & 1) ? (w[i / 2] & 0xFFFF0000u) : (w[i / 2] << 16));
-      if constexpr (kTransform != HadamardTransform::none) transform_chunk<kTransform>(y, k_chunk, p.rht_seed);
-      if constexpr (kTransform == HadamardTransform::rht) {
-        k_chunk += kThreads * kChunk;
-        if (k_chunk >= p.K) k_chunk = k_chunk - p.K < p.K ? k_chunk - p.K : k_chunk % p.K;
-      }
-      uint32_t amax_bits = 0;
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) amax_bits = max(amax_bits, __float_as_uint(y[i]) & 0x7FFFFFFFu);
-      amax_bits = block_max(amax_bits);
-      nonfinite = amax_bits >= 0x7F800000u;
-      if (!nonfinite && amax_bits != 0) {
-        const int e = block_exponent_f32(amax_bits, p.mode);
-        scale = static_cast<uint8_t>(e + kUE8M0Bias);
-        packed = encode_chunk_f32<kRounding>(y, exp2_exact(-e), p.seed,
-                                             p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk);
-      }
+    uint4 w = v[j];
+    if constexpr (kTransform != HadamardTransform::none) w = transform_chunk<kTransform>(w, k_chunk, p.rht_seed);
+    if constexpr (kTransform == HadamardTransform::rht) {
+      k_chunk += kThreads * kChunk;
+      if (k_chunk >= p.K) k_chunk = k_chunk - p.K < p.K ? k_chunk - p.K : k_chunk % p.K;
     }
-    if (nonfinite) scale = kUE8M0NaN;
+    const uint32_t amax_bits = block_max(chunk_amax_bits(w));
+    const bool nonfinite = amax_bits >= kBf16AbsNonFinite;
+    uint32_t packed = 0;  // NaN/Inf block and all-zero block: codes 0
+    uint8_t scale = nonfinite ? kUE8M0NaN : 0;
+    if (!nonfinite && amax_bits != 0) {
+      const int e = block_exponent(amax_bits, p.mode);
+      scale = static_cast<uint8_t>(e + kUE8M0Bias);
+      if constexpr (kRounding == Rounding::rne)
+        packed = encode_chunk_rne(w, exp2_exact(-e));
+      else
+        packed = encode_chunk_stochastic(w, exp2_exact(-e), p.seed,
+                                         p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk);
+    }
     store_chunk(in, nonfinite, packed, scale, c, p, ct, st, counted);
   }
 }

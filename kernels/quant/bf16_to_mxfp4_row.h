@@ -3,8 +3,9 @@
 // rounding, the quantizer of paper 2's MXFP4 GEMM operands (quantized along the reduction dimension K).
 //
 // Rules (OCP MX v1.0 sec. 6.3, DESIGN.md "Number formats"), per row:
-//   v = T(x) along K in FP32 (mx_transform.h: none, h16, h32, rht; none: v = x exactly). Then per block of 32
-//   contiguous elements of v: amax = max |v|. A NaN or +-Inf in the block -> scale 0xFF and codes 0 (the block
+//   v = x, or with a transform v = T(x) along K computed in FP32 (mx_transform.h: h16, h32, rht) and rounded to
+//   BF16 (RNE), as a transform kernel writing BF16 would hand it over. Then per block of 32 contiguous elements
+//   of v: amax = max |v|. A NaN or +-Inf in the block -> scale 0xFF and codes 0 (the block
 //   decodes to NaN; counted). amax = 0 -> scale byte 0 and codes 0. Otherwise e = mx_scale_exponent(amax, mode)
 //   (floor: OCP, ceil: no clipping), clamped to [-127, 127]; scale byte e + 127; code_i = E2M1(v_i * 2^-e) with
 //   the exact power-of-two product rounded to nearest even (or stochastically, see Rounding).
@@ -61,12 +62,6 @@ void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint
 // blocks. Written element by element from the rule above; the GPU kernel must match it bit for bit.
 int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                               const MxQuantConfig& cfg);
-
-// CPU reference of the block rule alone on FP32 values v [M, K] (host, row-major), quantized as given: the second
-// half of bf16_to_mxfp4_row_ref (which calls it on T(x)). Same layouts and rejections, and cfg.transform must be
-// none. Returns the number of NaN/Inf blocks.
-int64_t f32_to_mxfp4_row_ref(const float* v, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
-                             const MxQuantConfig& cfg);
 
 namespace detail {
 // The argument checks of bf16_to_mxfp4_row and its references (`what` names the caller); pointers aside.

@@ -22,7 +22,8 @@ void check_mx_quant_config(const char* what, int64_t M, int64_t K, const MxQuant
 
 namespace {
 
-// One row of FP32 values v [K] (row `row` of the full tensor, for the stochastic-rounding index).
+// One row of values v [K] (BF16 values held in FP32; row `row` of the full tensor, for the stochastic-rounding
+// index).
 int64_t quantize_row(const float* v, int64_t K, int64_t row, uint8_t* codes, uint8_t* scales,
                      const MxQuantConfig& cfg) {
   int64_t nonfinite = 0;
@@ -51,7 +52,7 @@ int64_t quantize_row(const float* v, int64_t K, int64_t row, uint8_t* codes, uin
     scale = static_cast<uint8_t>(e + kUE8M0Bias);
     const float inv_scale = exp2_exact(-e);
     for (int i = 0; i < kMxBlock; ++i) {
-      const float scaled = w[i] * inv_scale;  // exact power-of-two product (rounded only far below 0.25)
+      const float scaled = w[i] * inv_scale;  // exact power-of-two product (rounded only below 2^-126)
       uint8_t code;
       if (cfg.rounding == Rounding::rne) {
         code = f32_to_e2m1_rne(scaled);
@@ -65,40 +66,20 @@ int64_t quantize_row(const float* v, int64_t K, int64_t row, uint8_t* codes, uin
   return nonfinite;
 }
 
-void check_host_pointers(const char* what, const void* x, const void* codes, const void* scales) {
-  detail::check_mx_host_pointer(what, "x", x);
-  detail::check_mx_host_pointer(what, "codes", codes);
-  detail::check_mx_host_pointer(what, "scales", scales);
-}
-
 }  // namespace
-
-int64_t f32_to_mxfp4_row_ref(const float* v, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
-                             const MxQuantConfig& cfg) {
-  const char* what = "f32_to_mxfp4_row_ref";
-  detail::check_mx_quant_config(what, M, K, cfg);
-  FP4MOE_CHECK(cfg.transform == HadamardTransform::none,
-               "{}: quantizes its input as given; transform it first (mx_transform_rows_ref), got transform {}", what,
-               static_cast<int>(cfg.transform));
-  if (M == 0) return 0;
-  check_host_pointers(what, v, codes, scales);
-  int64_t nonfinite = 0;
-  for (int64_t m = 0; m < M; ++m)
-    nonfinite += quantize_row(v + m * K, K, cfg.row_offset + m, codes + m * K / 2, scales + m * (K / kMxBlock), cfg);
-  return nonfinite;
-}
 
 int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                               const MxQuantConfig& cfg) {
   const char* what = "bf16_to_mxfp4_row_ref";
   detail::check_mx_quant_config(what, M, K, cfg);
   if (M == 0) return 0;
-  check_host_pointers(what, x, codes, scales);
+  detail::check_mx_host_pointer(what, "x", x);
+  detail::check_mx_host_pointer(what, "codes", codes);
+  detail::check_mx_host_pointer(what, "scales", scales);
   int64_t nonfinite = 0;
   std::vector<float> v(K);
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t k = 0; k < K; ++k) v[k] = bf16_bits_to_f32(bf16_bits(x[m * K + k]));
-    mx_transform_rows_ref(v.data(), 1, K, cfg.transform, cfg.rht_seed, v.data());
+    mx_transform_rows_bf16_ref(x + m * K, 1, K, cfg.transform, cfg.rht_seed, v.data());
     nonfinite += quantize_row(v.data(), K, cfg.row_offset + m, codes + m * K / 2, scales + m * (K / kMxBlock), cfg);
   }
   return nonfinite;

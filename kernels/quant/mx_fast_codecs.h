@@ -1,8 +1,8 @@
 // Cheaper formulations of the E2M1 encoders of formats.h, used by the BF16 -> MXFP4 row kernel
 // (bf16_to_mxfp4_row.cu): the same results bit for bit, computed with fewer instructions.
-// Host and device alike, so that tests compare them with formats.h without a device: the BF16x2 encoder on every
-// BF16 pair (tests/quant/test_quant_row_gpu.cpp, host-only tests), the FP32 encoders on every E2M1 boundary and
-// its FP32 neighbours, random FP32 values and subnormals, with draws around each decision (CPU tests,
+// Host and device alike, so that tests compare them with formats.h without a device: the BF16x2 RNE encoder on
+// every BF16 pair (tests/quant/test_quant_row_gpu.cpp, host-only tests), the stochastic encoder on every E2M1
+// boundary and its FP32 neighbours, random FP32 values and subnormals, with draws around each decision (CPU tests,
 // tests/quant/test_mx_fast_codecs.cpp).
 #pragma once
 
@@ -48,25 +48,6 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
   const uint32_t t = bits_of_bf162(__hadd2_rn(bf162_from_bits(a), bf162_from_bits(magic)));
   const uint32_t code = t - magic + ((magic - kBase) >> 6);  // per half 0..7
   return code | ((w >> 12) & 0x00080008u);                   // sign bits 15, 31 -> 3, 19
-}
-
-// E2M1 magnitude code (0..7) of f32_to_e2m1_rne(a) for a finite a >= 0 (any FP32 value, subnormals included), in
-// FP32: a is clamped at 6 (so that 7 and more saturate rather than round to 8); a + 2^(max(E_a, 0) + 22), E_a =
-// floor(log2 a), rounds a to the E2M1 step of its binade (0.5 below 2, 1 in [2, 4), 2 in [4, 8)) with ties to even,
-// as E2M1 does (the magic number's ulp is that step); the code is the integer difference of the two FP32 bit
-// patterns plus 2 per binade above the first.
-FP4MOE_HD uint32_t e2m1_magnitude_rne_f32(float a) {
-  constexpr uint32_t kBase = 0x4A800000u;  // 2^22: the magic number of the first binade (ulp 0.5)
-  const float c = a < kE2M1Max ? a : kE2M1Max;
-  const uint32_t cb = f32_bits(c);
-  const uint32_t e_plus = (cb & 0x7F800000u) + (22u << 23);  // 2^(E_c + 22) for a normal c
-  const uint32_t magic = e_plus > kBase ? e_plus : kBase;
-#if defined(__CUDA_ARCH__)
-  const float t = __fadd_rn(c, f32_from_bits(magic));
-#else
-  const float t = c + f32_from_bits(magic);
-#endif
-  return f32_bits(t) - magic + ((magic - kBase) >> 22);
 }
 
 // E2M1 magnitude code (0..7) of f32_to_e2m1_stochastic(a, s * 2^-16) for a finite a >= 0 and 16 random bits s,

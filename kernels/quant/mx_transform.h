@@ -16,11 +16,13 @@
 // times s_k (a sign flip, exact), then log2(n) butterfly stages h = 1, 2, 4, ... n/2 in this order, each replacing
 // the pair (a, b) = (y_j, y_{j+h}), j in [i, i + h) for i a multiple of 2h, by (a + b, a - b) rounded to nearest
 // even, then every element multiplied by hadamard_scale(n) (exact for 16: 1/4; for 32 the FP32 value nearest
-// 1/sqrt(32)). A sum beyond the FP32 range is +-Inf (its MX block then holds a non-finite value).
+// 1/sqrt(32)). A sum beyond the FP32 range is +-Inf (its MX block then holds a non-finite value). The MXFP4
+// quantizer (bf16_to_mxfp4_row.h) rounds the result to BF16 before its block rule.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
 #include "kernels/quant/mx_random.h"
 
@@ -52,6 +54,10 @@ FP4MOE_HD uint32_t rht_sign_bits8(uint64_t rht_seed, uint64_t k0) {
 void mx_transform_rows_ref(const float* x, int64_t M, int64_t K, HadamardTransform t, uint64_t rht_seed, float* y);
 void mx_transform_rows_inverse_ref(const float* x, int64_t M, int64_t K, HadamardTransform t, uint64_t rht_seed,
                                    float* y);
+// The values the MXFP4 quantizer's block rule sees (bf16_to_mxfp4_row.h): v[m, :] = T(x[m, :]) in FP32 rounded to
+// BF16 (RNE, f32_to_bf16_bits), held in FP32; x itself for none. x: BF16 [M, K] host, row-major; same rejections.
+void mx_transform_rows_bf16_ref(const bf16* x, int64_t M, int64_t K, HadamardTransform t, uint64_t rht_seed,
+                                float* v);
 
 namespace detail {
 // The argument checks of the transforms, shared by the references and the quantizer (`what` names the caller).

@@ -74,4 +74,17 @@ void mx_transform_rows_inverse_ref(const float* x, int64_t M, int64_t K, Hadamar
   transform_rows("mx_transform_rows_inverse_ref", x, M, K, t, rht_seed, y, true);
 }
 
+void mx_transform_rows_bf16_ref(const bf16* x, int64_t M, int64_t K, HadamardTransform t, uint64_t rht_seed,
+                                float* v) {
+  const char* what = "mx_transform_rows_bf16_ref";
+  detail::check_mx_transform(what, t, K);
+  FP4MOE_CHECK(M >= 0, "{}: M must be >= 0, got {}", what, M);
+  if (M == 0) return;
+  FP4MOE_CHECK(x != nullptr && v != nullptr, "{}: x and v must not be null", what);
+  for (int64_t i = 0; i < M * K; ++i) v[i] = bf16_bits_to_f32(bf16_bits(x[i]));
+  if (t == HadamardTransform::none) return;
+  transform_rows(what, v, M, K, t, rht_seed, v, false);
+  for (int64_t i = 0; i < M * K; ++i) v[i] = bf16_bits_to_f32(f32_to_bf16_bits(v[i]));
+}
+
 }  // namespace fp4moe

@@ -188,7 +188,7 @@ class QuantizeCli(unittest.TestCase):
                 self.assertEqual((back.dtype, back.shape), (np.float32, (300, 256)))
                 t = transform_matrix(transform, 256, int(seed or 0))
                 np.testing.assert_allclose(t @ t.T, np.eye(256), atol=1e-12)
-                xt = x @ t  # the transformed input, in float64
+                xt = bf16_to_f64(bf16_bits(x @ t))  # the transformed input, rounded to BF16 as the quantizer does
                 vals = np.empty((300, 256))
                 vals[:, 0::2] = E2M1[codes & 15]
                 vals[:, 1::2] = E2M1[codes >> 4]

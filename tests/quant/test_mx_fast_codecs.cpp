@@ -1,5 +1,5 @@
-// The FP32 E2M1 encoders of mx_fast_codecs.h (used by bf16_to_mxfp4_row with a transform or stochastic rounding)
-// against the rules of formats.h they reformulate, and the counter-based draws of mx_random.h: every E2M1
+// The stochastic E2M1 encoder of mx_fast_codecs.h (bf16_to_mxfp4_row's stochastic rounding) against the rule of
+// formats.h it reformulates, and the counter-based draws of mx_random.h: every E2M1
 // boundary and its FP32 neighbours, subnormals, random FP32 values, and for stochastic rounding the draws on both
 // sides of each decision.
 #include <gtest/gtest.h>
@@ -16,7 +16,7 @@
 namespace fp4moe {
 namespace {
 
-// Magnitudes a >= 0 that an encoder meets in a finite block (a < 8), the hard ones first: every E2M1 value and
+// Magnitudes a >= 0 that the encoder meets in a finite block (a < 8), the hard ones first: every E2M1 value and
 // midpoint with 40 FP32 neighbours on each side, subnormals, then random bit patterns below 8.
 std::vector<float> test_magnitudes() {
   std::vector<float> a;
@@ -39,15 +39,6 @@ std::vector<float> test_magnitudes() {
     if (f < 8.0f) a.push_back(f);
   }
   return a;
-}
-
-TEST(MxFastCodecs, RneF32MatchesFormats) {
-  int64_t mismatches = 0;
-  for (float a : test_magnitudes())
-    if (detail::e2m1_magnitude_rne_f32(a) != f32_to_e2m1_rne(a)) {
-      if (++mismatches < 10) ADD_FAILURE() << "a = " << a;
-    }
-  EXPECT_EQ(mismatches, 0);
 }
 
 TEST(MxFastCodecs, StochasticF32MatchesFormatsOnEveryDecision) {

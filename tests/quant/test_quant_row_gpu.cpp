@@ -168,7 +168,8 @@ TEST(Bf16ToMxfp4RowGpu, MatchesReferenceBitForBit) {
 }
 
 // With a transform (h16, h32, rht) and either rounding: the butterflies across lanes, the random signs at every
-// column, the FP32 encoders, the last partial tile. Row 3 is all zero (no NaN may come of it).
+// column, the rounding of the transformed values to BF16, the last partial tile. Row 3 is all zero (no NaN may
+// come of it).
 TEST(Bf16ToMxfp4RowGpu, TransformsMatchReferenceBitForBit) {
   FP4MOE_REQUIRE_DEVICE();
   uint32_t seed = 100;
