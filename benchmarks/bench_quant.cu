@@ -3,9 +3,9 @@
 //
 //   bench_quant [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=fp8_col]
 //
-// Timing: CUDA events around a batch of launches, one per rotated input copy (enough copies that together they
-// exceed twice the L2, so every launch reads from HBM), after a warm-up launch on each copy; Google Benchmark's
-// manual time, at least 0.05 s per case. Inputs are seeded random BF16 with a realistic spread (a normal times
+// Timing (benchmarks/bench_rotated.cuh): CUDA events around a batch of launches, one per rotated input copy (enough
+// copies that together they exceed twice the L2, so every launch reads from HBM), after a warm-up launch on each
+// copy; Google Benchmark's manual time, at least 0.05 s per case; a case's time is the median over iterations. Inputs are seeded random BF16 with a realistic spread (a normal times
 // per-token powers of two in 2^[-4, 4] and 1/64 outlier channels x32; weights N(0, 0.02^2)); MXFP4 inputs are
 // those quantized by bf16_to_mxfp4_row. Bytes count the minimal traffic: what a launch must read plus write (for
 // the naive paths, the BF16 intermediate written and read back too; their speedup compares times, not GB/s).
@@ -13,12 +13,17 @@
 // bandwidth measured in the same run at the closest byte count; speedup: naive time over direct time) with a
 // geometric-mean summary, and with --h5 the table /bench/quant of an HDF5 result file (results/h5_file.h).
 //
+// bf16_to_mxfp4_row runs in the quantizer options of paper 2's ladder (bf16_to_mxfp4_row.h): scale mode floor or
+// ceil, rounding rne or sr (stochastic), transform none, h16, h32 or rht (mx_transform.h); the case names them,
+// e.g. bf16_to_mxfp4_row/floor_sr_rht.
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
 // After the table, a geometric mean per case (x copy, speedup). The MXFP4 conversions at 65536 tokens and
 // 16384x7168 (every case moving >= 150 MB) with the copies and naive paths they are compared with:
-//   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
+//   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_0-9]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
+// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy):
+//   bench_quant --benchmark_filter='^bf16_to_mxfp4_row/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -32,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_rotated.cuh"
 #include "benchmarks/bench_util.cuh"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
@@ -48,33 +54,10 @@ namespace {
 
 constexpr double kMinTimeS = 0.05;
 
-// One launch of the case on input copy `copy`.
-using LaunchFn = std::function<void(int copy, cudaStream_t stream)>;
+// The cases, their rotated inputs, the copy ceilings and the measurements (bench_rotated.cuh).
+RotatedCases g_cases;
 
-struct Workload {
-  DevicePool pool;
-  LaunchFn launch;
-};
-
-struct CaseSpec {
-  std::string kase, shape, recipe;
-  int64_t bytes = 0;        // minimal traffic of one launch: bytes read + bytes written
-  int64_t working_set = 0;  // bytes one launch touches, intermediates included (sizes the rotation)
-  std::function<void(Workload&, int copies)> build;  // allocates and fills `copies` inputs, sets launch
-  std::string name() const { return kase + "/" + shape; }
-};
-
-struct Measured {
-  bool ok = false;
-  double seconds = 0;
-  int64_t launches = 0;
-  int copies = 0;
-};
-
-std::vector<CaseSpec> g_cases;
-std::map<std::string, Measured> g_measured;
-int64_t g_l2_bytes = 0;
-int64_t g_budget_bytes = 0;
+void add_case(RotatedCase c) { g_cases.cases().push_back(std::move(c)); }
 
 // ---- inputs ---------------------------------------------------------------------------------------------------
 
@@ -131,14 +114,18 @@ int32_t* device_offsets(DevicePool& pool, const std::vector<int32_t>& off) {
 
 std::string shape_of(int64_t M, int64_t K) { return fmt::format("{}x{}", M, K); }
 
-void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, const char* variant) {
+// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none).
+void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
+                       const char* variant) {
   int64_t bytes = 2 * M * K + M * K / 2 + M * K / kMxBlock;
   MxQuantConfig cfg;
   cfg.scale_mode = mode;
   cfg.rounding = rounding;
   cfg.seed = 1234;
-  g_cases.push_back({fmt::format("bf16_to_mxfp4_row/{}", variant), shape_of(M, K), "mxfp4", bytes, bytes,
-                     [=](Workload& w, int copies) {
+  cfg.transform = transform;
+  cfg.rht_seed = 5678;
+  add_case({fmt::format("bf16_to_mxfp4_row/{}", variant), shape_of(M, K), "mxfp4", bytes, bytes,
+                     [=](RotatedWorkload& w, int copies) {
                        std::vector<bf16*> x;
                        std::vector<MxTensor> out;
                        for (int c = 0; c < copies; ++c) {
@@ -155,8 +142,8 @@ void add_mxfp4_to_fp8_row(int64_t M, int64_t K, bool naive) {
   int64_t in = M * K / 2 + M * K / kMxBlock, out = M * K + 4 * fp8_row_scale_count(M, K);
   // The naive path writes the BF16 tensor and reads it back.
   int64_t bytes = in + out + (naive ? 4 * M * K : 0);
-  g_cases.push_back({naive ? "mxfp4_row_to_fp8_row_naive" : "mxfp4_row_to_fp8_row", shape_of(M, K), "mxfp4", bytes,
-                     in + out + (naive ? 2 * M * K : 0), [=](Workload& w, int copies) {
+  add_case({naive ? "mxfp4_row_to_fp8_row_naive" : "mxfp4_row_to_fp8_row", shape_of(M, K), "mxfp4", bytes,
+                     in + out + (naive ? 2 * M * K : 0), [=](RotatedWorkload& w, int copies) {
                        std::vector<MxTensor> x;
                        std::vector<uint8_t*> codes;
                        std::vector<float*> scales;
@@ -181,9 +168,9 @@ void add_mxfp4_to_fp8_col(int64_t M, int64_t K, int64_t G, bool naive) {
   ColBytes cb = col_bytes(off, K);
   int64_t in = M * K / 2 + M * K / kMxBlock + 4 * (G + 1), out = cb.codes + cb.scales;
   int64_t bytes = in + out + (naive ? 4 * M * K : 0);
-  g_cases.push_back(
+  add_case(
       {naive ? "mxfp4_row_to_fp8_col_naive" : "mxfp4_row_to_fp8_col", fmt::format("{}/g{}", shape_of(M, K), G),
-       "mxfp4", bytes, in + out + (naive ? 2 * M * K : 0), [=](Workload& w, int copies) {
+       "mxfp4", bytes, in + out + (naive ? 2 * M * K : 0), [=](RotatedWorkload& w, int copies) {
          int32_t* d_off = device_offsets(w.pool, off);
          std::vector<MxTensor> x;
          std::vector<uint8_t*> codes;
@@ -208,7 +195,7 @@ void add_mxfp4_to_fp8_col(int64_t M, int64_t K, int64_t G, bool naive) {
 
 void add_bf16_to_fp8_row(int64_t M, int64_t K) {
   int64_t bytes = 2 * M * K + M * K + 4 * fp8_row_scale_count(M, K);
-  g_cases.push_back({"bf16_to_fp8_row", shape_of(M, K), "fp8", bytes, bytes, [=](Workload& w, int copies) {
+  add_case({"bf16_to_fp8_row", shape_of(M, K), "fp8", bytes, bytes, [=](RotatedWorkload& w, int copies) {
                        std::vector<bf16*> x;
                        std::vector<uint8_t*> codes;
                        std::vector<float*> scales;
@@ -227,8 +214,8 @@ void add_bf16_to_fp8_col(int64_t M, int64_t K, int64_t G) {
   std::vector<int32_t> off = balanced_offsets(M, G);
   ColBytes cb = col_bytes(off, K);
   int64_t bytes = 2 * M * K + 4 * (G + 1) + cb.codes + cb.scales;
-  g_cases.push_back({"bf16_to_fp8_col", fmt::format("{}/g{}", shape_of(M, K), G), "fp8", bytes, bytes,
-                     [=](Workload& w, int copies) {
+  add_case({"bf16_to_fp8_col", fmt::format("{}/g{}", shape_of(M, K), G), "fp8", bytes, bytes,
+                     [=](RotatedWorkload& w, int copies) {
                        int32_t* d_off = device_offsets(w.pool, off);
                        std::vector<bf16*> x;
                        std::vector<uint8_t*> codes;
@@ -248,8 +235,8 @@ void add_bf16_to_fp8_col(int64_t M, int64_t K, int64_t G) {
 void add_bf16_to_fp8_block128(int64_t N, int64_t K, bool transpose) {
   int64_t scale_count = transpose ? fp8_block_scale_count(K, N) : fp8_block_scale_count(N, K);
   int64_t bytes = 2 * N * K + N * K + 4 * scale_count;
-  g_cases.push_back({transpose ? "bf16_to_fp8_block128_t" : "bf16_to_fp8_block128", shape_of(N, K), "fp8", bytes,
-                     bytes, [=](Workload& w, int copies) {
+  add_case({transpose ? "bf16_to_fp8_block128_t" : "bf16_to_fp8_block128", shape_of(N, K), "fp8", bytes,
+                     bytes, [=](RotatedWorkload& w, int copies) {
                        std::vector<bf16*> x;
                        std::vector<uint8_t*> codes;
                        std::vector<float*> scales;
@@ -267,7 +254,7 @@ void add_bf16_to_fp8_block128(int64_t N, int64_t K, bool transpose) {
 
 void add_mxfp4_to_bf16(int64_t M, int64_t K) {
   int64_t bytes = M * K / 2 + M * K / kMxBlock + 2 * M * K;
-  g_cases.push_back({"mxfp4_to_bf16", shape_of(M, K), "mxfp4", bytes, bytes, [=](Workload& w, int copies) {
+  add_case({"mxfp4_to_bf16", shape_of(M, K), "mxfp4", bytes, bytes, [=](RotatedWorkload& w, int copies) {
                        std::vector<MxTensor> x;
                        std::vector<bf16*> y;
                        for (int c = 0; c < copies; ++c) {
@@ -278,30 +265,19 @@ void add_mxfp4_to_bf16(int64_t M, int64_t K) {
                      }});
 }
 
-// The ceiling: a device-to-device copy moving the same number of bytes (half read, half written).
-void add_copy(int64_t bytes) {
-  int64_t n = bytes / 2;
-  g_cases.push_back({"copy", fmt::format("{}B", bytes), "copy", 2 * n, 2 * n, [=](Workload& w, int copies) {
-                       std::vector<char*> src, dst;
-                       for (int c = 0; c < copies; ++c) {
-                         src.push_back(w.pool.alloc<char>(n));
-                         dst.push_back(w.pool.alloc<char>(n));
-                         CUDA_CHECK(cudaMemset(src.back(), 0x3C + c, n));  // not zeros
-                       }
-                       w.launch = [=](int c, cudaStream_t s) {
-                         CUDA_CHECK(cudaMemcpyAsync(dst[c], src[c], n, cudaMemcpyDeviceToDevice, s));
-                       };
-                     }});
-}
-
 void define_cases() {
   const int64_t tokens[] = {4096, 16384, 65536};
   const int64_t hidden[] = {7168, 5120, 2048, 1536};
   const int64_t experts[] = {8, 16, 32};
   for (int64_t M : tokens)
     for (int64_t K : hidden) {
-      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, "floor_rne");
-      add_bf16_to_mxfp4(M, K, MxScaleMode::ceil, Rounding::stochastic, "ceil_sr");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::none, "floor_rne");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::ceil, Rounding::stochastic, HadamardTransform::none, "ceil_sr");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::none, "floor_sr");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::h16, "floor_rne_h16");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::h32, "floor_rne_h32");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::rht, "floor_sr_rht");
       add_mxfp4_to_fp8_row(M, K, false);
       add_mxfp4_to_fp8_row(M, K, true);
       for (int64_t G : experts) {
@@ -317,103 +293,25 @@ void define_cases() {
     add_bf16_to_fp8_block128(w[0], w[1], false);
     add_bf16_to_fp8_block128(w[0], w[1], true);
   }
-  // One copy per byte count, sizes within 1% of each other sharing one (bandwidth is flat at that scale).
-  std::set<int64_t> sizes;
-  for (const auto& c : g_cases) sizes.insert(c.bytes / 2 * 2);
-  int64_t last = 0;
-  for (int64_t b : sizes)
-    if (last == 0 || static_cast<double>(b) > 1.01 * static_cast<double>(last)) {
-      add_copy(b);
-      last = b;
-    }
-}
-
-// ---- running --------------------------------------------------------------------------------------------------
-
-// The workload of the case being measured: it stays allocated while Google Benchmark calls the same case again
-// with more iterations, and is freed when the next case starts (or by release_workload at the end).
-struct WorkloadCache {
-  std::unique_ptr<Workload> workload;
-  const CaseSpec* spec = nullptr;
-  int copies = 0;
-};
-WorkloadCache g_cache;
-
-void release_workload() { g_cache = WorkloadCache{}; }
-
-void run_case(benchmark::State& state, const CaseSpec* spec) {
-  Measured& m = g_measured[spec->name()];
-  m = Measured{};
-  try {
-    if (g_cache.spec != spec) {
-      release_workload();
-      int copies = rotation_copies(spec->working_set, g_l2_bytes, g_budget_bytes);
-      auto w = std::make_unique<Workload>();
-      spec->build(*w, copies);
-      for (int c = 0; c < copies; ++c) w->launch(c, nullptr);  // warm-up
-      CUDA_CHECK(cudaDeviceSynchronize());
-      g_cache = WorkloadCache{std::move(w), spec, copies};
-    }
-  } catch (const std::exception& e) {
-    release_workload();
-    state.SkipWithError(e.what());
-    return;
-  }
-  const int copies = g_cache.copies;
-  Workload& w = *g_cache.workload;
-  EventTimer timer;
-  double total = 0;
-  int64_t launches = 0;
-  for (auto _ : state) {
-    try {
-      double s = timer.time(copies, nullptr, [&](int c) { w.launch(c, nullptr); });
-      state.SetIterationTime(s / copies);
-      total += s;
-      launches += copies;
-    } catch (const std::exception& e) {
-      state.SkipWithError(e.what());
-      release_workload();
-      return;
-    }
-  }
-  state.counters["bytes"] = static_cast<double>(spec->bytes);
-  state.counters["GB/s"] = total > 0 ? static_cast<double>(spec->bytes) * launches / total * 1e-9 : 0.0;
-  state.counters["copies"] = copies;
-  m = Measured{true, total, launches, copies};
+  g_cases.add_copy_ceilings();
 }
 
 // ---- summary --------------------------------------------------------------------------------------------------
 
+// A measured row and, for a direct MXFP4 -> FP8 conversion, its speedup: the naive path's time over its own.
 struct Row {
-  const CaseSpec* spec;
-  double us = 0, gbps = 0, fraction = NAN, speedup = NAN;
+  RotatedRow m;
+  double speedup = NAN;
 };
 
 std::vector<Row> summarize() {
   std::vector<Row> rows;
-  for (const auto& c : g_cases) {
-    auto it = g_measured.find(c.name());
-    if (it == g_measured.end() || !it->second.ok || it->second.launches == 0) continue;
-    Row r{&c};
-    r.us = it->second.seconds / static_cast<double>(it->second.launches) * 1e6;
-    r.gbps = static_cast<double>(c.bytes) / r.us * 1e-3;
-    rows.push_back(r);
-  }
+  for (const RotatedRow& r : g_cases.summarize()) rows.push_back({r});
   for (auto& r : rows) {
-    if (r.spec->recipe == "copy") {
-      r.fraction = 1.0;
-      continue;
-    }
-    const Row* best = nullptr;
-    for (const auto& c : rows)
-      if (c.spec->recipe == "copy" &&
-          (!best || std::fabs(std::log(static_cast<double>(c.spec->bytes) / r.spec->bytes)) <
-                        std::fabs(std::log(static_cast<double>(best->spec->bytes) / r.spec->bytes))))
-        best = &c;
-    if (best) r.fraction = r.gbps / best->gbps;
-    if (r.spec->kase == "mxfp4_row_to_fp8_row" || r.spec->kase == "mxfp4_row_to_fp8_col")
+    const std::string& kase = r.m.spec->kase;
+    if (kase == "mxfp4_row_to_fp8_row" || kase == "mxfp4_row_to_fp8_col")
       for (const auto& n : rows)
-        if (n.spec->kase == r.spec->kase + "_naive" && n.spec->shape == r.spec->shape) r.speedup = n.us / r.us;
+        if (n.m.spec->kase == kase + "_naive" && n.m.spec->shape == r.m.spec->shape) r.speedup = n.m.us / r.m.us;
   }
   return rows;
 }
@@ -424,33 +322,28 @@ void print_table(const std::vector<Row>& rows) {
   fmt::print("{:-<30}-+-{:-<16}-+-{:->10}-+-{:->8}-+-{:->6}-+-{:->7}\n", "", "", "", "", "", "");
   std::vector<double> fractions, speedups;
   for (const auto& r : rows) {
-    if (r.spec->recipe == "copy") continue;
-    fmt::print("{:<30} | {:<16} | {:>10.2f} | {:>8.1f} | {:>6} | {:>7}\n", r.spec->kase, r.spec->shape, r.us, r.gbps,
-               std::isnan(r.fraction) ? "-" : fmt::format("{:.2f}", r.fraction),
+    if (r.m.spec->recipe == "copy") continue;
+    fmt::print("{:<30} | {:<16} | {:>10.2f} | {:>8.1f} | {:>6} | {:>7}\n", r.m.spec->kase, r.m.spec->shape, r.m.us,
+               r.m.gbps, std::isnan(r.m.fraction) ? "-" : fmt::format("{:.2f}", r.m.fraction),
                std::isnan(r.speedup) ? "-" : fmt::format("{:.2f}x", r.speedup));
-    if (!std::isnan(r.fraction) && r.fraction > 0) fractions.push_back(r.fraction);
+    if (!std::isnan(r.m.fraction) && r.m.fraction > 0) fractions.push_back(r.m.fraction);
     if (!std::isnan(r.speedup) && r.speedup > 0) speedups.push_back(r.speedup);
   }
   fmt::print("geomean: {:.2f} x copy over {} conversions; direct over naive {:.2f}x over {} pairs\n",
              geomean(fractions), fractions.size(), geomean(speedups), speedups.size());
-  int failed = 0;
-  for (const auto& c : g_cases) {
-    auto it = g_measured.find(c.name());
-    if (it != g_measured.end() && !it->second.ok) ++failed;
-  }
-  if (failed) fmt::print("{} case(s) failed: see the errors above\n", failed);
+  if (g_cases.failed()) fmt::print("{} case(s) failed: see the errors above\n", g_cases.failed());
 
   // Per case, in the order of the table.
   std::vector<std::string> kases;
   for (const auto& r : rows)
-    if (r.spec->recipe != "copy" && std::find(kases.begin(), kases.end(), r.spec->kase) == kases.end())
-      kases.push_back(r.spec->kase);
+    if (r.m.spec->recipe != "copy" && std::find(kases.begin(), kases.end(), r.m.spec->kase) == kases.end())
+      kases.push_back(r.m.spec->kase);
   fmt::print("\n{:<34} | {:>5} | {:>6} | {:>7}\n", "geomean per case", "rows", "x copy", "speedup");
   for (const auto& k : kases) {
     std::vector<double> f, sp;
     for (const auto& r : rows) {
-      if (r.spec->kase != k) continue;
-      if (!std::isnan(r.fraction) && r.fraction > 0) f.push_back(r.fraction);
+      if (r.m.spec->kase != k) continue;
+      if (!std::isnan(r.m.fraction) && r.m.fraction > 0) f.push_back(r.m.fraction);
       if (!std::isnan(r.speedup) && r.speedup > 0) sp.push_back(r.speedup);
     }
     fmt::print("{:<34} | {:>5} | {:>6} | {:>7}\n", k, f.size(), f.empty() ? "-" : fmt::format("{:.3f}", geomean(f)),
@@ -462,11 +355,12 @@ void print_table(const std::vector<Row>& rows) {
 Table result_table(const std::vector<Row>& rows) {
   Table t = bench_table();
   for (const auto& r : rows)
-    t.add_row({r.spec->kase, r.spec->shape, r.spec->recipe, r.us, 0.0, r.gbps, r.fraction, r.speedup});
+    t.add_row({r.m.spec->kase, r.m.spec->shape, r.m.spec->recipe, r.m.us, 0.0, r.m.gbps, r.m.fraction, r.speedup});
+  t.set_attribute("time_us", "median over iterations of one launch's time (a batch over rotated input copies)");
   t.set_attribute("gbps_counts", "minimal traffic: bytes read + bytes written by one launch");
   t.set_attribute("fraction_of_copy_bw", "gbps over the device-to-device copy's at the closest byte count");
   t.set_attribute("speedup", "naive MXFP4 -> BF16 -> FP8 time over the direct conversion's (NaN: not a direct case)");
-  t.set_attribute("l2_bytes", g_l2_bytes);
+  t.set_attribute("l2_bytes", g_cases.l2_bytes());
   t.set_attribute("min_time_s", kMinTimeS);
   return t;
 }
@@ -487,24 +381,23 @@ int main(int argc, char** argv) {
   program.min_time_s = kMinTimeS;
   program.cases = [] {
     define_cases();
-    return case_names(g_cases);
+    return case_names(g_cases.cases());
   };
-  program.run_case = [](benchmark::State& st, size_t i) { run_case(st, &g_cases[i]); };
+  program.run_case = [](benchmark::State& st, size_t i) { g_cases.run_case(st, i); };
   program.on_device = [](int dev, const cudaDeviceProp& p) {
     int l2 = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-    g_l2_bytes = l2;
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    g_budget_bytes = static_cast<int64_t>(free_b) / 10 * 7;
+    g_cases.set_device_limits(l2, static_cast<int64_t>(free_b) / 10 * 7);
     fmt::print("bench_quant on {} (L2 {:.0f} MiB): inputs rotated over >= 2x L2, min time {} s per case\n", p.name,
                l2 / 1048576.0, kMinTimeS);
   };
-  program.after_cases = release_workload;
+  program.after_cases = [] { g_cases.release(); };
   program.report = [](const std::string& h5_path, const std::string& command) {
     const std::vector<Row> rows = summarize();
     print_table(rows);
-    int rc = std::all_of(g_measured.begin(), g_measured.end(), [](const auto& kv) { return kv.second.ok; }) ? 0 : 1;
+    int rc = g_cases.all_ok() ? 0 : 1;
     if (!h5_path.empty() && write_bench_result("bench_quant", h5_path, "quant", result_table(rows), command) != 0)
       rc = 1;
     return rc;

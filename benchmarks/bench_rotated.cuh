@@ -1,6 +1,6 @@
 // Memory-bound benchmark cases measured over rotated input copies, against a device-to-device copy of the same
 // byte count measured in the same run (header only, for the bench_<family>.cu programs whose kernels move bytes
-// rather than compute: bench_nn):
+// rather than compute: bench_nn, bench_quant):
 //
 //   RotatedCase   one case: its name parts, the bytes one launch must move (the minimal traffic: inputs read
 //                 once, outputs written once) and touches (sizes the rotation), and how to build `copies` inputs

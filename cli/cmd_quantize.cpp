@@ -4,12 +4,16 @@
 //
 //   fp4moe quantize --input X.h5 --dataset NAME --format mxfp4|fp8-row|fp8-col|fp8-block
 //     [--scale-mode floor|ceil (mxfp4) | pow2|fp32 (fp8)] [--rounding rne|stochastic --seed N]
+//     [--transform none|h16|h32|rht --rht-seed N (mxfp4)]
 //     [--groups 162,0,... (fp8-col; default one group)] [--device cpu|cuda] --output Q.h5
 //
 // Output file: /codes uint8, /scales (uint8 UE8M0 for mxfp4, float32 for fp8) in the layouts of
 // kernels/quant/layouts.h, /input_bf16 uint16 [M, K] (attribute dtype="bfloat16"), /dequantized float32 [M, K],
 // /group_offsets int32 [G+1] (fp8-col); root attributes: the run's provenance (results/run_info.h), the options
-// and the error figures. Errors are measured against the BF16 input the quantizer saw; finite float32/float64 input
+// and the error figures. With a transform (kernels/quant/mx_transform.h, applied along K before quantization) the
+// codes, scales and /dequantized are those of the transformed tensor, and /dequantized_inverse float32 [M, K] is
+// /dequantized transformed back; the error figures compare /dequantized_inverse with the input, and the clipped
+// elements are those of the transformed tensor. Errors are measured against the BF16 input the quantizer saw; finite float32/float64 input
 // values beyond BF16's range become +-Inf there (counted: input_overflow_elements, and a line of the report), and
 // nonzero values below its smallest subnormal become +-0 (input_underflow_elements, likewise).
 #include <fmt/format.h>
@@ -38,6 +42,8 @@ namespace {
 struct QuantizeOptions {
   std::string input, dataset, format, scale_mode, rounding = "rne", groups, device = "cpu", output;
   std::string seed = "0";  // --seed as given: parse_seed reads it
+  std::string transform = "none";
+  std::string rht_seed;  // --rht-seed as given (empty: not given)
 };
 
 struct ErrorFigures {
@@ -66,13 +72,14 @@ std::vector<int32_t> parse_groups(const std::string& text, int64_t M) {
   return std::vector<int32_t>(off.begin(), off.end());  // every entry <= M < 2^31
 }
 
-// --seed: a decimal integer in [0, 2^64 - 1] (no sign); throws CliError naming the range otherwise.
-uint64_t parse_seed(const std::string& text) {
+// A seed option (`name`: --seed, --rht-seed): a decimal integer in [0, 2^64 - 1] (no sign); throws CliError
+// naming the range otherwise.
+uint64_t parse_seed(const std::string& name, const std::string& text) {
   uint64_t v = 0;
   const char* end = text.data() + text.size();
   const auto [stop, ec] = std::from_chars(text.data(), end, v);
   if (text.empty() || ec != std::errc() || stop != end)
-    throw CliError(fmt::format("--seed must be an integer in [0, {}], got {}", std::numeric_limits<uint64_t>::max(),
+    throw CliError(fmt::format("{} must be an integer in [0, {}], got {}", name, std::numeric_limits<uint64_t>::max(),
                                text));
   return v;
 }
@@ -116,7 +123,12 @@ std::string shape_text(const std::vector<int64_t>& s) {
 int run_quantize(const QuantizeOptions& o) {
   const bool mx = o.format == "mxfp4";
   check_options(o, mx);
-  const uint64_t seed = parse_seed(o.seed);
+  const uint64_t seed = parse_seed("--seed", o.seed);
+  if (!mx && o.transform != "none")
+    throw CliError(fmt::format("--transform {} applies to mxfp4 only, not {}", o.transform, o.format));
+  if (!o.rht_seed.empty() && o.transform != "rht")
+    throw CliError(fmt::format("--rht-seed applies to --transform rht only, got --transform {}", o.transform));
+  const uint64_t rht_seed = o.rht_seed.empty() ? 0 : parse_seed("--rht-seed", o.rht_seed);
   if (!mx && o.rounding != "rne")
     throw CliError(fmt::format("--rounding {} applies to mxfp4 only ({} rounds to nearest even)", o.rounding, o.format));
   if (o.format != "fp8-col" && !o.groups.empty())
@@ -162,6 +174,11 @@ int run_quantize(const QuantizeOptions& o) {
     spec.mx.scale_mode = scale_mode == "ceil" ? MxScaleMode::ceil : MxScaleMode::floor;
     spec.mx.rounding = o.rounding == "stochastic" ? Rounding::stochastic : Rounding::rne;
     spec.mx.seed = seed;
+    spec.mx.transform = o.transform == "h16"   ? HadamardTransform::h16
+                        : o.transform == "h32" ? HadamardTransform::h32
+                        : o.transform == "rht" ? HadamardTransform::rht
+                                               : HadamardTransform::none;
+    spec.mx.rht_seed = rht_seed;
   } else {
     spec.format = o.format == "fp8-row" ? QuantFormat::fp8_row
                   : o.format == "fp8-col" ? QuantFormat::fp8_col
@@ -171,7 +188,8 @@ int run_quantize(const QuantizeOptions& o) {
   }
 
   QuantizeResult q = quantize_matrix(x.bits, M, K, spec);
-  ErrorFigures e = error_figures(x.bits, q.dequantized);
+  const bool transformed = !q.dequantized_inverse.empty();
+  ErrorFigures e = error_figures(x.bits, transformed ? q.dequantized_inverse : q.dequantized);
   const double total = static_cast<double>(M * K);
 
   ResultFile out;
@@ -185,6 +203,10 @@ int run_quantize(const QuantizeOptions& o) {
   out.set_attribute("scale_mode", scale_mode);
   out.set_attribute("rounding", o.rounding);
   out.set_attribute("seed", static_cast<int64_t>(seed));
+  if (mx) {
+    out.set_attribute("transform", o.transform);
+    out.set_attribute("rht_seed", static_cast<int64_t>(rht_seed));
+  }
   out.set_attribute("device", o.device);
   out.set_attribute("layout", q.layout);
   out.set_attribute("rel_l2_error", e.rel_l2);
@@ -200,12 +222,14 @@ int run_quantize(const QuantizeOptions& o) {
   else out.add_array("/scales", q.scales_shape, q.scales_f32);
   out.add_array("/input_bf16", {M, K}, x.bits, {{"dtype", "bfloat16"}});
   out.add_array("/dequantized", {M, K}, q.dequantized);
+  if (transformed) out.add_array("/dequantized_inverse", {M, K}, q.dequantized_inverse);
   if (!spec.offsets.empty() && spec.format == QuantFormat::fp8_col)
     out.add_array("/group_offsets", {static_cast<int64_t>(spec.offsets.size())}, spec.offsets);
   out.write(o.output);
 
-  fmt::print("{}:{} [{}, {}] {} -> {} (scale {}, rounding {}) on {}\n", o.input, o.dataset, M, K, x.source_type,
-             o.format, scale_mode, o.rounding, o.device);
+  fmt::print("{}:{} [{}, {}] {} -> {} (scale {}, rounding {}{}) on {}\n", o.input, o.dataset, M, K, x.source_type,
+             o.format, scale_mode, o.rounding, transformed ? ", transform " + o.transform : std::string(), o.device);
+  if (transformed) fmt::print("  errors of the dequantized tensor transformed back (/dequantized_inverse)\n");
   fmt::print("  relative L2 error   {:.6e}\n", e.rel_l2);
   fmt::print("  max abs error       {:.6e}\n", e.max_abs);
   fmt::print("  saturated/clipped   {:.6e} ({} of {} elements)\n", static_cast<double>(q.saturated) / total,
@@ -216,8 +240,9 @@ int run_quantize(const QuantizeOptions& o) {
                x.overflowed);
   if (x.underflowed > 0)
     fmt::print("  below BF16 range    {} nonzero input values rounded to +-0\n", x.underflowed);
-  fmt::print("wrote {}: /codes uint8 {}, /scales {} {}, /dequantized float32 [{}, {}]\n", o.output,
-             shape_text(q.codes_shape), mx ? "uint8" : "float32", shape_text(q.scales_shape), M, K);
+  fmt::print("wrote {}: /codes uint8 {}, /scales {} {}, /dequantized{} float32 [{}, {}]\n", o.output,
+             shape_text(q.codes_shape), mx ? "uint8" : "float32", shape_text(q.scales_shape),
+             transformed ? " and /dequantized_inverse" : "", M, K);
   return kExitOk;
 }
 
@@ -237,6 +262,12 @@ Command add_quantize_command(CLI::App& app) {
   sub->add_option("--rounding", o->rounding, "mxfp4 rounding: rne (default) or stochastic")
       ->check(CLI::IsMember({"rne", "stochastic"}));
   sub->add_option("--seed", o->seed, "seed of stochastic rounding, an integer in [0, 2^64 - 1] (default 0)")
+      ->type_name("UINT");
+  sub->add_option("--transform", o->transform,
+                  "mxfp4: transform along K before quantization: none (default), h16, h32 (Walsh-Hadamard over blocks "
+                  "of 16 or 32) or rht (random signs, then h16)")
+      ->check(CLI::IsMember({"none", "h16", "h32", "rht"}));
+  sub->add_option("--rht-seed", o->rht_seed, "seed of rht's random signs, an integer in [0, 2^64 - 1] (default 0)")
       ->type_name("UINT");
   sub->add_option("--groups", o->groups, "fp8-col: rows per group, e.g. 162,0,2577 (default: one group)");
   sub->add_option("--device", o->device, "cpu (references, default) or cuda (kernels)")

@@ -8,6 +8,7 @@
 #include "kernels/common/types.h"
 #include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/layouts.h"
+#include "kernels/quant/mx_transform.h"
 #include "kernels/quant/mxfp4_to_bf16.h"
 
 namespace fp4moe::cli {
@@ -37,6 +38,12 @@ struct Device {
 
 const bf16* as_bf16(const std::vector<uint16_t>& x) { return reinterpret_cast<const bf16*>(x.data()); }
 
+// Element i of a BF16 matrix as a float.
+struct Bf16Value {
+  const std::vector<uint16_t>& x;
+  float operator()(int64_t i) const { return bf16_bits_to_f32(x[i]); }
+};
+
 // One quantizer launch on the device (the cuda path): uploads x, allocates zeroed device arrays of the sizes of
 // `codes` and `scales` and a zeroed non-finite block counter, calls launch(x, codes, scales, counter) with the
 // device pointers (x as BF16), synchronizes, downloads codes and scales into the host vectors and returns the
@@ -58,16 +65,17 @@ int64_t quantize_on_device(const std::vector<uint16_t>& x, std::vector<uint8_t>&
 }
 
 // Elements whose magnitude exceeds the format's largest value at their block's scale (they were clipped).
-// limit(m, k) returns the block's largest representable magnitude, or NaN for a NaN block (skipped).
-template <typename Limit>
-int64_t count_saturated(const std::vector<uint16_t>& x, int64_t M, int64_t K, Limit limit) {
+// value(i) returns element i (flat) of what was quantized; limit(m, k) returns the block's largest representable
+// magnitude, or NaN for a NaN block (skipped).
+template <typename Value, typename Limit>
+int64_t count_saturated(int64_t M, int64_t K, Value value, Limit limit) {
   // fp32 scales (amax / 448) may sit one rounding below the exact ratio; no BF16 value lies within 2^-20 of a
   // representable maximum without reaching it, so this slack only removes that rounding noise.
   const double slack = 1.0 + std::ldexp(1.0, -20);
   int64_t n = 0;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) {
-      double v = std::fabs(static_cast<double>(bf16_bits_to_f32(x[m * K + k])));
+      double v = std::fabs(static_cast<double>(value(m * K + k)));
       double lim = limit(m, k);
       if (std::isfinite(v) && !std::isnan(lim) && v > lim * slack) ++n;
     }
@@ -95,7 +103,18 @@ QuantizeResult run_mxfp4(const std::vector<uint16_t>& x, int64_t M, int64_t K, c
   mxfp4_to_bf16_ref(r.codes.data(), r.scales_ue8m0.data(), M, K, reinterpret_cast<bf16*>(y.data()));
   r.dequantized.resize(M * K);
   for (int64_t i = 0; i < M * K; ++i) r.dequantized[i] = bf16_bits_to_f32(y[i]);
-  r.saturated = count_saturated(x, M, K, [&](int64_t m, int64_t k) {
+  std::vector<float> transformed;  // what was quantized, with a transform
+  if (s.mx.transform != HadamardTransform::none) {
+    transformed.resize(M * K);
+    mx_transform_rows_bf16_ref(as_bf16(x), M, K, s.mx.transform, s.mx.rht_seed, transformed.data());
+    r.dequantized_inverse.resize(M * K);
+    mx_transform_rows_inverse_ref(r.dequantized.data(), M, K, s.mx.transform, s.mx.rht_seed,
+                                  r.dequantized_inverse.data());
+  }
+  const auto quantized_value = [&](int64_t i) {
+    return transformed.empty() ? bf16_bits_to_f32(x[i]) : transformed[i];
+  };
+  r.saturated = count_saturated(M, K, quantized_value, [&](int64_t m, int64_t k) {
     uint8_t b = r.scales_ue8m0[m * (K / kMxBlock) + k / kMxBlock];
     return b == kUE8M0NaN ? std::nan("") : kE2M1Max * static_cast<double>(ue8m0_to_f32(b));
   });
@@ -121,7 +140,7 @@ QuantizeResult run_fp8_row(const std::vector<uint16_t>& x, int64_t M, int64_t K,
              "(scale of row m, block b at [b, m])";
   r.dequantized.resize(M * K);
   fp8_row_dequantize_ref(r.codes.data(), r.scales_f32.data(), M, K, r.dequantized.data());
-  r.saturated = count_saturated(x, M, K, [&](int64_t m, int64_t k) {
+  r.saturated = count_saturated(M, K, Bf16Value{x}, [&](int64_t m, int64_t k) {
     return kE4M3Max * static_cast<double>(r.scales_f32[fp8_row_scale_index(m, k / kFp8Block, M)]);
   });
   return r;
@@ -154,7 +173,7 @@ QuantizeResult run_fp8_col(const std::vector<uint16_t>& x, int64_t M, int64_t K,
   r.dequantized.resize(M * K);
   fp8_col_dequantize_ref(r.codes.data(), r.scales_f32.data(), M, K, off.data(), G, r.dequantized.data());
   int64_t g = 0;
-  r.saturated = count_saturated(x, M, K, [&](int64_t m, int64_t k) {
+  r.saturated = count_saturated(M, K, Bf16Value{x}, [&](int64_t m, int64_t k) {
     while (m >= off[g + 1]) ++g;  // rows are visited in order
     int64_t t = m - off[g];
     return kE4M3Max * static_cast<double>(r.scales_f32[scale_base[g] + (t / kFp8Block) * K + k]);
@@ -190,7 +209,7 @@ QuantizeResult run_fp8_block(const std::vector<uint16_t>& x, int64_t M, int64_t 
   r.layout = "fp8 128x128 block: codes uint8 [N, K] (E4M3), scales float32 [ceil(N/128), round_up(ceil(K/128), 4)]";
   r.dequantized.resize(M * K);
   fp8_block128_dequantize_ref(r.codes.data(), r.scales_f32.data(), M, K, false, r.dequantized.data());
-  r.saturated = count_saturated(x, M, K, [&](int64_t m, int64_t k) {
+  r.saturated = count_saturated(M, K, Bf16Value{x}, [&](int64_t m, int64_t k) {
     return kE4M3Max * static_cast<double>(r.scales_f32[(m / kFp8Block) * ld + k / kFp8Block]);
   });
   return r;

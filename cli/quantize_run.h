@@ -15,7 +15,7 @@ enum class QuantFormat { mxfp4, fp8_row, fp8_col, fp8_block };
 
 struct QuantizeSpec {
   QuantFormat format = QuantFormat::mxfp4;
-  MxQuantConfig mx;                            // mxfp4: scale mode, rounding, seed
+  MxQuantConfig mx;                            // mxfp4: scale mode, rounding, seed, transform
   Fp8ScaleMode fp8_mode = Fp8ScaleMode::pow2;  // fp8-*
   std::vector<int32_t> offsets;                // fp8-col: group offsets [G+1] (0 ... M)
   bool cuda = false;                           // kernels on the GPU instead of the CPU references
@@ -30,10 +30,12 @@ struct QuantizeResult {
   std::vector<float> scales_f32;      // fp8-*
   std::vector<int64_t> scales_shape;
   std::vector<float> dequantized;     // [M, K] float32: codes decoded with their scales
+  std::vector<float> dequantized_inverse;  // mxfp4 with a transform: [M, K] dequantized transformed back; else empty
   std::string layout;                 // one line naming the layout of codes and scales
   int64_t blocks = 0;                 // scale blocks in the tensor
   int64_t nonfinite_blocks = 0;       // blocks that held NaN/Inf (their elements decode to NaN)
-  int64_t saturated = 0;              // finite elements with |v| beyond the format's largest value at their scale
+  int64_t saturated = 0;  // finite elements with |v| beyond the format's largest value at their scale (v: the
+                          // transformed input with a transform)
 };
 
 // x: [M, K] BF16 bits. Shapes must already satisfy the format (K % 32 for mxfp4, K % 16 for fp8, M % 16 too for

@@ -1,11 +1,16 @@
 // BF16 -> MXFP4 row quantization (the paper's BF16ToFP4Row): the MoE expert input is quantized to MXFP4 before
-// the expert-parallel dispatch and cached in this form for backward and recompute.
+// the expert-parallel dispatch and cached in this form for backward and recompute; with a transform and stochastic
+// rounding, the quantizer of paper 2's MXFP4 GEMM operands (quantized along the reduction dimension K).
 //
-// Rules (OCP MX v1.0 sec. 6.3, DESIGN.md "Number formats"), per block of 32 contiguous elements of a row:
-//   amax = max |v|. A NaN or +-Inf in the block -> scale 0xFF and codes 0 (the block decodes to NaN; counted).
-//   amax = 0 -> scale byte 0 and codes 0. Otherwise e = mx_scale_exponent(amax, mode) (floor: OCP, ceil: no
-//   clipping), clamped to [-127, 127]; scale byte e + 127; code_i = E2M1(v_i * 2^-e) with the exact
-//   power-of-two product rounded to nearest even (or stochastically, see Rounding).
+// Rules (OCP MX v1.0 sec. 6.3, DESIGN.md "Number formats"), per row:
+//   v = x, or with a transform v = T(x) along K computed in FP32 (mx_transform.h: h16, h32, rht) and rounded to
+//   BF16 (RNE), as a transform kernel writing BF16 would hand it over. Then per block of 32 contiguous elements
+//   of v: amax = max |v|. A NaN or +-Inf in the block -> scale 0xFF and codes 0 (the block
+//   decodes to NaN; counted). amax = 0 -> scale byte 0 and codes 0. Otherwise e = mx_scale_exponent(amax, mode)
+//   (floor: OCP, ceil: no clipping), clamped to [-127, 127]; scale byte e + 127; code_i = E2M1(v_i * 2^-e) with
+//   the exact power-of-two product rounded to nearest even (or stochastically, see Rounding).
+// The codes and scales are those of the transformed tensor: dequantized they give T(x) approximately, and
+// T^-1 of that approximates x (mx_transform_rows_inverse_ref).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,12 +19,16 @@
 
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
+#include "kernels/quant/mx_transform.h"
 
 namespace fp4moe {
 
 enum class Rounding : int {
   rne = 0,         // round to nearest, ties to even
-  stochastic = 1,  // up with probability proportional to proximity; uniform_from_counter(seed, m * K + k)
+  // Up with probability proportional to proximity: f32_to_e2m1_stochastic(v_i * 2^-e, u) with u =
+  // mx_sr_uniform(seed, m * K + k) (mx_random.h: 16 bits per element, four elements per 64-bit hash). Stochastic
+  // rounding for MXFP4 training: Tseng et al. 2025.
+  stochastic = 1,
 };
 
 struct MxQuantConfig {
@@ -28,8 +37,12 @@ struct MxQuantConfig {
   uint64_t seed = 0;  // stochastic rounding only; the result does not depend on the launch shape
   // Stochastic rounding only: index of the first row of `x` in the full tensor, so that a tensor quantized in
   // several launches over row ranges (x + r0 * K, row_offset = r0) draws the same numbers as one launch over all
-  // rows: element (m, k) of the launch uses uniform_from_counter(seed, (row_offset + m) * K + k). Must be >= 0.
+  // rows: element (m, k) of the launch uses mx_sr_uniform(seed, (row_offset + m) * K + k). Must be >= 0.
   int64_t row_offset = 0;
+  // Transform along K before quantization (mx_transform.h). The trainer's MxTransform (trainer/model/recipe.h)
+  // names the same four in the same order.
+  HadamardTransform transform = HadamardTransform::none;
+  uint64_t rht_seed = 0;  // rht only: the seed of the signs (pass a new one per step for fresh signs)
 };
 
 // x      [M, K] BF16, row-major, device, 16-byte aligned.
@@ -39,7 +52,8 @@ struct MxQuantConfig {
 //   the caller zeroes it.
 // Every byte of codes and scales is written. Reads and writes stay inside the three tensors.
 // Rejects (fp4moe::Error, before any launch): M < 0, K <= 0 or K % 32 != 0 (the message names the shape),
-// M * K beyond 2^62, an unknown scale mode or rounding, row_offset < 0, and for M > 0 null or misaligned pointers.
+// M * K beyond 2^62, an unknown scale mode, rounding or transform, K > 2^30 with rht, row_offset < 0, and for M > 0
+// null or misaligned pointers.
 // M = 0 launches nothing and accepts null pointers. Asynchronous on `stream`.
 void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                        const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream);
@@ -48,5 +62,10 @@ void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint
 // blocks. Written element by element from the rule above; the GPU kernel must match it bit for bit.
 int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                               const MxQuantConfig& cfg);
+
+namespace detail {
+// The argument checks of bf16_to_mxfp4_row and its references (`what` names the caller); pointers aside.
+void check_mx_quant_config(const char* what, int64_t M, int64_t K, const MxQuantConfig& cfg);
+}  // namespace detail
 
 }  // namespace fp4moe

@@ -1,11 +1,14 @@
-// Cheaper formulations of two rules of formats.h, used by the BF16 -> MXFP4 row kernel
+// Cheaper formulations of the E2M1 encoders of formats.h, used by the BF16 -> MXFP4 row kernel
 // (bf16_to_mxfp4_row.cu): the same results bit for bit, computed with fewer instructions.
-// Host and device alike, so that the CPU tests compare them with formats.h exhaustively
-// (tests/quant/test_quant_row_gpu.cpp, host-only tests that run without a device).
+// Host and device alike, so that tests compare them with formats.h without a device: the BF16x2 RNE encoder on
+// every BF16 pair (tests/quant/test_quant_row_gpu.cpp, host-only tests), the stochastic encoder on every E2M1
+// boundary and its FP32 neighbours, random FP32 values and subnormals, with draws around each decision (CPU tests,
+// tests/quant/test_mx_fast_codecs.cpp).
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -47,28 +50,20 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
   return code | ((w >> 12) & 0x00080008u);                   // sign bits 15, 31 -> 3, 19
 }
 
-// uniform_from_counter(seed, index) (formats.h) with two steps of the outer splitmix64 finaliser dropped that
-// cannot change its top 24 bits: h >> 40 = (z ^ (z >> 31)) >> 40 = z >> 40 (z >> 71 is 0), and only the high
-// word of the last 64-bit product is needed (lo * C_lo's high half plus the two cross products' low halves).
-// Returns the 24-bit integer k; the uniform is k * 2^-24.
-FP4MOE_HD uint32_t counter_bits24(uint64_t seed, uint64_t index) {
-  uint64_t z = seed ^ mix64(index + 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  constexpr uint32_t kC2Lo = 0x133111EBu, kC2Hi = 0x94D049BBu;  // 0x94D049BB133111EB
-  const uint32_t lo = static_cast<uint32_t>(z), hi = static_cast<uint32_t>(z >> 32);
+// E2M1 magnitude code (0..7) of f32_to_e2m1_stochastic(a, s * 2^-16) for a finite a >= 0 and 16 random bits s,
+// in integers: X = a's FP32 bit pattern for a >= 1, where bits 22.. hold 252 + the lower E2M1 neighbour's code and
+// bits 0..21 the exact position of a within the step; for a < 1 the same fixed point built from
+// ceil(a * 2^23) (a + 1 rounded up, exact in FP32, minus one binade). a rounds up iff s < position * 2^16 / 2^22,
+// i.e. iff ceil(position / 64) + (0xFFFF - s) carries into bit 16; codes past 7 saturate.
+FP4MOE_HD uint32_t e2m1_magnitude_sr_f32(float a, uint32_t s) {
 #if defined(__CUDA_ARCH__)
-  const uint32_t lo_lo_high = __umulhi(lo, kC2Lo);
+  const uint32_t below_one = f32_bits(__fadd_ru(a, 1.0f)) - 0x00800000u;  // 252 * 2^22 + ceil(a * 2^23)
 #else
-  const uint32_t lo_lo_high = static_cast<uint32_t>((uint64_t{lo} * kC2Lo) >> 32);
+  const uint32_t below_one = a < 1.0f ? (252u << 22) + static_cast<uint32_t>(std::ceil(a * 8388608.0f)) : 0u;
 #endif
-  const uint32_t top = lo_lo_high + lo * kC2Hi + hi * kC2Lo;  // bits 32..63 of z * C2 (mod 2^64)
-  return top >> 8;
-}
-
-// The same float as uniform_from_counter(seed, index): k < 2^24 converts exactly and the product is exact.
-FP4MOE_HD float uniform_from_counter_fast(uint64_t seed, uint64_t index) {
-  return static_cast<float>(counter_bits24(seed, index)) * (1.0f / 16777216.0f);
+  const uint32_t x = a >= 1.0f ? f32_bits(a) : below_one;  // both computed: a select, not a branch per element
+  const uint32_t t = (((x + 63u) >> 6) + (s ^ 0xFFFFu)) >> 16;
+  return (t < 259u ? t : 259u) - 252u;
 }
 
 }  // namespace fp4moe::detail

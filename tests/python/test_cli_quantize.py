@@ -53,6 +53,29 @@ def pow2_fp8_exponent(amax):
     return p
 
 
+def splitmix64_at(seed, n):
+    """Output number n of the splitmix64 stream seeded `seed` (kernels/quant/mx_random.h)."""
+    mask = (1 << 64) - 1
+    z = (seed + (n + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def transform_matrix(transform, k, rht_seed):
+    """T [K, K] in float64 with y = x T (kernels/quant/mx_transform.h): block-diagonal Walsh-Hadamard in Sylvester
+    order, entry (i, j) = (-1)^popcount(i & j) / sqrt(n); rht: diag(s) H16, s_k = -1 where bit k mod 64 of
+    splitmix64_at(rht_seed, k // 64) is set."""
+    n = 32 if transform == "h32" else 16
+    i = np.arange(n)
+    h = np.array([[(-1.0) ** bin(a & b).count("1") for b in i] for a in i]) / np.sqrt(n)
+    t = np.kron(np.eye(k // n), h)
+    if transform == "rht":
+        s = np.array([-1.0 if (splitmix64_at(rht_seed, c // 64) >> (c % 64)) & 1 else 1.0 for c in range(k)])
+        t = s[:, None] * t
+    return t
+
+
 class QuantizeCli(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -149,6 +172,47 @@ class QuantizeCli(unittest.TestCase):
             np.testing.assert_array_equal(fa["scales"][()], fr["scales"][()])
             self.assertEqual(fa.attrs["rounding"], "stochastic")
             self.assertLess(fa.attrs["rel_l2_error"], 0.3)
+
+    def test_mxfp4_transforms_quantize_the_transformed_tensor(self):
+        x = bf16_to_f64(bf16_bits(self.x32))
+        codes_by_transform = {}
+        for transform, seed in (("h16", None), ("h32", None), ("rht", "7"), ("rht", "8")):
+            with self.subTest(transform=transform, seed=seed):
+                args = ["--format", "mxfp4", "--transform", transform] + (["--rht-seed", seed] if seed else [])
+                out, r = self.quantize(*args)
+                with h5py.File(out) as f:
+                    codes, scales = f["codes"][()], f["scales"][()]
+                    y, back = f["dequantized"][()], f["dequantized_inverse"][()]
+                    attrs = dict(f.attrs)
+                self.assertEqual((attrs["transform"], attrs["rht_seed"]), (transform, int(seed or 0)))
+                self.assertEqual((back.dtype, back.shape), (np.float32, (300, 256)))
+                t = transform_matrix(transform, 256, int(seed or 0))
+                np.testing.assert_allclose(t @ t.T, np.eye(256), atol=1e-12)
+                xt = bf16_to_f64(bf16_bits(x @ t))  # the transformed input, rounded to BF16 as the quantizer does
+                vals = np.empty((300, 256))
+                vals[:, 0::2] = E2M1[codes & 15]
+                vals[:, 1::2] = E2M1[codes >> 4]
+                decoded = vals * np.exp2(np.repeat(scales.astype(np.float64) - 127, 32, axis=1))
+                np.testing.assert_array_equal(decoded.astype(np.float32), y)
+                # The codes are those of the transformed tensor: its block exponents, its rounding.
+                amax = np.abs(xt).reshape(300, 8, 32).max(axis=2)
+                np.testing.assert_array_equal(scales.astype(np.int64) - 127, np.floor(np.log2(amax)) - 2)
+                step = np.repeat(np.exp2(scales.astype(np.float64) - 127), 32, axis=1)  # 2^e: steps are 0.5..2 of it
+                self.assertLessEqual(np.max(np.abs(decoded - np.clip(xt, -6 * step, 6 * step)) / step), 1.0 + 1e-6)
+                # Transformed back: the inverse of the dequantized tensor, and the errors measured on it.
+                np.testing.assert_allclose(back, decoded @ t.T, rtol=0, atol=1e-5 * np.max(np.abs(decoded)))
+                rel = np.sqrt(np.sum((back - x) ** 2) / np.sum(x**2))
+                self.assertAlmostEqual(attrs["rel_l2_error"], rel, delta=1e-9 * rel)
+                self.assertLess(rel, 0.2)
+                self.assertEqual(attrs["saturated_elements"], np.sum(np.abs(xt) > 6 * step))
+                self.assertIn("dequantized_inverse", r.stdout)
+                codes_by_transform[(transform, seed)] = codes
+        self.assertFalse(np.array_equal(codes_by_transform[("rht", "7")], codes_by_transform[("rht", "8")]))
+        self.assertFalse(np.array_equal(codes_by_transform[("h16", None)], codes_by_transform[("h32", None)]))
+        plain, _ = self.quantize("--format", "mxfp4", "--transform", "none")
+        with h5py.File(plain) as f:
+            self.assertNotIn("dequantized_inverse", f)
+            self.assertEqual(f.attrs["transform"], "none")
 
     def test_fp8_row_layout_scales_and_error(self):
         out, _ = self.quantize("--format", "fp8-row")
@@ -283,6 +347,14 @@ class QuantizeCli(unittest.TestCase):
              "--scale-mode pow2 does not apply to mxfp4 (expected floor or ceil)"),
             (["--format", "fp8-row", "--rounding", "stochastic"], None, "x", "applies to mxfp4 only"),
             (["--format", "fp8-block"], None, "x", "fp8-block needs N (the first dimension) to be a multiple of 16"),
+            (["--format", "fp8-row", "--transform", "h16"], None, "x",
+             "--transform h16 applies to mxfp4 only, not fp8-row"),
+            (["--format", "mxfp4", "--rht-seed", "5"], None, "x",
+             "--rht-seed applies to --transform rht only, got --transform none"),
+            (["--format", "mxfp4", "--transform", "h32", "--rht-seed", "5"], None, "x",
+             "--rht-seed applies to --transform rht only, got --transform h32"),
+            (["--format", "mxfp4", "--transform", "rht", "--rht-seed", "-3"], None, "x",
+             "--rht-seed must be an integer in [0, 18446744073709551615], got -3"),
         ]
         for args, input_override, dataset, expected in cases:
             with self.subTest(args=args, dataset=dataset):
@@ -306,6 +378,10 @@ class QuantizeCli(unittest.TestCase):
                     self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--rounding",
                                  "stochastic", "--seed", seed, "--output", os.path.join(self.tmp, "never.h5")),
                     f"--seed must be an integer in [0, 18446744073709551615], got {seed}")
+        # So is an unknown transform.
+        self.assert_one_line_error(
+            self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--transform", "h8",
+                         "--output", os.path.join(self.tmp, "never.h5")), "--transform")
         # Parser errors are one line with the command's prefix too.
         self.assert_one_line_error(
             self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--output",

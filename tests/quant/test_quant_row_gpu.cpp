@@ -1,6 +1,6 @@
 // GPU MXFP4 row kernels against their CPU references, bit for bit: bf16_to_mxfp4_row (codes, scales, NaN/Inf
-// count), mxfp4_to_bf16, mxfp4_row_to_fp8_row (codes and fp32 scales, layout padding included) and the naive
-// MXFP4 -> BF16 -> FP8 path. Seeded random data with outliers, tiny values, zero rows and NaN/Inf blocks; the
+// count; with each transform and rounding: mx_transform.h), mxfp4_to_bf16, mxfp4_row_to_fp8_row (codes and fp32
+// scales, layout padding included) and the naive MXFP4 -> BF16 -> FP8 path. Seeded random data with outliers, tiny values, zero rows and NaN/Inf blocks; the
 // shapes of the MoE layers (K = 2048, 7168, 576) and edge shapes (M = 1, K = 32, a short last 1x128 group,
 // in_scales at an odd address, more 128-row tiles than one grid holds). Every output is poisoned before each run
 // and surrounded by guard bytes that must stay untouched. Host-only tests (they run without a device) check the
@@ -15,6 +15,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/common/gpu_test_util.h"
@@ -166,6 +167,63 @@ TEST(Bf16ToMxfp4RowGpu, MatchesReferenceBitForBit) {
   }
 }
 
+// With a transform (h16, h32, rht) and either rounding: the butterflies across lanes, the random signs at every
+// column, the rounding of the transformed values to BF16, the last partial tile. Row 3 is all zero (no NaN may
+// come of it).
+TEST(Bf16ToMxfp4RowGpu, TransformsMatchReferenceBitForBit) {
+  FP4MOE_REQUIRE_DEVICE();
+  uint32_t seed = 100;
+  for (int64_t M : kRows) {
+    for (int64_t K : {int64_t{32}, int64_t{96}, int64_t{576}, int64_t{2048}}) {
+      const bool nonfinite = (M * K) % 3 != 1;
+      const std::vector<bf16> x = activations(M, K, seed++, nonfinite);
+      bool zero_row_3 = M > 3;  // unless a NaN/Inf landed there
+      for (int64_t k = 0; zero_row_3 && k < K; ++k) zero_row_3 = (bf16_bits(x[3 * K + k]) & 0x7FFF) == 0;
+      for (auto transform : {HadamardTransform::h16, HadamardTransform::h32, HadamardTransform::rht}) {
+        for (auto rounding : {Rounding::rne, Rounding::stochastic}) {
+          MxQuantConfig cfg;
+          cfg.scale_mode = seed % 2 ? MxScaleMode::floor : MxScaleMode::ceil;
+          cfg.rounding = rounding;
+          cfg.seed = 0xABC00000ull + seed;
+          cfg.transform = transform;
+          cfg.rht_seed = 0x77700000ull + seed;  // a fresh seed per run, as per training step
+          SCOPED_TRACE(testing::Message() << "M=" << M << " K=" << K << " transform=" << int(transform)
+                                          << " rounding=" << int(rounding) << " mode=" << int(cfg.scale_mode));
+          std::vector<uint8_t> ref_codes(M * K / 2, kPoison), ref_scales(M * K / 32, kPoison);
+          const int64_t ref_nonfinite = bf16_to_mxfp4_row_ref(x.data(), M, K, ref_codes.data(), ref_scales.data(), cfg);
+          const QuantRun got = quantize_on_gpu(x, M, K, cfg);
+          EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
+          EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);
+          EXPECT_EQ(static_cast<int64_t>(got.nonfinite), ref_nonfinite);
+          EXPECT_TRUE(got.guards_intact);
+          if (zero_row_3) {
+            for (int64_t b = 3 * K / 32; b < 4 * K / 32; ++b) EXPECT_EQ(got.scales[b], 0) << "zero row, block " << b;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Bf16ToMxfp4RowGpu, AllZeroTensorWithEveryOptionGivesZeroCodesAndScales) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t M = 129, K = 160;
+  std::vector<bf16> x(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = bf16_from_bits(i % 3 ? 0x0000 : 0x8000);  // +-0
+  for (auto transform : {HadamardTransform::none, HadamardTransform::h16, HadamardTransform::h32,
+                         HadamardTransform::rht})
+    for (auto rounding : {Rounding::rne, Rounding::stochastic}) {
+      MxQuantConfig cfg;
+      cfg.rounding = rounding;
+      cfg.transform = transform;
+      const QuantRun got = quantize_on_gpu(x, M, K, cfg);
+      EXPECT_EQ(got.nonfinite, 0u);
+      EXPECT_EQ(got.codes, std::vector<uint8_t>(M * K / 2, 0)) << int(transform) << " " << int(rounding);
+      EXPECT_EQ(got.scales, std::vector<uint8_t>(M * K / 32, 0)) << int(transform) << " " << int(rounding);
+      EXPECT_TRUE(got.guards_intact);
+    }
+}
+
 // Blocks over the whole BF16 range: row r's first element has exponent field r % 255 (so every block exponent
 // from -127 to 126 occurs, subnormal amax included), the others are random magnitudes at or below it, any sign.
 TEST(Bf16ToMxfp4RowGpu, EveryBlockExponentAndMagnitudeMatchesReference) {
@@ -184,18 +242,28 @@ TEST(Bf16ToMxfp4RowGpu, EveryBlockExponentAndMagnitudeMatchesReference) {
   }
   for (auto mode : {MxScaleMode::floor, MxScaleMode::ceil}) {
     for (auto rounding : {Rounding::rne, Rounding::stochastic}) {
-      MxQuantConfig cfg;
-      cfg.scale_mode = mode;
-      cfg.rounding = rounding;
-      cfg.seed = 31;
-      SCOPED_TRACE(testing::Message() << "mode=" << int(mode) << " rounding=" << int(rounding));
-      std::vector<uint8_t> ref_codes(M * K / 2), ref_scales(M * K / 32);
-      EXPECT_EQ(bf16_to_mxfp4_row_ref(x.data(), M, K, ref_codes.data(), ref_scales.data(), cfg), 0);
-      const QuantRun got = quantize_on_gpu(x, M, K, cfg);
-      EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
-      EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);
-      EXPECT_EQ(got.nonfinite, 0u);
-      EXPECT_TRUE(got.guards_intact);
+      for (auto transform : {HadamardTransform::none, HadamardTransform::h16, HadamardTransform::h32,
+                             HadamardTransform::rht}) {
+        MxQuantConfig cfg;
+        cfg.scale_mode = mode;
+        cfg.rounding = rounding;
+        cfg.seed = 31;
+        cfg.transform = transform;
+        cfg.rht_seed = 32;
+        SCOPED_TRACE(testing::Message() << "mode=" << int(mode) << " rounding=" << int(rounding)
+                                        << " transform=" << int(transform));
+        std::vector<uint8_t> ref_codes(M * K / 2), ref_scales(M * K / 32);
+        // A transform may push a block near the top of the range past FP32 (a NaN/Inf block, counted alike).
+        const int64_t ref_nonfinite = bf16_to_mxfp4_row_ref(x.data(), M, K, ref_codes.data(), ref_scales.data(), cfg);
+        if (transform == HadamardTransform::none) {
+          EXPECT_EQ(ref_nonfinite, 0);
+        }
+        const QuantRun got = quantize_on_gpu(x, M, K, cfg);
+        EXPECT_EQ(first_mismatch(got.codes, ref_codes), -1);
+        EXPECT_EQ(first_mismatch(got.scales, ref_scales), -1);
+        EXPECT_EQ(static_cast<int64_t>(got.nonfinite), ref_nonfinite);
+        EXPECT_TRUE(got.guards_intact);
+      }
     }
   }
 }
@@ -234,14 +302,19 @@ TEST(Bf16ToMxfp4RowGpu, RowRangesWithRowOffsetMatchOneLaunch) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t M = 4099, K = 576, r0 = 1500;  // halves of different sizes, pointer offsets into one tensor
   const std::vector<bf16> x = activations(M, K, 77, true);
-  for (auto rounding : {Rounding::rne, Rounding::stochastic}) {
+  for (auto [rounding, transform] : {std::pair{Rounding::rne, HadamardTransform::none},
+                                     std::pair{Rounding::stochastic, HadamardTransform::none},
+                                     std::pair{Rounding::stochastic, HadamardTransform::rht},
+                                     std::pair{Rounding::stochastic, HadamardTransform::h32}}) {
     MxQuantConfig cfg;
     cfg.rounding = rounding;
     cfg.seed = 4242;
+    cfg.transform = transform;
+    cfg.rht_seed = 99;
     std::vector<uint8_t> ref_codes(M * K / 2), ref_scales(M * K / 32);
     const int64_t ref_nonfinite = bf16_to_mxfp4_row_ref(x.data(), M, K, ref_codes.data(), ref_scales.data(), cfg);
 
-    SCOPED_TRACE(testing::Message() << "rounding " << int(rounding));
+    SCOPED_TRACE(testing::Message() << "rounding " << int(rounding) << " transform " << int(transform));
     Guarded<bf16> dx(M * K);
     Guarded<uint8_t> codes(M * K / 2), scales(M * K / 32);
     DeviceBuffer<unsigned long long> counter(1);
@@ -312,6 +385,11 @@ TEST(Bf16ToMxfp4RowGpu, RejectsBadArgumentsBeforeLaunch) {
   bad = {};
   bad.row_offset = -1;
   expect_error_mentions(run(x.ptr(), M, K, codes.ptr(), bad), {"row_offset"});
+  bad = {};
+  bad.transform = static_cast<HadamardTransform>(9);
+  expect_error_mentions(run(x.ptr(), M, K, codes.ptr(), bad), {"unknown transform 9"});
+  bad.transform = HadamardTransform::rht;
+  expect_error_mentions(run(x.ptr(), 1, (int64_t{1} << 30) + 32, codes.ptr(), bad), {"rht takes K <= 2^30"});
   CUDA_CHECK(cudaDeviceSynchronize());
   for (uint8_t b : codes.download()) ASSERT_EQ(b, kPoison) << "a rejected call launched";
   for (uint8_t b : scales.download()) ASSERT_EQ(b, kPoison) << "a rejected call launched";
@@ -350,16 +428,6 @@ TEST(MxFastCodecs, E2m1PairByBf16AddMatchesRoundToNearestEven) {
   }
   EXPECT_EQ(mismatches, 0) << "of " << checked;
   EXPECT_GT(checked, 4000000);
-}
-
-TEST(MxFastCodecs, CounterUniformMatchesUniformFromCounter) {
-  std::mt19937_64 rng(2024);
-  for (int i = 0; i < 1000000; ++i) {
-    const uint64_t seed = rng(), index = (i % 3 == 0) ? rng() : (i % 3 == 1 ? rng() & 0xFFFFFFu : uint64_t(i));
-    const float want = uniform_from_counter(seed, index);
-    ASSERT_EQ(detail::uniform_from_counter_fast(seed, index), want) << "seed " << seed << " index " << index;
-    ASSERT_EQ(static_cast<float>(detail::counter_bits24(seed, index)), want * 16777216.0f);
-  }
 }
 
 // ---- MXFP4 -> BF16 --------------------------------------------------------------------------------------------

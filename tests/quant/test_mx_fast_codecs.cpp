@@ -1,0 +1,88 @@
+// The stochastic E2M1 encoder of mx_fast_codecs.h (bf16_to_mxfp4_row's stochastic rounding) against the rule of
+// formats.h it reformulates, and the counter-based draws of mx_random.h: every E2M1
+// boundary and its FP32 neighbours, subnormals, random FP32 values, and for stochastic rounding the draws on both
+// sides of each decision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/formats/formats.h"
+#include "kernels/quant/mx_fast_codecs.h"
+#include "kernels/quant/mx_random.h"
+
+namespace fp4moe {
+namespace {
+
+// Magnitudes a >= 0 that the encoder meets in a finite block (a < 8), the hard ones first: every E2M1 value and
+// midpoint with 40 FP32 neighbours on each side, subnormals, then random bit patterns below 8.
+std::vector<float> test_magnitudes() {
+  std::vector<float> a;
+  const float marks[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f,
+                         3.0f, 3.5f,  4.0f, 5.0f,  6.0f, 7.0f,  7.99f, 1e-30f, 1e-40f};
+  for (float m : marks) {
+    float lo = m, hi = m;
+    a.push_back(m);
+    for (int i = 0; i < 40; ++i) {
+      lo = std::nextafter(lo, 0.0f);
+      hi = std::nextafter(hi, 8.0f);
+      a.push_back(lo);
+      a.push_back(hi);
+    }
+  }
+  for (uint32_t u = 1; u < 4096; ++u) a.push_back(f32_from_bits(u * 977u));  // subnormals
+  std::mt19937 rng(7);
+  while (a.size() < 2000000) {
+    const float f = f32_from_bits(rng() & 0x7FFFFFFFu);
+    if (f < 8.0f) a.push_back(f);
+  }
+  return a;
+}
+
+TEST(MxFastCodecs, StochasticF32MatchesFormatsOnEveryDecision) {
+  std::mt19937 rng(11);
+  int64_t checked = 0, mismatches = 0;
+  for (float a : test_magnitudes()) {
+    // The draw where the decision flips: s < p * 2^16 rounds up (p the exact fraction of the step).
+    const double grid[] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    int lo = 0;
+    while (lo < 7 && grid[lo + 1] <= a) ++lo;
+    const double p = lo == 7 ? 0 : (a - grid[lo]) / (grid[lo + 1] - grid[lo]);
+    const int64_t flip = static_cast<int64_t>(std::ceil(p * 65536.0));
+    std::vector<int64_t> draws = {0, 1, 65534, 65535, static_cast<int64_t>(rng() & 0xFFFF)};
+    for (int64_t d = -2; d <= 2; ++d) draws.push_back(flip + d);
+    for (int64_t s : draws) {
+      if (s < 0 || s > 65535) continue;
+      const uint32_t want = f32_to_e2m1_stochastic(a, static_cast<float>(s) * (1.0f / 65536.0f));
+      const uint32_t got = detail::e2m1_magnitude_sr_f32(a, static_cast<uint32_t>(s));
+      ++checked;
+      if (got != want && ++mismatches < 10) ADD_FAILURE() << "a = " << a << " s = " << s << " got " << got;
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << checked;
+  // Saturation: 6 and beyond give 7 whatever the draw.
+  for (float a : {6.0f, 6.5f, 7.99f})
+    for (uint32_t s : {0u, 65535u}) EXPECT_EQ(detail::e2m1_magnitude_sr_f32(a, s), 7u) << a;
+}
+
+TEST(MxRandom, DrawsAreFourPerHashAndKeyedBySeedAndIndex) {
+  const uint64_t seed = 0x1234;
+  for (uint64_t g = 0; g < 100; ++g) {
+    const uint64_t h = splitmix64_at(seed, g);
+    for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(mx_sr_bits16(seed, 4 * g + i), (h >> (16 * i)) & 0xFFFF);
+  }
+  // splitmix64: output 0 of seed 0 is the published first value of the generator seeded 0.
+  EXPECT_EQ(splitmix64_at(0, 0), 0xE220A8397B1DCDAFull);
+  EXPECT_NE(mx_sr_bits16(1, 5), mx_sr_bits16(2, 5));
+  EXPECT_EQ(mx_sr_uniform(3, 9), static_cast<float>(mx_sr_bits16(3, 9)) / 65536.0f);
+  // Roughly uniform: the mean of many draws is near 1/2 and every 16-bit value is reachable in principle.
+  double sum = 0;
+  const int n = 400000;
+  for (int i = 0; i < n; ++i) sum += mx_sr_uniform(77, static_cast<uint64_t>(i));
+  EXPECT_NEAR(sum / n, 0.5 - 0.5 / 65536.0, 5 * std::sqrt(1.0 / 12 / n));
+}
+
+}  // namespace
+}  // namespace fp4moe
