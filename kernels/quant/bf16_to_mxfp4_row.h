@@ -39,8 +39,7 @@ struct MxQuantConfig {
   // several launches over row ranges (x + r0 * K, row_offset = r0) draws the same numbers as one launch over all
   // rows: element (m, k) of the launch uses mx_sr_uniform(seed, (row_offset + m) * K + k). Must be >= 0.
   int64_t row_offset = 0;
-  // Transform along K before quantization (mx_transform.h). The trainer's MxTransform (trainer/model/recipe.h)
-  // names the same four in the same order.
+  // Transform along K before quantization (mx_transform.h; the trainer's recipe names it MxTransform).
   HadamardTransform transform = HadamardTransform::none;
   uint64_t rht_seed = 0;  // rht only: the seed of the signs (pass a new one per step for fresh signs)
 };

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/common/check.h"
+#include "kernels/quant/mx_transform.h"
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
 #include "trainer/model/linear.h"
@@ -125,6 +126,17 @@ TEST(Recipe, ModelConfigTextOfThePresetsIsUnchanged) {
   EXPECT_EQ(model_config_hash(hashed_config(Recipe::bf16, Recipe::fp8, Recipe::fp8)), 0xe01712c6518bf1ceull);
   EXPECT_EQ(model_config_hash(hashed_config(Recipe::bf16, Recipe::fp8, Recipe::mxfp4)), 0x44f2c1efc3c18006ull);
   EXPECT_EQ(model_config_hash(hashed_config(Recipe::mxfp4, Recipe::bf16, Recipe::fp8)), 0x3a2dbeb400e1bdfdull);
+}
+
+// The recipe's transform is the quantizer's: its names, and the block each transform works on.
+TEST(Recipe, TransformNamesAndBlocksAreTheQuantizers) {
+  const MxTransform transforms[] = {MxTransform::none, MxTransform::h16, MxTransform::h32, MxTransform::rht};
+  const char* names[] = {"none", "h16", "h32", "rht"};
+  const int blocks[] = {1, 16, 32, 16};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_STREQ(mx_transform_name(transforms[i]), names[i]);
+    EXPECT_EQ(hadamard_block_size(transforms[i]), blocks[i]);
+  }
 }
 
 }  // namespace

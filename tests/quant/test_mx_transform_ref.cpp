@@ -16,7 +16,6 @@
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/mx_transform.h"
 #include "kernels/quant/mxfp4_to_bf16.h"
-#include "trainer/model/recipe.h"
 
 namespace fp4moe {
 namespace {
@@ -147,19 +146,6 @@ TEST(MxTransformRef, TransformOfBothOperandsKeepsTheExactProduct) {
       EXPECT_GT(worst_other, 1e-3);
     }
   }
-}
-
-// A layer turns its recipe's transform into the quantizer's by value (static_cast): the trainer's MxTransform
-// (trainer/model/recipe.h) must name the same transforms in the same order.
-TEST(MxTransformRef, TrainerRecipeTransformsMapOntoTheQuantizersByValue) {
-  const char* names[] = {"none", "h16", "h32", "rht"};
-  const int blocks[] = {1, 16, 32, 16};
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_STREQ(mx_transform_name(static_cast<MxTransform>(i)), names[i]);
-    EXPECT_EQ(hadamard_block_size(static_cast<HadamardTransform>(i)), blocks[i]);
-  }
-  EXPECT_EQ(static_cast<int>(MxTransform::rht), static_cast<int>(HadamardTransform::rht));
-  EXPECT_EQ(static_cast<int>(MxTransform::h32), static_cast<int>(HadamardTransform::h32));
 }
 
 TEST(MxTransformRef, RejectsBadShapesAndTransforms) {

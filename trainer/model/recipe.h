@@ -18,6 +18,7 @@
 #include <string>
 
 #include "kernels/quant/bf16_to_mxfp4_row.h"
+#include "kernels/quant/mx_transform.h"
 
 namespace fp4moe {
 
@@ -29,8 +30,8 @@ const char* gemm_precision_name(GemmPrecision p);
 const char* mx_rounding_name(Rounding r);
 
 // Transform applied to the operand before MXFP4 quantization: none, a Hadamard transform over blocks of 16 or
-// 32 elements, or a randomized Hadamard transform.
-enum class MxTransform { none, h16, h32, rht };
+// 32 elements, or a randomized Hadamard transform: the quantizer's own (kernels/quant/mx_transform.h).
+using MxTransform = HadamardTransform;
 const char* mx_transform_name(MxTransform t);
 
 struct MxQuantizerOptions {
