@@ -9,10 +9,10 @@ joined with "\\n". Deduplication, in source order (the first occurrence is kept)
 - paragraphs: a line whose normalized form (paragraph_key: casefolded, every run of non-alphanumeric characters one
   space) has at least DEDUP_MIN_CHARS characters and occurred before, anywhere in the corpus, is dropped (the
   same notice, boilerplate sentence or dictionary gloss in several packages, versions or pages);
-- documents: documents shorter than `min_doc_bytes` after that are dropped, and so are exact duplicates (same
-  sha256 of the remaining text). The split depends on the document alone:
-validation iff int(sha256[:8 bytes], big-endian) % 10000 < val_per_10000. Within a split, documents are ordered by
-sha256, which mixes the sources deterministically.
+- documents: an exact duplicate of an earlier document (same sha256, before or after the paragraph rule) is
+  dropped, and so is a document left shorter than `min_doc_bytes` by the paragraph rule.
+The split depends on the (deduplicated) document text alone: validation iff int(sha256[:8 bytes], big-endian) %
+10000 < val_per_10000. Within a split, documents are ordered by sha256, which mixes the sources deterministically.
 """
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ def build_corpus(documents_by_source, val_per_10000: int = 100, min_doc_bytes: i
                 continue
             counts.documents += 1
             counts.bytes += size
+            if doc.sha256 in seen:
+                counts.duplicates += 1
+                continue
+            seen.add(doc.sha256)
             text, dropped, dropped_bytes = drop_seen_paragraphs(doc.text, seen_paragraphs)
             if dropped:
                 counts.duplicate_paragraphs += dropped
@@ -129,10 +133,10 @@ def build_corpus(documents_by_source, val_per_10000: int = 100, min_doc_bytes: i
                     counts.short_after_dedup += 1
                     continue
                 doc = CorpusDocument(doc.source, doc.doc_id, text)
-            if doc.sha256 in seen:
-                counts.duplicates += 1
-                continue
-            seen.add(doc.sha256)
+                if doc.sha256 in seen:
+                    counts.duplicates += 1
+                    continue
+                seen.add(doc.sha256)
             if is_validation(doc.sha256, val_per_10000):
                 corpus.val.append(doc)
                 counts.val_documents += 1
