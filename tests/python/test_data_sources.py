@@ -4,13 +4,14 @@ here (no network)."""
 
 import argparse
 import gzip
+import io
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tarfile
-import io
 import tempfile
 import unittest
 from pathlib import Path
@@ -194,7 +195,7 @@ class ParagraphDedupTest(unittest.TestCase):
         self.assertEqual(counts_b.duplicate_paragraph_bytes, 20 * (len(self.NOTICE) + 1) + len(a[7][0]) + 1)
 
     def test_a_document_left_too_short_is_dropped_and_counted(self):
-        long_text = [data_test_util.sample_paragraph(__import__("random").Random(3), 8)]
+        long_text = [data_test_util.sample_paragraph(random.Random(3), 8)]
         built = corpus.build_corpus([("a", docs_of("a", [long_text])), ("b", docs_of("b", [long_text + ["Tail."]]))],
                                     val_per_10000=0, min_doc_bytes=50)
         self.assertEqual([d.doc_id for d in built.train], ["a#0"])
@@ -216,12 +217,12 @@ class SourceTableTest(unittest.TestCase):
 
 @unittest.skipUnless(HAVE_DPKG, "dpkg-deb (Debian's dpkg) is not installed")
 class ManifestTest(unittest.TestCase):
-    def test_manifest_records_version_licence_and_dedup_counts_of_each_source(self):
+    def test_manifest_records_version_licence_and_dedup_counts_and_progress_of_each_source(self):
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             downloads = tmp / "cache/downloads"
             downloads.mkdir(parents=True)
-            index, dz = dictd_database([(f"w{k}", data_test_util.sample_paragraph(__import__("random").Random(k), 6)
+            index, dz = dictd_database([(f"w{k}", data_test_util.sample_paragraph(random.Random(k), 6)
                                          + "\n\n" + ParagraphDedupTest.NOTICE + "\n") for k in range(40)])
             build_deb(downloads, "dict-test", "1.2-3", {"usr/share/dictd/t.index": index,
                                                         "usr/share/dictd/t.dict.dz": dz})
@@ -238,10 +239,14 @@ class ManifestTest(unittest.TestCase):
                                     sources.moby_dick_documents)]
             args = argparse.Namespace(refresh=False, force=False, jobs=1, val_per_10000=0, min_doc_bytes=100,
                                       max_line_bytes=2048)
-            with mock.patch.object(sources, "SOURCES", table), mock.patch.object(build_data, "log", lambda m: None):
+            lines = []
+            with mock.patch.object(sources, "SOURCES", table), mock.patch.object(build_data, "log", lines.append):
                 fetched = build_data.stage_fetch(args, downloads)
                 build_data.stage_corpus(args, downloads, fetched, tmp / "cache/corpus")
             manifest = json.loads((tmp / "cache/corpus/manifest.json").read_text())
+        # One progress line per package, as each is extracted.
+        self.assertEqual([l.split(":")[1].strip() for l in lines if l.startswith("data: extracted ")],
+                         ["extracted dict (1/2)", "extracted moby (2/2)"])
         by_name = {r["source"]: r for r in manifest["sources"]}
         self.assertEqual(by_name["dict"]["version"], "1.2-3")
         self.assertEqual(by_name["dict"]["licence"], "GPL-3+")
