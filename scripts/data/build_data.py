@@ -186,16 +186,19 @@ def stage_corpus(args, downloads: Path, fetched: list[dict], folder: Path) -> No
     params = {"val_per_10000": args.val_per_10000, "min_doc_bytes": args.min_doc_bytes,
               "max_line_bytes": args.max_line_bytes}
     stage = Stage(folder, {"archives": fetched, "params": params,
-                           "code": code_digest("extract_text", "sword_zverse", "sources", "corpus", "fetch")},
+                           "code": code_digest("extract_text", "sword_zverse", "dictd", "sources", "corpus",
+                                               "fetch")},
                   args.force)
     if up_to_date("corpus", stage.problems()):
         return
     t0 = time.time()
     jobs = [(i, str(downloads / f["archive"]), args.max_line_bytes) for i, f in enumerate(fetched)]
+    extracted = []
     with multiprocessing.Pool(args.jobs) as pool, heartbeat(f"extracting text from {len(jobs)} packages"):
-        extracted = pool.map(_extract_source, jobs, chunksize=1)
-    for name, docs, seconds in extracted:
-        log(f"data: extracted {name}: {len(docs)} documents in {seconds:.1f} s")
+        for name, docs, seconds in pool.imap(_extract_source, jobs, chunksize=1):  # in source order
+            extracted.append((name, docs, seconds))
+            log(f"data: extracted {name} ({len(extracted)}/{len(jobs)}): {len(docs)} documents, "
+                f"{sum(len(d.text) for d in docs) / 1e6:.1f} M characters in {seconds:.1f} s")
     built = corpus.build_corpus(((name, docs) for name, docs, _ in extracted), args.val_per_10000,
                                 args.min_doc_bytes)
     corpus.write_split(built.train, str(train_txt))
@@ -207,7 +210,11 @@ def stage_corpus(args, downloads: Path, fetched: list[dict], folder: Path) -> No
         records.append({"source": s.name, "kind": s.kind, "package": s.package, "version": f["version"],
                         "licence": s.licence, "description": s.description, "archive": f["archive"],
                         "archive_sha256": f["archive_sha256"], **vars(c)})
-    manifest.write_text(json.dumps({"sources": records, "params": params}, indent=1) + "\n")
+    dedup = {"paragraphs": "a line whose normalized form (casefolded, non-alphanumeric runs one space) has at "
+                           "least min_chars characters and occurred earlier in source order is dropped",
+             "min_chars": corpus.DEDUP_MIN_CHARS,
+             "documents": "documents under min_doc_bytes after that, and exact duplicates (sha256), are dropped"}
+    manifest.write_text(json.dumps({"sources": records, "params": params, "dedup": dedup}, indent=1) + "\n")
     stage.done([train_txt, val_txt, manifest, folder / "train.docs.tsv", folder / "val.docs.tsv"])
     log(f"data: corpus: {len(built.train)} train + {len(built.val)} val documents, "
         f"{sum(c.train_bytes + c.val_bytes for c in built.counts.values()) / 1e6:.1f} MB in {time.time() - t0:.0f} s")
@@ -375,7 +382,7 @@ def main(argv=None) -> int:
     p.add_argument("--cache", default="data/cache", help="cache folder (default data/cache)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
     p.add_argument("--vocab-size", type=int, default=32768)
-    p.add_argument("--val-per-10000", type=int, default=100, help="validation share in 1/10000 (default 100: 1%%)")
+    p.add_argument("--val-per-10000", type=int, default=200, help="validation share in 1/10000 (default 200: 2%%)")
     p.add_argument("--min-doc-bytes", type=int, default=200)
     p.add_argument("--max-line-bytes", type=int, default=2048,
                    help="longer paragraphs are cut at sentence ends (sentencepiece skips lines over 4192 bytes)")

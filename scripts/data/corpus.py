@@ -5,16 +5,21 @@ documents separated by one empty line. Beside each, NAME.docs.tsv: one row per d
 sha256 (hex, of the document text), source, bytes (UTF-8 of the text), lines.
 
 Document text = its clean paragraphs (extract_text.clean_paragraphs), each cut by extract_text.split_long_line,
-joined with "\\n". Documents shorter than `min_doc_bytes` are dropped. Exact duplicates (same sha256) are dropped,
-the first occurrence in source order kept. The split depends on the document alone:
-validation iff int(sha256[:8 bytes], big-endian) % 10000 < val_per_10000. Within a split, documents are ordered by
-sha256, which mixes the sources deterministically.
+joined with "\\n". Deduplication, in source order (the first occurrence is kept):
+- paragraphs: a line whose normalized form (paragraph_key: casefolded, every run of non-alphanumeric characters one
+  space) has at least DEDUP_MIN_CHARS characters and occurred before, anywhere in the corpus, is dropped (the
+  same notice, boilerplate sentence or dictionary gloss in several packages, versions or pages);
+- documents: an exact duplicate of an earlier document (same sha256, before or after the paragraph rule) is
+  dropped, and so is a document left shorter than `min_doc_bytes` by the paragraph rule.
+The split depends on the (deduplicated) document text alone: validation iff int(sha256[:8 bytes], big-endian) %
+10000 < val_per_10000. Within a split, documents are ordered by sha256, which mixes the sources deterministically.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 
 import extract_text
@@ -36,6 +41,9 @@ class CorpusDocument:
 class SourceCounts:
     documents: int = 0          # after cleaning and the length filter, before deduplication
     bytes: int = 0
+    duplicate_paragraphs: int = 0        # lines dropped as repeats of an earlier paragraph (paragraph_key)
+    duplicate_paragraph_bytes: int = 0
+    short_after_dedup: int = 0  # documents dropped because fewer than min_doc_bytes were left after that
     duplicates: int = 0         # documents dropped as exact duplicates of an earlier one
     train_documents: int = 0
     val_documents: int = 0
@@ -59,6 +67,38 @@ def is_validation(sha256_hex: str, val_per_10000: int) -> bool:
     return int(sha256_hex[:16], 16) % 10000 < val_per_10000
 
 
+# Paragraphs shorter than this (normalized) are never deduplicated: headings such as "Description" or "Examples"
+# recur legitimately in every document.
+DEDUP_MIN_CHARS = 40
+_NOT_ALNUM = re.compile(r"[\W_]+")
+
+
+def paragraph_key(line: str) -> int | None:
+    """The deduplication key of one corpus line: the first 8 bytes (big-endian) of the BLAKE2b hash of its
+    normalized form (casefolded, each run of characters other than letters and digits one space, trimmed), or None
+    when that form is shorter than DEDUP_MIN_CHARS (such lines are never dropped)."""
+    normalized = _NOT_ALNUM.sub(" ", line.casefold()).strip()
+    if len(normalized) < DEDUP_MIN_CHARS:
+        return None
+    return int.from_bytes(hashlib.blake2b(normalized.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def drop_seen_paragraphs(text: str, seen: set) -> tuple[str, int, int]:
+    """`text` without its lines whose paragraph_key is in `seen` (or repeats one of its own earlier lines); adds
+    the keys of the kept lines to `seen`. Returns (text, lines dropped, bytes dropped)."""
+    kept, dropped, dropped_bytes = [], 0, 0
+    for line in text.split("\n"):
+        key = paragraph_key(line)
+        if key is not None:
+            if key in seen:
+                dropped += 1
+                dropped_bytes += len(line.encode("utf-8")) + 1
+                continue
+            seen.add(key)
+        kept.append(line)
+    return "\n".join(kept), dropped, dropped_bytes
+
+
 @dataclass
 class Corpus:
     train: list[CorpusDocument] = field(default_factory=list)
@@ -71,6 +111,7 @@ def build_corpus(documents_by_source, val_per_10000: int = 100, min_doc_bytes: i
     document_text. Returns the deduplicated, split, hash-ordered corpus and per-source counts."""
     corpus = Corpus()
     seen: set[str] = set()
+    seen_paragraphs: set[int] = set()
     for source, docs in documents_by_source:
         counts = corpus.counts.setdefault(source, SourceCounts())
         for doc in docs:
@@ -83,6 +124,19 @@ def build_corpus(documents_by_source, val_per_10000: int = 100, min_doc_bytes: i
                 counts.duplicates += 1
                 continue
             seen.add(doc.sha256)
+            text, dropped, dropped_bytes = drop_seen_paragraphs(doc.text, seen_paragraphs)
+            if dropped:
+                counts.duplicate_paragraphs += dropped
+                counts.duplicate_paragraph_bytes += dropped_bytes
+                size = len(text.encode("utf-8"))
+                if size < min_doc_bytes:
+                    counts.short_after_dedup += 1
+                    continue
+                doc = CorpusDocument(doc.source, doc.doc_id, text)
+                if doc.sha256 in seen:
+                    counts.duplicates += 1
+                    continue
+                seen.add(doc.sha256)
             if is_validation(doc.sha256, val_per_10000):
                 corpus.val.append(doc)
                 counts.val_documents += 1

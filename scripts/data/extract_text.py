@@ -202,12 +202,12 @@ _HTML_SKIP = {"script", "style", "pre", "head", "nav", "form", "select", "button
 _HTML_HEADINGS = {"h1", "h2"}
 
 
-def html_to_sections(page: str, skip_classes=frozenset()) -> list[tuple[str, list[str]]]:
+def html_to_sections(page: str, skip_classes=frozenset(), skip_tags=frozenset()) -> list[tuple[str, list[str]]]:
     """Splits an HTML page at <h1>/<h2> headings: [(heading, paragraphs)], the first entry holding what comes
     before the first heading (heading ""). Paragraphs are raw text (not yet normalized); <pre>, <script>,
-    <style> and <head> content is dropped, and so is any element with a class in `skip_classes`;
-    <h3>..<h6> stay inside their section as paragraphs."""
-    parser = _MarkupText(_HTML_BLOCK, _HTML_SKIP, _HTML_HEADINGS, frozenset(skip_classes))
+    <style> and <head> content is dropped, and so is any element with a class in `skip_classes` or a tag in
+    `skip_tags`; <h3>..<h6> stay inside their section as paragraphs."""
+    parser = _MarkupText(_HTML_BLOCK, _HTML_SKIP | set(skip_tags), _HTML_HEADINGS, frozenset(skip_classes))
     parser.feed(page)
     return parser.finish()
 
