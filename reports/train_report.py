@@ -135,6 +135,23 @@ def _band(curves):
     return curves[0][0][:n], ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
 
 
+def _finish_loss_plot(fig, ax, drawn, path, title):
+    """Labels, title, grid and legend of a loss plot against tokens, saved to `path` (PNG) and closed; False (and
+    nothing written) when nothing was drawn."""
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot_loss_bands(groups, path, title="loss", smooth=20):
     """Per group (e.g. a recipe over seeds: {label: [run, ...]}, runs as load_train_runs gives them): the mean
     training loss (running mean over `smooth` steps, thin) and mean validation loss (markers) against tokens, each
@@ -160,19 +177,9 @@ def plot_loss_bands(groups, path, title="loss", smooth=20):
             if len(evals) > 1:
                 ax.fill_between(x, lo, hi, color=color, alpha=0.25, linewidth=0)
             drawn = True
-    if not drawn:
-        plt.close(fig)
-        return False
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(f"{title} (mean over seeds, band: min to max)" if any(len(r) > 1 for r in groups.values())
-                 else title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    banded = any(len(r) > 1 for r in groups.values())
+    full_title = f"{title} (mean over seeds, band: min to max)" if banded else title
+    return _finish_loss_plot(fig, ax, drawn, path, full_title)
 
 
 def plot_loss(runs, path, title="loss", smooth=20):
@@ -196,15 +203,4 @@ def plot_loss(runs, path, title="loss", smooth=20):
             ax.plot(np.asarray(ev["tokens"], dtype=float), np.asarray(ev["val_loss"], dtype=float), "o--",
                     color=color, markersize=3.5, linewidth=0.8, label=f"{name} val")
             drawn = True
-    if not drawn:
-        plt.close(fig)
-        return False
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _finish_loss_plot(fig, ax, drawn, path, title)
