@@ -162,23 +162,31 @@ MOE_KEYS = {"routed_experts": int, "shared_experts": int, "top_k": int, "expert_
             "routed_scale": float}
 
 
+def check_keys(cfg, section, keys, where):
+    """cfg[section] holds each of `keys` ({key: type}) of its type (an int is accepted for a float). Raises BadInput
+    naming the section or key."""
+    if section not in cfg:
+        raise BadInput(f"{where}: no [{section}] section")
+    for key, kind in keys.items():
+        v = cfg[section].get(key)
+        ok = isinstance(v, kind) or (kind is float and isinstance(v, int))
+        if v is None or isinstance(v, bool) or not ok:
+            raise BadInput(f"{where}: {section}.{key} must be a {kind.__name__}, got {v!r}")
+
+
 def check_config(cfg, where):
-    """The [model] and [moe] keys this model needs, of the right types (an int is accepted for a float), and the
-    shape rules that make it buildable. Raises BadInput naming the key."""
-    for section, keys in (("model", MODEL_KEYS), ("moe", MOE_KEYS)):
-        if section not in cfg:
-            raise BadInput(f"{where}: no [{section}] section")
-        for key, kind in keys.items():
-            v = cfg[section].get(key)
-            ok = isinstance(v, kind) or (kind is float and isinstance(v, int))
-            if v is None or isinstance(v, bool) or not ok:
-                raise BadInput(f"{where}: {section}.{key} must be a {kind.__name__}, got {v!r}")
-    m, e = cfg["model"], cfg["moe"]
+    """The [model] keys this model needs, the [moe] keys when some layer is MoE (layers > n_dense_layers; as
+    `fp4moe train`, a dense model needs no [moe] section), and the shape rules that make it buildable. Raises
+    BadInput naming the key."""
+    check_keys(cfg, "model", MODEL_KEYS, where)
+    m = cfg["model"]
     if not 0 <= m["n_dense_layers"] <= m["layers"] or m["layers"] < 1:
         raise BadInput(f"{where}: needs layers >= 1 and 0 <= n_dense_layers <= layers")
     if m["qk_rope_head_dim"] % 2:
         raise BadInput(f"{where}: model.qk_rope_head_dim must be even (RoPE rotates pairs)")
     if m["layers"] > m["n_dense_layers"]:
+        check_keys(cfg, "moe", MOE_KEYS, where)
+        e = cfg["moe"]
         if e["router"] not in ("v2", "v3"):
             raise BadInput(f"{where}: moe.router must be \"v2\" or \"v3\", got {e['router']!r}")
         if not 1 <= e["top_k"] <= e["routed_experts"]:
@@ -189,7 +197,7 @@ def check_config(cfg, where):
 
 def count_parameters(cfg):
     """trainer/flops.h count_parameters: {part: count} with total, activated and activated_matmul (integers)."""
-    m, e = cfg["model"], cfg["moe"]
+    m, e = cfg["model"], cfg.get("moe", {})
     d, H = m["hidden"], m["heads"]
     dq = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
     if m["q_lora_rank"] > 0:
@@ -486,7 +494,7 @@ class DecoderLayer(Module):
 
     def __init__(self, cfg, layer, core, grouped=False):
         super().__init__()
-        m, e = cfg["model"], cfg["moe"]
+        m, e = cfg["model"], cfg.get("moe")
         self.attn_norm = RMSNorm(m["hidden"], m["norm_eps"])
         self.attn = MLA(m, core)
         self.ffn_norm = RMSNorm(m["hidden"], m["norm_eps"])

@@ -100,6 +100,21 @@ class Config(unittest.TestCase):
                 mm.load_config(f.name)
 
 
+    def test_a_dense_model_needs_no_moe_section(self):
+        """As `fp4moe train`: [moe] is required only when some layer is MoE (dense_small has none)."""
+        dense = preset("dense_small")
+        self.assertNotIn("moe", dense)
+        self.assertEqual(dense["model"]["n_dense_layers"], dense["model"]["layers"])
+        c = mm.count_parameters(dense)
+        self.assertEqual((c["router"], c["routed_experts"], c["shared_experts"]), (0, 0, 0))
+        with open(os.path.join(ROOT, "configs", "small.toml")) as f:
+            small = f.read()
+        with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+            f.write(small[:small.index("[moe]")] + small[small.index("[train]"):])
+            f.flush()
+            with self.assertRaisesRegex(mm.BadInput, r"no \[moe\] section"):
+                mm.load_config(f.name)
+
 # ---- FLOPs -----------------------------------------------------------------------------------------------------------
 
 DRY_RUN_CASES = [(name, ()) for name in PRESETS] + [

@@ -15,6 +15,7 @@
 #include "trainer/config.h"
 #include "trainer/config_file.h"
 #include "trainer/data/token_shard.h"
+#include "trainer/flops.h"
 #include "trainer/train/metrics.h"
 
 namespace fp4moe {
@@ -39,6 +40,39 @@ TEST(TrainerConfig, EveryPresetLoadsAndValidates) {
     EXPECT_LT(cfg.model.n_dense_layers, cfg.model.layers);  // every preset has MoE layers
     EXPECT_EQ(cfg.train.data_dir, "data/cache/shards");
   }
+}
+
+// dense_small, the ladder's dense model: small's vocabulary, attention, depth, width and tokens per step, every layer
+// a dense SwiGLU FFN as wide as the experts one token of small activates (about small's matmul FLOPs per token).
+TEST(TrainerConfig, DenseSmallIsSmallWithEveryLayerDense) {
+  const TrainerConfig dense = parse_config_args({"--config", preset("dense_small")});
+  const TrainerConfig small = parse_config_args({"--config", preset("small")});
+  EXPECT_EQ(dense.model.name, "dense_small");
+  EXPECT_EQ(dense.model.n_dense_layers, dense.model.layers);  // no MoE layer
+  const ParameterCounts p = count_parameters(dense);
+  EXPECT_EQ(p.router + p.routed_experts + p.shared_experts, 0);
+  EXPECT_EQ(p.dense_ffn, dense.model.layers * 3 * dense.model.hidden * dense.model.dense_ffn);
+  const ModelConfig &d = dense.model, &s = small.model;
+  for (auto [got, want] : {std::pair{d.vocab_size, s.vocab_size}, {d.hidden, s.hidden}, {d.layers, s.layers},
+                           {d.heads, s.heads}, {d.q_lora_rank, s.q_lora_rank}, {d.kv_lora_rank, s.kv_lora_rank},
+                           {d.qk_nope_head_dim, s.qk_nope_head_dim}, {d.qk_rope_head_dim, s.qk_rope_head_dim},
+                           {d.v_head_dim, s.v_head_dim}})
+    EXPECT_EQ(got, want);
+  EXPECT_EQ(d.dense_ffn, (small.moe.top_k + small.moe.shared_experts) * small.moe.expert_ffn);
+  const double small_matmul = static_cast<double>(count_parameters(small).activated_matmul);
+  EXPECT_NEAR(static_cast<double>(p.activated_matmul) / small_matmul, 1.0, 0.02);
+  const TrainingConfig &dt = dense.train, &st = small.train;  // the same run: tokens, schedule, evaluations
+  EXPECT_EQ(dt.seq_len, 1024);
+  EXPECT_EQ(dt.micro_batch, 8);
+  for (auto [got, want] : {std::pair{dt.seq_len, st.seq_len}, {dt.micro_batch, st.micro_batch},
+                           {dt.grad_accum, st.grad_accum}, {dt.steps, st.steps}, {dt.warmup_steps, st.warmup_steps},
+                           {dt.eval_interval, st.eval_interval}, {dt.eval_steps, st.eval_steps}})
+    EXPECT_EQ(got, want);
+  EXPECT_EQ(dt.lr, st.lr);
+  EXPECT_EQ(dt.min_lr, st.min_lr);
+  EXPECT_EQ(dt.seed, st.seed);
+  EXPECT_EQ(dt.data_dir, st.data_dir);
+  EXPECT_EQ(dt.checkpoint_dir, "runs/dense_small/checkpoints");
 }
 
 TEST(TrainerConfig, V3AndV2PresetsKeepTheDeepSeekPerLayerDimensions) {
