@@ -13,7 +13,8 @@ whose file is gone. Benchmark (non-train) scenarios are left out (said on the co
 naming the input), /train/<run> and /memory/<run> of each run, the first input's root attributes plus
 `merged_from` (the inputs), `command`, and `merged_git_shas` when the inputs come from different commits (allowed,
 said on the console: the command lines agree, the code may not). Written under a temporary name and renamed
-(repro/merge.py).
+(repro/merge.py). TABLES.md and the plots go to --report-dir, by default runs/<stem of --out>/ in the repository
+(reports/report.py's default_out_dir); both output paths are checked before anything is written.
 
 Exit codes: 0 written; 1 nothing to merge; 2 bad arguments, an unreadable input, or inputs that do not agree.
 """
@@ -145,9 +146,12 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="the merged run file to write (.h5)")
     p.add_argument("runs", nargs="+", help="run files of repro/run.py")
     p.add_argument("--scenarios", default=os.path.join(ROOT, "repro", "scenarios"), help="scenario folder")
-    p.add_argument("--report-dir", help="where TABLES.md and the plots go (default: beside the merged file)")
+    p.add_argument("--report-dir", help="where TABLES.md and the plots go (default: runs/<stem of --out>/ in the "
+                                        "repository)")
     a = p.parse_args(argv)
     try:
+        output_path.check_file(a.out, a.runs)  # both outputs before the merged file is written
+        output_path.check_folder(a.report_dir or report.default_out_dir(a.out), a.runs + [a.out])
         names = merge_runs(a.out, a.runs, a.scenarios)
         md, pngs, _ = report.write_report(a.out, a.report_dir)
     except MergeRunsError as e:
