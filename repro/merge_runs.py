@@ -91,8 +91,9 @@ def merge_cells(tables):
     return pd.concat(frames, ignore_index=True)
 
 
-def merge_runs(out_path, inputs, scenarios_dir):
-    """Writes the merged run file (see the module docstring); returns the scenario names merged. Raises
+def merge_runs(out_path, inputs, scenarios_dir, command=None):
+    """Writes the merged run file (see the module docstring), its `command` attribute `command` (default: the
+    merge of `inputs` into `out_path`); returns the scenario names merged. Raises
     MergeRunsError, OSError, result_file.SchemaError / TableError, scenario.ScenarioError, merge.MergeError."""
     if len(inputs) < 1:
         raise MergeRunsError("no run file to merge", 1)
@@ -131,7 +132,7 @@ def merge_runs(out_path, inputs, scenarios_dir):
                               "merged_from": " ".join(name for name, _ in parts),
                               "scenario_file": os.path.relpath(s.path, ROOT)}))
     attrs = {k: v for k, v in root.items() if k != "command"}
-    attrs.update({"command": shlex.join(["repro/merge_runs.py", "--out", out_path] + list(inputs)),
+    attrs.update({"command": command or shlex.join(["repro/merge_runs.py", "--out", out_path] + list(inputs)),
                   "merged_from": " ".join(os.path.basename(p) for p in inputs)})
     if len(shas) > 1:  # allowed (the cells' command lines agree), but said
         attrs["merged_git_shas"] = "; ".join(f"{sha or 'unknown'}: {', '.join(names)}" for sha, names in shas.items())
@@ -152,7 +153,8 @@ def main(argv=None):
     try:
         output_path.check_file(a.out, a.runs)  # both outputs before the merged file is written
         output_path.check_folder(a.report_dir or report.default_out_dir(a.out), a.runs + [a.out])
-        names = merge_runs(a.out, a.runs, a.scenarios)
+        command = shlex.join(["repro/merge_runs.py"] + (sys.argv[1:] if argv is None else list(argv)))
+        names = merge_runs(a.out, a.runs, a.scenarios, command)
         md, pngs, _ = report.write_report(a.out, a.report_dir)
     except MergeRunsError as e:
         print(f"merge: cannot merge: {e}", file=sys.stderr)

@@ -1,19 +1,23 @@
 """Bad output paths and seeds of the convergence tooling: repro/merge_runs.py checks --out and --report-dir before it
-writes anything (one line, exit code 2, no merged file left behind), says where its report goes by default, and
-repro/run.py / repro/scenario.py refuse a seed fp4moe train cannot take (above 2^63 - 1). The merges read the two
-committed seed runs of reports/results/h200/loss-deviation-20261202/ (read only)."""
+writes anything (one line, exit code 2, no merged file left behind), says where its report goes by default and
+records the command it ran (options included); repro/run.py / repro/scenario.py refuse a seed fp4moe train cannot
+take (above 2^63 - 1). The merges read the two committed seed runs of reports/results/h200/loss-deviation-20261202/
+(read only)."""
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import unittest
 from unittest import mock
 
+import h5py
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, ROOT)
 
-from reports import output_path, report  # noqa: E402
+from reports import output_path, report, result_file  # noqa: E402
 from repro import merge_runs, scenario  # noqa: E402
 
 MERGE_PY = os.path.join(ROOT, "repro", "merge_runs.py")
@@ -22,7 +26,9 @@ RUNS = os.path.join(ROOT, "reports", "results", "h200", "loss-deviation-20261202
 INPUTS = [os.path.join(RUNS, "20261202-013643-nvidia-h200.h5"), os.path.join(RUNS, "20261202-014420-nvidia-h200.h5")]
 
 
-class MergeOutputs(unittest.TestCase):
+class MergeCase(unittest.TestCase):
+    """A temporary folder and the committed inputs."""
+
     def setUp(self):
         for p in INPUTS:
             self.assertTrue(os.path.isfile(p), f"committed seed run {p} is missing")
@@ -32,6 +38,8 @@ class MergeOutputs(unittest.TestCase):
     def path(self, *parts):
         return os.path.join(self.tmp.name, *parts)
 
+
+class MergeOutputs(MergeCase):
     def merge(self, *args):
         return subprocess.run([sys.executable, MERGE_PY, *args], capture_output=True, text=True, timeout=600)
 
@@ -70,6 +78,15 @@ class MergeOutputs(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertTrue(os.path.isfile(os.path.join(runs, "merged", "TABLES.md")))
         self.assertFalse(os.path.exists(self.path("TABLES.md")))
+
+
+class MergeCommand(MergeCase):
+    def test_the_recorded_command_is_the_one_run(self):
+        out, rep = self.path("merged.h5"), self.path("report")
+        args = ["--out", out, "--report-dir", rep, *INPUTS]
+        self.assertEqual(merge_runs.main(args), 0)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(result_file.text(f.attrs["command"]), shlex.join(["repro/merge_runs.py"] + args))
 
 
 class AtomicOutput(unittest.TestCase):
