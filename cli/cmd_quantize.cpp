@@ -13,9 +13,10 @@
 // and the error figures. With a transform (kernels/quant/mx_transform.h, applied along K before quantization) the
 // codes, scales and /dequantized are those of the transformed tensor, and /dequantized_inverse float32 [M, K] is
 // /dequantized transformed back; the error figures compare /dequantized_inverse with the input, and the clipped
-// elements are those of the transformed tensor. Errors are measured against the BF16 input the quantizer saw; finite float32/float64 input
-// values beyond BF16's range become +-Inf there (counted: input_overflow_elements, and a line of the report), and
-// nonzero values below its smallest subnormal become +-0 (input_underflow_elements, likewise).
+// elements are those of the transformed tensor. Errors are measured against the BF16 input the quantizer saw;
+// finite float32/float64 input values beyond BF16's range become +-Inf there (counted: input_overflow_elements,
+// and a line of the report), and nonzero values below its smallest subnormal become +-0 (input_underflow_elements,
+// likewise). The seeds (--seed, --rht-seed) are recorded as the attributes seed and rht_seed.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -43,7 +44,8 @@ struct QuantizeOptions {
   std::string input, dataset, format, scale_mode, rounding = "rne", groups, device = "cpu", output;
   std::string seed = "0";  // --seed as given: parse_seed reads it
   std::string transform = "none";
-  std::string rht_seed;  // --rht-seed as given (empty: not given)
+  std::string rht_seed;  // --rht-seed as given
+  bool rht_seed_given = false;
 };
 
 struct ErrorFigures {
@@ -72,16 +74,16 @@ std::vector<int32_t> parse_groups(const std::string& text, int64_t M) {
   return std::vector<int32_t>(off.begin(), off.end());  // every entry <= M < 2^31
 }
 
-// A seed option (`name`: --seed, --rht-seed): a decimal integer in [0, 2^64 - 1] (no sign); throws CliError
-// naming the range otherwise.
+// A seed option (`name`: --seed, --rht-seed): a decimal integer in [0, 2^63 - 1] (no sign; the range the output
+// file's signed 64-bit attributes record exactly, as train.seed); throws CliError naming the range otherwise.
 uint64_t parse_seed(const std::string& name, const std::string& text) {
-  uint64_t v = 0;
+  int64_t v = 0;
   const char* end = text.data() + text.size();
   const auto [stop, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || stop != end)
-    throw CliError(fmt::format("{} must be an integer in [0, {}], got {}", name, std::numeric_limits<uint64_t>::max(),
+  if (text.empty() || text[0] == '-' || ec != std::errc() || stop != end)
+    throw CliError(fmt::format("{} must be an integer in [0, {}], got '{}'", name, std::numeric_limits<int64_t>::max(),
                                text));
-  return v;
+  return static_cast<uint64_t>(v);
 }
 
 // Groups the GPU column quantizer accepts (bf16_to_fp8.h: 1 <= G <= 1024); the CPU reference takes any G >= 1.
@@ -126,9 +128,9 @@ int run_quantize(const QuantizeOptions& o) {
   const uint64_t seed = parse_seed("--seed", o.seed);
   if (!mx && o.transform != "none")
     throw CliError(fmt::format("--transform {} applies to mxfp4 only, not {}", o.transform, o.format));
-  if (!o.rht_seed.empty() && o.transform != "rht")
+  if (o.rht_seed_given && o.transform != "rht")
     throw CliError(fmt::format("--rht-seed applies to --transform rht only, got --transform {}", o.transform));
-  const uint64_t rht_seed = o.rht_seed.empty() ? 0 : parse_seed("--rht-seed", o.rht_seed);
+  const uint64_t rht_seed = o.rht_seed_given ? parse_seed("--rht-seed", o.rht_seed) : 0;
   if (!mx && o.rounding != "rne")
     throw CliError(fmt::format("--rounding {} applies to mxfp4 only ({} rounds to nearest even)", o.rounding, o.format));
   if (o.format != "fp8-col" && !o.groups.empty())
@@ -261,19 +263,23 @@ Command add_quantize_command(CLI::App& app) {
       ->check(CLI::IsMember({"floor", "ceil", "pow2", "fp32"}));
   sub->add_option("--rounding", o->rounding, "mxfp4 rounding: rne (default) or stochastic")
       ->check(CLI::IsMember({"rne", "stochastic"}));
-  sub->add_option("--seed", o->seed, "seed of stochastic rounding, an integer in [0, 2^64 - 1] (default 0)")
+  sub->add_option("--seed", o->seed, "seed of stochastic rounding, an integer in [0, 2^63 - 1] (default 0)")
       ->type_name("UINT");
   sub->add_option("--transform", o->transform,
                   "mxfp4: transform along K before quantization: none (default), h16, h32 (Walsh-Hadamard over blocks "
                   "of 16 or 32) or rht (random signs, then h16)")
       ->check(CLI::IsMember({"none", "h16", "h32", "rht"}));
-  sub->add_option("--rht-seed", o->rht_seed, "seed of rht's random signs, an integer in [0, 2^64 - 1] (default 0)")
-      ->type_name("UINT");
+  CLI::Option* rht_seed =
+      sub->add_option("--rht-seed", o->rht_seed, "seed of rht's random signs, an integer in [0, 2^63 - 1] (default 0)")
+          ->type_name("UINT");
   sub->add_option("--groups", o->groups, "fp8-col: rows per group, e.g. 162,0,2577 (default: one group)");
   sub->add_option("--device", o->device, "cpu (references, default) or cuda (kernels)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--output", o->output, "output HDF5 file (written atomically)")->required();
-  return {sub, [o] { return run_quantize(*o); }};
+  return {sub, [o, rht_seed] {
+            o->rht_seed_given = rht_seed->count() > 0;  // given, even as an empty word
+            return run_quantize(*o);
+          }};
 }
 
 }  // namespace fp4moe::cli

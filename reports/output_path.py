@@ -6,8 +6,9 @@ check_file(out, inputs)    raises OutputPathError when `out` is empty, is one of
                            regular file (a folder, a device such as /dev/null, a fifo, a socket) or is a symbolic
                            link whose target does not exist (results/output_path.cpp refuses it too)
 check_folder(out, inputs)  the same for a folder that receives files: it may exist only as a folder
-atomic(out, inputs)        context manager: check_file, then yields a temporary path in the folder of `out` (its
-                           link target's folder when `out` is a symbolic link, so that the link stays) to write;
+atomic(out, inputs)        context manager: check_file and that the folder of `out` exists, then yields a temporary
+                           path in that folder (its link target's folder when `out` is a symbolic link, so that the
+                           link stays) to write;
                            on success the file is synced and renamed over the target (os.replace), on failure
                            removed, so `out` is either the old file or the whole new one
 write_text(out, text, inputs)   atomic() for a UTF-8 text file
@@ -79,10 +80,13 @@ def check_folder(out, inputs=()):
 def atomic(out, inputs=()):
     """Yields a temporary path beside `out` (beside its target when `out` is a symbolic link) after check_file;
     renames it over the target when the block ends normally and the temporary file exists, removes it otherwise.
-    Raises OutputPathError (nothing written) or what the block or the rename raise (nothing replaced)."""
+    Raises OutputPathError (nothing written: also when the folder of `out` does not exist) or what the block or the
+    rename raise (nothing replaced)."""
     check_file(out, inputs)
     target = os.path.realpath(out)
     folder, name = os.path.split(target)
+    if not os.path.isdir(folder):
+        raise OutputPathError(f"the folder of '{out}' does not exist, expected an existing folder for the output file")
     root, ext = os.path.splitext(name)
     tmp = os.path.join(folder, f".{root}.tmp-{os.getpid()}{ext}")  # keeps the extension (matplotlib's format)
     try:

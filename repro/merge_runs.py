@@ -13,7 +13,8 @@ whose file is gone. Benchmark (non-train) scenarios are left out (said on the co
 naming the input), /train/<run> and /memory/<run> of each run, the first input's root attributes plus
 `merged_from` (the inputs), `command`, and `merged_git_shas` when the inputs come from different commits (allowed,
 said on the console: the command lines agree, the code may not). Written under a temporary name and renamed
-(repro/merge.py).
+(repro/merge.py). TABLES.md and the plots go to --report-dir, by default runs/<stem of --out>/ in the repository
+(reports/report.py's default_out_dir); both output paths are checked before anything is written.
 
 Exit codes: 0 written; 1 nothing to merge; 2 bad arguments, an unreadable input, or inputs that do not agree.
 """
@@ -90,8 +91,9 @@ def merge_cells(tables):
     return pd.concat(frames, ignore_index=True)
 
 
-def merge_runs(out_path, inputs, scenarios_dir):
-    """Writes the merged run file (see the module docstring); returns the scenario names merged. Raises
+def merge_runs(out_path, inputs, scenarios_dir, command=None):
+    """Writes the merged run file (see the module docstring), its `command` attribute `command` (default: the
+    merge of `inputs` into `out_path`); returns the scenario names merged. Raises
     MergeRunsError, OSError, result_file.SchemaError / TableError, scenario.ScenarioError, merge.MergeError."""
     if len(inputs) < 1:
         raise MergeRunsError("no run file to merge", 1)
@@ -130,7 +132,7 @@ def merge_runs(out_path, inputs, scenarios_dir):
                               "merged_from": " ".join(name for name, _ in parts),
                               "scenario_file": os.path.relpath(s.path, ROOT)}))
     attrs = {k: v for k, v in root.items() if k != "command"}
-    attrs.update({"command": shlex.join(["repro/merge_runs.py", "--out", out_path] + list(inputs)),
+    attrs.update({"command": command or shlex.join(["repro/merge_runs.py", "--out", out_path] + list(inputs)),
                   "merged_from": " ".join(os.path.basename(p) for p in inputs)})
     if len(shas) > 1:  # allowed (the cells' command lines agree), but said
         attrs["merged_git_shas"] = "; ".join(f"{sha or 'unknown'}: {', '.join(names)}" for sha, names in shas.items())
@@ -145,10 +147,14 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="the merged run file to write (.h5)")
     p.add_argument("runs", nargs="+", help="run files of repro/run.py")
     p.add_argument("--scenarios", default=os.path.join(ROOT, "repro", "scenarios"), help="scenario folder")
-    p.add_argument("--report-dir", help="where TABLES.md and the plots go (default: beside the merged file)")
+    p.add_argument("--report-dir", help="where TABLES.md and the plots go (default: runs/<stem of --out>/ in the "
+                                        "repository)")
     a = p.parse_args(argv)
     try:
-        names = merge_runs(a.out, a.runs, a.scenarios)
+        output_path.check_file(a.out, a.runs)  # both outputs before the merged file is written
+        output_path.check_folder(a.report_dir or report.default_out_dir(a.out), a.runs + [a.out])
+        command = shlex.join(["repro/merge_runs.py"] + (sys.argv[1:] if argv is None else list(argv)))
+        names = merge_runs(a.out, a.runs, a.scenarios, command)
         md, pngs, _ = report.write_report(a.out, a.report_dir)
     except MergeRunsError as e:
         print(f"merge: cannot merge: {e}", file=sys.stderr)

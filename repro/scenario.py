@@ -355,11 +355,17 @@ def _named_table(path, doc, key, check, required=True):
     return out
 
 
+# The largest --train.seed fp4moe train accepts (it reads train.seed as a signed 64-bit integer >= 0).
+MAX_SEED = 2**63 - 1
+
+
 def check_seeds(seeds, where):
-    """A list of distinct integers >= 0 (at least one), as a list; raises ValueError saying what was wrong."""
+    """A list of distinct integers in [0, MAX_SEED] (at least one), as a list; raises ValueError saying what was
+    wrong."""
     if (not isinstance(seeds, list) or not seeds
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
-        raise ValueError(f"{where} must be a non-empty list of integers >= 0 (--train.seed values), got {seeds!r}")
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_SEED for x in seeds)):
+        raise ValueError(f"{where} must be a non-empty list of integers >= 0 and <= 2^63 - 1 (--train.seed values), "
+                         f"got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"{where} lists a seed twice: {seeds!r}")
     return list(seeds)

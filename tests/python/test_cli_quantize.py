@@ -173,6 +173,13 @@ class QuantizeCli(unittest.TestCase):
             self.assertEqual(fa.attrs["rounding"], "stochastic")
             self.assertLess(fa.attrs["rel_l2_error"], 0.3)
 
+    def test_largest_seeds_are_recorded_as_given(self):
+        top = 2**63 - 1
+        out, _ = self.quantize("--format", "mxfp4", "--rounding", "stochastic", "--seed", str(top), "--transform",
+                               "rht", "--rht-seed", str(top))
+        with h5py.File(out) as f:
+            self.assertEqual((int(f.attrs["seed"]), int(f.attrs["rht_seed"])), (top, top))
+
     def test_mxfp4_transforms_quantize_the_transformed_tensor(self):
         x = bf16_to_f64(bf16_bits(self.x32))
         codes_by_transform = {}
@@ -354,7 +361,12 @@ class QuantizeCli(unittest.TestCase):
             (["--format", "mxfp4", "--transform", "h32", "--rht-seed", "5"], None, "x",
              "--rht-seed applies to --transform rht only, got --transform h32"),
             (["--format", "mxfp4", "--transform", "rht", "--rht-seed", "-3"], None, "x",
-             "--rht-seed must be an integer in [0, 18446744073709551615], got -3"),
+             "--rht-seed must be an integer in [0, 9223372036854775807], got '-3'"),
+            # Given, even as an empty word, it is checked: not taken for "not given" (seed 0).
+            (["--format", "mxfp4", "--transform", "rht", "--rht-seed", ""], None, "x",
+             "--rht-seed must be an integer in [0, 9223372036854775807], got ''"),
+            (["--format", "mxfp4", "--rht-seed", ""], None, "x",
+             "--rht-seed applies to --transform rht only, got --transform none"),
         ]
         for args, input_override, dataset, expected in cases:
             with self.subTest(args=args, dataset=dataset):
@@ -371,13 +383,14 @@ class QuantizeCli(unittest.TestCase):
         # An unknown format is refused by the argument parser, with the same exit code.
         _, r = self.quantize("--format", "nvfp4", expect_rc=2)
         self.assertIn("--format", r.stderr)
-        # So is a seed outside the unsigned 64-bit range (-1 would wrap around), with the range in plain numbers.
-        for seed in ("-1", "18446744073709551616", "1.5", "x"):
+        # So is a seed outside [0, 2^63 - 1] (-1 would wrap around; above 2^63 - 1 the file's signed 64-bit attribute
+        # would not record it), with the range in plain numbers.
+        for seed in ("-1", "9223372036854775808", "18446744073709551615", "18446744073709551616", "1.5", "x", ""):
             with self.subTest(seed=seed):
                 self.assert_one_line_error(
                     self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--rounding",
                                  "stochastic", "--seed", seed, "--output", os.path.join(self.tmp, "never.h5")),
-                    f"--seed must be an integer in [0, 18446744073709551615], got {seed}")
+                    f"--seed must be an integer in [0, 9223372036854775807], got '{seed}'")
         # So is an unknown transform.
         self.assert_one_line_error(
             self.run_cli("--input", self.input, "--dataset", "x", "--format", "mxfp4", "--transform", "h8",

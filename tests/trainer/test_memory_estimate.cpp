@@ -246,6 +246,25 @@ TEST(MemoryEstimate, WorkspaceIsTheLargestLayerPlusTheModel) {
   EXPECT_LT(e.workspace_all_layers - model, 2 * largest + 1);
 }
 
+// A pass's scratch (a Lifetime::backward_scratch entry of a plan: MLA's "d o", taken from the shared arena by every
+// layer's backward in turn) is counted once, in the largest layer's workspace, not held per layer beside it; the
+// Linears' own scratch (Lifetime::first_forward) is held by every layer. Under fp8 both kinds are present.
+TEST(MemoryEstimate, PassScratchCountsOnceLinearsOwnScratchPerLayer) {
+  const TrainerConfig cfg = tiny({"--recipe.attention", "fp8"});
+  const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
+  int64_t d_o_instances = 0, own_instances = 0;
+  for (const MemoryTerm& t : e.terms) {
+    if (t.category != MemCategory::workspace || t.module != "mla") continue;
+    if (t.tensor == "d o") d_o_instances += t.instances;
+    if (t.tensor == "q_up row FP8 codes") {
+      EXPECT_TRUE(t.first_forward);
+      own_instances += t.instances;
+    }
+  }
+  EXPECT_EQ(d_o_instances, 1);                     // the largest layer's backward, once
+  EXPECT_EQ(own_instances, cfg.model.layers);      // every layer's q_up holds its own
+}
+
 // Activations of stage 0 (where the dense layers are and the most micro-batches wait).
 int64_t stage0_activations(TrainerConfig cfg, const ParallelLayout& layout, std::vector<std::string> modules) {
   cfg.recompute.modules = std::move(modules);

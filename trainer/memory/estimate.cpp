@@ -222,9 +222,10 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
     has_moe = has_moe || cfg.is_moe_layer(l);
     const std::vector<MemoryTerm> acts = layer_activation_terms(cfg, lay, l);
     std::vector<MemoryTerm> ws = mem_detail::layer_scratch_terms(cfg, lay, l);
-    // The Linears' and Group Linears' own scratch buffers, held by every layer (their buffer plans).
+    // The Linears' and Group Linears' own scratch buffers, held by every layer (their buffer plans' first_forward
+    // workspace; the passes' scratch is in `ws`, counted for the largest layer only).
     for (MemoryTerm t : mem_detail::layer_buffer_terms(cfg, lay, l))
-      if (t.category == MemCategory::workspace) {
+      if (t.category == MemCategory::workspace && t.first_forward) {
         ws_all += t.bytes;
         merge(e.terms, std::move(t));
       }

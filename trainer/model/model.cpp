@@ -31,7 +31,8 @@
 // Dgrad [max_tokens, d], the final norm's backward, the embedding backward's workspace. Outside DeviceMemory's
 // accounting: the cuBLASLt workspaces of the model's CublasLtMatmul (which every layer's GEMMs use, the fp8/mxfp4
 // Group Linears' included) and of LmHeadCrossEntropy, the latter's chunk scratch (logits FP32 + dlogits BF16
-// [max_tokens, chunk]), and Group Linear's own FP8 buffers, all cudaMalloc'd by those classes.
+// [max_tokens, chunk]), cudaMalloc'd by those classes. The routed experts' Group Linears take their own buffers from
+// DeviceMemory (moe_experts.cpp's counted allocator), so those are counted.
 #include "trainer/model/model.h"
 
 #include <algorithm>

@@ -34,8 +34,9 @@ class ScratchArena;    // trainer/memory/scratch.h
 // Device memory of one decoder layer for micro_batch x seq_len tokens, in bytes as DeviceMemory counts them (each
 // buffer rounded up to 256): what it keeps from forward to backward (MemCategory::activations) by module, under the
 // model's recompute policy, and the most of the shared scratch its forward and its backward take (the arena is
-// sized to the largest over layers and the LM head). Not counted anywhere: Group Linear's own FP8 buffers and the
-// cuBLASLt workspaces (cudaMalloc'd by those classes).
+// sized to the largest over layers and the LM head). Not counted here: the Linears' and Group Linears' FP8 weight
+// copies and own scratch (DeviceMemory counts them from the first forward, under weights and workspace), and the
+// cuBLASLt workspaces (cudaMalloc'd, counted nowhere).
 struct LayerMemory {
   int64_t layer = 0;
   bool moe = false;              // MoE block (else dense SwiGLU FFN)
@@ -49,8 +50,9 @@ struct LayerMemory {
   size_t routed_experts = 0;     // the part of ffn held by the routed experts (moe_experts.h; 0 for dense)
   size_t quantized_copies = 0;   // not in kept(): what the layer's fp8/mxfp4 Linears and fp8 Group Linears hold of
                                  // their inputs (FP8 column or MXFP4 copies, linear.h, group_linear.h) under
-                                 // activations from their first forward on, unrounded; under every policy (their
-                                 // buffers stay allocated); 0 with bf16 recipes
+                                 // activations from their first forward on, each rounded up to 256 as DeviceMemory
+                                 // counts it; under every policy (their buffers stay allocated); 0 with bf16
+                                 // recipes
   size_t scratch_forward = 0;    // the most of the shared scratch in this layer's forward
   size_t scratch_backward = 0;   // the same in its backward (with what it recomputes)
   size_t kept() const { return residual + norms + attn + ffn; }
