@@ -97,7 +97,7 @@ def merge_runs(out_path, inputs, scenarios_dir, command=None):
     MergeRunsError, OSError, result_file.SchemaError / TableError, scenario.ScenarioError, merge.MergeError."""
     if len(inputs) < 1:
         raise MergeRunsError("no run file to merge", 1)
-    by_scenario, runs, root, shas = {}, [], None, {}
+    by_scenario, runs, root, shas, scales = {}, [], None, {}, {}
     for path in inputs:
         run = report.load_run(path)
         name = os.path.basename(path)
@@ -112,6 +112,7 @@ def merge_runs(out_path, inputs, scenarios_dir, command=None):
             if cells is None:
                 raise MergeRunsError(f"{name}: scenario {sname} has no cells table /bench/{a.get('family', '')}")
             by_scenario.setdefault(sname, []).append((name, cells[0]))
+            scales.setdefault(sname, set()).add(str(a.get("scale", root.get("scale", ""))))
             runs += [(path, str(r)) for r in cells[0]["run"] if str(r) and (path, str(r)) not in runs]
     if not by_scenario:
         raise MergeRunsError("no training scenario in the run files", 1)
@@ -130,6 +131,7 @@ def merge_runs(out_path, inputs, scenarios_dir, command=None):
                               "cells_not_run": int((cells["status"] == "not run").sum()),
                               "cells_failed": int((cells["status"] == "failed").sum()),
                               "merged_from": " ".join(name for name, _ in parts),
+                              "scale": " + ".join(sorted(x for x in scales[sname] if x)) or "?",
                               "scenario_file": os.path.relpath(s.path, ROOT)}))
     attrs = {k: v for k, v in root.items() if k != "command"}
     attrs.update({"command": command or shlex.join(["repro/merge_runs.py", "--out", out_path] + list(inputs)),

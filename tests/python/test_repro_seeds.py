@@ -296,6 +296,8 @@ class RunSeedsWithFakeTrainer(util.Tmp):
             cells = result_file.read_table(f["bench/train_loss"])
             rows = result_file.read_table(f["repro/loss_deviation"])
             self.assertEqual(len(f["train"]), 9)
+            # the inputs' scale, which the plots' titles read
+            self.assertEqual(result_file.text(f["repro/loss_deviation"].attrs["scale"]), "smoke")
         self.assertEqual(sorted(set(cells["seed"])), [1234, 1235, 1236])
         fp8 = rows[rows["row"].str.startswith("fp8 against bf16: final validation")].iloc[0]
         d = [(4.82 / 4.80 - 1) * 100, (4.92 / 4.90 - 1) * 100, (4.90 / 4.85 - 1) * 100]
