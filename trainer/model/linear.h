@@ -34,11 +34,11 @@
 //                (held_activation_bytes, each buffer rounded up to DeviceMemory's 256 bytes)
 //   workspace    FP8 row copies of X and dY, dY's column copy, mxfp4's X column copy (backward), the device
 //                offsets {0, M}, and the BF16 dX scratch of an FP32 Dgrad
-// Not counted: the cuBLASLt handle and 32 MiB workspace, the model's one (ctx.lt, with which every fp8/mxfp4 layer
-// builds its Group Linear at its first forward; a Linear run without ctx.lt makes its own),
-// and GroupedGemm's scratch for a token count M % 4 != 0 (cudaMalloc inside kernels/gemm), as model.cpp says. The caller's BF16 X is the caller's:
-// the fp8 and mxfp4 recipes do not read it in backward (backward_reads_input() is false), so a caller may free
-// or reuse it after forward.
+// (every buffer as Linear::buffers states it). Not counted: the cuBLASLt handle and 32 MiB workspace, the model's one
+// (ctx.lt, with which every fp8/mxfp4 layer builds its Group Linear at its first forward; a Linear run without ctx.lt
+// makes its own), and GroupedGemm's scratch for a token count M % 4 != 0 (cudaMalloc inside kernels/gemm), as
+// model.cpp says. The caller's BF16 X is the caller's: the fp8 and mxfp4 recipes do not read it in backward
+// (backward_reads_input() is false), so a caller may free or reuse it after forward.
 //
 // Shape rules: K and N multiples of 8 for bf16 (16-byte BF16 rows), of 16 for fp8 and mxfp4 (FP8 GEMMs), and
 // K a multiple of 32 for mxfp4 (MX blocks); the constructor rejects others before registering anything. M = 0

@@ -67,9 +67,9 @@ namespace fp4moe {
 struct LayerShape;  // trainer/model/decoder_layer.h
 
 // What MoeLayer's constructor checks first, before it registers or allocates anything (fp4moe::Error naming the
-// option): model.hidden and moe.expert_ffn positive multiples of 16 (Group Linear; 32 with an mxfp4 routed
-// recipe), model.layers >= 1, moe.routed_experts in [1, kRouterMaxExperts], moe.top_k in [1, routed_experts],
-// moe.shared_experts >= 0, moe.routed_scale > 0, moe.aux_alpha >= 0, moe.bias_update_rate >= 0, max_tokens >= 0 and max_tokens * top_k
+// option): model.hidden and moe.expert_ffn positive multiples of 16 (Group Linear; 32 with an mxfp4 routed recipe),
+// model.layers >= 1, moe.routed_experts in [1, kRouterMaxExperts], moe.top_k in [1, routed_experts], moe.shared_experts
+// >= 0, moe.routed_scale > 0, moe.aux_alpha >= 0, moe.bias_update_rate >= 0, max_tokens >= 0 and max_tokens * top_k
 // below 2^31 (int32 row indices).
 void check_moe_layer_config(const TrainerConfig& cfg, int64_t max_tokens, const std::string& prefix);
 
@@ -116,9 +116,9 @@ class MoeLayer {
   // Activations kept from forward to backward (router, routed and shared experts), as DeviceMemory counts them.
   size_t kept_bytes() const;
   // Every buffer of the block (trainer/memory/buffer_plan.h) at one GPU's `shape` (trainer/model/decoder_layer.h):
-  // block_buffers ("moe"), MoeRouter::buffers for its seq_share rows ("moe.router"), MoeRoutedExperts::buffers for its routed rows and
-  // local experts ("moe.experts"), and with shared experts SwigluMlp::buffers ("moe.shared", its Dgrad summed in
-  // FP32), under cfg's recipes and recompute policy.
+  // block_buffers ("moe"), MoeRouter::buffers for its seq_share rows ("moe.router"), MoeRoutedExperts::buffers for its
+  // routed rows and local experts ("moe.experts"), and with shared experts SwigluMlp::buffers ("moe.shared", its Dgrad
+  // summed in FP32), under cfg's recipes and recompute policy.
   static std::vector<BufferPlan> buffers(const TrainerConfig& cfg, const LayerShape& shape);
   // The block's own scratch for `tokens` rows (module "moe"): forward's "shared experts output" [tokens, d] BF16
   // (with shared experts); backward's "routed experts dx" [tokens, d] BF16, "dx (FP32)" [tokens, d] and "top-k

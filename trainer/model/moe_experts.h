@@ -118,9 +118,10 @@ class MoeRoutedExperts {
   // Every buffer of the routed experts (trainer/memory/buffer_plan.h; module "moe.experts") for R routed rows on
   // E_local experts (this GPU's), hidden d, width f, under `recipe` and `recompute`: the kept tensors of the Memory
   // paragraph above by name ("row_of", "xs", "xs MXFP4 codes", "xs MXFP4 scales", "xs FP8 row codes", "xs FP8 row
-  // scales", "h", "a", "ys", "a MXFP4 codes", "a MXFP4 scales"; sized whether held or not, no elements for what
-  // the recipe never makes), the scratch "assignment_of" [R] int32 (forward), "d rows" [R, d], "d a" [R, f], "d h"
-  // [R, 2f] BF16 (backward), then fc1's and fc2's GroupLinear::buffers prefixed "fc1 " and "fc2 ". Rejects R < 0 and what GroupLinear::buffers rejects.
+  // scales", "h", "a", "ys", "a MXFP4 codes", "a MXFP4 scales"; sized whether held or not, no elements for what the
+  // recipe never makes), the scratch "assignment_of" [R] int32 (forward), "d rows" [R, d], "d a" [R, f], "d h" [R, 2f]
+  // BF16 (backward), then fc1's and fc2's GroupLinear::buffers prefixed "fc1 " and "fc2 ". Rejects R < 0 and what
+  // GroupLinear::buffers rejects.
   static BufferPlan buffers(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
                             const MoeRecompute& recompute);
   // Scratch for M = max_tokens: left in the caller's scope by forward and by recompute (0 when nothing is
