@@ -1,6 +1,6 @@
 // `fp4moe plan (--model v3|v2 | --config FILE) --gpus N --memory-gib G [--recipes bf16,fp8,mxfp4] --no-measure
-//  [--mfu F] [--peak-tflops X] [--nvlink-gb-per-s B] [--ib-gb-per-s B] [--gpus-per-node K] [--global-batch S]
-//  [--top K]`: enumerates the parallel layouts of N GPUs x paper 1's recompute policies x the recipes, keeps those
+//  [--tp 1,2,4,8] [--mfu F] [--peak-tflops X] [--nvlink-gb-per-s B] [--ib-gb-per-s B] [--gpus-per-node K]
+//  [--global-batch S] [--top K]`: enumerates the parallel layouts of N GPUs x paper 1's recompute policies x the recipes, keeps those
 // whose memory estimate fits G GiB per GPU and ranks them by a modelled tokens/s per GPU (trainer/memory/plan.h: the
 // cost model, its assumptions and their sources). Prints a Markdown table per recipe and what mxfp4 buys over fp8
 // and bf16 to stdout; a progress line on stderr when the enumeration takes more than a second.
@@ -11,6 +11,7 @@
 // Exit codes: 0 done (also when nothing fits: the report says so); 2 bad arguments.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -31,6 +32,7 @@ struct PlanCommand {
   int64_t gpus = 0, global_batch = 0, top = 5;
   double memory_gib = 0;
   std::vector<std::string> recipes = {"bf16", "fp8", "mxfp4"};
+  std::vector<int64_t> tp_values = {1, 2, 4, 8};
   bool no_measure = false;
   PlanHardware hw;
   double peak_tflops = hw.peak_flops / 1e12, nvlink_gb = hw.nvlink_bytes_per_s / 1e9, ib_gb = hw.ib_bytes_per_s / 1e9;
@@ -61,6 +63,7 @@ struct PlanCommand {
         FP4MOE_CHECK(seen != recipe, "--recipes names {} twice", name);
       r.recipes.push_back(recipe);
     }
+    r.tp_values = tp_values;
     r.hw = hw;
     r.hw.peak_flops = peak_tflops * 1e12;
     r.hw.nvlink_bytes_per_s = nvlink_gb * 1e9;
@@ -87,7 +90,7 @@ struct PlanCommand {
     auto progress = [&](int64_t done, int64_t total) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (elapsed < 1.0 && !shown) return;
-      if (!terminal && done != total && done % 50 != 0) return;
+      if (!terminal && done != total && done % std::max<int64_t>(1, total / 10) != 0) return;  // every 10%
       shown = true;
       std::fprintf(stderr, "%splan: %lld/%lld layouts x policies estimated (%.0f s)%s",
                    terminal ? "\r" : "", static_cast<long long>(done), static_cast<long long>(total), elapsed,
@@ -112,6 +115,9 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--gpus", cmd->gpus, "GPUs of the run")->required();
   sub->add_option("--memory-gib", cmd->memory_gib, "memory per GPU, GiB")->required();
   sub->add_option("--recipes", cmd->recipes, "paper recipes to plan, comma-separated: bf16, fp8, mxfp4")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--tp", cmd->tp_values, "tensor-parallel sizes to try, comma-separated, of 1, 2, 4, 8")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_flag("--no-measure", cmd->no_measure, "model every stage's time instead of measuring it (no GPU needed)");

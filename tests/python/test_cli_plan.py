@@ -47,7 +47,7 @@ class PlanCli(unittest.TestCase):
             self.assertIn(f"## {recipe} (", out)
         self.assertIn("## What mxfp4 buys", out)
         # Three rows per recipe, ranked by the last column.
-        for table in out.split("## ")[2:5]:
+        for table in out.split("## ")[1:4]:
             rows = [line for line in table.splitlines() if re.match(r"^\| \d+ \|", line)]
             self.assertEqual(len(rows), 3, table)
             rates = [float(r.rstrip(" |").split("|")[-1]) for r in rows]
@@ -65,6 +65,14 @@ class PlanCli(unittest.TestCase):
         self.assertIn("# Layout plan: DeepSeek-V2 236B on 128 GPUs of 141 GiB", out)
         self.assertIn("global batch 9216 sequences", out)
         self.assertIn("- over fp8:", out)
+        self.assertIn("| recompute policy | fp8 | mxfp4 |", out)
+
+    def test_tp_restricts_the_layouts(self):
+        out = self.plan("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80", "--no-measure",
+                        "--global-batch", "32", "--tp", "1,2", "--top", "100").stdout
+        rows = [line.split("|") for line in out.splitlines() if re.match(r"^\| \d+ \|", line)]
+        self.assertTrue(rows)
+        self.assertEqual({int(r[2]) for r in rows}, {1, 2})
 
     def test_bad_arguments(self):
         base = ("--gpus", "8", "--memory-gib", "80", "--no-measure")
@@ -78,6 +86,7 @@ class PlanCli(unittest.TestCase):
         self.rejected("--memory-gib", args=("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "-1",
                                             "--no-measure"))
         self.rejected("--gpus", args=("--config", "configs/tiny.toml", "--memory-gib", "80", "--no-measure"))
+        self.rejected("--tp 3 is not one of 1, 2, 4, 8", args=("--config", "configs/tiny.toml", "--tp", "3", *base))
 
 
 if __name__ == "__main__":

@@ -184,6 +184,12 @@ TEST(LayoutPlanEnumerate, OnlyValidLayoutsCountedByHand) {
     EXPECT_EQ(l.micro_batches * l.dp * 4, 32) << l.name;
     EXPECT_TRUE(l.zero1);
   }
+  // --tp 2 only: (2, 1) with 4 expert-parallel sizes and (2, 2) with 3.
+  PlanRequest tp2 = tiny_request(8, 80);
+  tp2.tp_values = {2};
+  const std::vector<ParallelLayout> two = enumerate_layouts(tp2);
+  EXPECT_EQ(two.size(), 7u);
+  for (const ParallelLayout& l : two) EXPECT_EQ(l.tp, 2) << l.name;
   // A global batch that 8 replicas of 4 rows cannot split leaves out dp 8.
   PlanRequest odd = tiny_request(8, 80);
   odd.global_batch = 16;
@@ -226,7 +232,8 @@ TEST(LayoutPlanFit, TinyBudgetKeepsNothingAndSaysSo) {
     EXPECT_GE(all.fitting[i - 1].step.tokens_per_s_per_gpu, all.fitting[i].step.tokens_per_s_per_gpu);
   const std::string report = format_plan(all, roomy, 2);
   for (const char* part : {"## bf16", "## fp8", "## mxfp4", "| rank | tp | pp |", "## What mxfp4 buys", "- over fp8",
-                           "- over bf16"})
+                           "- over bf16", "## Best tokens/s per GPU by recompute policy",
+                           "| recompute policy | bf16 | fp8 | mxfp4 |", "| mla_up_proj only | "})
     EXPECT_NE(report.find(part), std::string::npos) << part << " not in:\n" << report;
 
   // A budget between the smallest and the largest keeps exactly those at or under it.
@@ -249,6 +256,10 @@ TEST(LayoutPlanFit, RejectsBadRequests) {
   r = tiny_request(8, 80);
   r.recipes.clear();
   expect_error_with([&] { plan_layouts(r); }, {"--recipes"});
+  r = tiny_request(8, 80);
+  r.tp_values = {3};
+  expect_error_with([&] { plan_layouts(r); }, {"--tp 3", "1, 2, 4, 8"});
+  expect_error_with([&] { format_plan(PlanResult{}, tiny_request(8, 80), 0); }, {"--top must be >= 1"});
 }
 
 }  // namespace

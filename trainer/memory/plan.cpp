@@ -122,6 +122,9 @@ void validate_request(const PlanRequest& r) {
                r.micro_batch, r.seq_len);
   FP4MOE_CHECK(r.global_batch >= 1, "plan: --global-batch must be >= 1, got {}", r.global_batch);
   FP4MOE_CHECK(!r.recipes.empty(), "plan: --recipes names no recipe (expected some of bf16, fp8, mxfp4)");
+  FP4MOE_CHECK(!r.tp_values.empty(), "plan: --tp names no tensor-parallel size (expected some of 1, 2, 4, 8)");
+  for (int64_t tp : r.tp_values)
+    FP4MOE_CHECK(tp == 1 || tp == 2 || tp == 4 || tp == 8, "plan: --tp {} is not one of 1, 2, 4, 8", tp);
   validate_hardware(r.hw);
 }
 
@@ -130,7 +133,7 @@ std::vector<ParallelLayout> enumerate_layouts(const PlanRequest& r) {
   const TrainerConfig& cfg = r.model;
   const bool has_moe = cfg.model.n_dense_layers < cfg.model.layers;
   std::vector<ParallelLayout> out;
-  for (int64_t tp : {1, 2, 4, 8})
+  for (int64_t tp : r.tp_values)
     for (int64_t pp = 1; pp <= std::min<int64_t>(16, cfg.model.layers); ++pp) {
       if (r.gpus % (tp * pp) != 0) continue;
       const int64_t dp = r.gpus / (tp * pp);

@@ -105,13 +105,14 @@ struct PlanRequest {
   int64_t seq_len = 0;
   int64_t global_batch = 0;    // sequences per optimizer step, all replicas: m = global_batch / (dp x micro_batch)
   std::vector<Recipe> recipes;  // paper recipes (paper_recipe)
+  std::vector<int64_t> tp_values = {1, 2, 4, 8};  // tensor-parallel sizes to try
   PlanHardware hw;
 };
-// Rejects gpus, micro_batch, seq_len or global_batch < 1, a memory_gib not finite or <= 0, no recipe, and what
-// validate_hardware rejects.
+// Rejects gpus, micro_batch, seq_len or global_batch < 1, a memory_gib not finite or <= 0, no recipe, no tp value
+// or one outside {1, 2, 4, 8}, and what validate_hardware rejects.
 void validate_request(const PlanRequest& request);
 
-// Every layout of request.gpus GPUs: tp in {1, 2, 4, 8}, pp in 1..16 (<= model.layers), dp = gpus / (tp pp)
+// Every layout of request.gpus GPUs: tp in request.tp_values, pp in 1..16 (<= model.layers), dp = gpus / (tp pp)
 // integral, ep every divisor of gcd(moe.routed_experts, dp tp) (1 without MoE layers), micro_batches =
 // global_batch / (dp micro_batch) integral, ZeRO-1 on, balanced routing; only those validate_layout accepts.
 std::vector<ParallelLayout> enumerate_layouts(const PlanRequest& request);
@@ -140,7 +141,8 @@ PlanResult plan_layouts(const PlanRequest& request, const std::function<void(int
 
 // The Markdown report: the assumptions, per recipe the `top` best fitting candidates (layout, policy, memory GiB and
 // % of the card, micro-batch time split, bubble, tokens/s per GPU) or a line saying that nothing fits with the
-// smallest estimate, and what mxfp4 buys over fp8 and bf16 (memory and tokens/s of each recipe's best).
+// smallest estimate, the best tokens/s per recompute policy and recipe ("-" where nothing fits), and what mxfp4
+// buys over fp8 and bf16 (memory and tokens/s of each recipe's best). Rejects top < 1.
 std::string format_plan(const PlanResult& result, const PlanRequest& request, int64_t top);
 
 }  // namespace fp4moe

@@ -89,6 +89,28 @@ std::string format_plan(const PlanResult& result, const PlanRequest& r, int64_t 
     s += "\n";
   }
 
+  s += "## Best tokens/s per GPU by recompute policy\n\n| recompute policy |";
+  for (Recipe recipe : r.recipes) s += fmt::format(" {} |", recipe_name(recipe));
+  s += "\n|---|";
+  for (size_t i = 0; i < r.recipes.size(); ++i) s += "---|";
+  s += "\n";
+  for (const PaperPolicy& policy : paper_recompute_policies()) {
+    s += fmt::format("| {} |", policy.label);
+    for (Recipe recipe : r.recipes) {
+      const PlanCandidate* best = nullptr;
+      for (const PlanCandidate& c : result.fitting)
+        if (c.recipe == recipe && c.policy == policy.label) {
+          best = &c;
+          break;
+        }
+      s += best == nullptr ? std::string(" - |")
+                           : fmt::format(" {:.0f} ({}, {:.2f} GiB) |", best->step.tokens_per_s_per_gpu,
+                                         layout_text(best->layout), best->memory_gib);
+    }
+    s += "\n";
+  }
+  s += "\n";
+
   const PlanCandidate* mx = best_of(result, Recipe::mxfp4);
   bool asked_mx = false;
   for (Recipe recipe : r.recipes) asked_mx = asked_mx || recipe == Recipe::mxfp4;
