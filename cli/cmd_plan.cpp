@@ -1,9 +1,11 @@
 // `fp4moe plan (--model v3|v2 | --config FILE) --gpus N --memory-gib G [--recipes bf16,fp8,mxfp4] --no-measure
 //  [--tp 1,2,4,8] [--mfu F] [--peak-tflops X] [--nvlink-gb-per-s B] [--ib-gb-per-s B] [--gpus-per-node K]
-//  [--global-batch S] [--top K]`: enumerates the parallel layouts of N GPUs x paper 1's recompute policies x the recipes, keeps those
+//  [--global-batch S] [--top K] [--out FILE.h5]`: enumerates the parallel layouts of N GPUs x paper 1's recompute policies x the recipes, keeps those
 // whose memory estimate fits G GiB per GPU and ranks them by a modelled tokens/s per GPU (trainer/memory/plan.h: the
 // cost model, its assumptions and their sources). Prints a Markdown table per recipe and what mxfp4 buys over fp8
-// and bf16 to stdout; a progress line on stderr when the enumeration takes more than a second.
+// and bf16 to stdout; a progress line on stderr when the enumeration takes more than a second. --out also writes
+// every candidate, fitting or not, to an HDF5 file (table /plan/candidates: trainer/memory/plan.h's plan_table;
+// checked before any work, written atomically: results/output_path.h).
 // --model: the production shapes of trainer/memory/estimate_report.h (micro-batch, sequence length and global batch
 // from the preset); --config: a trainer configuration (train.micro_batch and seq_len; global batch
 // parallel.micro_batches x parallel.dp x train.micro_batch). Measuring each stage's time on the local GPU is not
@@ -19,6 +21,9 @@
 
 #include "cli/commands.h"
 #include "kernels/common/check.h"
+#include "results/h5_file.h"
+#include "results/output_path.h"
+#include "results/run_info.h"
 #include "trainer/config.h"
 #include "trainer/memory/estimate_report.h"
 #include "trainer/memory/plan.h"
@@ -28,7 +33,7 @@ namespace fp4moe::cli {
 namespace {
 
 struct PlanCommand {
-  std::string model, config;
+  std::string model, config, out;
   int64_t gpus = 0, global_batch = 0, top = 5;
   double memory_gib = 0;
   std::vector<std::string> recipes = {"bf16", "fp8", "mxfp4"};
@@ -81,6 +86,7 @@ struct PlanCommand {
       r = request();
       validate_request(r);
       FP4MOE_CHECK(top >= 1, "--top must be >= 1, got {}", top);
+      if (!out.empty()) check_output_path("--out", out, {{"--config", config}});
     } catch (const Error& err) {
       throw CliError(user_message(err.what()));
     }
@@ -99,6 +105,13 @@ struct PlanCommand {
     };
     const PlanResult result = plan_layouts(r, progress);
     fmt::print("{}", format_plan(result, r, top));
+    if (!out.empty()) {
+      ResultFile file;
+      fill_root_attributes(file, invocation());
+      file.add_table("/plan/candidates", plan_table(result, r));
+      file.write(out);
+      std::fprintf(stderr, "plan: %zu candidates written to %s (/plan/candidates)\n", result.all.size(), out.c_str());
+    }
     return kExitOk;
   }
 };
@@ -133,6 +146,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--global-batch", cmd->global_batch,
                   "sequences per optimizer step (default: the preset's, or the configuration's)");
   sub->add_option("--top", cmd->top, "layouts shown per recipe")->capture_default_str();
+  sub->add_option("--out", cmd->out, "also write every candidate to this HDF5 file (/plan/candidates)");
   return {sub, [cmd] { return cmd->run(); }};
 }
 

@@ -74,6 +74,25 @@ class PlanCli(unittest.TestCase):
         self.assertTrue(rows)
         self.assertEqual({int(r[2]) for r in rows}, {1, 2})
 
+    def test_out_writes_every_candidate(self):
+        import tempfile
+        import h5py
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "plan.h5")
+            out = self.plan("--config", "configs/tiny.toml", "--gpus", "2", "--memory-gib", "80", "--no-measure",
+                            "--recipes", "bf16,mxfp4", "--out", path).stdout
+            m = re.search(r"(\d+) layouts x 3 recompute policies x 2 recipes = (\d+) estimates", out)
+            self.assertIsNotNone(m, out)
+            with h5py.File(path, "r") as f:
+                g = f["/plan/candidates"]
+                self.assertEqual(len(g["tp"]), int(m.group(2)))
+                self.assertEqual(set(g["recipe"].asstr()[()]), {"bf16", "mxfp4"})
+                self.assertEqual(g.attrs["gpus"], 2)
+                self.assertIn("command", f.attrs)
+            # A folder is refused before any work, in one line.
+            self.rejected("--out", tmp, args=("--config", "configs/tiny.toml", "--gpus", "2", "--memory-gib", "80",
+                                              "--no-measure", "--out", tmp))
+
     def test_bad_arguments(self):
         base = ("--gpus", "8", "--memory-gib", "80", "--no-measure")
         self.rejected("one of --model v3|v2 or --config FILE", args=base)

@@ -246,6 +246,19 @@ TEST(LayoutPlanFit, TinyBudgetKeepsNothingAndSaysSo) {
   EXPECT_EQ(some.fitting.size(), under);
   EXPECT_GT(under, 0u);
   EXPECT_LT(under, some.all.size());
+
+  // The result table (--out): every candidate in enumeration order, its fit flag against the budget.
+  const Table table = plan_table(some, mid);
+  ASSERT_EQ(table.rows(), static_cast<int64_t>(some.all.size()));
+  int64_t fits = 0;
+  for (size_t i = 0; i < some.all.size(); ++i) {
+    fits += table.column("fits").i64[i];
+    EXPECT_EQ(table.column("fits").i64[i], some.all[i].memory_gib <= mid.memory_gib ? 1 : 0);
+    EXPECT_EQ(table.column("tp").i64[i], some.all[i].layout.tp);
+    EXPECT_EQ(table.column("recipe").str[i], recipe_name(some.all[i].recipe));
+    EXPECT_EQ(table.column("tokens_per_s_per_gpu").f64[i], some.all[i].step.tokens_per_s_per_gpu);
+  }
+  EXPECT_EQ(fits, static_cast<int64_t>(under));
 }
 
 TEST(LayoutPlanFit, RejectsBadRequests) {

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "results/table.h"
 #include "trainer/config.h"
 #include "trainer/flops.h"
 #include "trainer/memory/estimate.h"
@@ -42,15 +43,16 @@ namespace fp4moe {
 
 // The hardware the plan assumes, per GPU. Defaults (H100/H200 SXM nodes of 8 GPUs):
 //   peak_flops          989e12, dense BF16 tensor cores (NVIDIA H100/H200 SXM datasheets)
-//   mfu                 0.31: an assumption, the model-FLOPs utilisation the PyTorch peer measured on one
-//                       DeepSeek-V3 layer at 1 x 4096 tokens on an H200 (reports/results/h200/trainer-20261129/
-//                       peer_v3_layer.log: 31.3%)
+//   mfu                 0.34: an assumption, the model-FLOPs utilisation this trainer measured on one DeepSeek-V3
+//                       MoE layer, BF16, 1 x 4096 tokens, on an H200 (reports/results/h200/trainer-20261129/
+//                       train_v3_layer.log: 33.5-33.9%; the PyTorch peer 31.3%); a whole stage adds attention-heavy
+//                       dense layers, the LM head and FP8/MXFP4 quantization passes, not measured here
 //   nvlink_bytes_per_s  450e9: NVLink 4, 900 GB/s bidirectional per GPU, 450 GB/s per direction (datasheets)
 //   ib_bytes_per_s      50e9: one ConnectX-7 InfiniBand NDR port of 400 Gb/s per GPU (NVIDIA ConnectX-7)
 //   gpus_per_node       8 (HGX H100/H200)
 struct PlanHardware {
   double peak_flops = kH100H200DenseBf16Flops;
-  double mfu = 0.31;
+  double mfu = 0.34;
   double nvlink_bytes_per_s = 450e9;
   double ib_bytes_per_s = 50e9;
   int64_t gpus_per_node = 8;
@@ -144,5 +146,12 @@ PlanResult plan_layouts(const PlanRequest& request, const std::function<void(int
 // smallest estimate, the best tokens/s per recompute policy and recipe ("-" where nothing fits), and what mxfp4
 // buys over fp8 and bf16 (memory and tokens/s of each recipe's best). Rejects top < 1.
 std::string format_plan(const PlanResult& result, const PlanRequest& request, int64_t top);
+
+// Every candidate of result.all as a results/table.h Table (`/plan/candidates` of `fp4moe plan --out`), one row
+// each in enumeration order: recipe, policy (str); tp, pp, dp, ep, micro_batches, memory_stage, fits (0/1),
+// slowest_stage (i64); memory_gib, compute_s, ep_s, pp_s (the slowest stage's micro-batch), bubble, step_s,
+// tokens_per_s_per_gpu (f64). Attributes: model, gpus, memory_gib, micro_batch, seq_len, global_batch, peak_flops,
+// mfu, nvlink_bytes_per_s, ib_bytes_per_s, gpus_per_node, measured (0: modelled).
+Table plan_table(const PlanResult& result, const PlanRequest& request);
 
 }  // namespace fp4moe

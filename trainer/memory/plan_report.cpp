@@ -1,4 +1,4 @@
-// The layout planner's Markdown report (trainer/memory/plan.h, format_plan).
+// The layout planner's Markdown report and result table (trainer/memory/plan.h: format_plan, plan_table).
 #include <fmt/format.h>
 
 #include <string>
@@ -136,6 +136,35 @@ std::string format_plan(const PlanResult& result, const PlanRequest& r, int64_t 
     s += line + ".\n";
   }
   return s;
+}
+
+Table plan_table(const PlanResult& result, const PlanRequest& r) {
+  Table t;
+  for (const char* c : {"recipe", "policy"}) t.add_column(c, ColumnType::str);
+  for (const char* c : {"tp", "pp", "dp", "ep", "micro_batches", "memory_stage", "fits", "slowest_stage"})
+    t.add_column(c, ColumnType::i64);
+  for (const char* c : {"memory_gib", "compute_s", "ep_s", "pp_s", "bubble", "step_s", "tokens_per_s_per_gpu"})
+    t.add_column(c, ColumnType::f64);
+  for (const PlanCandidate& c : result.all) {
+    const ParallelLayout& l = c.layout;
+    const StageTime& s = c.step.slowest;
+    t.add_row({recipe_name(c.recipe), c.policy, l.tp, l.pp, l.dp, l.ep, l.micro_batches, c.memory_stage,
+               int64_t{c.memory_gib <= r.memory_gib}, c.step.slowest_stage, c.memory_gib, s.compute_s, s.ep_s,
+               s.pp_s, c.step.bubble, c.step.step_s, c.step.tokens_per_s_per_gpu});
+  }
+  t.set_attribute("model", r.title);
+  t.set_attribute("gpus", r.gpus);
+  t.set_attribute("memory_gib", r.memory_gib);
+  t.set_attribute("micro_batch", r.micro_batch);
+  t.set_attribute("seq_len", r.seq_len);
+  t.set_attribute("global_batch", r.global_batch);
+  t.set_attribute("peak_flops", r.hw.peak_flops);
+  t.set_attribute("mfu", r.hw.mfu);
+  t.set_attribute("nvlink_bytes_per_s", r.hw.nvlink_bytes_per_s);
+  t.set_attribute("ib_bytes_per_s", r.hw.ib_bytes_per_s);
+  t.set_attribute("gpus_per_node", r.hw.gpus_per_node);
+  t.set_attribute("measured", int64_t{0});
+  return t;
 }
 
 }  // namespace fp4moe
