@@ -11,8 +11,8 @@
 
 #include "kernels/common/check.h"
 #include "trainer/data/loader.h"
-#include "trainer/memory/estimate.h"
 #include "trainer/data/token_shard.h"
+#include "trainer/memory/estimate.h"
 
 namespace fp4moe {
 

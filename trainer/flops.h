@@ -68,7 +68,9 @@ FlopsPerToken model_flops_per_token(const TrainerConfig& cfg, int64_t seq_len);
 
 // One decoder layer's forward FLOPs per token by module (the terms model_flops_per_token sums: 2 per multiply-add of
 // each GEMM with a weight, causal attention over seq_len tokens), for the planner's per-stage time and its recompute
-// reruns (trainer/memory/plan.h). Element-wise modules (norms, SwiGLU) count 0.
+// reruns (trainer/memory/plan.h). Element-wise modules (norms, SwiGLU) count 0. Summed over every layer with
+// lm_head_flops_per_token they give model_flops_per_token's forward. Rejects a layer outside [0, model.layers) and
+// seq_len < 1.
 struct LayerFlopsPerToken {
   double mla_down = 0;        // q down (or the direct q projection) and kv down: 2 d (q_lora + kv_lora + rope)
   double mla_up = 0;          // q up and kv up: 2 (q_lora H dq + kv_lora H (nope + dv)); 0 without q_lora for q
