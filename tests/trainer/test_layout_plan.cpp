@@ -263,7 +263,9 @@ TEST(LayoutPlanFit, TinyBudgetKeepsNothingAndSaysSo) {
 
 TEST(LayoutPlanFit, RejectsBadRequests) {
   PlanRequest r = tiny_request(0, 80);
-  expect_error_with([&] { plan_layouts(r); }, {"--gpus must be >= 1"});
+  expect_error_with([&] { plan_layouts(r); }, {"--gpus must be in [1, 1048576], got 0"});
+  r = tiny_request(int64_t{1} << 40, 80);
+  expect_error_with([&] { plan_layouts(r); }, {"--gpus must be in [1, 1048576]"});
   r = tiny_request(8, -1);
   expect_error_with([&] { plan_layouts(r); }, {"--memory-gib"});
   r = tiny_request(8, 80);

@@ -116,15 +116,17 @@ std::vector<StageCost> stage_costs(const TrainerConfig& cfg, const ParallelLayou
 }
 
 void validate_request(const PlanRequest& r) {
-  FP4MOE_CHECK(r.gpus >= 1, "plan: --gpus must be >= 1, got {}", r.gpus);
-  FP4MOE_CHECK(positive(r.memory_gib), "plan: --memory-gib must be a finite number > 0, got {}", r.memory_gib);
-  FP4MOE_CHECK(r.micro_batch >= 1 && r.seq_len >= 1, "plan: micro_batch and seq_len must be >= 1, got {} and {}",
+  constexpr int64_t kMaxGpus = int64_t{1} << 20;  // as [parallel] (trainer/config.h)
+  FP4MOE_CHECK(r.gpus >= 1 && r.gpus <= kMaxGpus, "--gpus must be in [1, {}], got {}", kMaxGpus, r.gpus);
+  FP4MOE_CHECK(positive(r.memory_gib), "--memory-gib must be a finite number > 0, got {}", r.memory_gib);
+  FP4MOE_CHECK(r.micro_batch >= 1 && r.seq_len >= 1, "micro_batch and seq_len must be >= 1, got {} and {}",
                r.micro_batch, r.seq_len);
-  FP4MOE_CHECK(r.global_batch >= 1, "plan: --global-batch must be >= 1, got {}", r.global_batch);
-  FP4MOE_CHECK(!r.recipes.empty(), "plan: --recipes names no recipe (expected some of bf16, fp8, mxfp4)");
-  FP4MOE_CHECK(!r.tp_values.empty(), "plan: --tp names no tensor-parallel size (expected some of 1, 2, 4, 8)");
+  FP4MOE_CHECK(r.global_batch >= 1, "--global-batch must be >= 1, got {}", r.global_batch);
+  FP4MOE_CHECK(r.micro_batch <= kMaxGpus, "micro_batch {} exceeds {} rows", r.micro_batch, kMaxGpus);
+  FP4MOE_CHECK(!r.recipes.empty(), "--recipes names no recipe (expected some of bf16, fp8, mxfp4)");
+  FP4MOE_CHECK(!r.tp_values.empty(), "--tp names no tensor-parallel size (expected some of 1, 2, 4, 8)");
   for (int64_t tp : r.tp_values)
-    FP4MOE_CHECK(tp == 1 || tp == 2 || tp == 4 || tp == 8, "plan: --tp {} is not one of 1, 2, 4, 8", tp);
+    FP4MOE_CHECK(tp == 1 || tp == 2 || tp == 4 || tp == 8, "--tp {} is not one of 1, 2, 4, 8", tp);
   validate_hardware(r.hw);
 }
 

@@ -110,7 +110,7 @@ struct PlanRequest {
   std::vector<int64_t> tp_values = {1, 2, 4, 8};  // tensor-parallel sizes to try
   PlanHardware hw;
 };
-// Rejects gpus, micro_batch, seq_len or global_batch < 1, a memory_gib not finite or <= 0, no recipe, no tp value
+// Rejects gpus, micro_batch, seq_len or global_batch < 1, gpus or micro_batch > 2^20, a memory_gib not finite or <= 0, no recipe, no tp value
 // or one outside {1, 2, 4, 8}, and what validate_hardware rejects.
 void validate_request(const PlanRequest& request);
 

@@ -47,7 +47,7 @@ std::string ratio_text(double a, double b) { return fmt::format("{:.3f}x ({:+.1f
 }  // namespace
 
 std::string format_plan(const PlanResult& result, const PlanRequest& r, int64_t top) {
-  FP4MOE_CHECK(top >= 1, "plan: --top must be >= 1, got {}", top);
+  FP4MOE_CHECK(top >= 1, "--top must be >= 1, got {}", top);
   const PlanHardware& hw = r.hw;
   std::string s = fmt::format("# Layout plan: {} on {} GPUs of {:g} GiB\n\n", r.title, r.gpus, r.memory_gib);
   s += fmt::format(
