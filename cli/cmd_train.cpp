@@ -7,11 +7,13 @@
 //   --resume PATH|latest, --log-interval N, --synthetic-data, --peak-tflops X, --memory-budget GiB,
 //   --dry-run [--no-data-check] [--production v3|v2]
 // --dry-run prints the model summary (shapes, parameters total and activated per token, model FLOPs per token,
-// tokens per step) and the memory estimate of the configuration on one GPU (trainer/memory/estimate.h), and exits
+// tokens per step) and the memory estimate of one GPU of the configuration's [parallel] layout (trainer/config.h;
+// one GPU without the section; trainer/memory/estimate.h), and exits
 // 0 without a GPU; --no-data-check leaves the shards out of it (for shapes no local data fits, such as
 // DeepSeek-V3's production vocabulary of 129280). --production v3|v2 adds the estimate of the production run
 // (DeepSeek-V3 671B on 256 GPUs, DeepSeek-V2 236B on 128 GPUs: trainer/memory/estimate_report.h) under this
 // configuration's recipe and recompute policy, and paper 1's policies x recipes table.
+// Training itself runs one GPU: a [parallel] section of more than one GPU is rejected without --dry-run.
 // Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
 // allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a
 // non-finite step under train.non_finite = stop, CUDA or I/O errors); 128 + the signal number after a SIGINT or
@@ -97,9 +99,10 @@ void print_summary(const TrainerConfig& cfg, const std::string& config_path, con
              m.vocab_size);
 }
 
-// The memory estimate on one GPU and, for a production preset ("v3", "v2"; "" for none), on its layout.
+// The memory estimate of the configuration's [parallel] layout (one GPU without the section) and, for a production
+// preset ("v3", "v2"; "" for none), on its layout.
 void print_memory_estimate(const TrainerConfig& cfg, const std::string& production) {
-  fmt::print("{}", format_memory_estimate(estimate_memory(cfg, single_gpu_layout(cfg)), cfg));
+  fmt::print("{}", format_memory_estimate(estimate_memory(cfg), cfg));
   if (production.empty()) return;
   const ProductionPreset preset = production_preset(production);
   const TrainerConfig prod = with_production_shape(cfg, preset);
@@ -125,6 +128,11 @@ struct TrainCommand {
       print_memory_estimate(cfg, production);
       return kExitOk;
     }
+    if (cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1)
+      throw CliError(fmt::format("[parallel] describes {} GPUs (tp {} pp {} dp {} ep {}); the trainer runs one GPU: "
+                                 "estimate that layout with --dry-run",
+                                 cfg.parallel.gpus(), cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp,
+                                 cfg.parallel.ep));
     const std::string no_gpu = why_no_cuda_device();
     if (!no_gpu.empty())
       throw CliError(fmt::format("{}: training needs one (--dry-run works without)", no_gpu));

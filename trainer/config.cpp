@@ -12,6 +12,7 @@
 #include "kernels/common/check.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/token_shard.h"
+#include "trainer/memory/estimate.h"
 
 namespace fp4moe {
 
@@ -113,6 +114,15 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
       "modules recomputed in backward: mla_up_proj core_attn layernorm moe_act moe mlp shared_experts full (none: "
       "keep every activation)");
   options_.back()->expected(0, CLI::detail::expected_max_vector_size);
+  ParallelConfig& p = cfg.parallel;
+  add("parallel.tp", p.tp, "tensor-parallel GPUs (with sequence parallelism)");
+  add("parallel.pp", p.pp, "pipeline stages (1F1B)");
+  add("parallel.ep", p.ep, "expert-parallel GPUs (divides dp x tp and moe.routed_experts)");
+  add("parallel.dp", p.dp, "data-parallel replicas (GPUs = tp x pp x dp)");
+  add("parallel.micro_batches", p.micro_batches, "micro-batches per optimizer step per pipeline");
+  add("parallel.zero1", p.zero1, "distributed optimizer: FP32 masters and AdamW moments sharded over dp");
+  add("parallel.stage", p.stage, "pipeline stage to estimate (-1: the one with the largest peak)");
+  add("parallel.routed_load", p.routed_load, "routed rows a GPU receives over the balanced share (1: balanced)");
 }
 
 void ConfigOptions::check_required(const std::set<std::string>& set) const {
@@ -293,6 +303,30 @@ void check_derived_sizes(const TrainerConfig& cfg) {
   }
 }
 
+// [parallel]: the sizes, the GPU count and the stage here; the layout's divisibility rules are validate_layout's,
+// applied to layout_of(cfg) (its messages name the layout "[parallel]").
+void validate_parallel(const TrainerConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  constexpr int64_t kMaxGpus = int64_t{1} << 20;
+  const std::pair<int64_t, const char*> sizes[] = {
+      {p.tp, "parallel.tp"}, {p.pp, "parallel.pp"}, {p.ep, "parallel.ep"}, {p.dp, "parallel.dp"},
+      {p.micro_batches, "parallel.micro_batches"}};
+  for (const auto& [v, name] : sizes) {
+    check_positive(v, name);
+    FP4MOE_CHECK(v <= kMaxGpus, "{} = {} exceeds {}", name, v, kMaxGpus);
+  }
+  FP4MOE_CHECK(p.gpus() <= kMaxGpus, "[parallel]: tp x pp x dp = {} x {} x {} exceeds {} GPUs", p.tp, p.pp, p.dp,
+               kMaxGpus);
+  FP4MOE_CHECK(p.stage >= -1 && p.stage < p.pp,
+               "parallel.stage = {} must be -1 (the stage with the largest peak) or in [0, parallel.pp = {})", p.stage,
+               p.pp);
+  FP4MOE_CHECK(std::isfinite(p.routed_load) && p.routed_load >= 1.0,
+               "parallel.routed_load must be a finite number >= 1 (1: balanced routing), got {}", p.routed_load);
+  ParallelLayout layout = layout_of(cfg);
+  layout.name = "[parallel]";
+  validate_layout(cfg, layout);
+}
+
 }  // namespace
 
 void validate_config(const TrainerConfig& cfg) {
@@ -406,6 +440,7 @@ void validate_config(const TrainerConfig& cfg) {
   FP4MOE_CHECK(!seen.count("full") || seen.size() == 1,
                "recompute.modules: 'full' recomputes the whole layer and cannot be combined with {}",
                fmt::join(cfg.recompute.modules, ", "));
+  validate_parallel(cfg);
 }
 
 void validate_data(const TrainerConfig& cfg) {

@@ -8,14 +8,16 @@
 //   lr = 3e-4            # a comment
 //
 // and on the command line as `--train.lr 3e-4`; the command line wins over the file. Sections: model, moe,
-// train, recipe, recompute (see the presets in configs/ for every key with its meaning). Integers on the command
+// train, recipe, recompute, parallel (see the presets in configs/ for every key with its meaning; [parallel] is
+// described at ParallelConfig below and may be left out: one GPU). Integers on the command
 // line must be decimal and within int64_t (010, 0x40 and 99999999999999999999 are rejected).
 //
 // The file is TOML v1.0 (https://toml.io/en/v1.0.0), read by toml++ (trainer/config_file.h): comments anywhere
 // after a '#' outside a string (a '#' inside "a#b" is part of the string), a UTF-8 byte order mark, basic and
 // literal strings with escapes ("a\tb", 'C:\path'), multi-line strings, arrays over several lines with comments
 // and a trailing comma, `section.key = v` dotted keys and inline tables. Each option takes one TOML type: an
-// integer (64 = ok, 64.0 is not) for the sizes, steps and seed; a float or an integer (3e-4, 1, inf and nan
+// integer (64 = ok, 64.0 is not) for the sizes, steps and seed; a boolean (true, false; on the command line also
+// 1, 0, yes, no) for parallel.zero1; a float or an integer (3e-4, 1, inf and nan
 // parse, validation rejects the last two) for the rates and coefficients; a string for names, paths, recipes,
 // router and policy; an array of strings for recompute.modules (`[]`: none).
 //
@@ -126,12 +128,33 @@ struct RecomputeConfig {
   bool has(const std::string& module) const;
 };
 
+// [parallel]: the layout of a multi-GPU run whose one GPU the memory estimate describes (`fp4moe train --dry-run`,
+// trainer/memory/estimate.h's ParallelLayout, Megatron-Core terms). The defaults describe one GPU. gpus = tp x pp x
+// dp; every GPU of a stage holds its layers, 1/tp of the heads and FFN widths, E/ep routed experts (ep divides dp x
+// tp and moe.routed_experts) and, under zero1, a 1/dp share of the FP32 masters and AdamW moments (1/(dp tp / ep)
+// for the routed experts'). 1F1B: stage s keeps the activations of min(pp - s, micro_batches) micro-batches of
+// train.micro_batch x train.seq_len tokens. The reference trainer itself runs one GPU: `fp4moe train` without
+// --dry-run rejects any other layout. validate_config applies the layout's rules (validate_layout) to this section.
+struct ParallelConfig {
+  int64_t tp = 1;             // tensor parallel (with sequence parallelism)
+  int64_t pp = 1;             // pipeline stages (1F1B)
+  int64_t ep = 1;             // expert parallel
+  int64_t dp = 1;             // data-parallel replicas
+  int64_t micro_batches = 1;  // micro-batches per optimizer step per pipeline
+  bool zero1 = false;         // distributed optimizer: masters and moments sharded over dp
+  int64_t stage = -1;         // the pipeline stage to estimate, 0 <= stage < pp; -1: the one with the largest peak
+  double routed_load = 1.0;   // routed rows a GPU receives over the balanced share (>= 1; 1: balanced routing)
+
+  int64_t gpus() const { return tp * pp * dp; }
+};
+
 struct TrainerConfig {
   ModelConfig model;
   MoeConfig moe;
   TrainingConfig train;
   RecipeConfig recipe;
   RecomputeConfig recompute;
+  ParallelConfig parallel;
 
   bool is_moe_layer(int64_t layer) const { return layer >= model.n_dense_layers; }
 };
@@ -177,7 +200,9 @@ TrainerConfig parse_config_args(const std::vector<std::string>& args);
 // > 0, fall below the smallest normal float32 (FLT_MIN); its float32 rounding must be in the range too. Every size
 // derived as a product (tokens per micro-batch, per step and per run, logits per micro-batch, heads x head dims,
 // the largest weight tensors) must fit in int64_t, checked without overflowing. The other MoE settings are checked
-// only when some layer is MoE.
+// only when some layer is MoE. [parallel]: sizes >= 1, the product tp x pp x dp within 2^20 GPUs, stage -1 or in
+// [0, pp), then validate_layout's rules on layout_of(cfg) (trainer/memory/estimate.h), each one line naming what
+// does not divide ("[parallel]: ep = 3 must divide moe.routed_experts = 8").
 void validate_config(const TrainerConfig& cfg);
 
 // Checks the data before anything is allocated: model.vocab_size <= 65536 (uint16 tokens), train.data_dir exists

@@ -119,6 +119,9 @@ class FileReader {
           } else if constexpr (std::is_same_v<T, std::string>) {
             if (!v.is_string()) wrong("a string");
             if (apply) *var = v.as_string()->get();
+          } else if constexpr (std::is_same_v<T, bool>) {
+            if (!v.is_boolean()) wrong("a boolean (true or false)");
+            if (apply) *var = v.as_boolean()->get();
           } else {
             const toml::array* a = v.as_array();
             if (a == nullptr || (!a->empty() && !a->is_homogeneous(toml::node_type::string)))

@@ -12,10 +12,10 @@ namespace fp4moe {
 
 // One option of the configuration: its name `section.key` and the variable a file value goes to. The variable's
 // type is the value type the file must give: int64_t an integer, double a float or an integer, std::string a
-// string, std::vector<std::string> an array of strings.
+// string, bool a boolean (true or false), std::vector<std::string> an array of strings.
 struct ConfigField {
   std::string key;
-  std::variant<int64_t*, double*, std::string*, std::vector<std::string>*> target;
+  std::variant<int64_t*, double*, std::string*, bool*, std::vector<std::string>*> target;
 };
 
 // Parses the TOML file at `path` and assigns each of its keys to the field of that name, except the keys in

@@ -82,6 +82,35 @@ FlopsPerToken model_flops_per_token(const TrainerConfig& cfg, int64_t seq_len) {
   return f;
 }
 
+LayerFlopsPerToken layer_flops_per_token(const TrainerConfig& cfg, int64_t layer, int64_t seq_len) {
+  const ModelConfig& m = cfg.model;
+  const MoeConfig& e = cfg.moe;
+  FP4MOE_CHECK(layer >= 0 && layer < m.layers, "layer_flops_per_token: layer {} is outside [0, model.layers = {})",
+               layer, m.layers);
+  const double d = static_cast<double>(m.hidden), H = static_cast<double>(m.heads);
+  const double dq = static_cast<double>(m.qk_head_dim()), dv = static_cast<double>(m.v_head_dim);
+  const double rkv = static_cast<double>(m.kv_lora_rank), rq = static_cast<double>(m.q_lora_rank);
+  LayerFlopsPerToken f;
+  const double q_direct = m.q_lora_rank > 0 ? 0.0 : d * H * dq;
+  f.mla_down = 2.0 * (d * rq + q_direct + d * (rkv + static_cast<double>(m.qk_rope_head_dim)));
+  f.mla_up = 2.0 * (rq * H * dq + rkv * H * static_cast<double>(m.qk_nope_head_dim + m.v_head_dim));
+  f.mla_out = 2.0 * H * dv * d;
+  f.attention_core = attention_flops_per_token(m, seq_len);
+  const double expert = 6.0 * d * static_cast<double>(e.expert_ffn);
+  if (!cfg.is_moe_layer(layer)) {
+    f.dense_ffn = 6.0 * d * static_cast<double>(m.dense_ffn);
+  } else {
+    f.router = 2.0 * static_cast<double>(e.routed_experts) * d;
+    f.routed_experts = static_cast<double>(e.top_k) * expert;
+    f.shared_experts = static_cast<double>(e.shared_experts) * expert;
+  }
+  return f;
+}
+
+double lm_head_flops_per_token(const ModelConfig& m) {
+  return 2.0 * static_cast<double>(m.vocab_size) * static_cast<double>(m.hidden);
+}
+
 double model_flops_utilization(const TrainerConfig& cfg, int64_t seq_len, double tokens_per_second,
                                double peak_flops) {
   FP4MOE_CHECK(peak_flops > 0, "MFU: peak FLOP/s must be > 0, got {}", peak_flops);

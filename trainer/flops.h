@@ -66,6 +66,29 @@ struct FlopsPerToken {
 };
 FlopsPerToken model_flops_per_token(const TrainerConfig& cfg, int64_t seq_len);
 
+// One decoder layer's forward FLOPs per token by module (the terms model_flops_per_token sums: 2 per multiply-add of
+// each GEMM with a weight, causal attention over seq_len tokens), for the planner's per-stage time and its recompute
+// reruns (trainer/memory/plan.h). Element-wise modules (norms, SwiGLU) count 0. Summed over every layer with
+// lm_head_flops_per_token they give model_flops_per_token's forward. Rejects a layer outside [0, model.layers) and
+// seq_len < 1.
+struct LayerFlopsPerToken {
+  double mla_down = 0;        // q down (or the direct q projection) and kv down: 2 d (q_lora + kv_lora + rope)
+  double mla_up = 0;          // q up and kv up: 2 (q_lora H dq + kv_lora H (nope + dv)); 0 without q_lora for q
+  double mla_out = 0;         // output projection: 2 H dv d
+  double attention_core = 0;  // attention_flops_per_token
+  double dense_ffn = 0;       // 6 d dense_ffn (dense layers)
+  double router = 0;          // 2 E d (MoE layers)
+  double routed_experts = 0;  // 6 d f k (MoE layers)
+  double shared_experts = 0;  // 6 d f s (MoE layers)
+  double total() const {
+    return mla_down + mla_up + mla_out + attention_core + dense_ffn + router + routed_experts + shared_experts;
+  }
+};
+LayerFlopsPerToken layer_flops_per_token(const TrainerConfig& cfg, int64_t layer, int64_t seq_len);
+
+// The LM head's forward FLOPs per token: 2 vocab d.
+double lm_head_flops_per_token(const ModelConfig& m);
+
 // achieved / peak: training FLOPs per token x tokens_per_second / peak_flops. Throws for peak_flops <= 0 or
 // tokens_per_second < 0.
 double model_flops_utilization(const TrainerConfig& cfg, int64_t seq_len, double tokens_per_second,

@@ -218,6 +218,26 @@ class TrainCli(unittest.TestCase):
         self.rejected("moe.expert_ffn = 48", "multiple of 32",
                       args=("--moe.expert_ffn", "48", "--recipe.routed_experts", "mxfp4"))
 
+    def test_parallel_section_sets_the_estimated_layout(self):
+        one = self.train("--dry-run").stdout
+        self.assertIn("memory estimate, 1 GPU", one)
+        r = self.train("--dry-run", "--parallel.pp", "2", "--parallel.dp", "2", "--parallel.ep", "2",
+                       "--parallel.micro_batches", "4", "--parallel.zero1", "true", "--parallel.stage", "0")
+        self.assertIn("memory estimate, 4 GPUs (the configuration's [parallel] section)", r.stdout)
+        self.assertIn("pp 2 tp 1 dp 2 ep 2, ZeRO-1; stage 0 (layers 0-0), 2 micro-batches", r.stdout)
+        self.assertIn("(4 per step)", r.stdout)
+        # Training itself runs one GPU: a layout of more is refused before any device is looked for.
+        r = self.train("--parallel.pp", "2", expect_rc=2)
+        self.assertIn("the trainer runs one GPU", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+    def test_bad_parallel_layouts_are_rejected(self):
+        self.rejected("[parallel]", "tp = 3 must divide model.heads = 4", args=("--parallel.tp", "3"))
+        self.rejected("[parallel]", "ep = 4 must divide dp x tp = 2",
+                      args=("--parallel.dp", "2", "--parallel.ep", "4"))
+        self.rejected("parallel.stage = 1", "parallel.pp = 1", args=("--parallel.stage", "1"))
+        self.rejected("parallel.micro_batches must be >= 1, got 0", args=("--parallel.micro_batches", "0"))
+
     def test_bad_names_are_rejected(self):
         self.rejected("recipe.dense_mlp = 'fp6'", "bf16, fp8 or mxfp4", args=("--recipe.dense_mlp", "fp6"))
         self.rejected("unknown module 'attn'", "mla_up_proj", args=("--recompute.modules", "attn"))

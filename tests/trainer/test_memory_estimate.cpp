@@ -9,8 +9,8 @@
 //     mxfp4 < fp8 < bf16 (under moe: mxfp4 < bf16 < fp8, fp8 keeping both its row and column copies of xs), and
 //     the expert-parallel buffers mxfp4 < fp8 < bf16;
 //   - the production presets: parameters add up to the published totals over the stages, ZeRO-1 shards the
-//     optimizer, 1F1B keeps pp - s micro-batches; paper 1's direction: mxfp4 activations below fp8's by 5-20% on
-//     DeepSeek-V3's layout under moe_act + mla_up_proj and under mla_up_proj (the estimate gives 9.9% and 8.0%),
+//     optimizer, 1F1B keeps pp - s micro-batches (when a step has at least pp); paper 1's direction: mxfp4
+//     activations below fp8's by 5-20% on DeepSeek-V3's layout under moe_act + mla_up_proj and under mla_up_proj (the estimate gives 9.9% and 8.0%),
 //     and below under attention + layernorm + experts, by exactly the routed experts' kept dispatched input
 //     (MXFP4 xs against fp8's FP8 row and column copies; the numbers are printed);
 //   - the layout checks.
@@ -383,6 +383,7 @@ TEST(MemoryEstimate, OneFOneBKeepsPipelineDepthMinusStageMicroBatches) {
   ParallelLayout two = single_gpu_layout(cfg);
   two.name = "2 stages";
   two.gpus = two.pp = 2;
+  two.micro_batches = 2;  // 1F1B keeps min(pp - s, micro_batches): test_parallel_config.cpp has fewer
   const MemoryEstimate s0 = estimate_memory_stage(cfg, two, 0), s1 = estimate_memory_stage(cfg, two, 1);
   const MemoryEstimate one = estimate_memory(cfg, single_gpu_layout(cfg));
   EXPECT_EQ(s0.in_flight, 2);

@@ -58,6 +58,25 @@ TEST(TrainerFlops, TrainingFlopsPerTokenMatchDeepSeeksPublishedFigures) {
   EXPECT_GT(square, 1.1 * 250e9);
 }
 
+// The per-layer breakdown the planner uses (layer_flops_per_token, lm_head_flops_per_token) adds up to the model's
+// forward FLOPs, the router's GEMM included, for both shapes and one without a query down-projection.
+TEST(TrainerFlops, LayerBreakdownSumsToTheModelForward) {
+  TrainerConfig direct_q = v2_production();
+  direct_q.model.q_lora_rank = 0;
+  for (const TrainerConfig& cfg : {v3_production(), v2_production(), direct_q}) {
+    double sum = lm_head_flops_per_token(cfg.model);
+    for (int64_t l = 0; l < cfg.model.layers; ++l) sum += layer_flops_per_token(cfg, l, 4096).total();
+    EXPECT_NEAR(sum, model_flops_per_token(cfg, 4096).forward, 1e-9 * sum) << cfg.model.name;
+  }
+  const TrainerConfig v3 = v3_production();
+  const LayerFlopsPerToken dense = layer_flops_per_token(v3, 0, 4096), moe = layer_flops_per_token(v3, 3, 4096);
+  EXPECT_EQ(dense.dense_ffn, 6.0 * 7168 * 18432);
+  EXPECT_EQ(dense.routed_experts, 0.0);
+  EXPECT_EQ(moe.routed_experts, 8 * 6.0 * 7168 * 2048);
+  EXPECT_EQ(moe.mla_up, 2.0 * (1536.0 * 128 * 192 + 512.0 * 128 * (128 + 128)));
+  EXPECT_EQ(moe.router, 2.0 * 256 * 7168);
+}
+
 TEST(TrainerFlops, CountsMoveWithTheShapeAsTheFormulasSay) {
   const TrainerConfig base = parse_config_args({"--config", preset("small")});
   const ParameterCounts c0 = count_parameters(base);

@@ -2,6 +2,8 @@
 // per-buffer terms are in trainer/memory/estimate_terms.cpp.
 #include "trainer/memory/estimate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -133,12 +135,29 @@ ParallelLayout single_gpu_layout(const TrainerConfig& cfg) {
   return l;
 }
 
+ParallelLayout layout_of(const TrainerConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  ParallelLayout l = single_gpu_layout(cfg);
+  if (p.gpus() == 1 && p.ep == 1 && p.micro_batches == 1 && !p.zero1 && p.routed_load == 1.0) return l;
+  l.gpus = p.gpus();
+  l.name = fmt::format("{} GPU{}", l.gpus, l.gpus == 1 ? "" : "s");
+  l.source = "the configuration's [parallel] section";
+  l.tp = p.tp;
+  l.pp = p.pp;
+  l.dp = p.dp;
+  l.ep = p.ep;
+  l.micro_batches = p.micro_batches;
+  l.zero1 = p.zero1;
+  l.routed_load = p.routed_load;
+  return l;
+}
+
 void validate_layout(const TrainerConfig& cfg, const ParallelLayout& l) {
   const ModelConfig& m = cfg.model;
   const std::pair<int64_t, const char*> sizes[] = {{l.gpus, "gpus"}, {l.tp, "tp"},
                                                    {l.pp, "pp"},     {l.dp, "dp"},
                                                    {l.ep, "ep"},     {l.micro_batch, "micro_batch"},
-                                                   {l.seq_len, "seq_len"}};
+                                                   {l.seq_len, "seq_len"}, {l.micro_batches, "micro_batches"}};
   for (const auto& [v, name] : sizes)
     FP4MOE_CHECK(v >= 1, "layout {}: {} must be >= 1, got {}", l.name, name, v);
   FP4MOE_CHECK(l.gpus == l.tp * l.pp * l.dp, "layout {}: gpus = {} must equal tp x pp x dp = {} x {} x {}", l.name,
@@ -277,6 +296,12 @@ MemoryEstimate estimate_memory(const TrainerConfig& cfg, const ParallelLayout& l
     if (e.total() > best.total()) best = std::move(e);
   }
   return best;
+}
+
+MemoryEstimate estimate_memory(const TrainerConfig& cfg) {
+  validate_config(cfg);
+  const ParallelLayout layout = layout_of(cfg);
+  return cfg.parallel.stage < 0 ? estimate_memory(cfg, layout) : estimate_memory_stage(cfg, layout, cfg.parallel.stage);
 }
 
 int64_t MemoryEstimate::total() const {

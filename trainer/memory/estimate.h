@@ -20,7 +20,7 @@
 // optimizer    AdamW m and v FP32: 8 B per element / shard
 //              shard (zero1): dp for non-expert tensors, expert_dp = dp t / ep for the routed experts; else 1
 // activations  the layers' held buffers (their plans, below) per micro-batch x in_flight(stage) micro-batches
-//              (1F1B: stage s keeps pp - s), plus the last stage's final norm and LM head terms (Model::buffers)
+//              (1F1B: stage s keeps min(pp - s, micro_batches)), plus the last stage's final norm and LM head terms (Model::buffers)
 // comm         ep > 1: one MoE layer's dispatch and combine buffers (send + receive, forward payload by recipe:
 //              bf16 2d, fp8 d + d/32, mxfp4 d/2 + d/32 per row; combine BF16 2d; the backward's FP8 or BF16
 //              buffers when larger); pp > 1: the send and receive buffers of one micro-batch's hidden state
@@ -51,6 +51,7 @@
 // key and position arrays only).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -75,17 +76,25 @@ struct ParallelLayout {
   int64_t seq_len = 0;         // tokens per row
   std::vector<int64_t> stage_layers;  // decoder layers per stage, pp entries >= 1 summing to model.layers; empty:
                                       // floor(L / pp) each, the last L % pp stages one more
+  int64_t micro_batches = 1;   // micro-batches per optimizer step per pipeline (1F1B)
   bool zero1 = false;          // FP32 masters, m and v sharded over dp (non-expert) and expert_dp (routed experts)
   double routed_load = 1.0;    // routed rows a GPU receives over the balanced N k / tp (>= 1; 1 on one GPU)
 
   int64_t expert_dp() const { return dp * tp / ep; }
-  int64_t in_flight(int64_t stage) const { return pp - stage; }  // micro-batches whose activations a stage keeps
+  // Micro-batches whose activations stage s keeps under 1F1B (Narayanan et al. 2021, PipeDream-Flush): stage s runs
+  // pp - s forwards before its first backward, or all micro_batches when there are fewer.
+  int64_t in_flight(int64_t stage) const { return std::min(pp - stage, micro_batches); }
 };
 
-// One GPU: gpus = tp = pp = dp = ep = 1, micro_batch and seq_len from cfg.train, no sharding.
+// One GPU: gpus = tp = pp = dp = ep = 1, micro_batch and seq_len from cfg.train, no sharding (cfg.parallel unread).
 ParallelLayout single_gpu_layout(const TrainerConfig& cfg);
 
-// Rejects (fp4moe::Error, naming the field): sizes < 1; gpus != tp x pp x dp; ep not dividing dp x tp or (with MoE
+// The layout of cfg's [parallel] section (trainer/config.h's ParallelConfig): tp, pp, dp, ep, micro_batches, zero1,
+// routed_load from it, gpus = tp x pp x dp, micro_batch and seq_len from cfg.train; single_gpu_layout's when the
+// section describes one GPU. Does not validate (validate_config does, through validate_layout).
+ParallelLayout layout_of(const TrainerConfig& cfg);
+
+// Rejects (fp4moe::Error, naming the field): sizes < 1 (micro_batches included); gpus != tp x pp x dp; ep not dividing dp x tp or (with MoE
 // layers) moe.routed_experts; tp not dividing heads, dense_ffn (with dense layers) or shared_experts x expert_ffn;
 // pp > model.layers; stage_layers of the wrong length, with an entry < 1 or a sum other than model.layers;
 // routed_load < 1 or not finite.
@@ -93,6 +102,16 @@ void validate_layout(const TrainerConfig& cfg, const ParallelLayout& layout);
 
 // Decoder layers per stage (layout.stage_layers, or the default split above). Validates first.
 std::vector<int64_t> stage_layer_counts(const TrainerConfig& cfg, const ParallelLayout& layout);
+
+// Bytes one routed row carries over expert parallelism under a routed-experts recipe (DESIGN.md "Expert
+// parallelism"), d = model.hidden: the forward dispatch payload (bf16: BF16 row, 2 d; fp8: FP8 row with FP32 1x128
+// scales, d + 4 ceil(d / 128); mxfp4: E2M1 codes with UE8M0 scales per 32, d / 2 + ceil(d / 32)), the combine
+// (BF16, 2 d) and each of the backward's two exchanges (dy dispatched, dx combined: FP8 rows for the fp8 and mxfp4
+// recipes, BF16 for bf16). Rejects d < 1.
+struct ExpertParallelRowBytes {
+  int64_t dispatch = 0, combine = 0, backward = 0;
+};
+ExpertParallelRowBytes expert_parallel_row_bytes(Recipe routed, int64_t d);
 
 // One counted buffer: a tensor of a module, in one category.
 struct MemoryTerm {
@@ -169,5 +188,7 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const TrainerConfig& cfg, const ParallelLayout& layout);
 // One stage, 0 <= stage < layout.pp.
 MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage);
+// cfg's own layout (layout_of) at cfg.parallel.stage, or the largest stage when it is -1 (what the dry run prints).
+MemoryEstimate estimate_memory(const TrainerConfig& cfg);
 
 }  // namespace fp4moe

@@ -45,6 +45,8 @@ ProductionPreset v3_preset() {
   l.micro_batch = 1;
   l.seq_len = 4096;
   l.zero1 = true;
+  p.global_batch = 15360;
+  l.micro_batches = p.global_batch / (l.dp * l.micro_batch);
   return p;
 }
 
@@ -67,6 +69,8 @@ ProductionPreset v2_preset() {
   l.micro_batch = 1;
   l.seq_len = 4096;
   l.zero1 = true;
+  p.global_batch = 9216;
+  l.micro_batches = p.global_batch / (l.dp * l.micro_batch);
   return p;
 }
 
@@ -181,11 +185,13 @@ std::string format_paper_policy_table(const std::vector<PolicyRecipeCell>& cells
 std::string format_memory_estimate(const MemoryEstimate& e, const TrainerConfig& cfg) {
   const ParallelLayout& l = e.layout;
   std::string s = fmt::format("memory estimate, {} ({})\n", l.name, l.source);
-  s += fmt::format("  layout: {} GPU{}, pp {} tp {} dp {} ep {}{}; stage {} (layers {}-{}), {} micro-batch{} of {} "
-                   "tokens in flight; recipe attention {}, dense_mlp {}, shared_experts {}, routed_experts {}; "
-                   "recompute {}\n",
-                   l.gpus, l.gpus == 1 ? "" : "s", l.pp, l.tp, l.dp, l.ep, l.zero1 ? ", ZeRO-1" : "", e.stage,
+  s += fmt::format("  layout: {} GPU{}, pp {} tp {} dp {} ep {}{}{}; stage {} (layers {}-{}), {} micro-batch{} of {} "
+                   "tokens in flight ({} per step); recipe attention {}, dense_mlp {}, shared_experts {}, "
+                   "routed_experts {}; recompute {}\n",
+                   l.gpus, l.gpus == 1 ? "" : "s", l.pp, l.tp, l.dp, l.ep, l.zero1 ? ", ZeRO-1" : "",
+                   l.routed_load == 1.0 ? "" : fmt::format(", routed load {:g}", l.routed_load), e.stage,
                    e.first_layer, e.first_layer + e.layers - 1, e.in_flight, e.in_flight == 1 ? "" : "es", e.tokens,
+                   l.micro_batches,
                    recipe_name(cfg.recipe.attention), recipe_name(cfg.recipe.dense_mlp),
                    recipe_name(cfg.recipe.shared_experts), recipe_name(cfg.recipe.routed_experts),
                    modules_text(cfg.recompute.modules));

@@ -8,12 +8,15 @@
 //       GPU, as configs/v3.toml reads the paper); 256 GPUs then leave pp x tp = 4: pp 4, tp 1, dp 64, ZeRO-1 over
 //       dp (V3 report sec. 3.2: ZeRO-1 data parallelism). configs/v3.toml's "61 layers over 16 stages" together
 //       with EP 64 would take 1024 GPUs (DeepSeek's own 2048-GPU layout: PP 16, EP 64). Micro-batch 1 x 4096
-//       tokens (V3's pre-training sequence length). 1F1B: stage 0 keeps 4 micro-batches of its 15 layers.
+//       tokens (V3's pre-training sequence length). Global batch 15360 sequences (V3 report sec. 4.2, the batch
+//       size after its ramp), hence 15360 / dp 64 = 240 micro-batches per step per pipeline. 1F1B: stage 0 keeps
+//       4 micro-batches of its 15 layers.
 //   v2  DeepSeek-V2 236B (V2 report sec. 3.1.2: 60 layers, 1 dense, 160 routed experts top-6, 2 shared,
 //       vocabulary 102400) with V2's published parallelism (V2 report sec. 3.1.3: 16-way pipeline, 8-way expert
 //       parallelism, ZeRO-1 data parallelism). P1 does not state, in the material this project has, the GPU count
 //       of its 236B runs: dp = ep = 8 (the smallest data-parallel size that holds EP 8) gives 128 GPUs.
-//       Micro-batch 1 x 4096 tokens.
+//       Micro-batch 1 x 4096 tokens; global batch 9216 sequences (V2 report sec. 3.1.2, after its ramp), hence
+//       9216 / dp 8 = 1152 micro-batches per step per pipeline.
 // Layers split over stages as stage_layer_counts does (the later stages take the remainder).
 //
 // Paper policies (paper_recompute_policies, P1's three settings named in Megatron-Core's modules):
@@ -40,6 +43,7 @@ struct ProductionPreset {
   std::string title;     // "DeepSeek-V3 671B"
   TrainerConfig config;  // the production shape; recipe bf16, no recompute
   ParallelLayout layout;
+  int64_t global_batch = 0;  // sequences of layout.seq_len tokens per optimizer step, all replicas together
 };
 
 // "v3" or "v2" (above); throws fp4moe::Error naming the choices for anything else.

@@ -29,14 +29,6 @@ struct Terms {
   }
 };
 
-// Bytes per routed row of the dispatch payload in a recipe (DESIGN.md "Expert parallelism"): BF16 rows, FP8 1x128
-// rows with FP32 scales, or MXFP4 codes with UE8M0 scales.
-int64_t dispatch_row_bytes(Recipe r, int64_t d) {
-  if (r == Recipe::fp8) return d + 4 * ceil_div(d, kFp8Block);
-  if (r == Recipe::mxfp4) return d / 2 + ceil_div(d, kMxBlock);
-  return 2 * d;
-}
-
 }  // namespace
 
 Dims dims_of(const TrainerConfig& cfg, const ParallelLayout& lay) {
@@ -138,8 +130,8 @@ std::vector<MemoryTerm> comm_terms(const TrainerConfig& cfg, const ParallelLayou
   const Terms comm{out, MemCategory::comm, "comm"};
   if (lay.ep > 1 && stage_has_moe) {
     const int64_t sent = g.Ns * g.k, received = g.R, d = g.d;
-    const int64_t fwd = dispatch_row_bytes(g.routed, d), combine = 2 * d;
-    const int64_t bwd = dispatch_row_bytes(g.routed == Recipe::bf16 ? Recipe::bf16 : Recipe::fp8, d);
+    const ExpertParallelRowBytes row = expert_parallel_row_bytes(g.routed, d);
+    const int64_t fwd = row.dispatch, combine = row.combine, bwd = row.backward;
     if ((sent + received) * (fwd + combine) >= (sent + received) * 2 * bwd) {
       comm.add("dispatch send", sent * fwd, true, false);
       comm.add("dispatch receive", received * fwd, true, false);
@@ -163,6 +155,15 @@ std::vector<MemoryTerm> comm_terms(const TrainerConfig& cfg, const ParallelLayou
 
 namespace fp4moe {
 
+ExpertParallelRowBytes expert_parallel_row_bytes(Recipe routed, int64_t d) {
+  FP4MOE_CHECK(d >= 1, "expert_parallel_row_bytes: d must be >= 1, got {}", d);
+  auto row = [d](Recipe r) {
+    if (r == Recipe::fp8) return d + 4 * ceil_div(d, kFp8Block);
+    if (r == Recipe::mxfp4) return d / 2 + ceil_div(d, kMxBlock);
+    return 2 * d;
+  };
+  return ExpertParallelRowBytes{row(routed), 2 * d, row(routed == Recipe::bf16 ? Recipe::bf16 : Recipe::fp8)};
+}
 
 std::vector<MemoryTerm> layer_activation_terms(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t l) {
   validate_config(cfg);

@@ -1,0 +1,112 @@
+"""`fp4moe plan`: the modelled plan (--no-measure) of a configuration and of a production preset as Markdown, the
+one-line refusal to measure without a GPU (exit 2), a budget nothing fits (said, exit 0), and bad arguments. The
+binary is $FP4MOE_BUILD/fp4moe."""
+
+import os
+import re
+import subprocess
+import unittest
+
+from tests.python.cli_test_util import binary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class PlanCli(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.exe = binary()
+        if not os.access(cls.exe, os.X_OK):
+            raise unittest.SkipTest(f"{cls.exe} is not built (set FP4MOE_BUILD to the build folder)")
+
+    def plan(self, *args, expect_rc=0, timeout=600):
+        cmd = [self.exe, "plan", *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        self.assertEqual(r.returncode, expect_rc, f"{' '.join(cmd)}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+        return r
+
+    def rejected(self, *parts, args=()):
+        r = self.plan(*args, expect_rc=2)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertTrue(lines[0].startswith("fp4moe plan: error: "), r.stderr)
+        self.assertIsNone(re.search(r"\.cpp:\d+\)", lines[0]), lines[0])
+        for p in parts:
+            self.assertIn(p, lines[0])
+        self.assertEqual(r.stdout, "")
+
+    def test_measuring_needs_a_gpu_and_is_not_built(self):
+        self.rejected("needs a GPU and is not built yet", "--no-measure",
+                      args=("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80"))
+
+    def test_tiny_plan_ranks_layouts_per_recipe(self):
+        out = self.plan("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80", "--no-measure",
+                        "--top", "3").stdout
+        self.assertIn("# Layout plan: tiny on 8 GPUs of 80 GiB", out)
+        for recipe in ("bf16", "fp8", "mxfp4"):
+            self.assertIn(f"## {recipe} (", out)
+        self.assertIn("## What mxfp4 buys", out)
+        # Three rows per recipe, ranked by the last column.
+        for table in out.split("## ")[1:4]:
+            rows = [line for line in table.splitlines() if re.match(r"^\| \d+ \|", line)]
+            self.assertEqual(len(rows), 3, table)
+            rates = [float(r.rstrip(" |").split("|")[-1]) for r in rows]
+            self.assertEqual(rates, sorted(rates, reverse=True), table)
+
+    def test_a_budget_nothing_fits_is_said(self):
+        out = self.plan("--config", "configs/tiny.toml", "--gpus", "2", "--memory-gib", "0.000001",
+                        "--recipes", "fp8", "--no-measure").stdout
+        self.assertIn("Nothing fits 1e-06 GiB under fp8: the smallest estimate is", out)
+        self.assertNotIn("| rank |", out)
+
+    def test_production_preset(self):
+        out = self.plan("--model", "v2", "--gpus", "128", "--memory-gib", "141", "--recipes", "fp8,mxfp4",
+                        "--no-measure", "--top", "1").stdout
+        self.assertIn("# Layout plan: DeepSeek-V2 236B on 128 GPUs of 141 GiB", out)
+        self.assertIn("global batch 9216 sequences", out)
+        self.assertIn("- over fp8:", out)
+        self.assertIn("| recompute policy | fp8 | mxfp4 |", out)
+
+    def test_tp_restricts_the_layouts(self):
+        out = self.plan("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80", "--no-measure",
+                        "--global-batch", "32", "--tp", "1,2", "--top", "100").stdout
+        rows = [line.split("|") for line in out.splitlines() if re.match(r"^\| \d+ \|", line)]
+        self.assertTrue(rows)
+        self.assertEqual({int(r[2]) for r in rows}, {1, 2})
+
+    def test_out_writes_every_candidate(self):
+        import tempfile
+        import h5py
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "plan.h5")
+            out = self.plan("--config", "configs/tiny.toml", "--gpus", "2", "--memory-gib", "80", "--no-measure",
+                            "--recipes", "bf16,mxfp4", "--out", path).stdout
+            m = re.search(r"(\d+) layouts x 3 recompute policies x 2 recipes = (\d+) estimates", out)
+            self.assertIsNotNone(m, out)
+            with h5py.File(path, "r") as f:
+                g = f["/plan/candidates"]
+                self.assertEqual(len(g["tp"]), int(m.group(2)))
+                self.assertEqual(set(g["recipe"].asstr()[()]), {"bf16", "mxfp4"})
+                self.assertEqual(g.attrs["gpus"], 2)
+                self.assertIn("command", f.attrs)
+            # A folder is refused before any work, in one line.
+            self.rejected("--out", tmp, args=("--config", "configs/tiny.toml", "--gpus", "2", "--memory-gib", "80",
+                                              "--no-measure", "--out", tmp))
+
+    def test_bad_arguments(self):
+        base = ("--gpus", "8", "--memory-gib", "80", "--no-measure")
+        self.rejected("one of --model v3|v2 or --config FILE", args=base)
+        self.rejected("one of --model v3|v2 or --config FILE",
+                      args=("--model", "v3", "--config", "configs/tiny.toml", *base))
+        self.rejected("--recipes", "'fp6'", args=("--config", "configs/tiny.toml", "--recipes", "bf16,fp6", *base))
+        self.rejected("--recipes names fp8 twice", args=("--config", "configs/tiny.toml", "--recipes", "fp8,fp8",
+                                                         *base))
+        self.rejected("mfu must be in (0, 1]", args=("--config", "configs/tiny.toml", "--mfu", "2", *base))
+        self.rejected("--memory-gib", args=("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "-1",
+                                            "--no-measure"))
+        self.rejected("--gpus", args=("--config", "configs/tiny.toml", "--memory-gib", "80", "--no-measure"))
+        self.rejected("--tp 3 is not one of 1, 2, 4, 8", args=("--config", "configs/tiny.toml", "--tp", "3", *base))
+
+
+if __name__ == "__main__":
+    unittest.main()
