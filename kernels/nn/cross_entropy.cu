@@ -179,9 +179,9 @@ void LmHeadCrossEntropy::ensure(int64_t T) {
   dlogits_ = nullptr;
   stats_ = nullptr;
   capacity_ = 0;
-  CUDA_CHECK(cudaMalloc(&logits_, T * chunk_ * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&dlogits_, T * chunk_ * sizeof(bf16)));
-  CUDA_CHECK(cudaMalloc(&stats_, 4 * T * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&logits_, static_cast<size_t>(logits_bytes(T, chunk_))));
+  CUDA_CHECK(cudaMalloc(&dlogits_, static_cast<size_t>(dlogits_bytes(T, chunk_))));
+  CUDA_CHECK(cudaMalloc(&stats_, static_cast<size_t>(stats_bytes(T))));
   if (!n_valid_) CUDA_CHECK(cudaMalloc(&n_valid_, sizeof(int32_t)));
   capacity_ = T;
 }

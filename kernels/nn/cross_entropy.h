@@ -73,6 +73,11 @@ class LmHeadCrossEntropy {
                 float* dw_master, cudaStream_t stream);
 
   int64_t chunk() const { return chunk_; }
+  // The scratch the layer holds for T tokens (cudaMalloc'd, grown on demand): logits [T, chunk] FP32, dlogits
+  // [T, chunk] BF16, and the statistics [4, T] FP32 (running max, running sum, target logit, lse), in bytes.
+  static int64_t logits_bytes(int64_t T, int64_t chunk) { return T * chunk * static_cast<int64_t>(sizeof(float)); }
+  static int64_t dlogits_bytes(int64_t T, int64_t chunk) { return T * chunk * static_cast<int64_t>(sizeof(bf16)); }
+  static int64_t stats_bytes(int64_t T) { return 4 * T * static_cast<int64_t>(sizeof(float)); }
 
  private:
   void ensure(int64_t T);

@@ -7,6 +7,7 @@
 #include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
 #include "kernels/nn/adamw.h"
+#include "kernels/nn/cross_entropy.h"
 #include "kernels/nn/rmsnorm.h"
 #include "kernels/quant/layouts.h"
 #include "trainer/memory/estimate_detail.h"
@@ -109,12 +110,13 @@ std::vector<MemoryTerm> model_terms(const TrainerConfig& cfg, const ParallelLayo
     if (b.bytes() > 0) out.push_back(MemoryTerm{b.category, "model", b.tensor, b.bytes(), 1, b.held, true, false});
   if (last) {
     const Terms act{out, MemCategory::activations, "model"};
-    act.add("LM head cross-entropy statistics", 16 * N, true, false);
+    act.add("LM head cross-entropy statistics", LmHeadCrossEntropy::stats_bytes(N), true, false);
   }
   if (last) {
     const Terms ws{out, MemCategory::workspace, "model"};
-    const int64_t chunk = std::min<int64_t>(8192, round_up(g.Vl, 8));
-    ws.add("LM head chunk logits (FP32) and dlogits (BF16)", 6 * N * chunk, true, false);
+    const int64_t chunk = Model::lm_head_chunk(g.Vl);
+    ws.add("LM head chunk logits (FP32) and dlogits (BF16)",
+           LmHeadCrossEntropy::logits_bytes(N, chunk) + LmHeadCrossEntropy::dlogits_bytes(N, chunk), true, false);
   }
   const Terms trainer{out, MemCategory::workspace, "trainer"};
   trainer.add("batch tokens", 4 * N);

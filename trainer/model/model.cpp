@@ -67,7 +67,7 @@ struct Model::Impl {
         T(cfg.train.seq_len),
         max_tokens(cfg.train.micro_batch * cfg.train.seq_len),
         embed(&store.add("embed", {V, d}, ParamInit::normal, kInitStd, /*decay=*/true)),
-        ce(d, V, std::min(kLmHeadChunk, round_up(V, 8))) {
+        ce(d, V, Model::lm_head_chunk(V)) {
     FP4MOE_CHECK(max_tokens < (int64_t{1} << 24),
                  "Model: micro_batch x seq_len = {} tokens must stay below 2^24 (the cross-entropy counts in FP32)",
                  max_tokens);
@@ -272,6 +272,8 @@ std::vector<LayerMemory> Model::layer_memory() const {
 size_t Model::head_activation_bytes() const {
   return static_cast<size_t>(buffers(cfg_, impl_->max_tokens, true, true, 0).counted_bytes(MemCategory::activations));
 }
+
+int64_t Model::lm_head_chunk(int64_t vocab) { return std::min(kLmHeadChunk, round_up(vocab, 8)); }
 
 BufferPlan Model::buffers(const TrainerConfig& cfg, int64_t seq_share, bool first_stage, bool last_stage,
                           int64_t embedding_sort_bytes) {

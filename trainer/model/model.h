@@ -124,6 +124,9 @@ class Model {
   // is in its own plan (DecoderLayer::buffers). Rejects seq_share < 0 and embedding_sort_bytes < 0.
   static BufferPlan buffers(const TrainerConfig& cfg, int64_t seq_share, bool first_stage, bool last_stage,
                             int64_t embedding_sort_bytes);
+  // The vocabulary chunk of the LM head's cross-entropy (LmHeadCrossEntropy) for a vocabulary (a GPU's share of
+  // it): min(8192, vocab rounded up to 8).
+  static int64_t lm_head_chunk(int64_t vocab);
   // The shared scratch (capacity: the most any layer call, the LM head backward or the embedding backward takes;
   // high_water: the most used since construction).
   const ScratchArena& scratch() const;
