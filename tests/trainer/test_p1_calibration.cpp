@@ -109,6 +109,7 @@ TEST(P1Calibration, RankedByFitAndTheVerdictSaysWhetherAnyFits) {
   const std::string none = format_calibration(fits, r, 2);
   EXPECT_NE(none.find("No layout fits P1's three heavy-policy numbers"), std::string::npos) << none;
   EXPECT_NE(none.find("are its largest categories"), std::string::npos) << none;
+  EXPECT_NE(none.find("its largest terms: "), std::string::npos) << none;
   EXPECT_NE(none.find("| 2 | "), std::string::npos) << none;
   EXPECT_EQ(none.find("| 3 | "), std::string::npos) << none;  // top 2
   r.tolerance_pp = fits.front().error_pp;

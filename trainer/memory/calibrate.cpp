@@ -221,7 +221,16 @@ std::string format_calibration(const std::vector<CalibrationFit>& fits, const Ca
   s += fmt::format(" Its mxfp4 estimate (stage {}, {:.2f} GiB): ", e.stage, e.total_gib());
   for (size_t c = 0; c < 3 && c < cats.size(); ++c)
     s += fmt::format("{}{} {:.2f} GiB", c ? ", " : "", cats[c].second, cats[c].first);
-  return s + " are its largest categories.\n";
+  std::vector<std::pair<int64_t, std::string>> terms;
+  for (const MemoryTerm& t : e.terms)
+    if (t.total() > 0)
+      terms.emplace_back(t.total(), fmt::format("{} {} ({})", t.module, t.tensor,
+                                                mem_category_name(t.category)));
+  std::sort(terms.rbegin(), terms.rend());
+  s += " are its largest categories; its largest terms: ";
+  for (size_t i = 0; i < 4 && i < terms.size(); ++i)
+    s += fmt::format("{}{} {:.2f} GiB", i ? ", " : "", terms[i].second, static_cast<double>(terms[i].first) / kGiB);
+  return s + ".\n";
 }
 
 }  // namespace fp4moe

@@ -68,7 +68,7 @@ std::vector<CalibrationFit> calibrate_p1(const CalibrationRequest& request);
 
 // The Markdown report: the assumptions, the `top` best fits with their per-recipe percentages beside P1's, the
 // light-policy prediction at those layouts against P1's, and a verdict (which layouts fit within tolerance_pp, or
-// that none does: by how much, and the largest categories of the best layout's estimate). Rejects top < 1 and an
+// that none does: by how much, and the largest categories and terms of the best layout's mxfp4 estimate). Rejects top < 1 and an
 // empty list of fits.
 std::string format_calibration(const std::vector<CalibrationFit>& fits, const CalibrationRequest& request,
                                int64_t top);
