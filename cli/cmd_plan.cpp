@@ -10,6 +10,10 @@
 // from the preset); --config: a trainer configuration (train.micro_batch and seq_len; global batch
 // parallel.micro_batches x parallel.dp x train.micro_batch). Measuring each stage's time on the local GPU is not
 // built: without --no-measure the command says so and exits 2.
+// `fp4moe plan --calibrate-p1 [--grads fp32|bf16] [--overhead-gib G] [--top K]`: instead of a plan, searches the
+// plausible 256-GPU layouts of DeepSeek-V3 671B for those whose memory estimates fit P1's heavy-policy numbers and
+// prints the light policy's prediction at the best fits (trainer/memory/calibrate.h). It takes only those options
+// (and --model v3, --no-measure, both implied); any other is refused in one line.
 // Exit codes: 0 done (also when nothing fits: the report says so); 2 bad arguments.
 #include <fmt/format.h>
 
@@ -25,6 +29,7 @@
 #include "results/output_path.h"
 #include "results/run_info.h"
 #include "trainer/config.h"
+#include "trainer/memory/calibrate.h"
 #include "trainer/memory/estimate_report.h"
 #include "trainer/memory/plan.h"
 
@@ -38,7 +43,12 @@ struct PlanCommand {
   double memory_gib = 0;
   std::vector<std::string> recipes = {"bf16", "fp8", "mxfp4"};
   std::vector<int64_t> tp_values = {1, 2, 4, 8};
-  bool no_measure = false;
+  bool no_measure = false, calibrate_p1 = false;
+  std::string grads = "fp32";
+  double overhead_gib = 0;
+  std::vector<const CLI::Option*> plan_only;     // options a plan takes and the calibration does not
+  std::vector<const CLI::Option*> calibration_only;
+  const CLI::Option *gpus_opt = nullptr, *memory_opt = nullptr;
   PlanHardware hw;
   double peak_tflops = hw.peak_flops / 1e12, nvlink_gb = hw.nvlink_bytes_per_s / 1e9, ib_gb = hw.ib_bytes_per_s / 1e9;
 
@@ -76,7 +86,34 @@ struct PlanCommand {
     return r;
   }
 
+  int calibrate() {
+    for (const CLI::Option* o : plan_only)
+      if (o->count() > 0)
+        throw CliError(fmt::format("--calibrate-p1 searches P1's 256-GPU DeepSeek-V3 layouts itself and does not take "
+                                   "{} (it takes --grads, --overhead-gib, --top)", o->get_name()));
+    if (!model.empty() && model != "v3")
+      throw CliError(fmt::format("--calibrate-p1 calibrates DeepSeek-V3 671B (P1's 256-GPU run); --model {} is not "
+                                 "calibrated (use --model v3 or leave it out)", model));
+    CalibrationRequest r;
+    r.grad_bytes = grads == "bf16" ? 2 : 4;
+    r.overhead_gib = overhead_gib;
+    std::vector<CalibrationFit> fits;
+    try {
+      FP4MOE_CHECK(top >= 1, "--top must be >= 1, got {}", top);
+      fits = fp4moe::calibrate_p1(r);
+    } catch (const Error& err) {
+      throw CliError(user_message(err.what()));
+    }
+    fmt::print("{}", format_calibration(fits, r, top));
+    return kExitOk;
+  }
+
   int run() {
+    if (calibrate_p1) return calibrate();
+    for (const CLI::Option* o : calibration_only)
+      if (o->count() > 0) throw CliError(fmt::format("{} applies to --calibrate-p1 only", o->get_name()));
+    for (const CLI::Option* o : {gpus_opt, memory_opt})
+      if (o->count() == 0) throw CliError(fmt::format("{} is required (unless --calibrate-p1)", o->get_name()));
     if (!no_measure)
       throw CliError("measuring each stage's time needs a GPU and is not built yet; run with --no-measure for the "
                      "modelled plan (no GPU needed)");
@@ -125,8 +162,8 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--model", cmd->model, "production shape: v3 (DeepSeek-V3 671B) or v2 (DeepSeek-V2 236B)")
       ->check(CLI::IsMember({"v3", "v2"}));
   sub->add_option("--config", cmd->config, "a trainer configuration (TOML) instead of --model");
-  sub->add_option("--gpus", cmd->gpus, "GPUs of the run")->required();
-  sub->add_option("--memory-gib", cmd->memory_gib, "memory per GPU, GiB")->required();
+  cmd->gpus_opt = sub->add_option("--gpus", cmd->gpus, "GPUs of the run (required for a plan)");
+  cmd->memory_opt = sub->add_option("--memory-gib", cmd->memory_gib, "memory per GPU, GiB (required for a plan)");
   sub->add_option("--recipes", cmd->recipes, "paper recipes to plan, comma-separated: bf16, fp8, mxfp4")
       ->delimiter(',')
       ->capture_default_str();
@@ -147,6 +184,21 @@ Command add_plan_command(CLI::App& app) {
                   "sequences per optimizer step (default: the preset's, or the configuration's)");
   sub->add_option("--top", cmd->top, "layouts shown per recipe")->capture_default_str();
   sub->add_option("--out", cmd->out, "also write every candidate to this HDF5 file (/plan/candidates)");
+  for (const CLI::Option* o : sub->get_options())
+    if (o != sub->get_help_ptr() && o->get_name() != "--model" && o->get_name() != "--top" &&
+        o->get_name() != "--no-measure")
+      cmd->plan_only.push_back(o);
+  sub->add_flag("--calibrate-p1", cmd->calibrate_p1,
+                "instead of a plan: fit DeepSeek-V3 671B layouts of 256 GPUs to P1's memory numbers "
+                "(trainer/memory/calibrate.h)");
+  cmd->calibration_only.push_back(
+      sub->add_option("--grads", cmd->grads, "--calibrate-p1: gradient precision, fp32 (as the trainer) or bf16")
+          ->check(CLI::IsMember({"fp32", "bf16"}))
+          ->capture_default_str());
+  cmd->calibration_only.push_back(
+      sub->add_option("--overhead-gib", cmd->overhead_gib,
+                      "--calibrate-p1: framework overhead added to every estimate, GiB")
+          ->capture_default_str());
   return {sub, [cmd] { return cmd->run(); }};
 }
 

@@ -108,5 +108,64 @@ class PlanCli(unittest.TestCase):
         self.rejected("--tp 3 is not one of 1, 2, 4, 8", args=("--config", "configs/tiny.toml", "--tp", "3", *base))
 
 
+    def calibration_rows(self, out, heading):
+        table = out.split(heading)[1].split("## ")[0]
+        return [line.split("|")[1:-1] for line in table.splitlines() if re.match(r"^\| \d+ \|", line)]
+
+    def test_calibrate_p1_ranks_layouts_by_fit_and_predicts_the_light_policy(self):
+        out = self.plan("--calibrate-p1", "--top", "4").stdout
+        self.assertIn("# P1 memory calibration: DeepSeek-V3 671B on 256 GPUs", out)
+        self.assertIn("18 layouts", out)
+        self.assertIn("gradients FP32 (4 B per element); framework overhead 0 GiB", out)
+        heavy = self.calibration_rows(out, "## Heavy policy")
+        self.assertEqual(len(heavy), 4)
+        paper = (68.29, 74.20, 59.40)
+        errors = []
+        for row in heavy:
+            tp, pp, dp, ep = (int(row[i]) for i in range(1, 5))
+            self.assertEqual(tp * pp * dp, 256)
+            ours = [float(row[i]) for i in (6, 7, 8)]
+            # The fit column is the largest |ours - P1| over the three recipes.
+            self.assertAlmostEqual(float(row[9]), max(abs(a - b) for a, b in zip(ours, paper)), delta=0.011)
+            errors.append(float(row[9]))
+        self.assertEqual(errors, sorted(errors))
+        light = self.calibration_rows(out, "## Light policy")
+        self.assertEqual([r[1:5] for r in light], [r[1:5] for r in heavy])
+        self.assertIn("## Verdict", out)
+
+    def test_calibrate_p1_knobs_move_the_percentages(self):
+        def rows(*args):
+            out = self.plan("--calibrate-p1", "--top", "18", *args).stdout
+            return out, {tuple(r[1:5]): [float(r[i]) for i in (6, 7, 8)]
+                         for r in self.calibration_rows(out, "## Heavy policy")}
+        _, base = rows()
+        self.assertEqual(len(base), 18)
+        out, over = rows("--overhead-gib", "8")
+        self.assertIn("framework overhead 8 GiB", out)
+        for layout, ours in base.items():  # 8 GiB of an 80 GiB card: 10 points more everywhere
+            for a, b in zip(over[layout], ours):
+                self.assertAlmostEqual(a, b + 10.0, delta=0.011)
+        out, bf16 = rows("--grads", "bf16")
+        self.assertIn("gradients BF16 (2 B per element)", out)
+        for layout, ours in base.items():  # half the gradient bytes: less memory everywhere
+            for a, b in zip(bf16[layout], ours):
+                self.assertLess(a, b - 1.0)
+
+    def test_calibrate_p1_bad_combinations(self):
+        self.rejected("--calibrate-p1", "does not take --gpus", args=("--calibrate-p1", "--gpus", "256"))
+        self.rejected("does not take --config", args=("--calibrate-p1", "--config", "configs/tiny.toml"))
+        self.rejected("does not take --out", args=("--calibrate-p1", "--out", "x.h5"))
+        self.rejected("--model v2 is not calibrated", args=("--calibrate-p1", "--model", "v2"))
+        self.rejected("--overhead-gib applies to --calibrate-p1 only",
+                      args=("--model", "v3", "--gpus", "256", "--memory-gib", "80", "--no-measure",
+                            "--overhead-gib", "2"))
+        self.rejected("--grads applies to --calibrate-p1 only",
+                      args=("--model", "v3", "--gpus", "256", "--memory-gib", "80", "--no-measure", "--grads", "bf16"))
+        self.rejected("--overhead-gib must be a finite number >= 0", args=("--calibrate-p1", "--overhead-gib", "-1"))
+        self.rejected("--grads", "fp16", args=("--calibrate-p1", "--grads", "fp16"))
+        self.rejected("--top must be >= 1", args=("--calibrate-p1", "--top", "0"))
+        self.rejected("--memory-gib is required", args=("--model", "v3", "--gpus", "256", "--no-measure"))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -378,6 +378,28 @@ TEST(MemoryEstimate, Zero1ShardsMastersAndMomentsNotGrads) {
   EXPECT_EQ(b.category(MemCategory::grads), 4 * (dense + expert));
 }
 
+TEST(MemoryEstimate, GradBytesSetsTheGradientPrecision) {
+  const ProductionPreset v3 = production_preset("v3");
+  ParallelLayout bf16 = v3.layout;
+  bf16.grad_bytes = 2;
+  const MemoryEstimate a = estimate_memory_stage(v3.config, v3.layout, 1);
+  const MemoryEstimate b = estimate_memory_stage(v3.config, bf16, 1);
+  int64_t params = 0;
+  for (const ParamTensor& t : parameter_tensors(v3.config, v3.layout, 1))
+    if (!t.state) params += (t.n + 63) / 64 * 64;
+  EXPECT_EQ(a.category(MemCategory::grads), 4 * params);
+  EXPECT_EQ(b.category(MemCategory::grads), 2 * params);
+  for (MemCategory c : {MemCategory::weights, MemCategory::optimizer, MemCategory::activations,
+                        MemCategory::workspace, MemCategory::comm})
+    EXPECT_EQ(a.category(c), b.category(c)) << mem_category_name(c);
+  bool named = false;
+  for (const MemoryTerm& t : b.terms) named = named || t.tensor == "BF16 gradients";
+  EXPECT_TRUE(named);
+  bf16.grad_bytes = 3;
+  expect_error_with([&] { estimate_memory(v3.config, bf16); },
+                    {"grad_bytes must be 4 (FP32 gradients) or 2 (BF16), got 3"});
+}
+
 TEST(MemoryEstimate, OneFOneBKeepsPipelineDepthMinusStageMicroBatches) {
   const TrainerConfig cfg = tiny();
   ParallelLayout two = single_gpu_layout(cfg);

@@ -119,7 +119,7 @@ void add_parameter_terms(const TrainerConfig& cfg, const ParallelLayout& lay, in
   add(MemCategory::weights, "FP32 state", 4 * state);
   add(MemCategory::weights, "FP8 weight copies, routed experts", routed_copies, true);
   add(MemCategory::weights, "FP8 weight copies, dense linears", dense_copies, true);
-  add(MemCategory::grads, "FP32 gradients", 4 * (dense + expert));
+  add(MemCategory::grads, lay.grad_bytes == 2 ? "BF16 gradients" : "FP32 gradients", lay.grad_bytes * (dense + expert));
   add(MemCategory::optimizer, "AdamW m (FP32)", fp32);
   add(MemCategory::optimizer, "AdamW v (FP32)", fp32);
 }
@@ -176,6 +176,8 @@ void validate_layout(const TrainerConfig& cfg, const ParallelLayout& l) {
   FP4MOE_CHECK(l.pp <= m.layers, "layout {}: pp = {} exceeds model.layers = {}", l.name, l.pp, m.layers);
   FP4MOE_CHECK(std::isfinite(l.routed_load) && l.routed_load >= 1.0,
                "layout {}: routed_load must be finite and >= 1 (1: balanced routing), got {}", l.name, l.routed_load);
+  FP4MOE_CHECK(l.grad_bytes == 4 || l.grad_bytes == 2,
+               "layout {}: grad_bytes must be 4 (FP32 gradients) or 2 (BF16), got {}", l.name, l.grad_bytes);
   if (l.stage_layers.empty()) return;
   FP4MOE_CHECK(static_cast<int64_t>(l.stage_layers.size()) == l.pp,
                "layout {}: stage_layers has {} entries, expected pp = {}", l.name, l.stage_layers.size(), l.pp);

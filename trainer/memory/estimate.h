@@ -16,7 +16,7 @@
 // weights      BF16 parameters: 2 B per element, every tensor padded to 64 elements (ParamStore::allocate);
 //              FP32 masters: 4 B per element / shard; FP32 state (v3 router bias, E per MoE layer);
 //              FP8 weight copies of each fp8/mxfp4 linear (the layers' buffer plans, below)
-// grads        FP32: 4 B per element (ZeRO-1 does not shard them)
+// grads        FP32: 4 B per element (ZeRO-1 does not shard them); layout.grad_bytes = 2: BF16, 2 B per element
 // optimizer    AdamW m and v FP32: 8 B per element / shard
 //              shard (zero1): dp for non-expert tensors, expert_dp = dp t / ep for the routed experts; else 1
 // activations  the layers' held buffers (their plans, below) per micro-batch x in_flight(stage) micro-batches
@@ -79,6 +79,8 @@ struct ParallelLayout {
   int64_t micro_batches = 1;   // micro-batches per optimizer step per pipeline (1F1B)
   bool zero1 = false;          // FP32 masters, m and v sharded over dp (non-expert) and expert_dp (routed experts)
   double routed_load = 1.0;    // routed rows a GPU receives over the balanced N k / tp (>= 1; 1 on one GPU)
+  int64_t grad_bytes = 4;      // bytes per gradient element: 4 FP32 (the trainer as built), 2 BF16 (an assumption
+                               // for frameworks that keep BF16 gradients, e.g. the P1 calibration's knob)
 
   int64_t expert_dp() const { return dp * tp / ep; }
   // Micro-batches whose activations stage s keeps under 1F1B (Narayanan et al. 2021, PipeDream-Flush): stage s runs
@@ -97,7 +99,7 @@ ParallelLayout layout_of(const TrainerConfig& cfg);
 // Rejects (fp4moe::Error, naming the field): sizes < 1 (micro_batches included); gpus != tp x pp x dp; ep not dividing dp x tp or (with MoE
 // layers) moe.routed_experts; tp not dividing heads, dense_ffn (with dense layers) or shared_experts x expert_ffn;
 // pp > model.layers; stage_layers of the wrong length, with an entry < 1 or a sum other than model.layers;
-// routed_load < 1 or not finite.
+// routed_load < 1 or not finite; grad_bytes other than 2 or 4.
 void validate_layout(const TrainerConfig& cfg, const ParallelLayout& layout);
 
 // Decoder layers per stage (layout.stage_layers, or the default split above). Validates first.
