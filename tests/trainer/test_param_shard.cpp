@@ -198,14 +198,22 @@ TEST(Zero1Shard, EstimatorHoldsTheRuleShardOnTiny) {
 }
 
 TEST(Zero1Shard, EstimatorHoldsTheRuleShardOnDeepSeekV3) {
-  const ProductionPreset v3 = production_preset("v3");  // dp 64, ep 64: expert_dp 1
-  ASSERT_TRUE(v3.layout.zero1);
+  // DeepSeek-V3's preset at dp 88 and ep 8 (352 GPUs): 32 experts per GPU, expert_dp = 88 / 8 = 11, so neither
+  // block divides evenly.
+  const ProductionPreset v3 = production_preset("v3");
+  ParallelLayout l = v3.layout;
+  l.dp = 88;
+  l.ep = 8;
+  l.gpus = l.tp * l.pp * l.dp;
+  ASSERT_TRUE(l.zero1);
   int64_t dense = 0, expert = 0;
-  for (const ParamTensor& t : parameter_tensors(v3.config, v3.layout, 1))
+  for (const ParamTensor& t : parameter_tensors(v3.config, l, 1))
     if (!t.state) (t.expert ? expert : dense) += (t.n + 63) / 64 * 64;
-  const int64_t dense_shard = ((dense + 63) / 64 + 63) / 64 * 64;  // round_up(ceil(dense / 64), 64)
-  EXPECT_EQ(estimate_memory_stage(v3.config, v3.layout, 1).category(MemCategory::optimizer),
-            8 * (dense_shard + expert));
+  auto shard = [](int64_t block, int64_t parts) { return ((block + parts - 1) / parts + 63) / 64 * 64; };
+  ASSERT_NE(dense % (88 * 64), 0);
+  ASSERT_NE(expert % (11 * 64), 0);
+  EXPECT_EQ(estimate_memory_stage(v3.config, l, 1).category(MemCategory::optimizer),
+            8 * (shard(dense, 88) + shard(expert, 11)));
 }
 
 TEST(Zero1Shard, CheckpointsRefuseAShardedStore) {
