@@ -18,7 +18,8 @@
 // converted before timing); FLOPs count the GEMM only.
 // After the run: `case | shape | us | TFLOP/s | x dense | x bf16 | x none | x fp8` (x dense: TFLOP/s over the dense
 // GEMM's of the same recipe, op and shape measured in the same run; x bf16: the BF16 time of the same op and shape
-// over this row's time; x fp8: the FP8 time over this row's time, MXFP4 rows) with geometric-mean summaries, and with --h5 the table /bench/grouped_gemm of an HDF5 result file
+// over this row's time; x fp8: the FP8 time over this row's time, MXFP4 rows) with geometric-mean summaries, and
+// with --h5 the table /bench/grouped_gemm of an HDF5 result file
 // (bench_util.cuh's columns, then fraction_of_dense, experts, n, k; gbps and fraction_of_copy_bw are NaN).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>

@@ -13,7 +13,7 @@
 //   2. Accumulation: the tensor cores add the products of a 128-group in their own order with a reduced-precision
 //      accumulator (DeepSeek-V3 report sec. 3.3.2: about 14 bits on Hopper's FP8 MMA), cuBLASLt then scales and
 //      adds the groups in FP32; the output is rounded to BF16 or FP32 once. The GPU tests bound the difference to
-//      the FP64 product by (2^-12 + K 2^-24) sum_k |a_k b_k|, plus the output rounding.
+//      the FP64 product by (2^-10 + K 2^-24) sum_k |a_k b_k|, plus the output rounding.
 // Exact otherwise: E4M3 x E4M3 products (4-bit significands) and the power-of-two scales are exact in FP32 while
 // the results stay in FP32's normal range.
 #pragma once

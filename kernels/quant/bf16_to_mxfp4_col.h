@@ -7,7 +7,8 @@
 // X_g^T), with the same MxQuantConfig:
 //   - transform (none, h16, h32, rht) along M, in FP32, rounded to BF16 before the block rule; rht's sign s_j
 //     belongs to position j of the row of X^T (j = m for the dense form, the token's index within its group for
-//     the ragged form), so each output row is exactly what bf16_to_mxfp4_row gives for that row of X^T;
+//     the ragged form), so each output row is exactly what bf16_to_mxfp4_row gives for that row of X^T (a launch
+//     over a row range with row_offset > 0 transforms within that range, its signs starting at j = 0);
 //   - stochastic rounding keyed by the element's index in X: element (m, k) draws
 //     mx_sr_uniform(seed, (row_offset + m) * K + k), whatever the launch shape, the split or the padding
 //     (padding elements are zero and round to zero).

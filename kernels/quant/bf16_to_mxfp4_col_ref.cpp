@@ -28,6 +28,7 @@ namespace {
 int64_t quantize_group(const bf16* x, int64_t K, int64_t row0, int64_t rows, uint8_t* codes, uint8_t* scales,
                        const MxQuantConfig& cfg) {
   const int64_t L = mxfp4_col_group_ld(rows);
+  if (L == 0) return 0;  // an empty group has no element
   std::vector<bf16> column(static_cast<size_t>(L));
   std::vector<float> v(static_cast<size_t>(L));
   int64_t nonfinite = 0;

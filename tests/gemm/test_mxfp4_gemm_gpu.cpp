@@ -4,9 +4,11 @@
 // both operands transformed along K (h16, h32, rht: the product of the inverse-rotated dequantized operands), and
 // the grouped Wgrad over ragged experts from the column quantizer.
 //
-// Tolerance (mxfp4_gemm.h "Accumulation"): the FP8 products are exact; the tensor cores accumulate a 128-group with
-// about 14 bits and cuBLASLt adds the groups in FP32, so |y - y64| <= (2^-12 + K 2^-24) sum_k |a_k b_k| plus the
-// output rounding (2^-8 |y64| for BF16, 2^-24 |y64| for FP32) and, with accumulation, 2^-24 of the prior value.
+// Tolerance (mxfp4_gemm.h "Accumulation"): the FP8 products are exact; within a 128-group the tensor cores add at
+// most four MMA steps of 32 products into an accumulator that keeps about 13 bits (DeepSeek-V3 report sec. 3.3.2:
+// about 14), at most 4 x 2^-13 = 2^-11 of the group's sum of |products|, and cuBLASLt adds the groups in FP32
+// (K 2^-24). Bound, with a factor 2 of margin: |y - y64| <= (2^-10 + K 2^-24) sum_k |a_k b_k|, plus the output
+// rounding (2^-8 |y64| for BF16, 2^-24 |y64| for FP32) and, with accumulation, 2^-24 of the prior value.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,7 +36,7 @@ using test::DeviceBuffer;
 using test::MxTensor;
 using test::random_mx;
 
-constexpr double kAccumulation = 0x1.0p-12;  // per sum of |products| of a 128-group (tensor-core accumulator)
+constexpr double kAccumulation = 0x1.0p-10;  // per sum of |products| of a 128-group (tensor-core accumulator)
 constexpr double kFp32Step = 0x1.0p-24;      // per added term in FP32, and the FP32 output rounding
 constexpr double kBf16Out = 0x1.0p-8;        // the BF16 output rounding, relative
 
@@ -150,15 +152,15 @@ TEST(Mxfp4GemmGpu, AccumulatesIntoAnFp32Output) {
 TEST(Mxfp4GemmGpu, EdgeCasesWithoutNaN) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t M = 8, N = 16, K = 256;
-  // +-6 everywhere at large exponents (products 36 * 2^100, sums below FP32's maximum), at small ones (2^-120),
-  // -0 codes, all-zero operands.
+  // +-6 everywhere at large exponents (products 36 * 2^100, sums below FP32's maximum), at small ones (2^-80; the
+  // product of the two FP8 group scales, 2^-92, stays a normal FP32), -0 codes, all-zero operands.
   struct Case {
     const char* name;
     uint8_t a_code, b_code;
     int a_e, b_e;
   };
   const Case cases[] = {{"+-6 at 2^50", 0x7F, 0xFF, 50, 50},
-                        {"+-6 at 2^-60", 0xF7, 0x77, -60, -60},
+                        {"+-6 at 2^-40", 0xF7, 0x77, -40, -40},
                         {"-0 codes", 0x88, 0x7F, 3, 3},
                         {"all zero", 0x00, 0x00, -127, -127}};
   for (const Case& c : cases) {
