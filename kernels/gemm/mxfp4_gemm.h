@@ -1,8 +1,8 @@
-// MXFP4 x MXFP4 GEMMs on FP8 tensor cores (paper 2's MXFP4 Fprop, Dgrad and Wgrad on Hopper, which has no FP4
-// tensor cores): both operands are given as MXFP4 along the reduction dimension (OCP MX v1.0: E2M1 codes and one
-// UE8M0 scale per 32 elements), converted by the direct MXFP4 -> FP8 rule to 1x128 groups on both sides
-// (mxfp4_row_to_fp8_row.h: bit operations, no BF16 round trip) and multiplied by cuBLASLt with VEC128_32F x
-// VEC128_32F scales (cublaslt_matmul.h), FP32 accumulation.
+// MXFP4 x MXFP4 GEMMs on FP8 tensor cores (paper 2's MXFP4 Fprop, Dgrad and Wgrad, ../shared/PAPER-NUMBERS.md P2,
+// on Hopper, which has no FP4 tensor cores): both operands are given as MXFP4 along the reduction dimension
+// (OCP MX v1.0: E2M1 codes and one UE8M0 scale per 32 elements), converted by the direct MXFP4 -> FP8 rule to
+// 1x128 groups on both sides (mxfp4_row_to_fp8_row.h: bit operations, no BF16 round trip) and multiplied by
+// cuBLASLt with VEC128_32F x VEC128_32F scales (cublaslt_matmul.h), FP32 accumulation.
 //
 // Where the product is NOT exactly the product of the dequantized MXFP4 operands:
 //   1. Conversion: a 128-group takes the scale 2^(E - 6), E the largest of its four block exponents; a block with

@@ -152,15 +152,16 @@ TEST(Mxfp4GemmGpu, AccumulatesIntoAnFp32Output) {
 TEST(Mxfp4GemmGpu, EdgeCasesWithoutNaN) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t M = 8, N = 16, K = 256;
-  // +-6 everywhere at large exponents (products 36 * 2^100, sums below FP32's maximum), at small ones (2^-80; the
-  // product of the two FP8 group scales, 2^-92, stays a normal FP32), -0 codes, all-zero operands.
+  // +-6 everywhere at large exponents (products 36 * 2^100, sums below FP32's maximum), at small ones (products
+  // 36 * 2^-80; the product of the two FP8 group scales, 2^-92, stays a normal FP32), -0 codes, all-zero operands.
   struct Case {
     const char* name;
     uint8_t a_code, b_code;
     int a_e, b_e;
   };
-  const Case cases[] = {{"+-6 at 2^50", 0x7F, 0xFF, 50, 50},
-                        {"+-6 at 2^-40", 0xF7, 0x77, -40, -40},
+  const Case cases[] = {{"6 x -6 at 2^50", 0x77, 0xFF, 50, 50},     // y = -36 K 2^100 = -9216 * 2^100
+                        {"-6 x -6 at 2^-40", 0xFF, 0xFF, -40, -40},  // y = 9216 * 2^-80
+                        {"+-6 x -6 at 2^50", 0x7F, 0xFF, 50, 50},    // the signs alternate: y = 0 exactly
                         {"-0 codes", 0x88, 0x7F, 3, 3},
                         {"all zero", 0x00, 0x00, -127, -127}};
   for (const Case& c : cases) {
