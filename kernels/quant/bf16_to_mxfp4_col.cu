@@ -65,8 +65,8 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
   const int64_t group_start = tb.codes_offset / p.K;  // P_g: the group's first padded token
   const int padded_rows = static_cast<int>(tb.ld - tb.col0 < kTileRows ? tb.ld - tb.col0 : kTileRows);  // % 32 == 0
 
-  __shared__ uint16_t tile[kTileRows][kLd];
-  __shared__ uint16_t draws[kRounding == Rounding::stochastic ? kTileRows : 1][kLd];
+  __shared__ __align__(4) uint16_t tile[kTileRows][kLd];
+  __shared__ __align__(4) uint16_t draws[kRounding == Rounding::stochastic ? kTileRows : 1][kLd];
 #pragma unroll
   for (int j = 0; j < kLoadsPerThread; ++j) {
     const int l = j * kThreads + static_cast<int>(threadIdx.x);
@@ -74,12 +74,13 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < tb.rows && k_tile + c < p.K)  // K % 8 == 0: a 16-byte load is all in or all out
       v = __ldcs(reinterpret_cast<const uint4*>(x + (tb.row0 + r) * p.K + k_tile + c));
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      tile[r][c + 2 * i] = static_cast<uint16_t>(w[i]);
-      tile[r][c + 2 * i + 1] = static_cast<uint16_t>(w[i] >> 16);
-    }
+    // Rows of kLd = 34 BF16 start at multiples of 4 bytes and c is even: four 32-bit stores (element c + 2i in the
+    // low half of word i, as in the input).
+    auto* row_words = reinterpret_cast<uint32_t*>(&tile[r][0]) + c / 2;
+    row_words[0] = v.x;
+    row_words[1] = v.y;
+    row_words[2] = v.z;
+    row_words[3] = v.w;
   }
   if constexpr (kRounding == Rounding::stochastic) {
 #pragma unroll
@@ -89,9 +90,10 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
       // (row, c .. c + 3) are four consecutive flat indices starting at a multiple of 4 (K % 8 == 0): one hash.
       const uint64_t index = (p.row_offset + static_cast<uint64_t>(tb.row0 + r)) * static_cast<uint64_t>(p.K) +
                              static_cast<uint64_t>(k_tile + c);
-      const uint64_t word = splitmix64_at(p.seed, index / 4);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) draws[r][c + i] = static_cast<uint16_t>(word >> (16 * i));
+      const uint64_t word = splitmix64_at(p.seed, index / 4);  // element c + i: bits 16 i .. 16 i + 15
+      auto* row_words = reinterpret_cast<uint32_t*>(&draws[r][0]) + c / 2;
+      row_words[0] = static_cast<uint32_t>(word);
+      row_words[1] = static_cast<uint32_t>(word >> 32);
     }
   }
   __syncthreads();
