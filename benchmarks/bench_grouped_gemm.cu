@@ -12,9 +12,14 @@
 // 32 x 512 down case (117 MB), so launches read from HBM.
 // Timing: CUDA events around one grouped call (all its cuBLASLt launches), Google Benchmark's manual time, after a
 // warm-up call that also fills the plan cache. FLOPs: 2 * M * N * K with M the routed tokens.
-// After the run: `case | shape | us | TFLOP/s | x dense | x bf16` (x dense: TFLOP/s over the dense GEMM's of the
-// same recipe, op and shape measured in the same run; x bf16: the BF16 time of the same op and shape over the FP8
-// time) with geometric-mean summaries, and with --h5 the table /bench/grouped_gemm of an HDF5 result file
+// MXFP4 on FP8 tensor cores (kernels/gemm/mxfp4_gemm.h, paper 2's ladder), one stream: the dense Fprop
+// (mxfp4_gemm, "fprop mxfp4 up 1x16384") and the grouped Wgrad from MXFP4 column tensors (mxfp4_wgrad_grouped), as
+// recipe mxfp4 (the MXFP4 -> FP8 conversions included) and mxfp4_gemm (the cuBLASLt step alone, on operands
+// converted before timing); FLOPs count the GEMM only.
+// After the run: `case | shape | us | TFLOP/s | x dense | x bf16 | x none | x fp8` (x dense: TFLOP/s over the dense
+// GEMM's of the same recipe, op and shape measured in the same run; x bf16: the BF16 time of the same op and shape
+// over this row's time; x fp8: the FP8 time over this row's time, MXFP4 rows) with geometric-mean summaries, and
+// with --h5 the table /bench/grouped_gemm of an HDF5 result file
 // (bench_util.cuh's columns, then fraction_of_dense, experts, n, k; gbps and fraction_of_copy_bw are NaN).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -32,6 +37,7 @@
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "kernels/gemm/mxfp4_gemm.h"
 #include "kernels/quant/layouts.h"
 
 namespace fp4moe::bench_gemm {
@@ -51,6 +57,10 @@ __global__ void fill_codes_kernel(uint8_t* p, int64_t n, uint64_t seed) {
 __global__ void fill_scales_kernel(float* p, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     p[i] = exp2_exact(static_cast<int>(mix64(seed ^ static_cast<uint64_t>(i)) % 9) - 6);
+}
+__global__ void fill_mx_scales_kernel(uint8_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = static_cast<uint8_t>(123 + mix64(seed ^ static_cast<uint64_t>(i)) % 9);
 }
 __global__ void fill_bf16_kernel(bf16* p, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
@@ -84,6 +94,13 @@ class Pool {
     CUDA_CHECK_LAUNCH();
     return p;
   }
+  // UE8M0 scale bytes of MX blocks: 2^-4 .. 2^4.
+  uint8_t* mx_scales(int64_t n, uint64_t seed) {
+    uint8_t* p = alloc<uint8_t>(n);
+    fill_mx_scales_kernel<<<grid_for(n), 256>>>(p, n, seed);
+    CUDA_CHECK_LAUNCH();
+    return p;
+  }
   bf16* values(int64_t n, uint64_t seed) {
     bf16* p = alloc<bf16>(n);
     fill_bf16_kernel<<<grid_for(n), 256>>>(p, n, seed);
@@ -98,7 +115,7 @@ class Pool {
 // ---- cases --------------------------------------------------------------------------------------------------------
 
 struct Case {
-  std::string op, recipe, shape;  // op: fprop/dgrad/wgrad; recipe: bf16/fp8; shape: "up 8x2048" etc.
+  std::string op, recipe, shape;  // op: fprop/dgrad/wgrad; recipe: bf16/fp8/mxfp4/mxfp4_gemm; shape: "up 8x2048"
   int64_t N = 0, K = 0, G = 0;
   bool dense = false;
   bool even = false;  // G groups of exactly kTokens / G tokens (else ragged +-25 %)
@@ -169,6 +186,38 @@ std::unique_ptr<Workload> build(const Case& c) {
       CUDA_CHECK(cudaMemset(dw.data, 0, sizeof(float) * G * N * K));
       w->launch = [=, &gemm] { gemm.wgrad_bf16(dy, x, N, K, split, dw, nullptr); };
     }
+  } else if (c.recipe == "mxfp4" || c.recipe == "mxfp4_gemm") {
+    // MXFP4 operands (random codes, block scales 2^-4 .. 2^4; any byte is a valid pair of E2M1 codes); mxfp4: the
+    // conversions and the GEMM; mxfp4_gemm: the GEMM step alone on operands converted once before timing.
+    const bool convert = c.recipe == "mxfp4";
+    if (c.op == "fprop") {  // dense: Y = X W^T
+      const Mxfp4RowOperand x{p.codes(M * K / 2, 4), p.mx_scales(M * K / kMxBlock, 5)};
+      const Mxfp4RowOperand wt{p.codes(N * K / 2, 6), p.mx_scales(N * K / kMxBlock, 7)};
+      const size_t bytes = mxfp4_gemm_workspace_bytes(M, N, K);
+      void* ws = p.alloc<uint8_t>(static_cast<int64_t>(bytes));
+      GemmOutput y{p.alloc<bf16>(M * N), GemmOutType::bf16, false};
+      mxfp4_gemm(gemm.lt(), x, wt, M, N, K, ws, bytes, y, nullptr);
+      const Fp8RowPair f = mxfp4_gemm_fp8_operands(ws, M, N, K);
+      if (convert)
+        w->launch = [=, &gemm] { mxfp4_gemm(gemm.lt(), x, wt, M, N, K, ws, bytes, y, nullptr); };
+      else
+        w->launch = [=, &gemm] { fp8_row_gemm(gemm.lt(), f.a, f.b, M, N, K, y, nullptr); };
+    } else {  // wgrad over the experts, from MXFP4 column tensors
+      const Mxfp4ColOperand dy{p.codes(mxfp4_col_codes_capacity(M, N, G), 10),
+                               p.mx_scales(mxfp4_col_scales_capacity(M, N, G), 11)};
+      const Mxfp4ColOperand x{p.codes(mxfp4_col_codes_capacity(M, K, G), 12),
+                              p.mx_scales(mxfp4_col_scales_capacity(M, K, G), 13)};
+      const size_t bytes = mxfp4_wgrad_workspace_bytes(M, N, K, G);
+      void* ws = p.alloc<uint8_t>(static_cast<int64_t>(bytes));
+      GemmOutput dw{p.alloc<float>(G * N * K), GemmOutType::fp32, true};
+      CUDA_CHECK(cudaMemset(dw.data, 0, sizeof(float) * G * N * K));
+      mxfp4_wgrad_grouped(gemm, dy, x, N, K, split, ws, bytes, dw, nullptr);
+      const Fp8ColPair f = mxfp4_wgrad_fp8_operands(ws, M, N, K, G);
+      if (convert)
+        w->launch = [=, &gemm] { mxfp4_wgrad_grouped(gemm, dy, x, N, K, split, ws, bytes, dw, nullptr); };
+      else
+        w->launch = [=, &gemm] { gemm.wgrad_fp8(f.dy, f.x, N, K, split, dw, nullptr, kMxBlock); };
+    }
   } else {
     if (c.op == "fprop") {
       Fp8RowOperand x{p.codes(M * K, 4), p.scales(fp8_row_scale_count(M, K), 5)};
@@ -222,6 +271,15 @@ void define_cases() {
             g_cases.push_back(
                 Case{op, recipe, fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, t});
         }
+  // MXFP4 on FP8 tensor cores (mxfp4_gemm.h), one stream: the dense Fprop GEMM and the grouped Wgrad, with and
+  // without the MXFP4 -> FP8 conversions, beside the FP8 rows of the same op and shape.
+  for (const char* recipe : {"mxfp4", "mxfp4_gemm"})
+    for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
+      g_cases.push_back(Case{"fprop", recipe, fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, {}});
+      for (int64_t G : {8, 32})
+        g_cases.push_back(
+            Case{"wgrad", recipe, fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false, false, {}});
+    }
 }
 
 void run_case(benchmark::State& state, const Case* c) {
@@ -265,7 +323,8 @@ struct Row {
   const Case* c;
   double us = 0, tflops = 0;
   double fraction_of_dense = NAN;  // TFLOP/s over the dense GEMM's of the same op, recipe, N and K (grouped rows)
-  double speedup = NAN;            // BF16 time over FP8 time of the same op and shape (FP8 rows)
+  double speedup = NAN;            // BF16 time over this row's time, same op and shape (FP8 and MXFP4 rows)
+  double vs_fp8 = NAN;             // FP8 time over this row's time, same op and shape (MXFP4 rows)
 };
 
 // One row per measured case, in definition order, with the ratios to the cases measured beside it.
@@ -286,9 +345,10 @@ std::vector<Row> summarize() {
       // The dense ceiling (one group: streams do not apply).
       if (!c.dense && d.dense && d.op == c.op && d.recipe == c.recipe && d.N == c.N && d.K == c.K)
         r.fraction_of_dense = r.tflops / o.tflops;
-      if (c.recipe == "fp8" && d.recipe == "bf16" && d.op == c.op && d.shape == c.shape && d.dense == c.dense &&
-          d.tuning_label() == c.tuning_label())
-        r.speedup = o.us / r.us;
+      const bool same = d.op == c.op && d.shape == c.shape && d.dense == c.dense &&
+                        d.tuning_label() == c.tuning_label();
+      if (c.recipe != "bf16" && d.recipe == "bf16" && same) r.speedup = o.us / r.us;
+      if (c.recipe != "bf16" && c.recipe != "fp8" && d.recipe == "fp8" && same) r.vs_fp8 = o.us / r.us;
     }
   return rows;
 }
@@ -298,11 +358,12 @@ std::string ratio_cell(double v, const char* suffix) {
 }
 
 void print_table(const std::vector<Row>& rows) {
-  fmt::print("\n{:<22} | {:<14} | {:<7} | {:>9} | {:>8} | {:>7} | {:>7} | {:>7}\n", "case", "shape", "tuning", "us",
-             "TFLOP/s", "x dense", "x bf16", "x none");
-  fmt::print("{:-<22}-+-{:-<14}-+-{:-<7}-+-{:->9}-+-{:->8}-+-{:->7}-+-{:->7}-+-{:->7}\n", "", "", "", "", "", "", "",
-             "");
+  fmt::print("\n{:<22} | {:<14} | {:<7} | {:>9} | {:>8} | {:>7} | {:>7} | {:>7} | {:>7}\n", "case", "shape", "tuning",
+             "us", "TFLOP/s", "x dense", "x bf16", "x none", "x fp8");
+  fmt::print("{:-<22}-+-{:-<14}-+-{:-<7}-+-{:->9}-+-{:->8}-+-{:->7}-+-{:->7}-+-{:->7}-+-{:->7}\n", "", "", "", "", "",
+             "", "", "", "");
   std::map<std::string, std::vector<double>> fractions, speedups, over_none;  // by tuning label
+  std::map<std::string, std::vector<double>> vs_fp8;                          // by recipe (MXFP4 rows)
   for (const Row& r : rows) {
     double vs_none = NAN;  // the untuned time of the same case over this one's
     for (const Row& o : rows)
@@ -310,12 +371,13 @@ void print_table(const std::vector<Row>& rows) {
           o.c->shape == r.c->shape && o.c->dense == r.c->dense)
         vs_none = o.us / r.us;
     const std::string label = r.c->tuning_label();
-    fmt::print("{:<22} | {:<14} | {:<7} | {:>9.1f} | {:>8.1f} | {:>7} | {:>7} | {:>7}\n",
+    fmt::print("{:<22} | {:<14} | {:<7} | {:>9.1f} | {:>8.1f} | {:>7} | {:>7} | {:>7} | {:>7}\n",
                fmt::format("{} {}", r.c->op, r.c->recipe), r.c->shape, label, r.us, r.tflops,
                r.c->dense ? std::string("ceiling") : ratio_cell(r.fraction_of_dense, ""), ratio_cell(r.speedup, "x"),
-               label == "none" ? std::string("-") : ratio_cell(vs_none, "x"));
+               label == "none" ? std::string("-") : ratio_cell(vs_none, "x"), ratio_cell(r.vs_fp8, "x"));
+    if (!std::isnan(r.vs_fp8)) vs_fp8[r.c->recipe].push_back(r.vs_fp8);
     if (!std::isnan(r.fraction_of_dense)) fractions[label].push_back(r.fraction_of_dense);
-    if (!std::isnan(r.speedup) && !r.c->dense) speedups[label].push_back(r.speedup);
+    if (!std::isnan(r.speedup) && !r.c->dense && r.c->recipe == "fp8") speedups[label].push_back(r.speedup);
     if (!std::isnan(vs_none) && label != "none") over_none[label].push_back(vs_none);
   }
   for (const auto& [label, f] : fractions)
@@ -323,6 +385,9 @@ void print_table(const std::vector<Row>& rows) {
                label, bench::geomean(f), f.size(), bench::geomean(speedups[label]), speedups[label].size(),
                over_none[label].empty() ? std::string()
                                         : fmt::format("; {:.3f}x the untuned time", bench::geomean(over_none[label])));
+  for (const auto& [recipe, v] : vs_fp8)
+    fmt::print("geomean, {}: {:.3f} x the FP8 speed over {} cases (FP8 time over its time)\n", recipe,
+               bench::geomean(v), v.size());
 }
 
 // The /bench/grouped_gemm table: case = op ("fprop", "dgrad", "wgrad"; "_dense" appended for the one-group
@@ -340,7 +405,8 @@ Table result_table(const std::vector<Row>& rows) {
                not_measured, r.speedup, r.fraction_of_dense, r.c->G, r.c->N, r.c->K, r.c->tuning_label()});
   t.set_attribute("tflops", fmt::format("2 * M * N * K over the time of one grouped call, M = {} routed tokens",
                                         kTokens));
-  t.set_attribute("speedup", "BF16 time over FP8 time of the same op and shape (NaN on BF16 rows)");
+  t.set_attribute("speedup", "BF16 time over this row's time, same op and shape (NaN on BF16 rows and where no BF16 "
+                             "row matches); FP8 over MXFP4: divide the rows' us");
   t.set_attribute("fraction_of_dense",
                   "TFLOP/s over the dense GEMM's (one group of all tokens) of the same op, recipe, N and K measured "
                   "in the same run (NaN on dense rows)");

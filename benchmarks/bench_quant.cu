@@ -15,15 +15,16 @@
 //
 // bf16_to_mxfp4_row runs in the quantizer options of paper 2's ladder (bf16_to_mxfp4_row.h): scale mode floor or
 // ceil, rounding rne or sr (stochastic), transform none, h16, h32 or rht (mx_transform.h); the case names them,
-// e.g. bf16_to_mxfp4_row/floor_sr_rht.
+// e.g. bf16_to_mxfp4_row/floor_sr_rht. bf16_to_mxfp4_col (along tokens, bf16_to_mxfp4_col.h) runs dense in RNE,
+// SR and each transform, and ragged over 32 balanced experts (shape .../g32) in RNE and in SR with h16.
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
 // After the table, a geometric mean per case (x copy, speedup). The MXFP4 conversions at 65536 tokens and
 // 16384x7168 (every case moving >= 150 MB) with the copies and naive paths they are compared with:
 //   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_0-9]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
-// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy):
-//   bench_quant --benchmark_filter='^bf16_to_mxfp4_row/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
+// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column:
+//   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|col)/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -42,6 +43,7 @@
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/quant/bf16_to_fp8.h"
+#include "kernels/quant/bf16_to_mxfp4_col.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mxfp4_row_to_fp8_col.h"
@@ -114,16 +116,21 @@ int32_t* device_offsets(DevicePool& pool, const std::vector<int32_t>& off) {
 
 std::string shape_of(int64_t M, int64_t K) { return fmt::format("{}x{}", M, K); }
 
-// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none).
-void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
-                       const char* variant) {
-  int64_t bytes = 2 * M * K + M * K / 2 + M * K / kMxBlock;
+MxQuantConfig quant_config(MxScaleMode mode, Rounding rounding, HadamardTransform transform) {
   MxQuantConfig cfg;
   cfg.scale_mode = mode;
   cfg.rounding = rounding;
   cfg.seed = 1234;
   cfg.transform = transform;
   cfg.rht_seed = 5678;
+  return cfg;
+}
+
+// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none).
+void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
+                       const char* variant) {
+  int64_t bytes = 2 * M * K + M * K / 2 + M * K / kMxBlock;
+  const MxQuantConfig cfg = quant_config(mode, rounding, transform);
   add_case({fmt::format("bf16_to_mxfp4_row/{}", variant), shape_of(M, K), "mxfp4", bytes, bytes,
                      [=](RotatedWorkload& w, int copies) {
                        std::vector<bf16*> x;
@@ -136,6 +143,38 @@ void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding
                          bf16_to_mxfp4_row(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
                        };
                      }});
+}
+
+// The column quantizer (bf16_to_mxfp4_col.h) in the same options: dense (G = 0, shape MxK) or ragged over G balanced
+// groups (shape MxK/gG, groups padded to 32 tokens).
+void add_bf16_to_mxfp4_col(int64_t M, int64_t K, int64_t G, Rounding rounding, HadamardTransform transform,
+                           const char* variant) {
+  const std::vector<int32_t> off = G > 0 ? balanced_offsets(M, G) : std::vector<int32_t>{};
+  int64_t padded = 0;
+  for (size_t g = 0; g + 1 < off.size(); ++g) padded += mxfp4_col_group_ld(off[g + 1] - off[g]);
+  if (G == 0) padded = M;
+  const int64_t bytes = 2 * M * K + K * padded / 2 + K * padded / kMxBlock + (G > 0 ? 4 * (G + 1) : 0);
+  const MxQuantConfig cfg = quant_config(MxScaleMode::floor, rounding, transform);
+  add_case({fmt::format("bf16_to_mxfp4_col/{}", variant), G > 0 ? fmt::format("{}/g{}", shape_of(M, K), G)
+                                                                : shape_of(M, K),
+            "mxfp4", bytes, bytes, [=](RotatedWorkload& w, int copies) {
+              int32_t* d_off = G > 0 ? device_offsets(w.pool, off) : nullptr;
+              const int64_t groups = G > 0 ? G : 1;
+              std::vector<bf16*> x;
+              std::vector<MxTensor> out;
+              for (int c = 0; c < copies; ++c) {
+                x.push_back(random_bf16(w.pool, M, K, c, activation_spread()));
+                out.push_back({w.pool.alloc<uint8_t>(mxfp4_col_codes_capacity(M, K, groups)),
+                               w.pool.alloc<uint8_t>(mxfp4_col_scales_capacity(M, K, groups))});
+              }
+              w.launch = [=](int c, cudaStream_t s) {
+                if (G > 0)
+                  bf16_to_mxfp4_col_ragged(x[c], M, K, d_off, G, off.data(), out[c].codes, out[c].scales, cfg,
+                                           nullptr, s);
+                else
+                  bf16_to_mxfp4_col(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
+              };
+            }});
 }
 
 void add_mxfp4_to_fp8_row(int64_t M, int64_t K, bool naive) {
@@ -278,6 +317,14 @@ void define_cases() {
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::h32, "floor_rne_h32");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::rht, "floor_sr_rht");
+      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::none, "floor_rne");
+      add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::none, "floor_sr");
+      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h16, "floor_rne_h16");
+      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h32, "floor_rne_h32");
+      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
+      add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
+      add_bf16_to_mxfp4_col(M, K, 32, Rounding::rne, HadamardTransform::none, "floor_rne");
+      add_bf16_to_mxfp4_col(M, K, 32, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
       add_mxfp4_to_fp8_row(M, K, false);
       add_mxfp4_to_fp8_row(M, K, true);
       for (int64_t G : experts) {

@@ -331,9 +331,13 @@ void GroupedGemm::dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int6
 }
 
 void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split,
-                            GemmOutput dw, cudaStream_t stream) {
+                            GemmOutput dw, cudaStream_t stream, int64_t token_pad) {
   const char* what = "grouped wgrad_fp8";
   check_common(what, N, K, split, dw, true);
+  FP4MOE_CHECK(token_pad == kColAlign || token_pad == kMxBlock,
+               "{}: token_pad must be {} (FP8 column tensor) or {} (converted MXFP4 column tensor), got {}", what,
+               kColAlign, kMxBlock, token_pad);
+  const auto padded = [&](int64_t Mg) { return ceil_div(Mg, token_pad) * token_pad; };
   check_ptr(what, "dy codes", dy.codes);
   check_ptr(what, "dy scales", dy.scales);
   check_ptr(what, "x codes", x.codes);
@@ -342,12 +346,12 @@ void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_
   std::vector<int64_t> P(static_cast<size_t>(split.G) + 1, 0), Q(P);  // padded tokens, 128-token blocks before g
   for (int64_t g = 0; g < split.G; ++g) {
     const int64_t Mg = split.host_offsets[g + 1] - split.host_offsets[g];
-    P[g + 1] = P[g] + (Mg == 0 ? 0 : fp8_col_group_ld(Mg));
+    P[g + 1] = P[g] + padded(Mg);
     Q[g + 1] = Q[g] + ceil_div(Mg, kFp8Block);
   }
   for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
     if (Mg == 0) return zero_empty_wgrad(dw, g, N, K, st);
-    const int64_t L = fp8_col_group_ld(Mg);
+    const int64_t L = padded(Mg);
     // Column-major: dW_g^T [K x N] = (X_g^T stored L x K)^T * (dY_g^T stored L x N); k = L (zero tail).
     LtOperand a{x.codes + K * P[g], CUDA_R_8F_E4M3, true, L, x.scales + K * Q[g], LtScaleMode::vec128};
     LtOperand b{dy.codes + N * P[g], CUDA_R_8F_E4M3, false, L, dy.scales + N * Q[g], LtScaleMode::vec128};

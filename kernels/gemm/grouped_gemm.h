@@ -124,13 +124,15 @@ class GroupedGemm {
                   cudaStream_t stream);
 
   // FP8 operands (layouts above). fprop: x row [M, K], w stack of [N, K]. dgrad: dy row [M, N], w_t stack of
-  // [K, N] (W^T). wgrad: dy column [M, N] and x column [M, K] over `split`.
+  // [K, N] (W^T). wgrad: dy column [M, N] and x column [M, K] over `split`, each group's tokens padded with zeros
+  // to round_up(M_g, token_pad): 16 is the FP8 column tensor of layouts.h; 32 the FP8 conversion of an MXFP4
+  // column tensor (mxfp4_gemm.h), whose scales are the same. Rejects token_pad other than 16 or 32.
   void fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t K, const GroupSplit& split, GemmOutput y,
                  cudaStream_t stream);
   void dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int64_t K, const GroupSplit& split, GemmOutput dx,
                  cudaStream_t stream);
   void wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split, GemmOutput dw,
-                 cudaStream_t stream);
+                 cudaStream_t stream, int64_t token_pad = 16);
 
   // Grows the scratch for FP8 Fprop/Dgrad up to M tokens, reduction dimension R (K for Fprop, N for Dgrad),
   // output width P (N for Fprop, K for Dgrad) and G groups, so that later calls within those bounds allocate

@@ -11,10 +11,11 @@
 // A transform runs on the chunk in registers before the block rule: the lane's 8 elements in FP32, the butterfly
 // stages within the chunk, then those across chunks with one shuffle per element (h = 8: lanes 1 apart; h = 16:
 // lanes 2 apart), the scale, and the rounding back to BF16 (one BF16x2 conversion per pair); rht draws one 64-bit
-// hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne
-// below); stochastic rounding scales each element by one exact FP32 product and rounds it with the integer
-// formulation of mx_fast_codecs.h, drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are
-// counted per warp and added with one atomic per warp at the end.
+// hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne in
+// mx_quant_device.cuh, which holds the per-chunk steps shared with the column quantizer); stochastic rounding
+// scales each element by one exact FP32 product and rounds it with the integer formulation of mx_fast_codecs.h,
+// drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are counted per warp and added with
+// one atomic per warp at the end.
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -22,10 +23,8 @@
 #include "kernels/formats/formats.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
-#include "kernels/quant/mx_fast_codecs.h"
-#include "kernels/quant/mx_random.h"
+#include "kernels/quant/mx_quant_device.cuh"
 #include "kernels/quant/mx_row_checks.h"
-#include "kernels/quant/mx_transform.h"
 
 namespace fp4moe {
 namespace {
@@ -33,42 +32,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kChunksPerThread = 4;                 // independent 16-byte loads in flight per thread
 constexpr int kTile = kThreads * kChunksPerThread;  // chunks per thread block
-constexpr int kChunk = 8;                           // BF16 elements per chunk (16 bytes); 4 chunks per MX block
-static_assert(kMxBlock == 4 * kChunk, "four lanes per MX block");
+constexpr int kChunk = detail::kMxChunk;            // BF16 elements per chunk (16 bytes); 4 chunks per MX block
 static_assert(kThreads % 32 == 0 && kTile % 4 == 0, "whole warps (the amax shuffles need every lane), whole blocks");
-
-constexpr uint32_t kBf16AbsNonFinite = 0x7F80;  // |x| bits >= this: Inf or NaN
-
-// Largest BF16 magnitude bits of one chunk (bits order like magnitudes; >= kBf16AbsNonFinite: Inf or NaN).
-__device__ __forceinline__ uint32_t chunk_amax_bits(const uint4& v) {
-  const uint32_t m2 = __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu),
-                               __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu));
-  return max(m2 & 0xFFFFu, m2 >> 16);
-}
-
-// mx_scale_exponent of a finite, nonzero BF16 amax given by its magnitude bits, read off the exponent field when
-// amax is a normal (floor: exponent - 2; ceil: one more when the 7-bit fraction exceeds 1.5; clamped at -127).
-__device__ __forceinline__ int block_exponent(uint32_t amax_bits, MxScaleMode mode) {
-  const int biased = static_cast<int>(amax_bits >> 7);
-  if (biased == 0) return mx_scale_exponent(bf16_bits_to_f32(static_cast<uint16_t>(amax_bits)), mode);
-  const int up = (mode == MxScaleMode::ceil && (amax_bits & 0x7Fu) > 0x40u) ? 1 : 0;
-  return max(biased - kUE8M0Bias - 2 + up, -127);
-}
-
-// RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2): half the instructions of an
-// fp32 encoder (one fp32 product and one rounding per element), which it replaced when timed faster (bench_quant).
-// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3.
-__device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_scale) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  const __nv_bfloat162 inv2 = __float2bfloat162_rn(inv_scale);  // 2^-e, e in [-127, 126]: exact in BF16
-  uint32_t byte[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t c = detail::e2m1_pair_rne_bf16x2(w[i], inv2);
-    byte[i] = c | (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
-  }
-  return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410);
-}
 
 struct QuantParams {
   MxScaleMode mode;
@@ -79,76 +44,6 @@ struct QuantParams {
   unsigned long long* nonfinite_blocks;
 };
 
-// One butterfly stage across lanes `kLaneXor` apart: the lower lane holds a = y_j, the upper b = y_{j+h}; the
-// lower keeps a + b, the upper a - b (mx_transform.h). Both as one sum, other + (+-own): IEEE addition commutes
-// and a - b is a + (-b), so the bits are those of the rule, without a branch per element.
-template <int kLaneXor>
-__device__ __forceinline__ void butterfly_across_lanes(float (&y)[kChunk]) {
-  const uint32_t own_sign = (threadIdx.x & kLaneXor) != 0 ? 0x80000000u : 0u;
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    const float other = __shfl_xor_sync(0xFFFFFFFFu, y[i], kLaneXor);
-    y[i] = __fadd_rn(other, __uint_as_float(__float_as_uint(y[i]) ^ own_sign));
-  }
-}
-
-// The 8 BF16 of a chunk in FP32 (exact).
-__device__ __forceinline__ void unpack_chunk(const uint4& v, float (&y)[kChunk]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) y[i] = __uint_as_float((i & 1) ? (w[i / 2] & 0xFFFF0000u) : (w[i / 2] << 16));
-}
-
-// T(x) on the chunk's 8 BF16 elements (mx_transform.h) in FP32, the chunk starting at column k0, rounded back to
-// BF16 (RNE, as f32_to_bf16_bits). Every lane runs it (shuffles).
-template <HadamardTransform kTransform>
-__device__ __forceinline__ uint4 transform_chunk(const uint4& v, uint32_t k0, uint64_t rht_seed) {
-  float y[kChunk];
-  unpack_chunk(v, y);
-  if constexpr (kTransform == HadamardTransform::rht) {
-    const uint32_t signs = rht_sign_bits8(rht_seed, k0);
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) y[i] = __uint_as_float(__float_as_uint(y[i]) ^ (((signs >> i) & 1u) << 31));
-  }
-#pragma unroll
-  for (int h = 1; h < kChunk; h *= 2)
-#pragma unroll
-    for (int i = 0; i < kChunk; i += 2 * h)
-#pragma unroll
-      for (int j = i; j < i + h; ++j) {
-        const float a = y[j], b = y[j + h];
-        y[j] = __fadd_rn(a, b);
-        y[j + h] = __fsub_rn(a, b);
-      }
-  butterfly_across_lanes<1>(y);  // h = 8
-  constexpr int n = hadamard_block_size(kTransform);
-  if constexpr (n == 32) butterfly_across_lanes<2>(y);  // h = 16
-  const float c = hadamard_scale(n);
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = detail::bits_of_bf162(__floats2bfloat162_rn(__fmul_rn(y[2 * i], c), __fmul_rn(y[2 * i + 1], c)));
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
-// 4i..4i+3, the sign of v kept (-0 included), drawn with the 16 bits of element first_index + i
-// (first_index % 8 == 0: two hashes). The product is an exact power-of-two scaling (rounded only below 2^-126).
-__device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, uint64_t seed,
-                                                            uint64_t first_index) {
-  float y[kChunk];
-  unpack_chunk(v, y);
-  const uint64_t draws[2] = {splitmix64_at(seed, first_index / 4), splitmix64_at(seed, first_index / 4 + 1)};
-  uint32_t packed = 0;
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    const float a = fabsf(__fmul_rn(y[i], inv_scale));
-    const uint32_t s = static_cast<uint32_t>(draws[i / 4] >> (16 * (i % 4))) & 0xFFFFu;
-    packed |= (detail::e2m1_magnitude_sr_f32(a, s) | ((__float_as_uint(y[i]) >> 28) & 8u)) << (4 * i);
-  }
-  return packed;
-}
-
 // Writes a chunk's codes and (one lane in four) its block's scale, and counts its NaN/Inf block on the warp.
 __device__ __forceinline__ void store_chunk(bool in, bool nonfinite, uint32_t packed, uint8_t scale, int c,
                                            const QuantParams& p, uint32_t* __restrict__ ct, uint8_t* __restrict__ st,
@@ -158,16 +53,7 @@ __device__ __forceinline__ void store_chunk(bool in, bool nonfinite, uint32_t pa
     ct[c] = packed;
     if ((lane & 3) == 0) st[c / 4] = scale;
   }
-  if (p.nonfinite_blocks != nullptr) {
-    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, in && nonfinite && (lane & 3) == 0);
-    counted += static_cast<unsigned long long>(__popc(ballot));
-  }
-}
-
-// The largest of a value over the four lanes of an MX block.
-__device__ __forceinline__ uint32_t block_max(uint32_t v) {
-  v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
-  return max(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+  if (p.nonfinite_blocks != nullptr) detail::count_nonfinite_blocks(in, nonfinite, counted);
 }
 
 // One tile: `valid` chunks from xt (all kTile when kFull). first_chunk: the tile's flat chunk index. Every lane
@@ -192,26 +78,19 @@ __device__ __forceinline__ void quantize_tile(const uint4* __restrict__ xt, int 
   for (int j = 0; j < kChunksPerThread; ++j) {
     const int c = j * kThreads + static_cast<int>(threadIdx.x);  // valid % 4 == 0: a block is all in or all out
     const bool in = kFull || c < valid;
-    uint4 w = v[j];
-    if constexpr (kTransform != HadamardTransform::none) w = transform_chunk<kTransform>(w, k_chunk, p.rht_seed);
+    const uint32_t k0 = k_chunk;
     if constexpr (kTransform == HadamardTransform::rht) {
       k_chunk += kThreads * kChunk;
       if (k_chunk >= p.K) k_chunk = k_chunk - p.K < p.K ? k_chunk - p.K : k_chunk % p.K;
     }
-    const uint32_t amax_bits = block_max(chunk_amax_bits(w));
-    const bool nonfinite = amax_bits >= kBf16AbsNonFinite;
-    uint32_t packed = 0;  // NaN/Inf block and all-zero block: codes 0
-    uint8_t scale = nonfinite ? kUE8M0NaN : 0;
-    if (!nonfinite && amax_bits != 0) {
-      const int e = block_exponent(amax_bits, p.mode);
-      scale = static_cast<uint8_t>(e + kUE8M0Bias);
-      if constexpr (kRounding == Rounding::rne)
-        packed = encode_chunk_rne(w, exp2_exact(-e));
-      else
-        packed = encode_chunk_stochastic(w, exp2_exact(-e), p.seed,
-                                         p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk);
-    }
-    store_chunk(in, nonfinite, packed, scale, c, p, ct, st, counted);
+    // Stochastic rounding: the chunk's 8 consecutive flat indices start at a multiple of 8 (two hashes).
+    const uint64_t first_index = p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk;
+    const detail::ChunkCodes q =
+        detail::quantize_chunk<kRounding, kTransform>(v[j], k0, p.rht_seed, p.mode, [&] {
+          const uint64_t n = first_index / 4;
+          return detail::ChunkDraws{{splitmix64_at(p.seed, n), splitmix64_at(p.seed, n + 1)}};
+        });
+    store_chunk(in, q.nonfinite, q.packed, q.scale, c, p, ct, st, counted);
   }
 }
 

@@ -65,6 +65,13 @@ int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* code
 namespace detail {
 // The argument checks of bf16_to_mxfp4_row and its references (`what` names the caller); pointers aside.
 void check_mx_quant_config(const char* what, int64_t M, int64_t K, const MxQuantConfig& cfg);
+// The shape-free part: scale mode, rounding, row_offset >= 0 and a known transform.
+void check_mx_quant_options(const char* what, const MxQuantConfig& cfg);
+// The block rule on one row of values v [L] (L % 32 == 0; BF16 values held in FP32, already transformed), host
+// memory: codes [L/2], scales [L/32]; element j's stochastic-rounding index is index_base + index_stride * j.
+// Returns the NaN/Inf blocks. The CPU reference of every MXFP4 quantizer.
+int64_t mx_quantize_values_ref(const float* v, int64_t L, uint64_t index_base, uint64_t index_stride,
+                               uint8_t* codes, uint8_t* scales, const MxQuantConfig& cfg);
 }  // namespace detail
 
 }  // namespace fp4moe

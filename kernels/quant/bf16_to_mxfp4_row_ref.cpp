@@ -11,23 +11,23 @@ namespace fp4moe {
 namespace detail {
 void check_mx_quant_config(const char* what, int64_t M, int64_t K, const MxQuantConfig& cfg) {
   check_mx_row_shape(what, M, K);
+  check_mx_quant_options(what, cfg);
+  check_mx_transform(what, cfg.transform, K);
+}
+
+void check_mx_quant_options(const char* what, const MxQuantConfig& cfg) {
   FP4MOE_CHECK(cfg.scale_mode == MxScaleMode::floor || cfg.scale_mode == MxScaleMode::ceil,
                "{}: unknown MX scale mode {}", what, static_cast<int>(cfg.scale_mode));
   FP4MOE_CHECK(cfg.rounding == Rounding::rne || cfg.rounding == Rounding::stochastic, "{}: unknown rounding {}",
                what, static_cast<int>(cfg.rounding));
   FP4MOE_CHECK(cfg.row_offset >= 0, "{}: row_offset must be >= 0, got {}", what, cfg.row_offset);
-  check_mx_transform(what, cfg.transform, K);
+  check_mx_transform(what, cfg.transform, kMxBlock);  // the kind only: every block size divides 32
 }
-}  // namespace detail
 
-namespace {
-
-// One row of values v [K] (BF16 values held in FP32; row `row` of the full tensor, for the stochastic-rounding
-// index).
-int64_t quantize_row(const float* v, int64_t K, int64_t row, uint8_t* codes, uint8_t* scales,
-                     const MxQuantConfig& cfg) {
+int64_t mx_quantize_values_ref(const float* v, int64_t L, uint64_t index_base, uint64_t index_stride,
+                               uint8_t* codes, uint8_t* scales, const MxQuantConfig& cfg) {
   int64_t nonfinite = 0;
-  for (int64_t b = 0; b < K / kMxBlock; ++b) {
+  for (int64_t b = 0; b < L / kMxBlock; ++b) {
     const float* w = v + b * kMxBlock;
     uint8_t* c = codes + b * kMxBlock / 2;
     uint8_t& scale = scales[b];
@@ -57,7 +57,7 @@ int64_t quantize_row(const float* v, int64_t K, int64_t row, uint8_t* codes, uin
       if (cfg.rounding == Rounding::rne) {
         code = f32_to_e2m1_rne(scaled);
       } else {
-        const uint64_t index = static_cast<uint64_t>(row * K + b * kMxBlock + i);
+        const uint64_t index = index_base + index_stride * static_cast<uint64_t>(b * kMxBlock + i);
         code = f32_to_e2m1_stochastic(scaled, mx_sr_uniform(cfg.seed, index));
       }
       c[i / 2] |= static_cast<uint8_t>(code << (4 * (i % 2)));
@@ -65,8 +65,7 @@ int64_t quantize_row(const float* v, int64_t K, int64_t row, uint8_t* codes, uin
   }
   return nonfinite;
 }
-
-}  // namespace
+}  // namespace detail
 
 int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                               const MxQuantConfig& cfg) {
@@ -80,7 +79,8 @@ int64_t bf16_to_mxfp4_row_ref(const bf16* x, int64_t M, int64_t K, uint8_t* code
   std::vector<float> v(K);
   for (int64_t m = 0; m < M; ++m) {
     mx_transform_rows_bf16_ref(x + m * K, 1, K, cfg.transform, cfg.rht_seed, v.data());
-    nonfinite += quantize_row(v.data(), K, cfg.row_offset + m, codes + m * K / 2, scales + m * (K / kMxBlock), cfg);
+    nonfinite += detail::mx_quantize_values_ref(v.data(), K, static_cast<uint64_t>(cfg.row_offset + m) * K, 1,
+                                                codes + m * K / 2, scales + m * (K / kMxBlock), cfg);
   }
   return nonfinite;
 }

@@ -4,6 +4,12 @@
 //   codes  uint8 [M, K/2]   row-major, element 2i in the low nibble of byte i, 2i+1 in the high nibble
 //   scales uint8 [M, K/32]  row-major, UE8M0
 //
+// MXFP4 column tensor over ragged groups (bf16_to_mxfp4_col_ragged), from a row-major [M, K] input split into G
+// groups of rows by int32 offsets [G+1] as below: group g is the MXFP4 row tensor of its zero-padded transpose
+// [K, L_g], L_g = round_up(M_g, 32), P_g = sum_{h<g} L_h:
+//   codes  uint8 at codes + K * P_g / 2, [K, L_g / 2];  scales uint8 UE8M0 at scales + K * P_g / 32, [K, L_g / 32]
+//   capacities: codes K * (M + 31 G) / 2 bytes, scales K * (M + 31 G) / 32 bytes, whatever the split.
+//
 // FP8 1x128 row tensor, logical [R, C], blocks of 128 along C (the last block covers the rest):
 //   codes  uint8 (E4M3) [R, C] row-major
 //   scales fp32 [ceil(C/128), ld] with ld = round_up(R, 4): scale(r, b) = scales[b * ld + r]
@@ -49,6 +55,16 @@ FP4MOE_HD int64_t fp8_col_group_ld(int64_t m_g) { return (m_g + kColAlign - 1) /
 FP4MOE_HD int64_t fp8_col_codes_capacity(int64_t M, int64_t K, int64_t G) { return K * (M + (kColAlign - 1) * G); }
 FP4MOE_HD int64_t fp8_col_scales_capacity(int64_t M, int64_t K, int64_t G) {
   return K * ((M + kFp8Block - 1) / kFp8Block + G);
+}
+
+// MXFP4 column tensor over ragged groups: L_g = round_up(M_g, 32) of one group; bytes to allocate for any split of
+// M rows into G groups.
+FP4MOE_HD int64_t mxfp4_col_group_ld(int64_t m_g) { return (m_g + kMxBlock - 1) / kMxBlock * kMxBlock; }
+FP4MOE_HD int64_t mxfp4_col_codes_capacity(int64_t M, int64_t K, int64_t G) {
+  return K * (M + (kMxBlock - 1) * G) / 2;
+}
+FP4MOE_HD int64_t mxfp4_col_scales_capacity(int64_t M, int64_t K, int64_t G) {
+  return K * ((M + (kMxBlock - 1) * G + kMxBlock - 1) / kMxBlock);
 }
 
 // FP8 128x128 block tensor [N, K]: scale leading dimension round_up(ceil(K/128), 4) and scale count.

@@ -18,19 +18,23 @@ constexpr int kMaxColGroups = 1024;  // groups a column kernel accepts
 struct TokenBlock {
   int64_t row0;          // first input row of this token block (offsets[g] + 128 * block)
   int rows;              // tokens of the block that exist: min(128, M_g - 128 * block), >= 1
-  int64_t ld;            // L_g = round_up(M_g, 16), the row length of the group's codes
+  int64_t ld;            // L_g = round_up(M_g, kPad), the row length of the group's codes (kPad: TokenBlockFinder)
   int col0;              // first token of the block within the group (128 * block)
-  int64_t codes_offset;  // K * P_g (elements): start of the group's [K, L_g] codes
+  int64_t codes_offset;  // K * P_g (elements), P_g = sum_{h<g} L_h: start of the group's [K, L_g] codes
   int64_t scales_offset; // K * (Q_g + block): start of this block's K scales
 };
 
 // Every thread block finds its token block on its own; each warp computes the answer by itself (no shared
-// memory, no block barrier before the block's loads). kThreads: the block size (whole warps).
-template <int kThreads>
+// memory, no block barrier before the block's loads). kThreads: the block size (whole warps). kPad: the token
+// padding of each group's rows, kColAlign (16) for the FP8 column tensor, kMxBlock (32) for the MXFP4 column
+// tensor (bf16_to_mxfp4_col_ragged); ld and codes_offset follow it (L_g = round_up(M_g, kPad)).
+template <int kThreads, int kPad = kColAlign>
 struct TokenBlockFinder {
   static_assert(kThreads % 32 == 0, "whole warps");
+  static_assert(kPad >= 1 && kPad <= kFp8Block, "padding of at most one token block");
+  static __device__ __forceinline__ int64_t group_ld(int64_t rows) { return (rows + kPad - 1) / kPad * kPad; }
   // Lanes take 32 groups at a time; a warp scan of the packed (token blocks << 32 | padding columns) pairs gives
-  // each group's prefix (both parts small: token blocks <= 2^31 / 128 + 1024 and padding <= 15 * 1024, so the
+  // each group's prefix (both parts small: token blocks <= 2^31 / 128 + 1024 and padding <= 127 * 1024, so the
   // packed sum never carries), and a ballot names the lane whose group holds the slot. Every lane of every warp
   // must call it (warps may run it at their own pace). Returns false when the slot has no token block, or when
   // the device offsets are not a valid split of M rows (offsets[0] != 0, a decrease, offsets[G] != M): then
@@ -57,7 +61,7 @@ struct TokenBlockFinder {
         if (rows < 0 || (g == 0 && lo != 0) || (g == G - 1 && hi != M)) bad = true;
         if (rows > 0)
           item = (static_cast<unsigned long long>((rows + kFp8Block - 1) / kFp8Block) << 32) |
-                 static_cast<unsigned long long>(fp8_col_group_ld(rows) - rows);
+                 static_cast<unsigned long long>(group_ld(rows) - rows);
       }
       unsigned long long incl = item;  // inclusive warp scan
 #pragma unroll
@@ -84,7 +88,7 @@ struct TokenBlockFinder {
     tb.col0 = block * kFp8Block;
     tb.row0 = f_row0 + tb.col0;
     tb.rows = static_cast<int>(f_rows - tb.col0 < kFp8Block ? f_rows - tb.col0 : kFp8Block);
-    tb.ld = fp8_col_group_ld(f_rows);
+    tb.ld = group_ld(f_rows);
     tb.codes_offset = K * (f_row0 + pad);
     tb.scales_offset = K * (q + block);
     return true;

@@ -7,6 +7,7 @@
 
 #include "kernels/common/check.h"
 #include "kernels/quant/bf16_to_fp8.h"
+#include "kernels/quant/bf16_to_mxfp4_col.h"
 
 namespace fp4moe {
 namespace {
@@ -44,6 +45,45 @@ TEST(QuantLaunchChecks, Fp8QuantizersRejectAMisalignedNonfiniteCounterBeforeLaun
   expect_counter_rejected(
       [&] { bf16_to_fp8_block128(x, 128, 256, Fp8ScaleMode::pow2, false, codes, scales, counter, nullptr); },
       "bf16_to_fp8_block128");
+}
+
+// Runs `launch`, expects fp4moe::Error whose message holds `part`.
+void expect_rejected(const std::function<void()>& launch, const std::string& part) {
+  try {
+    launch();
+    FAIL() << "accepted; expected an error mentioning '" << part << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(QuantLaunchChecks, Mxfp4ColumnQuantizersRejectBeforeLaunch) {
+  const auto* x = fake_device_pointer<const bf16>(0x10000);
+  auto* codes = fake_device_pointer<uint8_t>(0x20000);
+  auto* scales = fake_device_pointer<uint8_t>(0x30000);
+  const auto* offsets = fake_device_pointer<const int32_t>(0x40000);
+  const MxQuantConfig cfg;
+  const int32_t host_offsets[3] = {0, 100, 90};  // decreasing
+  expect_rejected([&] { bf16_to_mxfp4_col(x, 48, 256, codes, scales, cfg, nullptr, nullptr); }, "[48, 256]");
+  expect_rejected([&] { bf16_to_mxfp4_col(x, 64, 12, codes, scales, cfg, nullptr, nullptr); }, "[64, 12]");
+  expect_rejected([&] { bf16_to_mxfp4_col(x + 1, 64, 256, codes, scales, cfg, nullptr, nullptr); },
+                  "x must be 16-byte aligned");
+  expect_rejected([&] { bf16_to_mxfp4_col(x, 64, 256, codes + 4, scales, cfg, nullptr, nullptr); },
+                  "codes must be 16-byte aligned");
+  expect_rejected(
+      [&] {
+        bf16_to_mxfp4_col(x, 64, 256, codes, scales, cfg, fake_device_pointer<unsigned long long>(0x50004), nullptr);
+      },
+      "nonfinite_blocks must be 8-byte aligned");
+  expect_rejected(
+      [&] { bf16_to_mxfp4_col_ragged(x, 90, 256, offsets, 2, host_offsets, codes, scales, cfg, nullptr, nullptr); },
+      "bf16_to_mxfp4_col_ragged");
+  expect_rejected(
+      [&] { bf16_to_mxfp4_col_ragged(x, 90, 256, nullptr, 2, nullptr, codes, scales, cfg, nullptr, nullptr); },
+      "device group offsets are null");
+  expect_rejected(
+      [&] { bf16_to_mxfp4_col_ragged(x, 90, 256, offsets, 1025, nullptr, codes, scales, cfg, nullptr, nullptr); },
+      "G must be in [1, 1024]");
 }
 
 }  // namespace

@@ -1,0 +1,177 @@
+// Device helpers of the BF16 -> MXFP4 quantizers (bf16_to_mxfp4_row.cu along K, bf16_to_mxfp4_col.cu along M):
+// both hand each thread "chunks" of 8 consecutive elements along the reduction dimension as a uint4 (element i in
+// the low half of word i/2 when i is even, the high half when odd), four consecutive lanes holding the four chunks
+// of one MX block in order (lane & 3 = chunk within the block). quantize_chunk then applies the rule of
+// bf16_to_mxfp4_row.h (transform, block amax over the four lanes, UE8M0 scale, E2M1 codes) with the same bits in
+// both kernels. Every lane of a warp must call the helpers that shuffle (whole warps, all lanes active).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/formats/formats.h"
+#include "kernels/quant/bf16_to_mxfp4_row.h"
+#include "kernels/quant/layouts.h"
+#include "kernels/quant/mx_fast_codecs.h"
+#include "kernels/quant/mx_random.h"
+#include "kernels/quant/mx_transform.h"
+
+namespace fp4moe::detail {
+
+constexpr int kMxChunk = 8;  // BF16 elements per chunk (16 bytes); 4 chunks per MX block
+static_assert(kMxBlock == 4 * kMxChunk, "four lanes per MX block");
+
+constexpr uint32_t kBf16AbsNonFinite = 0x7F80;  // |x| bits >= this: Inf or NaN
+
+// Largest BF16 magnitude bits of one chunk (bits order like magnitudes; >= kBf16AbsNonFinite: Inf or NaN).
+__device__ __forceinline__ uint32_t chunk_amax_bits(const uint4& v) {
+  const uint32_t m2 = __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu),
+                               __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu));
+  return max(m2 & 0xFFFFu, m2 >> 16);
+}
+
+// mx_scale_exponent of a finite, nonzero BF16 amax given by its magnitude bits, read off the exponent field when
+// amax is a normal (floor: exponent - 2; ceil: one more when the 7-bit fraction exceeds 1.5; clamped at -127).
+__device__ __forceinline__ int block_exponent(uint32_t amax_bits, MxScaleMode mode) {
+  const int biased = static_cast<int>(amax_bits >> 7);
+  if (biased == 0) return mx_scale_exponent(bf16_bits_to_f32(static_cast<uint16_t>(amax_bits)), mode);
+  const int up = (mode == MxScaleMode::ceil && (amax_bits & 0x7Fu) > 0x40u) ? 1 : 0;
+  return max(biased - kUE8M0Bias - 2 + up, -127);
+}
+
+// RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2): half the instructions of an
+// fp32 encoder (one fp32 product and one rounding per element), which it replaced when timed faster (bench_quant).
+// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3.
+__device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_scale) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  const __nv_bfloat162 inv2 = __float2bfloat162_rn(inv_scale);  // 2^-e, e in [-127, 126]: exact in BF16
+  uint32_t byte[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t c = e2m1_pair_rne_bf16x2(w[i], inv2);
+    byte[i] = c | (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
+  }
+  return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410);
+}
+
+// One butterfly stage across lanes `kLaneXor` apart: the lower lane holds a = y_j, the upper b = y_{j+h}; the
+// lower keeps a + b, the upper a - b (mx_transform.h). Both as one sum, other + (+-own): IEEE addition commutes
+// and a - b is a + (-b), so the bits are those of the rule, without a branch per element.
+template <int kLaneXor>
+__device__ __forceinline__ void butterfly_across_lanes(float (&y)[kMxChunk]) {
+  const uint32_t own_sign = (threadIdx.x & kLaneXor) != 0 ? 0x80000000u : 0u;
+#pragma unroll
+  for (int i = 0; i < kMxChunk; ++i) {
+    const float other = __shfl_xor_sync(0xFFFFFFFFu, y[i], kLaneXor);
+    y[i] = __fadd_rn(other, __uint_as_float(__float_as_uint(y[i]) ^ own_sign));
+  }
+}
+
+// The 8 BF16 of a chunk in FP32 (exact).
+__device__ __forceinline__ void unpack_chunk(const uint4& v, float (&y)[kMxChunk]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < kMxChunk; ++i)
+    y[i] = __uint_as_float((i & 1) ? (w[i / 2] & 0xFFFF0000u) : (w[i / 2] << 16));
+}
+
+// T(x) on the chunk's 8 BF16 elements (mx_transform.h) in FP32, the chunk starting at position k0 along the
+// reduction dimension (rht: its signs s_k0 .. s_k0+7; k0 % 8 == 0), rounded back to BF16 (RNE, as
+// f32_to_bf16_bits). Every lane runs it (shuffles).
+template <HadamardTransform kTransform>
+__device__ __forceinline__ uint4 transform_chunk(const uint4& v, uint32_t k0, uint64_t rht_seed) {
+  float y[kMxChunk];
+  unpack_chunk(v, y);
+  if constexpr (kTransform == HadamardTransform::rht) {
+    const uint32_t signs = rht_sign_bits8(rht_seed, k0);
+#pragma unroll
+    for (int i = 0; i < kMxChunk; ++i) y[i] = __uint_as_float(__float_as_uint(y[i]) ^ (((signs >> i) & 1u) << 31));
+  }
+#pragma unroll
+  for (int h = 1; h < kMxChunk; h *= 2)
+#pragma unroll
+    for (int i = 0; i < kMxChunk; i += 2 * h)
+#pragma unroll
+      for (int j = i; j < i + h; ++j) {
+        const float a = y[j], b = y[j + h];
+        y[j] = __fadd_rn(a, b);
+        y[j + h] = __fsub_rn(a, b);
+      }
+  butterfly_across_lanes<1>(y);  // h = 8
+  constexpr int n = hadamard_block_size(kTransform);
+  if constexpr (n == 32) butterfly_across_lanes<2>(y);  // h = 16
+  const float c = hadamard_scale(n);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = bits_of_bf162(__floats2bfloat162_rn(__fmul_rn(y[2 * i], c), __fmul_rn(y[2 * i + 1], c)));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The 16 random bits of stochastic rounding of a chunk's 8 elements: element i's are bits 16 (i % 4) ..
+// 16 (i % 4) + 15 of word i / 4 (the packing of mx_sr_bits16 when the 8 flat indices are consecutive and the
+// first is a multiple of 8: the two words are then splitmix64_at(seed, first / 4) and the next).
+struct ChunkDraws {
+  uint64_t word[2];
+};
+
+// Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
+// 4i..4i+3, the sign of v kept (-0 included). The product is an exact power-of-two scaling (rounded only below
+// 2^-126).
+__device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, const ChunkDraws& d) {
+  float y[kMxChunk];
+  unpack_chunk(v, y);
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < kMxChunk; ++i) {
+    const float a = fabsf(__fmul_rn(y[i], inv_scale));
+    const uint32_t s = static_cast<uint32_t>(d.word[i / 4] >> (16 * (i % 4))) & 0xFFFFu;
+    packed |= (e2m1_magnitude_sr_f32(a, s) | ((__float_as_uint(y[i]) >> 28) & 8u)) << (4 * i);
+  }
+  return packed;
+}
+
+// The largest of a value over the four lanes of an MX block.
+__device__ __forceinline__ uint32_t block_max(uint32_t v) {
+  v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+  return max(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+
+// One chunk's share of its MX block: the 8 codes (element i in bits 4i..4i+3) and the block's scale byte.
+struct ChunkCodes {
+  uint32_t packed;
+  uint8_t scale;
+  bool nonfinite;  // the block holds a NaN or Inf (scale 0xFF, codes 0)
+};
+
+// The MXFP4 rule of bf16_to_mxfp4_row.h on one chunk v of BF16 elements at position k0 of the reduction dimension
+// (rht signs), every lane of the warp calling it. draws() gives the chunk's ChunkDraws; it is called for
+// stochastic rounding of a finite nonzero block only.
+template <Rounding kRounding, HadamardTransform kTransform, typename Draws>
+__device__ __forceinline__ ChunkCodes quantize_chunk(uint4 v, uint32_t k0, uint64_t rht_seed, MxScaleMode mode,
+                                                     Draws&& draws) {
+  if constexpr (kTransform != HadamardTransform::none) v = transform_chunk<kTransform>(v, k0, rht_seed);
+  const uint32_t amax_bits = block_max(chunk_amax_bits(v));
+  ChunkCodes out{0, 0, amax_bits >= kBf16AbsNonFinite};  // NaN/Inf block and all-zero block: codes 0
+  if (out.nonfinite) {
+    out.scale = kUE8M0NaN;
+  } else if (amax_bits != 0) {
+    const int e = block_exponent(amax_bits, mode);
+    out.scale = static_cast<uint8_t>(e + kUE8M0Bias);
+    if constexpr (kRounding == Rounding::rne)
+      out.packed = encode_chunk_rne(v, exp2_exact(-e));
+    else
+      out.packed = encode_chunk_stochastic(v, exp2_exact(-e), draws());
+  }
+  return out;
+}
+
+// Adds to `counted` (per lane; the caller sums lane 0's) the warp's NaN/Inf blocks among chunks that are `in`:
+// counted once per block, by the lane with lane & 3 == 0.
+__device__ __forceinline__ void count_nonfinite_blocks(bool in, bool nonfinite, unsigned long long& counted) {
+  const unsigned ballot = __ballot_sync(0xFFFFFFFFu, in && nonfinite && (threadIdx.x & 3) == 0);
+  counted += static_cast<unsigned long long>(__popc(ballot));
+}
+
+}  // namespace fp4moe::detail

@@ -1,0 +1,184 @@
+// GPU column MXFP4 quantizers (bf16_to_mxfp4_col, bf16_to_mxfp4_col_ragged) against their CPU references, bit for
+// bit: every rounding and transform, both scale modes, NaN/Inf blocks counted, partial row and column tiles,
+// ragged splits with empty groups and groups of any size; stochastic rounding independent of how the rows are
+// split into launches; nothing written outside the outputs (guards) or past the layout's extent; device offsets
+// that are not a valid split write nothing; rejections before any launch.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/common/check.h"
+#include "kernels/common/types.h"
+#include "kernels/quant/bf16_to_mxfp4_col.h"
+#include "kernels/quant/layouts.h"
+#include "tests/common/gpu_test_util.h"
+#include "tests/common/mx_test_util.h"
+#include "tests/common/nn_test_util.h"
+
+namespace fp4moe {
+namespace {
+
+using test::DeviceBuffer;
+using test::Guarded;
+
+constexpr HadamardTransform kAllTransforms[] = {HadamardTransform::none, HadamardTransform::h16,
+                                                HadamardTransform::h32, HadamardTransform::rht};
+
+struct ColRun {
+  std::vector<uint8_t> codes, scales;
+  int64_t nonfinite = 0;
+  bool guards_intact = false;
+};
+
+// The dense (offsets empty) or ragged GPU quantizer into outputs of `codes_n` and `scales_n` bytes, poisoned first.
+ColRun run_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const std::vector<int32_t>& offsets,
+               int64_t codes_n, int64_t scales_n, const MxQuantConfig& cfg, bool pass_host_offsets = true) {
+  Guarded<bf16> dx(static_cast<size_t>(M * K));
+  Guarded<uint8_t> codes(static_cast<size_t>(codes_n)), scales(static_cast<size_t>(scales_n));
+  DeviceBuffer<unsigned long long> counter(1);
+  dx.upload(x);
+  CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
+  if (offsets.empty()) {
+    bf16_to_mxfp4_col(dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
+  } else {
+    DeviceBuffer<int32_t> d_offsets(offsets.size());
+    d_offsets.upload(offsets);
+    const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
+    bf16_to_mxfp4_col_ragged(dx.ptr(), M, K, d_offsets.ptr, G, pass_host_offsets ? offsets.data() : nullptr,
+                             codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return ColRun{codes.download(), scales.download(), static_cast<int64_t>(counter.download()[0]),
+                codes.guards_intact() && scales.guards_intact()};
+}
+
+MxQuantConfig config(Rounding r, HadamardTransform t, MxScaleMode mode, uint64_t seed) {
+  MxQuantConfig cfg;
+  cfg.rounding = r;
+  cfg.transform = t;
+  cfg.scale_mode = mode;
+  cfg.seed = 0x5EED0000ull + seed;
+  cfg.rht_seed = 0x77700000ull + seed;
+  return cfg;
+}
+
+TEST(Bf16ToMxfp4ColGpu, DenseMatchesReferenceBitForBit) {
+  FP4MOE_REQUIRE_DEVICE();
+  // Row tiles of 128 (one partial: 352 = 2 x 128 + 96), column tiles of 32 (partial: 200, 8, 2056), MoE widths.
+  const std::pair<int64_t, int64_t> shapes[] = {{32, 8}, {96, 40}, {352, 200}, {128, 2048}, {64, 2056}, {256, 576}};
+  uint32_t seed = 1;
+  for (const auto& [M, K] : shapes) {
+    const std::vector<bf16> x = test::mx_random_bf16(M, K, seed, /*nonfinite=*/seed % 2 == 1);
+    for (HadamardTransform t : kAllTransforms)
+      for (Rounding r : {Rounding::rne, Rounding::stochastic}) {
+        const MxQuantConfig cfg = config(r, t, seed % 3 == 0 ? MxScaleMode::ceil : MxScaleMode::floor, seed);
+        SCOPED_TRACE(testing::Message() << "M=" << M << " K=" << K << " transform=" << int(t) << " rounding="
+                                        << int(r));
+        std::vector<uint8_t> codes(M * K / 2), scales(M * K / 32);
+        const int64_t nonfinite = bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
+        const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg);
+        EXPECT_EQ(got.codes, codes);
+        EXPECT_EQ(got.scales, scales);
+        EXPECT_EQ(got.nonfinite, nonfinite);
+        EXPECT_TRUE(got.guards_intact);
+      }
+    ++seed;
+  }
+}
+
+TEST(Bf16ToMxfp4ColGpu, RaggedMatchesReferenceAndWritesOnlyTheLayoutsExtent) {
+  FP4MOE_REQUIRE_DEVICE();
+  const std::vector<std::vector<int32_t>> splits = {
+      {0, 0, 5, 37, 101, 134, 134},        // empty groups, sizes 5, 32, 64, 33
+      {0, 300, 300, 301, 700},             // a group across several 128-token blocks, a group of one token
+      {0, 256},                            // one group, a multiple of 128
+  };
+  uint32_t seed = 40;
+  for (const auto& offsets : splits)
+    for (int64_t K : {int64_t{16}, int64_t{200}}) {
+      const int64_t G = static_cast<int64_t>(offsets.size()) - 1, M = offsets.back();
+      const std::vector<bf16> x = test::mx_random_bf16(M, K, seed, seed % 2 == 0);
+      const int64_t codes_n = mxfp4_col_codes_capacity(M, K, G), scales_n = mxfp4_col_scales_capacity(M, K, G);
+      for (HadamardTransform t : kAllTransforms)
+        for (Rounding r : {Rounding::rne, Rounding::stochastic}) {
+          MxQuantConfig cfg = config(r, t, MxScaleMode::floor, seed);
+          cfg.row_offset = 1000;
+          SCOPED_TRACE(testing::Message() << "M=" << M << " G=" << G << " K=" << K << " transform=" << int(t)
+                                          << " rounding=" << int(r));
+          std::vector<uint8_t> codes(codes_n, test::kNanPoison), scales(scales_n, test::kNanPoison);
+          const int64_t nonfinite =
+              bf16_to_mxfp4_col_ragged_ref(x.data(), M, K, offsets.data(), G, codes.data(), scales.data(), cfg);
+          const ColRun got = run_gpu(x, M, K, offsets, codes_n, scales_n, cfg);
+          EXPECT_EQ(got.codes, codes);  // the poison past the extent included
+          EXPECT_EQ(got.scales, scales);
+          EXPECT_EQ(got.nonfinite, nonfinite);
+          EXPECT_TRUE(got.guards_intact);
+        }
+      ++seed;
+    }
+}
+
+// Two launches over row ranges with row_offset give the same codes as one launch over all rows (each launch's
+// output is the [K, rows] transpose of its range).
+TEST(Bf16ToMxfp4ColGpu, StochasticRoundingDoesNotDependOnTheLaunchSplit) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t M = 320, K = 72, M0 = 192;
+  const std::vector<bf16> x = test::mx_random_bf16(M, K, 7);
+  for (HadamardTransform t : {HadamardTransform::none, HadamardTransform::h32}) {
+    MxQuantConfig cfg = config(Rounding::stochastic, t, MxScaleMode::floor, 7);
+    const ColRun all = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg);
+    const std::vector<bf16> top(x.begin(), x.begin() + M0 * K), bottom(x.begin() + M0 * K, x.end());
+    const ColRun first = run_gpu(top, M0, K, {}, M0 * K / 2, M0 * K / 32, cfg);
+    cfg.row_offset = M0;
+    const ColRun second = run_gpu(bottom, M - M0, K, {}, (M - M0) * K / 2, (M - M0) * K / 32, cfg);
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t j = 0; j < M / 2; ++j) {
+        const uint8_t part = j < M0 / 2 ? first.codes[k * M0 / 2 + j] : second.codes[k * (M - M0) / 2 + j - M0 / 2];
+        ASSERT_EQ(all.codes[k * M / 2 + j], part) << "transform " << int(t) << " row of X^T " << k << " byte " << j;
+      }
+    }
+  }
+}
+
+TEST(Bf16ToMxfp4ColGpu, InvalidDeviceOffsetsWriteNothing) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t M = 64, K = 16;
+  const std::vector<bf16> x = test::mx_random_bf16(M, K, 8);
+  for (const std::vector<int32_t>& offsets : {std::vector<int32_t>{0, 40, 30, 64}, std::vector<int32_t>{0, 40, 60}}) {
+    const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
+    const int64_t codes_n = mxfp4_col_codes_capacity(M, K, G), scales_n = mxfp4_col_scales_capacity(M, K, G);
+    const ColRun got = run_gpu(x, M, K, offsets, codes_n, scales_n, MxQuantConfig{}, /*pass_host_offsets=*/false);
+    EXPECT_EQ(got.codes, std::vector<uint8_t>(codes_n, test::kNanPoison));
+    EXPECT_EQ(got.scales, std::vector<uint8_t>(scales_n, test::kNanPoison));
+    EXPECT_TRUE(got.guards_intact);
+  }
+}
+
+TEST(Bf16ToMxfp4ColGpu, RejectsBeforeAnyLaunch) {
+  FP4MOE_REQUIRE_DEVICE();
+  DeviceBuffer<bf16> x(64 * 64 + 8);
+  DeviceBuffer<uint8_t> codes(64 * 64), scales(64 * 64);
+  DeviceBuffer<int32_t> offsets(4);
+  const MxQuantConfig cfg;
+  EXPECT_THROW(bf16_to_mxfp4_col(x.ptr + 1, 64, 64, codes.ptr, scales.ptr, cfg, nullptr, nullptr), Error);
+  EXPECT_THROW(bf16_to_mxfp4_col(x.ptr, 64, 64, codes.ptr + 4, scales.ptr, cfg, nullptr, nullptr), Error);
+  EXPECT_THROW(bf16_to_mxfp4_col(x.ptr, 48, 64, codes.ptr, scales.ptr, cfg, nullptr, nullptr), Error);
+  EXPECT_THROW(bf16_to_mxfp4_col(x.ptr, 64, 60, codes.ptr, scales.ptr, cfg, nullptr, nullptr), Error);
+  const int32_t bad[] = {0, 10, 5, 64};
+  EXPECT_THROW(bf16_to_mxfp4_col_ragged(x.ptr, 64, 64, offsets.ptr, 3, bad, codes.ptr, scales.ptr, cfg, nullptr,
+                                        nullptr),
+               Error);
+  EXPECT_THROW(bf16_to_mxfp4_col_ragged(x.ptr, 64, 64, nullptr, 3, nullptr, codes.ptr, scales.ptr, cfg, nullptr,
+                                        nullptr),
+               Error);
+  EXPECT_THROW(bf16_to_mxfp4_col_ragged(x.ptr, 64, 64, offsets.ptr, 1025, nullptr, codes.ptr, scales.ptr, cfg,
+                                        nullptr, nullptr),
+               Error);
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace fp4moe
