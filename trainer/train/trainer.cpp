@@ -10,6 +10,7 @@
 #include "results/env_info.h"
 #include "results/output_path.h"
 #include "trainer/flops.h"
+#include "trainer/memory/estimate.h"
 #include "trainer/model/moe_experts.h"
 #include "trainer/train/stop_signals.h"
 #include "trainer/train/trainer_state.h"
@@ -17,6 +18,35 @@
 namespace fp4moe {
 
 namespace fs = std::filesystem;
+
+bool emulates_layout(const TrainerConfig& cfg) { return cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1; }
+
+void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
+  validate_config(cfg);
+  check_emulated_layout(cfg);
+  if (!emulates_layout(cfg)) return;
+  const ParallelConfig& p = cfg.parallel;
+  const std::string layout = fmt::format("the emulated layout (tp {} pp {} dp {} ep {})", p.tp, p.pp, p.dp, p.ep);
+  FP4MOE_CHECK(cfg.train.checkpoint_dir.empty(), "train.checkpoint_dir = '{}': {} holds one GPU's share of the model, "
+               "which a checkpoint cannot hold (unset train.checkpoint_dir and train.checkpoint_interval)",
+               cfg.train.checkpoint_dir, layout);
+  FP4MOE_CHECK(options.resume_path.empty(), "--resume: {} is not resumed from a checkpoint", layout);
+  const PipelineStage stage = pipeline_stage(cfg);
+  FP4MOE_CHECK(cfg.train.eval_interval == 0 || stage.last(), "train.eval_interval = {}: stage {} of {} has no LM head "
+               "and so no loss to evaluate (set train.eval_interval = 0)", cfg.train.eval_interval, stage.stage, layout);
+}
+
+// Training FLOPs per token of what this GPU runs: the whole model, or under an emulated layout its stage (the
+// stage's layers, and the LM head on the last stage; the embedding counts none).
+double training_flops_per_token(const TrainerConfig& cfg) {
+  const int64_t T = cfg.train.seq_len;
+  if (!emulates_layout(cfg)) return model_flops_per_token(cfg, T).training;
+  const PipelineStage stage = pipeline_stage(cfg);
+  double forward = stage.last() ? lm_head_flops_per_token(cfg.model) : 0.0;
+  for (int64_t l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
+    forward += layer_flops_per_token(cfg, l, T).total();
+  return 3.0 * forward;
+}
 
 Trainer::State::~State() {
   if (stream) cudaStreamSynchronize(stream);  // no throw from a destructor
@@ -35,7 +65,7 @@ Trainer::State::~State() {
 void Trainer::State::setup() {
   const TrainingConfig& t = cfg.train;
   // Everything that can be refused without a device, first.
-  validate_config(cfg);
+  check_trainable(cfg, opts);
   if (!opts.synthetic_data) validate_data(cfg);
   FP4MOE_CHECK(opts.log_interval >= 1, "log_interval must be >= 1, got {}", opts.log_interval);
   FP4MOE_CHECK(std::isfinite(opts.peak_flops) && opts.peak_flops > 0, "peak_flops must be > 0, got {}",
@@ -55,7 +85,7 @@ void Trainer::State::setup() {
   B = t.micro_batch;
   T = t.seq_len;
   tokens_per_step = t.tokens_per_step();
-  flops_per_token = model_flops_per_token(cfg, T).training;
+  flops_per_token = training_flops_per_token(cfg);
   rows.resize(static_cast<size_t>(B * (T + 1)));
   if (opts.synthetic_data) {
     train = TokenBatches::synthetic(t.seed, kSyntheticTrainStream, cfg.model.vocab_size, B, T);
@@ -100,6 +130,16 @@ void Trainer::State::setup() {
   metrics->set_attribute("memory_budget_bytes", static_cast<int64_t>(opts.memory_budget_bytes));
   metrics->set_attribute("resumed_from", opts.resume_path);
   set_dispatch_attributes(*metrics, cfg, model->dispatch_bytes());
+  if (emulates_layout(cfg)) {  // the layout and the stage this GPU emulated (trainer.h)
+    const ParallelConfig& p = cfg.parallel;
+    const PipelineStage& st = model->stage();
+    for (const auto& [key, v] : {std::pair<const char*, int64_t>{"parallel.tp", p.tp}, {"parallel.pp", p.pp},
+                                 {"parallel.dp", p.dp}, {"parallel.ep", p.ep}, {"parallel.micro_batches",
+                                 p.micro_batches}, {"parallel.zero1", p.zero1 ? 1 : 0}, {"stage", st.stage},
+                                 {"stage.first_layer", st.first_layer}, {"stage.layers", st.layers},
+                                 {"loss_absent", st.last() ? 0 : 1}})
+      metrics->set_attribute(key, v);
+  }
 
   if (opts.resume_path.empty()) {
     model->init_weights(t.seed);
