@@ -17,6 +17,7 @@
 #include "tests/common/gpu_test_util.h"
 #include "tests/common/temp_dir.h"
 #include "tests/common/trainer_test_util.h"
+#include "kernels/nn/cross_entropy.h"
 #include "trainer/config.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/layout_emulation.h"
