@@ -8,6 +8,8 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "tests/common/trainer_test_util.h"
@@ -17,6 +19,7 @@
 #include "trainer/model/layout_emulation.h"
 #include "trainer/model/model.h"
 #include "trainer/model/moe_router.h"
+#include "trainer/train/metrics.h"
 #include "trainer/train/trainer.h"
 
 namespace fp4moe {
@@ -161,6 +164,24 @@ TEST(LayoutEmulation, CommPlanIsTheEstimatorsCommCategory) {
     }
   }
   expect_error_with([] { Model::comm_buffers(tiny(), 256, 512, 0, 1, true); }, {"ep, pp >= 1"});
+}
+
+TEST(LayoutEmulation, RunFileAttributesRecordTheLayoutAndStage) {
+  const TrainerConfig one = tiny();
+  EXPECT_TRUE(layout_attributes(one, pipeline_stage(one)).empty());  // one GPU: nothing added
+  const TrainerConfig cfg = tiny({"--model.layers", "5", "--parallel.pp", "3", "--parallel.dp", "2", "--parallel.ep",
+                                  "2", "--parallel.micro_batches", "4", "--parallel.stage", "1"});
+  const Attributes a = layout_attributes(cfg, pipeline_stage(cfg));
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"parallel.tp", 1}, {"parallel.pp", 3}, {"parallel.dp", 2}, {"parallel.ep", 2}, {"parallel.micro_batches", 4},
+      {"parallel.zero1", 0}, {"stage", 1}, {"stage.first_layer", 1}, {"stage.layers", 2}, {"loss_absent", 1}};
+  ASSERT_EQ(a.size(), expected.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, expected[i].first);
+    EXPECT_EQ(std::get<int64_t>(a[i].second), expected[i].second) << expected[i].first;
+  }
+  const TrainerConfig last = tiny({"--parallel.pp", "2", "--parallel.stage", "1"});
+  EXPECT_EQ(std::get<int64_t>(layout_attributes(last, pipeline_stage(last)).back().second), 0);  // loss_absent
 }
 
 TEST(LayoutEmulation, WhatIsNotEmulatedIsRejectedInOneLine) {

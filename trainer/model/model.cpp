@@ -356,6 +356,8 @@ size_t Model::head_activation_bytes() const {
 
 const PipelineStage& Model::stage() const { return impl_->stage; }
 
+bool emulates_layout(const TrainerConfig& cfg) { return cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1; }
+
 void check_emulated_layout(const TrainerConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
   FP4MOE_CHECK(p.tp == 1, "parallel.tp = {}: tensor parallelism is not emulated on one GPU (estimate the layout with "

@@ -84,6 +84,9 @@ struct StepStats {
   int64_t tokens = 0;     // valid targets
 };
 
+// Whether cfg's [parallel] section describes one GPU of a larger layout, which the model emulates: tp x pp x dp > 1
+// or ep > 1 (a section of one GPU, micro-batches or ZeRO-1 alone, builds the whole model).
+bool emulates_layout(const TrainerConfig& cfg);
 // Rejects (fp4moe::Error, one line naming the option) what the model cannot emulate of cfg's [parallel] layout:
 // parallel.tp > 1 (tensor parallelism), parallel.routed_load != 1 (a skewed routed load). Both stay estimates only.
 void check_emulated_layout(const TrainerConfig& cfg);

@@ -19,8 +19,6 @@ namespace fp4moe {
 
 namespace fs = std::filesystem;
 
-bool emulates_layout(const TrainerConfig& cfg) { return cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1; }
-
 void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
   validate_config(cfg);
   check_emulated_layout(cfg);
@@ -130,16 +128,7 @@ void Trainer::State::setup() {
   metrics->set_attribute("memory_budget_bytes", static_cast<int64_t>(opts.memory_budget_bytes));
   metrics->set_attribute("resumed_from", opts.resume_path);
   set_dispatch_attributes(*metrics, cfg, model->dispatch_bytes());
-  if (emulates_layout(cfg)) {  // the layout and the stage this GPU emulated (trainer.h)
-    const ParallelConfig& p = cfg.parallel;
-    const PipelineStage& st = model->stage();
-    for (const auto& [key, v] : {std::pair<const char*, int64_t>{"parallel.tp", p.tp}, {"parallel.pp", p.pp},
-                                 {"parallel.dp", p.dp}, {"parallel.ep", p.ep}, {"parallel.micro_batches",
-                                 p.micro_batches}, {"parallel.zero1", p.zero1 ? 1 : 0}, {"stage", st.stage},
-                                 {"stage.first_layer", st.first_layer}, {"stage.layers", st.layers},
-                                 {"loss_absent", st.last() ? 0 : 1}})
-      metrics->set_attribute(key, v);
-  }
+  for (auto& [key, v] : layout_attributes(cfg, model->stage())) metrics->set_attribute(key, std::move(v));
 
   if (opts.resume_path.empty()) {
     model->init_weights(t.seed);
@@ -197,6 +186,15 @@ TrainResult Trainer::run() {
       s.step + 1, t.steps, s.tokens_per_step, s.B, s.T, t.grad_accum,
       s.opts.synthetic_data ? std::string("synthetic tokens") : fmt::format("shards of {}", t.data_dir),
       s.opts.out_path.empty() ? std::string() : fmt::format(", results in {}", s.opts.out_path)));
+  if (emulates_layout(s.cfg)) {
+    const ParallelConfig& p = s.cfg.parallel;
+    const PipelineStage& st = s.model->stage();
+    s.progress->message(fmt::format(
+        "emulating one GPU of tp {} pp {} dp {} ep {}: stage {} (layers {}-{}), {} of {} routed experts per MoE layer{}",
+        p.tp, p.pp, p.dp, p.ep, st.stage, st.first_layer, st.first_layer + st.layers - 1,
+        s.cfg.moe.routed_experts / p.ep, s.cfg.moe.routed_experts,
+        st.last() ? "" : "; no LM head: the loss is absent (NaN)"));
+  }
   s.run_start = State::Clock::now();
   while (s.step < t.steps) {
     const StepRecord r = s.train_step();

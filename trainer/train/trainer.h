@@ -40,7 +40,7 @@
 // NaN for it (the file's attribute loss_absent = 1 says so) and steps are skipped or stopped on the gradient norm
 // alone. tokens_per_s counts the tokens this GPU's stage processes in the step (B T grad_accum) and mfu the stage's
 // training FLOPs (its layers, and the LM head on the last stage). The file's attributes record the layout
-// (parallel.*) and the stage (stage, stage.first_layer, stage.layers). check_trainable rejects what such a run
+// (layout_attributes, metrics.h). check_trainable rejects what such a run
 // does not support.
 #pragma once
 
@@ -58,12 +58,9 @@ namespace fp4moe {
 
 class Model;
 
-// Whether cfg's [parallel] section describes one GPU of a larger layout that the Model emulates: tp x pp x dp > 1 or
-// ep > 1.
-bool emulates_layout(const TrainerConfig& cfg);
 // Rejects (fp4moe::Error, one line naming the option), before anything is allocated, what training cfg with
 // `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1, parallel.routed_load != 1) and, under an
-// emulated layout, checkpoints (train.checkpoint_dir set: a checkpoint of one stage's share cannot be resumed as the
+// emulated layout (emulates_layout, model.h), checkpoints (train.checkpoint_dir set: a checkpoint of one stage's share cannot be resumed as the
 // whole model), options.resume_path, and train.eval_interval > 0 on a stage without the LM head (no loss to
 // evaluate). Validates cfg first (validate_config).
 void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options);
