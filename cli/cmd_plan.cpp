@@ -10,10 +10,12 @@
 // from the preset); --config: a trainer configuration (train.micro_batch and seq_len; global batch
 // parallel.micro_batches x parallel.dp x train.micro_batch). Measuring each stage's time on the local GPU is not
 // built: without --no-measure the command says so and exits 2.
-// `fp4moe plan --calibrate-p1 [--grads fp32|bf16] [--overhead-gib G] [--top K]`: instead of a plan, searches the
-// plausible 256-GPU layouts of DeepSeek-V3 671B for those whose memory estimates fit P1's heavy-policy numbers and
-// prints the light policy's prediction at the best fits (trainer/memory/calibrate.h). It takes only those options
-// (and --model v3, --no-measure, both implied); any other is refused in one line.
+// `fp4moe plan --calibrate-p1 [--tp 1,2] [--heavy-modules M,...] [--grads fp32|bf16] [--overhead-gib G] [--top K]`:
+// instead of a plan, searches the plausible 256-GPU layouts of DeepSeek-V3 671B for those whose memory estimates fit
+// P1's heavy-policy numbers and prints the light policy's prediction at the best fits (trainer/memory/calibrate.h). It
+// takes only those options (and --model v3, --no-measure, both implied; --tp restricts the search to tp 1 or 2;
+// --heavy-modules says which recompute modules P1's "attention + layernorm + experts" means); any other is refused in
+// one line.
 // Exit codes: 0 done (also when nothing fits: the report says so); 2 bad arguments.
 #include <fmt/format.h>
 
@@ -46,6 +48,8 @@ struct PlanCommand {
   bool no_measure = false, calibrate_p1 = false;
   std::string grads = "fp32";
   double overhead_gib = 0;
+  std::vector<std::string> heavy_modules;        // --heavy-modules: the calibration's reading of P1's heavy policy
+  const CLI::Option* tp_opt = nullptr;           // --tp: a plan's sizes, or the calibration's subset of {1, 2}
   std::vector<const CLI::Option*> plan_only;     // options a plan takes and the calibration does not
   std::vector<const CLI::Option*> calibration_only;
   const CLI::Option *gpus_opt = nullptr, *memory_opt = nullptr;
@@ -90,11 +94,20 @@ struct PlanCommand {
     for (const CLI::Option* o : plan_only)
       if (o->count() > 0)
         throw CliError(fmt::format("--calibrate-p1 searches P1's 256-GPU DeepSeek-V3 layouts itself and does not take "
-                                   "{} (it takes --grads, --overhead-gib, --top)", o->get_name()));
+                                   "{} (it takes --tp, --heavy-modules, --grads, --overhead-gib, --top)",
+                                   o->get_name()));
     if (!model.empty() && model != "v3")
       throw CliError(fmt::format("--calibrate-p1 calibrates DeepSeek-V3 671B (P1's 256-GPU run); --model {} is not "
                                  "calibrated (use --model v3 or leave it out)", model));
     CalibrationRequest r;
+    if (tp_opt->count() > 0) {
+      for (const int64_t t : tp_values)
+        if (t != 1 && t != 2)
+          throw CliError(fmt::format("--calibrate-p1 searches tp 1 and 2 (P1's plausible layouts); --tp {} is not "
+                                     "one of them", t));
+      r.tp_values = tp_values;
+    }
+    if (!heavy_modules.empty()) r.heavy_modules = heavy_modules;
     r.grad_bytes = grads == "bf16" ? 2 : 4;
     r.overhead_gib = overhead_gib;
     std::vector<CalibrationFit> fits;
@@ -167,7 +180,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--recipes", cmd->recipes, "paper recipes to plan, comma-separated: bf16, fp8, mxfp4")
       ->delimiter(',')
       ->capture_default_str();
-  sub->add_option("--tp", cmd->tp_values, "tensor-parallel sizes to try, comma-separated, of 1, 2, 4, 8")
+  cmd->tp_opt = sub->add_option("--tp", cmd->tp_values, "tensor-parallel sizes to try, comma-separated, of 1, 2, 4, 8")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_flag("--no-measure", cmd->no_measure, "model every stage's time instead of measuring it (no GPU needed)");
@@ -186,7 +199,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--out", cmd->out, "also write every candidate to this HDF5 file (/plan/candidates)");
   for (const CLI::Option* o : sub->get_options())
     if (o != sub->get_help_ptr() && o->get_name() != "--model" && o->get_name() != "--top" &&
-        o->get_name() != "--no-measure")
+        o->get_name() != "--no-measure" && o->get_name() != "--tp")
       cmd->plan_only.push_back(o);
   sub->add_flag("--calibrate-p1", cmd->calibrate_p1,
                 "instead of a plan: fit DeepSeek-V3 671B layouts of 256 GPUs to P1's memory numbers "
@@ -195,6 +208,12 @@ Command add_plan_command(CLI::App& app) {
       sub->add_option("--grads", cmd->grads, "--calibrate-p1: gradient precision, fp32 (as the trainer) or bf16")
           ->check(CLI::IsMember({"fp32", "bf16"}))
           ->capture_default_str());
+  cmd->calibration_only.push_back(
+      sub->add_option("--heavy-modules", cmd->heavy_modules,
+                      "--calibrate-p1: recompute modules read for P1's \"attention + layernorm + experts\" "
+                      "(default core_attn,layernorm,moe; mla_up_proj,core_attn,layernorm,moe reads \"attention\" as "
+                      "the whole MLA above its down-projections)")
+          ->delimiter(','));
   cmd->calibration_only.push_back(
       sub->add_option("--overhead-gib", cmd->overhead_gib,
                       "--calibrate-p1: framework overhead added to every estimate, GiB")

@@ -150,6 +150,15 @@ class PlanCli(unittest.TestCase):
         for layout, ours in base.items():  # half the gradient bytes: less memory everywhere
             for a, b in zip(bf16[layout], ours):
                 self.assertLess(a, b - 1.0)
+        out, mla = rows("--heavy-modules", "mla_up_proj,core_attn,layernorm,moe")
+        self.assertIn("read as the modules {mla_up_proj, core_attn, layernorm, moe}", out)
+        for layout, ours in base.items():  # the up-projections' outputs recomputed too: less memory everywhere
+            for a, b in zip(mla[layout], ours):
+                self.assertLess(a, b - 1.0)
+        out, tp1 = rows("--tp", "1")
+        self.assertIn("tp {1}", out)
+        self.assertTrue(tp1 and all(layout[0].strip() == "1" for layout in tp1))
+        self.assertEqual(tp1, {k: v for k, v in base.items() if k[0].strip() == "1"})
 
     def test_calibrate_p1_bad_combinations(self):
         self.rejected("--calibrate-p1", "does not take --gpus", args=("--calibrate-p1", "--gpus", "256"))
@@ -164,6 +173,11 @@ class PlanCli(unittest.TestCase):
         self.rejected("--overhead-gib must be a finite number >= 0", args=("--calibrate-p1", "--overhead-gib", "-1"))
         self.rejected("--grads", "fp16", args=("--calibrate-p1", "--grads", "fp16"))
         self.rejected("--top must be >= 1", args=("--calibrate-p1", "--top", "0"))
+        self.rejected("--tp 4 is not one of them", args=("--calibrate-p1", "--tp", "4"))
+        self.rejected("--heavy-modules", "unknown module 'foo'", args=("--calibrate-p1", "--heavy-modules", "foo"))
+        self.rejected("--heavy-modules applies to --calibrate-p1 only",
+                      args=("--model", "v3", "--gpus", "256", "--memory-gib", "80", "--no-measure",
+                            "--heavy-modules", "moe"))
         self.rejected("--memory-gib is required", args=("--model", "v3", "--gpus", "256", "--no-measure"))
 
 

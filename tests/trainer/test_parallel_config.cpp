@@ -13,6 +13,7 @@
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
 #include "trainer/memory/estimate.h"
+#include "trainer/memory/estimate_report.h"
 
 namespace fp4moe {
 namespace {
@@ -149,6 +150,56 @@ TEST(ParallelLayout, OneFOneBKeepsTheSmallerOfStagesAheadAndMicroBatches) {
   EXPECT_EQ(a.in_flight, 1);
   EXPECT_EQ(b.in_flight, 2);
   EXPECT_EQ(b.category(MemCategory::activations), 2 * a.category(MemCategory::activations));
+}
+
+// configs/v3_671b.toml and configs/v2_236b.toml (the emulated production GPUs) state DeepSeek-V3 671B's and V2 236B's
+// shapes a second time, beside the estimator's presets (trainer/memory/estimate_report.h): they must agree.
+void expect_production_config(const std::string& config, const std::string& preset_name) {
+  SCOPED_TRACE(config);
+  const TrainerConfig cfg = parse_config_args({"--config", preset(config)});
+  const ProductionPreset p = production_preset(preset_name);
+  const ModelConfig &a = cfg.model, &b = p.config.model;
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden, b.hidden);
+  EXPECT_EQ(a.layers, b.layers);
+  EXPECT_EQ(a.n_dense_layers, b.n_dense_layers);
+  EXPECT_EQ(a.heads, b.heads);
+  EXPECT_EQ(a.q_lora_rank, b.q_lora_rank);
+  EXPECT_EQ(a.kv_lora_rank, b.kv_lora_rank);
+  EXPECT_EQ(a.qk_nope_head_dim, b.qk_nope_head_dim);
+  EXPECT_EQ(a.qk_rope_head_dim, b.qk_rope_head_dim);
+  EXPECT_EQ(a.v_head_dim, b.v_head_dim);
+  EXPECT_EQ(a.dense_ffn, b.dense_ffn);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.norm_eps, b.norm_eps);
+  const MoeConfig &x = cfg.moe, &y = p.config.moe;
+  EXPECT_EQ(x.routed_experts, y.routed_experts);
+  EXPECT_EQ(x.shared_experts, y.shared_experts);
+  EXPECT_EQ(x.top_k, y.top_k);
+  EXPECT_EQ(x.expert_ffn, y.expert_ffn);
+  EXPECT_EQ(x.router, y.router);
+  EXPECT_EQ(x.routed_scale, y.routed_scale);
+  EXPECT_EQ(x.aux_alpha, y.aux_alpha);
+  EXPECT_EQ(x.bias_update_rate, y.bias_update_rate);
+  const ParallelLayout l = layout_of(cfg);
+  EXPECT_EQ(l.micro_batch, p.layout.micro_batch);
+  EXPECT_EQ(l.seq_len, p.layout.seq_len);
+  EXPECT_TRUE(l.zero1);
+  EXPECT_EQ(l.micro_batches * l.dp * l.micro_batch, p.global_batch) << "the preset's global batch";
+  EXPECT_EQ(cfg.train.grad_accum, l.micro_batches);
+}
+
+TEST(ParallelConfig, ProductionConfigsStateThePresetsShapes) {
+  expect_production_config("v3_671b", "v3");
+  expect_production_config("v2_236b", "v2");
+  // v2_236b is the preset's own layout; v3_671b the best tensor-parallel-1 fit of P1's memory numbers.
+  const ParallelLayout v2 = layout_of(parse_config_args({"--config", preset("v2_236b")}));
+  const ParallelLayout v2_preset = production_preset("v2").layout;
+  EXPECT_EQ(v2.gpus, v2_preset.gpus);
+  EXPECT_EQ(v2.pp, v2_preset.pp);
+  EXPECT_EQ(v2.ep, v2_preset.ep);
+  EXPECT_EQ(v2.dp, v2_preset.dp);
+  EXPECT_EQ(v2.tp, v2_preset.tp);
 }
 
 }  // namespace

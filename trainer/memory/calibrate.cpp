@@ -78,6 +78,14 @@ void validate_calibration(const CalibrationRequest& r) {
                r.card_gib);
   FP4MOE_CHECK(std::isfinite(r.tolerance_pp) && r.tolerance_pp > 0,
                "calibration: tolerance must be > 0 percentage points, got {}", r.tolerance_pp);
+  FP4MOE_CHECK(!r.heavy_modules.empty(), "calibration: the heavy policy must name at least one recompute module");
+  TrainerConfig check = production_preset("v3").config;
+  check.recompute.modules = r.heavy_modules;
+  try {
+    validate_config(check);  // unknown, duplicate or `full` combined: one line naming the module
+  } catch (const Error& err) {
+    throw Error(fmt::format("calibration: the heavy policy's modules (--heavy-modules): {}", err.what()));
+  }
 }
 
 std::vector<ParallelLayout> calibration_layouts(const CalibrationRequest& r) {
@@ -129,7 +137,7 @@ std::vector<CalibrationFit> calibrate_p1(const CalibrationRequest& r) {
   for (const ParallelLayout& lay : calibration_layouts(r)) {
     CalibrationFit f;
     f.layout = lay;
-    f.heavy = estimates(lay, policies.front().modules);  // "attention + layernorm + experts"
+    f.heavy = estimates(lay, r.heavy_modules);           // "attention + layernorm + experts"
     f.light = estimates(lay, policies.back().modules);   // "mla_up_proj only"
     f.heavy_percent = percentages(f.heavy, r);
     f.light_percent = percentages(f.light, r);
@@ -162,11 +170,12 @@ std::string format_calibration(const std::vector<CalibrationFit>& fits, const Ca
       "gradients {} ({} B per element); framework overhead {:g} GiB added to every estimate; percentages of a "
       "{:g} GiB card (P1's \"% of memory\" of an 80 GB card, its base unstated: an 80e9-byte base would make ours "
       "{:.1f}% larger). P1's numbers: secondary summary, not checked against the paper. Fit: the largest |ours - "
-      "P1| in percentage points over bf16, fp8, mxfp4 under recompute \"attention + layernorm + experts\"; best "
+      "P1| in percentage points over bf16, fp8, mxfp4 under recompute \"attention + layernorm + experts\", read as "
+      "the modules {{{}}}; best "
       "overhead: the constant (GiB) that would minimise it (negative: ours holds more than P1's framework).\n\n",
       fmt::join(r.tp_values, ", "), fmt::join(r.pp_values, ", "), fmt::join(r.ep_values, ", "), fits.size(),
       v3.layout.micro_batch, v3.layout.seq_len, v3.global_batch, r.grad_bytes == 2 ? "BF16" : "FP32", r.grad_bytes,
-      r.overhead_gib, r.card_gib, 100.0 * (r.card_gib * kGiB / 80e9 - 1.0));
+      r.overhead_gib, r.card_gib, 100.0 * (r.card_gib * kGiB / 80e9 - 1.0), fmt::join(r.heavy_modules, ", "));
   s += "## Heavy policy (attention + layernorm + experts), best fits\n\n| rank | tp | pp | dp | ep | m |";
   for (const P1MemoryRow& row : rows)
     s += fmt::format(" {} % (P1 {:.2f}) |", recipe_name(row.recipe), row.heavy_percent);

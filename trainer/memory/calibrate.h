@@ -39,9 +39,14 @@ struct CalibrationRequest {
   double overhead_gib = 0;    // framework overhead added to every estimate (CUDA context, allocator, NCCL buffers)
   double card_gib = 80;       // the card the percentages are of: 80 GiB, the suite's nominal 80 GB card (kCard80GiB)
   double tolerance_pp = 2.0;  // a layout "fits" P1 when its largest difference is at most this many points
+  // The recompute modules read for P1's heavy policy "attention + layernorm + experts" (Megatron-Core names): by
+  // default paper_recompute_policies()'s {core_attn, layernorm, moe}, "attention" read as the attention core; the
+  // other reading recomputes the whole MLA above its down-projections: {mla_up_proj, core_attn, layernorm, moe}.
+  std::vector<std::string> heavy_modules = {"core_attn", "layernorm", "moe"};
 };
 
-// Rejects (fp4moe::Error, one line): an empty value list; tp outside {1, 2, 4, 8}, pp outside [1, 16], ep outside
+// Rejects (fp4moe::Error, one line): an empty value list; heavy_modules empty or naming a module validate_config
+// rejects; tp outside {1, 2, 4, 8}, pp outside [1, 16], ep outside
 // [1, 256]; grad_bytes other than 2 or 4; an overhead not finite or < 0; card_gib or tolerance_pp not finite or <= 0.
 void validate_calibration(const CalibrationRequest& request);
 

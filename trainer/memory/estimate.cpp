@@ -18,17 +18,15 @@ using mem_detail::round_up_256;
 
 namespace {
 
-constexpr int64_t kParamAlignElems = 64;  // ParamStore pads every tensor to 64 elements
 constexpr double kGiB = 1073741824.0;
-
-int64_t padded(int64_t n) { return ceil_div(n, kParamAlignElems) * kParamAlignElems; }
 
 std::string layer_name(int64_t l, const char* part) { return "layers." + std::to_string(l) + "." + part; }
 
 // Parameters of decoder layer l on one GPU of the layout.
 void layer_parameters(const TrainerConfig& cfg, const Dims& g, int64_t l, std::vector<ParamTensor>& out) {
-  auto param = [&](const char* part, int64_t n, bool expert = false) {
-    out.push_back(ParamTensor{layer_name(l, part), n, expert, false});
+  auto param = [&](const char* part, int64_t n) {
+    const std::string name = layer_name(l, part);
+    out.push_back(ParamTensor{name, n, is_routed_expert_param(name), false});
   };
   const int64_t d = g.d, qk = g.Hl * g.dqk;
   param("attn_norm", d);
@@ -50,8 +48,8 @@ void layer_parameters(const TrainerConfig& cfg, const Dims& g, int64_t l, std::v
     return;
   }
   param("moe.router", g.E * d);
-  param("moe.experts.fc1", g.El * 2 * g.f * d, true);
-  param("moe.experts.fc2", g.El * d * g.f, true);
+  param("moe.experts.fc1", g.El * 2 * g.f * d);
+  param("moe.experts.fc2", g.El * d * g.f);
   if (g.Sl > 0) {
     param("moe.shared.fc1", 2 * g.Sl * d);
     param("moe.shared.fc2", d * g.Sl);
@@ -96,10 +94,16 @@ void merge(std::vector<MemoryTerm>& terms, MemoryTerm t) {
 
 void add_parameter_terms(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage, MemoryEstimate& e) {
   const std::vector<ParamTensor> tensors = stage_tensors(cfg, lay, stage);
-  int64_t dense = 0, expert = 0, state = 0;
-  for (const ParamTensor& t : tensors) (t.state ? state : t.expert ? expert : dense) += padded(t.n);
-  const int64_t shard_dense = lay.zero1 ? lay.dp : 1, shard_expert = lay.zero1 ? lay.expert_dp() : 1;
-  const int64_t fp32 = ceil_div(4 * dense, shard_dense) + ceil_div(4 * expert, shard_expert);
+  int64_t params = 0, state = 0;
+  std::vector<int64_t> sizes;
+  std::vector<bool> experts;
+  for (const ParamTensor& t : tensors) {
+    (t.state ? state : params) += param_padded(t.n);
+    if (t.state) continue;
+    sizes.push_back(t.n);
+    experts.push_back(t.expert);
+  }
+  const int64_t fp32 = 4 * zero1_layout(sizes, experts, lay.zero1_parts()).storage();  // masters, m, v: the shard
   // The Linears' and Group Linears' FP8 weight copies (their buffer plans), from DeviceMemory at the first forward.
   int64_t routed_copies = 0, dense_copies = 0;
   const StageRange r = stage_range(cfg, lay, stage);
@@ -110,12 +114,12 @@ void add_parameter_terms(const TrainerConfig& cfg, const ParallelLayout& lay, in
   auto add = [&](MemCategory c, const char* tensor, int64_t bytes, bool first_forward = false) {
     if (bytes > 0) e.terms.push_back(MemoryTerm{c, "params", tensor, bytes, 1, true, true, first_forward});
   };
-  add(MemCategory::weights, "BF16 parameters", 2 * (dense + expert));
+  add(MemCategory::weights, "BF16 parameters", 2 * params);
   add(MemCategory::weights, "FP32 master weights", fp32);
   add(MemCategory::weights, "FP32 state", 4 * state);
   add(MemCategory::weights, "FP8 weight copies, routed experts", routed_copies, true);
   add(MemCategory::weights, "FP8 weight copies, dense linears", dense_copies, true);
-  add(MemCategory::grads, lay.grad_bytes == 2 ? "BF16 gradients" : "FP32 gradients", lay.grad_bytes * (dense + expert));
+  add(MemCategory::grads, lay.grad_bytes == 2 ? "BF16 gradients" : "FP32 gradients", lay.grad_bytes * params);
   add(MemCategory::optimizer, "AdamW m (FP32)", fp32);
   add(MemCategory::optimizer, "AdamW v (FP32)", fp32);
 }

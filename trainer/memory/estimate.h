@@ -14,11 +14,14 @@
 //
 // ---- Categories (per GPU) -------------------------------------------------------------------------------------
 // weights      BF16 parameters: 2 B per element, every tensor padded to 64 elements (ParamStore::allocate);
-//              FP32 masters: 4 B per element / shard; FP32 state (v3 router bias, E per MoE layer);
+//              FP32 masters: 4 B per element of this GPU's shard; FP32 state (v3 router bias, E per MoE layer);
 //              FP8 weight copies of each fp8/mxfp4 linear (the layers' buffer plans, below)
 // grads        FP32: 4 B per element (ZeRO-1 does not shard them); layout.grad_bytes = 2: BF16, 2 B per element
-// optimizer    AdamW m and v FP32: 8 B per element / shard
-//              shard (zero1): dp for non-expert tensors, expert_dp = dp t / ep for the routed experts; else 1
+// optimizer    AdamW m and v FP32: 8 B per element of this GPU's shard
+//              shard (zero1): the shard rule of trainer/model/param_shard.h (zero1_layout, as ParamStore
+//              allocates it): each kind's padded tensors as one flat block of B elements, of which a GPU holds
+//              round_up(ceil(B / parts), 64); parts = dp for the non-expert tensors, expert_dp = dp t / ep for the
+//              routed experts'; without zero1 the whole block
 // activations  the layers' held buffers (their plans, below) per micro-batch x in_flight(stage) micro-batches
 //              (1F1B: stage s keeps min(pp - s, micro_batches)), plus the last stage's final norm and LM head terms (Model::buffers)
 // comm         Model::comm_buffers (trainer/model/model.h), which the emulated layout allocates: ep > 1: one MoE
@@ -59,6 +62,7 @@
 
 #include "trainer/config.h"
 #include "trainer/memory/device_memory.h"
+#include "trainer/model/param_shard.h"
 
 namespace fp4moe {
 
@@ -83,6 +87,9 @@ struct ParallelLayout {
                                // for frameworks that keep BF16 gradients, e.g. the P1 calibration's knob)
 
   int64_t expert_dp() const { return dp * tp / ep; }
+  // The ranks ZeRO-1 splits the optimizer state over (trainer/model/param_shard.h): {dp, expert_dp()} under zero1,
+  // else {1, 1}.
+  Zero1Parts zero1_parts() const { return zero1 ? Zero1Parts{dp, expert_dp()} : Zero1Parts{}; }
   // Micro-batches whose activations stage s keeps under 1F1B (Narayanan et al. 2021, PipeDream-Flush): stage s runs
   // pp - s forwards before its first backward, or all micro_batches when there are fewer.
   int64_t in_flight(int64_t stage) const { return std::min(pp - stage, micro_batches); }
@@ -151,7 +158,7 @@ struct MemoryTerm {
 struct ParamTensor {
   std::string name;     // the ParamStore name ("layers.1.moe.experts.fc1"); states: "layers.1.moe.router_bias"
   int64_t n = 0;        // elements on this GPU
-  bool expert = false;  // a routed-expert tensor (sharded over expert_dp by zero1)
+  bool expert = false;  // a routed-expert tensor (is_routed_expert_param; sharded over expert_dp by zero1)
   bool state = false;   // FP32 state (ParamStore::add_state), not a trainable parameter
 };
 

@@ -46,6 +46,7 @@
 #include "kernels/nn/cross_entropy.h"
 #include "kernels/nn/elementwise.h"
 #include "kernels/nn/embedding.h"
+#include "trainer/memory/estimate.h"
 #include "trainer/memory/scratch.h"
 #include "trainer/model/decoder_layer.h"
 #include "trainer/model/layout_emulation.h"
@@ -289,6 +290,7 @@ const TrainerConfig& validated(const TrainerConfig& cfg) {
 Model::Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream) : cfg_(validated(cfg)) {
   impl_ = std::make_unique<Impl>(cfg_, store_, mem);
   ctx_ = ModelContext{stream, &impl_->lt, &mem, &*impl_->arena};
+  store_.set_shard(layout_of(cfg_).zero1_parts());  // ZeRO-1: this GPU's optimizer shard (params.h)
   store_.allocate(mem);
 }
 

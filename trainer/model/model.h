@@ -93,9 +93,10 @@ void check_emulated_layout(const TrainerConfig& cfg);
 
 class Model {
  public:
-  // Validates `cfg` (validate_config, check_emulated_layout), registers and allocates every tensor for batches of up to
-  // cfg.train.micro_batch rows of cfg.train.seq_len tokens. Throws fp4moe::Error before allocating anything
-  // for a bad config; an allocation over mem's budget throws with mem's report.
+  // Validates `cfg` (validate_config, check_emulated_layout), registers and allocates every tensor for batches of up
+  // to cfg.train.micro_batch rows of cfg.train.seq_len tokens; under parallel.zero1 the store holds rank 0's ZeRO-1
+  // shard of the masters and moments (layout_of(cfg).zero1_parts(), trainer/model/params.h). Throws fp4moe::Error
+  // before allocating anything for a bad config; an allocation over mem's budget throws with mem's report.
   Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream);
   ~Model();
   Model(const Model&) = delete;

@@ -23,8 +23,8 @@ __device__ __forceinline__ uint64_t splitmix64_dev(uint64_t x) {
 }
 
 __global__ void __launch_bounds__(kThreads)
-param_init_normal_kernel(float* __restrict__ master, bf16* __restrict__ param, int64_t n, uint64_t seed,
-                         uint64_t key, float std_dev) {
+param_init_normal_kernel(MasterShard master, bf16* __restrict__ param, int64_t n, uint64_t seed, uint64_t key,
+                         float std_dev) {
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads) {
     const uint64_t a = splitmix64_dev(seed ^ splitmix64_dev(key ^ splitmix64_dev(static_cast<uint64_t>(i))));
     const uint64_t b = splitmix64_dev(a);
@@ -32,36 +32,43 @@ param_init_normal_kernel(float* __restrict__ master, bf16* __restrict__ param, i
     const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
     const float z = static_cast<float>(sqrt(-2.0 * log(u1)) * cos(2.0 * 3.14159265358979323846 * u2));
     const float w = std_dev * z;
-    master[i] = w;
+    if (i >= master.begin && i < master.end) master.data[i - master.begin] = w;
     param[i] = __float2bfloat16_rn(w);
   }
 }
 
 __global__ void __launch_bounds__(kThreads)
-param_fill_kernel(float* __restrict__ master, bf16* __restrict__ param, int64_t n, float value) {
+param_fill_kernel(MasterShard master, bf16* __restrict__ param, int64_t n, float value) {
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads) {
-    master[i] = value;
+    if (i >= master.begin && i < master.end) master.data[i - master.begin] = value;
     param[i] = __float2bfloat16_rn(value);
   }
 }
 
 int grid_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>(ceil_div(n, kThreads), 1, 132 * 32)); }
 
+// The checks both launchers make (header); false when there is nothing to launch (n = 0).
+bool check_init_args(const char* what, const MasterShard& master, const bf16* param, int64_t n) {
+  FP4MOE_CHECK(n >= 0, "{}: n must be >= 0, got {}", what, n);
+  FP4MOE_CHECK(master.begin >= 0 && master.begin <= master.end && master.end <= n,
+               "{}: the master shard [{}, {}) must lie in [0, n = {}]", what, master.begin, master.end, n);
+  if (n == 0) return false;
+  FP4MOE_CHECK(param, "{}: param must not be null", what);
+  FP4MOE_CHECK(master.data || master.begin == master.end, "{}: master must not be null for a non-empty shard", what);
+  return true;
+}
+
 }  // namespace
 
-void param_init_normal_device(float* master, bf16* param, int64_t n, uint64_t seed, uint64_t key, float std_dev,
-                              cudaStream_t stream) {
-  FP4MOE_CHECK(n >= 0, "param_init_normal_device: n must be >= 0, got {}", n);
-  if (n == 0) return;
-  FP4MOE_CHECK(master && param, "param_init_normal_device: master and param must not be null");
+void param_init_normal_device(const MasterShard& master, bf16* param, int64_t n, uint64_t seed, uint64_t key,
+                              float std_dev, cudaStream_t stream) {
+  if (!check_init_args("param_init_normal_device", master, param, n)) return;
   param_init_normal_kernel<<<grid_for(n), kThreads, 0, stream>>>(master, param, n, seed, key, std_dev);
   CUDA_CHECK_LAUNCH();
 }
 
-void param_fill_device(float* master, bf16* param, int64_t n, float value, cudaStream_t stream) {
-  FP4MOE_CHECK(n >= 0, "param_fill_device: n must be >= 0, got {}", n);
-  if (n == 0) return;
-  FP4MOE_CHECK(master && param, "param_fill_device: master and param must not be null");
+void param_fill_device(const MasterShard& master, bf16* param, int64_t n, float value, cudaStream_t stream) {
+  if (!check_init_args("param_fill_device", master, param, n)) return;
   param_fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(master, param, n, value);
   CUDA_CHECK_LAUNCH();
 }

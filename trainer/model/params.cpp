@@ -10,7 +10,6 @@
 namespace fp4moe {
 
 namespace {
-constexpr int64_t kAlignElems = 64;  // 256 bytes of FP32 (128 elements of BF16 would be; 64 keeps both 128-aligned)
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -18,8 +17,6 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-
-int64_t padded(int64_t n) { return round_up(n, kAlignElems); }
 }  // namespace
 
 uint64_t param_name_key(const std::string& name) {
@@ -58,6 +55,7 @@ Param& ParamStore::add(const std::string& name, std::vector<int64_t> shape, Para
   p.init = init;
   p.init_std = init_std;
   p.decay = decay;
+  p.expert = is_routed_expert_param(p.name);
   params_.push_back(std::move(p));
   return params_.back();
 }
@@ -86,30 +84,56 @@ int64_t ParamStore::total_elements() const {
   return n;
 }
 
+int64_t ParamStore::shard_elements() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.shard_size();
+  return n;
+}
+
+void ParamStore::set_shard(Zero1Parts parts) {
+  FP4MOE_CHECK(!allocated_, "ParamStore::set_shard: the shard must be set before allocate()");
+  FP4MOE_CHECK(parts.dense >= 1 && parts.expert >= 1,
+               "ParamStore::set_shard: parts must be >= 1 (1: not sharded), got dense {} and expert {}", parts.dense,
+               parts.expert);
+  shard_parts_ = parts;
+}
+
 void ParamStore::allocate(DeviceMemory& mem) {
   FP4MOE_CHECK(!allocated_, "ParamStore::allocate: called twice");
+  std::vector<int64_t> sizes;
+  std::vector<bool> expert;
+  for (const auto& p : params_) {
+    sizes.push_back(p.n);
+    expert.push_back(p.expert);
+  }
+  const Zero1Layout shard = zero1_layout(sizes, expert, shard_parts_);
   int64_t total = 0, state_total = 0;
-  for (const auto& p : params_) total += padded(p.n);
-  for (const auto& s : states_) state_total += padded(s.n);
+  for (const auto& p : params_) total += param_padded(p.n);
+  for (const auto& s : states_) state_total += param_padded(s.n);
   param_block_ = DeviceArray<bf16>(mem, total, MemCategory::weights, "parameters (BF16)");
-  master_block_ = DeviceArray<float>(mem, total, MemCategory::weights, "master weights (FP32)");
+  master_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::weights, "master weights (FP32)");
   grad_block_ = DeviceArray<float>(mem, total, MemCategory::grads, "gradients (FP32)");
-  m_block_ = DeviceArray<float>(mem, total, MemCategory::optimizer, "AdamW m (FP32)");
-  v_block_ = DeviceArray<float>(mem, total, MemCategory::optimizer, "AdamW v (FP32)");
+  m_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::optimizer, "AdamW m (FP32)");
+  v_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::optimizer, "AdamW v (FP32)");
   state_block_ = DeviceArray<float>(mem, state_total, MemCategory::weights, "model state (FP32)");
   int64_t off = 0;
+  size_t i = 0;
   for (auto& p : params_) {
+    const Zero1Slot& slot = shard.slots[i++];
     p.param = param_block_.data() + off;
-    p.master = master_block_.data() + off;
     p.grad = grad_block_.data() + off;
-    p.m = m_block_.data() + off;
-    p.v = v_block_.data() + off;
-    off += padded(p.n);
+    p.shard_begin = slot.range.begin;
+    p.shard_end = slot.range.end;
+    const bool owned = !slot.range.empty();
+    p.master = owned ? master_block_.data() + slot.storage_offset : nullptr;
+    p.m = owned ? m_block_.data() + slot.storage_offset : nullptr;
+    p.v = owned ? v_block_.data() + slot.storage_offset : nullptr;
+    off += param_padded(p.n);
   }
   off = 0;
   for (auto& s : states_) {
     s.data = state_block_.data() + off;
-    off += padded(s.n);
+    off += param_padded(s.n);
   }
   allocated_ = true;
 }
@@ -117,14 +141,15 @@ void ParamStore::allocate(DeviceMemory& mem) {
 void ParamStore::init(uint64_t seed, cudaStream_t stream) {
   FP4MOE_CHECK(allocated_, "ParamStore::init: allocate() first");
   for (auto& p : params_) {
+    const MasterShard shard{p.master, p.shard_begin, p.shard_end};
     if (p.init == ParamInit::normal)
-      param_init_normal_device(p.master, p.param, p.n, seed, param_name_key(p.name), p.init_std, stream);
+      param_init_normal_device(shard, p.param, p.n, seed, param_name_key(p.name), p.init_std, stream);
     else
-      param_fill_device(p.master, p.param, p.n, p.init == ParamInit::ones ? 1.0f : 0.0f, stream);
+      param_fill_device(shard, p.param, p.n, p.init == ParamInit::ones ? 1.0f : 0.0f, stream);
   }
   CUDA_CHECK(cudaMemsetAsync(grad_block_.data(), 0, grad_block_.bytes(), stream));
-  CUDA_CHECK(cudaMemsetAsync(m_block_.data(), 0, m_block_.bytes(), stream));
-  CUDA_CHECK(cudaMemsetAsync(v_block_.data(), 0, v_block_.bytes(), stream));
+  if (m_block_.data()) CUDA_CHECK(cudaMemsetAsync(m_block_.data(), 0, m_block_.bytes(), stream));
+  if (v_block_.data()) CUDA_CHECK(cudaMemsetAsync(v_block_.data(), 0, v_block_.bytes(), stream));
   if (state_block_.data()) CUDA_CHECK(cudaMemsetAsync(state_block_.data(), 0, state_block_.bytes(), stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -144,12 +169,14 @@ void ParamStore::refresh_bf16_from_master(cudaStream_t stream) {
   std::vector<float> master;
   std::vector<bf16> param;
   for (auto& p : params_) {
-    master.resize(static_cast<size_t>(p.n));
+    if (p.shard_size() == 0) continue;
+    master.resize(static_cast<size_t>(p.shard_size()));
     param.resize(master.size());
     CUDA_CHECK(cudaMemcpyAsync(master.data(), p.master, master.size() * 4, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     for (size_t i = 0; i < master.size(); ++i) param[i] = __float2bfloat16_rn(master[i]);
-    CUDA_CHECK(cudaMemcpyAsync(p.param, param.data(), param.size() * 2, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(p.param + p.shard_begin, param.data(), param.size() * 2, cudaMemcpyHostToDevice,
+                               stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 }

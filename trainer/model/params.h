@@ -6,6 +6,13 @@
 // Names follow one scheme, e.g. "embed", "layers.0.attn.q_down", "layers.1.moe.experts.fc1", "lm_head", so that
 // checkpoints and the PyTorch parity check can match tensors by name.
 //
+// ZeRO-1 (set_shard, before allocate()): the store then holds what rank 0 of its data-parallel group holds under
+// the shard rule of trainer/model/param_shard.h: the BF16 params and the FP32 grads whole, the FP32 masters and
+// the moments only for each Param's shard [shard_begin, shard_end) of its elements (routed experts' tensors over
+// the expert parts, the rest over the dense parts; state tensors are never sharded). The optimizer step updates the
+// shard and writes the shard's BF16 params; the rest of the BF16 params would come from the other ranks'
+// all-gather, which is not emulated: they keep their values. Without set_shard every shard is the whole tensor.
+//
 // Use: layers call add()/add_state() in their constructors and keep the returned pointers (stable: the store is a
 // deque); allocate() then gives every tensor its device memory (weights under MemCategory::weights, grads under
 // grads, m and v under optimizer) in one block per kind, so a tensor's pointers are views into those blocks;
@@ -21,6 +28,7 @@
 
 #include "kernels/common/types.h"
 #include "trainer/memory/device_memory.h"
+#include "trainer/model/param_shard.h"
 
 namespace fp4moe {
 
@@ -33,11 +41,17 @@ struct Param {
   ParamInit init = ParamInit::normal;
   float init_std = 0.0f;       // standard deviation of ParamInit::normal
   bool decay = true;           // AdamW weight decay applies (matrices); false for norm weights
+  bool expert = false;         // a routed experts' tensor (is_routed_expert_param): ZeRO-1's expert parts
+  int64_t shard_begin = 0;     // this GPU's ZeRO-1 shard: elements [shard_begin, shard_end) of the tensor
+  int64_t shard_end = 0;       // (set by allocate(); [0, n) without sharding; may be empty under it)
   bf16* param = nullptr;       // device [n]
-  float* master = nullptr;     // device [n]
+  float* master = nullptr;     // device [shard_end - shard_begin]: element i of the tensor at master[i - shard_begin];
+                               // null when the shard is empty
   float* grad = nullptr;       // device [n], accumulated by backward
-  float* m = nullptr;          // device [n]
-  float* v = nullptr;          // device [n]
+  float* m = nullptr;          // device [shard_end - shard_begin], as master
+  float* v = nullptr;          // device [shard_end - shard_begin], as master
+
+  int64_t shard_size() const { return shard_end - shard_begin; }
 };
 
 // Non-trainable FP32 state saved in checkpoints (e.g. the v3 router's aux-loss-free bias [E]); zero-initialised.
@@ -58,17 +72,27 @@ class ParamStore {
   Param& add(const std::string& name, std::vector<int64_t> shape, ParamInit init, float init_std, bool decay);
   StateTensor& add_state(const std::string& name, std::vector<int64_t> shape);
 
-  // Device memory for everything registered (pointers are 256-byte aligned per tensor).
+  // ZeRO-1: hold only rank 0's shard of the masters and moments (param_shard.h), split over parts.dense ranks
+  // (non-expert tensors) and parts.expert ranks (routed experts'). Before allocate(); Zero1Parts{} (the default):
+  // whole tensors. Rejects parts < 1 and a call after allocate().
+  void set_shard(Zero1Parts parts);
+  const Zero1Parts& shard_parts() const { return shard_parts_; }
+  bool sharded() const { return shard_parts_.sharded(); }
+
+  // Device memory for everything registered (pointers are 256-byte aligned per tensor): param and grad blocks of
+  // every tensor padded to kParamAlignElems, in registration order; master, m and v blocks of zero1_layout's
+  // storage (the non-expert shard, then the routed experts'); the state block.
   void allocate(DeviceMemory& mem);
   bool allocated() const { return allocated_; }
 
   // Deterministic initialisation from `seed`: element i of the parameter named `name` draws N(0, init_std^2) from
   // a counter-based generator keyed by (seed, FNV-1a hash of name, i), so a tensor's values do not depend on the
-  // order or number of the others. Writes master (FP32) and param (its BF16 rounding, RNE), zeroes grad, m, v
-  // and the state tensors. Generated on the device (param_init.h); synchronous.
+  // order or number of the others. Writes param (the BF16 rounding, RNE, of every element: the same values
+  // sharded or not) and the master (FP32) of the shard's elements, zeroes grad, m, v and the state tensors.
+  // Generated on the device (param_init.h); synchronous.
   void init(uint64_t seed, cudaStream_t stream);
   void zero_grads(cudaStream_t stream);
-  // param := BF16(master) for every tensor (after loading masters from a checkpoint).
+  // param := BF16(master) on every tensor's shard (after loading masters from a checkpoint).
   void refresh_bf16_from_master(cudaStream_t stream);
 
   std::deque<Param>& params() { return params_; }
@@ -76,10 +100,12 @@ class ParamStore {
   std::deque<StateTensor>& states() { return states_; }
   const Param* find(const std::string& name) const;  // null if absent
   int64_t total_elements() const;
+  int64_t shard_elements() const;  // the sum of shard_size() (total_elements() without sharding)
 
  private:
   std::deque<Param> params_;
   std::deque<StateTensor> states_;
+  Zero1Parts shard_parts_;
   bool allocated_ = false;
   DeviceArray<bf16> param_block_;
   DeviceArray<float> master_block_, grad_block_, m_block_, v_block_, state_block_;

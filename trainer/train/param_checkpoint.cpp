@@ -21,7 +21,8 @@ struct Slot {
   int64_t n;
 };
 
-std::vector<Slot> slots_of(ParamStore& params) {
+std::vector<Slot> slots_of(ParamStore& params, const std::string& path) {
+  require_whole_optimizer_state(params.shard_parts(), fmt::format("checkpoint '{}'", path));
   FP4MOE_CHECK(params.allocated(), "checkpoint: the parameter store is not allocated");
   std::vector<Slot> slots;
   for (Param& p : params.params()) {
@@ -37,9 +38,17 @@ const char* section_text(CheckpointSection s) { return s == CheckpointSection::m
 
 }  // namespace
 
+void require_whole_optimizer_state(const Zero1Parts& parts, const std::string& what) {
+  FP4MOE_CHECK(!parts.sharded(),
+               "{}: checkpoints hold whole FP32 master weights and AdamW moments, but under parallel.zero1 this GPU "
+               "holds only its ZeRO-1 shard of them (1/{} of the non-expert tensors', 1/{} of the routed experts'); "
+               "unset train.checkpoint_dir and --resume, or parallel.zero1",
+               what, parts.dense, parts.expert);
+}
+
 void save_param_checkpoint(const std::string& path, ParamStore& params, const CheckpointState& state,
                            cudaStream_t stream) {
-  const std::vector<Slot> slots = slots_of(params);
+  const std::vector<Slot> slots = slots_of(params, path);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<std::vector<float>> host(slots.size());
   std::vector<CheckpointTensorView> views;
@@ -57,7 +66,7 @@ void save_param_checkpoint(const std::string& path, ParamStore& params, const Ch
 
 CheckpointState load_param_checkpoint(const std::string& path, ParamStore& params, uint64_t expected_config_hash,
                                       cudaStream_t stream) {
-  const std::vector<Slot> slots = slots_of(params);
+  const std::vector<Slot> slots = slots_of(params, path);
   const CheckpointReader reader(path, expected_config_hash);
   std::set<std::pair<int, std::string>> wanted;
   for (const Slot& s : slots) wanted.emplace(static_cast<int>(s.section), s.name);

@@ -12,6 +12,7 @@
 #include "trainer/flops.h"
 #include "trainer/memory/estimate.h"
 #include "trainer/model/moe_experts.h"
+#include "trainer/train/param_checkpoint.h"
 #include "trainer/train/stop_signals.h"
 #include "trainer/train/trainer_state.h"
 
@@ -63,7 +64,10 @@ Trainer::State::~State() {
 void Trainer::State::setup() {
   const TrainingConfig& t = cfg.train;
   // Everything that can be refused without a device, first.
-  check_trainable(cfg, opts);
+  check_trainable(cfg, opts);  // validate_config, and what an emulated layout does not support
+  if (!t.checkpoint_dir.empty() || !opts.resume_path.empty())  // a ZeRO-1 shard has no whole-tensor checkpoint
+    require_whole_optimizer_state(layout_of(cfg).zero1_parts(),
+                                  !opts.resume_path.empty() ? "--resume" : "train.checkpoint_dir");
   if (!opts.synthetic_data) validate_data(cfg);
   FP4MOE_CHECK(opts.log_interval >= 1, "log_interval must be >= 1, got {}", opts.log_interval);
   FP4MOE_CHECK(std::isfinite(opts.peak_flops) && opts.peak_flops > 0, "peak_flops must be > 0, got {}",

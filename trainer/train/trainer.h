@@ -11,7 +11,8 @@
 //   3. If the loss or the norm is not finite, train.non_finite decides: `skip` applies no update (the step still
 //      counts; the row's skipped count grows and a line is printed); `stop` writes a checkpoint of the state after step
 //      s - 1 (when train.checkpoint_dir is set) and the metrics file, then throws fp4moe::Error naming step s.
-//      Otherwise adamw_step on every Param: lr = learning_rate(train, s) (trainer/train/schedule.h), weight decay
+//      Otherwise adamw_step on every Param's shard (trainer/train/optimizer_step.h: the whole tensor, or this GPU's
+//      ZeRO-1 shard under parallel.zero1): lr = learning_rate(train, s) (trainer/train/schedule.h), weight decay
 //      train.weight_decay where Param::decay and 0 elsewhere, bias corrections from the 1-based count of updates
 //      applied so far, the device clip scale as grad_scale; then Model::end_step().
 //   4. A row of metrics (trainer/train/metrics.h). Every train.eval_interval steps an evaluation; every
@@ -30,18 +31,18 @@
 //
 // Checkpoints hold the tensors of trainer/train/param_checkpoint.h and CheckpointState: model_config_hash, the
 // step, the optimizer steps (updates applied), the tokens seen, the RNG state (the synthetic stream's position),
-// the data loader's state and train_config_text. Resuming (options.resume_path) restores all of it instead of
-// init_weights, so that the steps after the checkpoint give bitwise the losses of an uninterrupted run (the model
-// is deterministic). When options.out_path already exists (and options.replace_out is false), its rows of this
-// run up to the checkpoint's step are carried into the new file.
+// the data loader's state and train_config_text; none under ZeRO-1 (require_whole_optimizer_state). Resuming
+// (options.resume_path) restores all of it instead of init_weights, so that the steps after the checkpoint give
+// bitwise the losses of an uninterrupted run (the model is deterministic). When options.out_path already exists
+// (and options.replace_out is false), its rows of this run up to the checkpoint's step are carried into the new
+// file.
 //
 // Emulated layout (a [parallel] section of more than one GPU or ep > 1, trainer/model/model.h): the loop trains one
 // GPU's pipeline stage with its share of the experts. A stage without the LM head has no loss: its step rows hold
 // NaN for it (the file's attribute loss_absent = 1 says so) and steps are skipped or stopped on the gradient norm
 // alone. tokens_per_s counts the tokens this GPU's stage processes in the step (B T grad_accum) and mfu the stage's
-// training FLOPs (its layers, and the LM head on the last stage). The file's attributes record the layout
-// (layout_attributes, metrics.h). check_trainable rejects what such a run
-// does not support.
+// training FLOPs (its layers, and the LM head on the last stage). The file's attributes record the layout and the
+// stage (layout_attributes, metrics.h). check_trainable rejects what such a run does not support.
 #pragma once
 
 #include <cstdint>
@@ -80,7 +81,8 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // Checks everything that can be checked without a device first: validate_config, validate_data (unless
+  // Checks everything that can be checked without a device first: validate_config, no train.checkpoint_dir or
+  // resume_path under ZeRO-1 (require_whole_optimizer_state), validate_data (unless
   // options.synthetic_data), the options (log_interval >= 1, peak_flops > 0, the run name, an existing
   // resume_path, an out_path that check_output_path of results/output_path.h accepts: a new path or a regular file,
   // neither config_path nor resume_path), the shards' payloads (DataLoader), a CUDA device. Then creates the output

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kernels/common/check.h"
+#include "trainer/train/optimizer_step.h"
 #include "trainer/train/schedule.h"
 #include "trainer/train/trainer_state.h"
 
@@ -62,10 +63,7 @@ StepRecord Trainer::State::train_step() {
     ac.beta2 = static_cast<float>(t.beta2);
     ac.eps = static_cast<float>(t.eps);
     ac.step = optimizer_steps + 1;
-    for (Param& p : store.params()) {
-      ac.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
-      adamw_step({p.master, p.param, p.grad, p.m, p.v, p.n}, ac, scale_d, stream);
-    }
+    adamw_step_shards(store, ac, static_cast<float>(t.weight_decay), scale_d, stream);  // ZeRO-1: this GPU's shard
     ++optimizer_steps;
     model->end_step();
   } else {
