@@ -208,8 +208,11 @@ TEST(LayoutEmulation, WhatIsNotEmulatedIsRejectedInOneLine) {
   expect_error_with([&] { check_trainable(tiny({"--parallel.pp", "2", "--parallel.stage", "1"}), resume); },
                     {"--resume", "emulated layout"});
   expect_error_with([&] { check_trainable(tiny({"--parallel.tp", "2"}), opts); }, {"parallel.tp = 2"});
-  // One GPU keeps checkpoints and resumption.
+  expect_error_with([&] { check_trainable(tiny({"--parallel.ep", "2", "--parallel.dp", "2"}), resume); },
+                    {"--resume", "emulated layout (tp 1 pp 1 dp 2 ep 2)"});
+  // One GPU, and a data-parallel replica (the whole model), keep checkpoints and resumption.
   EXPECT_NO_THROW(check_trainable(tiny({"--train.checkpoint_dir", "c", "--train.checkpoint_interval", "5"}), resume));
+  EXPECT_NO_THROW(check_trainable(tiny({"--parallel.dp", "2", "--train.checkpoint_dir", "c"}), resume));
 }
 
 }  // namespace

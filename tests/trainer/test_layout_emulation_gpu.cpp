@@ -1,6 +1,7 @@
 // GPU tests of one GPU of a parallel layout, emulated (trainer/model/model.h, layout_emulation.h):
 //   - local_expert_routing equals its CPU reference on fresh random routings, empty local experts and k > E_local
-//     included; the pipeline stand-ins equal their host formulas bit for bit;
+//     included, and permute_map over its local ids follows permute.h's definition with repeated experts; the
+//     pipeline stand-ins equal their host formulas bit for bit;
 //   - a middle and a last pipeline stage of a small layout (with expert parallelism) construct and step: the middle
 //     stage has neither embedding nor LM head nor loss, the last has the LM head and a finite loss; every grad
 //     stays finite; DeviceMemory's comm category equals the communication plan (Model::comm_buffers);
@@ -18,6 +19,7 @@
 #include "tests/common/temp_dir.h"
 #include "tests/common/trainer_test_util.h"
 #include "kernels/nn/cross_entropy.h"
+#include "kernels/nn/permute.h"
 #include "trainer/config.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/layout_emulation.h"
@@ -60,6 +62,19 @@ TEST(LayoutEmulationGpu, LocalExpertRoutingMatchesTheReference) {
     EXPECT_EQ(d_local.download(), local);
     EXPECT_EQ(d_counts.download(), counts);
     EXPECT_EQ(d_offsets.download(), offsets);
+    // The routed experts' permutation over the local ids, where a token may repeat a local expert (k > E_local
+    // included): row_of[a] = offsets[e] + #{a' < a with local expert e} (kernels/nn/permute.h), and its inverse.
+    if (n == 0) continue;
+    DeviceBuffer<int32_t> row_of(n), assignment_of(n);
+    permute_map(d_local.ptr, d_offsets.ptr, c.M, c.k, c.El, row_of.ptr, assignment_of.ptr, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int32_t> expected_row(n), expected_assignment(n), seen(c.El, 0);
+    for (int64_t a = 0; a < n; ++a) {
+      expected_row[a] = offsets[local[a]] + seen[local[a]]++;
+      expected_assignment[expected_row[a]] = static_cast<int32_t>(a);
+    }
+    EXPECT_EQ(row_of.download(), expected_row);
+    EXPECT_EQ(assignment_of.download(), expected_assignment);
   }
 }
 

@@ -26,10 +26,12 @@ void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
   if (!emulates_layout(cfg)) return;
   const ParallelConfig& p = cfg.parallel;
   const std::string layout = fmt::format("the emulated layout (tp {} pp {} dp {} ep {})", p.tp, p.pp, p.dp, p.ep);
-  FP4MOE_CHECK(cfg.train.checkpoint_dir.empty(), "train.checkpoint_dir = '{}': {} holds one GPU's share of the model, "
-               "which a checkpoint cannot hold (unset train.checkpoint_dir and train.checkpoint_interval)",
-               cfg.train.checkpoint_dir, layout);
-  FP4MOE_CHECK(options.resume_path.empty(), "--resume: {} is not resumed from a checkpoint", layout);
+  if (p.pp > 1 || p.ep > 1) {  // a stage or an expert share, not the whole model (a data-parallel replica is whole)
+    FP4MOE_CHECK(cfg.train.checkpoint_dir.empty(), "train.checkpoint_dir = '{}': {} holds one GPU's share of the "
+                 "model, which a checkpoint cannot hold (unset train.checkpoint_dir and train.checkpoint_interval)",
+                 cfg.train.checkpoint_dir, layout);
+    FP4MOE_CHECK(options.resume_path.empty(), "--resume: {} is not resumed from a checkpoint", layout);
+  }
   const PipelineStage stage = pipeline_stage(cfg);
   FP4MOE_CHECK(cfg.train.eval_interval == 0 || stage.last(), "train.eval_interval = {}: stage {} of {} has no LM head "
                "and so no loss to evaluate (set train.eval_interval = 0)", cfg.train.eval_interval, stage.stage, layout);
