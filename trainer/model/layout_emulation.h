@@ -67,8 +67,8 @@ void standin_input(const int32_t* tokens, int64_t M, int64_t d, bf16* h, cudaStr
 void standin_output_grad(uint64_t seed, int64_t micro_batch, int64_t n, float scale, bf16* dh, cudaStream_t stream);
 // topk_idx [n] int32 (n = M k, entries in [0, E), not checked on the device) -> local_idx [n] = topk_idx mod E_local,
 // counts [E_local] (assignments per local expert), offsets [E_local + 1] (their exclusive prefix sum). One block
-// per local expert: deterministic, no atomics. Rejects n < 0 or beyond int32, E_local outside [1, kMaxLocalExperts], null
-// pointers (topk_idx and local_idx only for n > 0).
+// per local expert: deterministic, no atomics. Rejects n < 0 or beyond int32, E_local outside [1, kMaxLocalExperts],
+// null pointers (topk_idx and local_idx only for n > 0).
 void local_expert_routing(const int32_t* topk_idx, int64_t n, int64_t E_local, int32_t* local_idx, int32_t* counts,
                           int32_t* offsets, cudaStream_t stream);
 

@@ -139,7 +139,8 @@ class Model {
   // Per decoder layer of the stage, in order (LayerMemory above).
   std::vector<LayerMemory> layer_memory() const;
   // Activations kept outside the decoder layers: the final norm's input h[L] and output (2 d per token each) and
-  // its rstd (4 per token) on the last stage; 0 on another. layer_memory()'s kept() summed plus this is MemCategory::activations after construction.
+  // its rstd (4 per token) on the last stage; 0 on another. layer_memory()'s kept() summed plus this is
+  // MemCategory::activations after construction.
   size_t head_activation_bytes() const;
   // The model's own buffers beside its layers' (trainer/memory/buffer_plan.h; module "model") for `seq_share`
   // rows of hidden d: activations "h[L] (final norm input)", "h_out (LM head input)" [seq_share, d] BF16 and the

@@ -56,7 +56,8 @@ namespace fp4moe {
 // ep divides routed_experts is validate_layout's rule). Rejects (fp4moe::Error) parallel.ep < 1.
 int64_t local_routed_experts(const TrainerConfig& cfg);
 
-// The routing of the last forward, as the routed experts read it (E: this GPU's local experts, ids local). Pointers stay valid until the next forward.
+// The routing of the last forward, as the routed experts read it (E: this GPU's local experts, ids local). Pointers
+// stay valid until the next forward.
 struct MoeRouting {
   int64_t M = 0, E = 0, k = 0;
   const int32_t* topk_idx = nullptr;      // device [M, k], expert of each (token, slot)

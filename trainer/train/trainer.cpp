@@ -33,8 +33,9 @@ void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
     FP4MOE_CHECK(options.resume_path.empty(), "--resume: {} is not resumed from a checkpoint", layout);
   }
   const PipelineStage stage = pipeline_stage(cfg);
-  FP4MOE_CHECK(cfg.train.eval_interval == 0 || stage.last(), "train.eval_interval = {}: stage {} of {} has no LM head "
-               "and so no loss to evaluate (set train.eval_interval = 0)", cfg.train.eval_interval, stage.stage, layout);
+  FP4MOE_CHECK(cfg.train.eval_interval == 0 || stage.last(), "train.eval_interval = {}: stage {} of {} has no LM "
+               "head and so no loss to evaluate (set train.eval_interval = 0)", cfg.train.eval_interval, stage.stage,
+               layout);
 }
 
 // Training FLOPs per token of what this GPU runs: the whole model, or under an emulated layout its stage (the
@@ -196,7 +197,8 @@ TrainResult Trainer::run() {
     const ParallelConfig& p = s.cfg.parallel;
     const PipelineStage& st = s.model->stage();
     s.progress->message(fmt::format(
-        "emulating one GPU of tp {} pp {} dp {} ep {}: stage {} (layers {}-{}), {} of {} routed experts per MoE layer{}",
+        "emulating one GPU of tp {} pp {} dp {} ep {}: stage {} (layers {}-{}), {} of {} routed experts per MoE "
+        "layer{}",
         p.tp, p.pp, p.dp, p.ep, st.stage, st.first_layer, st.first_layer + st.layers - 1,
         s.cfg.moe.routed_experts / p.ep, s.cfg.moe.routed_experts,
         st.last() ? "" : "; no LM head: the loss is absent (NaN)"));
