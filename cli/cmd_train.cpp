@@ -13,7 +13,10 @@
 // DeepSeek-V3's production vocabulary of 129280). --production v3|v2 adds the estimate of the production run
 // (DeepSeek-V3 671B on 256 GPUs, DeepSeek-V2 236B on 128 GPUs: trainer/memory/estimate_report.h) under this
 // configuration's recipe and recompute policy, and paper 1's policies x recipes table.
-// Training itself runs one GPU: a [parallel] section of more than one GPU is rejected without --dry-run.
+// Training runs on one GPU; with a [parallel] section of more than one GPU it runs ONE GPU of that layout, emulated
+// (its pipeline stage, its share of the experts and the communication buffers: trainer/model/model.h, trainer.h);
+// tp > 1 and routed_load != 1 are estimated only (--dry-run); with pp > 1 or ep > 1 there are no checkpoints and no
+// --resume, and no evaluation on a stage without the LM head (check_trainable, one line, exit 2).
 // Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
 // allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a
 // non-finite step under train.non_finite = stop, CUDA or I/O errors); 128 + the signal number after a SIGINT or
@@ -128,11 +131,11 @@ struct TrainCommand {
       print_memory_estimate(cfg, production);
       return kExitOk;
     }
-    if (cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1)
-      throw CliError(fmt::format("[parallel] describes {} GPUs (tp {} pp {} dp {} ep {}); the trainer runs one GPU: "
-                                 "estimate that layout with --dry-run",
-                                 cfg.parallel.gpus(), cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp,
-                                 cfg.parallel.ep));
+    try {
+      check_trainable(cfg, line->options());  // what an emulated [parallel] layout does not support
+    } catch (const Error& err) {
+      throw CliError(user_message(err.what()));
+    }
     const std::string no_gpu = why_no_cuda_device();
     if (!no_gpu.empty())
       throw CliError(fmt::format("{}: training needs one (--dry-run works without)", no_gpu));

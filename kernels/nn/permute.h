@@ -18,7 +18,9 @@
 //
 // Types: x, xs, ys, y, dy, dxs, dx, dys BF16 row-major; w, dw FP32 [T, k]; maps int32. topk_idx entries must lie
 // in [0, E) and be distinct within a token (the router guarantees it; the CPU reference checks, the device does
-// not). Shapes: T >= 0, 1 <= k <= E, D >= 1, T * k < 2^31.
+// not), except on the device, whose map and passes follow the definitions above when a token repeats an expert
+// (so k > E is allowed there): the expert-parallel emulation's local routing does (trainer/model/layout_emulation.h).
+// Shapes: T >= 0, 1 <= k <= E (device: 1 <= k, E >= 1), D >= 1, T * k < 2^31.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,7 +47,7 @@ inline void check_permute_shape(const char* what, int64_t T, int64_t k, int64_t 
 // topk_idx [T, k], offsets [E+1] (from expert_counts_and_offsets on the same topk_idx) -> row_of [T*k],
 // assignment_of [T*k]. One block per expert scans the assignments in order (a block prefix sum of matches):
 // deterministic, no atomics, E * T * k int32 reads (mostly from L2). Rejects (before any launch): bad shapes,
-// k > E, null pointers.
+// E < 1, null pointers.
 void permute_map(const int32_t* topk_idx, const int32_t* offsets, int64_t T, int64_t k, int64_t E, int32_t* row_of,
                  int32_t* assignment_of, cudaStream_t stream);
 

@@ -226,10 +226,19 @@ class TrainCli(unittest.TestCase):
         self.assertIn("memory estimate, 4 GPUs (the configuration's [parallel] section)", r.stdout)
         self.assertIn("pp 2 tp 1 dp 2 ep 2, ZeRO-1; stage 0 (layers 0-0), 2 micro-batches", r.stdout)
         self.assertIn("(4 per step)", r.stdout)
-        # Training itself runs one GPU: a layout of more is refused before any device is looked for.
-        r = self.train("--parallel.pp", "2", expect_rc=2)
-        self.assertIn("the trainer runs one GPU", r.stderr)
-        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        # Training emulates one GPU of the layout; what it cannot emulate or support is refused, one line, before
+        # any device is looked for.
+        for args, words in ((("--parallel.tp", "2"), ("parallel.tp = 2", "tensor parallelism is not emulated")),
+                            (("--parallel.ep", "2", "--parallel.dp", "2", "--parallel.routed_load", "1.5"),
+                             ("parallel.routed_load = 1.5", "not emulated")),
+                            (("--parallel.pp", "2", "--parallel.stage", "0"),
+                             ("train.eval_interval = 10", "stage 0", "no LM head")),
+                            (("--parallel.pp", "2", "--parallel.stage", "1", "--train.checkpoint_dir", "ckpt"),
+                             ("train.checkpoint_dir = 'ckpt'", "emulated layout"))):
+            r = self.train(*args, expect_rc=2)
+            for w in words:
+                self.assertIn(w, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
 
     def test_bad_parallel_layouts_are_rejected(self):
         self.rejected("[parallel]", "tp = 3 must divide model.heads = 4", args=("--parallel.tp", "3"))

@@ -61,12 +61,8 @@ struct StageRange {
 };
 
 StageRange stage_range(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage) {
-  const std::vector<int64_t> counts = stage_layer_counts(cfg, lay);
-  FP4MOE_CHECK(stage >= 0 && stage < lay.pp, "memory estimate: stage {} is outside [0, pp = {})", stage, lay.pp);
-  StageRange r;
-  for (int64_t s = 0; s < stage; ++s) r.first += counts[s];
-  r.count = counts[stage];
-  return r;
+  const PipelineStage ps = pipeline_stage(cfg, lay, stage);
+  return StageRange{ps.first_layer, ps.layers};
 }
 
 std::vector<ParamTensor> stage_tensors(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage) {
@@ -202,6 +198,24 @@ std::vector<int64_t> stage_layer_counts(const TrainerConfig& cfg, const Parallel
   return counts;
 }
 
+PipelineStage pipeline_stage(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage) {
+  const std::vector<int64_t> counts = stage_layer_counts(cfg, lay);
+  FP4MOE_CHECK(stage >= 0 && stage < lay.pp, "pipeline stage {} is outside [0, pp = {})", stage, lay.pp);
+  PipelineStage r;
+  r.stage = stage;
+  r.pp = lay.pp;
+  for (int64_t s = 0; s < stage; ++s) r.first_layer += counts[static_cast<size_t>(s)];
+  r.layers = counts[static_cast<size_t>(stage)];
+  return r;
+}
+
+PipelineStage pipeline_stage(const TrainerConfig& cfg) {
+  validate_config(cfg);  // parallel.stage in [-1, pp)
+  const ParallelLayout layout = layout_of(cfg);
+  const int64_t stage = cfg.parallel.stage >= 0 ? cfg.parallel.stage : estimate_memory(cfg, layout).stage;
+  return pipeline_stage(cfg, layout, stage);
+}
+
 std::vector<ParamTensor> parameter_tensors(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage) {
   validate_config(cfg);
   return stage_tensors(cfg, layout, stage);
@@ -307,7 +321,8 @@ MemoryEstimate estimate_memory(const TrainerConfig& cfg, const ParallelLayout& l
 MemoryEstimate estimate_memory(const TrainerConfig& cfg) {
   validate_config(cfg);
   const ParallelLayout layout = layout_of(cfg);
-  return cfg.parallel.stage < 0 ? estimate_memory(cfg, layout) : estimate_memory_stage(cfg, layout, cfg.parallel.stage);
+  return cfg.parallel.stage < 0 ? estimate_memory(cfg, layout)
+                                 : estimate_memory_stage(cfg, layout, pipeline_stage(cfg).stage);
 }
 
 int64_t MemoryEstimate::total() const {

@@ -24,9 +24,10 @@
 //              routed experts'; without zero1 the whole block
 // activations  the layers' held buffers (their plans, below) per micro-batch x in_flight(stage) micro-batches
 //              (1F1B: stage s keeps min(pp - s, micro_batches)), plus the last stage's final norm and LM head terms (Model::buffers)
-// comm         ep > 1: one MoE layer's dispatch and combine buffers (send + receive, forward payload by recipe:
-//              bf16 2d, fp8 d + d/32, mxfp4 d/2 + d/32 per row; combine BF16 2d; the backward's FP8 or BF16
-//              buffers when larger); pp > 1: the send and receive buffers of one micro-batch's hidden state
+// comm         Model::comm_buffers (trainer/model/model.h), which the emulated layout allocates: ep > 1: one MoE
+//              layer's dispatch and combine buffers (send + receive, forward payload by recipe: bf16 2d, fp8
+//              d + 4 ceil(d/128), mxfp4 d/2 + d/32 per row; combine BF16 2d; the backward's FP8 or BF16 buffers
+//              when larger); pp > 1: the send and receive buffers of one micro-batch's hidden state
 // workspace    the largest single layer's scratch (its backward's gradient buffers plus the activations it does
 //              not keep, live while they are recomputed) + the model's (residual-stream grads, LM head Dgrad and
 //              chunked cross-entropy, embedding backward, batch), as the trainer's one shared scratch arena is
@@ -48,10 +49,9 @@
 // On one GPU the estimate therefore counts what DeviceMemory counts, to the byte (GPU test MemoryEstimateModel*).
 // The Linears' and Group Linears' own buffers come from DeviceMemory at the first forward (MemoryTerm::first_forward)
 // and stay allocated under every policy, as the trainer holds them.
-// What DeviceMemory does not see (MemoryTerm::device_memory = false): LmHeadCrossEntropy's buffers and the
-// communication buffers (no expert or pipeline parallelism is built). Not counted at all: cuBLASLt workspaces, the
-// CUDA context, allocator fragmentation, cub's sort storage of the embedding backward (the estimate takes its four
-// key and position arrays only).
+// What DeviceMemory does not see (MemoryTerm::device_memory = false): LmHeadCrossEntropy's buffers. Not counted at
+// all: cuBLASLt workspaces, the CUDA context, allocator fragmentation, cub's sort storage of the embedding backward
+// (the estimate takes its four key and position arrays only).
 #pragma once
 
 #include <algorithm>
@@ -111,6 +111,22 @@ void validate_layout(const TrainerConfig& cfg, const ParallelLayout& layout);
 
 // Decoder layers per stage (layout.stage_layers, or the default split above). Validates first.
 std::vector<int64_t> stage_layer_counts(const TrainerConfig& cfg, const ParallelLayout& layout);
+
+// The pipeline stage one GPU of cfg's layout (layout_of) runs or estimates: cfg.parallel.stage, or when it is -1 the
+// stage whose estimated total is the largest (estimate_memory(cfg, layout), the first of equals); its decoder layers
+// [first_layer, first_layer + layers) (stage_layer_counts); the first stage holds the embedding, the last the final
+// norm, LM head and loss. One GPU (no [parallel] section): stage 0 of 1, every layer. The one resolution the trainer
+// (Model), the estimator and the 1F1B in-flight count read. Validates cfg (validate_config: parallel.stage in
+// [-1, pp)) and its layout.
+struct PipelineStage {
+  int64_t stage = 0, pp = 1;
+  int64_t first_layer = 0, layers = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == pp - 1; }
+};
+PipelineStage pipeline_stage(const TrainerConfig& cfg);
+// The same for `stage` of `layout` (0 <= stage < layout.pp, else fp4moe::Error).
+PipelineStage pipeline_stage(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage);
 
 // Bytes one routed row carries over expert parallelism under a routed-experts recipe (DESIGN.md "Expert
 // parallelism"), d = model.hidden: the forward dispatch payload (bf16: BF16 row, 2 d; fp8: FP8 row with FP32 1x128
@@ -197,7 +213,7 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const TrainerConfig& cfg, const ParallelLayout& layout);
 // One stage, 0 <= stage < layout.pp.
 MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage);
-// cfg's own layout (layout_of) at cfg.parallel.stage, or the largest stage when it is -1 (what the dry run prints).
+// cfg's own layout (layout_of) at pipeline_stage(cfg) (what the dry run prints).
 MemoryEstimate estimate_memory(const TrainerConfig& cfg);
 
 }  // namespace fp4moe

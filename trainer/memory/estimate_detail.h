@@ -43,8 +43,9 @@ std::vector<MemoryTerm> layer_scratch_terms(const TrainerConfig& cfg, const Para
 // head (last stage), workspace of the residual stream, LM head, embedding backward and batch (first / last stage).
 std::vector<MemoryTerm> model_terms(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage);
 
-// Communication buffers of a stage (MemCategory::comm): one MoE layer's dispatch and combine when ep > 1 and the
-// stage has a MoE layer, the pipeline's hidden-state buffers when pp > 1. Not allocated by the trainer as built.
+// Communication buffers of a stage (MemCategory::comm): Model::comm_buffers at this GPU's shapes (one MoE layer's
+// dispatch and combine when ep > 1 and the stage has a MoE layer, the pipeline's hidden-state buffers when pp > 1),
+// allocated by the model when it emulates the layout.
 std::vector<MemoryTerm> comm_terms(const TrainerConfig& cfg, const ParallelLayout& layout, bool stage_has_moe);
 
 inline int64_t round_up_256(int64_t bytes) { return (bytes + 255) / 256 * 256; }

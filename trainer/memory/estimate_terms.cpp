@@ -129,27 +129,9 @@ std::vector<MemoryTerm> model_terms(const TrainerConfig& cfg, const ParallelLayo
 std::vector<MemoryTerm> comm_terms(const TrainerConfig& cfg, const ParallelLayout& lay, bool stage_has_moe) {
   const Dims g = dims_of(cfg, lay);
   std::vector<MemoryTerm> out;
-  const Terms comm{out, MemCategory::comm, "comm"};
-  if (lay.ep > 1 && stage_has_moe) {
-    const int64_t sent = g.Ns * g.k, received = g.R, d = g.d;
-    const ExpertParallelRowBytes row = expert_parallel_row_bytes(g.routed, d);
-    const int64_t fwd = row.dispatch, combine = row.combine, bwd = row.backward;
-    if ((sent + received) * (fwd + combine) >= (sent + received) * 2 * bwd) {
-      comm.add("dispatch send", sent * fwd, true, false);
-      comm.add("dispatch receive", received * fwd, true, false);
-      comm.add("combine send (BF16)", received * combine, true, false);
-      comm.add("combine receive (BF16)", sent * combine, true, false);
-    } else {
-      comm.add("backward dy send", sent * bwd, true, false);
-      comm.add("backward dy receive", received * bwd, true, false);
-      comm.add("backward dx send", received * bwd, true, false);
-      comm.add("backward dx receive", sent * bwd, true, false);
-    }
-  }
-  if (lay.pp > 1) {
-    comm.add("pipeline send (hidden state)", 2 * g.Ns * g.d, true, false);
-    comm.add("pipeline receive (hidden state)", 2 * g.Ns * g.d, true, false);
-  }
+  const BufferPlan plan = Model::comm_buffers(cfg, g.Ns, g.R, lay.ep, lay.pp, stage_has_moe);
+  for (const PlannedBuffer& b : plan.buffers())
+    if (b.bytes() > 0) out.push_back(MemoryTerm{b.category, "comm", b.tensor, b.bytes(), 1, b.held, true, false});
   return out;
 }
 

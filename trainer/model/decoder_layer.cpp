@@ -59,7 +59,7 @@ LayerShape LayerShape::one_gpu(const TrainerConfig& cfg, int64_t max_tokens) {
   s.heads = cfg.model.heads;
   s.dense_ffn = cfg.model.dense_ffn;
   s.routed_rows = max_tokens * cfg.moe.top_k;
-  s.local_experts = cfg.moe.routed_experts;
+  s.local_experts = local_routed_experts(cfg);  // the expert-parallel share (emulated, moe_router.h)
   s.shared_ffn = cfg.moe.shared_experts * cfg.moe.expert_ffn;
   return s;
 }

@@ -45,8 +45,10 @@ namespace fp4moe {
 
 struct LayerMemory;  // trainer/model/model.h
 
-// The sizes of one decoder layer that one GPU holds: on one GPU (one_gpu) the micro-batch and the whole layer;
-// trainer/memory/estimate.h derives them for one GPU of any parallel layout (tensor, expert parallel).
+// The sizes of one decoder layer that one GPU holds: on the GPU that runs (one_gpu) the micro-batch and the whole
+// layer but for the routed experts, of which it holds its expert-parallel share E / parallel.ep (the emulated layout,
+// trainer/model/layout_emulation.h; all of them without a [parallel] section); trainer/memory/estimate.h derives them
+// for one GPU of any parallel layout (tensor, expert parallel).
 struct LayerShape {
   int64_t tokens = 0;         // N: rows of the attention and of the FFN widths' tensors (micro_batch x seq_len)
   int64_t seq_len = 1;        // tokens per row (the attention's causal rows)

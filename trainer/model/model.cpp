@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -48,6 +49,7 @@
 #include "trainer/memory/estimate.h"
 #include "trainer/memory/scratch.h"
 #include "trainer/model/decoder_layer.h"
+#include "trainer/model/layout_emulation.h"
 #include "trainer/model/moe.h"
 #include "trainer/model/rms_norm.h"
 
@@ -62,26 +64,34 @@ constexpr int64_t kLmHeadChunk = 8192;
 }  // namespace
 
 struct Model::Impl {
+  static constexpr const char* kPipelineSend = Model::kPipelineSend;
+  static constexpr const char* kPipelineReceive = Model::kPipelineReceive;
+
   Impl(const TrainerConfig& cfg, ParamStore& store, DeviceMemory& mem)
-      : V(cfg.model.vocab_size),
+      : stage(pipeline_stage(cfg)),
+        V(cfg.model.vocab_size),
         d(cfg.model.hidden),
         T(cfg.train.seq_len),
         max_tokens(cfg.train.micro_batch * cfg.train.seq_len),
-        embed(&store.add("embed", {V, d}, ParamInit::normal, kInitStd, /*decay=*/true)),
+        embed(stage.first() ? &store.add("embed", {V, d}, ParamInit::normal, kInitStd, /*decay=*/true) : nullptr),
         ce(d, V, Model::lm_head_chunk(V)) {
     FP4MOE_CHECK(max_tokens < (int64_t{1} << 24),
                  "Model: micro_batch x seq_len = {} tokens must stay below 2^24 (the cross-entropy counts in FP32)",
                  max_tokens);
     model_cfg = cfg;
-    const int64_t L = cfg.model.layers;
-    for (int64_t l = 0; l < L; ++l) layers.push_back(std::make_unique<DecoderLayer>(store, cfg, l, max_tokens, mem));
-    norm.emplace(store, "norm", d, static_cast<float>(cfg.model.norm_eps), max_tokens, mem);
-    lm_head = &store.add("lm_head", {V, d}, ParamInit::normal, kInitStd, /*decay=*/true);
+    // The stage's decoder layers [first_layer, first_layer + layers) under their global indices (all on one GPU).
+    const int64_t first = stage.first_layer, n = stage.layers;
+    for (int64_t l = first; l < first + n; ++l)
+      layers.push_back(std::make_unique<DecoderLayer>(store, cfg, l, max_tokens, mem));
+    if (stage.last()) {
+      norm.emplace(store, "norm", d, static_cast<float>(cfg.model.norm_eps), max_tokens, mem);
+      lm_head = &store.add("lm_head", {V, d}, ParamInit::normal, kInitStd, /*decay=*/true);
+    }
 
-    for (int64_t l = 0; l < L; ++l)
-      h.push_back(layers[l]->plans().front().allocate<bf16>(mem, "h (layer input)",
-                                                             "residual stream h[" + std::to_string(l) + "]"));
-    const BufferPlan own = Model::buffers(cfg, max_tokens, true, true, 0);  // its buffers (no scratch)
+    for (int64_t i = 0; i < n; ++i)
+      h.push_back(layers[i]->plans().front().allocate<bf16>(mem, "h (layer input)",
+                                                             "residual stream h[" + std::to_string(first + i) + "]"));
+    const BufferPlan own = Model::buffers(cfg, max_tokens, stage.first(), stage.last(), 0);  // its buffers (no scratch)
     h.push_back(own.allocate<bf16>(mem, "h[L] (final norm input)", "residual stream"));
     h_out = own.allocate<bf16>(mem, "h_out (LM head input)", "model");
     tmp = own.allocate<bf16>(mem, "sub-layer output / branch grad", "model");
@@ -89,16 +99,75 @@ struct Model::Impl {
     loss = own.allocate<float>(mem, "loss", "model");
     // The shared scratch: the largest single call (a layer's forward or backward, the LM head's FP32 Dgrad, the
     // final norm's backward, the embedding backward's workspace), once.
-    size_t scratch_bytes = std::max({scratch_of(cfg, max_tokens, "LM head Dgrad (FP32)"), norm->backward_bytes(),
+    size_t scratch_bytes = std::max({scratch_of(cfg, max_tokens, "LM head Dgrad (FP32)"),
+                                     norm ? norm->backward_bytes() : size_t{0},
                                      scratch_of(cfg, max_tokens, "embedding backward workspace")});
     for (const auto& layer : layers) scratch_bytes = std::max(scratch_bytes, layer->scratch_bytes());
     arena.emplace(mem, scratch_bytes, "model scratch arena (shared by the layers)");
+    // The communication buffers of the emulated layout (none on one GPU): allocated and counted, never transferred.
+    bool has_moe = false;
+    for (const auto& layer : layers) has_moe = has_moe || layer->moe() != nullptr;
+    comm_plan = Model::comm_buffers(cfg, max_tokens, max_tokens * cfg.moe.top_k, cfg.parallel.ep, stage.pp, has_moe);
+    for (const PlannedBuffer& b : comm_plan.buffers())
+      if (b.tensor == kPipelineSend || b.tensor == kPipelineReceive)
+        (b.tensor == kPipelineSend ? pp_send : pp_receive) = comm_plan.allocate<bf16>(mem, b.tensor, "comm");
+      else
+        comm.push_back(comm_plan.allocate<unsigned char>(mem, b.tensor, "comm"));
   }
 
-  // Model::buffers on this GPU for M tokens: both stages, cub's sort storage queried from the device.
+  // ---- pipeline stage boundaries (trainer/model/layout_emulation.h) ------------------------------------------
+  // h[0] [M, d]: the embedding of tokens on the first stage; else the previous stage's output, received into the
+  // pipeline receive buffer (here its stand-in) and copied to the kept layer input.
+  void stage_input(ModelContext& ctx, const int32_t* tokens, int64_t M) {
+    if (stage.first()) {
+      embedding_forward(tokens, M, embed->param, V, d, h[0].data(), nullptr, ctx.stream);
+      return;
+    }
+    standin_input(tokens, M, d, pp_receive.data(), ctx.stream);
+    CUDA_CHECK(cudaMemcpyAsync(h[0].data(), pp_receive.data(), static_cast<size_t>(M * d) * sizeof(bf16),
+                               cudaMemcpyDeviceToDevice, ctx.stream));
+  }
+  // Where layer i's output goes: the next layer's input, the final norm's input h[L] (last stage), or the pipeline
+  // send buffer (the next stage's input; dropped here).
+  bf16* layer_output(size_t i) { return i + 1 < layers.size() || stage.last() ? h[i + 1].data() : pp_send.data(); }
+  // d_res = the gradient of the stage's output when the stage has no LM head: the next stage's, received into the
+  // pipeline receive buffer (here its stand-in, scale grad_scale / M) and copied.
+  void stage_output_grad(ModelContext& ctx, int64_t M, float grad_scale) {
+    const int64_t n = M * d;
+    standin_output_grad(static_cast<uint64_t>(model_cfg.train.seed), backward_passes, n,
+                        grad_scale / static_cast<float>(M), pp_receive.data(), ctx.stream);
+    CUDA_CHECK(cudaMemcpyAsync(d_res.data(), pp_receive.data(), static_cast<size_t>(n) * sizeof(bf16),
+                               cudaMemcpyDeviceToDevice, ctx.stream));
+  }
+  // The gradient of the stage's input, d_res: into the embedding's on the first stage, else sent to the previous
+  // stage through the pipeline send buffer (dropped here).
+  void stage_input_grad(ModelContext& ctx, const int32_t* tokens, int64_t M) {
+    if (!stage.first()) {
+      CUDA_CHECK(cudaMemcpyAsync(pp_send.data(), d_res.data(), static_cast<size_t>(M * d) * sizeof(bf16),
+                                 cudaMemcpyDeviceToDevice, ctx.stream));
+      return;
+    }
+    ScratchScope scope(*arena);
+    const PlannedBuffer& planned_ws = plan_for(M).at("embedding backward workspace");
+    const size_t ws_bytes = ScratchArena::rounded(static_cast<size_t>(planned_ws.bytes()));
+    void* ws = take_planned<unsigned char>(*arena, planned_ws, "embedding backward workspace");
+    embedding_backward(tokens, M, d_res.data(), V, d, embed->grad, ws, static_cast<int64_t>(ws_bytes), ctx.stream);
+  }
+  // The mean loss of the last forward (host), or NaN on a stage without the loss.
+  float loss_host(cudaStream_t stream) const {
+    float out = std::numeric_limits<float>::quiet_NaN();
+    if (stage.last())
+      CUDA_CHECK(cudaMemcpyAsync(&out, loss.data(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return out;
+  }
+
+  // Model::buffers on this GPU for M tokens: its stage, cub's sort storage queried from the device (first stage).
   BufferPlan buffers_at(const TrainerConfig& cfg, int64_t M) const {
-    const int64_t sort = M > 0 ? embedding_backward_workspace_bytes(M, V) - embedding_backward_array_bytes(M) : 0;
-    return Model::buffers(cfg, M, true, true, sort);
+    const int64_t sort = M > 0 && stage.first()
+                             ? embedding_backward_workspace_bytes(M, V) - embedding_backward_array_bytes(M)
+                             : 0;
+    return Model::buffers(cfg, M, stage.first(), stage.last(), sort);
   }
   // The planned scratch of one backward over M tokens (Model::buffers), rounded as the arena takes it.
   size_t scratch_of(const TrainerConfig& cfg, int64_t M, const char* tensor) const {
@@ -149,53 +218,62 @@ struct Model::Impl {
 
   // h[0] = embed(tokens); per layer the two residual blocks; h_out = norm(h[L]); loss = CE(h_out W_lm^T, targets).
   void forward(ModelContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t M) {
-    embedding_forward(tokens, M, embed->param, V, d, h[0].data(), nullptr, ctx.stream);  // h[0] [M, d]
+    stage_input(ctx, tokens, M);  // h[0] [M, d]
     for (size_t l = 0; l < layers.size(); ++l) {
       expect_empty_scratch("forward", l);
-      layers[l]->forward(ctx, h[l].data(), M, tmp.data(), h[l + 1].data());  // h[l+1] [M, d]
+      layers[l]->forward(ctx, h[l].data(), M, tmp.data(), layer_output(l));  // h[l+1] [M, d]
     }
+    if (!stage.last()) return;  // the output went to the pipeline send buffer
     norm->forward(ctx, h[layers.size()].data(), M, h_out.data());          // h_out [M, d]
     ce.forward(h_out.data(), lm_head->param, targets, M, nullptr, loss.data(), ctx.stream);
   }
 
-  // The same graph in reverse; d_res [M, d] BF16 carries the residual-stream gradient.
-  void backward(ModelContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t M, float grad_scale) {
-    const int64_t n = M * d;
+  // d_res [M, d] = d(loss)/d h[L] (last stage): the LM head's backward, then the final norm's.
+  void head_backward(ModelContext& ctx, const int32_t* targets, int64_t M, float grad_scale) {
     {
       ScratchScope scope(*arena);
       float* dh32 = take_planned<float>(*arena, plan_for(M).at("LM head Dgrad (FP32)"), "LM head Dgrad (FP32)");
       ce.backward(h_out.data(), lm_head->param, targets, M, grad_scale, dh32, lm_head->grad, ctx.stream);
-      cast_f32_to_bf16(dh32, n, tmp.data(), ctx.stream);                    // d h_out [M, d]
+      cast_f32_to_bf16(dh32, M * d, tmp.data(), ctx.stream);               // d h_out [M, d]
     }
     norm->backward(ctx, tmp.data(), h[layers.size()].data(), M, d_res.data());  // d h[L]
+  }
+
+  // The same graph in reverse; d_res [M, d] BF16 carries the residual-stream gradient.
+  void backward(ModelContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t M, float grad_scale) {
+    if (stage.last()) head_backward(ctx, targets, M, grad_scale);
+    else stage_output_grad(ctx, M, grad_scale);  // d_res = d (the stage's output)
+    ++backward_passes;
     for (size_t i = layers.size(); i-- > 0;) {
       expect_empty_scratch("backward", i);
       layers[i]->backward(ctx, h[i].data(), M, d_res.data(), tmp.data(), grad_scale);  // d_res = d h[i]
     }
-    ScratchScope scope(*arena);
-    const PlannedBuffer& planned_ws = plan_for(M).at("embedding backward workspace");
-    const size_t ws_bytes = ScratchArena::rounded(static_cast<size_t>(planned_ws.bytes()));
-    void* ws = take_planned<unsigned char>(*arena, planned_ws, "embedding backward workspace");
-    embedding_backward(tokens, M, d_res.data(), V, d, embed->grad, ws, static_cast<int64_t>(ws_bytes), ctx.stream);
+    stage_input_grad(ctx, tokens, M);
   }
 
+  PipelineStage stage;                              // this GPU's pipeline stage (one GPU: all of the model)
   CublasLtMatmul lt;
   TrainerConfig model_cfg;
   BufferPlan plan{"model"};
   int64_t plan_M = -1;
   int64_t V, d, T, max_tokens;
-  Param* embed;                                     // [V, d]
-  std::vector<std::unique_ptr<DecoderLayer>> layers;  // L
+  Param* embed;                                     // [V, d] (first stage; else null)
+  std::vector<std::unique_ptr<DecoderLayer>> layers;  // the stage's layers (L on one GPU)
   std::optional<RmsNorm> norm;                      // final norm [d]
   Param* lm_head = nullptr;                         // [V, d]
   LmHeadCrossEntropy ce;
 
-  std::vector<DeviceArray<bf16>> h;                 // L + 1 x [max_tokens, d], see the top of this file
+  std::vector<DeviceArray<bf16>> h;                 // layers + 1 x [max_tokens, d], see the top of this file
+                                                    // (the last one empty on a stage without the LM head)
   DeviceArray<bf16> h_out;                          // [max_tokens, d] final norm output
   DeviceArray<bf16> tmp;                            // [max_tokens, d] sub-layer output (forward) / branch grad
   DeviceArray<bf16> d_res;                          // [max_tokens, d] residual-stream grad
   DeviceArray<float> loss;                          // [1] mean cross-entropy
   std::optional<ScratchArena> arena;                // the shared scratch (ModelContext::scratch)
+  BufferPlan comm_plan{"comm"};                     // Model::comm_buffers of this GPU
+  DeviceArray<bf16> pp_send, pp_receive;            // [max_tokens, d] pipeline buffers (pp > 1)
+  std::vector<DeviceArray<unsigned char>> comm;     // the expert-parallel buffers (ep > 1, a stage with MoE layers)
+  int64_t backward_passes = 0;                      // keys the stand-in output gradient
   std::vector<int32_t> host_tokens, host_targets;   // [M] host copies for the range checks
 };
 
@@ -203,6 +281,7 @@ namespace {
 
 const TrainerConfig& validated(const TrainerConfig& cfg) {
   validate_config(cfg);
+  check_emulated_layout(cfg);
   return cfg;
 }
 
@@ -237,8 +316,8 @@ StepStats Model::forward(const int32_t* tokens, const int32_t* targets, int64_t 
   stats.tokens = impl_->check_batch(tokens, targets, M, ctx_.stream);
   impl_->forward(ctx_, tokens, targets, M);
   for (const MoeLayer* moe : impl_->moe_layers()) stats.aux_loss += moe->aux_loss_host();
-  CUDA_CHECK(cudaMemcpyAsync(&stats.loss, impl_->loss.data(), sizeof(float), cudaMemcpyDeviceToHost, ctx_.stream));
-  CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  stats.loss = impl_->loss_host(ctx_.stream);
+  stats.has_loss = impl_->stage.last();
   return stats;
 }
 
@@ -250,8 +329,8 @@ StepStats Model::forward_backward(const int32_t* tokens, const int32_t* targets,
   impl_->forward(ctx_, tokens, targets, M);
   for (const MoeLayer* moe : impl_->moe_layers()) stats.aux_loss += moe->aux_loss_host();
   impl_->backward(ctx_, tokens, targets, M, grad_scale);
-  CUDA_CHECK(cudaMemcpyAsync(&stats.loss, impl_->loss.data(), sizeof(float), cudaMemcpyDeviceToHost, ctx_.stream));
-  CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  stats.loss = impl_->loss_host(ctx_.stream);
+  stats.has_loss = impl_->stage.last();
   return stats;
 }
 
@@ -272,7 +351,53 @@ std::vector<LayerMemory> Model::layer_memory() const {
 }
 
 size_t Model::head_activation_bytes() const {
-  return static_cast<size_t>(buffers(cfg_, impl_->max_tokens, true, true, 0).counted_bytes(MemCategory::activations));
+  const PipelineStage& st = impl_->stage;
+  return static_cast<size_t>(
+      buffers(cfg_, impl_->max_tokens, st.first(), st.last(), 0).counted_bytes(MemCategory::activations));
+}
+
+const PipelineStage& Model::stage() const { return impl_->stage; }
+
+bool emulates_layout(const TrainerConfig& cfg) { return cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1; }
+
+void check_emulated_layout(const TrainerConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  FP4MOE_CHECK(p.tp == 1, "parallel.tp = {}: tensor parallelism is not emulated on one GPU (estimate the layout with "
+               "--dry-run)", p.tp);
+  FP4MOE_CHECK(p.routed_load == 1.0, "parallel.routed_load = {}: a skewed routed load is not emulated on one GPU "
+               "(the local experts receive the balanced N top_k rows; estimate it with --dry-run)", p.routed_load);
+}
+
+BufferPlan Model::comm_buffers(const TrainerConfig& cfg, int64_t seq_share, int64_t routed_rows, int64_t ep,
+                               int64_t pp, bool stage_has_moe) {
+  FP4MOE_CHECK(seq_share >= 0 && routed_rows >= 0 && ep >= 1 && pp >= 1,
+               "Model::comm_buffers: expected seq_share, routed_rows >= 0 and ep, pp >= 1, got {} {} {} {}", seq_share,
+               routed_rows, ep, pp);
+  const MemCategory comm = MemCategory::comm;
+  BufferPlan p("comm");
+  if (ep > 1 && stage_has_moe) {
+    // One MoE layer's exchange at a time: the forward's dispatch and combine, or the backward's two exchanges when
+    // they are larger (sent: this GPU's tokens' k rows; received: the rows its experts get).
+    const int64_t sent = seq_share * cfg.moe.top_k, received = routed_rows;
+    const ExpertParallelRowBytes row = expert_parallel_row_bytes(cfg.recipe.routed_experts, cfg.model.hidden);
+    const auto add = [&](const char* tensor, int64_t bytes) { p.add(tensor, bytes, ElemType::byte, true, comm); };
+    if ((sent + received) * (row.dispatch + row.combine) >= (sent + received) * 2 * row.backward) {
+      add("dispatch send", sent * row.dispatch);
+      add("dispatch receive", received * row.dispatch);
+      add("combine send (BF16)", received * row.combine);
+      add("combine receive (BF16)", sent * row.combine);
+    } else {
+      add("backward dy send", sent * row.backward);
+      add("backward dy receive", received * row.backward);
+      add("backward dx send", received * row.backward);
+      add("backward dx receive", sent * row.backward);
+    }
+  }
+  if (pp > 1) {
+    p.add(kPipelineSend, seq_share * cfg.model.hidden, ElemType::bf16, true, comm);
+    p.add(kPipelineReceive, seq_share * cfg.model.hidden, ElemType::bf16, true, comm);
+  }
+  return p;
 }
 
 int64_t Model::lm_head_chunk(int64_t vocab) { return std::min(kLmHeadChunk, round_up(vocab, 8)); }

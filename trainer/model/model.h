@@ -12,6 +12,22 @@
 // workspace) sized once to the largest single layer call. Parameters live in a ParamStore. Deterministic: the same
 // weights and batch give bitwise the same loss and gradients (no floating-point atomics on the training path),
 // under every recompute policy.
+//
+// Emulated layout (cfg's [parallel] section, DESIGN.md "Trainer"): the model builds ONE GPU of that layout, run for
+// real on the local GPU, with no other rank and no transfer:
+//   - its pipeline stage (pipeline_stage(cfg), trainer/memory/estimate.h: parallel.stage, or the largest): decoder
+//     layers [first_layer, first_layer + layers) under their global indices ("layers.<l>...", dense or MoE as in the
+//     whole model); the embedding on the first stage only; final norm, LM head and loss on the last only;
+//   - the stand-ins of the neighbour stages (trainer/model/layout_emulation.h): a stage without the embedding takes
+//     its input from the "pipeline receive" buffer, filled with a fixed pseudo-random embedding of the token ids; a
+//     stage without the LM head writes its output to the "pipeline send" buffer and takes its output gradient from
+//     the receive buffer, filled with a pseudo-random gradient of scale grad_scale / M; the input gradient of a
+//     stage without the embedding goes to the send buffer and is dropped. Such a stage has no loss (StepStats);
+//   - each MoE layer's expert-parallel share: E / ep local experts fed from this GPU's own tokens (moe_router.h);
+//   - the EP and PP communication buffers (comm_buffers, MemCategory::comm), allocated and counted, never sent.
+// Not emulated (check_emulated_layout rejects them): tensor parallelism and a skewed routed load. The 1F1B
+// schedule's in-flight micro-batches and the ZeRO-1 shard are described where they are built. Without a
+// [parallel] section the model is the whole one, as before.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +38,7 @@
 
 #include "trainer/config.h"
 #include "trainer/memory/buffer_plan.h"
+#include "trainer/memory/estimate.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
@@ -60,15 +77,24 @@ struct LayerMemory {
 
 // What one forward (and backward) produced, for logging (host values, read back before the call returns).
 struct StepStats {
-  float loss = 0.0f;      // mean cross-entropy over the micro-batch's valid targets (nats/token)
+  float loss = 0.0f;      // mean cross-entropy over the micro-batch's valid targets (nats/token); NaN when has_loss
+                          // is false
+  bool has_loss = true;   // false on a pipeline stage without the LM head (the emulated layout): it has no loss
   float aux_loss = 0.0f;  // v2 router balance loss summed over MoE layers (0 for v3), already in the gradient
   int64_t tokens = 0;     // valid targets
 };
 
+// Whether cfg's [parallel] section describes one GPU of a larger layout, which the model emulates: tp x pp x dp > 1
+// or ep > 1 (a section of one GPU, micro-batches or ZeRO-1 alone, builds the whole model).
+bool emulates_layout(const TrainerConfig& cfg);
+// Rejects (fp4moe::Error, one line naming the option) what the model cannot emulate of cfg's [parallel] layout:
+// parallel.tp > 1 (tensor parallelism), parallel.routed_load != 1 (a skewed routed load). Both stay estimates only.
+void check_emulated_layout(const TrainerConfig& cfg);
+
 class Model {
  public:
-  // Validates `cfg` (validate_config), registers and allocates every tensor for batches of up to
-  // cfg.train.micro_batch rows of cfg.train.seq_len tokens; under parallel.zero1 the store holds rank 0's ZeRO-1
+  // Validates `cfg` (validate_config, check_emulated_layout), registers and allocates every tensor for batches of up
+  // to cfg.train.micro_batch rows of cfg.train.seq_len tokens; under parallel.zero1 the store holds rank 0's ZeRO-1
   // shard of the masters and moments (layout_of(cfg).zero1_parts(), trainer/model/params.h). Throws fp4moe::Error
   // before allocating anything for a bad config; an allocation over mem's budget throws with mem's report.
   Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream);
@@ -110,10 +136,11 @@ class Model {
   // (MoeRoutedExperts::dispatch_bytes, trainer/model/moe_experts.h); empty for a dense model.
   std::vector<DispatchBytes> dispatch_bytes() const;
 
-  // Per decoder layer, in order (LayerMemory above).
+  // Per decoder layer of the stage, in order (LayerMemory above).
   std::vector<LayerMemory> layer_memory() const;
   // Activations kept outside the decoder layers: the final norm's input h[L] and output (2 d per token each) and
-  // its rstd (4 per token). layer_memory()'s kept() summed plus this is MemCategory::activations after construction.
+  // its rstd (4 per token) on the last stage; 0 on another. layer_memory()'s kept() summed plus this is
+  // MemCategory::activations after construction.
   size_t head_activation_bytes() const;
   // The model's own buffers beside its layers' (trainer/memory/buffer_plan.h; module "model") for `seq_share`
   // rows of hidden d: activations "h[L] (final norm input)", "h_out (LM head input)" [seq_share, d] BF16 and the
@@ -131,6 +158,23 @@ class Model {
   // The shared scratch (capacity: the most any layer call, the LM head backward or the embedding backward takes;
   // high_water: the most used since construction).
   const ScratchArena& scratch() const;
+
+  // The pipeline stage this model is (pipeline_stage(cfg): stage 0 of 1 with every layer without a [parallel]
+  // section) and so its decoder layers [stage().first_layer, stage().first_layer + stage().layers).
+  const PipelineStage& stage() const;
+
+  // The communication buffers of one GPU of a layout (module "comm", MemCategory::comm, held from construction),
+  // stated once for the model (which allocates them) and the estimator: with ep > 1 and a stage with MoE layers, one
+  // MoE layer's expert-parallel exchange: "dispatch send" (seq_share k rows) and "dispatch receive" (routed_rows
+  // rows) of the routed recipe's forward payload, "combine send (BF16)" (routed_rows) and "combine receive (BF16)"
+  // (seq_share k), or, when the backward's two exchanges are larger, "backward dy send", "backward dy receive",
+  // "backward dx send", "backward dx receive" of expert_parallel_row_bytes' backward row (bytes, ElemType::byte);
+  // with pp > 1 kPipelineSend and kPipelineReceive [seq_share, hidden] BF16, one micro-batch's hidden state (or its
+  // gradient). Nothing with ep = pp = 1. Rejects seq_share < 0, routed_rows < 0, ep < 1, pp < 1.
+  static BufferPlan comm_buffers(const TrainerConfig& cfg, int64_t seq_share, int64_t routed_rows, int64_t ep,
+                                 int64_t pp, bool stage_has_moe);
+  static constexpr const char* kPipelineSend = "pipeline send (hidden state)";
+  static constexpr const char* kPipelineReceive = "pipeline receive (hidden state)";
 
   ParamStore& params() { return store_; }
   const TrainerConfig& config() const { return cfg_; }

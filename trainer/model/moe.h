@@ -13,6 +13,10 @@
 //             dx32 [M, d] FP32 = dx_routed; shared fc1 Dgrad += into dx32; router_backward -> dlogits (FP32,
 //             cast to BF16) -> router Dgrad += into dx32, router Wgrad; dx = BF16(dx32).
 //
+// Expert parallelism (cfg.parallel.ep > 1, the emulated layout of trainer/model/model.h): the block holds
+// E_l = E / ep routed experts (local_routed_experts) and the router hands them its local routing (moe_router.h); the
+// router itself stays over all E. Below, E in the routed experts' shapes is E_l.
+//
 // Parameters (under `prefix`, e.g. "layers.1.moe"): "<prefix>.router" [E, d]; "<prefix>.experts.fc1" [E, 2f, d]
 // (per expert gate | up rows, swiglu.h); "<prefix>.experts.fc2" [E, d, f]; "<prefix>.shared.fc1"
 // [2 s f, d] and "<prefix>.shared.fc2" [d, s f] (s = shared_experts); v3 state "<prefix>.router_bias" [E] FP32.

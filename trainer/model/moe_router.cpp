@@ -6,12 +6,18 @@
 #include "kernels/common/check.h"
 #include "kernels/nn/elementwise.h"
 #include "kernels/nn/router_gates.h"
+#include "trainer/model/layout_emulation.h"
 
 namespace fp4moe {
 
 namespace {
 constexpr float kRouterInitStd = 0.02f;
 }  // namespace
+
+int64_t local_routed_experts(const TrainerConfig& cfg) {
+  FP4MOE_CHECK(cfg.parallel.ep >= 1, "parallel.ep must be >= 1, got {}", cfg.parallel.ep);
+  return cfg.moe.routed_experts / cfg.parallel.ep;  // validate_layout: ep divides routed_experts (with MoE layers)
+}
 
 PinnedHost::PinnedHost(size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMallocHost(&p_, bytes));
@@ -37,6 +43,7 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
             static_cast<float>(cfg.moe.aux_alpha)},
       d_(cfg.model.hidden),
       E_(cfg.moe.routed_experts),
+      El_(local_routed_experts(cfg)),
       max_tokens_(max_tokens),
       gamma_(static_cast<float>(cfg.moe.bias_update_rate)),
       w_(nullptr) {
@@ -47,7 +54,7 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
   const int64_t k = rcfg_.top_k;
   w_ = &store.add(prefix + ".router", {E_, d_}, ParamInit::normal, kRouterInitStd, /*decay=*/true);
   if (rcfg_.style == RouterStyle::v3_sigmoid) bias_ = &store.add_state(prefix + ".router_bias", {E_});
-  const BufferPlan plan = buffers(max_tokens, E_, k);
+  const BufferPlan plan = buffers(max_tokens, E_, k, El_);
   const std::string owner = prefix + " router";
   probs_ = plan.allocate<float>(mem, "probs", owner);
   topk_weight_ = plan.allocate<float>(mem, "topk_weight", owner);
@@ -55,7 +62,11 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
   counts_ = plan.allocate<int32_t>(mem, "counts", owner);
   offsets_ = plan.allocate<int32_t>(mem, "offsets", owner);
   aux_ = plan.allocate<float>(mem, "aux", owner);
+  local_idx_ = plan.allocate<int32_t>(mem, "local topk_idx", owner);
+  local_counts_ = plan.allocate<int32_t>(mem, "local counts", owner);
+  local_offsets_ = plan.allocate<int32_t>(mem, "local offsets", owner);
   host_offsets_ = PinnedHost((E_ + 1) * sizeof(int32_t));
+  if (El_ < E_) host_local_offsets_ = PinnedHost((El_ + 1) * sizeof(int32_t));
   host_aux_ = PinnedHost(sizeof(float));
   last_counts_.assign(E_, 0);
   tally_.assign(E_, 0);
@@ -65,12 +76,14 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
 }
 
 size_t MoeRouter::kept_bytes() const {
-  return static_cast<size_t>(buffers(max_tokens_, E_, rcfg_.top_k).counted_bytes(MemCategory::activations));
+  return static_cast<size_t>(buffers(max_tokens_, E_, rcfg_.top_k, El_).counted_bytes(MemCategory::activations));
 }
 
-BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k) {
+BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_local) {
   FP4MOE_CHECK(tokens >= 0 && E >= 1 && k >= 1, "MoeRouter::buffers: expected tokens >= 0, E, k >= 1, got {} {} {}",
                tokens, E, k);
+  FP4MOE_CHECK(E_local >= 1 && E_local <= E && E % E_local == 0,
+               "MoeRouter::buffers: local experts {} must be in [1, E = {}] and divide E", E_local, E);
   BufferPlan p("moe.router");
   p.add("probs", tokens * E, ElemType::fp32);
   p.add("topk_weight", tokens * k, ElemType::fp32);
@@ -78,6 +91,10 @@ BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k) {
   p.add("counts", E, ElemType::int32);
   p.add("offsets", E + 1, ElemType::int32);
   p.add("aux", 1, ElemType::fp32);
+  const bool local = E_local < E;  // expert parallelism: the local routing (layout_emulation.h)
+  p.add("local topk_idx", local ? tokens * k : 0, ElemType::int32);
+  p.add("local counts", local ? E_local : 0, ElemType::int32);
+  p.add("local offsets", local ? E_local + 1 : 0, ElemType::int32);
   const MemCategory ws = MemCategory::workspace;
   p.add("logits (FP32)", tokens * E, ElemType::fp32, true, ws, Lifetime::forward_scratch);
   p.add("dlogits (FP32)", tokens * E, ElemType::fp32, true, ws, Lifetime::backward_scratch);
@@ -86,8 +103,12 @@ BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k) {
 }
 
 MoeRouting MoeRouter::routing() const {
-  return MoeRouting{std::max<int64_t>(last_M_, 0), E_, rcfg_.top_k, topk_idx_.data(), topk_weight_.data(),
-                    offsets_.data(), static_cast<const int32_t*>(host_offsets_.get())};
+  const int64_t M = std::max<int64_t>(last_M_, 0);
+  if (El_ < E_)
+    return MoeRouting{M, El_, rcfg_.top_k, local_idx_.data(), topk_weight_.data(), local_offsets_.data(),
+                      static_cast<const int32_t*>(host_local_offsets_.get())};
+  return MoeRouting{M, E_, rcfg_.top_k, topk_idx_.data(), topk_weight_.data(), offsets_.data(),
+                    static_cast<const int32_t*>(host_offsets_.get())};
 }
 
 void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
@@ -98,6 +119,10 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
   aux_host_ = 0.0f;
   if (M == 0) {
     std::fill(host_offsets, host_offsets + E_ + 1, 0);
+    if (El_ < E_) {
+      auto* host_local = static_cast<int32_t*>(host_local_offsets_.get());
+      std::fill(host_local, host_local + El_ + 1, 0);
+    }
     std::fill(last_counts_.begin(), last_counts_.end(), 0);
     return;
   }
@@ -105,7 +130,7 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
   const bool v2 = rcfg_.style == RouterStyle::v2_softmax;
   const int64_t k = rcfg_.top_k;
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);  // the take stays in the caller's scope
-  const BufferPlan plan = buffers(M, E_, k);
+  const BufferPlan plan = buffers(M, E_, k, El_);
   float* logits = take_planned<float>(arena, plan.at("logits (FP32)"), "router logits");
   // logits^T [E, M] (column-major) = W_r (stored d x E column-major, transposed) * x^T (stored d x M)
   ctx.lt->matmul(E_, M, d_, LtOperand{w_->param, CUDA_R_16BF, true, d_}, LtOperand{x, CUDA_R_16BF, false, d_},
@@ -118,6 +143,12 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
     expert_counts_and_offsets(topk_idx_.data(), M, k, E_, counts_.data(), offsets_.data(), ctx.stream);
     router_gates_for_indices(probs_.data(), topk_idx_.data(), counts_.data(), M, E_, rcfg_, topk_weight_.data(),
                              v2 ? aux_.data() : nullptr, ctx.stream);
+  }
+  if (El_ < E_) {  // expert parallelism: this GPU's share of the rows (layout_emulation.h)
+    local_expert_routing(topk_idx_.data(), M * k, El_, local_idx_.data(), local_counts_.data(), local_offsets_.data(),
+                         ctx.stream);
+    CUDA_CHECK(cudaMemcpyAsync(host_local_offsets_.get(), local_offsets_.data(), (El_ + 1) * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, ctx.stream));
   }
   // The layer's one host synchronisation: the expert token counts (and the v2 loss) come to the host.
   CUDA_CHECK(cudaMemcpyAsync(host_offsets, offsets_.data(), (E_ + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
@@ -146,7 +177,7 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);
   for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];
   ScratchScope scope(arena);
-  const BufferPlan plan = buffers(M, E_, rcfg_.top_k);
+  const BufferPlan plan = buffers(M, E_, rcfg_.top_k, El_);
   float* dlogits = take_planned<float>(arena, plan.at("dlogits (FP32)"), "router dlogits (FP32)");  // [M, E]
   bf16* dl = take_planned<bf16>(arena, plan.at("dlogits (BF16)"), "router dlogits (BF16)");
   router_backward(probs_.data(), topk_idx_.data(), counts_.data(), dweights, M, E_, rcfg_, aux_grad, dlogits,

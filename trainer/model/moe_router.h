@@ -26,6 +26,12 @@
 // Scratch (ModelContext::scratch): forward takes logits [M, E] FP32 in the caller's scope; backward takes dlogits
 // [M, E] FP32 and BF16 in its own.
 //
+// Expert parallelism (cfg.parallel.ep > 1, emulated: trainer/model/layout_emulation.h): the router scores, selects
+// and tallies over all E experts as above (replicated under expert parallelism); forward then maps the selection to
+// this GPU's E_l = E / ep local experts (local_expert_routing: local id = expert mod E_l, counts and offsets over
+// E_l), kept for backward, and routing() hands the routed experts that local routing. The host copy then brings the
+// local offsets [E_l + 1] beside the offsets [E+1], under the same one synchronisation. With ep = 1 no mapping runs.
+//
 // Expert loads for the v3 bias: the counts of a forward join the step's tally when its backward runs (so that
 // evaluation forwards do not move the bias); end_step applies router_bias_update with the tally (gamma =
 // moe.bias_update_rate) and clears it.
@@ -46,7 +52,12 @@
 
 namespace fp4moe {
 
-// The routing of the last forward, as the routed experts read it. Pointers stay valid until the next forward.
+// The routed experts one GPU of cfg's layout holds: moe.routed_experts / parallel.ep (all of them on one GPU; that
+// ep divides routed_experts is validate_layout's rule). Rejects (fp4moe::Error) parallel.ep < 1.
+int64_t local_routed_experts(const TrainerConfig& cfg);
+
+// The routing of the last forward, as the routed experts read it (E: this GPU's local experts, ids local). Pointers
+// stay valid until the next forward.
 struct MoeRouting {
   int64_t M = 0, E = 0, k = 0;
   const int32_t* topk_idx = nullptr;      // device [M, k], expert of each (token, slot)
@@ -104,11 +115,13 @@ class MoeRouter {
   const std::vector<int64_t>& step_counts() const { return tally_; }  // [E] tokens per expert over the step
   size_t kept_bytes() const;  // activations kept from forward to backward (buffers()), as DeviceMemory counts them
   // The router's buffers (trainer/memory/buffer_plan.h; module "moe.router") for `tokens` rows, E experts, top-k,
-  // all held under every policy (the router does not rerun): "probs" [tokens, E] FP32, "topk_weight" [tokens, k]
-  // FP32, "topk_idx" [tokens, k] int32, "counts" [E] int32, "offsets" [E + 1] int32, "aux" [1] FP32; the scratch
-  // "logits (FP32)" [tokens, E] (forward), "dlogits (FP32)" and "dlogits (BF16)" [tokens, E] (backward). Rejects
-  // tokens < 0, E < 1, k < 1.
-  static BufferPlan buffers(int64_t tokens, int64_t E, int64_t k);
+  // E_local of them on this GPU, all held under every policy (the router does not rerun): "probs" [tokens, E] FP32,
+  // "topk_weight" [tokens, k] FP32, "topk_idx" [tokens, k] int32, "counts" [E] int32, "offsets" [E + 1] int32, "aux"
+  // [1] FP32; with E_local < E the local routing "local topk_idx" [tokens, k], "local counts" [E_local] and "local
+  // offsets" [E_local + 1] int32 (no elements when E_local = E); the scratch "logits (FP32)" [tokens, E] (forward),
+  // "dlogits (FP32)" and "dlogits (BF16)" [tokens, E] (backward). Rejects tokens < 0, E < 1, k < 1, E_local outside
+  // [1, E] or not dividing E.
+  static BufferPlan buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_local);
   // Scratch for M = max_tokens: what forward leaves in the caller's scope, and what backward takes.
   size_t forward_bytes() const { return fwd_bytes_; }
   size_t backward_bytes() const { return bwd_bytes_; }
@@ -116,7 +129,7 @@ class MoeRouter {
  private:
   std::string prefix_;
   RouterConfig rcfg_;
-  int64_t d_, E_, max_tokens_;
+  int64_t d_, E_, El_, max_tokens_;  // El_: local experts (E_ on one GPU)
   float gamma_;
   Param* w_;
   StateTensor* bias_ = nullptr;
@@ -133,7 +146,11 @@ class MoeRouter {
   DeviceArray<int32_t> counts_;    // [E] tokens per expert; in end_step the step's tally     (activations)
   DeviceArray<int32_t> offsets_;   // [E+1] exclusive prefix sum of counts                    (activations)
   DeviceArray<float> aux_;         // [1] v2 balance loss                                     (activations)
+  DeviceArray<int32_t> local_idx_;      // [max_tokens, k] local expert ids       (activations, El_ < E_)
+  DeviceArray<int32_t> local_counts_;   // [El] rows per local expert             (activations, El_ < E_)
+  DeviceArray<int32_t> local_offsets_;  // [El+1] their exclusive prefix sum      (activations, El_ < E_)
   PinnedHost host_offsets_;        // host [E+1] int32: offsets of the last forward
+  PinnedHost host_local_offsets_;  // host [El+1] int32: local offsets of the last forward (El_ < E_)
   PinnedHost host_aux_;            // host [1] FP32: aux of the last forward (v2)
 };
 

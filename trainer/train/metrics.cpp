@@ -10,6 +10,7 @@
 #include "results/h5_file.h"
 #include "results/h5_read.h"
 #include "results/run_info.h"
+#include "trainer/model/model.h"
 #include "trainer/model/moe_experts.h"
 
 namespace fp4moe {
@@ -74,6 +75,19 @@ void MemoryPeaks::merge(const DeviceMemory& mem) {
   for (int c = 0; c < kMemCategories; ++c) peak[c] = std::max(peak[c], mem.peak(static_cast<MemCategory>(c)));
   peak_total = std::max(peak_total, mem.peak_total());
   budget = mem.budget();
+}
+
+Attributes layout_attributes(const TrainerConfig& cfg, const PipelineStage& stage) {
+  if (!emulates_layout(cfg)) return {};
+  const ParallelConfig& p = cfg.parallel;
+  Attributes a;
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"parallel.tp", p.tp}, {"parallel.pp", p.pp},
+                               {"parallel.dp", p.dp}, {"parallel.ep", p.ep}, {"parallel.micro_batches",
+                               p.micro_batches}, {"parallel.zero1", p.zero1 ? 1 : 0}, {"stage", stage.stage},
+                               {"stage.first_layer", stage.first_layer}, {"stage.layers", stage.layers},
+                               {"loss_absent", stage.last() ? 0 : 1}})
+    a.emplace_back(key, v);
+  return a;
 }
 
 Attributes train_run_attributes(const TrainerConfig& cfg) {

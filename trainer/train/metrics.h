@@ -25,6 +25,7 @@
 #include "results/table.h"
 #include "trainer/config.h"
 #include "trainer/memory/device_memory.h"
+#include "trainer/memory/estimate.h"
 
 namespace fp4moe {
 
@@ -62,6 +63,12 @@ struct MemoryPeaks {
   // peak := max(peak, mem's peaks since its last reset_peaks); budget := mem's.
   void merge(const DeviceMemory& mem);
 };
+
+// The emulated layout's attributes of /train/<run> (trainer/model/model.h, trainer/train/trainer.h), int64:
+// parallel.tp, parallel.pp, parallel.dp, parallel.ep, parallel.micro_batches, parallel.zero1 (0 or 1), the stage
+// this GPU ran (stage, stage.first_layer, stage.layers) and loss_absent (1 on a stage without the LM head, whose
+// steps' loss column holds NaN: no loss, not a divergence; else 0). Empty when cfg emulates no layout (one GPU).
+Attributes layout_attributes(const TrainerConfig& cfg, const PipelineStage& stage);
 
 // The configuration as attributes of /train/<run>: model_config_text and model_config_hash (16 hex digits) of
 // trainer/config.h, model.name, every train.* setting (numbers as int64/float64, train.seed as int64 when it fits,

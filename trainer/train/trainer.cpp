@@ -20,6 +20,36 @@ namespace fp4moe {
 
 namespace fs = std::filesystem;
 
+void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
+  validate_config(cfg);
+  check_emulated_layout(cfg);
+  if (!emulates_layout(cfg)) return;
+  const ParallelConfig& p = cfg.parallel;
+  const std::string layout = fmt::format("the emulated layout (tp {} pp {} dp {} ep {})", p.tp, p.pp, p.dp, p.ep);
+  if (p.pp > 1 || p.ep > 1) {  // a stage or an expert share, not the whole model (a data-parallel replica is whole)
+    FP4MOE_CHECK(cfg.train.checkpoint_dir.empty(), "train.checkpoint_dir = '{}': {} holds one GPU's share of the "
+                 "model, which a checkpoint cannot hold (unset train.checkpoint_dir and train.checkpoint_interval)",
+                 cfg.train.checkpoint_dir, layout);
+    FP4MOE_CHECK(options.resume_path.empty(), "--resume: {} is not resumed from a checkpoint", layout);
+  }
+  const PipelineStage stage = pipeline_stage(cfg);
+  FP4MOE_CHECK(cfg.train.eval_interval == 0 || stage.last(), "train.eval_interval = {}: stage {} of {} has no LM "
+               "head and so no loss to evaluate (set train.eval_interval = 0)", cfg.train.eval_interval, stage.stage,
+               layout);
+}
+
+// Training FLOPs per token of what this GPU runs: the whole model, or under an emulated layout its stage (the
+// stage's layers, and the LM head on the last stage; the embedding counts none).
+double training_flops_per_token(const TrainerConfig& cfg) {
+  const int64_t T = cfg.train.seq_len;
+  if (!emulates_layout(cfg)) return model_flops_per_token(cfg, T).training;
+  const PipelineStage stage = pipeline_stage(cfg);
+  double forward = stage.last() ? lm_head_flops_per_token(cfg.model) : 0.0;
+  for (int64_t l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
+    forward += layer_flops_per_token(cfg, l, T).total();
+  return 3.0 * forward;
+}
+
 Trainer::State::~State() {
   if (stream) cudaStreamSynchronize(stream);  // no throw from a destructor
   model.reset();
@@ -37,7 +67,7 @@ Trainer::State::~State() {
 void Trainer::State::setup() {
   const TrainingConfig& t = cfg.train;
   // Everything that can be refused without a device, first.
-  validate_config(cfg);
+  check_trainable(cfg, opts);  // validate_config, and what an emulated layout does not support
   if (!t.checkpoint_dir.empty() || !opts.resume_path.empty())  // a ZeRO-1 shard has no whole-tensor checkpoint
     require_whole_optimizer_state(layout_of(cfg).zero1_parts(),
                                   !opts.resume_path.empty() ? "--resume" : "train.checkpoint_dir");
@@ -60,7 +90,7 @@ void Trainer::State::setup() {
   B = t.micro_batch;
   T = t.seq_len;
   tokens_per_step = t.tokens_per_step();
-  flops_per_token = model_flops_per_token(cfg, T).training;
+  flops_per_token = training_flops_per_token(cfg);
   rows.resize(static_cast<size_t>(B * (T + 1)));
   if (opts.synthetic_data) {
     train = TokenBatches::synthetic(t.seed, kSyntheticTrainStream, cfg.model.vocab_size, B, T);
@@ -105,6 +135,7 @@ void Trainer::State::setup() {
   metrics->set_attribute("memory_budget_bytes", static_cast<int64_t>(opts.memory_budget_bytes));
   metrics->set_attribute("resumed_from", opts.resume_path);
   set_dispatch_attributes(*metrics, cfg, model->dispatch_bytes());
+  for (auto& [key, v] : layout_attributes(cfg, model->stage())) metrics->set_attribute(key, std::move(v));
 
   if (opts.resume_path.empty()) {
     model->init_weights(t.seed);
@@ -162,6 +193,16 @@ TrainResult Trainer::run() {
       s.step + 1, t.steps, s.tokens_per_step, s.B, s.T, t.grad_accum,
       s.opts.synthetic_data ? std::string("synthetic tokens") : fmt::format("shards of {}", t.data_dir),
       s.opts.out_path.empty() ? std::string() : fmt::format(", results in {}", s.opts.out_path)));
+  if (emulates_layout(s.cfg)) {
+    const ParallelConfig& p = s.cfg.parallel;
+    const PipelineStage& st = s.model->stage();
+    s.progress->message(fmt::format(
+        "emulating one GPU of tp {} pp {} dp {} ep {}: stage {} (layers {}-{}), {} of {} routed experts per MoE "
+        "layer{}",
+        p.tp, p.pp, p.dp, p.ep, st.stage, st.first_layer, st.first_layer + st.layers - 1,
+        s.cfg.moe.routed_experts / p.ep, s.cfg.moe.routed_experts,
+        st.last() ? "" : "; no LM head: the loss is absent (NaN)"));
+  }
   s.run_start = State::Clock::now();
   while (s.step < t.steps) {
     const StepRecord r = s.train_step();

@@ -36,6 +36,13 @@
 // bitwise the losses of an uninterrupted run (the model is deterministic). When options.out_path already exists
 // (and options.replace_out is false), its rows of this run up to the checkpoint's step are carried into the new
 // file.
+//
+// Emulated layout (a [parallel] section of more than one GPU or ep > 1, trainer/model/model.h): the loop trains one
+// GPU's pipeline stage with its share of the experts. A stage without the LM head has no loss: its step rows hold
+// NaN for it (the file's attribute loss_absent = 1 says so) and steps are skipped or stopped on the gradient norm
+// alone. tokens_per_s counts the tokens this GPU's stage processes in the step (B T grad_accum) and mfu the stage's
+// training FLOPs (its layers, and the LM head on the last stage). The file's attributes record the layout and the
+// stage (layout_attributes, metrics.h). check_trainable rejects what such a run does not support.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +58,13 @@
 namespace fp4moe {
 
 class Model;
+
+// Rejects (fp4moe::Error, one line naming the option), before anything is allocated, what training cfg with
+// `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1, parallel.routed_load != 1); with pp > 1 or
+// ep > 1 (the GPU holds a stage or an expert share, not the whole model) checkpoints (train.checkpoint_dir set) and
+// options.resume_path; train.eval_interval > 0 on a stage without the LM head (no loss to evaluate). ZeRO-1's own
+// rule on checkpoints is require_whole_optimizer_state's. Validates cfg first (validate_config).
+void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options);
 
 // What run() did.
 struct TrainResult {

@@ -27,9 +27,12 @@ StepRecord Trainer::State::train_step() {
   store.zero_grads(stream);
   const float grad_scale = 1.0f / static_cast<float>(t.grad_accum);
   double loss_sum = 0;
+  bool has_loss = true;  // false on an emulated pipeline stage without the LM head: loss NaN, not a divergence
   for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
     upload(*train);
-    loss_sum += model->forward_backward(tokens.data(), targets.data(), B, grad_scale).loss;
+    const StepStats stats = model->forward_backward(tokens.data(), targets.data(), B, grad_scale);
+    loss_sum += stats.loss;
+    has_loss = stats.has_loss;
   }
   double loss = loss_sum / static_cast<double>(t.grad_accum);
   if (opts.inject_nonfinite_step == s) {  // test hook (TrainerOptions): a diverged step
@@ -47,7 +50,7 @@ StepRecord Trainer::State::train_step() {
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const double norm = *pinned_norm;
   const double lr = learning_rate(t, s);
-  const bool finite = std::isfinite(loss) && std::isfinite(norm);
+  const bool finite = (!has_loss || std::isfinite(loss)) && std::isfinite(norm);
 
   if (!finite && t.non_finite == NonFinitePolicy::stop) {
     train->restore(loader_before, rng_before);  // back to the state after step s - 1
