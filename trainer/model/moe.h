@@ -134,7 +134,7 @@ class MoeLayer {
   int64_t d_, k_, max_tokens_;
   MoeRecompute policy_;
   float aux_grad_scale_ = 1.0f;
-  int64_t last_M_ = -1;
+  KeptValue<int64_t> last_M_;  // per in-flight slot (trainer/memory/device_memory.h): tokens of its forward
   MoeRouter router_;
   MoeRoutedExperts experts_;
   std::unique_ptr<SwigluMlp> shared_;
