@@ -325,6 +325,10 @@ void validate_parallel(const TrainerConfig& cfg) {
   ParallelLayout layout = layout_of(cfg);
   layout.name = "[parallel]";
   validate_layout(cfg, layout);
+  FP4MOE_CHECK(p.gpus() == 1 || cfg.train.grad_accum == p.micro_batches,
+               "train.grad_accum = {} must equal parallel.micro_batches = {} when [parallel] describes {} GPUs (the "
+               "micro-batches of one optimizer step, which the 1F1B schedule runs through the pipeline)",
+               cfg.train.grad_accum, p.micro_batches, p.gpus());
 }
 
 }  // namespace

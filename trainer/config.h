@@ -133,8 +133,10 @@ struct RecomputeConfig {
 // dp; every GPU of a stage holds its layers, 1/tp of the heads and FFN widths, E/ep routed experts (ep divides dp x
 // tp and moe.routed_experts) and, under zero1, a 1/dp share of the FP32 masters and AdamW moments (1/(dp tp / ep)
 // for the routed experts'). 1F1B: stage s keeps the activations of min(pp - s, micro_batches) micro-batches of
-// train.micro_batch x train.seq_len tokens. `fp4moe train` runs one GPU of it, emulated (trainer/model/model.h; tp
-// > 1, routed_load != 1: --dry-run only). validate_config applies the layout's rules (validate_layout) to this section.
+// train.micro_batch x train.seq_len tokens; when the section describes more than one GPU, train.grad_accum (the
+// micro-batches of one optimizer step, which the trainer runs in the stage's 1F1B order) must equal micro_batches
+// (validate_config says so). `fp4moe train` runs one GPU of it, emulated (trainer/model/model.h; tp > 1,
+// routed_load != 1: --dry-run only). validate_config applies the layout's rules (validate_layout) to this section.
 struct ParallelConfig {
   int64_t tp = 1;             // tensor parallel (with sequence parallelism)
   int64_t pp = 1;             // pipeline stages (1F1B)

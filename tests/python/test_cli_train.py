@@ -222,7 +222,8 @@ class TrainCli(unittest.TestCase):
         one = self.train("--dry-run").stdout
         self.assertIn("memory estimate, 1 GPU", one)
         r = self.train("--dry-run", "--parallel.pp", "2", "--parallel.dp", "2", "--parallel.ep", "2",
-                       "--parallel.micro_batches", "4", "--parallel.zero1", "true", "--parallel.stage", "0")
+                       "--parallel.micro_batches", "4", "--train.grad_accum", "4", "--parallel.zero1", "true",
+                       "--parallel.stage", "0")
         self.assertIn("memory estimate, 4 GPUs (the configuration's [parallel] section)", r.stdout)
         self.assertIn("pp 2 tp 1 dp 2 ep 2, ZeRO-1; stage 0 (layers 0-0), 2 micro-batches", r.stdout)
         self.assertIn("(4 per step)", r.stdout)
@@ -246,6 +247,8 @@ class TrainCli(unittest.TestCase):
                       args=("--parallel.dp", "2", "--parallel.ep", "4"))
         self.rejected("parallel.stage = 1", "parallel.pp = 1", args=("--parallel.stage", "1"))
         self.rejected("parallel.micro_batches must be >= 1, got 0", args=("--parallel.micro_batches", "0"))
+        self.rejected("train.grad_accum = 1 must equal parallel.micro_batches = 4",
+                      args=("--parallel.pp", "2", "--parallel.micro_batches", "4"))
 
     def test_bad_names_are_rejected(self):
         self.rejected("recipe.dense_mlp = 'fp6'", "bf16, fp8 or mxfp4", args=("--recipe.dense_mlp", "fp6"))

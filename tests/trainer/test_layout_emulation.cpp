@@ -76,7 +76,8 @@ TEST(LayoutEmulation, StageResolvesToItsLayerRange) {
 }
 
 TEST(LayoutEmulation, StageMinusOneIsTheLargestEstimate) {
-  const TrainerConfig cfg = tiny({"--model.layers", "4", "--parallel.pp", "2", "--parallel.micro_batches", "2"});
+  const TrainerConfig cfg = tiny({"--model.layers", "4", "--parallel.pp", "2", "--parallel.micro_batches", "2",
+                                  "--train.grad_accum", "2"});
   ASSERT_EQ(cfg.parallel.stage, -1);
   const ParallelLayout layout = layout_of(cfg);
   int64_t largest = 0;
@@ -170,7 +171,8 @@ TEST(LayoutEmulation, RunFileAttributesRecordTheLayoutAndStage) {
   const TrainerConfig one = tiny();
   EXPECT_TRUE(layout_attributes(one, pipeline_stage(one)).empty());  // one GPU: nothing added
   const TrainerConfig cfg = tiny({"--model.layers", "5", "--parallel.pp", "3", "--parallel.dp", "2", "--parallel.ep",
-                                  "2", "--parallel.micro_batches", "4", "--parallel.stage", "1"});
+                                  "2", "--parallel.micro_batches", "4", "--train.grad_accum", "4", "--parallel.stage",
+                                  "1"});
   const Attributes a = layout_attributes(cfg, pipeline_stage(cfg));
   const std::vector<std::pair<std::string, int64_t>> expected = {
       {"parallel.tp", 1}, {"parallel.pp", 3}, {"parallel.dp", 2}, {"parallel.ep", 2}, {"parallel.micro_batches", 4},

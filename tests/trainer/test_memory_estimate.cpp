@@ -119,8 +119,8 @@ TEST(MemoryEstimate, TinyActivationsPerModuleFromTheFormulas) {
   const int64_t R = 512;
   const int64_t experts = 4 * R + 2 * 2 * R * d + 4 * R * 32 + 2 * R * 32;
   const int64_t shared = 4 * N * 32 + 2 * N * 32;
-  // model: h[L], h_out 2Nd; final rstd 4N; LM head statistics 16N.
-  const int64_t model = 2 * 2 * N * d + 4 * N + 16 * N;
+  // model: h[L], h_out 2Nd; final rstd 4N; LM head statistics 16N; the micro-batch's tokens and targets 4N each.
+  const int64_t model = 2 * 2 * N * d + 4 * N + 16 * N + 2 * 4 * N;
   const auto m = activations_by_module(e);
   EXPECT_EQ(m.at("layer"), 2 * layer);
   EXPECT_EQ(m.at("mla"), 2 * mla);
@@ -151,7 +151,8 @@ TEST(MemoryEstimate, TinyLayerBucketsAsTheModelReportsThem) {
   const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
   const LayerActivationBuckets b0 = layer_activation_buckets(cfg, single_gpu_layout(cfg), 0);
   EXPECT_EQ(b0.routed_experts, 0);
-  EXPECT_EQ(b0.kept() + b.kept() + 2 * 2 * N * d + 4 * N, device(e, MemCategory::activations));  // + h[L], h_out, rstd
+  // + h[L], h_out, rstd, the tokens and targets
+  EXPECT_EQ(b0.kept() + b.kept() + 2 * 2 * N * d + 4 * N + 2 * 4 * N, device(e, MemCategory::activations));
 }
 
 TEST(MemoryEstimate, TinyRoutedRecipesKeepTheirOwnCopies) {
@@ -411,8 +412,9 @@ TEST(MemoryEstimate, OneFOneBKeepsPipelineDepthMinusStageMicroBatches) {
   const MemoryEstimate one = estimate_memory(cfg, single_gpu_layout(cfg));
   EXPECT_EQ(s0.in_flight, 2);
   EXPECT_EQ(s1.in_flight, 1);
-  EXPECT_EQ(act(s0), 2 * one.layer_activation_bytes[0]);
-  EXPECT_EQ(act(s1), one.layer_activation_bytes[1] + module_bytes(one, "model"));
+  const int64_t tokens = 4 * 256;  // the model's copy of a micro-batch's tokens (first stage) or targets (last)
+  EXPECT_EQ(act(s0), 2 * (one.layer_activation_bytes[0] + tokens));
+  EXPECT_EQ(act(s1), one.layer_activation_bytes[1] + module_bytes(one, "model") - tokens);
   // The pipeline's hidden-state buffers: send and receive [N, d] BF16.
   EXPECT_EQ(s0.category(MemCategory::comm), 2 * 2 * 256 * 64);
 }

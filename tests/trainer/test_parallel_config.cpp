@@ -54,6 +54,9 @@ TEST(ParallelConfig, SectionOnTopOfAPreset) {
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   text += "\n[parallel]\ntp = 2\npp = 2\nep = 4\ndp = 2\nmicro_batches = 8\nzero1 = true\nstage = 1\n"
           "routed_load = 1.5\n";
+  const std::string accum = "grad_accum = 1";  // a step's micro-batches are the pipeline's
+  ASSERT_NE(text.find(accum), std::string::npos);
+  text.replace(text.find(accum), accum.size(), "grad_accum = 8");
   const std::string path = dir.write("par.toml", text);
   const TrainerConfig cfg = parse_config_args({"--config", path});
   const ParallelConfig& p = cfg.parallel;
@@ -112,6 +115,8 @@ TEST(ParallelConfig, RejectsWhatDoesNotDivideOnOneLine) {
       {{"--parallel.tp", "1024", "--parallel.dp", "1024", "--parallel.pp", "2"}, {"tp x pp x dp", "exceeds"}},
       {{"--parallel.routed_load", "0.5"}, {"parallel.routed_load", "got 0.5"}},
       {{"--parallel.routed_load", "nan"}, {"parallel.routed_load"}},
+      {{"--parallel.pp", "2", "--parallel.micro_batches", "4"},
+       {"train.grad_accum = 1 must equal parallel.micro_batches = 4", "1F1B"}},
   };
   for (const auto& c : cases) {
     std::vector<std::string> args = {"--config", preset("tiny")};
@@ -144,7 +149,7 @@ TEST(ParallelLayout, OneFOneBKeepsTheSmallerOfStagesAheadAndMicroBatches) {
 
   // In the estimate: tiny over 2 stages keeps one micro-batch on stage 0 when a step has one.
   const TrainerConfig one = tiny({"--parallel.pp", "2"});
-  const TrainerConfig two = tiny({"--parallel.pp", "2", "--parallel.micro_batches", "2"});
+  const TrainerConfig two = tiny({"--parallel.pp", "2", "--parallel.micro_batches", "2", "--train.grad_accum", "2"});
   const MemoryEstimate a = estimate_memory_stage(one, layout_of(one), 0);
   const MemoryEstimate b = estimate_memory_stage(two, layout_of(two), 0);
   EXPECT_EQ(a.in_flight, 1);

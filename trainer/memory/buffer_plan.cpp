@@ -66,10 +66,15 @@ int64_t BufferPlan::counted_bytes(MemCategory category, Lifetime lifetime) const
   return sum;
 }
 
-void BufferPlan::check_allocation(const PlannedBuffer& b, size_t elem_size) const {
+void BufferPlan::check_allocation(const PlannedBuffer& b, size_t elem_size, bool kept) const {
   FP4MOE_CHECK(static_cast<int64_t>(elem_size) == elem_bytes(b.type),
                "buffer plan {}: {} holds {} elements ({} bytes), allocated with {}-byte elements", module_, b.tensor,
                elem_type_name(b.type), elem_bytes(b.type), elem_size);
+  const bool activation = b.category == MemCategory::activations;
+  FP4MOE_CHECK(activation == kept,
+               "buffer plan {}: {} is {} and goes through {} (one copy per in-flight micro-batch for the held "
+               "activations only)",
+               module_, b.tensor, mem_category_name(b.category), activation ? "allocate_kept" : "allocate");
 }
 
 }  // namespace fp4moe

@@ -73,17 +73,29 @@ class BufferPlan {
   // The buffer `tensor` from `mem`, named "<owner> <tensor>" in mem's reports: an empty array when it is not held or
   // has no elements. The owner calls it with the layer (Lifetime::construction) or at its first forward, from the
   // plan of that forward's shapes (Lifetime::first_forward). Rejects (fp4moe::Error) a T whose size is not the
-  // planned element type's.
+  // planned element type's, and a held activation (MemCategory::activations: allocate_kept's).
   template <typename T>
   DeviceArray<T> allocate(DeviceMemory& mem, const std::string& tensor, const std::string& owner) const {
     const PlannedBuffer& b = at(tensor);
-    check_allocation(b, sizeof(T));
+    check_allocation(b, sizeof(T), false);
     if (!b.held || b.elems == 0) return DeviceArray<T>();
     return DeviceArray<T>(mem, b.elems, b.category, owner + " " + tensor);
   }
+  // A held activation (MemCategory::activations): what a forward writes and the same micro-batch's backward reads,
+  // one copy per in-flight micro-batch (mem.slots().count(), trainer/memory/device_memory.h), as allocate does it
+  // otherwise. Rejects (fp4moe::Error) a T whose size is not the planned element type's and a buffer of another
+  // category (allocate's).
+  template <typename T>
+  KeptArray<T> allocate_kept(DeviceMemory& mem, const std::string& tensor, const std::string& owner) const {
+    const PlannedBuffer& b = at(tensor);
+    check_allocation(b, sizeof(T), true);
+    if (!b.held || b.elems == 0) return KeptArray<T>();
+    return KeptArray<T>(mem, b.elems, b.category, owner + " " + tensor);
+  }
 
  private:
-  void check_allocation(const PlannedBuffer& b, size_t elem_size) const;
+  // The element size, then the category: activations through allocate_kept (kept = true), the rest through allocate.
+  void check_allocation(const PlannedBuffer& b, size_t elem_size, bool kept) const;
 
   std::string module_;
   std::vector<PlannedBuffer> buffers_;

@@ -23,7 +23,9 @@
 //              round_up(ceil(B / parts), 64); parts = dp for the non-expert tensors, expert_dp = dp t / ep for the
 //              routed experts'; without zero1 the whole block
 // activations  the layers' held buffers (their plans, below) per micro-batch x in_flight(stage) micro-batches
-//              (1F1B: stage s keeps min(pp - s, micro_batches)), plus the last stage's final norm and LM head terms (Model::buffers)
+//              (1F1B: stage s keeps min(pp - s, micro_batches)), plus the model's own (Model::buffers: the last
+//              stage's final norm and LM head terms, the model's copies of the tokens and targets); the trainer
+//              holds in_flight copies of each (KeptArray, trainer/memory/device_memory.h)
 // comm         Model::comm_buffers (trainer/model/model.h), which the emulated layout allocates: ep > 1: one MoE
 //              layer's dispatch and combine buffers (send + receive, forward payload by recipe: bf16 2d, fp8
 //              d + 4 ceil(d/128), mxfp4 d/2 + d/32 per row; combine BF16 2d; the backward's FP8 or BF16 buffers

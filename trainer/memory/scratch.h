@@ -124,5 +124,10 @@ template <typename T>
 size_t counted_bytes(const DeviceArray<T>& a) {
   return a.size() > 0 ? ScratchArena::rounded(a.bytes()) : 0;
 }
+// The same for one copy of a held activation (one micro-batch; DeviceMemory holds KeptArray::copies() of them).
+template <typename T>
+size_t counted_bytes(const KeptArray<T>& a) {
+  return a.size() > 0 ? ScratchArena::rounded(a.bytes()) : 0;
+}
 
 }  // namespace fp4moe

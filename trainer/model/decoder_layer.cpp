@@ -38,9 +38,9 @@ DecoderLayer::DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t 
                    keep_f_in_ == (!rc_.norms && (moe_ || mlp_->backward_reads_input())),
                "DecoderLayer {}: the buffer plan keeps the norm outputs otherwise than the layer's backward reads them",
                l);
-  h_mid_ = own.allocate<bf16>(mem, "h_mid", name(l, "h_mid") + " (residual after attention)");
-  a_in_ = own.allocate<bf16>(mem, "attn_norm out", name(l, "attn_norm"));
-  f_in_ = own.allocate<bf16>(mem, "ffn_norm out", name(l, "ffn_norm"));
+  h_mid_ = own.allocate_kept<bf16>(mem, "h_mid", name(l, "h_mid") + " (residual after attention)");
+  a_in_ = own.allocate_kept<bf16>(mem, "attn_norm out", name(l, "attn_norm"));
+  f_in_ = own.allocate_kept<bf16>(mem, "ffn_norm out", name(l, "ffn_norm"));
   plan_scratch(max_tokens);
 }
 

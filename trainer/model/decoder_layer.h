@@ -21,6 +21,9 @@
 // Scratch (ModelContext::scratch): one scope per forward and per backward, empty at the start of each; the tensors
 // not kept, then each sub-layer's own scope above them (forward_bytes / backward_bytes say the most, for
 // M = max_tokens).
+// In-flight micro-batches (trainer/memory/device_memory.h): every kept buffer of the layer and its sub-layers has
+// one copy per slot of the DeviceMemory it is built on; a backward differentiates the active slot's forward, so
+// several forwards may run before their backwards (1F1B). memory() reports one micro-batch (one copy).
 #pragma once
 
 #include <algorithm>
@@ -110,10 +113,11 @@ class DecoderLayer {
   RmsNorm ffn_norm_;
   std::optional<SwigluMlp> mlp_;  // l < n_dense_layers
   std::optional<MoeLayer> moe_;   // l >= n_dense_layers
-  // Kept (MemCategory::activations), [max_tokens, d] BF16 each; empty when the policy does not keep them:
-  DeviceArray<bf16> h_mid_;       // residual stream after attention        (not under full)
-  DeviceArray<bf16> a_in_;        // attn_norm output, MLA input            (when keep_a_in_)
-  DeviceArray<bf16> f_in_;        // ffn_norm output, FFN input             (when keep_f_in_)
+  // Kept (MemCategory::activations), [max_tokens, d] BF16 each, one copy per in-flight slot; empty when the policy
+  // does not keep them:
+  KeptArray<bf16> h_mid_;         // residual stream after attention        (not under full)
+  KeptArray<bf16> a_in_;          // attn_norm output, MLA input            (when keep_a_in_)
+  KeptArray<bf16> f_in_;          // ffn_norm output, FFN input             (when keep_f_in_)
   TrainerConfig cfg_;
   std::vector<BufferPlan> plans_;  // buffers() at LayerShape::one_gpu
   BufferPlan pass_plan_{"layer"};

@@ -76,6 +76,13 @@ GroupLinear::GroupLinear(int64_t G, int64_t N, int64_t K, const Recipe& recipe, 
   check_shape(G, N, K, recipe);
   FP4MOE_CHECK(static_cast<bool>(allocator_.allocate) == static_cast<bool>(allocator_.release),
                "GroupLinear: the allocator needs both allocate and release (or neither, for cudaMalloc/cudaFree)");
+  const int64_t slots = allocator_.slots ? allocator_.slots->count() : 1;
+  cached_M_.assign(static_cast<size_t>(slots), -1);
+  const bool held = !bf16_gemms(recipe) && !recipe.mxfp4_input;  // fp8: X's FP8 columns are held
+  for (int64_t s = 0; s < (held ? slots : 1); ++s) {
+    xcol_codes_.push_back(std::make_unique<Buffer>(&allocator_));
+    xcol_scales_.push_back(std::make_unique<Buffer>(&allocator_));
+  }
 }
 
 GroupLinear::~GroupLinear() = default;
@@ -152,8 +159,9 @@ size_t GroupLinear::held_activation_bytes(const Recipe& recipe, int64_t M, int64
 }
 
 size_t GroupLinear::held_activation_bytes() const {
-  FP4MOE_CHECK(cached_M_ >= 0, "GroupLinear::held_activation_bytes: no forward yet (nothing is held)");
-  return held_activation_bytes(recipe_, cached_M_, K_, G_);
+  const int64_t M = cached_M_[slot()];
+  FP4MOE_CHECK(M >= 0, "GroupLinear::held_activation_bytes: no forward yet (nothing is held)");
+  return held_activation_bytes(recipe_, M, K_, G_);
 }
 
 size_t GroupLinear::weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N, int64_t K) {
@@ -177,7 +185,7 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
   const bool mx = recipe_.mxfp4_input;
   const int64_t M = split.host_offsets[G_];
   const GemmOutput out{y, GemmOutType::bf16, false};
-  cached_M_ = M;
+  cached_M_[slot()] = M;
   if (bf16_gemms(recipe_)) {
     gemm_.fprop_bf16(x.x, w_, N_, K_, split, out, stream);
     return;
@@ -192,10 +200,15 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
   gemm_.fprop_fp8({rc, rs}, {static_cast<uint8_t*>(w_codes_.ptr), static_cast<float*>(w_scales_.ptr)}, N_, K_, split,
                   out, stream);
   if (!mx) {
-    // The fp8 recipe caches X as its FP8 column copy (what Wgrad reads), not as BF16.
+    // The fp8 recipe caches X as its FP8 column copy (what Wgrad reads), not as BF16; every slot's copy grows
+    // together (all allocated by the first forward).
     constexpr GroupLinearBuffer held = GroupLinearBuffer::held_activation;
-    auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(planned(M, "X FP8 column codes"), held));
-    auto* cs = static_cast<float*>(xcol_scales_.ensure(planned(M, "X FP8 column scales"), held));
+    for (size_t s = 0; s < xcol_codes_.size(); ++s) {
+      xcol_codes_[s]->ensure(planned(M, "X FP8 column codes"), held);
+      xcol_scales_[s]->ensure(planned(M, "X FP8 column scales"), held);
+    }
+    auto* cc = static_cast<uint8_t*>(xcol_codes().ptr);
+    auto* cs = static_cast<float*>(xcol_scales().ptr);
     bf16_to_fp8_col(x.x, M, K_, split.offsets, G_, split.host_offsets, scale_mode_, cc, cs, nullptr, stream);
   }
 }
@@ -216,13 +229,13 @@ void GroupLinear::fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16*
 void GroupLinear::backward(const GroupLinearInput& x, const bf16* dy, const GroupSplit& split, bf16* dx,
                            float* dw_master, cudaStream_t stream) {
   const char* what = "GroupLinear::backward";
-  FP4MOE_CHECK(cached_M_ >= 0, "{}: no forward to differentiate", what);
+  const int64_t M = cached_M_[slot()];  // the active slot's forward
+  FP4MOE_CHECK(M >= 0, "{}: no forward to differentiate", what);
   FP4MOE_CHECK(dy != nullptr, "{}: null dY (expected BF16 [M, N])", what);
-  FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr && split.host_offsets[G_] == cached_M_,
-               "{}: the split must be the forward's ({} groups, {} tokens)", what, G_, cached_M_);
+  FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr && split.host_offsets[G_] == M,
+               "{}: the split must be the forward's ({} groups, {} tokens)", what, G_, M);
   const bool reads_x = recipe_.mxfp4_input || bf16_gemms(recipe_);  // fp8: its own column copy
   if (dw_master && reads_x) check_input(x, what);
-  const int64_t M = cached_M_;
   if (bf16_gemms(recipe_)) {
     if (dx) gemm_.dgrad_bf16(dy, w_, N_, K_, split, GemmOutput{dx, GemmOutType::bf16, false}, stream);
     if (dw_master) gemm_.wgrad_bf16(dy, x.x, N_, K_, split, GemmOutput{dw_master, GemmOutType::fp32, true}, stream);
@@ -240,13 +253,13 @@ void GroupLinear::backward(const GroupLinearInput& x, const bf16* dy, const Grou
     auto* ds = static_cast<float*>(dycol_scales_.ensure(planned(M, "dY FP8 column scales"), kScratch));
     bf16_to_fp8_col(dy, M, N_, split.offsets, G_, split.host_offsets, scale_mode_, dc, ds, nullptr, stream);
     if (recipe_.mxfp4_input) {
-      auto* cc = static_cast<uint8_t*>(xcol_codes_.ensure(planned(M, "X FP8 column codes"), kScratch));
-      auto* cs = static_cast<float*>(xcol_scales_.ensure(planned(M, "X FP8 column scales"), kScratch));
+      auto* cc = static_cast<uint8_t*>(xcol_codes().ensure(planned(M, "X FP8 column codes"), kScratch));
+      auto* cs = static_cast<float*>(xcol_scales().ensure(planned(M, "X FP8 column scales"), kScratch));
       mxfp4_row_to_fp8_col(x.mx_codes, x.mx_scales, M, K_, split.offsets, G_, split.host_offsets, cc, cs,
                            stream);
     }
-    gemm_.wgrad_fp8({dc, ds}, {static_cast<uint8_t*>(xcol_codes_.ptr), static_cast<float*>(xcol_scales_.ptr)}, N_,
-                    K_, split, GemmOutput{dw_master, GemmOutType::fp32, true}, stream);
+    gemm_.wgrad_fp8({dc, ds}, {static_cast<uint8_t*>(xcol_codes().ptr), static_cast<float*>(xcol_scales().ptr)},
+                    N_, K_, split, GemmOutput{dw_master, GemmOutType::fp32, true}, stream);
   }
 }
 

@@ -17,8 +17,8 @@
 // Routing counts: forward and backward take the layer's GroupSplit, whose host copy of the offsets the caller
 // fetched once for this layer and step (grouped_gemm.h); nothing here synchronises with the device.
 // State: the layer is built with what it uses (the recipe, the cuBLASLt object, the allocator) and owns what it
-// keeps: the FP8 copies of the weights, the fp8 recipe's FP8 column copy of X (from forward to backward) and the
-// scratch of one pass. It keeps no pointer to the caller's tensors: backward takes the forward's input again (the
+// keeps: the FP8 copies of the weights, the fp8 recipe's FP8 column copy of X (from forward to backward; one per
+// in-flight micro-batch when the allocator names slots, all grown together) and the scratch of one pass. It keeps no pointer to the caller's tensors: backward takes the forward's input again (the
 // bf16 recipe's X, the mxfp4 recipe's MXFP4 X, which the caller keeps or rebuilds with the same values).
 // Buffers grow on demand, from cudaMalloc or from the caller's allocator; freeing a buffer to grow it
 // synchronises the device (cudaFree), the first time a larger batch arrives. Not thread-safe; one stream.
@@ -28,12 +28,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "trainer/memory/buffer_plan.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/recipe.h"
 
 namespace fp4moe {
@@ -50,10 +53,13 @@ const char* group_linear_buffer_name(GroupLinearBuffer kind);
 // 16-byte aligned, or throws; release(p) frees a pointer allocate returned. Both run on the host thread inside
 // set_weights, forward, backward and the destructor (release must then not throw: what it throws there is
 // dropped). The functions, and whatever they capture, must outlive the layer. Both empty: cudaMalloc/cudaFree
-// (which count nowhere).
+// (which count nowhere). slots: the in-flight micro-batches (trainer/memory/device_memory.h), read when the layer is
+// built (how many) and at each forward and backward (which one): the held activation and the forward's token count
+// exist once per slot; null: one.
 struct GroupLinearAllocator {
   std::function<void*(size_t bytes, GroupLinearBuffer kind)> allocate;
   std::function<void(void*)> release;
+  const ActivationSlots* slots = nullptr;
 };
 
 // The layer's input: BF16 [M, K] for the bf16 and fp8 recipes; MXFP4 row tensor for mxfp4 (layouts.h: codes
@@ -158,6 +164,11 @@ class GroupLinear {
 
   // Checks that input `x` is the recipe's kind (BF16 or MXFP4); `what` names the call.
   void check_input(const GroupLinearInput& x, const char* what) const;
+  // The active in-flight slot (allocator_.slots; 0 without), and its copy of X's FP8 columns: the fp8 recipe's held
+  // activation (one per slot), the mxfp4 recipe's backward scratch (one).
+  size_t slot() const { return static_cast<size_t>(checked_slot(allocator_.slots, cached_M_.size(), "GroupLinear")); }
+  Buffer& xcol_codes() { return *xcol_codes_[xcol_codes_.size() == 1 ? 0 : slot()]; }
+  Buffer& xcol_scales() { return *xcol_scales_[xcol_scales_.size() == 1 ? 0 : slot()]; }
   // buffers() for this layer and M tokens (kept from the last call with the same M), and the bytes of one of them.
   const BufferPlan& plan_for(int64_t M);
   size_t planned(int64_t M, const char* tensor) { return static_cast<size_t>(plan_for(M).at(tensor).bytes()); }
@@ -171,9 +182,9 @@ class GroupLinear {
   Buffer w_codes_{&allocator_}, w_scales_{&allocator_}, wt_codes_{&allocator_},
       wt_scales_{&allocator_};                          // FP8 W [G, N, K] and W^T [G, K, N]
   Buffer row_codes_{&allocator_}, row_scales_{&allocator_};  // FP8 row copy of X (forward) or dY (backward)
-  Buffer xcol_codes_{&allocator_}, xcol_scales_{&allocator_}, dycol_codes_{&allocator_},
-      dycol_scales_{&allocator_};
-  int64_t cached_M_ = -1;  // the last forward's token count (-1: none yet)
+  Buffer dycol_codes_{&allocator_}, dycol_scales_{&allocator_};
+  std::vector<std::unique_ptr<Buffer>> xcol_codes_, xcol_scales_;  // X's FP8 columns: per slot for fp8, else one
+  std::vector<int64_t> cached_M_;  // per slot: its forward's token count (-1: none yet)
   BufferPlan plan_{"group_linear"};
   int64_t plan_M_ = -1;    // the M of plan_
 };

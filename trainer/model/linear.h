@@ -23,9 +23,11 @@
 //
 // State between forward and backward (fp8, mxfp4): forward keeps what backward reads (the FP8 column copy, or
 // the MXFP4 copy, of this forward's X, and FP8 copies of W and W^T made from the BF16 parameters at every
-// forward), so backward differentiates the LAST forward of this layer: call backward after the forward it
-// belongs to, with the same M, before the next forward of the layer (a recomputed forward that repeats it is
-// fine). forward and backward are const for the parameters' sake; these copies are the layer's cache.
+// forward), so backward differentiates the LAST forward of this layer in the active slot of ctx.mem (the in-flight
+// micro-batches, trainer/memory/device_memory.h: the copies of X and the token count exist once per slot): call
+// backward after the forward it belongs to, with the same M and slot, before the next forward of the layer in that
+// slot (a recomputed forward that repeats it is fine). forward and backward are const for the parameters' sake;
+// these copies are the layer's cache.
 //
 // Device memory (fp8, mxfp4): taken at the first forward from ctx.mem (required for these recipes) and grown
 // when a larger M arrives (a grow frees the old buffer: cudaFree synchronises the device), counted there as

@@ -26,7 +26,7 @@ GroupLinearAllocator counted_allocator(DeviceMemory& mem, const std::string& own
       [m, owner](size_t bytes, GroupLinearBuffer kind) {
         return m->allocate(bytes, linear_buffer_category(kind), owner + " " + group_linear_buffer_name(kind));
       },
-      [m](void* p) { m->release(p); }};
+      [m](void* p) { m->release(p); }, &mem.slots()};
 }
 
 LinearQuantized::LinearQuantized(std::string name, int64_t K, int64_t N, const Recipe& recipe)
@@ -42,6 +42,7 @@ void LinearQuantized::bind(const ModelContext& ctx, const char* what) {
   if (mem_ == nullptr) {  // the model's one cuBLASLt workspace (ctx.lt), not one per layer
     gl_.emplace(1, N_, K_, recipe_, ctx.lt, counted_allocator(*ctx.mem, name_));
     offsets_ = Linear::buffers(recipe_, 0, N_, K_, false).allocate<int32_t>(*ctx.mem, "token offsets", name_);
+    last_M_ = KeptValue<int64_t>(ctx.mem->slots(), -1);
     mem_ = ctx.mem;
     lt_ = ctx.lt;
   }
@@ -68,7 +69,7 @@ void LinearQuantized::set_tokens(int64_t M, cudaStream_t stream) {
 
 void LinearQuantized::forward(ModelContext& ctx, const bf16* w, const bf16* x, int64_t M, bf16* y) {
   bind(ctx, "forward");
-  last_M_ = -1;  // until this forward has been queued: a backward after a failed forward is rejected
+  last_M_.get() = -1;  // until this forward has been queued: a backward after a failed forward is rejected
   set_tokens(M, ctx.stream);
   gl_->set_weights(w, ctx.stream);  // W, W^T -> FP8 128x128 (the parameters changed since the last step)
   GroupLinearInput in{x, nullptr, nullptr};
@@ -78,26 +79,27 @@ void LinearQuantized::forward(ModelContext& ctx, const bf16* w, const bf16* x, i
       mx_scales_.reset();
       mx_rows_ = 0;
       const BufferPlan plan = Linear::buffers(recipe_, M, N_, K_, false);
-      mx_codes_ = plan.allocate<uint8_t>(*mem_, "X MXFP4 codes", name_);
-      mx_scales_ = plan.allocate<uint8_t>(*mem_, "X MXFP4 scales", name_);
+      mx_codes_ = plan.allocate_kept<uint8_t>(*mem_, "X MXFP4 codes", name_);  // every slot's copy
+      mx_scales_ = plan.allocate_kept<uint8_t>(*mem_, "X MXFP4 scales", name_);
       mx_rows_ = M;
     }
     bf16_to_mxfp4_row(x, M, K_, mx_codes_.data(), mx_scales_.data(), MxQuantConfig{}, nullptr, ctx.stream);
     in = GroupLinearInput{nullptr, mx_codes_.data(), mx_scales_.data()};
   }
   gl_->forward(in, split(), y, ctx.stream);
-  last_M_ = M;
+  last_M_.get() = M;
 }
 
 void LinearQuantized::backward(ModelContext& ctx, const bf16* dy, int64_t M, const LinearGradOut& dx, float* dw) {
   bind(ctx, "backward");
-  FP4MOE_CHECK(last_M_ >= 1,
+  FP4MOE_CHECK(last_M_.get() >= 1,
                "Linear {} backward: no forward to differentiate (the {} recipe reads its own copy of the forward's X)",
                name_, recipe_name(recipe_));
-  FP4MOE_CHECK(M == last_M_,
+  FP4MOE_CHECK(M == last_M_.get(),
                "Linear {} backward: M={} is not the last forward's M={} (backward differentiates the layer's last "
-               "forward)",
-               name_, M, last_M_);
+               "forward in the active slot)",
+               name_, M, last_M_.get());
+  set_tokens(M, ctx.stream);  // the split of this slot's forward (another slot's forward may have changed it)
   bf16* dx16 = static_cast<bf16*>(dx.data);
   if (dx.data && dx.fp32) {
     if (M > dx_rows_) {

@@ -1,7 +1,9 @@
 // The fp8 and mxfp4 recipes of Linear (linear.h, DESIGN.md "Recipes"): Group Linear with one group
 // (trainer/model/group_linear.h) whose buffers come from the model's DeviceMemory, the MXFP4 copy of X that the
 // mxfp4 recipe keeps instead of X, and the FP32 Dgrad through a BF16 scratch. Used by Linear only; linear.h
-// documents the behaviour and the memory.
+// documents the behaviour and the memory. In-flight micro-batches (trainer/memory/device_memory.h): the MXFP4 copy
+// of X, the Group Linear's FP8 column copy and the token count have one copy per slot of ctx.mem; the device
+// offsets {0, M} (workspace) are rewritten by a backward whose M is not the last forward's.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,8 @@ struct LinearGradOut;  // linear.h
 // held FP8 column copy under activations, scratch under workspace.
 MemCategory linear_buffer_category(GroupLinearBuffer kind);
 // A Group Linear allocator over `mem`: each buffer counted under linear_buffer_category(kind) and named
-// "<owner> <group_linear_buffer_name(kind)>". `mem` must outlive the Group Linear.
+// "<owner> <group_linear_buffer_name(kind)>", the held activations once per slot of mem.slots(). `mem` must outlive
+// the Group Linear.
 GroupLinearAllocator counted_allocator(DeviceMemory& mem, const std::string& owner);
 
 class LinearQuantized {
@@ -52,12 +55,12 @@ class LinearQuantized {
   DeviceArray<int32_t> offsets_;  // [2] {0, M} on the device                                 (workspace)
   int32_t host_offsets_[2] = {0, 0};
   int64_t device_M_ = -1;         // the M that offsets_ holds (its copy is queued on the stream)
-  DeviceArray<uint8_t> mx_codes_;   // mxfp4: [mx_rows_, K/2] E2M1 codes of X                  (activations)
-  DeviceArray<uint8_t> mx_scales_;  // mxfp4: [mx_rows_, K/32] UE8M0 scales of X               (activations)
+  KeptArray<uint8_t> mx_codes_;     // mxfp4: [mx_rows_, K/2] E2M1 codes of X, per slot        (activations)
+  KeptArray<uint8_t> mx_scales_;    // mxfp4: [mx_rows_, K/32] UE8M0 scales of X, per slot     (activations)
   int64_t mx_rows_ = 0;
   DeviceArray<bf16> dx16_;        // [dx_rows_, K] BF16 Dgrad before an FP32 output            (workspace)
   int64_t dx_rows_ = 0;
-  int64_t last_M_ = -1;           // tokens of the last forward (-1: none yet)
+  KeptValue<int64_t> last_M_;     // per slot (of ctx.mem, from the first forward): tokens of its forward (-1: none)
 };
 
 }  // namespace fp4moe

@@ -56,7 +56,7 @@ bool norms_recomputed(const MlaRecompute& p) { return p.norms || p.whole; }
 
 // The kept buffer when the plan holds it, else the planned size from the scratch.
 template <typename T>
-T* pick(const DeviceArray<T>& kept_buffer, const PlannedBuffer& b, ScratchArena& arena, const char* what) {
+T* pick(const KeptArray<T>& kept_buffer, const PlannedBuffer& b, ScratchArena& arena, const char* what) {
   return b.held ? kept_buffer.data() : take_planned<T>(arena, b, what);
 }
 
@@ -89,13 +89,14 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
                !norms_recomputed(recompute)),
       kv_up_(store, prefix + ".kv_up", r_kv_, H_ * (nope_ + dv_), recipe, kInitStd),
       out_(store, prefix + ".out", H_ * dv_, d_, recipe,
-           static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(cfg.layers)))) {
+           static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(cfg.layers)))),
+      last_M_(mem.slots(), -1) {
   plan_ = buffers(cfg, recipe, policy_, max_tokens, max_tokens, H_, seq_len);
   keep_n_q_ = r_q_ > 0 && plan_.at("n_q").held;
   keep_n_kv_ = plan_.at("n_kv").held;
   auto kept = [&](auto tag, const char* tensor) {
     using T = decltype(tag);
-    return plan_.allocate<T>(mem, tensor, prefix);
+    return plan_.allocate_kept<T>(mem, tensor, prefix);
   };
   if (r_q_ > 0) {
     c_q_ = kept(bf16{}, "c_q");
@@ -255,7 +256,7 @@ void MlaAttention::check_tokens(const char* what, int64_t M) const {
 
 void MlaAttention::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   check_tokens("forward", M);
-  last_M_ = M;
+  last_M_.get() = M;
   acts_stamp_ = 0;
   if (M == 0) return;
   FP4MOE_CHECK(x && y, "MlaAttention {} forward: x and y [M, {}] must not be null", prefix_, d_);
@@ -268,7 +269,7 @@ void MlaAttention::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y)
 
 void MlaAttention::recompute_forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   check_tokens("recompute_forward", M);
-  last_M_ = M;
+  last_M_.get() = M;
   acts_stamp_ = 0;
   if (M == 0) return;
   FP4MOE_CHECK(x != nullptr, "MlaAttention {} recompute_forward: x [M, {}] must not be null", prefix_, d_);

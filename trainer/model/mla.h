@@ -46,6 +46,8 @@
 // Scratch (ModelContext::scratch, per call): forward: the tensors not kept, kvd [M, r_kv + rope] and k_pe when not
 // kept; backward: the tensors not kept (recomputed), and d o, d q, d k, d kv, d kvd, d latent, dx FP32 [M, d] and the
 // attention backward workspace. scratch_bytes() reports the most one call takes (for M = max_tokens).
+// In-flight micro-batches (trainer/memory/device_memory.h): the kept tensors and the token count have one copy per
+// slot; backward binds the active slot's (the pointers a forward bound belong to its slot).
 #pragma once
 
 #include <cstdint>
@@ -157,26 +159,27 @@ class MlaAttention {
   RmsNorm kv_norm_;                 // [r_kv]
   Linear kv_up_;                    // r_kv -> H * (nope + dv)
   Linear out_;                      // H * dv -> d
-  int64_t last_M_ = -1;
+  KeptValue<int64_t> last_M_;       // per slot: tokens of its forward (-1: none)
   bool keep_n_q_ = false, keep_n_kv_ = false;
   BufferPlan plan_{"mla"};           // buffers() at max_tokens
   BufferPlan pass_plan_{"mla"};      // plan_for's
   int64_t pass_M_ = -1;
-  Acts acts_;                       // the tensors of the last forward or recompute_forward
+  Acts acts_;                       // the tensors of the last forward or recompute_forward (its slot's)
   uint64_t acts_stamp_ = 0;         // scratch stamp of the last recompute_forward (0: none)
   size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0, bwd_ready_bytes_ = 0;
 
-  // Kept from forward to backward (MemCategory::activations), max_tokens rows each; empty when not kept:
-  DeviceArray<bf16> c_q_;    // [max_tokens, r_q]          q_down output, q_norm input (r_q > 0; not under full)
-  DeviceArray<bf16> n_q_;    // [max_tokens, r_q]          q_norm output, q_up input   (not layernorm / full)
-  DeviceArray<bf16> q_;      // [max_tokens, H, dqk]       queries, rope part rotated  (not mla_up_proj / full)
-  DeviceArray<bf16> c_kv_;   // [max_tokens, r_kv]         latent, kv_norm input       (not full)
-  DeviceArray<bf16> n_kv_;   // [max_tokens, r_kv]         kv_norm output, kv_up input (not layernorm / full)
-  DeviceArray<bf16> kv_;     // [max_tokens, H, nope + dv] kv_up output: k_nope | v  (not mla_up_proj / full)
-  DeviceArray<bf16> k_;      // [max_tokens, H, dqk]       keys [k_nope_h | k_pe]      (not mla_up_proj / full)
-  DeviceArray<bf16> k_pe_;   // [max_tokens, rope]         rotated RoPE key            (mla_up_proj only)
-  DeviceArray<bf16> o_;      // [max_tokens, H, dv]        attention output, out's input (not core_attn / full)
-  DeviceArray<float> lse_;   // [B_max, H, T]              log-sum-exp of the attention rows (as o)
+  // Kept from forward to backward (MemCategory::activations), max_tokens rows each, one copy per in-flight slot;
+  // empty when not kept:
+  KeptArray<bf16> c_q_;      // [max_tokens, r_q]          q_down output, q_norm input (r_q > 0; not under full)
+  KeptArray<bf16> n_q_;      // [max_tokens, r_q]          q_norm output, q_up input   (not layernorm / full)
+  KeptArray<bf16> q_;        // [max_tokens, H, dqk]       queries, rope part rotated  (not mla_up_proj / full)
+  KeptArray<bf16> c_kv_;     // [max_tokens, r_kv]         latent, kv_norm input       (not full)
+  KeptArray<bf16> n_kv_;     // [max_tokens, r_kv]         kv_norm output, kv_up input (not layernorm / full)
+  KeptArray<bf16> kv_;       // [max_tokens, H, nope + dv] kv_up output: k_nope | v  (not mla_up_proj / full)
+  KeptArray<bf16> k_;        // [max_tokens, H, dqk]       keys [k_nope_h | k_pe]      (not mla_up_proj / full)
+  KeptArray<bf16> k_pe_;     // [max_tokens, rope]         rotated RoPE key            (mla_up_proj only)
+  KeptArray<bf16> o_;        // [max_tokens, H, dv]        attention output, out's input (not core_attn / full)
+  KeptArray<float> lse_;     // [B_max, H, T]              log-sum-exp of the attention rows (as o)
 };
 
 }  // namespace fp4moe

@@ -12,8 +12,8 @@
 namespace fp4moe {
 
 void MlaAttention::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx) {
-  FP4MOE_CHECK(M == last_M_, "MlaAttention {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_,
-               M);
+  FP4MOE_CHECK(M == last_M_.get(), "MlaAttention {} backward: expected the last forward's M={}, got M={}", prefix_,
+               last_M_.get(), M);
   if (M == 0) return;
   FP4MOE_CHECK(dy && dx && (x || !backward_reads_input()),
                "MlaAttention {} backward: dy, dx [M, {}] and x (read by this recipe and policy) must not be null",
@@ -27,10 +27,8 @@ void MlaAttention::backward(ModelContext& ctx, const bf16* dy, const bf16* x, in
     } else if (policy_.any()) {
       acts_ = bind_acts(arena, M, false);
       recompute_parts(ctx, x, M, acts_);
-    } else {  // everything backward reads is kept; the forward's scratch is gone
-      acts_.n_q = keep_n_q_ ? acts_.n_q : nullptr;
-      acts_.n_kv = keep_n_kv_ ? acts_.n_kv : nullptr;
-      acts_.kvd = acts_.k_pe = nullptr;
+    } else {  // everything backward reads is kept (the active slot's); the forward's scratch is gone
+      acts_ = bind_acts(arena, M, false);  // takes nothing: n_q, n_kv unless kept, kvd and k_pe stay null
     }
   }
   acts_stamp_ = 0;

@@ -21,9 +21,11 @@
 // The projections that write into the residual stream (attention out, dense FFN fc2, expert and shared fc2) take
 // 0.02 / sqrt(2 L) (GPT-2's scaled init); every other matrix 0.02; norm weights 1.
 //
-// Memory: activations kept for backward (MemCategory::activations), max_tokens = micro_batch x seq_len rows:
+// Memory: activations kept for backward (MemCategory::activations), max_tokens = micro_batch x seq_len rows, one copy
+// per activation slot (PipelinePosition::in_flight, model.h):
 //   h[l]      [max_tokens, d] x (L + 1)  residual stream entering layer l; h[L] enters the final norm
 //   h_out     [max_tokens, d]            final norm output (LM head input), and the final norm's rstd
+//   tokens, targets [max_tokens] int32   the micro-batch's own copy (the embedding backward's and the loss's input)
 // plus each decoder layer's own under the recompute policy (decoder_layer.h, mla.h, moe.h, swiglu_mlp.h,
 // rms_norm.h; per layer: layer_memory()). Workspace: tmp and d_res [max_tokens, d] BF16 (the branch output / grad
 // and the residual-stream grad, shared by all layers), the loss, and the shared scratch arena
@@ -67,8 +69,8 @@ struct Model::Impl {
   static constexpr const char* kPipelineSend = Model::kPipelineSend;
   static constexpr const char* kPipelineReceive = Model::kPipelineReceive;
 
-  Impl(const TrainerConfig& cfg, ParamStore& store, DeviceMemory& mem)
-      : stage(pipeline_stage(cfg)),
+  Impl(const TrainerConfig& cfg, const PipelineStage& st, ParamStore& store, DeviceMemory& mem)
+      : stage(st),
         V(cfg.model.vocab_size),
         d(cfg.model.hidden),
         T(cfg.train.seq_len),
@@ -89,11 +91,14 @@ struct Model::Impl {
     }
 
     for (int64_t i = 0; i < n; ++i)
-      h.push_back(layers[i]->plans().front().allocate<bf16>(mem, "h (layer input)",
-                                                             "residual stream h[" + std::to_string(first + i) + "]"));
+      h.push_back(layers[i]->plans().front().allocate_kept<bf16>(
+          mem, "h (layer input)", "residual stream h[" + std::to_string(first + i) + "]"));
     const BufferPlan own = Model::buffers(cfg, max_tokens, stage.first(), stage.last(), 0);  // its buffers (no scratch)
-    h.push_back(own.allocate<bf16>(mem, "h[L] (final norm input)", "residual stream"));
-    h_out = own.allocate<bf16>(mem, "h_out (LM head input)", "model");
+    h.push_back(own.allocate_kept<bf16>(mem, "h[L] (final norm input)", "residual stream"));
+    h_out = own.allocate_kept<bf16>(mem, "h_out (LM head input)", "model");
+    kept_tokens = own.allocate_kept<int32_t>(mem, "tokens (embedding backward input)", "model");  // first stage
+    kept_targets = own.allocate_kept<int32_t>(mem, "targets (loss input)", "model");               // last stage
+    slots.assign(static_cast<size_t>(mem.slots().count()), Slot{});
     tmp = own.allocate<bf16>(mem, "sub-layer output / branch grad", "model");
     d_res = own.allocate<bf16>(mem, "residual-stream grad", "model");
     loss = own.allocate<float>(mem, "loss", "model");
@@ -216,8 +221,9 @@ struct Model::Impl {
                  "open)\n{}", where, arena->used(), l, arena->describe());
   }
 
-  // h[0] = embed(tokens); per layer the two residual blocks; h_out = norm(h[L]); loss = CE(h_out W_lm^T, targets).
-  void forward(ModelContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t M) {
+  // h[0] = embed(tokens) (or the previous stage's output); per layer the two residual blocks; h_out = norm(h[L]) on
+  // the last stage (the active slot's buffers).
+  void forward(ModelContext& ctx, const int32_t* tokens, int64_t M) {
     stage_input(ctx, tokens, M);  // h[0] [M, d]
     for (size_t l = 0; l < layers.size(); ++l) {
       expect_empty_scratch("forward", l);
@@ -225,10 +231,13 @@ struct Model::Impl {
     }
     if (!stage.last()) return;  // the output went to the pipeline send buffer
     norm->forward(ctx, h[layers.size()].data(), M, h_out.data());          // h_out [M, d]
+  }
+  // loss = CE(h_out W_lm^T, targets) into `loss`.
+  void head_loss(ModelContext& ctx, const int32_t* targets, int64_t M) {
     ce.forward(h_out.data(), lm_head->param, targets, M, nullptr, loss.data(), ctx.stream);
   }
 
-  // d_res [M, d] = d(loss)/d h[L] (last stage): the LM head's backward, then the final norm's.
+  // d_res [M, d] = d(loss)/d h[L] (last stage, after head_loss): the LM head's backward, then the final norm's.
   void head_backward(ModelContext& ctx, const int32_t* targets, int64_t M, float grad_scale) {
     {
       ScratchScope scope(*arena);
@@ -263,9 +272,19 @@ struct Model::Impl {
   Param* lm_head = nullptr;                         // [V, d]
   LmHeadCrossEntropy ce;
 
-  std::vector<DeviceArray<bf16>> h;                 // layers + 1 x [max_tokens, d], see the top of this file
-                                                    // (the last one empty on a stage without the LM head)
-  DeviceArray<bf16> h_out;                          // [max_tokens, d] final norm output
+  // Kept per activation slot (see the top of this file):
+  std::vector<KeptArray<bf16>> h;                   // layers + 1 x [max_tokens, d] (the last one empty on a stage
+                                                    // without the LM head)
+  KeptArray<bf16> h_out;                            // [max_tokens, d] final norm output (last stage)
+  KeptArray<int32_t> kept_tokens, kept_targets;     // [max_tokens] the micro-batch's tokens (first stage) and
+                                                    // targets (last stage)
+  // Host state of each slot: a micro-batch whose forward ran and whose backward has not.
+  struct Slot {
+    bool in_flight = false;
+    int64_t M = 0;    // its tokens
+    StepStats stats;  // its forward's (tokens, aux_loss)
+  };
+  std::vector<Slot> slots;
   DeviceArray<bf16> tmp;                            // [max_tokens, d] sub-layer output (forward) / branch grad
   DeviceArray<bf16> d_res;                          // [max_tokens, d] residual-stream grad
   DeviceArray<float> loss;                          // [1] mean cross-entropy
@@ -288,7 +307,13 @@ const TrainerConfig& validated(const TrainerConfig& cfg) {
 }  // namespace
 
 Model::Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream) : cfg_(validated(cfg)) {
-  impl_ = std::make_unique<Impl>(cfg_, store_, mem);
+  // The one place where the model takes its pipeline position from the layout: the stage it runs (pipeline_stage:
+  // parallel.stage, or the largest estimate) and the micro-batches that stage keeps in flight under 1F1B.
+  const ParallelLayout layout = layout_of(cfg_);
+  const PipelineStage stage = pipeline_stage(cfg_);
+  position_ = PipelinePosition{layout.pp, stage.stage, layout.in_flight(stage.stage)};
+  mem.slots().set_count(position_.in_flight);  // before the layers allocate their held activations
+  impl_ = std::make_unique<Impl>(cfg_, stage, store_, mem);
   ctx_ = ModelContext{stream, &impl_->lt, &mem, &*impl_->arena};
   store_.set_shard(layout_of(cfg_).zero1_parts());  // ZeRO-1: this GPU's optimizer shard (params.h)
   store_.allocate(mem);
@@ -312,9 +337,14 @@ int64_t checked_tokens(const TrainerConfig& cfg, const int32_t* tokens, const in
 
 StepStats Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B) {
   const int64_t M = checked_tokens(cfg_, tokens, targets, B, "forward");
+  for (size_t s = 0; s < impl_->slots.size(); ++s)
+    FP4MOE_CHECK(!impl_->slots[s].in_flight, "Model forward: slot {} holds a micro-batch whose backward has not run "
+                 "(evaluate between optimizer steps)", s);
+  ctx_.mem->slots().set_active(0);
   StepStats stats;
   stats.tokens = impl_->check_batch(tokens, targets, M, ctx_.stream);
-  impl_->forward(ctx_, tokens, targets, M);
+  impl_->forward(ctx_, tokens, M);
+  if (impl_->stage.last()) impl_->head_loss(ctx_, targets, M);
   for (const MoeLayer* moe : impl_->moe_layers()) stats.aux_loss += moe->aux_loss_host();
   stats.loss = impl_->loss_host(ctx_.stream);
   stats.has_loss = impl_->stage.last();
@@ -322,15 +352,56 @@ StepStats Model::forward(const int32_t* tokens, const int32_t* targets, int64_t 
 }
 
 StepStats Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, float grad_scale) {
-  const int64_t M = checked_tokens(cfg_, tokens, targets, B, "forward_backward");
   FP4MOE_CHECK(std::isfinite(grad_scale), "Model forward_backward: grad_scale must be finite, got {}", grad_scale);
-  StepStats stats;
-  stats.tokens = impl_->check_batch(tokens, targets, M, ctx_.stream);
-  impl_->forward(ctx_, tokens, targets, M);
-  for (const MoeLayer* moe : impl_->moe_layers()) stats.aux_loss += moe->aux_loss_host();
-  impl_->backward(ctx_, tokens, targets, M, grad_scale);
+  forward_in_slot(0, tokens, targets, B);
+  return backward_in_slot(0, grad_scale);
+}
+
+StepStats Model::forward_in_slot(int64_t slot, const int32_t* tokens, const int32_t* targets, int64_t B) {
+  const int64_t M = checked_tokens(cfg_, tokens, targets, B, "forward_in_slot");
+  std::vector<Impl::Slot>& slots = impl_->slots;
+  FP4MOE_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots.size()),
+               "Model forward_in_slot: slot {} is outside [0, {}) (the stage's in-flight micro-batches)", slot,
+               slots.size());
+  FP4MOE_CHECK(!slots[slot].in_flight, "Model forward_in_slot: slot {} still holds a micro-batch (run its backward "
+               "first)", slot);
+  for (size_t s = 0; s < slots.size(); ++s)
+    FP4MOE_CHECK(!slots[s].in_flight || slots[s].M == M, "Model forward_in_slot: B={} differs from the B={} of the "
+                 "micro-batch in flight in slot {} (in-flight micro-batches share one size)", B,
+                 slots[s].M / cfg_.train.seq_len, s);
+  ctx_.mem->slots().set_active(slot);
+  Impl::Slot& st = slots[slot];
+  st.stats = StepStats{};
+  st.stats.tokens = impl_->check_batch(tokens, targets, M, ctx_.stream);
+  st.stats.has_loss = impl_->stage.last();
+  // The slot's own copies of what its backward reads: the tokens (embedding backward, first stage) and the targets
+  // (the loss, last stage). A later stage's forward reads the caller's tokens (the stand-in input).
+  const size_t bytes = static_cast<size_t>(M) * sizeof(int32_t);
+  if (impl_->stage.first())
+    CUDA_CHECK(cudaMemcpyAsync(impl_->kept_tokens.data(), tokens, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+  if (impl_->stage.last())
+    CUDA_CHECK(cudaMemcpyAsync(impl_->kept_targets.data(), targets, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+  impl_->forward(ctx_, impl_->stage.first() ? impl_->kept_tokens.data() : tokens, M);
+  for (const MoeLayer* moe : impl_->moe_layers()) st.stats.aux_loss += moe->aux_loss_host();
+  st.M = M;
+  st.in_flight = true;
+  return st.stats;
+}
+
+StepStats Model::backward_in_slot(int64_t slot, float grad_scale) {
+  std::vector<Impl::Slot>& slots = impl_->slots;
+  FP4MOE_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots.size()) && slots[slot].in_flight,
+               "Model backward_in_slot: slot {} holds no micro-batch (forward_in_slot first; {} slots)", slot,
+               slots.size());
+  FP4MOE_CHECK(std::isfinite(grad_scale), "Model backward_in_slot: grad_scale must be finite, got {}", grad_scale);
+  ctx_.mem->slots().set_active(slot);
+  Impl::Slot& st = slots[slot];
+  st.in_flight = false;  // whatever happens below, the slot's activations are spent
+  const int32_t* targets = impl_->stage.last() ? impl_->kept_targets.data() : nullptr;
+  if (impl_->stage.last()) impl_->head_loss(ctx_, targets, st.M);
+  impl_->backward(ctx_, impl_->stage.first() ? impl_->kept_tokens.data() : nullptr, targets, st.M, grad_scale);
+  StepStats stats = st.stats;
   stats.loss = impl_->loss_host(ctx_.stream);
-  stats.has_loss = impl_->stage.last();
   return stats;
 }
 
@@ -411,6 +482,8 @@ BufferPlan Model::buffers(const TrainerConfig& cfg, int64_t seq_share, bool firs
   p.add("h[L] (final norm input)", head, ElemType::bf16);
   p.add("h_out (LM head input)", head, ElemType::bf16);
   if (last_stage) p.append(RmsNorm::buffers(seq_share, cfg.model.hidden, true), "final norm ");
+  p.add("tokens (embedding backward input)", first_stage ? seq_share : 0, ElemType::int32);
+  p.add("targets (loss input)", last_stage ? seq_share : 0, ElemType::int32);
   p.add("sub-layer output / branch grad", n, ElemType::bf16, true, ws);
   p.add("residual-stream grad", n, ElemType::bf16, true, ws);
   p.add("loss", last_stage ? 1 : 0, ElemType::fp32, true, ws);

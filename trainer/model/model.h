@@ -7,7 +7,9 @@
 //   -> RMSNorm -> LM head [V, d] -> cross-entropy (vocabulary-chunked, kernels/nn/cross_entropy.h)
 //
 // Activations kept for backward are allocated once, at construction, for micro_batch x seq_len tokens
-// (MemCategory::activations), as the recompute policy (cfg.recompute, trainer/model/recompute.h) decides; every
+// (MemCategory::activations), as the recompute policy (cfg.recompute, trainer/model/recompute.h) decides, once per
+// micro-batch the model's pipeline stage keeps in flight under 1F1B (PipelinePosition below: its activation slots,
+// trainer/memory/device_memory.h; one on one GPU); every
 // layer's scratch and what it recomputes come from one shared arena (trainer/memory/scratch.h, MemCategory::
 // workspace) sized once to the largest single layer call. Parameters live in a ParamStore. Deterministic: the same
 // weights and batch give bitwise the same loss and gradients (no floating-point atomics on the training path),
@@ -75,6 +77,15 @@ struct LayerMemory {
   size_t kept() const { return residual + norms + attn + ffn; }
 };
 
+// Where the model's GPU sits in the 1F1B schedule (trainer/train/pipeline_schedule.h), from the configuration's
+// [parallel] layout (layout_of, trainer/memory/estimate.h): one GPU is stage 0 of 1 with one slot.
+struct PipelinePosition {
+  int64_t stages = 1;     // pipeline stages (parallel.pp)
+  int64_t stage = 0;      // this GPU's stage, 0 <= stage < stages
+  int64_t in_flight = 1;  // micro-batches whose activations it keeps: its activation slots
+                          // (ParallelLayout::in_flight: min(stages - stage, parallel.micro_batches))
+};
+
 // What one forward (and backward) produced, for logging (host values, read back before the call returns).
 struct StepStats {
   float loss = 0.0f;      // mean cross-entropy over the micro-batch's valid targets (nats/token); NaN when has_loss
@@ -93,9 +104,11 @@ void check_emulated_layout(const TrainerConfig& cfg);
 
 class Model {
  public:
-  // Validates `cfg` (validate_config, check_emulated_layout), registers and allocates every tensor for batches of up
-  // to cfg.train.micro_batch rows of cfg.train.seq_len tokens; under parallel.zero1 the store holds rank 0's ZeRO-1
-  // shard of the masters and moments (layout_of(cfg).zero1_parts(), trainer/model/params.h). Throws fp4moe::Error
+  // Validates `cfg` (validate_config, check_emulated_layout), registers and allocates every tensor of its pipeline
+  // stage for batches of up to cfg.train.micro_batch rows of cfg.train.seq_len tokens, the held activations once per
+  // slot of its PipelinePosition (which it sets as mem.slots()'s count: one model per DeviceMemory); under
+  // parallel.zero1 the store holds rank 0's ZeRO-1 shard of the masters and moments (layout_of(cfg).zero1_parts(),
+  // trainer/model/params.h). Throws fp4moe::Error
   // before allocating anything for a bad config; an allocation over mem's budget throws with mem's report.
   Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream);
   ~Model();
@@ -111,19 +124,38 @@ class Model {
   // synchronisation) and checked there: a token or target outside its range throws fp4moe::Error naming the
   // position, before any launch. Returns once the stream has finished the pass (the loss is read back).
   //
-  // Forward only (evaluation): the mean loss over valid targets -> stats.
+  // Forward only (evaluation): the mean loss over valid targets -> stats. Uses slot 0; rejects a call while a
+  // micro-batch is in flight (forward_in_slot without its backward).
   StepStats forward(const int32_t* tokens, const int32_t* targets, int64_t B);
   // Forward and backward: every parameter's grad += grad_scale * d(loss)/d(param), where loss is the mean
   // cross-entropy of this micro-batch (+ the v2 aux loss). Use grad_scale = 1 / grad_accum to average over
-  // micro-batches. Grads are not zeroed here (ParamStore::zero_grads).
+  // micro-batches. Grads are not zeroed here (ParamStore::zero_grads). forward_in_slot(0, ...) then
+  // backward_in_slot(0, grad_scale), whose stats it returns.
   StepStats forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, float grad_scale);
+
+  // Training in two passes, for the 1F1B schedule (trainer/train/pipeline_schedule.h): forward_in_slot runs the
+  // embedding, the layers and the final norm, and keeps the micro-batch's activations, and its own copy of tokens
+  // and targets, in activation slot `slot` (copied on the model's stream: the caller may rewrite its arrays with
+  // work queued on that stream, or once it has synchronised);
+  // backward_in_slot(slot) later runs the LM head's loss (cross-entropy forward and backward: the head's stage keeps
+  // one micro-batch in flight, so its loss waits for the backward without holding more) and the backward of the
+  // micro-batch that slot holds, and frees the slot. Between them other slots' forwards and backwards may run: the
+  // gradients are those of forward_backward, bit for bit, when the backwards run in the same order.
+  // forward_in_slot's stats: tokens and aux_loss (loss 0: it comes with the backward); backward_in_slot's: all
+  // three. forward_in_slot rejects (fp4moe::Error) a slot outside [0, position().in_flight), a slot in flight,
+  // a B other than that of the micro-batches in flight (the Linears' lazily grown copies of their input would be
+  // reallocated under them), and what forward rejects; backward_in_slot a slot without a forward and a
+  // non-finite grad_scale.
+  StepStats forward_in_slot(int64_t slot, const int32_t* tokens, const int32_t* targets, int64_t B);
+  StepStats backward_in_slot(int64_t slot, float grad_scale);
+  const PipelinePosition& position() const { return position_; }
 
   // Once per optimizer step, after the update: the v3 router's aux-loss-free bias update from the expert loads
   // counted over the step's micro-batches (then the counts restart). No-op for v2 and dense models.
   void end_step();
 
   // For checks against another implementation: the top-k expert ids [B*T, top_k] (device int32) each MoE
-  // layer chose in the last forward, in layer order (empty for a dense model).
+  // layer chose in the active slot's forward (the last one with one slot), in layer order (empty for a dense model).
   std::vector<const int32_t*> last_topk_indices() const;
   // Forces the routing of the next forward/forward_backward: per MoE layer in order a device int32
   // [B*T, top_k] of expert ids (the router's scores, gates and bias are computed as usual, only the choice is
@@ -136,15 +168,17 @@ class Model {
   // (MoeRoutedExperts::dispatch_bytes, trainer/model/moe_experts.h); empty for a dense model.
   std::vector<DispatchBytes> dispatch_bytes() const;
 
-  // Per decoder layer of the stage, in order (LayerMemory above).
+  // Per decoder layer of the stage, in order (LayerMemory above), for one micro-batch (one slot).
   std::vector<LayerMemory> layer_memory() const;
-  // Activations kept outside the decoder layers: the final norm's input h[L] and output (2 d per token each) and
-  // its rstd (4 per token) on the last stage; 0 on another. layer_memory()'s kept() summed plus this is
-  // MemCategory::activations after construction.
+  // Activations kept outside the decoder layers for one micro-batch: on the last stage the final norm's input h[L]
+  // and output (2 d per token each), its rstd (4 per token) and the model's copy of the targets (4 per token); on
+  // the first stage its copy of the tokens (4 per token). layer_memory()'s kept() summed plus this, times
+  // position().in_flight, is MemCategory::activations after construction.
   size_t head_activation_bytes() const;
   // The model's own buffers beside its layers' (trainer/memory/buffer_plan.h; module "model") for `seq_share`
-  // rows of hidden d: activations "h[L] (final norm input)", "h_out (LM head input)" [seq_share, d] BF16 and the
-  // final norm's RmsNorm::buffers prefixed "final norm " (last stage); workspace "sub-layer output / branch grad"
+  // rows of hidden d: activations "h[L] (final norm input)", "h_out (LM head input)" [seq_share, d] BF16, the
+  // final norm's RmsNorm::buffers prefixed "final norm " and "targets (loss input)" [seq_share] int32 (last stage),
+  // "tokens (embedding backward input)" [seq_share] int32 (first stage); workspace "sub-layer output / branch grad"
   // and "residual-stream grad" [seq_share, d] BF16 (shared by all layers), "loss" [1] FP32 (last stage); backward's
   // scratch "LM head Dgrad (FP32)" [seq_share, d] (last stage) and "embedding backward workspace" (first stage:
   // embedding_backward_array_bytes + embedding_sort_bytes, cub's sort storage, which only a device can tell: the
@@ -183,6 +217,7 @@ class Model {
  private:
   struct Impl;
   TrainerConfig cfg_;
+  PipelinePosition position_;
   ParamStore store_;
   ModelContext ctx_;
   std::unique_ptr<Impl> impl_;

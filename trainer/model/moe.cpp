@@ -52,6 +52,7 @@ MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const TrainerCo
       k_(cfg.moe.top_k),
       max_tokens_(max_tokens),
       policy_(layer_recompute(cfg.recompute).moe),
+      last_M_(mem.slots(), -1),
       router_(store, prefix, cfg, max_tokens, mem),
       experts_(store, prefix, local_routed_experts(cfg), cfg.model.hidden, cfg.moe.expert_ffn, cfg.moe.top_k,
                cfg.recipe.routed_experts, moe_fc2_init_std(cfg), max_tokens, mem, policy_) {
@@ -101,7 +102,7 @@ std::vector<BufferPlan> MoeLayer::buffers(const TrainerConfig& cfg, const LayerS
 void MoeLayer::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   FP4MOE_CHECK(M >= 0 && M <= max_tokens_, "MoeLayer {} forward: M must be in [0, {}] (max_tokens), got M={}",
                prefix_, max_tokens_, M);
-  last_M_ = M;
+  last_M_.get() = M;
   if (M == 0) {
     router_.forward(ctx, x, 0);  // no device work: empty offsets, aux 0
     return;
@@ -120,7 +121,8 @@ void MoeLayer::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
 }
 
 void MoeLayer::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx) {
-  FP4MOE_CHECK(M == last_M_, "MoeLayer {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_, M);
+  FP4MOE_CHECK(M == last_M_.get(), "MoeLayer {} backward: expected the last forward's M={}, got M={}", prefix_,
+               last_M_.get(), M);
   if (M == 0) {
     router_.backward(ctx, nullptr, x, 0, aux_grad_scale_, nullptr);  // an empty micro-batch counts no tokens
     return;

@@ -32,7 +32,8 @@
 // Wgrad, or their rerun); DecoderLayer keeps it (the ffn_norm output f_in, 2 d per token) unless `layernorm` or
 // `full`, under which it reruns ffn_norm from the kept residual h_mid (recomputed itself under full) before it calls
 // this backward. MoeLayer::buffers (below) gathers the sub-layers' buffer plans, which state every buffer and its
-// size under each recipe and policy.
+// size under each recipe and policy. In-flight micro-batches (trainer/memory/device_memory.h): the held buffers, the
+// routing (device and pinned host) and the token counts have one copy per slot; backward reads the active slot's.
 // Recompute (trainer/model/recompute.h, MoeRecompute):
 //   moe_act         drops the routed experts' a (mxfp4: its MXFP4 copy)
 //   shared_experts  drops the shared experts' h and a
@@ -138,7 +139,7 @@ class MoeLayer {
   int64_t d_, k_, max_tokens_;
   MoeRecompute policy_;
   float aux_grad_scale_ = 1.0f;
-  int64_t last_M_ = -1;
+  KeptValue<int64_t> last_M_;  // per in-flight slot (trainer/memory/device_memory.h): tokens of its forward
   MoeRouter router_;
   MoeRoutedExperts experts_;
   std::unique_ptr<SwigluMlp> shared_;

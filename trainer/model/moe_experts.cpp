@@ -31,7 +31,8 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
       act_(recompute.act),
       w1_(nullptr),
       w2_(nullptr),
-      mem_(&mem) {
+      mem_(&mem),
+      last_M_(mem.slots(), -1) {
   GroupLinear::check_shape(E, 2 * f, d, recipe);  // fc1, fc2: before anything is registered
   GroupLinear::check_shape(E, d, f, recipe);
   FP4MOE_CHECK(max_tokens >= 0 && k >= 1 && k <= E,
@@ -44,7 +45,7 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
   plan_ = buffers(R, E, d, f, recipe, recompute);
   auto kept = [&](auto tag, const char* tensor) {
     using T = decltype(tag);
-    return plan_.allocate<T>(mem, tensor, prefix + " experts");
+    return plan_.allocate_kept<T>(mem, tensor, prefix + " experts");
   };
   row_of_ = kept(int32_t{}, "row_of");
   xs_ = kept(bf16{}, "xs");
@@ -144,6 +145,25 @@ MoeRoutedExperts::Tensors MoeRoutedExperts::bind_forward(ScratchArena& a, int64_
   return t;
 }
 
+void MoeRoutedExperts::bind_kept(Tensors& t) const {
+  auto kept = [&](auto*& field, const auto& buffer, const char* tensor) {
+    if (plan_.at(tensor).held) field = buffer.data();
+  };
+  kept(t.row_of, row_of_, "row_of");
+  kept(t.xs, xs_, "xs");
+  kept(t.h, h_, "h");
+  kept(t.a, a_, "a");
+  kept(t.ys, ys_, "ys");
+  if (recipe_ == Recipe::mxfp4) {
+    kept(t.xs_codes, xs_codes_, "xs MXFP4 codes");
+    kept(t.xs_scales, xs_scales_, "xs MXFP4 scales");
+    kept(t.a_codes, a_codes_, "a MXFP4 codes");
+    kept(t.a_scales, a_scales_, "a MXFP4 scales");
+  }
+  kept(t.xs_fp8_codes, xs_fp8_codes_, "xs FP8 row codes");
+  kept(t.xs_fp8_scales, xs_fp8_scales_, "xs FP8 row scales");
+}
+
 void MoeRoutedExperts::bind_recompute(ScratchArena& a, int64_t R, Tensors& t) {
   const BufferPlan& p = plan_for(R);
   if (whole_) t.h = take_planned<bf16>(a, p.at("h"), "experts fc1 output (recomputed)");
@@ -192,7 +212,7 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
                max_tokens_, E_, k_, M, r.E, r.k);
   FP4MOE_CHECK(x && y, "MoeRoutedExperts {} forward: x [M, {}] and y [M, {}] must not be null", prefix_, d_, d_);
   bind(ctx);
-  last_M_ = M;
+  last_M_.get() = M;
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);  // takes stay in the caller's scope
   t_ = bind_forward(arena, M * k_);
   fc1_->set_weights(w1_->param, ctx.stream);
@@ -223,11 +243,12 @@ void MoeRoutedExperts::run_from_h(ModelContext& ctx, const GroupSplit& split, in
 
 void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
   const int64_t M = r.M, R = M * k_;
-  FP4MOE_CHECK(M == last_M_ && r.E == E_ && r.k == k_,
+  FP4MOE_CHECK(M == last_M_.get() && r.E == E_ && r.k == k_,
                "MoeRoutedExperts {} recompute: expected the last forward's M={} (E={} k={}), got M={} E={} k={}",
-               prefix_, last_M_, E_, k_, M, r.E, r.k);
+               prefix_, last_M_.get(), E_, k_, M, r.E, r.k);
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
   if (ready(arena)) return;
+  bind_kept(t_);  // the active slot's kept input (the last forward may have been another slot's)
   bind_recompute(arena, R, t_);
   cudaStream_t s = ctx.stream;
   if (whole_) {  // the experts from the kept dispatched input (the weights' FP8 copies of this step are in fc1_, fc2_)
@@ -246,13 +267,14 @@ void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
 
 void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRouting& r, bf16* dx, float* dweights) {
   const int64_t M = r.M, R = M * k_;
-  FP4MOE_CHECK(M == last_M_, "MoeRoutedExperts {} backward: expected the last forward's M={}, got M={}", prefix_,
-               last_M_, M);
+  FP4MOE_CHECK(M == last_M_.get(), "MoeRoutedExperts {} backward: expected the last forward's M={}, got M={}",
+               prefix_, last_M_.get(), M);
   FP4MOE_CHECK(dy && dx && dweights, "MoeRoutedExperts {} backward: dy, dx [M, {}] and dweights [M, {}] must not "
                "be null", prefix_, d_, k_);
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
   FP4MOE_CHECK(ready(arena), "MoeRoutedExperts {} backward: the tensors the recompute policy does not keep are gone "
                "(call recompute() in the backward's scratch scope first)", prefix_);
+  bind_kept(t_);  // the active slot's kept tensors; a recompute's scratch stays
   ScratchScope scope(arena);
   const BufferPlan& p = plan_for(R);
   bf16* drows = take_planned<bf16>(arena, p.at("d rows"), "experts d rows");

@@ -49,6 +49,8 @@
 // Scratch (ModelContext::scratch): forward takes assignment_of [R] int32 and every tensor not kept (xs in BF16 for
 // fp8/mxfp4), in the caller's scope; recompute() takes, in the caller's scope, h, a (and its MXFP4 copy) and ys for
 // whole, a (and its MXFP4 copy) for moe_act; backward dys/dxs [R, d], da [R, f] and dh [R, 2f] BF16 in its own scope.
+// In-flight micro-batches (trainer/memory/device_memory.h): the kept tensors, fc1's and fc2's FP8 column copies
+// (fp8) and the token count have one copy per slot; recompute and backward bind the active slot's kept tensors.
 #pragma once
 
 #include <cstdint>
@@ -143,6 +145,8 @@ class MoeRoutedExperts {
   // set; the recompute's (whole: h, a and its MXFP4 copy, ys; moe_act: a and its MXFP4 copy) over the kept rest.
   Tensors bind_forward(ScratchArena& arena, int64_t R);
   void bind_recompute(ScratchArena& arena, int64_t R, Tensors& t);
+  // Points t's kept tensors at the active slot's copies (the others stay as they are: scratch of a recompute).
+  void bind_kept(Tensors& t) const;
   // Forward: permute, the kept FP8 row copy of xs (fp8 under whole), fc1, then run_from_h (not the unpermute).
   void run_to_ys(ModelContext& ctx, const bf16* x, const MoeRouting& r, const Tensors& t);
   // swiglu and fc2 from t.h: a (and its MXFP4 copy), ys.
@@ -163,26 +167,27 @@ class MoeRoutedExperts {
   DeviceMemory* mem_;
   CublasLtMatmul* lt_ = nullptr;           // the first forward's ctx.lt
   std::optional<GroupLinear> fc1_, fc2_;  // built at the first forward (bind)
-  int64_t last_M_ = -1;
-  Tensors t_;                 // the tensors of the last forward / recompute
+  KeptValue<int64_t> last_M_;  // per slot: tokens of its forward (-1: none)
+  Tensors t_;                 // the tensors of the last forward / recompute (the kept ones: the active slot's)
   uint64_t stamp_ = 0;        // scratch stamp of the last forward / recompute
   size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0;
   BufferPlan plan_{"moe.experts"};  // buffers() for R_max = max_tokens * k
   BufferPlan pass_plan_{"moe.experts"};
   int64_t pass_R_ = -1;
-  // Kept (MemCategory::activations), R_max = max_tokens * k rows; empty when not kept (Memory, above). Scratch
-  // always: assignment_of [R] int32 (permute_forward only), xs BF16 for fp8/mxfp4, a BF16 for fp8/mxfp4.
-  DeviceArray<int32_t> row_of_;         // [R_max] row of assignment t*k + j                      (always)
-  DeviceArray<bf16> xs_;                // [R_max, d] permuted x, fc1 input                       (bf16)
-  DeviceArray<uint8_t> xs_codes_;       // [R_max, d/2] E2M1 codes of xs                          (mxfp4)
-  DeviceArray<uint8_t> xs_scales_;      // [R_max, d/32] UE8M0 scales of xs                       (mxfp4)
-  DeviceArray<uint8_t> xs_fp8_codes_;   // [R_max, d] E4M3 codes of xs, 1x128 row blocks          (fp8, whole)
-  DeviceArray<float> xs_fp8_scales_;    // [fp8_row_scale_count(R_max, d)] their FP32 scales      (fp8, whole)
-  DeviceArray<bf16> h_;                 // [R_max, 2f] fc1 output, gate | up                      (not whole)
-  DeviceArray<bf16> a_;                 // [R_max, f] swiglu output, fc2 input          (bf16, not whole/act)
-  DeviceArray<bf16> ys_;                // [R_max, d] fc2 output, read by unpermute_backward      (not whole)
-  DeviceArray<uint8_t> a_codes_;        // [R_max, f/2] E2M1 codes of a                (mxfp4, not whole/act)
-  DeviceArray<uint8_t> a_scales_;       // [R_max, f/32] UE8M0 scales of a             (mxfp4, not whole/act)
+  // Kept (MemCategory::activations), R_max = max_tokens * k rows, one copy per in-flight slot; empty when not kept
+  // (Memory, above). Scratch always: assignment_of [R] int32 (permute_forward only), xs BF16 for fp8/mxfp4, a BF16
+  // for fp8/mxfp4.
+  KeptArray<int32_t> row_of_;           // [R_max] row of assignment t*k + j                      (always)
+  KeptArray<bf16> xs_;                  // [R_max, d] permuted x, fc1 input                       (bf16)
+  KeptArray<uint8_t> xs_codes_;         // [R_max, d/2] E2M1 codes of xs                          (mxfp4)
+  KeptArray<uint8_t> xs_scales_;        // [R_max, d/32] UE8M0 scales of xs                       (mxfp4)
+  KeptArray<uint8_t> xs_fp8_codes_;     // [R_max, d] E4M3 codes of xs, 1x128 row blocks          (fp8, whole)
+  KeptArray<float> xs_fp8_scales_;      // [fp8_row_scale_count(R_max, d)] their FP32 scales      (fp8, whole)
+  KeptArray<bf16> h_;                   // [R_max, 2f] fc1 output, gate | up                      (not whole)
+  KeptArray<bf16> a_;                   // [R_max, f] swiglu output, fc2 input          (bf16, not whole/act)
+  KeptArray<bf16> ys_;                  // [R_max, d] fc2 output, read by unpermute_backward      (not whole)
+  KeptArray<uint8_t> a_codes_;          // [R_max, f/2] E2M1 codes of a                (mxfp4, not whole/act)
+  KeptArray<uint8_t> a_scales_;         // [R_max, f/32] UE8M0 scales of a             (mxfp4, not whole/act)
 };
 
 }  // namespace fp4moe

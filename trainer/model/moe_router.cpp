@@ -46,7 +46,10 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
       El_(local_routed_experts(cfg)),
       max_tokens_(max_tokens),
       gamma_(static_cast<float>(cfg.moe.bias_update_rate)),
-      w_(nullptr) {
+      w_(nullptr),
+      last_M_(mem.slots(), -1),
+      last_counts_(mem.slots(), std::vector<int64_t>(static_cast<size_t>(E_), 0)),
+      host_offsets_(mem.slots()) {
   const char* what = "MoeRouter";
   FP4MOE_CHECK(max_tokens >= 0, "{} {}: max_tokens must be >= 0, got {}", what, prefix, max_tokens);
   FP4MOE_CHECK(d_ >= 8 && d_ % 8 == 0, "{} {}: hidden must be a positive multiple of 8, got {}", what, prefix, d_);
@@ -56,19 +59,19 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
   if (rcfg_.style == RouterStyle::v3_sigmoid) bias_ = &store.add_state(prefix + ".router_bias", {E_});
   const BufferPlan plan = buffers(max_tokens, E_, k, El_);
   const std::string owner = prefix + " router";
-  probs_ = plan.allocate<float>(mem, "probs", owner);
-  topk_weight_ = plan.allocate<float>(mem, "topk_weight", owner);
-  topk_idx_ = plan.allocate<int32_t>(mem, "topk_idx", owner);
-  counts_ = plan.allocate<int32_t>(mem, "counts", owner);
-  offsets_ = plan.allocate<int32_t>(mem, "offsets", owner);
-  aux_ = plan.allocate<float>(mem, "aux", owner);
-  local_idx_ = plan.allocate<int32_t>(mem, "local topk_idx", owner);
-  local_counts_ = plan.allocate<int32_t>(mem, "local counts", owner);
-  local_offsets_ = plan.allocate<int32_t>(mem, "local offsets", owner);
-  host_offsets_ = PinnedHost((E_ + 1) * sizeof(int32_t));
-  if (El_ < E_) host_local_offsets_ = PinnedHost((El_ + 1) * sizeof(int32_t));
+  probs_ = plan.allocate_kept<float>(mem, "probs", owner);
+  topk_weight_ = plan.allocate_kept<float>(mem, "topk_weight", owner);
+  topk_idx_ = plan.allocate_kept<int32_t>(mem, "topk_idx", owner);
+  counts_ = plan.allocate_kept<int32_t>(mem, "counts", owner);
+  offsets_ = plan.allocate_kept<int32_t>(mem, "offsets", owner);
+  aux_ = plan.allocate_kept<float>(mem, "aux", owner);
+  local_idx_ = plan.allocate_kept<int32_t>(mem, "local topk_idx", owner);
+  local_counts_ = plan.allocate_kept<int32_t>(mem, "local counts", owner);
+  local_offsets_ = plan.allocate_kept<int32_t>(mem, "local offsets", owner);
+  for (PinnedHost& h : host_offsets_.all()) h = PinnedHost((E_ + 1) * sizeof(int32_t));
+  if (El_ < E_)
+    for (PinnedHost& h : host_local_offsets_.all()) h = PinnedHost((El_ + 1) * sizeof(int32_t));
   host_aux_ = PinnedHost(sizeof(float));
-  last_counts_.assign(E_, 0);
   tally_.assign(E_, 0);
   auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(plan.at(t).bytes())); };
   fwd_bytes_ = rounded("logits (FP32)");
@@ -103,27 +106,28 @@ BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_lo
 }
 
 MoeRouting MoeRouter::routing() const {
-  const int64_t M = std::max<int64_t>(last_M_, 0);
+  const int64_t M = std::max<int64_t>(last_M_.get(), 0);
   if (El_ < E_)
     return MoeRouting{M, El_, rcfg_.top_k, local_idx_.data(), topk_weight_.data(), local_offsets_.data(),
-                      static_cast<const int32_t*>(host_local_offsets_.get())};
+                      static_cast<const int32_t*>(host_local_offsets_.get().get())};
   return MoeRouting{M, E_, rcfg_.top_k, topk_idx_.data(), topk_weight_.data(), offsets_.data(),
-                    static_cast<const int32_t*>(host_offsets_.get())};
+                    static_cast<const int32_t*>(host_offsets_.get().get())};
 }
 
 void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
   FP4MOE_CHECK(M >= 0 && M <= max_tokens_, "MoeRouter {} forward: M must be in [0, {}] (max_tokens), got M={}",
                prefix_, max_tokens_, M);
-  auto* host_offsets = static_cast<int32_t*>(host_offsets_.get());
-  last_M_ = M;
+  auto* host_offsets = static_cast<int32_t*>(host_offsets_.get().get());
+  std::vector<int64_t>& last_counts = last_counts_.get();
+  last_M_.get() = M;
   aux_host_ = 0.0f;
   if (M == 0) {
     std::fill(host_offsets, host_offsets + E_ + 1, 0);
     if (El_ < E_) {
-      auto* host_local = static_cast<int32_t*>(host_local_offsets_.get());
+      auto* host_local = static_cast<int32_t*>(host_local_offsets_.get().get());
       std::fill(host_local, host_local + El_ + 1, 0);
     }
-    std::fill(last_counts_.begin(), last_counts_.end(), 0);
+    std::fill(last_counts.begin(), last_counts.end(), 0);
     return;
   }
   FP4MOE_CHECK(x != nullptr, "MoeRouter {} forward: null x (expected BF16 [M, {}])", prefix_, d_);
@@ -147,7 +151,7 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
   if (El_ < E_) {  // expert parallelism: this GPU's share of the rows (layout_emulation.h)
     local_expert_routing(topk_idx_.data(), M * k, El_, local_idx_.data(), local_counts_.data(), local_offsets_.data(),
                          ctx.stream);
-    CUDA_CHECK(cudaMemcpyAsync(host_local_offsets_.get(), local_offsets_.data(), (El_ + 1) * sizeof(int32_t),
+    CUDA_CHECK(cudaMemcpyAsync(host_local_offsets_.get().get(), local_offsets_.data(), (El_ + 1) * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, ctx.stream));
   }
   // The layer's one host synchronisation: the expert token counts (and the v2 loss) come to the host.
@@ -160,22 +164,23 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
                "MoeRouter {} forward: the offsets end at {} but {} tokens x top-{} were routed (a forced selection "
                "with an expert outside [0, {})?)",
                prefix_, host_offsets[E_], M, k, E_);
-  for (int64_t e = 0; e < E_; ++e) last_counts_[e] = host_offsets[e + 1] - host_offsets[e];
+  for (int64_t e = 0; e < E_; ++e) last_counts[e] = host_offsets[e + 1] - host_offsets[e];
   if (v2) aux_host_ = *static_cast<const float*>(host_aux_.get());
 }
 
 void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x, int64_t M, float aux_grad,
                          float* dx32) {
-  FP4MOE_CHECK(M == last_M_, "MoeRouter {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_,
-               M);
+  FP4MOE_CHECK(M == last_M_.get(), "MoeRouter {} backward: expected the last forward's M={}, got M={}", prefix_,
+               last_M_.get(), M);
+  const std::vector<int64_t>& last_counts = last_counts_.get();  // the active slot's forward
   if (M == 0) {
-    for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];  // zeros: an empty micro-batch counts nothing
+    for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts[e];  // zeros: an empty micro-batch counts nothing
     return;
   }
   FP4MOE_CHECK(dweights && x && dx32, "MoeRouter {} backward: dweights [M, k], x [M, {}] and dx32 [M, {}] must not "
                "be null", prefix_, d_, d_);
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);
-  for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts_[e];
+  for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts[e];
   ScratchScope scope(arena);
   const BufferPlan plan = buffers(M, E_, rcfg_.top_k, El_);
   float* dlogits = take_planned<float>(arena, plan.at("dlogits (FP32)"), "router dlogits (FP32)");  // [M, E]
@@ -203,7 +208,7 @@ void MoeRouter::end_step(ModelContext& ctx) {
   }
   std::fill(tally_.begin(), tally_.end(), 0);
   if (total == 0) return;
-  // The last forward's counts are dead after its backward: counts_ carries the step's tally to the device.
+  // Every forward's counts are dead after its backward: the active slot's counts_ carries the step's tally.
   CUDA_CHECK(cudaMemcpyAsync(counts_.data(), counts.data(), E_ * sizeof(int32_t), cudaMemcpyHostToDevice,
                              ctx.stream));
   router_bias_update(counts_.data(), E_, total, gamma_, bias_->data, ctx.stream);

@@ -35,6 +35,10 @@
 // Expert loads for the v3 bias: the counts of a forward join the step's tally when its backward runs (so that
 // evaluation forwards do not move the bias); end_step applies router_bias_update with the tally (gamma =
 // moe.bias_update_rate) and clears it.
+// In-flight micro-batches (trainer/memory/device_memory.h): what a forward writes and its backward reads has one copy
+// per slot: probs, topk_idx, topk_weight, counts, offsets, aux (device), the pinned host offsets, the token count and
+// the host counts; routing() and backward read the active slot's. One copy: the step's tally (host), the v2 loss read
+// back at the forward (aux_loss_host, its pinned copy).
 #pragma once
 
 #include <cstdint>
@@ -56,8 +60,8 @@ namespace fp4moe {
 // ep divides routed_experts is validate_layout's rule). Rejects (fp4moe::Error) parallel.ep < 1.
 int64_t local_routed_experts(const TrainerConfig& cfg);
 
-// The routing of the last forward, as the routed experts read it (E: this GPU's local experts, ids local). Pointers
-// stay valid until the next forward.
+// The routing of the active slot's forward, as the routed experts read it (E: this GPU's local experts, ids local).
+// Pointers stay valid until that slot's next forward.
 struct MoeRouting {
   int64_t M = 0, E = 0, k = 0;
   const int32_t* topk_idx = nullptr;      // device [M, k], expert of each (token, slot)
@@ -106,9 +110,9 @@ class MoeRouter {
   // passes), or null for the router's own top-k. Entries must lie in [0, E) and be distinct within a token.
   void force_routing(const int32_t* topk) { forced_ = topk; }
 
-  MoeRouting routing() const;
+  MoeRouting routing() const;  // the active slot's
   float aux_loss_host() const { return aux_host_; }  // v2 loss of the last forward (0 for v3 and M = 0)
-  const int32_t* topk_idx() const { return topk_idx_.data(); }
+  const int32_t* topk_idx() const { return topk_idx_.data(); }  // the active slot's
   const RouterConfig& config() const { return rcfg_; }
   const Param& weight() const { return *w_; }
   const StateTensor* bias() const { return bias_; }                  // null for v2
@@ -134,23 +138,25 @@ class MoeRouter {
   Param* w_;
   StateTensor* bias_ = nullptr;
   const int32_t* forced_ = nullptr;
-  int64_t last_M_ = -1;
+  KeptValue<int64_t> last_M_;               // per slot: tokens of its forward (-1: none)
   float aux_host_ = 0.0f;
-  std::vector<int64_t> last_counts_;  // [E] the last forward's counts (from the host offsets)
+  KeptValue<std::vector<int64_t>> last_counts_;  // per slot: [E] its forward's counts (from the host offsets)
   std::vector<int64_t> tally_;        // [E] counts of the step's micro-batches whose backward ran
   size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
 
-  DeviceArray<float> probs_;       // [max_tokens, E] FP32 s (v3) or p (v2)                    (activations)
-  DeviceArray<int32_t> topk_idx_;  // [max_tokens, k] selected experts                        (activations)
-  DeviceArray<float> topk_weight_; // [max_tokens, k] FP32 combine weights                     (activations)
-  DeviceArray<int32_t> counts_;    // [E] tokens per expert; in end_step the step's tally     (activations)
-  DeviceArray<int32_t> offsets_;   // [E+1] exclusive prefix sum of counts                    (activations)
-  DeviceArray<float> aux_;         // [1] v2 balance loss                                     (activations)
-  DeviceArray<int32_t> local_idx_;      // [max_tokens, k] local expert ids       (activations, El_ < E_)
-  DeviceArray<int32_t> local_counts_;   // [El] rows per local expert             (activations, El_ < E_)
-  DeviceArray<int32_t> local_offsets_;  // [El+1] their exclusive prefix sum      (activations, El_ < E_)
-  PinnedHost host_offsets_;        // host [E+1] int32: offsets of the last forward
-  PinnedHost host_local_offsets_;  // host [El+1] int32: local offsets of the last forward (El_ < E_)
+  // Per in-flight slot (KeptArray, KeptValue):
+  KeptArray<float> probs_;         // [max_tokens, E] FP32 s (v3) or p (v2)                    (activations)
+  KeptArray<int32_t> topk_idx_;    // [max_tokens, k] selected experts                        (activations)
+  KeptArray<float> topk_weight_;   // [max_tokens, k] FP32 combine weights                     (activations)
+  KeptArray<int32_t> counts_;      // [E] tokens per expert (router_backward reads them); in end_step the step's
+                                   // tally (the active slot's copy: every backward has run)  (activations)
+  KeptArray<int32_t> offsets_;     // [E+1] exclusive prefix sum of counts                    (activations)
+  KeptArray<float> aux_;           // [1] v2 balance loss                                     (activations)
+  KeptArray<int32_t> local_idx_;      // [max_tokens, k] local expert ids       (activations, El_ < E_)
+  KeptArray<int32_t> local_counts_;   // [El] rows per local expert             (activations, El_ < E_)
+  KeptArray<int32_t> local_offsets_;  // [El+1] their exclusive prefix sum      (activations, El_ < E_)
+  KeptValue<PinnedHost> host_offsets_;        // host [E+1] int32: offsets of the slot's forward
+  KeptValue<PinnedHost> host_local_offsets_;  // host [El+1] int32: local offsets of the slot's forward (El_ < E_)
   PinnedHost host_aux_;            // host [1] FP32: aux of the last forward (v2)
 };
 

@@ -7,12 +7,13 @@ namespace fp4moe {
 
 RmsNorm::RmsNorm(ParamStore& store, const std::string& name, int64_t C, float eps, int64_t max_tokens,
                  DeviceMemory& mem, bool keep_rstd)
-    : name_(name), C_(C), max_tokens_(max_tokens), eps_(eps), keep_rstd_(keep_rstd), w_(nullptr) {
+    : name_(name), C_(C), max_tokens_(max_tokens), eps_(eps), keep_rstd_(keep_rstd), w_(nullptr),
+      last_M_(mem.slots(), -1) {
   FP4MOE_CHECK(C >= 1 && max_tokens >= 0 && eps > 0.0f,
                "RmsNorm {}: expected C >= 1, max_tokens >= 0 and eps > 0, got C={} max_tokens={} eps={}", name, C,
                max_tokens, eps);
   w_ = &store.add(name, {C}, ParamInit::ones, 0.0f, /*decay=*/false);
-  rstd_ = buffers(max_tokens, C, keep_rstd).allocate<float>(mem, "rstd", name);
+  rstd_ = buffers(max_tokens, C, keep_rstd).allocate_kept<float>(mem, "rstd", name);
 }
 
 BufferPlan RmsNorm::buffers(int64_t tokens, int64_t C, bool keep_rstd) {
@@ -36,8 +37,8 @@ size_t RmsNorm::backward_bytes() const {
 void RmsNorm::run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd) {
   FP4MOE_CHECK(M >= 0 && M <= max_tokens_, "RmsNorm {} forward: M must be in [0, {}] (max_tokens), got M={}", name_,
                max_tokens_, M);
-  last_M_ = M;
-  rstd_ptr_ = rstd;
+  last_M_.get() = M;
+  recomputed_rstd_ = keep_rstd_ ? nullptr : rstd;
   rstd_stamp_ = 0;
   if (M == 0) return;
   rmsnorm_forward(x, w_->param, M, C_, eps_, y, rstd, ctx.stream);
@@ -58,17 +59,19 @@ void RmsNorm::recompute(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
 }
 
 void RmsNorm::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, bf16* dx) {
-  FP4MOE_CHECK(M == last_M_, "RmsNorm {} backward: expected the last forward's M={}, got M={}", name_, last_M_, M);
+  FP4MOE_CHECK(M == last_M_.get(), "RmsNorm {} backward: expected the last forward's M={}, got M={}", name_,
+               last_M_.get(), M);
   if (M == 0) return;
   ScratchArena& arena = scratch_of(ctx, "RmsNorm " + name_ + " backward");
-  FP4MOE_CHECK(keep_rstd_ || (rstd_ptr_ != nullptr && arena.alive(rstd_stamp_)),
+  FP4MOE_CHECK(keep_rstd_ || (recomputed_rstd_ != nullptr && arena.alive(rstd_stamp_)),
                "RmsNorm {} backward: rstd is not kept (layernorm/full recompute) and no recompute() of this norm is "
                "alive in the current scratch scope",
                name_);
   ScratchScope scope(arena);
   const BufferPlan plan = buffers(M, C_, keep_rstd_);
   float* ws = take_planned<float>(arena, plan.at("dweight partials"), "RmsNorm dweight partial sums");
-  rmsnorm_backward(dy, x, w_->param, rstd_ptr_, M, C_, dx, w_->grad, /*accumulate_dweight=*/true, ws, ctx.stream);
+  const float* rstd = keep_rstd_ ? rstd_.data() : recomputed_rstd_;  // the active slot's kept rstd
+  rmsnorm_backward(dy, x, w_->param, rstd, M, C_, dx, w_->grad, /*accumulate_dweight=*/true, ws, ctx.stream);
 }
 
 }  // namespace fp4moe

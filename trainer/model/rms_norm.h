@@ -8,7 +8,8 @@
 // then forward saves nothing and the caller reruns the norm with recompute() before backward, which takes rstd from
 // the shared scratch in the caller's scope. The norm's output y is the caller's (kept or recomputed by it). x is not
 // copied: backward takes the pointer forward saw. Scratch (ModelContext::scratch): the dweight partial sums of
-// rmsnorm_backward, in backward only.
+// rmsnorm_backward, in backward only. In-flight micro-batches (trainer/memory/device_memory.h): rstd and the token
+// count have one copy per slot; backward reads the active slot's.
 #pragma once
 
 #include <cstdint>
@@ -63,10 +64,10 @@ class RmsNorm {
   float eps_;
   bool keep_rstd_;
   Param* w_;
-  int64_t last_M_ = -1;
-  float* rstd_ptr_ = nullptr;     // rstd of the last forward or recompute (null: not saved)
-  uint64_t rstd_stamp_ = 0;       // scratch stamp of a recompute's rstd (keep_rstd = false)
-  DeviceArray<float> rstd_;       // [max_tokens] FP32 1 / rms of each row  (activations; empty without keep_rstd)
+  KeptValue<int64_t> last_M_;     // per slot: tokens of its forward or recompute (-1: none)
+  float* recomputed_rstd_ = nullptr;  // rstd of the last recompute, in the scratch (keep_rstd = false)
+  uint64_t rstd_stamp_ = 0;       // scratch stamp of that recompute
+  KeptArray<float> rstd_;         // [max_tokens] FP32 1 / rms of each row  (activations; empty without keep_rstd)
 };
 
 }  // namespace fp4moe

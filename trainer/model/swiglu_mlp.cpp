@@ -18,13 +18,14 @@ SwigluMlp::SwigluMlp(ParamStore& store, const std::string& prefix, int64_t hidde
       recipe_(recipe),
       recompute_(recompute),
       fc1_(store, prefix + ".fc1", hidden, 2 * ffn, recipe, kInitStd),
-      fc2_(store, prefix + ".fc2", ffn, hidden, recipe, fc2_init_std) {
+      fc2_(store, prefix + ".fc2", ffn, hidden, recipe, fc2_init_std),
+      last_M_(mem.slots(), -1) {
   FP4MOE_CHECK(max_tokens >= 0, "SwigluMlp {}: max_tokens must be >= 0, got {}", prefix, max_tokens);
   FP4MOE_CHECK(fc2_init_std > 0.0f, "SwigluMlp {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
   const BufferPlan p = plan();
   keep_a_ = p.at("a").held;
-  h_ = p.allocate<bf16>(mem, "h", prefix);
-  a_ = p.allocate<bf16>(mem, "a", prefix);
+  h_ = p.allocate_kept<bf16>(mem, "h", prefix);
+  a_ = p.allocate_kept<bf16>(mem, "a", prefix);
 }
 
 BufferPlan SwigluMlp::buffers(const std::string& module, int64_t tokens, int64_t fc1_tokens, int64_t hidden,
@@ -76,7 +77,7 @@ void SwigluMlp::check_tokens(const char* what, int64_t M) const {
 
 void SwigluMlp::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   check_tokens("forward", M);
-  last_M_ = M;
+  last_M_.get() = M;
   if (M == 0) return;
   ScratchArena& arena = scratch_of(ctx, "SwigluMlp " + prefix_);
   ScratchScope scope(arena);
@@ -94,8 +95,8 @@ void SwigluMlp::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64
 
 void SwigluMlp::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, LinearGradOut dx) {
   check_tokens("backward", M);
-  FP4MOE_CHECK(M == last_M_, "SwigluMlp {} backward: expected the last forward's M={}, got M={}", prefix_, last_M_,
-               M);
+  FP4MOE_CHECK(M == last_M_.get(), "SwigluMlp {} backward: expected the last forward's M={}, got M={}", prefix_,
+               last_M_.get(), M);
   if (M == 0) return;
   ScratchArena& arena = scratch_of(ctx, "SwigluMlp " + prefix_);
   ScratchScope scope(arena);

@@ -17,7 +17,8 @@
 // (not fc2) into the scratch before its own work.
 // Scratch (ModelContext::scratch, per call): forward h and a when not kept; backward h and a when not kept, da
 // [M, ffn] and dh [M, 2 ffn] BF16.
-// x is not copied: backward takes the same pointer forward saw (owned by the caller, still valid).
+// x is not copied: backward takes the same pointer forward saw (owned by the caller, still valid). In-flight
+// micro-batches (trainer/memory/device_memory.h): h, a and the token count have one copy per slot.
 #pragma once
 
 #include <algorithm>
@@ -91,9 +92,9 @@ class SwigluMlp {
   BufferPlan plan() const {  // buffers() at max_tokens
     return buffers("mlp", max_tokens_, max_tokens_, hidden_, ffn_, recipe_, recompute_, false);
   }
-  int64_t last_M_ = -1;       // tokens of the last forward (backward must match)
-  DeviceArray<bf16> h_;       // [max_tokens, 2 ffn] fc1 output, gate | up      (activations; empty with recompute)
-  DeviceArray<bf16> a_;       // [max_tokens, ffn]   swiglu output, fc2 input   (activations; when keep_a_)
+  KeptValue<int64_t> last_M_;  // per slot: tokens of its forward (backward must match; -1: none)
+  KeptArray<bf16> h_;         // [max_tokens, 2 ffn] fc1 output, gate | up      (activations; empty with recompute)
+  KeptArray<bf16> a_;         // [max_tokens, ffn]   swiglu output, fc2 input   (activations; when keep_a_)
   BufferPlan pass_plan_{"mlp"};
   int64_t pass_M_ = -1;
 };

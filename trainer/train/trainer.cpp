@@ -121,6 +121,12 @@ void Trainer::State::setup() {
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_norm), sizeof(float), cudaHostAllocDefault));
   mem = std::make_unique<DeviceMemory>(opts.memory_budget_bytes);
   model = std::make_unique<Model>(cfg, *mem, stream);
+  const PipelinePosition& at = model->position();
+  FP4MOE_CHECK(one_f_one_b_slots(at.stages, at.stage, t.grad_accum) == at.in_flight,
+               "stage {} of {} keeps {} micro-batches in flight, but train.grad_accum = {} micro-batches per step "
+               "need {} (train.grad_accum must equal parallel.micro_batches)",
+               at.stage, at.stages, at.in_flight, t.grad_accum, one_f_one_b_slots(at.stages, at.stage, t.grad_accum));
+  schedule = one_f_one_b_schedule(at.stages, at.stage, t.grad_accum);
   tokens = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch tokens [B*T]");
   targets = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch targets [B*T]");
   norm_workspace = DeviceArray<double>(*mem, kGradNormSlots, MemCategory::workspace, "gradient norm partial sums");

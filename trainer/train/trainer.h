@@ -3,9 +3,12 @@
 // progress, checkpoints and resumption. `fp4moe train` (cli/cmd_train.cpp) is a thin layer over it.
 //
 // One optimizer step s (1-based; B = train.micro_batch, T = train.seq_len):
-//   1. Zero the grads. train.grad_accum micro-batches: the next [B, T+1] rows -> tokens and targets [B*T]
-//      (split_rows, trainer/train/batch.h) through a pinned host buffer to the device, then
-//      forward_backward(grad_scale = 1 / grad_accum). The step's loss is the mean of the micro-batch losses.
+//   1. Zero the grads. train.grad_accum micro-batches in the 1F1B order of the model's pipeline stage
+//      (trainer/train/pipeline_schedule.h; one GPU: forward, backward, forward, backward, ...): each forward takes
+//      the next [B, T+1] rows -> tokens and targets [B*T] (split_rows, trainer/train/batch.h) through a pinned host
+//      buffer to the device and runs Model::forward_in_slot in the schedule's activation slot; each backward runs
+//      Model::backward_in_slot(grad_scale = 1 / grad_accum) of its micro-batch's slot. The step's loss is the mean
+//      of the micro-batch losses.
 //   2. The global gradient norm over every Param's grad and the clip scale (grad_global_norm,
 //      kernels/nn/adamw.h, with max_norm = train.grad_clip, or +Inf when it is 0: no clipping).
 //   3. If the loss or the norm is not finite, train.non_finite decides: `skip` applies no update (the step still

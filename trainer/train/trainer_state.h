@@ -15,6 +15,7 @@
 #include "trainer/model/model.h"
 #include "trainer/train/batch.h"
 #include "trainer/train/metrics.h"
+#include "trainer/train/pipeline_schedule.h"
 #include "trainer/train/progress.h"
 #include "trainer/train/trainer.h"
 
@@ -38,6 +39,7 @@ struct Trainer::State {
 
   std::unique_ptr<DeviceMemory> mem;  // declared before everything it allocates (destroyed after them)
   std::unique_ptr<Model> model;
+  std::vector<PipelineStep> schedule;  // one step's passes: 1F1B of the model's stage over train.grad_accum
   DeviceArray<int32_t> tokens, targets;  // device [B * T]
   DeviceArray<double> norm_workspace;    // device [kGradNormSlots]
   DeviceArray<float> norm_and_scale;     // device [2]: global gradient norm, clip scale

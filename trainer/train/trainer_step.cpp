@@ -26,13 +26,17 @@ StepRecord Trainer::State::train_step() {
   mem->reset_peaks();
   store.zero_grads(stream);
   const float grad_scale = 1.0f / static_cast<float>(t.grad_accum);
-  double loss_sum = 0;
+  double loss_sum = 0;   // summed in micro-batch order: the backwards run in that order
   bool has_loss = true;  // false on an emulated pipeline stage without the LM head: loss NaN, not a divergence
-  for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-    upload(*train);
-    const StepStats stats = model->forward_backward(tokens.data(), targets.data(), B, grad_scale);
-    loss_sum += stats.loss;
-    has_loss = stats.has_loss;
+  for (const PipelineStep& op : schedule) {
+    if (op.pass == PipelinePass::forward) {
+      upload(*train);  // micro-batch op.micro_batch: the batches are drawn in forward order
+      model->forward_in_slot(op.slot, tokens.data(), targets.data(), B);
+    } else {
+      const StepStats stats = model->backward_in_slot(op.slot, grad_scale);
+      loss_sum += stats.loss;
+      has_loss = stats.has_loss;
+    }
   }
   double loss = loss_sum / static_cast<double>(t.grad_accum);
   if (opts.inject_nonfinite_step == s) {  // test hook (TrainerOptions): a diverged step
