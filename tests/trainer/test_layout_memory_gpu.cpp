@@ -29,9 +29,10 @@ namespace fp4moe {
 namespace {
 
 TrainerConfig small_layout(const std::vector<std::string>& overrides) {
-  std::vector<std::string> args = {"--config",          test::preset("small"), "--model.layers", "4",
-                                   "--train.steps",     "1",                   "--train.warmup_steps", "0",
-                                   "--train.eval_interval", "0",               "--train.checkpoint_interval", "0"};
+  std::vector<std::string> args = {"--config",       test::preset("small"), "--model.layers",      "4",
+                                   "--train.steps",  "1",                   "--train.warmup_steps", "0",
+                                   "--train.eval_interval", "0",            "--train.checkpoint_interval", "0",
+                                   "--train.checkpoint_dir", ""};  // an emulated stage takes no checkpoint
   args.insert(args.end(), overrides.begin(), overrides.end());
   return parse_config_args(args);
 }
