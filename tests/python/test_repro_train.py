@@ -92,9 +92,9 @@ class TrainScenarioFiles(Tmp):
 
     def test_paper_values_and_sources(self):
         expect = {
-            "memory_per_policy": ["68.29%", "74.20%", "59.40%", "-14.8%", "11.0", "OOM", "OOM", "70.11%", "7-11",
-                                  "7-11", "6.9-7.2"],
-            "throughput_per_policy": ["1.125", "0.999", "0.970", "1.126", "1157", "1302", "OOM", "OOM"],
+            "memory_per_policy": ["68.29%", "74.20%", "59.40%", "-14.8%", "11.0", "68.29%", "74.20%", "59.40%", "11.0",
+                                  "OOM", "OOM", "70.11%", "7-11", "7-11", "6.9-7.2"],
+            "throughput_per_policy": ["1.125", "1.125", "0.999", "0.970", "1.126", "1157", "1302", "OOM", "OOM"],
             "loss_deviation": ["+0.29%", "+0.61%"],
             "comm_volume": ["<0.5", "<0.5", "<0.5", "<0.5"],
         }
@@ -114,12 +114,22 @@ class TrainScenarioFiles(Tmp):
         self.assertTrue(math.isnan(scenario.paper_value("OOM")))
         self.assertTrue(math.isnan(scenario.paper_value("-3")))
 
-    def test_throughput_reads_the_memory_runs(self):
+    def test_throughput_runs_the_memory_cells_at_stage_12(self):
+        # The same emulated GPU, recipe and policy as a memory cell, at pipeline stage 12 (4 micro-batches in flight:
+        # every cell fits the H200) over 8 micro-batches per step; the smoke cells are the same one-GPU runs.
         mem, thr = load("memory_per_policy"), load("throughput_per_policy")
         for scale in scenario.SCALES:
-            keys = {train_cells.cache_key(c, mem.train, mem.train.steps[scale]) for c in train_cells.expand(mem, scale)}
+            by_id = {(c.config, c.recipe, c.policy): c for c in train_cells.expand(mem, scale)}
             for c in train_cells.expand(thr, scale):
-                self.assertIn(train_cells.cache_key(c, thr.train, thr.train.steps[scale]), keys, f"{scale} {c.id}")
+                m = by_id[(c.config, c.recipe, c.policy)]
+                self.assertEqual((c.config_path, c.modules), (m.config_path, m.modules), f"{scale} {c.id}")
+                if scale == "smoke":
+                    self.assertEqual(c.options, m.options)
+                    continue
+                self.assertEqual(c.options[c.options.index("--parallel.stage") + 1], "12")
+                self.assertEqual(c.options[c.options.index("--parallel.micro_batches") + 1], "8")
+                self.assertEqual(m.options[m.options.index("--parallel.micro_batches") + 1], "16")
+                self.assertNotIn("--parallel.stage", m.options)  # the largest stage
 
     def test_every_row_computes_from_a_full_cells_table(self):
         for name in TRAIN:
@@ -156,9 +166,11 @@ class TrainScenarioFiles(Tmp):
 
         thr = load("throughput_per_policy")
         rows = ours.repro_rows(thr, cells_frame(thr, "default")[0])
-        headline = row_named(rows, "V3: mxfp4 recomputing MLA up-projection only over fp8")
+        headline = row_named(rows, "V3: mxfp4 recomputing MLA up-projection only over fp8 recomputing attention+")
         self.assertAlmostEqual(headline["ours"], 1150.0 / 1200.0)
         self.assertAlmostEqual(headline["ratio"], headline["ours"] / 1.125)
+        mla = row_named(rows, "V3: mxfp4 recomputing MLA up-projection only over fp8 recomputing attention (whole MLA)")
+        self.assertAlmostEqual(mla["ours"], 1150.0 / 1200.0)
 
     def test_loss_rows_are_relative_deviations(self):
         s = load("loss_deviation")
@@ -271,11 +283,11 @@ class CellCommandLines(unittest.TestCase):
     def test_a_memory_cell(self):
         s, c = self.cell("memory_per_policy", "default", "v3", "mxfp4", "mla_up_proj")
         self.assertEqual(train_cells.cell_args(c, s.train, 5), [
-            "--config", "configs/v3.toml", "--train.steps", "5", "--log-interval", "1", "--synthetic-data",
+            "--config", "configs/v3_671b.toml", "--train.steps", "5", "--log-interval", "1", "--synthetic-data",
             "--memory-budget", "80", "--train.warmup_steps", "0", "--train.eval_interval", "0",
             "--train.checkpoint_interval", "0", "--recipe.attention", "fp8", "--recipe.dense_mlp", "fp8",
-            "--recipe.shared_experts", "fp8", "--recipe.routed_experts", "mxfp4", "--recompute.modules",
-            "mla_up_proj"])
+            "--recipe.shared_experts", "fp8", "--recipe.routed_experts", "mxfp4", "--parallel.micro_batches", "16",
+            "--train.grad_accum", "16", "--recompute.modules", "mla_up_proj"])
         self.assertEqual(train_cells.run_name(c), "memory_per_policy-v3-mxfp4-mla_up_proj")
         heavy = self.cell("memory_per_policy", "default", "v3", "bf16", "attn_ln_experts")[1]
         args = train_cells.cell_args(heavy, s.train, 5)
@@ -303,7 +315,7 @@ class CellCommandLines(unittest.TestCase):
 
     def test_steps_per_scale(self):
         self.assertEqual(load("loss_deviation").train.steps, {"smoke": 60, "default": 1000, "full": 1000})
-        self.assertEqual(load("memory_per_policy").train.steps["default"], 5)
+        self.assertEqual(load("memory_per_policy").train.steps["default"], 2)
         for name in TRAIN:
             s = load(name)
             for scale in scenario.SCALES:
@@ -314,8 +326,8 @@ class CellCommandLines(unittest.TestCase):
                     self.assertEqual(args[args.index("--log-interval") + 1], str(max(1, n // 10)))
         mem = load("memory_per_policy")
         self.assertEqual(len(train_cells.expand(mem, "smoke")), 2)
-        self.assertEqual(len(train_cells.expand(mem, "default")), 18)
-        self.assertEqual(len(train_cells.expand(mem, "full")), 18)
+        self.assertEqual(len(train_cells.expand(mem, "default")), 15)
+        self.assertEqual(len(train_cells.expand(mem, "full")), 21)
         smoke = train_cells.expand(mem, "smoke")[0]
         self.assertIn("smoke: one V3-shaped MoE layer", smoke.note)
 
@@ -544,27 +556,26 @@ class RunWithFakeTrainer(Tmp):
         build = self.fake_build()
         r = self.run_py(build, "--scale", "default", "--only", *TRAIN, "--data", self.shards())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("[3/4] memory_per_policy: cell 2/18 v3 bf16 mla_up_proj: oom", r.stdout)
-        self.assertIn("(shared)", r.stdout)
+        self.assertIn("[3/4] memory_per_policy: cell 3/15 v3 bf16 mla_up_proj: oom", r.stdout)
+        self.assertIn("[4/4] throughput_per_policy: cell 3/15 v3 bf16 mla_up_proj: oom", r.stdout)
         calls = self.train_calls()
-        # comm 6 + loss 3 x 4 seeds + memory 18 + the retries of the two cells over 80 GiB; throughput reads
-        # memory's runs.
-        self.assertEqual(len(calls), 6 + 3 * 4 + 18 + 2)
-        retries = [c for c in calls if "--memory-budget" not in c and "configs/v3.toml" in c and "--recompute.modules"
-                   in c]
-        self.assertEqual(len(retries), 2)
+        # comm 6 + loss 3 x 4 seeds + memory 15 + throughput 15 (the same cells at stage 12: runs of their own), each
+        # with the retries of the two cells over 80 GiB.
+        self.assertEqual(len(calls), 6 + 3 * 4 + 15 + 2 + 15 + 2)
+        retries = [c for c in calls if "--memory-budget" not in c and "configs/v3_671b.toml" in c
+                   and "--recompute.modules" in c]
+        self.assertEqual(len(retries), 4)
         for c in calls:
             self.assertTrue(os.path.isabs(c[c.index("--out") + 1]))
             self.assertEqual(c[c.index("--config") + 1][:8], "configs/")  # run from the repository root
         with h5py.File(self.run_file(), "r") as f:
             self.assertEqual(sorted(f["bench"]), ["train_comm", "train_loss", "train_memory", "train_throughput"])
             self.assertEqual(sorted(f["repro"]), sorted(TRAIN))
-            self.assertEqual(len(f["train"]), 6 + 3 * 4 + 18)
-            self.assertEqual(len(f["memory"]), 6 + 3 * 4 + 18)
-            shared = f["train/memory_per_policy-v3-mxfp4-mla_up_proj"]
-            self.assertEqual(result_file.text(shared.attrs["repro_scenarios"]),
-                             "memory_per_policy throughput_per_policy")
-            self.assertIn("--run memory_per_policy-v3-mxfp4-mla_up_proj", result_file.text(shared.attrs["command"]))
+            self.assertEqual(len(f["train"]), 6 + 3 * 4 + 15 + 15)
+            self.assertEqual(len(f["memory"]), 6 + 3 * 4 + 15 + 15)
+            run = f["train/memory_per_policy-v3-mxfp4-mla_up_proj"]
+            self.assertEqual(result_file.text(run.attrs["repro_scenarios"]), "memory_per_policy")
+            self.assertIn("--run memory_per_policy-v3-mxfp4-mla_up_proj", result_file.text(run.attrs["command"]))
             self.assertEqual(result_file.text(f.attrs["gpu"]), "NVIDIA H200")
             cells = result_file.read_table(f["bench/train_memory"])
             self.assertEqual(result_file.text(f["bench/train_memory"].attrs["kind"]), "train cells")
@@ -573,7 +584,7 @@ class RunWithFakeTrainer(Tmp):
             comm = self.repro(f, "comm_volume")
             loss = self.repro(f, "loss_deviation")
             attrs = result_file.table_attributes(f, "repro/memory_per_policy")
-        self.assertEqual((attrs["kind"], attrs["cells"], attrs["cells_ok"], attrs["cells_oom"]), ("train", 18, 16, 2))
+        self.assertEqual((attrs["kind"], attrs["cells"], attrs["cells_ok"], attrs["cells_oom"]), ("train", 15, 13, 2))
         oom = cells[(cells["case"] == "mla_up_proj") & (cells["recipe"] == "bf16") & (cells["shape"] == "v3")].iloc[0]
         self.assertEqual((oom["status"], oom["oom_category"]), ("oom", "activations"))
         self.assertAlmostEqual(oom["peak_total_gib"], 70.0 + 12.0)  # measured again without the budget
@@ -583,7 +594,8 @@ class RunWithFakeTrainer(Tmp):
         light_bf16 = row_named(mem.to_dict("records"), "V3, recompute MLA up-projection only: bf16 peak")
         self.assertTrue(math.isnan(light_bf16["ours"]))
         self.assertIn("OOM at 80 GiB: activations did not fit", light_bf16["note"])
-        headline = row_named(thr.to_dict("records"), "V3: mxfp4 recomputing MLA up-projection only")
+        headline = row_named(thr.to_dict("records"), "V3: mxfp4 recomputing MLA up-projection only over fp8 "
+                                                     "recomputing attention+")
         self.assertAlmostEqual(headline["ours"], 1150.0 * 1.15 / 1200.0)
         v3_mx = row_named(comm.to_dict("records"), "V3 (hidden 7168): mxfp4 dispatch payload over bf16's")
         self.assertAlmostEqual(v3_mx["ours"], (3584 + 224) / 14336)
@@ -597,7 +609,7 @@ class RunWithFakeTrainer(Tmp):
         self.assertFalse(os.path.exists(os.path.join(run_dir, "train_loss.png")))  # runs are plotted per scenario
         with open(os.path.join(run_dir, "TABLES.md"), encoding="utf-8") as f:
             md = f.read()
-        self.assertIn("Training cells of `fp4moe train`: 9 (7 ok, 2 OOM), 5 steps each, memory budget 80 GiB", md)
+        self.assertIn("Training cells of `fp4moe train`: 15 (13 ok, 2 OOM), 2 steps each, memory budget 80 GiB", md)
         self.assertIn("![memory_per_policy](memory_per_policy_memory.png)", md)
         self.assertIn("### /bench/train_memory", md)
         self.assertIn("| -14.8% |", md)

@@ -76,9 +76,11 @@ def write_train_file(path, run, tokens_per_s, peaks_gib, losses=None, evals=(), 
 
 
 FAKE_DEFAULTS = {
-    "base_gib": {"v3": 70.0, "v2": 50.0, "small": 8.0},  # weights, grads, optimizer (probe shapes: 2 GiB)
+    # weights, grads, optimizer (probe shapes: 2 GiB); v3_671b and v2_236b: one emulated GPU of the production runs
+    "base_gib": {"v3": 70.0, "v2": 50.0, "v3_671b": 70.0, "v2_236b": 50.0, "small": 8.0},
     "act_gib": {"bf16": 12.0, "fp8": 11.0, "mxfp4": 7.0},  # by the routed experts' recipe
-    "policy_factor": {"core_attn layernorm moe": 0.5, "moe_act mla_up_proj": 0.8, "mla_up_proj": 1.0},
+    "policy_factor": {"core_attn layernorm moe": 0.5, "mla_up_proj core_attn layernorm moe": 0.4,
+                      "moe_act mla_up_proj": 0.8, "mla_up_proj": 1.0},
     "tokens_per_s": {"bf16": 1000.0, "fp8": 1200.0, "mxfp4": 1150.0},
     "light_speedup": 1.15,          # mla_up_proj over the heavier policies
     "val_loss": {"bf16": 4.80, "fp8": 4.82, "mxfp4": 4.85},
@@ -162,7 +164,7 @@ def fake_main(argv, config_path):
     tps = cfg["tokens_per_s"][routed] * (cfg["light_speedup"] if modules == "mla_up_proj" else 1.0)
     for s in range(1, steps + 1):
         print(f"step {s}/{steps} | loss 5.0 | lr 1.00e-03 | {tps:.0f} tok/s", file=sys.stderr)
-    hidden = {"v3": 7168, "v2": 5120}.get(config, 768)
+    hidden = {"v3": 7168, "v3_671b": 7168, "v2": 5120, "v2_236b": 5120}.get(config, 768)
     per = {"bf16": (2.0 * hidden, 0.0), "fp8": (float(hidden), 4.0 * hidden / 128),
            "mxfp4": (hidden / 2.0, hidden / 32.0)}[routed]
     seed = _option(args, "--train.seed", "config")
