@@ -51,6 +51,20 @@ def markdown(df):
     return bench_report.markdown_table(narrow)
 
 
+def bar_label(r, height, text=""):
+    """The text above a cell's bar: an OOM cell names the budget and the category that did not fit, and says when
+    its run without the budget ran out of the device as well (no measured height); a cell that did not run says its
+    status; `text` (the plot's own annotation) follows."""
+    if r["status"] == "oom":
+        budget = _num(r, "budget_gib")
+        at = f" at {budget:g} GiB" if math.isfinite(budget) else ""
+        label = f"OOM{at}\n({r['oom_category']})" + (f"\n{text}" if text else "")
+        if not (math.isfinite(height) and height > 0):
+            label += "\nand on this GPU"
+        return label
+    return text if r["status"] == "ok" else r["status"]
+
+
 def _grid(df, value, title, ylabel, path, lines=(), annotate=None):
     """Grouped bars per shape (one subplot each): groups = cases, bars = recipes; value(row) -> (height, inner)
     with inner the darker part (or None). annotate(row) -> text above the bar. False when nothing to draw."""
@@ -84,13 +98,7 @@ def _grid(df, value, title, ylabel, path, lines=(), annotate=None):
                     top = max(top, h)
                 else:
                     ax.bar(x, 0, width, color=color, label=recipe if i == 0 else None)
-                text = annotate(r) if annotate else ""
-                if r["status"] == "oom":
-                    budget = _num(r, "budget_gib")
-                    at = f" at {budget:g} GiB" if math.isfinite(budget) else ""
-                    text = f"OOM{at}\n({r['oom_category']})" + (f"\n{text}" if text else "")
-                elif r["status"] != "ok":
-                    text = r["status"]
+                text = bar_label(r, h, annotate(r) if annotate else "")
                 if text:
                     ax.annotate(text, (x, h if math.isfinite(h) and h > 0 else 0), ha="center", va="bottom",
                                 fontsize=7, rotation=90 if r["status"] not in ("ok", "oom") else 0,

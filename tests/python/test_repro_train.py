@@ -698,6 +698,14 @@ class MergeAndReport(Tmp):
                 self.assertEqual(f.read(8), PNG_MAGIC)
             empty = df.assign(peak_total_gib=math.nan, tokens_per_s=math.nan)
             self.assertFalse(fn(empty, self.path("none.png"), "t"))
+
+    def test_bar_labels_say_where_a_cell_ran_out(self):
+        oom = {"status": "oom", "budget_gib": 80.0, "oom_category": "grads"}
+        self.assertEqual(cells_report.bar_label(oom, 118.9, "x"), "OOM at 80 GiB\n(grads)\nx")
+        # measured again without the budget and out of the device as well: no height
+        self.assertEqual(cells_report.bar_label(oom, math.nan), "OOM at 80 GiB\n(grads)\nand on this GPU")
+        self.assertEqual(cells_report.bar_label({"status": "ok"}, 50.0, "1.2K"), "1.2K")
+        self.assertEqual(cells_report.bar_label({"status": "not run"}, math.nan, "1.2K"), "not run")
         self.assertFalse(os.path.exists(self.path("none.png")))
 
 
