@@ -167,6 +167,14 @@ void expect_layers_match_reference(const std::string& name, const std::vector<st
         EXPECT_EQ(s.high_water(), std::max(ref.fwd, ref.bwd));
         EXPECT_GT(s.backward, 0u);
       }
+      const MlaRecompute rc = layer_recompute(cfg.recompute).mla;
+      const PassScratch mla = MlaAttention::scratch(cfg.model, cfg.recipe.attention, rc, M, cfg.model.heads,
+                                                    cfg.train.seq_len);
+      const OldMla ref = old_mla(cfg, rc, M);
+      EXPECT_EQ(mla.forward, ref.fwd);
+      EXPECT_EQ(mla.recompute, ref.recompute);
+      EXPECT_EQ(mla.backward, ref.bwd);
+      EXPECT_EQ(mla.backward_after_recompute, ref.bwd_ready);
     }
   }
 }
@@ -211,6 +219,16 @@ TEST(ScratchPlan, TinyPassesByHand) {
   EXPECT_EQ(mla.backward, 32768u + 3 * 65536u + 24576u + 16384u + 65536u + attn_ws + norm_ws);
   EXPECT_EQ(mla.backward_after_recompute, mla.backward);
   EXPECT_EQ(mla.recompute, mla.forward);  // the norms keep their rstd
+  // Under full every tensor is taken: recompute_forward leaves them with the two norms' rstd [N] FP32; a backward
+  // after it takes the gradients and the norm backward; a backward alone rebuilds first.
+  MlaRecompute full;
+  full.whole = true;
+  const PassScratch rerun = MlaAttention::scratch(cfg.model, Recipe::bf16, full, N, 4, 64);
+  EXPECT_GT(rerun.forward, mla.forward);
+  EXPECT_EQ(rerun.recompute, rerun.forward + 2 * 1024u);
+  EXPECT_EQ(rerun.backward_after_recompute, mla.backward);
+  EXPECT_EQ(rerun.backward, rerun.recompute + rerun.backward_after_recompute);
+  EXPECT_EQ(rerun.high_water(), rerun.backward);
   // RmsNorm: rstd [N] FP32 left by a recompute without keep_rstd.
   EXPECT_EQ(RmsNorm::scratch(N, 64, false).recompute, 1024u);
   EXPECT_EQ(RmsNorm::scratch(N, 64, true).recompute, 0u);
