@@ -4,8 +4,8 @@
 // share, the ZeRO-1 shard and the communication buffers), and DeviceMemory's peak per category over that step is
 // compared with estimate_memory(cfg)'s DeviceMemory view of the same stage: within 2% per category (issue target),
 // and weights, grads, optimizer, activations and comm to the byte (the estimator and the trainer read the same buffer
-// plans). Workspace is the one approximation (the shared scratch arena is sized by the layers' measured passes and
-// cub's sort storage, which only a device can tell): it is held to the 2%.
+// plans). Workspace is held to the 2%: the estimate sizes the shared scratch arena as the model does
+// (Model::scratch_arena_bytes) but cannot tell cub's sort storage of the embedding backward (only a device can).
 // Two layouts on small stand-ins of the V3 shape (configs/small.toml, 4 layers, 1 dense):
 //   first stage: pp 2, ep 4, dp 4, ZeRO-1, 3 micro-batches (2 in flight), mxfp4 routed experts, recompute moe_act;
 //   last stage:  pp 2, ep 2, dp 2, ZeRO-1, 2 micro-batches (1 in flight), fp8 everywhere, recompute mla_up_proj.

@@ -4,7 +4,7 @@
 //     fp8 and mxfp4 routed recipes, the FP8 weight copies;
 //   - the `moe` policy on tiny by hand: the routing stays, the routed experts keep row_of and their dispatched input
 //     in the recipe's storage format (BF16 xs; fp8: the FP8 row copy beside fc1's FP8 columns; MXFP4 xs), the rest
-//     of the block goes to the workspace (live while it is recomputed);
+//     of the block is taken from the shared scratch arena while it is recomputed;
 //   - monotonicity: every recompute module lowers the activations it names; the routed experts' kept inputs order
 //     mxfp4 < fp8 < bf16 (under moe: mxfp4 < bf16 < fp8, fp8 keeping both its row and column copies of xs), and
 //     the expert-parallel buffers mxfp4 < fp8 < bf16;
@@ -235,34 +235,39 @@ TEST(MemoryEstimate, TinyMoePolicyKeepsTheRoutingAndTheDispatchedInput) {
   EXPECT_EQ(module_bytes(e, "moe.experts"), 4 * R + R * (d / 2) + R * (d / 32));
 }
 
-TEST(MemoryEstimate, WorkspaceIsTheLargestLayerPlusTheModel) {
+TEST(MemoryEstimate, WorkspaceIsTheArenaPlusTheModelsBuffers) {
   const TrainerConfig cfg = tiny();
   const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
-  int64_t model = 0;
-  for (const MemoryTerm& t : e.terms)
-    if (t.category == MemCategory::workspace && (t.module == "model" || t.module == "trainer")) model += t.total();
-  const int64_t largest = e.category(MemCategory::workspace) - model;
-  EXPECT_GT(largest, 0);
-  EXPECT_GT(e.workspace_all_layers, e.category(MemCategory::workspace));  // two layers' scratch today
-  EXPECT_LT(e.workspace_all_layers - model, 2 * largest + 1);
+  int64_t model = 0, arena = 0;
+  for (const MemoryTerm& t : e.terms) {
+    if (t.category != MemCategory::workspace) continue;
+    if (t.tensor == kScratchArenaTerm) arena += t.total();
+    else if (t.module == "model" || t.module == "trainer") model += t.total();
+  }
+  EXPECT_GT(arena, 0);
+  EXPECT_EQ(e.category(MemCategory::workspace), arena + model);  // bf16: no Linear holds scratch of its own
+  EXPECT_GT(e.workspace_all_layers, e.category(MemCategory::workspace));  // two layers' scratch and the model's
+  EXPECT_LT(e.workspace_all_layers - model, 3 * arena + 1);              // each at most the arena
 }
 
-// A pass's scratch (a Lifetime::backward_scratch entry of a plan: MLA's "d o", taken from the shared arena by every
-// layer's backward in turn) is counted once, in the largest layer's workspace, not held per layer beside it; the
-// Linears' own scratch (Lifetime::first_forward) is held by every layer. Under fp8 both kinds are present.
-TEST(MemoryEstimate, PassScratchCountsOnceLinearsOwnScratchPerLayer) {
+// A pass's scratch (MLA's "d o", taken from the shared arena by every layer's backward in turn) is in the arena, which
+// is counted once, not held per layer beside it; the Linears' own scratch (Lifetime::first_forward) is held by every
+// layer. Under fp8 both kinds are present.
+TEST(MemoryEstimate, PassScratchInTheArenaLinearsOwnScratchPerLayer) {
   const TrainerConfig cfg = tiny({"--recipe.attention", "fp8"});
   const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
-  int64_t d_o_instances = 0, own_instances = 0;
+  int64_t d_o_instances = 0, arena_instances = 0, own_instances = 0;
   for (const MemoryTerm& t : e.terms) {
-    if (t.category != MemCategory::workspace || t.module != "mla") continue;
+    if (t.category != MemCategory::workspace) continue;
     if (t.tensor == "d o") d_o_instances += t.instances;
-    if (t.tensor == "q_up row FP8 codes") {
+    if (t.tensor == kScratchArenaTerm) arena_instances += t.instances;
+    if (t.module == "mla" && t.tensor == "q_up row FP8 codes") {
       EXPECT_TRUE(t.first_forward);
       own_instances += t.instances;
     }
   }
-  EXPECT_EQ(d_o_instances, 1);                     // the largest layer's backward, once
+  EXPECT_EQ(d_o_instances, 0);                     // in the arena
+  EXPECT_EQ(arena_instances, 1);                   // one arena for every layer's passes
   EXPECT_EQ(own_instances, cfg.model.layers);      // every layer's q_up holds its own
 }
 

@@ -9,8 +9,12 @@
 //     construction (without the first forward's buffers) and after one forward_backward (with them);
 //   - per layer (Model::layer_memory, Model::head_activation_bytes) the estimate's buckets
 //     (layer_activation_buckets), the Linears' and Group Linears' copies included;
-//   - workspace and comm are printed beside the estimate, not checked (the shared scratch arena is sized by the
-//     layers' measured passes, the estimate approximates it).
+//   - the shared scratch arena's capacity equals the estimate's arena term (both Model::scratch_arena_bytes, the
+//     estimate without cub's sort storage, which the embedding backward's workspace holds and which sizes the arena
+//     only when that workspace is its largest call: not on these models), and the arena's high water stays within
+//     it; DeviceMemory's workspace peak equals the estimate's workspace without the Trainer's own buffers (module
+//     "trainer": the batch and the gradient-norm partials, which a Model alone does not allocate);
+//   - comm is printed beside the estimate, not checked (no layout here: none).
 // Each case prints a line per category: estimate, DeviceMemory, difference.
 #include <gtest/gtest.h>
 
@@ -142,15 +146,26 @@ void expect_estimate_matches(const std::string& name, const TrainerConfig& cfg) 
   }
   EXPECT_EQ(sum, act_after) << "the model's per-layer report against DeviceMemory";
 
+  int64_t arena = 0;
+  for (const MemoryTerm& t : e.terms)
+    if (t.category == MemCategory::workspace && t.tensor == kScratchArenaTerm) arena += t.total();
+  EXPECT_EQ(static_cast<int64_t>(b.model->scratch().capacity()), arena) << "the shared scratch arena";
+  EXPECT_LE(b.model->scratch().high_water(), b.model->scratch().capacity());
+  int64_t trainer_workspace = 0;  // the Trainer's batch and gradient-norm buffers: not allocated by a Model alone
+  for (const MemoryTerm& t : e.terms)
+    if (t.category == MemCategory::workspace && t.module == "trainer" && t.kept && t.device_memory)
+      trainer_workspace += ((t.bytes + 255) / 256 * 256) * t.instances;
+  const int64_t model_workspace = dm(MemCategory::workspace) - trainer_workspace;
+  const int64_t workspace_peak = static_cast<int64_t>(b.mem.peak(MemCategory::workspace));
+  EXPECT_EQ(workspace_peak, model_workspace) << "workspace at its peak";
+
   std::printf("[ %s ] %s\n", name.c_str(), b.mem.report().c_str());
   for (MemCategory c : {MemCategory::weights, MemCategory::grads, MemCategory::optimizer})
     print_row(mem_category_name(c), dm(c), static_cast<int64_t>(b.mem.current(c)));
   print_row("activations (after construction)", built_view(MemCategory::activations), act_built);
   print_row("activations (peak)", dm(MemCategory::activations), act_peak);
-  print_row("workspace (peak; not checked)", dm(MemCategory::workspace),
-            static_cast<int64_t>(b.mem.peak(MemCategory::workspace)));
-  print_row("scratch arena high water", dm(MemCategory::workspace),
-            static_cast<int64_t>(b.model->scratch().high_water()));
+  print_row("workspace (peak)", model_workspace, workspace_peak);
+  print_row("scratch arena high water", arena, static_cast<int64_t>(b.model->scratch().high_water()));
   print_row("comm (peak; not checked)", dm(MemCategory::comm), static_cast<int64_t>(b.mem.peak(MemCategory::comm)));
 }
 

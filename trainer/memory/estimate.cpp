@@ -10,6 +10,8 @@
 
 #include "kernels/common/check.h"
 #include "trainer/memory/estimate_detail.h"
+#include "trainer/model/decoder_layer.h"
+#include "trainer/model/model.h"
 
 namespace fp4moe {
 
@@ -253,47 +255,32 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
   e.tokens = lay.micro_batch * lay.seq_len;
   add_parameter_terms(cfg, lay, stage, e);
 
-  // Activations over the stage's layers; workspace: the largest layer's scratch and transient activations.
-  std::vector<MemoryTerm> largest_ws;
-  int64_t largest = -1, ws_all = 0;
+  // Activations over the stage's layers; workspace: the Linears' own scratch of every layer, and the shared scratch
+  // arena the layers' passes take from in turn, sized as the model sizes it (Model::scratch_arena_bytes).
+  const LayerShape shape = mem_detail::layer_shape(cfg, lay);
+  int64_t layers_scratch = 0;  // every layer's arena high-water, summed
   bool has_moe = false;
   for (int64_t l = range.first; l < range.first + range.count; ++l) {
     has_moe = has_moe || cfg.is_moe_layer(l);
-    const std::vector<MemoryTerm> acts = layer_activation_terms(cfg, lay, l);
-    std::vector<MemoryTerm> ws = mem_detail::layer_scratch_terms(cfg, lay, l);
     // The Linears' and Group Linears' own scratch buffers, held by every layer (their buffer plans' first_forward
-    // workspace; the passes' scratch is in `ws`, counted for the largest layer only).
+    // workspace).
     for (MemoryTerm t : mem_detail::layer_buffer_terms(cfg, lay, l))
-      if (t.category == MemCategory::workspace && t.first_forward) {
-        ws_all += t.bytes;
-        merge(e.terms, std::move(t));
-      }
+      if (t.category == MemCategory::workspace && t.first_forward) merge(e.terms, std::move(t));
     int64_t kept = 0;
-    for (MemoryTerm t : acts) {
-      kept += t.total();
-      if (!t.kept) {  // live while the layer runs forward (or recomputes it in backward)
-        MemoryTerm w = t;
-        w.category = MemCategory::workspace;
-        w.tensor += " (not kept)";
-        w.kept = true;
-        ws.push_back(std::move(w));
-      }
+    for (MemoryTerm t : layer_activation_terms(cfg, lay, l)) {
+      kept += t.total();  // a term not kept is taken from the arena while a pass makes or rebuilds it
       t.instances = e.in_flight;
       merge(e.terms, std::move(t));
     }
     e.layer_activation_bytes.push_back(kept);
-    int64_t sum = 0;
-    for (const MemoryTerm& w : ws) sum += w.bytes;
-    ws_all += sum;
-    if (sum > largest) {
-      largest = sum;
-      largest_ws = std::move(ws);
-    }
+    layers_scratch += static_cast<int64_t>(DecoderLayer::scratch(cfg, l, shape).high_water());
   }
-  for (MemoryTerm& w : largest_ws) e.terms.push_back(std::move(w));
+  // cub's sort storage of the embedding backward: only a device can tell it (not counted).
+  const PipelineStage ps = pipeline_stage(cfg, lay, stage);
+  const auto arena = static_cast<int64_t>(Model::scratch_arena_bytes(cfg, ps, shape, 0));
+  e.terms.push_back(MemoryTerm{MemCategory::workspace, "model", kScratchArenaTerm, arena, 1, true, true, false});
   for (MemoryTerm t : mem_detail::model_terms(cfg, lay, stage)) {
     if (t.category == MemCategory::activations) t.instances = e.in_flight;
-    if (t.category == MemCategory::workspace) ws_all += t.bytes;
     merge(e.terms, std::move(t));
   }
   for (MemoryTerm t : mem_detail::comm_terms(cfg, lay, has_moe)) merge(e.terms, std::move(t));
@@ -303,7 +290,8 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
     e.bytes[c] += t.total();
     if (t.device_memory && t.kept) e.device_memory[c] += round_up_256(t.bytes) * t.instances;
   }
-  e.workspace_all_layers = ws_all;
+  const auto head = static_cast<int64_t>(Model::head_scratch_bytes(cfg, ps, shape.seq_share, 0));
+  e.workspace_all_layers = e.category(MemCategory::workspace) - arena + layers_scratch + head;
   return e;
 }
 

@@ -30,12 +30,16 @@
 //              layer's dispatch and combine buffers (send + receive, forward payload by recipe: bf16 2d, fp8
 //              d + 4 ceil(d/128), mxfp4 d/2 + d/32 per row; combine BF16 2d; the backward's FP8 or BF16 buffers
 //              when larger); pp > 1: the send and receive buffers of one micro-batch's hidden state
-// workspace    the largest single layer's scratch (its backward's gradient buffers plus the activations it does
-//              not keep, live while they are recomputed) + the model's (residual-stream grads, LM head Dgrad and
-//              chunked cross-entropy, embedding backward, batch), as the trainer's one shared scratch arena is
-//              sized (trainer/memory/scratch.h); an approximation of the arena's plan, not its exact size; plus
-//              every layer's Linears' own scratch (below). MemoryEstimate::workspace_all_layers sums every layer's
-//              arena scratch instead.
+// workspace    the shared scratch arena (trainer/memory/scratch.h) at the size the trainer allocates it,
+//              Model::scratch_arena_bytes at this GPU's LayerShape: the largest single call of the stage (a decoder
+//              layer's forward or backward, its gradient buffers and the activations it does not keep, live while
+//              they are made or recomputed, each layer's scopes nested as its passes nest them; the LM head's FP32
+//              Dgrad, the final norm's backward, the embedding backward's workspace) + the model's held buffers
+//              (residual-stream grads, loss, LM head chunked cross-entropy, batch, gradient-norm partials) + every
+//              layer's Linears' own scratch (below). Exact to the byte on one GPU but for cub's sort storage of the
+//              embedding backward, which only a device can tell (the estimate takes 0; it sizes the arena only when
+//              the embedding backward is the largest call). MemoryEstimate::workspace_all_layers: the same with every
+//              layer's and the model's passes each given their own scratch (summed instead of the arena).
 //
 // ---- Activations, weight copies and the linears' own scratch: the layers' buffer plans ---------------------------
 // Every buffer of a decoder layer comes from the plan the layer itself allocates from (trainer/memory/buffer_plan.h;
@@ -44,7 +48,8 @@
 // width F / t, routed rows R, local experts E_l, shared width s f / t. Each layer's header lists its buffers and
 // which recompute policy drops which (trainer/model/recompute.h names the policies). The estimate files them as:
 //   activations  held entries kept per micro-batch in flight (layer_activation_terms); entries not held are live
-//                while a pass makes or rebuilds them, and count in the largest layer's workspace
+//                while a pass makes or rebuilds them, taken from the shared arena (the layers' static scratch
+//                functions, PassScratch in trainer/memory/scratch.h, count them with the passes' own scratch)
 //   weights      the Linears' and Group Linears' FP8 weight copies (four buffers each), per layer
 //   workspace    the Linears' and Group Linears' own scratch (FP8 row and column copies of one pass, the BF16 Dgrad
 //                of an FP32 sum), held by every layer
@@ -53,7 +58,8 @@
 // and stay allocated under every policy, as the trainer holds them.
 // What DeviceMemory does not see (MemoryTerm::device_memory = false): LmHeadCrossEntropy's buffers. Not counted at
 // all: cuBLASLt workspaces, the CUDA context, allocator fragmentation, cub's sort storage of the embedding backward
-// (the estimate takes its four key and position arrays only).
+// (the estimate takes its four key and position arrays only; the arena holds the sort storage only when the
+// embedding backward is its largest call).
 #pragma once
 
 #include <algorithm>
@@ -140,6 +146,9 @@ struct ExpertParallelRowBytes {
 };
 ExpertParallelRowBytes expert_parallel_row_bytes(Recipe routed, int64_t d);
 
+// The workspace term of the shared scratch arena (module "model"): Model::scratch_arena_bytes.
+inline constexpr const char* kScratchArenaTerm = "shared scratch arena";
+
 // One counted buffer: a tensor of a module, in one category.
 struct MemoryTerm {
   MemCategory category = MemCategory::activations;
@@ -194,13 +203,14 @@ struct MemoryEstimate {
   int64_t in_flight = 1;                // micro-batches whose activations the stage keeps
   int64_t tokens = 0;                   // N = micro_batch x seq_len
   std::vector<MemoryTerm> terms;        // activations merged over the stage's layers (instances); workspace: the
-                                        // largest layer's and the model's
+                                        // Linears' own scratch per layer, the arena and the model's
   std::array<int64_t, kMemCategories> bytes{};          // the sum of kept terms per category
   // DeviceMemory's count for the trainer as built on one GPU: kept terms allocated through it, each instance
-  // rounded up to 256 bytes (workspace: the approximation above).
+  // rounded up to 256 bytes (workspace: cub's sort storage aside, above).
   std::array<int64_t, kMemCategories> device_memory{};
   std::vector<int64_t> layer_activation_bytes;  // kept activation bytes of each layer of the stage, one micro-batch
-  int64_t workspace_all_layers = 0;             // every layer's scratch summed + the model's
+  int64_t workspace_all_layers = 0;             // workspace with every layer's scratch high-water and the model's
+                                                // passes' summed in place of the one arena
 
   int64_t category(MemCategory c) const { return bytes[static_cast<int>(c)]; }
   int64_t total() const;

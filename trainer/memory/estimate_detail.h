@@ -34,13 +34,9 @@ LayerShape layer_shape(const TrainerConfig& cfg, const ParallelLayout& layout);
 // scratch, held per layer).
 std::vector<MemoryTerm> layer_buffer_terms(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t layer);
 
-// The scratch decoder layer `layer` takes from the shared arena in its passes (its buffer plans' forward and
-// backward scratch: norms' dweight partial sums, MLA's gradient buffers and attention backward workspace, the
-// FFN's or the MoE's gradient buffers, the router's logits).
-std::vector<MemoryTerm> layer_scratch_terms(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t layer);
-
 // The model's terms outside the decoder layers for `stage` of `pp` stages: activations of the final norm and LM
-// head (last stage), workspace of the residual stream, LM head, embedding backward and batch (first / last stage).
+// head (last stage), workspace of the residual stream, the LM head's chunked cross-entropy and the batch (the model's
+// passes' scratch is the shared arena's, Model::scratch_arena_bytes).
 std::vector<MemoryTerm> model_terms(const TrainerConfig& cfg, const ParallelLayout& layout, int64_t stage);
 
 // Communication buffers of a stage (MemCategory::comm): Model::comm_buffers at this GPU's shapes (one MoE layer's

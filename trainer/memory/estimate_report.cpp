@@ -208,9 +208,14 @@ std::string format_memory_estimate(const MemoryEstimate& e, const TrainerConfig&
       for (const auto& [module, bytes] : e.activations_by_module())
         detail += fmt::format(", {} {}", module, human(bytes));
     }
-    if (cat == MemCategory::workspace)
-      detail = fmt::format("the largest layer's scratch + the model's; every layer's summed: {}",
-                           human(e.workspace_all_layers));
+    if (cat == MemCategory::workspace) {
+      int64_t arena = 0;
+      for (const MemoryTerm& t : e.terms)
+        if (t.category == cat && t.tensor == kScratchArenaTerm) arena += t.total();
+      detail = fmt::format("shared scratch arena {} (the largest pass) + held buffers; with every layer's scratch "
+                           "summed instead: {}",
+                           human(arena), human(e.workspace_all_layers));
+    }
     s += fmt::format("  {:<12} {:>12}{}\n", mem_category_name(cat), human(e.category(cat)),
                      detail.empty() ? "" : "  (" + detail + ")");
   }

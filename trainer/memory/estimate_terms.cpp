@@ -93,21 +93,17 @@ std::vector<MemoryTerm> layer_buffer_terms(const TrainerConfig& cfg, const Paral
   return out;
 }
 
-std::vector<MemoryTerm> layer_scratch_terms(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t l) {
-  std::vector<MemoryTerm> out;
-  for (MemoryTerm& t : layer_buffer_terms(cfg, lay, l))
-    if (t.category == MemCategory::workspace && !t.first_forward) out.push_back(std::move(t));
-  return out;
-}
-
 std::vector<MemoryTerm> model_terms(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t stage) {
   const Dims g = dims_of(cfg, lay);
   const int64_t N = g.N, Ns = g.Ns;
   const bool first = stage == 0, last = stage == lay.pp - 1;
   std::vector<MemoryTerm> out;
-  const BufferPlan own = Model::buffers(cfg, Ns, first, last, 0);  // cub's sort storage needs a device: not counted
+  // The passes' scratch (the LM head's Dgrad, the embedding backward's workspace) is the shared arena's
+  // (Model::scratch_arena_bytes, counted by the caller).
+  const BufferPlan own = Model::buffers(cfg, Ns, first, last, 0);
   for (const PlannedBuffer& b : own.buffers())
-    if (b.bytes() > 0) out.push_back(MemoryTerm{b.category, "model", b.tensor, b.bytes(), 1, b.held, true, false});
+    if (b.bytes() > 0 && b.lifetime != Lifetime::forward_scratch && b.lifetime != Lifetime::backward_scratch)
+      out.push_back(MemoryTerm{b.category, "model", b.tensor, b.bytes(), 1, b.held, true, false});
   if (last) {
     const Terms act{out, MemCategory::activations, "model"};
     act.add("LM head cross-entropy statistics", LmHeadCrossEntropy::stats_bytes(N), true, false);

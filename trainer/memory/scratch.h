@@ -13,16 +13,22 @@
 // stamp()s: alive(stamp) stays true until the scope they were taken in ends, and the layer's backward checks it before
 // it reads them (a stale pointer into reused scratch would give wrong gradients silently).
 //
-// Sizing: every layer plans its takes for its largest batch at construction with a measuring arena (no memory:
-// take() returns null and only counts), through the same binding code it runs later, and reports the most it takes
-// in one forward or backward; the model sizes its arena to the maximum over layers, once. A take beyond the capacity
-// throws fp4moe::Error listing the live takes (a layer's plan disagrees with what it takes).
+// Sizing: every layer states the most its passes take (PassScratch, below) in one static function of the
+// configuration and the shapes (RmsNorm::scratch, MlaAttention::scratch, SwigluMlp::scratch, MoeRouter::scratch,
+// MoeRoutedExperts::scratch, MoeLayer::scratch, DecoderLayer::scratch): each take rounded as the arena rounds it,
+// the scopes nested as the passes nest them (MLA and the routed experts count their takes by running their binding
+// code on a measuring arena: no memory, take() returns null and only counts). The layer's constructor reads its
+// numbers from that function, and Model::scratch_arena_bytes sizes the arena from the same functions (the maximum
+// over the layers, the LM head, the final norm and the embedding backward), once; the memory estimator
+// (trainer/memory/estimate.h) calls it at one GPU's shapes of any layout. A take beyond the capacity throws
+// fp4moe::Error listing the live takes (a layer's plan disagrees with what it takes).
 //
 // Contents are not initialised and not kept from one scope to the next. Host-side bookkeeping only: giving a piece
 // back while the stream still reads it is safe, because the next user's kernels are queued on the same stream.
 // Not thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -92,6 +98,21 @@ class ScratchArena {
   uint64_t next_serial_ = 1;
   std::vector<Entry> live_;
   DeviceArray<unsigned char> owned_;
+};
+
+// The most of the arena one layer's passes take for its largest batch (bytes, each take ScratchArena::rounded):
+//   forward                   one forward, in its own scope (or, for a layer that takes in its caller's scope, what
+//                             it leaves there: the router's logits, the routed experts' tensors);
+//   backward                  one backward after a normal forward (what it rebuilds included);
+//   recompute                 what a rerun of the forward for a backward in the caller's scope leaves there (RmsNorm's
+//                             rstd, MlaAttention::recompute_forward, MoeRoutedExperts::recompute; 0 for the others);
+//   backward_after_recompute  what backward takes above such a rerun.
+struct PassScratch {
+  size_t forward = 0, backward = 0, recompute = 0, backward_after_recompute = 0;
+  // The most the layer takes at once when called on its own (forward; backward; rerun, then backward).
+  size_t high_water() const {
+    return std::max({forward, backward, recompute + backward_after_recompute});
+  }
 };
 
 // The planned buffer `b` (trainer/memory/buffer_plan.h) from the arena: b.elems elements of T, whatever b's lifetime

@@ -41,7 +41,7 @@ DecoderLayer::DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t 
   h_mid_ = own.allocate_kept<bf16>(mem, "h_mid", name(l, "h_mid") + " (residual after attention)");
   a_in_ = own.allocate_kept<bf16>(mem, "attn_norm out", name(l, "attn_norm"));
   f_in_ = own.allocate_kept<bf16>(mem, "ffn_norm out", name(l, "ffn_norm"));
-  plan_scratch(max_tokens);
+  scratch_ = scratch(cfg, l, LayerShape::one_gpu(cfg, max_tokens));
 }
 
 const BufferPlan& DecoderLayer::plan_for(int64_t M) {
@@ -103,21 +103,32 @@ std::vector<BufferPlan> DecoderLayer::buffers(const TrainerConfig& cfg, int64_t 
   return plans;
 }
 
-// The passes below, for M = max_tokens: every scope's takes, with the sub-layers' own scopes on top.
-void DecoderLayer::plan_scratch(int64_t max_tokens) {
+// The passes below: every scope's takes, with the sub-layers' own scopes on top.
+PassScratch DecoderLayer::scratch(const TrainerConfig& cfg, int64_t l, const LayerShape& s) {
+  FP4MOE_CHECK(l >= 0 && l < cfg.model.layers, "DecoderLayer::scratch: layer {} is outside [0, model.layers = {})", l,
+               cfg.model.layers);
+  const LayerRecompute rc = layer_recompute(cfg.recompute);
+  const BufferPlan own = own_buffers(cfg, l, s.seq_share);
+  const bool keep_a_in = own.at("attn_norm out").held, keep_f_in = own.at("ffn_norm out").held;
   // h_mid, a_in and f_in have the same size: one row of d per token
-  const size_t n = ScratchArena::rounded(static_cast<size_t>(plan_for(max_tokens).at("h_mid").bytes()));
-  const size_t r_attn = attn_norm_.recompute_bytes(), r_ffn = ffn_norm_.recompute_bytes();
-  const size_t ffn_fwd = moe_ ? moe_->forward_bytes() : mlp_->forward_bytes();
-  const size_t ffn_bwd = moe_ ? moe_->backward_bytes() : mlp_->backward_bytes();
-  fwd_bytes_ = (rc_.full ? n : 0) +  // h_mid, then a_in and f_in when not kept
-               std::max((keep_a_in_ ? 0 : n) + attn_.forward_bytes(), (keep_f_in_ ? 0 : n) + ffn_fwd);
-  const size_t base = rc_.full ? n + r_attn + attn_.recompute_bytes() + n : 0;
-  const size_t ffn_half = (rc_.norms ? n + r_ffn : 0) + std::max(ffn_bwd, ffn_norm_.backward_bytes());
-  const size_t attn_half =
-      (rc_.norms && !rc_.full ? n + r_attn : 0) +
-      std::max(rc_.full ? attn_.backward_after_recompute_bytes() : attn_.backward_bytes(), attn_norm_.backward_bytes());
-  bwd_bytes_ = base + std::max(ffn_half, attn_half);
+  const size_t n = ScratchArena::rounded(static_cast<size_t>(own.at("h_mid").bytes()));
+  const int64_t d = cfg.model.hidden;
+  const PassScratch norm = RmsNorm::scratch(s.seq_share, d, !rc.norms);  // attn_norm and ffn_norm alike
+  const PassScratch attn =
+      MlaAttention::scratch(cfg.model, cfg.recipe.attention, rc.mla, s.tokens, s.heads, s.seq_len);
+  const PassScratch ffn =
+      cfg.is_moe_layer(l)
+          ? MoeLayer::scratch(cfg, s)
+          : SwigluMlp::scratch(s.tokens, d, s.dense_ffn, cfg.recipe.dense_mlp, rc.dense_mlp);
+  PassScratch out;
+  out.forward = (rc.full ? n : 0) +  // h_mid, then a_in and f_in when not kept
+                std::max((keep_a_in ? 0 : n) + attn.forward, (keep_f_in ? 0 : n) + ffn.forward);
+  const size_t base = rc.full ? n + norm.recompute + attn.recompute + n : 0;
+  const size_t ffn_half = (rc.norms ? n + norm.recompute : 0) + std::max(ffn.backward, norm.backward);
+  const size_t attn_half = (rc.norms && !rc.full ? n + norm.recompute : 0) +
+                           std::max(rc.full ? attn.backward_after_recompute : attn.backward, norm.backward);
+  out.backward = base + std::max(ffn_half, attn_half);
+  return out;
 }
 
 void DecoderLayer::forward(ModelContext& ctx, const bf16* h, int64_t M, bf16* tmp, bf16* h_next) {
@@ -197,8 +208,8 @@ LayerMemory DecoderLayer::memory(size_t input_bytes) const {
   m.routed_experts = moe_ ? moe_->experts().kept_bytes() : 0;
   for (const BufferPlan& p : plans_)
     m.quantized_copies += static_cast<size_t>(p.counted_bytes(MemCategory::activations, Lifetime::first_forward));
-  m.scratch_forward = fwd_bytes_;
-  m.scratch_backward = bwd_bytes_;
+  m.scratch_forward = scratch_.forward;
+  m.scratch_backward = scratch_.backward;
   return m;
 }
 

@@ -19,8 +19,8 @@
 //   add and ffn_norm, then each FFN recomputes itself (the MoE block from the routing and dispatched expert input
 //   it keeps under full as under moe, moe.h).
 // Scratch (ModelContext::scratch): one scope per forward and per backward, empty at the start of each; the tensors
-// not kept, then each sub-layer's own scope above them (forward_bytes / backward_bytes say the most, for
-// M = max_tokens).
+// not kept, then each sub-layer's own scope above them (scratch() states the most; forward_bytes / backward_bytes
+// for M = max_tokens).
 // In-flight micro-batches (trainer/memory/device_memory.h): every kept buffer of the layer and its sub-layers has
 // one copy per slot of the DeviceMemory it is built on; a backward differentiates the active slot's forward, so
 // several forwards may run before their backwards (1F1B). memory() reports one micro-batch (one copy).
@@ -81,9 +81,18 @@ class DecoderLayer {
   // Kept bytes by module and the scratch of one forward and backward; `input_bytes` (the layer input h, which the
   // model holds) goes into residual.
   LayerMemory memory(size_t input_bytes) const;
-  size_t forward_bytes() const { return fwd_bytes_; }
-  size_t backward_bytes() const { return bwd_bytes_; }
-  size_t scratch_bytes() const { return std::max(fwd_bytes_, bwd_bytes_); }
+  size_t forward_bytes() const { return scratch_.forward; }
+  size_t backward_bytes() const { return scratch_.backward; }
+  size_t scratch_bytes() const { return scratch_.high_water(); }
+
+  // The shared scratch of layer l's forward and backward (trainer/memory/scratch.h) at one GPU's `shape`, as the
+  // passes below take it (the inputs of buffers()): forward h_mid under full, then the larger of the attention half
+  // (attn_norm out when not kept, MLA's forward) and the FFN half (ffn_norm out when not kept, the FFN's forward);
+  // backward, under full, the rerun up to h_mid (attn_norm out and rstd, MLA's recompute, h_mid), then the larger of
+  // the FFN half (ffn_norm out and rstd when recomputed, then the larger of the FFN's and ffn_norm's backward) and
+  // the attention half (attn_norm out and rstd when recomputed outside full, then the larger of MLA's backward and
+  // attn_norm's). Rejects what buffers() rejects.
+  static PassScratch scratch(const TrainerConfig& cfg, int64_t l, const LayerShape& shape);
 
   // Every buffer of layer l (trainer/memory/buffer_plan.h) at `shape`, one plan per module: "layer" ("h (layer
   // input)" [seq_share, d], which the model holds; "h_mid", "attn_norm out", "ffn_norm out" [seq_share, d] BF16 as
@@ -103,7 +112,6 @@ class DecoderLayer {
   // keeps the one of the last M.
   static BufferPlan own_buffers(const TrainerConfig& cfg, int64_t l, int64_t seq_share);
   const BufferPlan& plan_for(int64_t M);
-  void plan_scratch(int64_t max_tokens);
 
   int64_t index_, d_;
   LayerRecompute rc_;
@@ -122,7 +130,7 @@ class DecoderLayer {
   std::vector<BufferPlan> plans_;  // buffers() at LayerShape::one_gpu
   BufferPlan pass_plan_{"layer"};
   int64_t pass_M_ = -1;
-  size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
+  PassScratch scratch_;            // scratch() at LayerShape::one_gpu
 };
 
 }  // namespace fp4moe

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/attention/attention_checks.h"
 #include "kernels/attention/flash_attention.h"
@@ -54,12 +55,6 @@ std::optional<RmsNorm> maybe_norm(bool present, ParamStore& store, const std::st
 // q_norm and kv_norm keep nothing (their outputs and rstd are recomputed) under layernorm and full.
 bool norms_recomputed(const MlaRecompute& p) { return p.norms || p.whole; }
 
-// The kept buffer when the plan holds it, else the planned size from the scratch.
-template <typename T>
-T* pick(const KeptArray<T>& kept_buffer, const PlannedBuffer& b, ScratchArena& arena, const char* what) {
-  return b.held ? kept_buffer.data() : take_planned<T>(arena, b, what);
-}
-
 }  // namespace
 
 MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const ModelConfig& cfg, Recipe recipe,
@@ -92,8 +87,6 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
            static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(cfg.layers)))),
       last_M_(mem.slots(), -1) {
   plan_ = buffers(cfg, recipe, policy_, max_tokens, max_tokens, H_, seq_len);
-  keep_n_q_ = r_q_ > 0 && plan_.at("n_q").held;
-  keep_n_kv_ = plan_.at("n_kv").held;
   auto kept = [&](auto tag, const char* tensor) {
     using T = decltype(tag);
     return plan_.allocate_kept<T>(mem, tensor, prefix);
@@ -110,7 +103,7 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
   k_pe_ = kept(bf16{}, "k_pe");
   o_ = kept(bf16{}, "o");
   lse_ = kept(float{}, "lse");
-  plan_scratch();
+  scratch_ = scratch(cfg, recipe, policy_, max_tokens, H_, seq_len);
 }
 
 BufferPlan MlaAttention::buffers(const ModelConfig& cfg, const Recipe& recipe, const MlaRecompute& p,
@@ -165,28 +158,51 @@ BufferPlan MlaAttention::buffers(const ModelConfig& cfg, const Recipe& recipe, c
   return b;
 }
 
-MlaAttention::Acts MlaAttention::bind_acts(ScratchArena& a, int64_t M, bool forward_only) {
-  const BufferPlan& p = plan_for(M);
+MlaAttention::Acts MlaAttention::take_acts(ScratchArena& a, const BufferPlan& p, const MlaRecompute& policy,
+                                            bool forward_only, const Acts& kept) {
+  auto pick = [&](auto* kept_ptr, const char* tensor, const char* what) {  // kept, else from the scratch
+    using T = std::remove_pointer_t<decltype(kept_ptr)>;
+    const PlannedBuffer& b = p.at(tensor);
+    return b.held ? kept_ptr : take_planned<T>(a, b, what);
+  };
   Acts t;
-  t.c_q = pick(c_q_, p.at("c_q"), a, "MLA c_q");
+  t.c_q = pick(kept.c_q, "c_q", "MLA c_q");
   // n_q / n_kv not kept: forward needs them; a backward only to rebuild the norms' rstd (layernorm).
-  const bool rebuild_n = forward_only || policy_.norms;
-  t.n_q = keep_n_q_ ? n_q_.data() : rebuild_n ? take_planned<bf16>(a, p.at("n_q"), "MLA n_q") : nullptr;
-  t.q = pick(q_, p.at("q"), a, "MLA q");
-  t.c_kv = pick(c_kv_, p.at("c_kv"), a, "MLA c_kv");
-  t.n_kv = keep_n_kv_ ? n_kv_.data() : rebuild_n ? take_planned<bf16>(a, p.at("n_kv"), "MLA n_kv") : nullptr;
-  t.kv = pick(kv_, p.at("kv"), a, "MLA kv");
-  t.k = pick(k_, p.at("k"), a, "MLA k");
-  t.o = pick(o_, p.at("o"), a, "MLA o");
-  t.lse = pick(lse_, p.at("lse"), a, "MLA lse");
+  const bool rebuild_n = forward_only || policy.norms;
+  t.n_q = p.at("n_q").held ? kept.n_q : rebuild_n ? take_planned<bf16>(a, p.at("n_q"), "MLA n_q") : nullptr;
+  t.q = pick(kept.q, "q", "MLA q");
+  t.c_kv = pick(kept.c_kv, "c_kv", "MLA c_kv");
+  t.n_kv = p.at("n_kv").held ? kept.n_kv : rebuild_n ? take_planned<bf16>(a, p.at("n_kv"), "MLA n_kv") : nullptr;
+  t.kv = pick(kept.kv, "kv", "MLA kv");
+  t.k = pick(kept.k, "k", "MLA k");
+  t.o = pick(kept.o, "o", "MLA o");
+  t.lse = pick(kept.lse, "lse", "MLA lse");
   const PlannedBuffer& k_pe = p.at("k_pe");
-  t.k_pe = k_pe.held ? k_pe_.data() : forward_only ? take_planned<bf16>(a, k_pe, "MLA k_pe") : nullptr;
+  t.k_pe = k_pe.held ? kept.k_pe : forward_only ? take_planned<bf16>(a, k_pe, "MLA k_pe") : nullptr;
   t.kvd = forward_only ? take_planned<bf16>(a, p.at("kvd (kv_down output)"), "MLA kv_down output") : nullptr;
   return t;
 }
 
-MlaAttention::Grads MlaAttention::bind_grads(ScratchArena& a, int64_t M) {
-  const BufferPlan& p = plan_for(M);
+MlaAttention::Acts MlaAttention::kept_acts() const {
+  Acts t;
+  t.c_q = c_q_.data();
+  t.n_q = n_q_.data();
+  t.q = q_.data();
+  t.c_kv = c_kv_.data();
+  t.n_kv = n_kv_.data();
+  t.kv = kv_.data();
+  t.k = k_.data();
+  t.k_pe = k_pe_.data();
+  t.o = o_.data();
+  t.lse = lse_.data();
+  return t;
+}
+
+MlaAttention::Acts MlaAttention::bind_acts(ScratchArena& a, int64_t M, bool forward_only) {
+  return take_acts(a, plan_for(M), policy_, forward_only, kept_acts());
+}
+
+MlaAttention::Grads MlaAttention::take_grads(ScratchArena& a, const BufferPlan& p) {
   Grads g;
   g.d_o = take_planned<bf16>(a, p.at("d o"), "MLA d o");
   g.d_q = take_planned<bf16>(a, p.at("d q"), "MLA d q");
@@ -207,10 +223,11 @@ const BufferPlan& MlaAttention::plan_for(int64_t M) {
   return pass_plan_;
 }
 
-// The same binding code as the passes, on a measuring arena, for M = max_tokens.
-void MlaAttention::plan_scratch() {
+// The passes' binding code on a measuring arena; the norms' recomputed rstd and backward scratch from RmsNorm.
+PassScratch MlaAttention::scratch(const ModelConfig& cfg, const Recipe& recipe, const MlaRecompute& policy,
+                                  int64_t tokens, int64_t heads, int64_t seq_len) {
+  const BufferPlan p = buffers(cfg, recipe, policy, tokens, tokens, heads, seq_len);
   ScratchArena m;
-  const int64_t M = max_tokens_;
   auto measure = [&](auto&& bind) {
     const ScratchArena::Mark start = m.mark();
     bind();
@@ -218,24 +235,26 @@ void MlaAttention::plan_scratch() {
     m.release(start);
     return bytes;
   };
-  const size_t whole_acts = measure([&] { bind_acts(m, M, true); });
-  const size_t some_acts = measure([&] { bind_acts(m, M, false); });
-  const size_t grads = measure([&] { bind_grads(m, M); });
-  const size_t norm_rstd = (q_norm_ ? q_norm_->recompute_bytes() : 0) + kv_norm_.recompute_bytes();
-  const size_t norm_bwd = std::max(q_norm_ ? q_norm_->backward_bytes() : 0, kv_norm_.backward_bytes());
-  fwd_bytes_ = whole_acts;
-  recompute_bytes_ = whole_acts + norm_rstd;
-  const size_t rebuilt = !policy_.any() ? 0 : (policy_.whole ? whole_acts : some_acts) + norm_rstd;
-  bwd_bytes_ = rebuilt + grads + norm_bwd;
-  bwd_ready_bytes_ = grads + norm_bwd;
+  const size_t whole_acts = measure([&] { take_acts(m, p, policy, true, Acts{}); });
+  const size_t some_acts = measure([&] { take_acts(m, p, policy, false, Acts{}); });
+  const size_t grads = measure([&] { take_grads(m, p); });
+  const bool keep_rstd = !norms_recomputed(policy);
+  const PassScratch q_norm =
+      cfg.q_lora_rank > 0 ? RmsNorm::scratch(tokens, cfg.q_lora_rank, keep_rstd) : PassScratch{};
+  const PassScratch kv_norm = RmsNorm::scratch(tokens, cfg.kv_lora_rank, keep_rstd);
+  const size_t norm_rstd = q_norm.recompute + kv_norm.recompute;
+  const size_t norm_bwd = std::max(q_norm.backward, kv_norm.backward);
+  PassScratch s;
+  s.forward = whole_acts;
+  s.recompute = whole_acts + norm_rstd;
+  const size_t rebuilt = !policy.any() ? 0 : (policy.whole ? whole_acts : some_acts) + norm_rstd;
+  s.backward = rebuilt + grads + norm_bwd;
+  s.backward_after_recompute = grads + norm_bwd;
+  return s;
 }
 
 bool MlaAttention::backward_reads_input() const {
   return kv_down_.backward_reads_input() || policy_.whole || (policy_.up_proj && r_q_ == 0);
-}
-
-size_t MlaAttention::scratch_bytes() const {
-  return std::max({fwd_bytes_, recompute_bytes_ + bwd_ready_bytes_, bwd_bytes_});
 }
 
 size_t MlaAttention::kept_bytes() const {

@@ -45,7 +45,7 @@
 // mla_up_proj drops 163,840 (and keeps 128 of k_pe), core_attn 33,280, layernorm 4,104.
 // Scratch (ModelContext::scratch, per call): forward: the tensors not kept, kvd [M, r_kv + rope] and k_pe when not
 // kept; backward: the tensors not kept (recomputed), and d o, d q, d k, d kv, d kvd, d latent, dx FP32 [M, d] and the
-// attention backward workspace. scratch_bytes() reports the most one call takes (for M = max_tokens).
+// attention backward workspace. scratch() states the most each call takes; scratch_bytes() the most at max_tokens.
 // In-flight micro-batches (trainer/memory/device_memory.h): the kept tensors and the token count have one copy per
 // slot; backward binds the active slot's (the pointers a forward bound belong to its slot).
 #pragma once
@@ -109,13 +109,20 @@ class MlaAttention {
   // that are not a multiple of seq_len.
   static BufferPlan buffers(const ModelConfig& cfg, const Recipe& recipe, const MlaRecompute& recompute,
                             int64_t tokens, int64_t seq_share, int64_t heads, int64_t seq_len);
-  // Scratch for M = max_tokens: the most forward takes; what recompute_forward leaves in the caller's scope; the
-  // most backward takes, after a normal forward and after a recompute_forward; scratch_bytes() the largest.
-  size_t forward_bytes() const { return fwd_bytes_; }
-  size_t recompute_bytes() const { return recompute_bytes_; }
-  size_t backward_bytes() const { return bwd_bytes_; }
-  size_t backward_after_recompute_bytes() const { return bwd_ready_bytes_; }
-  size_t scratch_bytes() const;
+  // The shared scratch of the passes (trainer/memory/scratch.h) for `tokens` rows of attention on `heads` heads
+  // under `recipe` and `recompute` (the scratch tensors of buffers(), all of `tokens` rows): forward the tensors not
+  // kept, kvd and k_pe; recompute what recompute_forward leaves in the caller's scope (those tensors and the
+  // norms' recomputed rstd); backward the tensors it rebuilds (none without a policy), its gradients and the larger
+  // norm backward; backward_after_recompute the same without the rebuild. Counted by the passes' binding code on a
+  // measuring arena. Rejects what buffers() rejects.
+  static PassScratch scratch(const ModelConfig& cfg, const Recipe& recipe, const MlaRecompute& recompute,
+                             int64_t tokens, int64_t heads, int64_t seq_len);
+  // scratch() for M = max_tokens; scratch_bytes() its high_water().
+  size_t forward_bytes() const { return scratch_.forward; }
+  size_t recompute_bytes() const { return scratch_.recompute; }
+  size_t backward_bytes() const { return scratch_.backward; }
+  size_t backward_after_recompute_bytes() const { return scratch_.backward_after_recompute; }
+  size_t scratch_bytes() const { return scratch_.high_water(); }
 
  private:
   // The layer's tensors for one pass: kept buffers, or pieces of the scratch.
@@ -130,11 +137,16 @@ class MlaAttention {
     unsigned char* attn_ws = nullptr;
   };
   void check_tokens(const char* what, int64_t M) const;
-  // Kept buffers, and takes from `arena` for the rest: with `forward_only` also kvd and (when not kept) k_pe, which
-  // only a whole forward needs. A measuring arena gives null pointers and counts.
+  // The tensors of plan `p` (buffers() for one pass): `kept`'s pointer for the held ones, takes from `arena` for
+  // the rest under `policy`: with `forward_only` also kvd and (when not kept) k_pe, which only a whole forward
+  // needs. A measuring arena gives null pointers and counts (scratch()).
+  static Acts take_acts(ScratchArena& arena, const BufferPlan& p, const MlaRecompute& policy, bool forward_only,
+                        const Acts& kept);
+  static Grads take_grads(ScratchArena& arena, const BufferPlan& p);
+  // take_acts and take_grads for M tokens with the active slot's kept tensors.
   Acts bind_acts(ScratchArena& arena, int64_t M, bool forward_only);
-  Grads bind_grads(ScratchArena& arena, int64_t M);
-  void plan_scratch();
+  Grads bind_grads(ScratchArena& arena, int64_t M) { return take_grads(arena, plan_for(M)); }
+  Acts kept_acts() const;
   // buffers() for M tokens on this GPU (kept from the last call with the same M): the sizes the passes take.
   const BufferPlan& plan_for(int64_t M);
   // Everything up to the attention output o (and lse) into t; `for_backward`: norms through recompute().
@@ -160,13 +172,12 @@ class MlaAttention {
   Linear kv_up_;                    // r_kv -> H * (nope + dv)
   Linear out_;                      // H * dv -> d
   KeptValue<int64_t> last_M_;       // per slot: tokens of its forward (-1: none)
-  bool keep_n_q_ = false, keep_n_kv_ = false;
   BufferPlan plan_{"mla"};           // buffers() at max_tokens
   BufferPlan pass_plan_{"mla"};      // plan_for's
   int64_t pass_M_ = -1;
   Acts acts_;                       // the tensors of the last forward or recompute_forward (its slot's)
   uint64_t acts_stamp_ = 0;         // scratch stamp of the last recompute_forward (0: none)
-  size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0, bwd_ready_bytes_ = 0;
+  PassScratch scratch_;             // scratch() at max_tokens
 
   // Kept from forward to backward (MemCategory::activations), max_tokens rows each, one copy per in-flight slot;
   // empty when not kept:

@@ -104,11 +104,10 @@ struct Model::Impl {
     loss = own.allocate<float>(mem, "loss", "model");
     // The shared scratch: the largest single call (a layer's forward or backward, the LM head's FP32 Dgrad, the
     // final norm's backward, the embedding backward's workspace), once.
-    size_t scratch_bytes = std::max({scratch_of(cfg, max_tokens, "LM head Dgrad (FP32)"),
-                                     norm ? norm->backward_bytes() : size_t{0},
-                                     scratch_of(cfg, max_tokens, "embedding backward workspace")});
-    for (const auto& layer : layers) scratch_bytes = std::max(scratch_bytes, layer->scratch_bytes());
-    arena.emplace(mem, scratch_bytes, "model scratch arena (shared by the layers)");
+    arena.emplace(mem,
+                  Model::scratch_arena_bytes(cfg, stage, LayerShape::one_gpu(cfg, max_tokens),
+                                             embedding_sort_bytes(max_tokens)),
+                  "model scratch arena (shared by the layers)");
     // The communication buffers of the emulated layout (none on one GPU): allocated and counted, never transferred.
     bool has_moe = false;
     for (const auto& layer : layers) has_moe = has_moe || layer->moe() != nullptr;
@@ -167,16 +166,13 @@ struct Model::Impl {
     return out;
   }
 
-  // Model::buffers on this GPU for M tokens: its stage, cub's sort storage queried from the device (first stage).
-  BufferPlan buffers_at(const TrainerConfig& cfg, int64_t M) const {
-    const int64_t sort = M > 0 && stage.first()
-                             ? embedding_backward_workspace_bytes(M, V) - embedding_backward_array_bytes(M)
-                             : 0;
-    return Model::buffers(cfg, M, stage.first(), stage.last(), sort);
+  // cub's sort storage of the embedding backward over M tokens, queried from the device (first stage; else 0).
+  int64_t embedding_sort_bytes(int64_t M) const {
+    return M > 0 && stage.first() ? embedding_backward_workspace_bytes(M, V) - embedding_backward_array_bytes(M) : 0;
   }
-  // The planned scratch of one backward over M tokens (Model::buffers), rounded as the arena takes it.
-  size_t scratch_of(const TrainerConfig& cfg, int64_t M, const char* tensor) const {
-    return ScratchArena::rounded(static_cast<size_t>(buffers_at(cfg, M).at(tensor).bytes()));
+  // Model::buffers on this GPU for M tokens: its stage, cub's sort storage.
+  BufferPlan buffers_at(const TrainerConfig& cfg, int64_t M) const {
+    return Model::buffers(cfg, M, stage.first(), stage.last(), embedding_sort_bytes(M));
   }
   // Model::buffers for M tokens (kept from the last call with the same M).
   const BufferPlan& plan_for(int64_t M) {
@@ -496,6 +492,22 @@ BufferPlan Model::buffers(const TrainerConfig& cfg, int64_t seq_share, bool firs
 }
 
 const ScratchArena& Model::scratch() const { return *impl_->arena; }
+
+size_t Model::head_scratch_bytes(const TrainerConfig& cfg, const PipelineStage& stage, int64_t seq_share,
+                                 int64_t embedding_sort_bytes) {
+  const BufferPlan p = buffers(cfg, seq_share, stage.first(), stage.last(), embedding_sort_bytes);
+  auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(p.at(t).bytes())); };
+  const size_t norm = stage.last() ? RmsNorm::scratch(seq_share, cfg.model.hidden, true).backward : 0;
+  return std::max({rounded("LM head Dgrad (FP32)"), norm, rounded("embedding backward workspace")});
+}
+
+size_t Model::scratch_arena_bytes(const TrainerConfig& cfg, const PipelineStage& stage, const LayerShape& shape,
+                                  int64_t embedding_sort_bytes) {
+  size_t bytes = head_scratch_bytes(cfg, stage, shape.seq_share, embedding_sort_bytes);
+  for (int64_t l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
+    bytes = std::max(bytes, DecoderLayer::scratch(cfg, l, shape).high_water());
+  return bytes;
+}
 
 std::vector<DispatchBytes> Model::dispatch_bytes() const {
   std::vector<DispatchBytes> out;

@@ -49,6 +49,7 @@ namespace fp4moe {
 
 struct DispatchBytes;  // trainer/model/moe_experts.h
 class ScratchArena;    // trainer/memory/scratch.h
+struct LayerShape;     // trainer/model/decoder_layer.h
 
 // Device memory of one decoder layer for micro_batch x seq_len tokens, in bytes as DeviceMemory counts them (each
 // buffer rounded up to 256): what it keeps from forward to backward (MemCategory::activations) by module, under the
@@ -189,9 +190,20 @@ class Model {
   // The vocabulary chunk of the LM head's cross-entropy (LmHeadCrossEntropy) for a vocabulary (a GPU's share of
   // it): min(8192, vocab rounded up to 8).
   static int64_t lm_head_chunk(int64_t vocab);
-  // The shared scratch (capacity: the most any layer call, the LM head backward or the embedding backward takes;
-  // high_water: the most used since construction).
+  // The shared scratch (capacity: scratch_arena_bytes on this GPU; high_water: the most used since construction).
   const ScratchArena& scratch() const;
+  // The capacity of the shared scratch arena on one GPU of `stage` (trainer/memory/scratch.h): the largest single
+  // call, over the stage's decoder layers (DecoderLayer::scratch(cfg, l, shape).high_water()) and
+  // head_scratch_bytes. The model sizes its arena with it at LayerShape::one_gpu and cub's sort storage queried from
+  // the device; the memory estimator calls it at one GPU's shapes of any layout with embedding_sort_bytes = 0 (only
+  // a device can tell it). Rejects what DecoderLayer::scratch and buffers() reject.
+  static size_t scratch_arena_bytes(const TrainerConfig& cfg, const PipelineStage& stage, const LayerShape& shape,
+                                    int64_t embedding_sort_bytes);
+  // The largest backward scratch of the model's own passes for `seq_share` rows, each rounded as the arena takes it:
+  // buffers()' "LM head Dgrad (FP32)" and the final norm's backward (last stage), "embedding backward workspace"
+  // (first stage, with embedding_sort_bytes). Rejects what buffers() rejects.
+  static size_t head_scratch_bytes(const TrainerConfig& cfg, const PipelineStage& stage, int64_t seq_share,
+                                   int64_t embedding_sort_bytes);
 
   // The pipeline stage this model is (pipeline_stage(cfg): stage 0 of 1 with every layer without a [parallel]
   // section) and so its decoder layers [stage().first_layer, stage().first_layer + stage().layers).

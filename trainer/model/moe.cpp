@@ -60,15 +60,29 @@ MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const TrainerCo
     shared_ = std::make_unique<SwigluMlp>(store, prefix + ".shared", d_, cfg.moe.shared_experts * cfg.moe.expert_ffn,
                                           cfg.recipe.shared_experts, max_tokens, mem, moe_fc2_init_std(cfg),
                                           policy_.shared_experts);
-  // The passes below take in this order; every piece stays until the pass ends.
-  const BufferPlan block = block_buffers(max_tokens, d_, k_, shared_ != nullptr);
+  scratch_ = scratch(cfg, LayerShape::one_gpu(cfg, max_tokens));
+}
+
+// The passes below take in this order; every piece stays until the pass ends.
+PassScratch MoeLayer::scratch(const TrainerConfig& cfg, const LayerShape& s) {
+  const MoeConfig& e = cfg.moe;
+  const int64_t d = cfg.model.hidden;
+  const MoeRecompute rc = layer_recompute(cfg.recompute).moe;
+  const bool shared = s.shared_ffn > 0;
+  const PassScratch router = MoeRouter::scratch(s.seq_share, e.routed_experts, e.top_k, s.local_experts);
+  const PassScratch experts =
+      MoeRoutedExperts::scratch(s.routed_rows, s.local_experts, d, e.expert_ffn, cfg.recipe.routed_experts, rc);
+  const PassScratch shared_mlp =
+      shared ? SwigluMlp::scratch(s.tokens, d, s.shared_ffn, cfg.recipe.shared_experts, rc.shared_experts)
+             : PassScratch{};
+  const BufferPlan block = block_buffers(s.seq_share, d, e.top_k, shared);
   auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(block.at(t).bytes())); };
-  const size_t shared_fwd = shared_ ? rounded("shared experts output") + shared_->forward_bytes() : 0;
-  fwd_bytes_ = router_.forward_bytes() + experts_.forward_bytes() + shared_fwd;
-  const size_t rerun = experts_.recompute_bytes();  // the router is never rerun (its routing is kept)
+  PassScratch out;
+  out.forward = router.forward + experts.forward + (shared ? rounded("shared experts output") + shared_mlp.forward : 0);
   const size_t own = rounded("routed experts dx") + rounded("dx (FP32)") + rounded("top-k weights grad");
-  bwd_bytes_ = rerun + own +
-               std::max({experts_.backward_bytes(), shared_ ? shared_->backward_bytes() : 0, router_.backward_bytes()});
+  // The routed experts rerun first (the router never: its routing is kept), then the block's own buffers.
+  out.backward = experts.recompute + own + std::max({experts.backward, shared_mlp.backward, router.backward});
+  return out;
 }
 
 size_t MoeLayer::kept_bytes() const {

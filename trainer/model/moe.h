@@ -129,10 +129,15 @@ class MoeLayer {
   // (with shared experts); backward's "routed experts dx" [tokens, d] BF16, "dx (FP32)" [tokens, d] and "top-k
   // weights grad" [tokens, k] FP32. The first of buffers()' plans.
   static BufferPlan block_buffers(int64_t tokens, int64_t d, int64_t k, bool shared);
-  // Scratch for M = max_tokens taken by forward and by backward; scratch_bytes() the larger.
-  size_t forward_bytes() const { return fwd_bytes_; }
-  size_t backward_bytes() const { return bwd_bytes_; }
-  size_t scratch_bytes() const { return std::max(fwd_bytes_, bwd_bytes_); }
+  // The shared scratch of the block's passes (trainer/memory/scratch.h) at one GPU's `shape`, as buffers() sizes
+  // them: forward the router's logits, the routed experts' forward, the shared experts' output and their forward,
+  // one above the other; backward the routed experts' recompute, the block's own backward buffers, then the largest
+  // of the routed experts', shared experts' and router's backward. No recompute of the block itself.
+  static PassScratch scratch(const TrainerConfig& cfg, const LayerShape& shape);
+  // scratch() on this GPU (LayerShape::one_gpu at max_tokens); scratch_bytes() the larger.
+  size_t forward_bytes() const { return scratch_.forward; }
+  size_t backward_bytes() const { return scratch_.backward; }
+  size_t scratch_bytes() const { return std::max(scratch_.forward, scratch_.backward); }
 
  private:
   std::string prefix_;
@@ -143,7 +148,7 @@ class MoeLayer {
   MoeRouter router_;
   MoeRoutedExperts experts_;
   std::unique_ptr<SwigluMlp> shared_;
-  size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
+  PassScratch scratch_;
 };
 
 }  // namespace fp4moe

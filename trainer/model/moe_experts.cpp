@@ -59,16 +59,26 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
   a_codes_ = kept(uint8_t{}, "a MXFP4 codes");
   a_scales_ = kept(uint8_t{}, "a MXFP4 scales");
 
-  ScratchArena m;  // the passes' binding code on a measuring arena, for R = R_max
-  Tensors t = bind_forward(m, R);
-  fwd_bytes_ = m.used();
+  scratch_ = scratch(R, E, d, f, recipe, recompute);
+}
+
+// The passes' binding code on a measuring arena.
+PassScratch MoeRoutedExperts::scratch(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
+                                      const MoeRecompute& recompute) {
+  const BufferPlan p = buffers(R, E_local, d, f, recipe, recompute);
+  PassScratch s;
+  ScratchArena m;
+  Tensors t = take_forward(m, p, recipe, Tensors{});
+  s.forward = m.used();
   m.release(ScratchArena::Mark{});
-  if (needs_recompute()) {
-    bind_recompute(m, R, t);
-    recompute_bytes_ = m.used();
+  if (needs_recompute(recipe, recompute.whole, recompute.act)) {
+    take_recompute(m, p, recipe, recompute.whole, t);
+    s.recompute = m.used();
   }
-  auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(plan_.at(t).bytes())); };
-  bwd_bytes_ = rounded("d rows") + rounded("d a") + rounded("d h");
+  auto rounded = [&](const char* tensor) { return ScratchArena::rounded(static_cast<size_t>(p.at(tensor).bytes())); };
+  s.backward = rounded("d rows") + rounded("d a") + rounded("d h");
+  s.backward_after_recompute = s.backward;
+  return s;
 }
 
 size_t MoeRoutedExperts::kept_bytes() const {
@@ -119,8 +129,8 @@ DispatchBytes MoeRoutedExperts::dispatch_bytes() const {
   return {fp8_per_row("xs FP8 row codes"), fp8_per_row("xs FP8 row scales")};
 }
 
-MoeRoutedExperts::Tensors MoeRoutedExperts::bind_forward(ScratchArena& a, int64_t R) {
-  const BufferPlan& p = plan_for(R);
+MoeRoutedExperts::Tensors MoeRoutedExperts::take_forward(ScratchArena& a, const BufferPlan& p, const Recipe& recipe,
+                                                         const Tensors& kept) {
   // The kept buffer when the plan holds it, else its planned size from the scratch.
   auto pick = [&](auto* kept_ptr, const char* tensor, const char* what) {
     using T = std::remove_pointer_t<decltype(kept_ptr)>;
@@ -128,19 +138,35 @@ MoeRoutedExperts::Tensors MoeRoutedExperts::bind_forward(ScratchArena& a, int64_
     return b.held ? kept_ptr : take_planned<T>(a, b, what);
   };
   Tensors t;
-  t.row_of = row_of_.data();
+  t.row_of = kept.row_of;
   t.assignment_of = take_planned<int32_t>(a, p.at("assignment_of"), "experts assignment_of");
-  t.xs = pick(xs_.data(), "xs", "experts permuted input");
-  t.h = pick(h_.data(), "h", "experts fc1 output");
-  t.a = pick(a_.data(), "a", "experts swiglu output");
-  t.ys = pick(ys_.data(), "ys", "experts fc2 output");
-  if (recipe_ == Recipe::mxfp4) {
-    t.xs_codes = xs_codes_.data();
-    t.xs_scales = xs_scales_.data();
-    t.a_codes = pick(a_codes_.data(), "a MXFP4 codes", "experts swiglu output MXFP4 codes");
-    t.a_scales = pick(a_scales_.data(), "a MXFP4 scales", "experts swiglu output MXFP4 scales");
+  t.xs = pick(kept.xs, "xs", "experts permuted input");
+  t.h = pick(kept.h, "h", "experts fc1 output");
+  t.a = pick(kept.a, "a", "experts swiglu output");
+  t.ys = pick(kept.ys, "ys", "experts fc2 output");
+  if (recipe == Recipe::mxfp4) {
+    t.xs_codes = kept.xs_codes;
+    t.xs_scales = kept.xs_scales;
+    t.a_codes = pick(kept.a_codes, "a MXFP4 codes", "experts swiglu output MXFP4 codes");
+    t.a_scales = pick(kept.a_scales, "a MXFP4 scales", "experts swiglu output MXFP4 scales");
   }
-  t.xs_fp8_codes = xs_fp8_codes_.data();  // null unless fp8 under whole
+  t.xs_fp8_codes = kept.xs_fp8_codes;  // null unless fp8 under whole
+  t.xs_fp8_scales = kept.xs_fp8_scales;
+  return t;
+}
+
+MoeRoutedExperts::Tensors MoeRoutedExperts::kept_tensors() const {
+  Tensors t;
+  t.row_of = row_of_.data();
+  t.xs = xs_.data();
+  t.h = h_.data();
+  t.a = a_.data();
+  t.ys = ys_.data();
+  t.xs_codes = xs_codes_.data();
+  t.xs_scales = xs_scales_.data();
+  t.a_codes = a_codes_.data();
+  t.a_scales = a_scales_.data();
+  t.xs_fp8_codes = xs_fp8_codes_.data();
   t.xs_fp8_scales = xs_fp8_scales_.data();
   return t;
 }
@@ -164,15 +190,15 @@ void MoeRoutedExperts::bind_kept(Tensors& t) const {
   kept(t.xs_fp8_scales, xs_fp8_scales_, "xs FP8 row scales");
 }
 
-void MoeRoutedExperts::bind_recompute(ScratchArena& a, int64_t R, Tensors& t) {
-  const BufferPlan& p = plan_for(R);
-  if (whole_) t.h = take_planned<bf16>(a, p.at("h"), "experts fc1 output (recomputed)");
+void MoeRoutedExperts::take_recompute(ScratchArena& a, const BufferPlan& p, const Recipe& recipe, bool whole,
+                                      Tensors& t) {
+  if (whole) t.h = take_planned<bf16>(a, p.at("h"), "experts fc1 output (recomputed)");
   t.a = take_planned<bf16>(a, p.at("a"), "experts swiglu output (recomputed)");
-  if (recipe_ == Recipe::mxfp4) {
+  if (recipe == Recipe::mxfp4) {
     t.a_codes = take_planned<uint8_t>(a, p.at("a MXFP4 codes"), "experts swiglu output MXFP4 codes (recomputed)");
     t.a_scales = take_planned<uint8_t>(a, p.at("a MXFP4 scales"), "experts swiglu output MXFP4 scales (recomputed)");
   }
-  if (whole_) t.ys = take_planned<bf16>(a, p.at("ys"), "experts fc2 output (recomputed)");
+  if (whole) t.ys = take_planned<bf16>(a, p.at("ys"), "experts fc2 output (recomputed)");
 }
 
 const BufferPlan& MoeRoutedExperts::plan_for(int64_t R) {

@@ -126,11 +126,16 @@ class MoeRoutedExperts {
   // GroupLinear::buffers rejects.
   static BufferPlan buffers(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
                             const MoeRecompute& recompute);
-  // Scratch for M = max_tokens: left in the caller's scope by forward and by recompute (0 when nothing is
-  // recomputed), and taken by backward in its own scope.
-  size_t forward_bytes() const { return fwd_bytes_; }
-  size_t recompute_bytes() const { return recompute_bytes_; }
-  size_t backward_bytes() const { return bwd_bytes_; }
+  // The shared scratch of the passes (trainer/memory/scratch.h) for R routed rows, as buffers() takes them:
+  // forward assignment_of and every tensor not kept, left in the caller's scope; recompute what recompute() leaves
+  // there (0 when nothing is recomputed); backward (and backward_after_recompute) d rows, d a, d h in its own scope.
+  // Counted by the passes' binding code on a measuring arena. Rejects what buffers() rejects.
+  static PassScratch scratch(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
+                             const MoeRecompute& recompute);
+  // scratch() for R = max_tokens * k.
+  size_t forward_bytes() const { return scratch_.forward; }
+  size_t recompute_bytes() const { return scratch_.recompute; }
+  size_t backward_bytes() const { return scratch_.backward; }
 
  private:
   struct Tensors {
@@ -140,11 +145,24 @@ class MoeRoutedExperts {
     uint8_t* xs_fp8_codes = nullptr;  // fp8 under whole: the kept FP8 row copy of xs
     float* xs_fp8_scales = nullptr;
   };
-  bool needs_recompute() const { return whole_ || (act_ && recipe_ != Recipe::fp8); }
-  // Kept buffers, and takes from `arena` for the rest (a measuring arena gives null and counts): forward's whole
-  // set; the recompute's (whole: h, a and its MXFP4 copy, ys; moe_act: a and its MXFP4 copy) over the kept rest.
-  Tensors bind_forward(ScratchArena& arena, int64_t R);
-  void bind_recompute(ScratchArena& arena, int64_t R, Tensors& t);
+  // Whether backward needs a recompute first: what the policy drops (moe_act under fp8 drops nothing here).
+  static bool needs_recompute(const Recipe& recipe, bool whole, bool act) {
+    return whole || (act && recipe != Recipe::fp8);
+  }
+  bool needs_recompute() const { return needs_recompute(recipe_, whole_, act_); }
+  // The tensors of plan `p` (buffers() for one pass): `kept`'s pointers for the held ones, takes from `arena` for
+  // the rest (a measuring arena gives null and counts): forward's whole set; the recompute's (whole: h, a and its
+  // MXFP4 copy, ys; moe_act: a and its MXFP4 copy) over the kept rest.
+  static Tensors take_forward(ScratchArena& arena, const BufferPlan& p, const Recipe& recipe, const Tensors& kept);
+  static void take_recompute(ScratchArena& arena, const BufferPlan& p, const Recipe& recipe, bool whole, Tensors& t);
+  // take_forward and take_recompute for R rows with the active slot's kept tensors.
+  Tensors bind_forward(ScratchArena& arena, int64_t R) {
+    return take_forward(arena, plan_for(R), recipe_, kept_tensors());
+  }
+  void bind_recompute(ScratchArena& arena, int64_t R, Tensors& t) {
+    take_recompute(arena, plan_for(R), recipe_, whole_, t);
+  }
+  Tensors kept_tensors() const;  // the active slot's kept tensors (null where not kept)
   // Points t's kept tensors at the active slot's copies (the others stay as they are: scratch of a recompute).
   void bind_kept(Tensors& t) const;
   // Forward: permute, the kept FP8 row copy of xs (fp8 under whole), fc1, then run_from_h (not the unpermute).
@@ -170,7 +188,7 @@ class MoeRoutedExperts {
   KeptValue<int64_t> last_M_;  // per slot: tokens of its forward (-1: none)
   Tensors t_;                 // the tensors of the last forward / recompute (the kept ones: the active slot's)
   uint64_t stamp_ = 0;        // scratch stamp of the last forward / recompute
-  size_t fwd_bytes_ = 0, recompute_bytes_ = 0, bwd_bytes_ = 0;
+  PassScratch scratch_;       // scratch() at R_max
   BufferPlan plan_{"moe.experts"};  // buffers() for R_max = max_tokens * k
   BufferPlan pass_plan_{"moe.experts"};
   int64_t pass_R_ = -1;

@@ -73,9 +73,16 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
     for (PinnedHost& h : host_local_offsets_.all()) h = PinnedHost((El_ + 1) * sizeof(int32_t));
   host_aux_ = PinnedHost(sizeof(float));
   tally_.assign(E_, 0);
+  scratch_ = scratch(max_tokens, E_, k, El_);
+}
+
+PassScratch MoeRouter::scratch(int64_t tokens, int64_t E, int64_t k, int64_t E_local) {
+  const BufferPlan plan = buffers(tokens, E, k, E_local);
   auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(plan.at(t).bytes())); };
-  fwd_bytes_ = rounded("logits (FP32)");
-  bwd_bytes_ = rounded("dlogits (FP32)") + rounded("dlogits (BF16)");
+  PassScratch s;
+  s.forward = rounded("logits (FP32)");
+  s.backward = rounded("dlogits (FP32)") + rounded("dlogits (BF16)");
+  return s;
 }
 
 size_t MoeRouter::kept_bytes() const {

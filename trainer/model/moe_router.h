@@ -126,9 +126,12 @@ class MoeRouter {
   // "dlogits (FP32)" and "dlogits (BF16)" [tokens, E] (backward). Rejects tokens < 0, E < 1, k < 1, E_local outside
   // [1, E] or not dividing E.
   static BufferPlan buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_local);
-  // Scratch for M = max_tokens: what forward leaves in the caller's scope, and what backward takes.
-  size_t forward_bytes() const { return fwd_bytes_; }
-  size_t backward_bytes() const { return bwd_bytes_; }
+  // The shared scratch of the passes (trainer/memory/scratch.h) for `tokens` rows: forward "logits (FP32)", left in
+  // the caller's scope; backward "dlogits (FP32)" and "dlogits (BF16)" in its own. Rejects what buffers() rejects.
+  static PassScratch scratch(int64_t tokens, int64_t E, int64_t k, int64_t E_local);
+  // scratch() for M = max_tokens.
+  size_t forward_bytes() const { return scratch_.forward; }
+  size_t backward_bytes() const { return scratch_.backward; }
 
  private:
   std::string prefix_;
@@ -142,7 +145,7 @@ class MoeRouter {
   float aux_host_ = 0.0f;
   KeptValue<std::vector<int64_t>> last_counts_;  // per slot: [E] its forward's counts (from the host offsets)
   std::vector<int64_t> tally_;        // [E] counts of the step's micro-batches whose backward ran
-  size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
+  PassScratch scratch_;               // scratch() at max_tokens
 
   // Per in-flight slot (KeptArray, KeptValue):
   KeptArray<float> probs_;         // [max_tokens, E] FP32 s (v3) or p (v2)                    (activations)

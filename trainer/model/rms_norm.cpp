@@ -25,13 +25,13 @@ BufferPlan RmsNorm::buffers(int64_t tokens, int64_t C, bool keep_rstd) {
   return p;
 }
 
-size_t RmsNorm::recompute_bytes() const {
-  if (keep_rstd_) return 0;
-  return ScratchArena::rounded(static_cast<size_t>(buffers(max_tokens_, C_, false).at("rstd").bytes()));
-}
-
-size_t RmsNorm::backward_bytes() const {
-  return ScratchArena::rounded(static_cast<size_t>(buffers(max_tokens_, C_, true).at("dweight partials").bytes()));
+PassScratch RmsNorm::scratch(int64_t tokens, int64_t C, bool keep_rstd) {
+  const BufferPlan p = buffers(tokens, C, keep_rstd);
+  PassScratch s;
+  s.recompute = keep_rstd ? 0 : ScratchArena::rounded(static_cast<size_t>(p.at("rstd").bytes()));
+  s.backward = ScratchArena::rounded(static_cast<size_t>(p.at("dweight partials").bytes()));
+  s.backward_after_recompute = s.backward;
+  return s;
 }
 
 void RmsNorm::run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd) {

@@ -18,6 +18,7 @@
 #include "kernels/common/types.h"
 #include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/device_memory.h"
+#include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
 
@@ -51,10 +52,13 @@ class RmsNorm {
   size_t kept_bytes() const {
     return static_cast<size_t>(buffers(max_tokens_, C_, keep_rstd_).counted_bytes(MemCategory::activations));
   }
-  // Scratch for M = max_tokens: left in the caller's scope by recompute() (0 with keep_rstd), and taken by
-  // backward inside its own scope.
-  size_t recompute_bytes() const;
-  size_t backward_bytes() const;
+  // The shared scratch of the passes for `tokens` rows (trainer/memory/scratch.h): recompute "rstd", left in the
+  // caller's scope (0 with keep_rstd); backward (and backward_after_recompute) "dweight partials" in its own scope;
+  // forward nothing. Rejects what buffers() rejects.
+  static PassScratch scratch(int64_t tokens, int64_t C, bool keep_rstd);
+  // scratch() for M = max_tokens.
+  size_t recompute_bytes() const { return scratch(max_tokens_, C_, keep_rstd_).recompute; }
+  size_t backward_bytes() const { return scratch(max_tokens_, C_, keep_rstd_).backward; }
 
  private:
   void run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd);

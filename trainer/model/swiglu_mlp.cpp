@@ -47,17 +47,16 @@ size_t SwigluMlp::kept_bytes() const {
   return static_cast<size_t>(plan().counted_bytes(MemCategory::activations, Lifetime::construction));
 }
 
-size_t SwigluMlp::forward_bytes() const {
-  const BufferPlan p = plan();
-  auto scratch = [&](const char* t) { return p.at(t).held ? size_t{0} : ScratchArena::rounded(p.at(t).bytes()); };
-  return scratch("h") + scratch("a");
-}
-
-size_t SwigluMlp::backward_bytes() const {
-  const BufferPlan p = plan();
+PassScratch SwigluMlp::scratch(int64_t tokens, int64_t hidden, int64_t ffn, const Recipe& recipe, bool recompute) {
+  const BufferPlan p = buffers("mlp", tokens, tokens, hidden, ffn, recipe, recompute, false);
   auto bytes = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(p.at(t).bytes())); };
-  const size_t rebuilt = recompute_ ? bytes("h") + (fc2_.backward_reads_input() ? bytes("a") : 0) : 0;
-  return rebuilt + bytes("d a") + bytes("d h");
+  auto unless_held = [&](const char* t) { return p.at(t).held ? size_t{0} : bytes(t); };
+  PassScratch s;
+  s.forward = unless_held("h") + unless_held("a");
+  const bool fc2_reads_a = recipe == Recipe::bf16;  // Linear::backward_reads_input
+  const size_t rebuilt = recompute ? bytes("h") + (fc2_reads_a ? bytes("a") : 0) : 0;
+  s.backward = rebuilt + bytes("d a") + bytes("d h");
+  return s;
 }
 
 const BufferPlan& SwigluMlp::plan_for(int64_t M) {

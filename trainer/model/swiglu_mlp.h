@@ -74,9 +74,13 @@ class SwigluMlp {
   // Activations held from forward to backward (buffers() at max_tokens, without the Linears' own copies), as
   // DeviceMemory counts them.
   size_t kept_bytes() const;
-  // Scratch for M = max_tokens taken by forward and by backward; scratch_bytes() the larger.
-  size_t forward_bytes() const;
-  size_t backward_bytes() const;
+  // The shared scratch of the passes (trainer/memory/scratch.h) for `tokens` rows of width `ffn` (buffers()'s h, a,
+  // d a, d h): forward h and a where not kept; backward h (and a for a bf16 fc2, which reads it) when recomputed,
+  // then d a and d h; no recompute. Rejects what buffers() rejects.
+  static PassScratch scratch(int64_t tokens, int64_t hidden, int64_t ffn, const Recipe& recipe, bool recompute);
+  // scratch() for M = max_tokens; scratch_bytes() the larger.
+  size_t forward_bytes() const { return scratch(max_tokens_, hidden_, ffn_, recipe_, recompute_).forward; }
+  size_t backward_bytes() const { return scratch(max_tokens_, hidden_, ffn_, recipe_, recompute_).backward; }
   size_t scratch_bytes() const { return std::max(forward_bytes(), backward_bytes()); }
 
  private:
