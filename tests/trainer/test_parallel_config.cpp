@@ -197,7 +197,7 @@ void expect_production_config(const std::string& config, const std::string& pres
 TEST(ParallelConfig, ProductionConfigsStateThePresetsShapes) {
   expect_production_config("v3_671b", "v3");
   expect_production_config("v2_236b", "v2");
-  // v2_236b is the preset's own layout; v3_671b the best tensor-parallel-1 fit of P1's memory numbers.
+  // v2_236b is the preset's own layout; v3_671b the closest tensor-parallel-1 layout to P1's memory numbers.
   const ParallelLayout v2 = layout_of(parse_config_args({"--config", preset("v2_236b")}));
   const ParallelLayout v2_preset = production_preset("v2").layout;
   EXPECT_EQ(v2.gpus, v2_preset.gpus);
