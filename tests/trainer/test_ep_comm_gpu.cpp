@@ -16,6 +16,7 @@
 #include "kernels/nn/router.h"
 #include "tests/common/ep_comm_test_util.h"
 #include "tests/common/gpu_test_util.h"
+#include "tests/common/param_printers.h"
 #include "trainer/comm/ep_exchange.h"
 #include "trainer/comm/in_process_transport.h"
 #include "trainer/comm/nccl_transport.h"
