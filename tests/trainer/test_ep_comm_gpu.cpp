@@ -51,6 +51,7 @@ struct RankOutput {
   std::vector<uint8_t> ys, dys;                     // combine / combine_gradient outputs [M k, d] BF16
   std::vector<uint16_t> y;                          // weighted round trip [M, d] BF16
   EpLayerBytes bytes;
+  std::vector<double> ms;  // EpExchange::exchange_ms
   int64_t recv_total = 0;
 };
 
@@ -91,6 +92,7 @@ RankOutput run_rank(EpTransport& t, RankInput& in, const std::vector<EpRowOrigin
     DeviceBuffer<int32_t> topk(in.topk.size());
     if (n) topk.upload(in.topk);
     EpExchange ex(t, kE, kD);
+    ex.set_timing(true);
     const EpCounts& c = ex.route(topk.ptr, in.M, kK, stream);
     const int64_t R = c.recv_total();
     out.recv_total = R;
@@ -129,6 +131,7 @@ RankOutput run_rank(EpTransport& t, RankInput& in, const std::vector<EpRowOrigin
     out.y.resize(yb.size() / 2);
     std::memcpy(out.y.data(), yb.data(), yb.size());
     out.bytes = ex.bytes();
+    out.ms = ex.exchange_ms();
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
   return out;
@@ -202,6 +205,8 @@ void check_rank_outputs(EpScenario& su, std::vector<RankOutput>& out) {
     EXPECT_EQ(o.bytes[EpExchangeKind::dispatch_gradient].sent, (in.M * kK - to_self) * ep_wire_row_bytes(EpRowFormat::fp8, kD));
     EXPECT_EQ(o.bytes[EpExchangeKind::combine].received, (in.M * kK - to_self) * 2 * kD * 2);  // two combines
     EXPECT_EQ(o.bytes[EpExchangeKind::dispatch].sent, (in.M * kK - to_self) * (rb + 2 * kD));  // tokens, then BF16 x
+    ASSERT_EQ(o.ms.size(), static_cast<size_t>(kEpExchangeKinds));
+    for (double ms : o.ms) EXPECT_TRUE(ms >= 0.0 && ms < 60e3) << ms;  // every kind was timed (events recorded)
   }
 }
 

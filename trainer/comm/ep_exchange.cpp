@@ -41,6 +41,19 @@ struct EpExchange::Buffers {
   GrowingDeviceBytes table;          // [E + 1 + ep E_l] int32: offsets, then the received count matrix [ep, E_l]
   GrowingDeviceBytes row_of, assignment_of, grouped_of, send_wire, recv_wire;
   PinnedHost host_table;             // the table's host copy
+  struct Timed {
+    EpExchangeKind kind;
+    cudaEvent_t start, stop;
+  };
+  std::vector<Timed> timed;          // exchanges timed since reset_bytes, read by exchange_ms
+  void clear_timed() {
+    for (Timed& t : timed) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.stop);
+    }
+    timed.clear();
+  }
+  ~Buffers() { clear_timed(); }
 };
 
 const char* ep_exchange_kind_name(EpExchangeKind k) {
@@ -68,6 +81,37 @@ EpExchange::EpExchange(EpTransport& transport, int64_t E, int64_t d) : t_(&trans
 
 EpExchange::~EpExchange() = default;
 
+void EpExchange::reset_bytes() {
+  bytes_ = {};
+  buf_->clear_timed();
+}
+
+EpExchangeBytes EpExchange::exchange(const std::vector<EpPeerBuffers>& peers, EpExchangeKind kind,
+                                     cudaStream_t stream) {
+  Buffers::Timed timed{kind, nullptr, nullptr};
+  if (timing_) {
+    CUDA_CHECK(cudaEventCreate(&timed.start));
+    CUDA_CHECK(cudaEventCreate(&timed.stop));
+    buf_->timed.push_back(timed);  // owned by the list from here (destroyed by clear_timed)
+    CUDA_CHECK(cudaEventRecord(timed.start, stream));
+  }
+  const EpExchangeBytes b = t_->exchange(peers, stream);
+  if (timing_) CUDA_CHECK(cudaEventRecord(timed.stop, stream));
+  bytes_.kind[static_cast<int>(kind)] += b;
+  return b;
+}
+
+std::vector<double> EpExchange::exchange_ms() {
+  std::vector<double> ms(kEpExchangeKinds, 0.0);
+  for (const Buffers::Timed& t : buf_->timed) {
+    CUDA_CHECK(cudaEventSynchronize(t.stop));
+    float x = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&x, t.start, t.stop));
+    ms[static_cast<size_t>(t.kind)] += x;
+  }
+  return ms;
+}
+
 const int32_t* EpExchange::row_of() const { return static_cast<const int32_t*>(buf_->row_of.get()); }
 const int32_t* EpExchange::assignment_of() const { return static_cast<const int32_t*>(buf_->assignment_of.get()); }
 const int32_t* EpExchange::grouped_of() const { return static_cast<const int32_t*>(buf_->grouped_of.get()); }
@@ -87,7 +131,7 @@ const EpCounts& EpExchange::route(const int32_t* topk_idx, int64_t M, int64_t k,
   std::vector<EpPeerBuffers> peers(static_cast<size_t>(ep));
   for (int p = 0; p < ep; ++p)
     peers[static_cast<size_t>(p)] = {counts + p * E_l_, 4 * E_l_, table + E_ + 1 + p * E_l_, 4 * E_l_};
-  bytes_.kind[static_cast<int>(EpExchangeKind::counts)] += t_->exchange(peers, stream);
+  exchange(peers, EpExchangeKind::counts, stream);
 
   const int64_t table_n = E_ + 1 + ep * E_l_;
   CUDA_CHECK(cudaMemcpyAsync(buf_->host_table.get(), table, static_cast<size_t>(4 * table_n), cudaMemcpyDeviceToHost,
@@ -130,9 +174,8 @@ EpExchangeBytes EpExchange::send_rows(const EpRows& src, const int32_t* gather, 
   for (int p = 0; p < counts_.ep; ++p)
     peers[static_cast<size_t>(p)] = {send + counts_.send_row_begin(p) * rb, counts_.send_rows(p) * rb,
                                      recv + counts_.recv_row_begin(p) * rb, counts_.recv_rows(p) * rb};
-  const EpExchangeBytes b = t_->exchange(peers, stream);
+  const EpExchangeBytes b = exchange(peers, kind, stream);
   ep_unpack_rows(recv, R, grouped_of(), expert_rows, stream);
-  bytes_.kind[static_cast<int>(kind)] += b;
   return b;
 }
 
@@ -165,9 +208,7 @@ EpExchangeBytes EpExchange::return_rows(const bf16* grouped, bf16* permuted, EpE
   for (int p = 0; p < counts_.ep; ++p)
     peers[static_cast<size_t>(p)] = {send + counts_.recv_row_begin(p) * rb, counts_.recv_rows(p) * rb,
                                      out + counts_.send_row_begin(p) * rb, counts_.send_rows(p) * rb};
-  const EpExchangeBytes b = t_->exchange(peers, stream);
-  bytes_.kind[static_cast<int>(kind)] += b;
-  return b;
+  return exchange(peers, kind, stream);
 }
 
 EpExchangeBytes EpExchange::combine(const bf16* expert_out, bf16* ys, cudaStream_t stream) {

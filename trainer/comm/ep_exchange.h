@@ -22,15 +22,19 @@
 // Every call returns the bytes of its exchange (EpExchangeBytes: sent / received over the wire, to itself), and
 // bytes() sums them per kind for the layer until reset_bytes(). The four payload calls need the route() of the same
 // layer and micro-batch before them, on every rank in the same order (they are collectives).
+// Timing (optional, set_timing): a CUDA event pair around each exchange of the transport (counts and payload, not
+// the pack / unpack kernels); exchange_ms() waits for the recorded events and returns the milliseconds per kind
+// since the last reset_bytes(). Off by default (no events recorded).
 // Memory: the class allocates its wire buffers and tables (cudaMalloc, grown on demand after route's host wait, kept);
 // not yet counted by DeviceMemory (MemCategory::comm is the model's plan, trainer/model/model.h).
-// Not built: overlap with compute (every exchange runs on the caller's stream), CUDA-event timing.
+// Not built: overlap with compute (every exchange runs on the caller's stream).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/common/types.h"
 #include "trainer/comm/ep_payload.h"
@@ -80,7 +84,11 @@ class EpExchange {
   const int32_t* assignment_of() const;  // device [M k]: its inverse
   const int32_t* grouped_of() const;     // device [recv_total]: ep_routing.h
   const EpLayerBytes& bytes() const { return bytes_; }
-  void reset_bytes() { bytes_ = {}; }
+  void reset_bytes();  // clears the bytes and the timings
+  void set_timing(bool on) { timing_ = on; }
+  // Milliseconds per kind (EpExchangeKind order) of the exchanges timed since reset_bytes(); synchronises with
+  // their stop events. All zero when timing is off.
+  std::vector<double> exchange_ms();
 
  private:
   struct Buffers;
@@ -89,12 +97,15 @@ class EpExchange {
                             EpExchangeKind kind, cudaStream_t stream);
   EpExchangeBytes return_rows(const bf16* grouped, bf16* permuted, EpExchangeKind kind, cudaStream_t stream);
   void check_routed(const char* what) const;
+  // The transport's exchange, timed when timing is on, its bytes added to kind's.
+  EpExchangeBytes exchange(const std::vector<EpPeerBuffers>& peers, EpExchangeKind kind, cudaStream_t stream);
 
   EpTransport* t_;
   int64_t E_, E_l_, d_;
   int64_t M_ = -1, k_ = 0;
   EpCounts counts_;
   EpLayerBytes bytes_;
+  bool timing_ = false;
   std::unique_ptr<Buffers> buf_;
 };
 
