@@ -11,6 +11,8 @@
 #include "kernels/common/check.h"
 #include "kernels/quant/layouts.h"
 #include "tests/common/ep_comm_test_util.h"
+#include "kernels/nn/router.h"
+#include "trainer/comm/ep_exchange.h"
 #include "trainer/comm/ep_routing.h"
 #include "trainer/comm/transport.h"
 #include "trainer/memory/estimate.h"
@@ -58,9 +60,12 @@ TEST(EpCommRef, PackUnpackRoundTripsBitForBit) {
     const std::vector<uint8_t> w = src.wire_row(2);
     const int64_t cb = ep_detail::row_code_bytes(f, d);
     EXPECT_EQ(0, std::memcmp(w.data(), src.codes.data() + 2 * cb, static_cast<size_t>(cb)));
-    if (f == EpRowFormat::fp8)
+    if (f == EpRowFormat::fp8) {
       EXPECT_EQ(0, std::memcmp(w.data() + cb + 4, src.scales.data() + 4 * fp8_row_scale_index(2, 1, n), 4));
-    if (f == EpRowFormat::mxfp4) EXPECT_EQ(w[static_cast<size_t>(cb + 3)], src.scales[2 * 5 + 3]);
+    }
+    if (f == EpRowFormat::mxfp4) {
+      EXPECT_EQ(w[static_cast<size_t>(cb + 3)], src.scales[2 * 5 + 3]);
+    }
   }
 }
 
@@ -113,6 +118,29 @@ TEST(EpCommRef, ExchangeBytesSplitWireAndSelf) {
   EXPECT_THROW(ep_exchange_bytes(peers, 1, 2), Error);  // 3 entries for 2 ranks
   peers[1].recv_bytes = 8;
   EXPECT_THROW(ep_exchange_bytes(peers, 1, 3), Error);  // self: sends 4, receives 8
+}
+
+// A transport of two ranks that never moves anything: EpExchange's constructor checks run before any device call.
+struct TwoRankTransport : EpTransport {
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  EpExchangeBytes exchange(const std::vector<EpPeerBuffers>&, cudaStream_t) override {
+    throw Error("TwoRankTransport moves nothing");
+  }
+  void wait(cudaStream_t) override {}
+};
+
+TEST(EpCommRef, ExchangeRejectsExpertsThatDoNotSplitOverTheRanks) {
+  TwoRankTransport t;
+  EXPECT_THROW(EpExchange(t, 15, 64), Error);  // 15 experts over 2 ranks
+  EXPECT_THROW(EpExchange(t, 0, 64), Error);
+  EXPECT_THROW(EpExchange(t, 2 * kRouterMaxExperts, 64), Error);
+  EXPECT_THROW(EpExchange(t, 16, 0), Error);
+  try {
+    EpExchange x(t, 15, 64);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("15 experts must lie in [1, "), std::string::npos) << e.what();
+  }
 }
 
 // The host model of one dispatch and combine over ep ranks, from the CPU references, as EpExchange runs it.

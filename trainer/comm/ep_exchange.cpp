@@ -69,7 +69,8 @@ EpExchangeBytes EpLayerBytes::total() const {
 
 EpExchange::EpExchange(EpTransport& transport, int64_t E, int64_t d) : t_(&transport), E_(E), d_(d) {
   const int ep = transport.world_size();
-  FP4MOE_CHECK(E >= 1 && E % ep == 0, "EpExchange: {} experts do not split evenly over {} ranks", E, ep);
+  FP4MOE_CHECK(E >= 1 && E <= kRouterMaxExperts && E % ep == 0,
+               "EpExchange: {} experts must lie in [1, {}] and split evenly over {} ranks", E, kRouterMaxExperts, ep);
   FP4MOE_CHECK(d >= 1, "EpExchange: hidden size d must be >= 1, got {}", d);
   E_l_ = E / ep;
   buf_ = std::make_unique<Buffers>();

@@ -57,7 +57,8 @@ struct EpLayerBytes {
 class EpExchange {
  public:
   // Over `transport` (outlives this object), E global experts split evenly over transport.world_size() ranks,
-  // hidden d. Rejects (fp4moe::Error) E < 1, E not a multiple of the world size, d < 1.
+  // hidden d. Rejects (fp4moe::Error), before any allocation: E outside [1, kRouterMaxExperts] (kernels/nn/router.h),
+  // E not a multiple of the world size, d < 1.
   EpExchange(EpTransport& transport, int64_t E, int64_t d);
   ~EpExchange();
   EpExchange(const EpExchange&) = delete;
