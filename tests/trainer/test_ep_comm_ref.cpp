@@ -132,15 +132,21 @@ struct TwoRankTransport : EpTransport {
 
 TEST(EpCommRef, ExchangeRejectsExpertsThatDoNotSplitOverTheRanks) {
   TwoRankTransport t;
-  EXPECT_THROW(EpExchange(t, 15, 64), Error);  // 15 experts over 2 ranks
-  EXPECT_THROW(EpExchange(t, 0, 64), Error);
-  EXPECT_THROW(EpExchange(t, 2 * kRouterMaxExperts, 64), Error);
-  EXPECT_THROW(EpExchange(t, 16, 0), Error);
-  try {
-    EpExchange x(t, 15, 64);
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("15 experts must lie in [1, "), std::string::npos) << e.what();
-  }
+  auto message = [&t](int64_t E, int64_t d) -> std::string {
+    try {
+      EpExchange x(t, E, d);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const std::string bound = fmt::format("must lie in [1, {}] and split evenly over 2 ranks", kRouterMaxExperts);
+  EXPECT_NE(message(15, 64).find("15 experts " + bound), std::string::npos) << message(15, 64);
+  EXPECT_NE(message(0, 64).find("0 experts " + bound), std::string::npos);
+  const int64_t many = 2 * kRouterMaxExperts;  // even, but more than the router counts
+  EXPECT_NE(message(many, 64).find(std::to_string(many) + " experts " + bound), std::string::npos)
+      << message(many, 64);
+  EXPECT_NE(message(16, 0).find("hidden size d must be >= 1"), std::string::npos);
 }
 
 // The host model of one dispatch and combine over ep ranks, from the CPU references, as EpExchange runs it.
