@@ -5,6 +5,7 @@
 // all ranks' tokens); payloads are compared bit for bit (they are moved, never recomputed).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -78,6 +79,8 @@ struct DeviceRows {
 
 // Overwrites the first byte of each grouped BF16 row with its slot (so that a combine that swaps slots shows).
 void tag_slots(DeviceRows& grouped, const std::vector<EpRowOrigin>& origins) {
+  FP4MOE_CHECK(static_cast<int64_t>(origins.size()) == grouped.rows.rows,
+               "tag_slots: {} grouped rows received, the all-to-all model expects {}", grouped.rows.rows, origins.size());
   HostRows h = grouped.download();
   for (size_t i = 0; i < origins.size(); ++i) h.codes[i * 2 * kD] = static_cast<uint8_t>(origins[i].slot);
   if (!h.codes.empty()) grouped.codes.upload(h.codes);
@@ -261,6 +264,7 @@ TEST_P(EpCommGpu, NcclAtWorldSizeOneEqualsInProcess) {
   EpScenario su(1, GetParam(), 77);
   std::vector<RankOutput> ref = run_in_process(su.in, su.expected);
   ASSERT_FALSE(HasFailure());
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // no NVLink multicast (the launcher's setting), unless the caller set it
   NcclComm comm = NcclComm::single_rank();
   NcclTransport transport(comm);
   RankOutput got = run_rank(transport, su.in[0], su.expected[0]);
