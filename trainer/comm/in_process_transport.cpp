@@ -1,0 +1,105 @@
+#include "trainer/comm/in_process_transport.h"
+
+#include "kernels/common/check.h"
+
+namespace fp4moe {
+
+InProcessGroup::InProcessGroup(int world_size, std::chrono::milliseconds timeout)
+    : world_size_(world_size), timeout_(timeout) {
+  FP4MOE_CHECK(world_size >= 1, "InProcessGroup: world size must be >= 1, got {}", world_size);
+  posted_.resize(static_cast<size_t>(world_size));
+  has_posted_.assign(static_cast<size_t>(world_size), false);
+  ready_.assign(static_cast<size_t>(world_size), nullptr);
+  for (cudaEvent_t& e : ready_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+}
+
+InProcessGroup::~InProcessGroup() {
+  for (cudaEvent_t e : ready_)
+    if (e) cudaEventDestroy(e);
+  if (done_) cudaEventDestroy(done_);
+}
+
+void InProcessGroup::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.empty()) failure_ = why;
+  }
+  cv_.notify_all();
+}
+
+void InProcessGroup::transfer_locked(cudaStream_t stream) {
+  for (int s = 0; s < world_size_; ++s)
+    for (int r = 0; r < world_size_; ++r) {
+      const EpPeerBuffers& out = posted_[static_cast<size_t>(s)][static_cast<size_t>(r)];
+      const EpPeerBuffers& in = posted_[static_cast<size_t>(r)][static_cast<size_t>(s)];
+      FP4MOE_CHECK(out.send_bytes == in.recv_bytes,
+                   "in-process exchange: rank {} sends {} bytes to rank {}, which expects {} from it", s,
+                   out.send_bytes, r, in.recv_bytes);
+    }
+  for (cudaEvent_t e : ready_) CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0));
+  for (int s = 0; s < world_size_; ++s)
+    for (int r = 0; r < world_size_; ++r) {
+      const EpPeerBuffers& out = posted_[static_cast<size_t>(s)][static_cast<size_t>(r)];
+      if (out.send_bytes == 0) continue;
+      CUDA_CHECK(cudaMemcpyAsync(posted_[static_cast<size_t>(r)][static_cast<size_t>(s)].recv, out.send,
+                                 static_cast<size_t>(out.send_bytes), cudaMemcpyDeviceToDevice, stream));
+    }
+  CUDA_CHECK(cudaEventRecord(done_, stream));
+}
+
+EpExchangeBytes InProcessGroup::exchange(int rank, const std::vector<EpPeerBuffers>& peers, cudaStream_t stream) {
+  const EpExchangeBytes bytes = ep_exchange_bytes(peers, rank, world_size_);
+  std::unique_lock<std::mutex> lock(mu_);
+  FP4MOE_CHECK(failure_.empty(), "in-process exchange, rank {}: the group failed: {}", rank, failure_);
+  FP4MOE_CHECK(!has_posted_[static_cast<size_t>(rank)], "in-process exchange: rank {} posted twice in one round",
+               rank);
+  posted_[static_cast<size_t>(rank)] = peers;
+  CUDA_CHECK(cudaEventRecord(ready_[static_cast<size_t>(rank)], stream));
+  has_posted_[static_cast<size_t>(rank)] = true;
+  const uint64_t round = round_;
+  if (++posted_count_ == world_size_) {
+    try {
+      transfer_locked(stream);
+    } catch (const Error& e) {
+      failure_ = e.what();
+      cv_.notify_all();
+      throw;
+    }
+    has_posted_.assign(static_cast<size_t>(world_size_), false);
+    posted_count_ = 0;
+    ++round_;
+    cv_.notify_all();
+    return bytes;
+  }
+  const bool completed = cv_.wait_for(lock, timeout_, [&] { return round_ != round || !failure_.empty(); });
+  FP4MOE_CHECK(failure_.empty(), "in-process exchange, rank {}: the group failed: {}", rank, failure_);
+  if (!completed) {
+    std::string missing;
+    for (int r = 0; r < world_size_; ++r)
+      if (!has_posted_[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    failure_ = fmt::format("rank {} timed out after {} ms waiting for rank(s) {}", rank, timeout_.count(), missing);
+    cv_.notify_all();
+    fail(__FILE__, __LINE__, "in-process exchange: " + failure_);
+  }
+  CUDA_CHECK(cudaStreamWaitEvent(stream, done_, 0));  // done_ is re-recorded only after this rank posts again
+  return bytes;
+}
+
+InProcessTransport::InProcessTransport(InProcessGroup& group, int rank) : group_(&group), rank_(rank) {
+  FP4MOE_CHECK(rank >= 0 && rank < group.world_size(), "InProcessTransport: rank {} outside [0, {})", rank,
+               group.world_size());
+}
+
+EpExchangeBytes InProcessTransport::exchange(const std::vector<EpPeerBuffers>& peers, cudaStream_t stream) {
+  try {
+    return group_->exchange(rank_, peers, stream);
+  } catch (const Error& e) {
+    group_->abort(fmt::format("rank {}: {}", rank_, e.what()));  // the other ranks stop waiting for this one
+    throw;
+  }
+}
+
+void InProcessTransport::wait(cudaStream_t stream) { CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
+}  // namespace fp4moe

@@ -1,0 +1,69 @@
+// N simulated ranks of an expert-parallel group inside one process on one device (transport.h), for tests: NCCL
+// refuses two ranks on one GPU, so the multi-rank logic (counts, routing tables, payload packing, combine order) runs
+// here with each rank on its own host thread and its own stream, all on the current device.
+//
+// An exchange is a rendezvous: each rank posts its peers list and an event recorded on its stream; the last rank to
+// post checks that every pair agrees (bytes s sends to r == bytes r receives from s; else every rank's call throws
+// fp4moe::Error naming the pair), makes its stream wait for every poster's event, issues the device-to-device copies
+// (cudaMemcpyAsync, one per non-empty pair) on its stream and records a completion event that every rank's stream
+// then waits for. A rank whose call throws (or any caller, through abort()) marks the group failed: every rank
+// blocked in or later entering exchange() throws instead of waiting. A rendezvous that does not complete within the
+// timeout throws (naming the ranks that did not post): bounded, never a hang. wait() is cudaStreamSynchronize.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "trainer/comm/transport.h"
+
+namespace fp4moe {
+
+class InProcessGroup {
+ public:
+  // world_size >= 1 simulated ranks (else fp4moe::Error); timeout bounds each rendezvous.
+  explicit InProcessGroup(int world_size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  ~InProcessGroup();
+  InProcessGroup(const InProcessGroup&) = delete;
+  InProcessGroup& operator=(const InProcessGroup&) = delete;
+
+  int world_size() const { return world_size_; }
+  // Marks the group failed with `why`; every pending and later exchange throws it.
+  void abort(const std::string& why);
+  // One rank's exchange (InProcessTransport::exchange).
+  EpExchangeBytes exchange(int rank, const std::vector<EpPeerBuffers>& peers, cudaStream_t stream);
+
+ private:
+  void transfer_locked(cudaStream_t stream);  // the last poster's part: checks, copies, completion event
+
+  int world_size_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<EpPeerBuffers>> posted_;  // [rank]: this round's peers lists
+  std::vector<cudaEvent_t> ready_;                  // [rank]: recorded on the poster's stream at posting
+  std::vector<bool> has_posted_;
+  int posted_count_ = 0;
+  uint64_t round_ = 0;                              // completed rendezvous
+  cudaEvent_t done_ = nullptr;                      // recorded after the copies of the last round
+  std::string failure_;                             // non-empty: the group failed
+};
+
+class InProcessTransport : public EpTransport {
+ public:
+  // Rank `rank` of `group` (0 <= rank < group.world_size(), else fp4moe::Error); the group outlives it.
+  InProcessTransport(InProcessGroup& group, int rank);
+  int rank() const override { return rank_; }
+  int world_size() const override { return group_->world_size(); }
+  EpExchangeBytes exchange(const std::vector<EpPeerBuffers>& peers, cudaStream_t stream) override;
+  void wait(cudaStream_t stream) override;
+
+ private:
+  InProcessGroup* group_;
+  int rank_;
+};
+
+}  // namespace fp4moe

@@ -1,0 +1,60 @@
+// The transport of the expert-parallel exchanges (DESIGN.md "Expert parallelism"): grouped point-to-point
+// exchanges among the world_size ranks of one expert-parallel group, each rank sending a byte range to every rank
+// (itself included) and receiving one from every rank, all at once (an all-to-all with uneven sizes). Two
+// implementations: NcclTransport (nccl_transport.h: grouped ncclSend / ncclRecv, one process per GPU) and
+// InProcessTransport (in_process_transport.h: N simulated ranks in one process on one device, device-to-device
+// copies; for tests, since NCCL refuses two ranks on one GPU).
+//
+// Every rank of the group calls exchange() the same number of times in the same order (a collective); the bytes
+// rank s sends to rank r must equal those r receives from s (the counts exchange that precedes each payload
+// exchange makes them agree; InProcessTransport checks, NCCL would hang or corrupt). exchange() is asynchronous on
+// the caller's stream: it returns once the transfers are enqueued. wait() is the one host synchronisation of a
+// stream: bounded, it throws fp4moe::Error naming the rank and the cause on a transport error or a timeout, never
+// hangs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace fp4moe {
+
+// One rank's buffers for one peer of an exchange: send_bytes from `send` to that peer, recv_bytes from that peer
+// into `recv`. Device memory. A zero count needs no pointer and moves nothing.
+struct EpPeerBuffers {
+  const void* send = nullptr;
+  int64_t send_bytes = 0;
+  void* recv = nullptr;
+  int64_t recv_bytes = 0;
+};
+
+// Bytes of one exchange as seen by one rank: sent to and received from the other ranks (what crosses the
+// interconnect), and moved to itself (a local copy, not on the wire).
+struct EpExchangeBytes {
+  int64_t sent = 0, received = 0, to_self = 0;
+  EpExchangeBytes& operator+=(const EpExchangeBytes& o) {
+    sent += o.sent;
+    received += o.received;
+    to_self += o.to_self;
+    return *this;
+  }
+};
+
+class EpTransport {
+ public:
+  virtual ~EpTransport() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // peers[p] for p in [0, world_size): this rank's buffers toward peer p. Rejects (fp4moe::Error) a peers list of
+  // another length, negative counts, null pointers under positive counts. Returns the bytes (ep_exchange_bytes).
+  virtual EpExchangeBytes exchange(const std::vector<EpPeerBuffers>& peers, cudaStream_t stream) = 0;
+  // Waits until the stream's work so far (this rank's exchanges included) is done; throws on error or timeout.
+  virtual void wait(cudaStream_t stream) = 0;
+};
+
+// The bytes of `peers` for `rank` (EpExchangeBytes), after the checks of EpTransport::exchange for a group of
+// peers.size() ranks (rank in [0, peers.size())).
+EpExchangeBytes ep_exchange_bytes(const std::vector<EpPeerBuffers>& peers, int rank, int world_size);
+
+}  // namespace fp4moe
