@@ -146,16 +146,19 @@ void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding
 }
 
 // The column quantizer (bf16_to_mxfp4_col.h) in the same options: dense (G = 0, shape MxK) or ragged over G balanced
-// groups (shape MxK/gG, groups padded to 32 tokens).
+// groups (shape MxK/gG, groups padded to 32 tokens). Cases bf16_to_mxfp4_col/... run the kernel the quantizer runs
+// (register_tile), bf16_to_mxfp4_col_shared/... the earlier shared-memory kernel (the same bits), side by side.
 void add_bf16_to_mxfp4_col(int64_t M, int64_t K, int64_t G, Rounding rounding, HadamardTransform transform,
-                           const char* variant) {
+                           const char* variant, detail::MxColKernel kernel) {
+  const char* name =
+      kernel == detail::MxColKernel::register_tile ? "bf16_to_mxfp4_col" : "bf16_to_mxfp4_col_shared";
   const std::vector<int32_t> off = G > 0 ? balanced_offsets(M, G) : std::vector<int32_t>{};
   int64_t padded = 0;
   for (size_t g = 0; g + 1 < off.size(); ++g) padded += mxfp4_col_group_ld(off[g + 1] - off[g]);
   if (G == 0) padded = M;
   const int64_t bytes = 2 * M * K + K * padded / 2 + K * padded / kMxBlock + (G > 0 ? 4 * (G + 1) : 0);
   const MxQuantConfig cfg = quant_config(MxScaleMode::floor, rounding, transform);
-  add_case({fmt::format("bf16_to_mxfp4_col/{}", variant), G > 0 ? fmt::format("{}/g{}", shape_of(M, K), G)
+  add_case({fmt::format("{}/{}", name, variant), G > 0 ? fmt::format("{}/g{}", shape_of(M, K), G)
                                                                 : shape_of(M, K),
             "mxfp4", bytes, bytes, [=](RotatedWorkload& w, int copies) {
               int32_t* d_off = G > 0 ? device_offsets(w.pool, off) : nullptr;
@@ -169,10 +172,10 @@ void add_bf16_to_mxfp4_col(int64_t M, int64_t K, int64_t G, Rounding rounding, H
               }
               w.launch = [=](int c, cudaStream_t s) {
                 if (G > 0)
-                  bf16_to_mxfp4_col_ragged(x[c], M, K, d_off, G, off.data(), out[c].codes, out[c].scales, cfg,
-                                           nullptr, s);
+                  detail::bf16_to_mxfp4_col_ragged_using(kernel, x[c], M, K, d_off, G, off.data(), out[c].codes,
+                                                         out[c].scales, cfg, nullptr, s);
                 else
-                  bf16_to_mxfp4_col(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
+                  detail::bf16_to_mxfp4_col_using(kernel, x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
               };
             }});
 }
@@ -317,14 +320,16 @@ void define_cases() {
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::h32, "floor_rne_h32");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::rht, "floor_sr_rht");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::none, "floor_rne");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::none, "floor_sr");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h16, "floor_rne_h16");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h32, "floor_rne_h32");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
-      add_bf16_to_mxfp4_col(M, K, 32, Rounding::rne, HadamardTransform::none, "floor_rne");
-      add_bf16_to_mxfp4_col(M, K, 32, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
+      for (detail::MxColKernel kc : {detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile}) {
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::none, "floor_rne", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::none, "floor_sr", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h16, "floor_rne_h16", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h32, "floor_rne_h32", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::rht, "floor_rne_rht", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16", kc);
+        add_bf16_to_mxfp4_col(M, K, 32, Rounding::rne, HadamardTransform::none, "floor_rne", kc);
+        add_bf16_to_mxfp4_col(M, K, 32, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16", kc);
+      }
       add_mxfp4_to_fp8_row(M, K, false);
       add_mxfp4_to_fp8_row(M, K, true);
       for (int64_t G : experts) {
