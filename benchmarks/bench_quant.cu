@@ -16,15 +16,17 @@
 // bf16_to_mxfp4_row runs in the quantizer options of paper 2's ladder (bf16_to_mxfp4_row.h): scale mode floor or
 // ceil, rounding rne or sr (stochastic), transform none, h16, h32 or rht (mx_transform.h); the case names them,
 // e.g. bf16_to_mxfp4_row/floor_sr_rht. bf16_to_mxfp4_col (along tokens, bf16_to_mxfp4_col.h) runs dense in RNE,
-// SR and each transform, and ragged over 32 balanced experts (shape .../g32) in RNE and in SR with h16.
+// SR and each transform, and ragged over 32 balanced experts (shape .../g32) in RNE and in SR with h16, with each of
+// its two kernels (bf16_to_mxfp4_col.h detail::MxColKernel; bf16_to_mxfp4_col_shared: the shared-memory one).
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
 // After the table, a geometric mean per case (x copy, speedup). The MXFP4 conversions at 65536 tokens and
 // 16384x7168 (every case moving >= 150 MB) with the copies and naive paths they are compared with:
 //   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_0-9]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
-// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column:
-//   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|col)/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
+// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column, the
+// column quantizer's two kernels side by side (bf16_to_mxfp4_col/... and bf16_to_mxfp4_col_shared/...):
+//   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|col|col_shared)/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 

@@ -1,6 +1,8 @@
 // BF16 -> MXFP4 column quantization (bf16_to_mxfp4_col.h).
 // bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
+// Two kernels with the same bits (detail::MxColKernel): the register-tile kernel, which the quantizers run, is
+// described above its definition below; the shared-tile kernel, kept to be timed beside it, works as follows.
 // One thread block per tile of 128 rows (one token block of a group, or of the dense tensor) x 32 columns of X:
 // grid (token-block slots, column tiles). The block loads the tile with 16-byte loads (four per row) into shared
 // memory, rows padded to 34 BF16 so that the transposed reads below meet no bank conflicts; for stochastic
