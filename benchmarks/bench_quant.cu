@@ -24,9 +24,10 @@
 // After the table, a geometric mean per case (x copy, speedup). The MXFP4 conversions at 65536 tokens and
 // 16384x7168 (every case moving >= 150 MB) with the copies and naive paths they are compared with:
 //   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_0-9]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
-// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column, the
-// column quantizer's two kernels side by side (bf16_to_mxfp4_col/... and bf16_to_mxfp4_col_shared/...):
-//   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|col|col_shared)/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
+// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column, each
+// with both of its kernels (row: bf16_to_mxfp4_row/ and _row_lanes/ or _row_blocks/; column: bf16_to_mxfp4_col/
+// and _col_shared/):
+//   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|row_lanes|row_blocks|col|col_shared)/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -128,12 +129,31 @@ MxQuantConfig quant_config(MxScaleMode mode, Rounding rounding, HadamardTransfor
   return cfg;
 }
 
-// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none).
+void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
+                            const std::string& name, detail::MxRowKernel kernel);
+
+// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none). Two cases per option:
+// bf16_to_mxfp4_row/<variant> runs the kernel bf16_to_mxfp4_row runs for it (bf16_to_mxfp4_row.h
+// mx_row_default_kernel), bf16_to_mxfp4_row_lanes/<variant> or bf16_to_mxfp4_row_blocks/<variant> the other one
+// (chunk_per_lane or block_per_thread; the same bits), side by side.
 void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
                        const char* variant) {
+  const detail::MxRowKernel used = detail::mx_row_default_kernel(transform);
+  const detail::MxRowKernel other = used == detail::MxRowKernel::chunk_per_lane ? detail::MxRowKernel::block_per_thread
+                                                                               : detail::MxRowKernel::chunk_per_lane;
+  for (detail::MxRowKernel kernel : {used, other}) {
+    const char* name = kernel == used ? "bf16_to_mxfp4_row"
+                       : kernel == detail::MxRowKernel::chunk_per_lane ? "bf16_to_mxfp4_row_lanes"
+                                                                       : "bf16_to_mxfp4_row_blocks";
+    add_bf16_to_mxfp4_with(M, K, mode, rounding, transform, fmt::format("{}/{}", name, variant), kernel);
+  }
+}
+
+void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
+                            const std::string& name, detail::MxRowKernel kernel) {
   int64_t bytes = 2 * M * K + M * K / 2 + M * K / kMxBlock;
   const MxQuantConfig cfg = quant_config(mode, rounding, transform);
-  add_case({fmt::format("bf16_to_mxfp4_row/{}", variant), shape_of(M, K), "mxfp4", bytes, bytes,
+  add_case({name, shape_of(M, K), "mxfp4", bytes, bytes,
                      [=](RotatedWorkload& w, int copies) {
                        std::vector<bf16*> x;
                        std::vector<MxTensor> out;
@@ -142,7 +162,8 @@ void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding
                          out.push_back({w.pool.alloc<uint8_t>(M * K / 2), w.pool.alloc<uint8_t>(M * K / kMxBlock)});
                        }
                        w.launch = [=](int c, cudaStream_t s) {
-                         bf16_to_mxfp4_row(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
+                         detail::bf16_to_mxfp4_row_using(kernel, x[c], M, K, out[c].codes, out[c].scales, cfg,
+                                                         nullptr, s);
                        };
                      }});
 }

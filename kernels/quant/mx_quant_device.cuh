@@ -18,9 +18,11 @@
 //     cheaper draw too (a 32-bit hash per two elements would save about 3 per element; changes the random bits).
 //   - H16 / H32: unpack 1, in-chunk butterflies 3, per stage across lanes one shuffle and one fused multiply-add
 //     (a sign flip and an addition before), scale 1, BF16 pack 0.5: about 7 (H16) and 8 (H32) on top of RNE, plus
-//     the shuffles' latency. A layout with 16 consecutive elements per lane would drop the h = 8 shuffles.
-//   - RHT: the signs cost one splitmix64 per chunk in the row kernel (3 per element; its chunks lie 2048 columns
-//     apart), one per 8 chunks in the column register-tile kernel (one position along M per thread).
+//     the shuffles' latency (8 per chunk for H16, 16 for H32, 2 for the amax). The row quantizer's block-per-thread
+//     kernel (bf16_to_mxfp4_row.cu) holds a whole MX block per thread and needs none of them.
+//   - RHT: the signs cost one splitmix64 per chunk in the chunk-per-lane row kernel (3 per element; a thread's
+//     chunks lie 2048 columns apart), one per MX block in the block-per-thread row kernel (0.75 per element), one
+//     per 8 chunks in the column register-tile kernel (one position along M per thread).
 //   - Column, shared-tile kernel: tiles of 128 rows x 32 columns with the grid's fast dimension along M, so the
 //     blocks resident at once read one 64-byte strip of many rows (short DRAM bursts); 2 loads in flight per thread,
 //     a barrier before any work, 8 two-byte shared loads per chunk. Register-tile kernel: 8 loads in flight per
