@@ -16,15 +16,18 @@
 // bf16_to_mxfp4_row runs in the quantizer options of paper 2's ladder (bf16_to_mxfp4_row.h): scale mode floor or
 // ceil, rounding rne or sr (stochastic), transform none, h16, h32 or rht (mx_transform.h); the case names them,
 // e.g. bf16_to_mxfp4_row/floor_sr_rht. bf16_to_mxfp4_col (along tokens, bf16_to_mxfp4_col.h) runs dense in RNE,
-// SR and each transform, and ragged over 32 balanced experts (shape .../g32) in RNE and in SR with h16.
+// SR and each transform, and ragged over 32 balanced experts (shape .../g32) in RNE and in SR with h16, with each of
+// its two kernels (bf16_to_mxfp4_col.h detail::MxColKernel; bf16_to_mxfp4_col_shared: the shared-memory one).
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
 // After the table, a geometric mean per case (x copy, speedup). The MXFP4 conversions at 65536 tokens and
 // 16384x7168 (every case moving >= 150 MB) with the copies and naive paths they are compared with:
 //   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_0-9]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
-// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column:
-//   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|col)/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
+// The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column, each
+// with both of its kernels (row: bf16_to_mxfp4_row/ and _row_lanes/ or _row_blocks/; column: bf16_to_mxfp4_col/
+// and _col_shared/):
+//   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|row_lanes|row_blocks|col|col_shared)/[a-z_0-9]+/(16384x(7168|5120|2048)|65536x)|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -126,12 +129,31 @@ MxQuantConfig quant_config(MxScaleMode mode, Rounding rounding, HadamardTransfor
   return cfg;
 }
 
-// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none).
+void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
+                            const std::string& name, detail::MxRowKernel kernel);
+
+// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none). Two cases per option:
+// bf16_to_mxfp4_row/<variant> runs the kernel bf16_to_mxfp4_row runs for it (bf16_to_mxfp4_row.h
+// mx_row_default_kernel), bf16_to_mxfp4_row_lanes/<variant> or bf16_to_mxfp4_row_blocks/<variant> the other one
+// (chunk_per_lane or block_per_thread; the same bits), side by side.
 void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
                        const char* variant) {
+  const detail::MxRowKernel used = detail::mx_row_default_kernel(transform);
+  const detail::MxRowKernel other = used == detail::MxRowKernel::chunk_per_lane ? detail::MxRowKernel::block_per_thread
+                                                                               : detail::MxRowKernel::chunk_per_lane;
+  for (detail::MxRowKernel kernel : {used, other}) {
+    const char* name = kernel == used ? "bf16_to_mxfp4_row"
+                       : kernel == detail::MxRowKernel::chunk_per_lane ? "bf16_to_mxfp4_row_lanes"
+                                                                       : "bf16_to_mxfp4_row_blocks";
+    add_bf16_to_mxfp4_with(M, K, mode, rounding, transform, fmt::format("{}/{}", name, variant), kernel);
+  }
+}
+
+void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
+                            const std::string& name, detail::MxRowKernel kernel) {
   int64_t bytes = 2 * M * K + M * K / 2 + M * K / kMxBlock;
   const MxQuantConfig cfg = quant_config(mode, rounding, transform);
-  add_case({fmt::format("bf16_to_mxfp4_row/{}", variant), shape_of(M, K), "mxfp4", bytes, bytes,
+  add_case({name, shape_of(M, K), "mxfp4", bytes, bytes,
                      [=](RotatedWorkload& w, int copies) {
                        std::vector<bf16*> x;
                        std::vector<MxTensor> out;
@@ -140,22 +162,26 @@ void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding
                          out.push_back({w.pool.alloc<uint8_t>(M * K / 2), w.pool.alloc<uint8_t>(M * K / kMxBlock)});
                        }
                        w.launch = [=](int c, cudaStream_t s) {
-                         bf16_to_mxfp4_row(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
+                         detail::bf16_to_mxfp4_row_using(kernel, x[c], M, K, out[c].codes, out[c].scales, cfg,
+                                                         nullptr, s);
                        };
                      }});
 }
 
 // The column quantizer (bf16_to_mxfp4_col.h) in the same options: dense (G = 0, shape MxK) or ragged over G balanced
-// groups (shape MxK/gG, groups padded to 32 tokens).
+// groups (shape MxK/gG, groups padded to 32 tokens). Cases bf16_to_mxfp4_col/... run the kernel the quantizer runs
+// (register_tile), bf16_to_mxfp4_col_shared/... the earlier shared-memory kernel (the same bits), side by side.
 void add_bf16_to_mxfp4_col(int64_t M, int64_t K, int64_t G, Rounding rounding, HadamardTransform transform,
-                           const char* variant) {
+                           const char* variant, detail::MxColKernel kernel) {
+  const char* name =
+      kernel == detail::MxColKernel::register_tile ? "bf16_to_mxfp4_col" : "bf16_to_mxfp4_col_shared";
   const std::vector<int32_t> off = G > 0 ? balanced_offsets(M, G) : std::vector<int32_t>{};
   int64_t padded = 0;
   for (size_t g = 0; g + 1 < off.size(); ++g) padded += mxfp4_col_group_ld(off[g + 1] - off[g]);
   if (G == 0) padded = M;
   const int64_t bytes = 2 * M * K + K * padded / 2 + K * padded / kMxBlock + (G > 0 ? 4 * (G + 1) : 0);
   const MxQuantConfig cfg = quant_config(MxScaleMode::floor, rounding, transform);
-  add_case({fmt::format("bf16_to_mxfp4_col/{}", variant), G > 0 ? fmt::format("{}/g{}", shape_of(M, K), G)
+  add_case({fmt::format("{}/{}", name, variant), G > 0 ? fmt::format("{}/g{}", shape_of(M, K), G)
                                                                 : shape_of(M, K),
             "mxfp4", bytes, bytes, [=](RotatedWorkload& w, int copies) {
               int32_t* d_off = G > 0 ? device_offsets(w.pool, off) : nullptr;
@@ -169,10 +195,10 @@ void add_bf16_to_mxfp4_col(int64_t M, int64_t K, int64_t G, Rounding rounding, H
               }
               w.launch = [=](int c, cudaStream_t s) {
                 if (G > 0)
-                  bf16_to_mxfp4_col_ragged(x[c], M, K, d_off, G, off.data(), out[c].codes, out[c].scales, cfg,
-                                           nullptr, s);
+                  detail::bf16_to_mxfp4_col_ragged_using(kernel, x[c], M, K, d_off, G, off.data(), out[c].codes,
+                                                         out[c].scales, cfg, nullptr, s);
                 else
-                  bf16_to_mxfp4_col(x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
+                  detail::bf16_to_mxfp4_col_using(kernel, x[c], M, K, out[c].codes, out[c].scales, cfg, nullptr, s);
               };
             }});
 }
@@ -317,14 +343,16 @@ void define_cases() {
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::h32, "floor_rne_h32");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::rht, "floor_sr_rht");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::none, "floor_rne");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::none, "floor_sr");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h16, "floor_rne_h16");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h32, "floor_rne_h32");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
-      add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
-      add_bf16_to_mxfp4_col(M, K, 32, Rounding::rne, HadamardTransform::none, "floor_rne");
-      add_bf16_to_mxfp4_col(M, K, 32, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
+      for (detail::MxColKernel kc : {detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile}) {
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::none, "floor_rne", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::none, "floor_sr", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h16, "floor_rne_h16", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::h32, "floor_rne_h32", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::rne, HadamardTransform::rht, "floor_rne_rht", kc);
+        add_bf16_to_mxfp4_col(M, K, 0, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16", kc);
+        add_bf16_to_mxfp4_col(M, K, 32, Rounding::rne, HadamardTransform::none, "floor_rne", kc);
+        add_bf16_to_mxfp4_col(M, K, 32, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16", kc);
+      }
       add_mxfp4_to_fp8_row(M, K, false);
       add_mxfp4_to_fp8_row(M, K, true);
       for (int64_t G : experts) {

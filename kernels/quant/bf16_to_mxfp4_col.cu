@@ -1,6 +1,8 @@
 // BF16 -> MXFP4 column quantization (bf16_to_mxfp4_col.h).
 // bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
+// Two kernels with the same bits (detail::MxColKernel): the register-tile kernel, which the quantizers run, is
+// described above its definition below; the shared-tile kernel, kept to be timed beside it, works as follows.
 // One thread block per tile of 128 rows (one token block of a group, or of the dense tensor) x 32 columns of X:
 // grid (token-block slots, column tiles). The block loads the tile with 16-byte loads (four per row) into shared
 // memory, rows padded to 34 BF16 so that the transposed reads below meet no bank conflicts; for stochastic
@@ -47,23 +49,51 @@ struct ColParams {
   unsigned long long* nonfinite_blocks;
 };
 
+// The token block of kTileRows rows in slot `slot` (both kernels): from the device offsets (ragged) or the slot
+// itself (dense). False when the slot has none or the device offsets are invalid: the block then writes nothing.
+template <bool kRagged>
+__device__ __forceinline__ bool find_token_block(const ColParams& p, long long slot, detail::TokenBlock& tb) {
+  if constexpr (kRagged) {
+    return detail::TokenBlockFinder<kThreads, kMxBlock>::find_by_warp(p.offsets, p.G, p.M, p.K, slot, tb);
+  } else {
+    tb.row0 = static_cast<int64_t>(slot) * kTileRows;
+    if (tb.row0 >= p.M) return false;
+    tb.rows = static_cast<int>(p.M - tb.row0 < kTileRows ? p.M - tb.row0 : kTileRows);
+    tb.ld = p.M;
+    tb.col0 = static_cast<int>(tb.row0);
+    tb.codes_offset = 0;
+    return true;
+  }
+}
+
+// Rows of the token block that the layout holds (a multiple of 32: the group's zero padding included).
+__device__ __forceinline__ int padded_tile_rows(const detail::TokenBlock& tb) {
+  return static_cast<int>(tb.ld - tb.col0 < kTileRows ? tb.ld - tb.col0 : kTileRows);
+}
+
+// Writes a chunk's codes (column k of X, rows r0 .. r0 + 7 of the token block) and, on lane q = 0 of its MX block,
+// the block's scale, when `in`; counts its NaN/Inf block on the warp. Every lane calls it (ballot).
+__device__ __forceinline__ void store_col_chunk(bool in, const detail::ChunkCodes& out, const ColParams& p,
+                                                const detail::TokenBlock& tb, int64_t k, int r0,
+                                                uint8_t* __restrict__ codes, uint8_t* __restrict__ scales,
+                                                unsigned long long& counted) {
+  if (in) {
+    // Element offset of the chunk in the layout: the group's K * P_g, its row k of X^T (length L_g), its token.
+    const int64_t e = tb.codes_offset + k * tb.ld + tb.col0 + r0;
+    reinterpret_cast<uint32_t*>(codes)[e / 8] = out.packed;
+    if ((threadIdx.x & 3) == 0) scales[e / kMxBlock] = out.scale;
+  }
+  if (p.nonfinite_blocks != nullptr) detail::count_nonfinite_blocks(in, out.nonfinite, counted);
+}
+
 template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
 __global__ void __launch_bounds__(kThreads)
 bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __restrict__ codes,
                          uint8_t* __restrict__ scales) {
   detail::TokenBlock tb;
-  if constexpr (kRagged) {
-    if (!detail::TokenBlockFinder<kThreads, kMxBlock>::find_by_warp(p.offsets, p.G, p.M, p.K, blockIdx.x, tb)) return;
-  } else {
-    tb.row0 = int64_t{blockIdx.x} * kTileRows;
-    tb.rows = static_cast<int>(p.M - tb.row0 < kTileRows ? p.M - tb.row0 : kTileRows);
-    tb.ld = p.M;
-    tb.col0 = static_cast<int>(tb.row0);
-    tb.codes_offset = 0;
-  }
+  if (!find_token_block<kRagged>(p, blockIdx.x, tb)) return;
   const int64_t k_tile = int64_t{blockIdx.y} * kTileCols;
-  const int64_t group_start = tb.codes_offset / p.K;  // P_g: the group's first padded token
-  const int padded_rows = static_cast<int>(tb.ld - tb.col0 < kTileRows ? tb.ld - tb.col0 : kTileRows);  // % 32 == 0
+  const int padded_rows = padded_tile_rows(tb);
 
   __shared__ __align__(4) uint16_t tile[kTileRows][kLd];
   __shared__ __align__(4) uint16_t draws[kRounding == Rounding::stochastic ? kTileRows : 1][kLd];
@@ -119,81 +149,169 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
             d.word[i / 4] |= static_cast<uint64_t>(draws[r0 + i][col]) << (16 * (i % 4));
           return d;
         });
-    if (in) {
-      // Element offset of the chunk in the layout: the group's K * P_g, its row k of X^T (length L_g), its token.
-      const int64_t e = p.K * group_start + (k_tile + col) * tb.ld + tb.col0 + r0;
-      reinterpret_cast<uint32_t*>(codes)[e / 8] = out.packed;
-      if (q == 0) scales[e / kMxBlock] = out.scale;
-    }
-    if (p.nonfinite_blocks != nullptr) detail::count_nonfinite_blocks(in, out.nonfinite, counted);
+    store_col_chunk(in, out, p, tb, k_tile + col, r0, codes, scales, counted);
   }
   if (p.nonfinite_blocks != nullptr && lane == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
 }
 
+// The register-tile kernel: 8 warps, each 64 rows x 32 columns of the token block (the tile: 128 rows x 128
+// columns). Lane = 8 a + 4 b + q loads rows r0 .. r0 + 7 (r0 = 64 (warp % 2) + 32 b + 8 q) of columns
+// k0 .. k0 + 7 (k0 = 32 (warp / 2) + 8 a): eight 16-byte loads in flight, each load instruction of a warp reading
+// 8 rows x 64 contiguous bytes. The 8 x 8 BF16 tile is transposed in registers (one byte permutation per pair of
+// elements): chunk c = column k0 + c, rows r0 .. r0 + 7, the four lanes q = 0..3 holding one MX block as
+// quantize_chunk needs. A store instruction writes 4 rows of X^T x 32 contiguous bytes. Stochastic rounding draws
+// the same hashes as the shared-tile kernel: row r0 + i's flat index over 4 for columns k0 + 4 h .. k0 + 4 h + 3,
+// h = 0, 1 (sixteen per thread: one per four elements), its 16-bit slices handed to the chunks of those columns.
+// Grid: (column tiles, token-block slots over y and z): consecutive thread blocks take adjacent column tiles of the
+// same 128 rows, so that the blocks resident at once read whole rows of X (long DRAM bursts) rather than one
+// narrow column strip of many rows, as the shared-tile kernel's grid (slots, column tiles) does.
+constexpr int kRegTileCols = 128;  // columns of X per tile (register-tile kernel)
+constexpr int64_t kMaxGridY = 65535;  // the grid's largest second dimension: slots run over (y, z)
+static_assert(kThreads == 256 && kTileRows == 2 * 64 && kRegTileCols == 4 * 32, "8 warps of 64 rows x 32 columns");
+
+template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
+__global__ void __launch_bounds__(kThreads)
+bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __restrict__ codes,
+                              uint8_t* __restrict__ scales) {
+  constexpr int kRows = detail::kMxChunk;  // rows per thread = elements per chunk
+  detail::TokenBlock tb;
+  if (!find_token_block<kRagged>(p, int64_t{blockIdx.z} * kMaxGridY + blockIdx.y, tb)) return;
+  const int padded_rows = padded_tile_rows(tb);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
+  const int r0 = 64 * (warp & 1) + 32 * ((lane >> 2) & 1) + 8 * (lane & 3);  // first row within the token block
+  const int64_t k0 = int64_t{blockIdx.x} * kRegTileCols + 32 * (warp >> 1) + 8 * (lane >> 3);  // first column
+  const bool cols_in = k0 < p.K;  // K % 8 == 0: the thread's 8 columns are all in or all out
+  uint32_t v[kRows][4];           // row i, BF16 columns 2j (low half) and 2j + 1 (high half) of word j
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    uint4 u = make_uint4(0, 0, 0, 0);  // rows past the group's tokens are zeros
+    if (cols_in && r0 + i < tb.rows) u = __ldcs(reinterpret_cast<const uint4*>(x + (tb.row0 + r0 + i) * p.K + k0));
+    v[i][0] = u.x;
+    v[i][1] = u.y;
+    v[i][2] = u.z;
+    v[i][3] = u.w;
+  }
+  // Whole MX blocks only: the four lanes of a block share r0 - 8 q and k0, so `in` is the same for them.
+  const bool in = cols_in && r0 < padded_rows;
+  const uint32_t t0 = static_cast<uint32_t>(tb.col0 + r0);  // position along the group's tokens (rht signs)
+  // Stochastic rounding: element (r0 + i, k0 + c) has flat index 4 (n0 + i K / 4) + c (K % 8 == 0, k0 % 8 == 0).
+  const uint64_t n0 = ((p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
+                       static_cast<uint64_t>(k0)) / 4;
+  const uint64_t row_step = static_cast<uint64_t>(p.K) / 4;
+  unsigned long long counted = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint64_t word[kRows] = {};  // row i's hash of columns k0 + 4 h .. k0 + 4 h + 3 (element 4 h + c: bits 16 c ..)
+    if constexpr (kRounding == Rounding::stochastic) {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) word[i] = splitmix64_at(p.seed, n0 + i * row_step + h);
+    }
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      const int c = 4 * h + cc;
+      const uint32_t halves = (c & 1) ? 0x7632u : 0x5410u;  // the high or the low BF16 of both words
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[j] = __byte_perm(v[2 * j][c / 2], v[2 * j + 1][c / 2], halves);
+      const detail::ChunkCodes out = detail::quantize_chunk<kRounding, kTransform>(
+          make_uint4(w[0], w[1], w[2], w[3]), t0, p.rht_seed, p.mode, [&] {
+            detail::ChunkDraws d{{0, 0}};
+#pragma unroll
+            for (int i = 0; i < kRows; ++i)
+              d.word[i / 4] |= ((word[i] >> (16 * cc)) & 0xFFFFull) << (16 * (i % 4));
+            return d;
+          });
+      store_col_chunk(in, out, p, tb, k0 + c, r0, codes, scales, counted);
+    }
+  }
+  if (p.nonfinite_blocks != nullptr && lane == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
+}
+
+using ColKernelFn = void (*)(const bf16*, ColParams, uint8_t*, uint8_t*);
+
+template <bool kRagged, Rounding kRounding, HadamardTransform kTransform>
+ColKernelFn col_kernel(detail::MxColKernel kernel) {
+  return kernel == detail::MxColKernel::shared_tile ? bf16_to_mxfp4_col_kernel<kRounding, kTransform, kRagged>
+                                                    : bf16_to_mxfp4_col_regs_kernel<kRounding, kTransform, kRagged>;
+}
+
 template <bool kRagged, Rounding kRounding>
-void launch_for_transform(HadamardTransform t, dim3 grid, cudaStream_t stream, const bf16* x, const ColParams& p,
-                          uint8_t* codes, uint8_t* scales) {
+ColKernelFn col_kernel(detail::MxColKernel kernel, HadamardTransform t) {
   switch (t) {
-    case HadamardTransform::none:
-      bf16_to_mxfp4_col_kernel<kRounding, HadamardTransform::none, kRagged><<<grid, kThreads, 0, stream>>>(
-          x, p, codes, scales);
-      break;
     case HadamardTransform::h16:
-      bf16_to_mxfp4_col_kernel<kRounding, HadamardTransform::h16, kRagged><<<grid, kThreads, 0, stream>>>(
-          x, p, codes, scales);
-      break;
+      return col_kernel<kRagged, kRounding, HadamardTransform::h16>(kernel);
     case HadamardTransform::h32:
-      bf16_to_mxfp4_col_kernel<kRounding, HadamardTransform::h32, kRagged><<<grid, kThreads, 0, stream>>>(
-          x, p, codes, scales);
-      break;
+      return col_kernel<kRagged, kRounding, HadamardTransform::h32>(kernel);
     case HadamardTransform::rht:
-      bf16_to_mxfp4_col_kernel<kRounding, HadamardTransform::rht, kRagged><<<grid, kThreads, 0, stream>>>(
-          x, p, codes, scales);
-      break;
+      return col_kernel<kRagged, kRounding, HadamardTransform::rht>(kernel);
+    default:
+      return col_kernel<kRagged, kRounding, HadamardTransform::none>(kernel);
   }
 }
 
 // Pointer checks and the launch of both forms (arguments already checked).
 template <bool kRagged>
-void launch_col(const char* what, const bf16* x, int64_t M, int64_t K, const int32_t* offsets, int64_t G,
-                uint8_t* codes, uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
-                cudaStream_t stream) {
+void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int64_t M, int64_t K,
+                const int32_t* offsets, int64_t G, uint8_t* codes, uint8_t* scales, const MxQuantConfig& cfg,
+                unsigned long long* nonfinite_blocks, cudaStream_t stream) {
   detail::check_mx_pointer(what, "x", x, 16);
   detail::check_mx_pointer(what, "codes", codes, 16);
   detail::check_mx_pointer(what, "scales", scales, 1);
   if (nonfinite_blocks != nullptr) detail::check_mx_pointer(what, "nonfinite_blocks", nonfinite_blocks, 8);
   const ColParams p{cfg.scale_mode, cfg.seed, static_cast<uint64_t>(cfg.row_offset), cfg.rht_seed, M, K, offsets,
                     static_cast<int>(G), nonfinite_blocks};
-  const dim3 grid(static_cast<unsigned>(ceil_div(M, int64_t{kTileRows}) + (kRagged ? G : 0)),
-                  static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})));
-  if (cfg.rounding == Rounding::rne)
-    launch_for_transform<kRagged, Rounding::rne>(cfg.transform, grid, stream, x, p, codes, scales);
-  else
-    launch_for_transform<kRagged, Rounding::stochastic>(cfg.transform, grid, stream, x, p, codes, scales);
+  const int64_t slots = ceil_div(M, int64_t{kTileRows}) + (kRagged ? G : 0);
+  const dim3 grid = kernel == detail::MxColKernel::shared_tile
+                        ? dim3(static_cast<unsigned>(slots), static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})))
+                        : dim3(static_cast<unsigned>(ceil_div(K, int64_t{kRegTileCols})),
+                               static_cast<unsigned>(slots < kMaxGridY ? slots : kMaxGridY),
+                               static_cast<unsigned>(ceil_div(slots, kMaxGridY)));
+  const ColKernelFn fn = cfg.rounding == Rounding::rne
+                             ? col_kernel<kRagged, Rounding::rne>(kernel, cfg.transform)
+                             : col_kernel<kRagged, Rounding::stochastic>(kernel, cfg.transform);
+  fn<<<grid, kThreads, 0, stream>>>(x, p, codes, scales);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
+namespace detail {
+
+void bf16_to_mxfp4_col_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
+                             uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
+                             cudaStream_t stream) {
+  const char* what = "bf16_to_mxfp4_col";
+  check_mx_col_config(what, M, K, false, cfg);
+  if (M == 0) return;
+  launch_col<false>(kernel, what, x, M, K, nullptr, 1, codes, scales, cfg, nonfinite_blocks, stream);
+}
+
+void bf16_to_mxfp4_col_ragged_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, const int32_t* offsets,
+                                    int64_t G, const int32_t* host_offsets, uint8_t* codes, uint8_t* scales,
+                                    const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
+                                    cudaStream_t stream) {
+  const char* what = "bf16_to_mxfp4_col_ragged";
+  check_mx_col_config(what, M, K, true, cfg);
+  FP4MOE_CHECK(G >= 1 && G <= kMaxColGroups, "{}: G must be in [1, {}], got G={}", what, kMaxColGroups, G);
+  FP4MOE_CHECK(offsets != nullptr, "{}: device group offsets are null (expected int32 [G+1] = [{}])", what, G + 1);
+  if (host_offsets != nullptr) validate_group_offsets(host_offsets, G, M, what);
+  if (M == 0) return;  // every group is empty: the layout has no element
+  launch_col<true>(kernel, what, x, M, K, offsets, G, codes, scales, cfg, nonfinite_blocks, stream);
+}
+
+}  // namespace detail
+
 void bf16_to_mxfp4_col(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                        const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream) {
-  const char* what = "bf16_to_mxfp4_col";
-  detail::check_mx_col_config(what, M, K, false, cfg);
-  if (M == 0) return;
-  launch_col<false>(what, x, M, K, nullptr, 1, codes, scales, cfg, nonfinite_blocks, stream);
+  detail::bf16_to_mxfp4_col_using(detail::MxColKernel::register_tile, x, M, K, codes, scales, cfg, nonfinite_blocks,
+                                  stream);
 }
 
 void bf16_to_mxfp4_col_ragged(const bf16* x, int64_t M, int64_t K, const int32_t* offsets, int64_t G,
                               const int32_t* host_offsets, uint8_t* codes, uint8_t* scales,
                               const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream) {
-  const char* what = "bf16_to_mxfp4_col_ragged";
-  detail::check_mx_col_config(what, M, K, true, cfg);
-  FP4MOE_CHECK(G >= 1 && G <= detail::kMaxColGroups, "{}: G must be in [1, {}], got G={}", what,
-               detail::kMaxColGroups, G);
-  FP4MOE_CHECK(offsets != nullptr, "{}: device group offsets are null (expected int32 [G+1] = [{}])", what, G + 1);
-  if (host_offsets != nullptr) validate_group_offsets(host_offsets, G, M, what);
-  if (M == 0) return;  // every group is empty: the layout has no element
-  launch_col<true>(what, x, M, K, offsets, G, codes, scales, cfg, nonfinite_blocks, stream);
+  detail::bf16_to_mxfp4_col_ragged_using(detail::MxColKernel::register_tile, x, M, K, offsets, G, host_offsets, codes,
+                                         scales, cfg, nonfinite_blocks, stream);
 }
 
 }  // namespace fp4moe

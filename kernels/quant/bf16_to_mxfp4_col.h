@@ -68,6 +68,19 @@ int64_t bf16_to_mxfp4_col_ragged_ref(const bf16* x, int64_t M, int64_t K, const 
 namespace detail {
 // The argument checks of the column quantizers (`what` names the caller; `ragged`: any M, else M % 32 == 0).
 void check_mx_col_config(const char* what, int64_t M, int64_t K, bool ragged, const MxQuantConfig& cfg);
+
+// The two kernels behind the column quantizers (bf16_to_mxfp4_col.cu), which give the same bits: register_tile
+// (what bf16_to_mxfp4_col and bf16_to_mxfp4_col_ragged run: each thread loads 8 rows x 8 columns and transposes
+// them in registers) and shared_tile (the earlier kernel: 128 x 32 tiles transposed through shared memory), kept
+// so that bench_quant and the GPU tests run both. Same arguments and rejections as the public forms.
+enum class MxColKernel : int { register_tile = 0, shared_tile = 1 };
+void bf16_to_mxfp4_col_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
+                             uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
+                             cudaStream_t stream);
+void bf16_to_mxfp4_col_ragged_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, const int32_t* offsets,
+                                    int64_t G, const int32_t* host_offsets, uint8_t* codes, uint8_t* scales,
+                                    const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
+                                    cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace fp4moe

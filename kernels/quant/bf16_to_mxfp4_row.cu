@@ -1,6 +1,9 @@
 // BF16 -> MXFP4 row quantization (bf16_to_mxfp4_row.h).
 // bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
+// Two kernels with the same bits (bf16_to_mxfp4_row.h detail::MxRowKernel): the chunk-per-lane kernel described
+// here, which bf16_to_mxfp4_row runs without a transform, and the block-per-thread kernel described above its
+// definition below, which it runs with one (no warp shuffles; one hash for rht's 32 signs of a block).
 // The [M, K] tensor is walked as one flat sequence of 8-element chunks (16 bytes of BF16): K % 32 == 0, so every
 // MX block is four consecutive chunks of one row, and its codes (16 bytes) and scale (1 byte) sit at the flat
 // block index in [M, K/2] and [M, K/32]. One thread block per tile of kThreads x kChunksPerThread chunks (the
@@ -9,11 +12,12 @@
 // shuffles, and each lane writes its 4 bytes of codes (a warp writes 128 contiguous bytes). A full tile takes no
 // bounds checks and indexes with 32-bit offsets from the tile's base pointers; only the last tile checks.
 // A transform runs on the chunk in registers before the block rule: the lane's 8 elements in FP32, the butterfly
-// stages within the chunk, then those across chunks with one shuffle per element (h = 8: lanes 1 apart; h = 16:
-// lanes 2 apart), the scale, and the rounding back to BF16 (one BF16x2 conversion per pair); rht draws one 64-bit
+// stages within the chunk, then those across chunks with one shuffle and one fused multiply-add by +-1 per element
+// (h = 8: lanes 1 apart; h = 16: lanes 2 apart), the scale, and the rounding back to BF16 (one BF16x2 conversion per pair); rht draws one 64-bit
 // hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne in
 // mx_quant_device.cuh, which holds the per-chunk steps shared with the column quantizer); stochastic rounding
-// scales each element by one exact FP32 product and rounds it with the integer formulation of mx_fast_codecs.h,
+// scales each element by one exact FP32 product and rounds it with the integer formulation of mx_fast_codecs.h
+// (biased codes summed per chunk),
 // drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are counted per warp and added with
 // one atomic per warp at the end.
 #include <cuda_bf16.h>
@@ -112,42 +116,156 @@ bf16_to_mxfp4_row_kernel(const uint4* __restrict__ x, int64_t num_chunks, QuantP
   if (p.nonfinite_blocks != nullptr && (threadIdx.x & 31) == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
 }
 
-template <Rounding kRounding>
-void launch_for_transform(HadamardTransform t, unsigned grid, cudaStream_t stream, const uint4* x,
-                          int64_t num_chunks, const QuantParams& p, uint32_t* codes, uint8_t* scales) {
-  switch (t) {
-    case HadamardTransform::none:
-      bf16_to_mxfp4_row_kernel<kRounding, HadamardTransform::none><<<grid, kThreads, 0, stream>>>(x, num_chunks, p,
-                                                                                                  codes, scales);
-      break;
-    case HadamardTransform::h16:
-      bf16_to_mxfp4_row_kernel<kRounding, HadamardTransform::h16><<<grid, kThreads, 0, stream>>>(x, num_chunks, p,
-                                                                                                 codes, scales);
-      break;
-    case HadamardTransform::h32:
-      bf16_to_mxfp4_row_kernel<kRounding, HadamardTransform::h32><<<grid, kThreads, 0, stream>>>(x, num_chunks, p,
-                                                                                                 codes, scales);
-      break;
-    case HadamardTransform::rht:
-      bf16_to_mxfp4_row_kernel<kRounding, HadamardTransform::rht><<<grid, kThreads, 0, stream>>>(x, num_chunks, p,
-                                                                                                 codes, scales);
-      break;
+// The block-per-thread kernel (detail::MxRowKernel::block_per_thread): thread t of a tile owns MX block t, its
+// four chunks (64 bytes: four L1-cached 16-byte loads, which together read the warp's 2 KB once). The transform
+// runs in the thread's registers (every butterfly stage, h = 16 included, without a shuffle; rht: one hash for the
+// 32 signs), the block amax needs no shuffle, and the thread writes its 16 bytes of codes with one store and its
+// scale byte. Same bits as the chunk-per-lane kernel above: the same operations in the same order per element.
+template <HadamardTransform kTransform>
+__device__ __forceinline__ void transform_block(uint4 (&v)[4], uint32_t k0, uint64_t rht_seed) {
+  float y[kMxBlock];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float c[kChunk];
+    detail::unpack_chunk(v[j], c);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) y[kChunk * j + i] = c[i];
   }
+  if constexpr (kTransform == HadamardTransform::rht) {
+    // k0 % 32 == 0: the 32 signs are bits k0 % 64 .. k0 % 64 + 31 of one hash (rht_sign_bits8 of each chunk).
+    const uint32_t signs = static_cast<uint32_t>(splitmix64_at(rht_seed, k0 / 64) >> (k0 % 64));
+#pragma unroll
+    for (int i = 0; i < kMxBlock; ++i) y[i] = __uint_as_float(__float_as_uint(y[i]) ^ (((signs >> i) & 1u) << 31));
+  }
+  constexpr int n = hadamard_block_size(kTransform);
+#pragma unroll
+  for (int h = 1; h < n; h *= 2)
+#pragma unroll
+    for (int i = 0; i < kMxBlock; i += 2 * h)
+#pragma unroll
+      for (int j = i; j < i + h; ++j) {
+        const float a = y[j], b = y[j + h];
+        y[j] = __fadd_rn(a, b);
+        y[j + h] = __fsub_rn(a, b);
+      }
+  const float c = hadamard_scale(n);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = kChunk * j + 2 * i;
+      w[i] = detail::bits_of_bf162(__floats2bfloat162_rn(__fmul_rn(y[e], c), __fmul_rn(y[e + 1], c)));
+    }
+    v[j] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+template <Rounding kRounding, HadamardTransform kTransform>
+__global__ void __launch_bounds__(kThreads)
+bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, QuantParams p,
+                               uint4* __restrict__ codes, uint8_t* __restrict__ scales) {
+  unsigned long long counted = 0;
+  // `base` is the same for the whole thread block: every lane runs every iteration (the ballot needs whole warps).
+  for (int64_t base = int64_t{blockIdx.x} * kThreads; base < num_blocks; base += int64_t{gridDim.x} * kThreads) {
+    const int64_t b = base + threadIdx.x;  // this thread's MX block (flat)
+    const bool in = b < num_blocks;
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = in ? __ldg(x + 4 * b + j) : make_uint4(0, 0, 0, 0);
+    if constexpr (kTransform != HadamardTransform::none) {
+      uint32_t k0 = 0;  // rht: the block's first column (K <= 2^30)
+      if constexpr (kTransform == HadamardTransform::rht)
+        k0 = static_cast<uint32_t>((static_cast<uint64_t>(b) * kMxBlock) % p.K);
+      transform_block<kTransform>(v, k0, p.rht_seed);
+    }
+    uint32_t amax_bits = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) amax_bits = max(amax_bits, detail::chunk_amax_bits(v[j]));
+    const bool nonfinite = amax_bits >= detail::kBf16AbsNonFinite;
+    uint32_t packed[4] = {0, 0, 0, 0};  // NaN/Inf block and all-zero block: codes 0
+    uint8_t scale = nonfinite ? kUE8M0NaN : 0;
+    if (!nonfinite && amax_bits != 0) {
+      const int e = detail::block_exponent(amax_bits, p.mode);
+      scale = static_cast<uint8_t>(e + kUE8M0Bias);
+      const float inv_scale = exp2_exact(-e);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kRounding == Rounding::rne) {
+          packed[j] = detail::encode_chunk_rne(v[j], inv_scale);
+        } else {
+          // Chunk j's 8 consecutive flat indices start at a multiple of 8 (two hashes, as mx_sr_bits16 packs them).
+          const uint64_t n = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 4;
+          packed[j] = detail::encode_chunk_stochastic(
+              v[j], inv_scale, detail::ChunkDraws{{splitmix64_at(p.seed, n), splitmix64_at(p.seed, n + 1)}});
+        }
+      }
+    }
+    if (in) {
+      codes[b] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      scales[b] = scale;
+    }
+    if (p.nonfinite_blocks != nullptr)
+      counted += static_cast<unsigned long long>(__popc(__ballot_sync(0xFFFFFFFFu, in && nonfinite)));
+  }
+  if (p.nonfinite_blocks != nullptr && (threadIdx.x & 31) == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
+}
+
+using RowLaunch = void (*)(unsigned grid, cudaStream_t stream, const uint4* x, int64_t num_chunks,
+                           const QuantParams& p, uint8_t* codes, uint8_t* scales);
+
+template <detail::MxRowKernel kKernel, Rounding kRounding, HadamardTransform kTransform>
+void launch_row(unsigned grid, cudaStream_t stream, const uint4* x, int64_t num_chunks, const QuantParams& p,
+                uint8_t* codes, uint8_t* scales) {
+  if constexpr (kKernel == detail::MxRowKernel::chunk_per_lane)
+    bf16_to_mxfp4_row_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
+        x, num_chunks, p, reinterpret_cast<uint32_t*>(codes), scales);
+  else
+    bf16_to_mxfp4_row_block_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
+        x, num_chunks / 4, p, reinterpret_cast<uint4*>(codes), scales);
+}
+
+template <detail::MxRowKernel kKernel, Rounding kRounding>
+RowLaunch row_launch(HadamardTransform t) {
+  switch (t) {
+    case HadamardTransform::h16:
+      return launch_row<kKernel, kRounding, HadamardTransform::h16>;
+    case HadamardTransform::h32:
+      return launch_row<kKernel, kRounding, HadamardTransform::h32>;
+    case HadamardTransform::rht:
+      return launch_row<kKernel, kRounding, HadamardTransform::rht>;
+    default:
+      return launch_row<kKernel, kRounding, HadamardTransform::none>;
+  }
+}
+
+template <detail::MxRowKernel kKernel>
+RowLaunch row_launch(const MxQuantConfig& cfg) {
+  return cfg.rounding == Rounding::rne ? row_launch<kKernel, Rounding::rne>(cfg.transform)
+                                       : row_launch<kKernel, Rounding::stochastic>(cfg.transform);
 }
 
 }  // namespace
 
-void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
-                       const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream) {
+namespace detail {
+
+MxRowKernel mx_row_default_kernel(HadamardTransform t) {
+  return t == HadamardTransform::none ? MxRowKernel::chunk_per_lane : MxRowKernel::block_per_thread;
+}
+
+void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
+                             uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
+                             cudaStream_t stream) {
   const char* what = "bf16_to_mxfp4_row";
-  detail::check_mx_quant_config(what, M, K, cfg);
+  check_mx_quant_config(what, M, K, cfg);
   if (M == 0) return;
-  detail::check_mx_pointer(what, "x", x, 16);
-  detail::check_mx_pointer(what, "codes", codes, 16);
-  detail::check_mx_pointer(what, "scales", scales, 1);
-  if (nonfinite_blocks != nullptr) detail::check_mx_pointer(what, "nonfinite_blocks", nonfinite_blocks, 8);
+  check_mx_pointer(what, "x", x, 16);
+  check_mx_pointer(what, "codes", codes, 16);
+  check_mx_pointer(what, "scales", scales, 1);
+  if (nonfinite_blocks != nullptr) check_mx_pointer(what, "nonfinite_blocks", nonfinite_blocks, 8);
 
   const int64_t num_chunks = M * K / kChunk;
+  // Both kernels: kThreads x 4 chunks per tile (chunk_per_lane: a tile of chunks; block_per_thread: of MX blocks).
   const int64_t tiles = ceil_div(num_chunks, int64_t{kTile});
   const unsigned grid = static_cast<unsigned>(tiles < INT_MAX ? tiles : INT_MAX);  // past it the blocks stride
   const QuantParams p{cfg.scale_mode,
@@ -156,13 +274,18 @@ void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint
                       cfg.rht_seed,
                       static_cast<uint32_t>(K <= kRhtMaxK ? K : 0),  // read by rht only, which takes K <= 2^30
                       nonfinite_blocks};
-  const auto* x16 = reinterpret_cast<const uint4*>(x);
-  auto* codes32 = reinterpret_cast<uint32_t*>(codes);
-  if (cfg.rounding == Rounding::rne)
-    launch_for_transform<Rounding::rne>(cfg.transform, grid, stream, x16, num_chunks, p, codes32, scales);
-  else
-    launch_for_transform<Rounding::stochastic>(cfg.transform, grid, stream, x16, num_chunks, p, codes32, scales);
+  const RowLaunch launch = kernel == MxRowKernel::chunk_per_lane ? row_launch<MxRowKernel::chunk_per_lane>(cfg)
+                                                                 : row_launch<MxRowKernel::block_per_thread>(cfg);
+  launch(grid, stream, reinterpret_cast<const uint4*>(x), num_chunks, p, codes, scales);
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace detail
+
+void bf16_to_mxfp4_row(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
+                       const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream) {
+  detail::bf16_to_mxfp4_row_using(detail::mx_row_default_kernel(cfg.transform), x, M, K, codes, scales, cfg,
+                                  nonfinite_blocks, stream);
 }
 
 }  // namespace fp4moe

@@ -55,14 +55,29 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
 // bits 0..21 the exact position of a within the step; for a < 1 the same fixed point built from
 // ceil(a * 2^23) (a + 1 rounded up, exact in FP32, minus one binade). a rounds up iff s < position * 2^16 / 2^22,
 // i.e. iff ceil(position / 64) + (0xFFFF - s) carries into bit 16; codes past 7 saturate.
-FP4MOE_HD uint32_t e2m1_magnitude_sr_f32(float a, uint32_t s) {
+// In fewer instructions (the kernels' form, split in two so that they can add the biased codes of a chunk and
+// subtract the bias once):
+//   - X = max(bits(a), bits(a + 1 rounded up) - 2^23) as integers, without a comparison and a select: for a >= 1
+//     the second is (a + 1) / 2 rounded up, which is <= a; for a < 1 it is >= (a + 1) / 2 > a;
+//   - floor((floor((X + 63) / 64) + 0xFFFF - s) / 2^16) = floor((X + 63 + 64 (0xFFFF - s)) / 2^22) (nested floor
+//     division), one three-input sum and one shift; 64 (0xFFFF - s) is the draw's offset, e2m1_sr_offset.
+FP4MOE_HD uint32_t e2m1_sr_offset(uint32_t s) { return ((s ^ 0xFFFFu) & 0xFFFFu) << 6; }
+
+// 252 + the magnitude code before saturation (252 .. 260; 259 and more saturate to code 7), given the draw's
+// e2m1_sr_offset.
+FP4MOE_HD uint32_t e2m1_biased_code_sr_f32(float a, uint32_t offset) {
 #if defined(__CUDA_ARCH__)
-  const uint32_t below_one = f32_bits(__fadd_ru(a, 1.0f)) - 0x00800000u;  // 252 * 2^22 + ceil(a * 2^23)
+  const uint32_t below_one = f32_bits(__fadd_ru(a, 1.0f)) - 0x00800000u;  // 252 * 2^22 + ceil(a * 2^23) for a < 1
 #else
   const uint32_t below_one = a < 1.0f ? (252u << 22) + static_cast<uint32_t>(std::ceil(a * 8388608.0f)) : 0u;
 #endif
-  const uint32_t x = a >= 1.0f ? f32_bits(a) : below_one;  // both computed: a select, not a branch per element
-  const uint32_t t = (((x + 63u) >> 6) + (s ^ 0xFFFFu)) >> 16;
+  const uint32_t bits = f32_bits(a);
+  const uint32_t x = bits > below_one ? bits : below_one;
+  return (x + 63u + offset) >> 22;
+}
+
+FP4MOE_HD uint32_t e2m1_magnitude_sr_f32(float a, uint32_t s) {
+  const uint32_t t = e2m1_biased_code_sr_f32(a, e2m1_sr_offset(s));
   return (t < 259u ? t : 259u) - 252u;
 }
 

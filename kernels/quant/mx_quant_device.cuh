@@ -4,6 +4,30 @@
 // of one MX block in order (lane & 3 = chunk within the block). quantize_chunk then applies the rule of
 // bf16_to_mxfp4_row.h (transform, block amax over the four lanes, UE8M0 scale, E2M1 codes) with the same bits in
 // both kernels. Every lane of a warp must call the helpers that shuffle (whole warps, all lanes active).
+//
+// Cost per element on sm_90a (ptxas -v registers and PTX instruction counts of both kernels; SASS counts estimated),
+// against the budget: at copy bandwidth the H200 moves about 1.7e12 elements/s (2.5 bytes each: BF16 in, code and
+// scale out) and issues about 33e12 thread instructions/s (132 SMs x 4 schedulers x 32 lanes x 1.98 GHz), so about
+// 20 instructions per element at full issue, about 16 for 0.80 of copy at a realistic issue efficiency.
+//   - RNE: about 7 (the BF16x2 encoder, two elements per instruction, plus the amax): memory-bound.
+//   - SR: one splitmix64 per four elements, about 24 instructions (9 of them half-rate integer multiply-adds for the
+//     64-bit products), 6 per element; the encoder about 17 per element in its first form (product, rounded-up sum,
+//     compare and select, three shifts and two sums for the decision, clamp, bias, sign, pack), about 13 now
+//     (e2m1_biased_code_sr_f32: a maximum instead of compare and select, one three-input sum and one shift; the
+//     bias of the summed codes removed once per chunk). About 20 in all: above the budget, so 0.80 of copy needs a
+//     cheaper draw too (a 32-bit hash per two elements would save about 3 per element; changes the random bits).
+//   - H16 / H32: unpack 1, in-chunk butterflies 3, per stage across lanes one shuffle and one fused multiply-add
+//     (a sign flip and an addition before), scale 1, BF16 pack 0.5: about 7 (H16) and 8 (H32) on top of RNE, plus
+//     the shuffles' latency (8 per chunk for H16, 16 for H32, 2 for the amax). The row quantizer's block-per-thread
+//     kernel (bf16_to_mxfp4_row.cu) holds a whole MX block per thread and needs none of them.
+//   - RHT: the signs cost one splitmix64 per chunk in the chunk-per-lane row kernel (3 per element; a thread's
+//     chunks lie 2048 columns apart), one per MX block in the block-per-thread row kernel (0.75 per element), one
+//     per 8 chunks in the column register-tile kernel (one position along M per thread).
+//   - Column, shared-tile kernel: tiles of 128 rows x 32 columns with the grid's fast dimension along M, so the
+//     blocks resident at once read one 64-byte strip of many rows (short DRAM bursts); 2 loads in flight per thread,
+//     a barrier before any work, 8 two-byte shared loads per chunk. Register-tile kernel: 8 loads in flight per
+//     thread, tiles of 128 x 128 with column tiles fastest, 4 byte permutations per chunk for the transpose, no
+//     shared memory or barrier; 56-64 registers (RNE) or 80-106 (SR): 4 or 2 blocks of 256 threads per SM.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,14 +81,16 @@ __device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_s
 
 // One butterfly stage across lanes `kLaneXor` apart: the lower lane holds a = y_j, the upper b = y_{j+h}; the
 // lower keeps a + b, the upper a - b (mx_transform.h). Both as one sum, other + (+-own): IEEE addition commutes
-// and a - b is a + (-b), so the bits are those of the rule, without a branch per element.
+// and a - b is a + (-b), so the bits are those of the rule, without a branch per element. The sum is one fused
+// multiply-add fma(own, +-1, other): the product by +-1 is exact (zeros, infinities and NaN included), so its
+// single rounding is that of the addition; one instruction per element instead of a sign flip and an addition.
 template <int kLaneXor>
 __device__ __forceinline__ void butterfly_across_lanes(float (&y)[kMxChunk]) {
-  const uint32_t own_sign = (threadIdx.x & kLaneXor) != 0 ? 0x80000000u : 0u;
+  const float own_sign = (threadIdx.x & kLaneXor) != 0 ? -1.0f : 1.0f;
 #pragma unroll
   for (int i = 0; i < kMxChunk; ++i) {
     const float other = __shfl_xor_sync(0xFFFFFFFFu, y[i], kLaneXor);
-    y[i] = __fadd_rn(other, __uint_as_float(__float_as_uint(y[i]) ^ own_sign));
+    y[i] = __fmaf_rn(y[i], own_sign, other);
   }
 }
 
@@ -119,17 +145,22 @@ struct ChunkDraws {
 // Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
 // 4i..4i+3, the sign of v kept (-0 included). The product is an exact power-of-two scaling (rounded only below
 // 2^-126).
+// The biased codes (252 + code, mx_fast_codecs.h e2m1_biased_code_sr_f32, clamped at 259) are summed at their
+// nibbles and 252 per nibble subtracted once (modulo 2^32 the sum is exact and every code fits its nibble); the
+// sign bits are gathered apart.
 __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, const ChunkDraws& d) {
   float y[kMxChunk];
   unpack_chunk(v, y);
-  uint32_t packed = 0;
+  uint32_t biased = 0, signs = 0;
 #pragma unroll
   for (int i = 0; i < kMxChunk; ++i) {
     const float a = fabsf(__fmul_rn(y[i], inv_scale));
-    const uint32_t s = static_cast<uint32_t>(d.word[i / 4] >> (16 * (i % 4))) & 0xFFFFu;
-    packed |= (e2m1_magnitude_sr_f32(a, s) | ((__float_as_uint(y[i]) >> 28) & 8u)) << (4 * i);
+    const uint32_t s = static_cast<uint32_t>(d.word[i / 4] >> (16 * (i % 4)));  // e2m1_sr_offset keeps 16 bits
+    const uint32_t t = e2m1_biased_code_sr_f32(a, e2m1_sr_offset(s));
+    biased += min(t, 259u) << (4 * i);
+    signs |= ((__float_as_uint(y[i]) >> 28) & 8u) << (4 * i);
   }
-  return packed;
+  return (biased - 252u * 0x11111111u) | signs;
 }
 
 // The largest of a value over the four lanes of an MX block.

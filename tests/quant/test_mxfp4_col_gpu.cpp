@@ -32,22 +32,27 @@ struct ColRun {
   bool guards_intact = false;
 };
 
+// Both kernels behind the column quantizers (bf16_to_mxfp4_col.h): each must give the reference's bits.
+constexpr detail::MxColKernel kAllKernels[] = {detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile};
+
 // The dense (offsets empty) or ragged GPU quantizer into outputs of `codes_n` and `scales_n` bytes, poisoned first.
 ColRun run_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const std::vector<int32_t>& offsets,
-               int64_t codes_n, int64_t scales_n, const MxQuantConfig& cfg, bool pass_host_offsets = true) {
+               int64_t codes_n, int64_t scales_n, const MxQuantConfig& cfg, bool pass_host_offsets = true,
+               detail::MxColKernel kernel = detail::MxColKernel::register_tile) {
   Guarded<bf16> dx(static_cast<size_t>(M * K));
   Guarded<uint8_t> codes(static_cast<size_t>(codes_n)), scales(static_cast<size_t>(scales_n));
   DeviceBuffer<unsigned long long> counter(1);
   dx.upload(x);
   CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
   if (offsets.empty()) {
-    bf16_to_mxfp4_col(dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
+    detail::bf16_to_mxfp4_col_using(kernel, dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
   } else {
     DeviceBuffer<int32_t> d_offsets(offsets.size());
     d_offsets.upload(offsets);
     const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
-    bf16_to_mxfp4_col_ragged(dx.ptr(), M, K, d_offsets.ptr, G, pass_host_offsets ? offsets.data() : nullptr,
-                             codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
+    detail::bf16_to_mxfp4_col_ragged_using(kernel, dx.ptr(), M, K, d_offsets.ptr, G,
+                                           pass_host_offsets ? offsets.data() : nullptr, codes.ptr(), scales.ptr(),
+                                           cfg, counter.ptr, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
   }
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -67,7 +72,8 @@ MxQuantConfig config(Rounding r, HadamardTransform t, MxScaleMode mode, uint64_t
 
 TEST(Bf16ToMxfp4ColGpu, DenseMatchesReferenceBitForBit) {
   FP4MOE_REQUIRE_DEVICE();
-  // Row tiles of 128 (one partial: 352 = 2 x 128 + 96), column tiles of 32 (partial: 200, 8, 2056), MoE widths.
+  // Row tiles of 128 (one partial: 352 = 2 x 128 + 96), column tiles of 32 and 128 (partial: 200, 8, 40, 2056, 576),
+  // MoE widths.
   const std::pair<int64_t, int64_t> shapes[] = {{32, 8}, {96, 40}, {352, 200}, {128, 2048}, {64, 2056}, {256, 576}};
   uint32_t seed = 1;
   for (const auto& [M, K] : shapes) {
@@ -79,11 +85,14 @@ TEST(Bf16ToMxfp4ColGpu, DenseMatchesReferenceBitForBit) {
                                         << int(r));
         std::vector<uint8_t> codes(M * K / 2), scales(M * K / 32);
         const int64_t nonfinite = bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
-        const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg);
-        EXPECT_EQ(got.codes, codes);
-        EXPECT_EQ(got.scales, scales);
-        EXPECT_EQ(got.nonfinite, nonfinite);
-        EXPECT_TRUE(got.guards_intact);
+        for (detail::MxColKernel kernel : kAllKernels) {
+          SCOPED_TRACE(testing::Message() << "kernel " << int(kernel));
+          const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg, true, kernel);
+          EXPECT_EQ(got.codes, codes);
+          EXPECT_EQ(got.scales, scales);
+          EXPECT_EQ(got.nonfinite, nonfinite);
+          EXPECT_TRUE(got.guards_intact);
+        }
       }
     ++seed;
   }
@@ -111,11 +120,14 @@ TEST(Bf16ToMxfp4ColGpu, RaggedMatchesReferenceAndWritesOnlyTheLayoutsExtent) {
           std::vector<uint8_t> codes(codes_n, test::kNanPoison), scales(scales_n, test::kNanPoison);
           const int64_t nonfinite =
               bf16_to_mxfp4_col_ragged_ref(x.data(), M, K, offsets.data(), G, codes.data(), scales.data(), cfg);
-          const ColRun got = run_gpu(x, M, K, offsets, codes_n, scales_n, cfg);
-          EXPECT_EQ(got.codes, codes);  // the poison past the extent included
-          EXPECT_EQ(got.scales, scales);
-          EXPECT_EQ(got.nonfinite, nonfinite);
-          EXPECT_TRUE(got.guards_intact);
+          for (detail::MxColKernel kernel : kAllKernels) {
+            SCOPED_TRACE(testing::Message() << "kernel " << int(kernel));
+            const ColRun got = run_gpu(x, M, K, offsets, codes_n, scales_n, cfg, true, kernel);
+            EXPECT_EQ(got.codes, codes);  // the poison past the extent included
+            EXPECT_EQ(got.scales, scales);
+            EXPECT_EQ(got.nonfinite, nonfinite);
+            EXPECT_TRUE(got.guards_intact);
+          }
         }
       ++seed;
     }
@@ -143,6 +155,21 @@ TEST(Bf16ToMxfp4ColGpu, StochasticRoundingDoesNotDependOnTheLaunchSplit) {
   }
 }
 
+// More than 65535 token blocks: the register-tile kernel's slots run over the grid's y and z dimensions.
+TEST(Bf16ToMxfp4ColGpu, MoreTokenBlocksThanOneGridDimensionHolds) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t M = 65536 * 128 + 96, K = 8;  // 65537 token blocks, the last one partial
+  const std::vector<bf16> x = test::mx_random_bf16(M, K, 11);
+  const MxQuantConfig cfg = config(Rounding::stochastic, HadamardTransform::none, MxScaleMode::floor, 11);
+  std::vector<uint8_t> codes(M * K / 2), scales(M * K / 32);
+  const int64_t nonfinite = bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
+  const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg);
+  EXPECT_EQ(got.codes, codes);
+  EXPECT_EQ(got.scales, scales);
+  EXPECT_EQ(got.nonfinite, nonfinite);
+  EXPECT_TRUE(got.guards_intact);
+}
+
 TEST(Bf16ToMxfp4ColGpu, InvalidDeviceOffsetsWriteNothing) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t M = 64, K = 16;
@@ -150,10 +177,13 @@ TEST(Bf16ToMxfp4ColGpu, InvalidDeviceOffsetsWriteNothing) {
   for (const std::vector<int32_t>& offsets : {std::vector<int32_t>{0, 40, 30, 64}, std::vector<int32_t>{0, 40, 60}}) {
     const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
     const int64_t codes_n = mxfp4_col_codes_capacity(M, K, G), scales_n = mxfp4_col_scales_capacity(M, K, G);
-    const ColRun got = run_gpu(x, M, K, offsets, codes_n, scales_n, MxQuantConfig{}, /*pass_host_offsets=*/false);
-    EXPECT_EQ(got.codes, std::vector<uint8_t>(codes_n, test::kNanPoison));
-    EXPECT_EQ(got.scales, std::vector<uint8_t>(scales_n, test::kNanPoison));
-    EXPECT_TRUE(got.guards_intact);
+    for (detail::MxColKernel kernel : kAllKernels) {
+      const ColRun got = run_gpu(x, M, K, offsets, codes_n, scales_n, MxQuantConfig{}, /*pass_host_offsets=*/false,
+                                 kernel);
+      EXPECT_EQ(got.codes, std::vector<uint8_t>(codes_n, test::kNanPoison)) << "kernel " << int(kernel);
+      EXPECT_EQ(got.scales, std::vector<uint8_t>(scales_n, test::kNanPoison)) << "kernel " << int(kernel);
+      EXPECT_TRUE(got.guards_intact);
+    }
   }
 }
 

@@ -124,16 +124,30 @@ struct QuantRun {
   bool guards_intact = false;
 };
 
-QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const MxQuantConfig& cfg) {
+QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const MxQuantConfig& cfg,
+                         detail::MxRowKernel kernel) {
   Guarded<bf16> dx(M * K);
   Guarded<uint8_t> codes(M * K / 2), scales(M * K / 32);
   DeviceBuffer<unsigned long long> counter(1);
   dx.upload(x);
   CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
-  bf16_to_mxfp4_row(dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
+  detail::bf16_to_mxfp4_row_using(kernel, dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   QuantRun r{codes.download(), scales.download(), counter.download()[0], codes.guards_intact() && scales.guards_intact()};
   return r;
+}
+
+// Both kernels behind bf16_to_mxfp4_row (bf16_to_mxfp4_row.h detail::MxRowKernel): they must agree bit for bit
+// (codes, scales, NaN/Inf count, untouched guards); the block-per-thread kernel's run is returned for the caller's
+// comparison with the reference.
+QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const MxQuantConfig& cfg) {
+  const QuantRun lanes = quantize_on_gpu(x, M, K, cfg, detail::MxRowKernel::chunk_per_lane);
+  const QuantRun blocks = quantize_on_gpu(x, M, K, cfg, detail::MxRowKernel::block_per_thread);
+  EXPECT_EQ(first_mismatch(lanes.codes, blocks.codes), -1) << "the two row kernels' codes differ";
+  EXPECT_EQ(first_mismatch(lanes.scales, blocks.scales), -1) << "the two row kernels' scales differ";
+  EXPECT_EQ(lanes.nonfinite, blocks.nonfinite);
+  EXPECT_TRUE(lanes.guards_intact);
+  return blocks;
 }
 
 TEST(Bf16ToMxfp4RowGpu, MatchesReferenceBitForBit) {
