@@ -29,7 +29,7 @@ TEST(EpCommRef, WireRowBytesFollowTheFormats) {
     EXPECT_EQ(ep_wire_row_bytes(EpRowFormat::mxfp4, d), d / 2 + d / 32);
     for (const Recipe& r : {Recipe::bf16, Recipe::fp8, Recipe::mxfp4}) {
       EXPECT_EQ(ep_wire_row_bytes(ep_dispatch_format(r), d), expert_parallel_row_bytes(r, d).dispatch);
-      EXPECT_EQ(ep_wire_row_bytes(ep_backward_dispatch_format(r), d), expert_parallel_row_bytes(r, d).backward);
+      EXPECT_EQ(ep_wire_row_bytes(ep_backward_dispatch_format(r), d), expert_parallel_row_bytes(r, d).backward_dispatch);
       EXPECT_EQ(ep_wire_row_bytes(EpRowFormat::bf16, d), expert_parallel_row_bytes(r, d).combine);
     }
   }

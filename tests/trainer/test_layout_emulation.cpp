@@ -160,7 +160,7 @@ TEST(LayoutEmulation, CommPlanIsTheEstimatorsCommCategory) {
       EXPECT_EQ(plan.at(Model::kPipelineSend).bytes(), 2 * N * d);
       EXPECT_EQ(plan.at(Model::kPipelineReceive).bytes(), 2 * N * d);
       const ExpertParallelRowBytes row = expert_parallel_row_bytes(cfg.recipe.routed_experts, d);
-      const int64_t ep_bytes = moe ? 2 * N * k * std::max(row.dispatch + row.combine, 2 * row.backward) : 0;
+      const int64_t ep_bytes = moe ? 2 * N * k * std::max(row.dispatch + row.combine, row.backward_dispatch + row.backward_combine) : 0;
       EXPECT_EQ(comm_bytes(plan), 4 * N * d + ep_bytes) << stage;
     }
   }

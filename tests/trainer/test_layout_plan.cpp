@@ -119,9 +119,10 @@ TEST(LayoutPlanCost, CostTableOfTinyOverTwoStagesAndTwoExpertRanks) {
   EXPECT_DOUBLE_EQ(far[1].ep_ib_bytes, 131072);
   EXPECT_TRUE(far[1].pp_over_ib);
 
-  // mxfp4 routed experts: dispatch d / 2 + d / 32 = 34 bytes, combine 128, backward FP8 64 + 4 = 68.
+  // mxfp4 routed experts: dispatch d / 2 + d / 32 = 34 bytes, combine 128, backward dy FP8 64 + 4 = 68 (sent rows),
+  // backward dx BF16 128 (received rows: summed over the token's slots at its rank).
   cfg.recipe.routed_experts = Recipe::mxfp4;
-  EXPECT_DOUBLE_EQ(stage_costs(cfg, l, hw)[1].ep_nvlink_bytes, (512.0 * (34 + 68) + 512.0 * (128 + 68)) / 2);
+  EXPECT_DOUBLE_EQ(stage_costs(cfg, l, hw)[1].ep_nvlink_bytes, (512.0 * (34 + 68) + 512.0 * (128 + 128)) / 2);
   // A skewed load doubles the rows received and the routed experts' FLOPs.
   l.routed_load = 2.0;
   cfg.recipe.routed_experts = Recipe::bf16;

@@ -326,7 +326,9 @@ TEST(MemoryEstimate, RoutedExpertInputsOrderMxfp4BelowFp8BelowBf16) {
       EXPECT_LT(experts[0], experts[1]) << (production ? "v3" : "tiny");
       EXPECT_LT(experts[1], experts[2]) << (production ? "v3" : "tiny");
       if (production) {
-        EXPECT_LT(comm[0], comm[1]);
+        // The buffers hold the larger of the forward's and the backward's exchanges: for fp8 and mxfp4 that is the
+        // backward (dy in FP8, dx in BF16), the same for both; the forward's MXFP4 dispatch buys no buffer memory.
+        EXPECT_EQ(comm[0], comm[1]);
         EXPECT_LT(comm[1], comm[2]);
       }
     }

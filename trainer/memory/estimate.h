@@ -139,10 +139,12 @@ PipelineStage pipeline_stage(const TrainerConfig& cfg, const ParallelLayout& lay
 // Bytes one routed row carries over expert parallelism under a routed-experts recipe (DESIGN.md "Expert
 // parallelism"), d = model.hidden: the forward dispatch payload (bf16: BF16 row, 2 d; fp8: FP8 row with FP32 1x128
 // scales, d + 4 ceil(d / 128); mxfp4: E2M1 codes with UE8M0 scales per 32, d / 2 + ceil(d / 32)), the combine
-// (BF16, 2 d) and each of the backward's two exchanges (dy dispatched, dx combined: FP8 rows for the fp8 and mxfp4
-// recipes, BF16 for bf16). Rejects d < 1.
+// (BF16, 2 d) and the backward's two exchanges: the output gradient dispatched to the experts, which feeds their
+// GEMMs (FP8 rows for the fp8 and mxfp4 recipes, BF16 for bf16), and the experts' input gradient combined back,
+// which is summed over the token's k slots at its rank (BF16, 2 d), as trainer/comm/ep_exchange.h sends them.
+// Rejects d < 1.
 struct ExpertParallelRowBytes {
-  int64_t dispatch = 0, combine = 0, backward = 0;
+  int64_t dispatch = 0, combine = 0, backward_dispatch = 0, backward_combine = 0;
 };
 ExpertParallelRowBytes expert_parallel_row_bytes(Recipe routed, int64_t d);
 

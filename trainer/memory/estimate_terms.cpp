@@ -142,7 +142,7 @@ ExpertParallelRowBytes expert_parallel_row_bytes(Recipe routed, int64_t d) {
     if (r == Recipe::mxfp4) return d / 2 + ceil_div(d, kMxBlock);
     return 2 * d;
   };
-  return ExpertParallelRowBytes{row(routed), 2 * d, row(routed == Recipe::bf16 ? Recipe::bf16 : Recipe::fp8)};
+  return ExpertParallelRowBytes{row(routed), 2 * d, row(routed == Recipe::bf16 ? Recipe::bf16 : Recipe::fp8), 2 * d};
 }
 
 std::vector<MemoryTerm> layer_activation_terms(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t l) {

@@ -85,8 +85,8 @@ std::vector<StageCost> stage_costs(const TrainerConfig& cfg, const ParallelLayou
   // EP: bytes one GPU sends per MoE layer and micro-batch, split by link (plan.h).
   const ExpertParallelRowBytes row = expert_parallel_row_bytes(cfg.recipe.routed_experts, cfg.model.hidden);
   const double sent = Ns * static_cast<double>(cfg.moe.top_k), received = sent * lay.routed_load;
-  const double ep_bytes = sent * static_cast<double>(row.dispatch + row.backward) +
-                          received * static_cast<double>(row.combine + row.backward);
+  const double ep_bytes = sent * static_cast<double>(row.dispatch + row.backward_dispatch) +
+                          received * static_cast<double>(row.combine + row.backward_combine);
   const double ep = static_cast<double>(lay.ep), in_node = static_cast<double>(std::min(lay.ep, hw.gpus_per_node));
   const double ep_nvlink = ep_bytes * (in_node - 1) / ep, ep_ib = ep_bytes * (ep - in_node) / ep;
   const double hidden_bytes = 2.0 * Ns * d;

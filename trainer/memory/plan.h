@@ -14,11 +14,12 @@
 //          at the 1979 TFLOP/s FP8 peak, but this trainer's FP8 and MXFP4 paths add quantization passes whose
 //          cost is not modelled, so recipes differ here only by the memory they need (hence the policy that fits)
 //          and the bytes they send.
-// EP       all-to-all bytes this GPU sends per MoE layer: sent rows x (dispatch + backward) + received rows x
-//          (combine + backward) (expert_parallel_row_bytes; sent = N k / tp, received = sent x routed_load), of
-//          which (ep - 1) / ep leave the GPU: (n - 1) / ep to the n = min(ep, gpus_per_node) GPUs of the group in
-//          its node over NVLink, (ep - n) / ep to other nodes over InfiniBand (the group's GPUs are consecutive
-//          ranks); time = the slower of the two. Recompute re-sends nothing (`moe` keeps the dispatched input).
+// EP       all-to-all bytes this GPU sends per MoE layer: sent rows x (dispatch + backward_dispatch) + received
+//          rows x (combine + backward_combine) (expert_parallel_row_bytes; sent = N k / tp, received = sent x
+//          routed_load), of which (ep - 1) / ep leave the GPU: (n - 1) / ep to the n = min(ep, gpus_per_node)
+//          GPUs of the group in its node over NVLink, (ep - n) / ep to other nodes over InfiniBand (the group's GPUs
+//          are consecutive ranks); time = the slower of the two. Recompute re-sends nothing (`moe` keeps the
+//          dispatched input).
 // PP       the hidden state (BF16, N / tp x d) sent forward by every stage but the last and its gradient sent
 //          backward by every stage but the first, over InfiniBand when a stage spans a node or more (gpus / pp >=
 //          gpus_per_node), else NVLink.

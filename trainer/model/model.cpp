@@ -448,16 +448,16 @@ BufferPlan Model::comm_buffers(const TrainerConfig& cfg, int64_t seq_share, int6
     const int64_t sent = seq_share * cfg.moe.top_k, received = routed_rows;
     const ExpertParallelRowBytes row = expert_parallel_row_bytes(cfg.recipe.routed_experts, cfg.model.hidden);
     const auto add = [&](const char* tensor, int64_t bytes) { p.add(tensor, bytes, ElemType::byte, true, comm); };
-    if ((sent + received) * (row.dispatch + row.combine) >= (sent + received) * 2 * row.backward) {
+    if (row.dispatch + row.combine >= row.backward_dispatch + row.backward_combine) {
       add("dispatch send", sent * row.dispatch);
       add("dispatch receive", received * row.dispatch);
       add("combine send (BF16)", received * row.combine);
       add("combine receive (BF16)", sent * row.combine);
     } else {
-      add("backward dy send", sent * row.backward);
-      add("backward dy receive", received * row.backward);
-      add("backward dx send", received * row.backward);
-      add("backward dx receive", sent * row.backward);
+      add("backward dy send", sent * row.backward_dispatch);
+      add("backward dy receive", received * row.backward_dispatch);
+      add("backward dx send (BF16)", received * row.backward_combine);
+      add("backward dx receive (BF16)", sent * row.backward_combine);
     }
   }
   if (pp > 1) {

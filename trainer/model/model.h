@@ -213,8 +213,9 @@ class Model {
   // stated once for the model (which allocates them) and the estimator: with ep > 1 and a stage with MoE layers, one
   // MoE layer's expert-parallel exchange: "dispatch send" (seq_share k rows) and "dispatch receive" (routed_rows
   // rows) of the routed recipe's forward payload, "combine send (BF16)" (routed_rows) and "combine receive (BF16)"
-  // (seq_share k), or, when the backward's two exchanges are larger, "backward dy send", "backward dy receive",
-  // "backward dx send", "backward dx receive" of expert_parallel_row_bytes' backward row (bytes, ElemType::byte);
+  // (seq_share k), or, when the backward's two exchanges are larger, "backward dy send", "backward dy receive" of
+  // expert_parallel_row_bytes' backward_dispatch row and "backward dx send (BF16)", "backward dx receive (BF16)" of
+  // its backward_combine row (bytes, ElemType::byte);
   // with pp > 1 kPipelineSend and kPipelineReceive [seq_share, hidden] BF16, one micro-batch's hidden state (or its
   // gradient). Nothing with ep = pp = 1. Rejects seq_share < 0, routed_rows < 0, ep < 1, pp < 1.
   static BufferPlan comm_buffers(const TrainerConfig& cfg, int64_t seq_share, int64_t routed_rows, int64_t ep,
