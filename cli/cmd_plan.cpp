@@ -122,6 +122,10 @@ struct PlanCommand {
   }
 
   int run() {
+    for (size_t i = 0; i < tp_values.size(); ++i)
+      if (std::find(tp_values.begin(), tp_values.begin() + static_cast<std::ptrdiff_t>(i), tp_values[i]) !=
+          tp_values.begin() + static_cast<std::ptrdiff_t>(i))
+        throw CliError(fmt::format("--tp names {} twice (each tensor-parallel size once)", tp_values[i]));
     if (calibrate_p1) return calibrate();
     for (const CLI::Option* o : calibration_only)
       if (o->count() > 0) throw CliError(fmt::format("{} applies to --calibrate-p1 only", o->get_name()));

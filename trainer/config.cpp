@@ -119,10 +119,12 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("parallel.pp", p.pp, "pipeline stages (1F1B)");
   add("parallel.ep", p.ep, "expert-parallel GPUs (divides dp x tp and moe.routed_experts)");
   add("parallel.dp", p.dp, "data-parallel replicas (GPUs = tp x pp x dp)");
-  add("parallel.micro_batches", p.micro_batches, "micro-batches per optimizer step per pipeline");
-  add("parallel.zero1", p.zero1, "distributed optimizer: FP32 masters and AdamW moments sharded over dp");
-  add("parallel.stage", p.stage, "pipeline stage to estimate (-1: the one with the largest peak)");
-  add("parallel.routed_load", p.routed_load, "routed rows a GPU receives over the balanced share (1: balanced)");
+  add("parallel.micro_batches", p.micro_batches,
+      "micro-batches per optimizer step per pipeline (must equal train.grad_accum, unless 1 on one GPU)");
+  add("parallel.zero1", p.zero1, "distributed optimizer: FP32 masters and AdamW moments sharded over dp (dp > 1)");
+  add("parallel.stage", p.stage, "pipeline stage to estimate and train (-1: the one with the largest peak)");
+  add("parallel.routed_load", p.routed_load,
+      "routed rows a GPU receives over the balanced share, in [1, ep] (1: balanced)");
 }
 
 void ConfigOptions::check_required(const std::set<std::string>& set) const {
@@ -322,12 +324,18 @@ void validate_parallel(const TrainerConfig& cfg) {
                p.pp);
   FP4MOE_CHECK(std::isfinite(p.routed_load) && p.routed_load >= 1.0,
                "parallel.routed_load must be a finite number >= 1 (1: balanced routing), got {}", p.routed_load);
+  FP4MOE_CHECK(p.routed_load <= static_cast<double>(p.ep),
+               "parallel.routed_load = {} must be at most parallel.ep = {} (a GPU receives at most every rank's rows; "
+               "1 without expert parallelism)", p.routed_load, p.ep);
+  FP4MOE_CHECK(!p.zero1 || p.dp > 1, "parallel.zero1 = true needs parallel.dp > 1 (ZeRO-1 shards the optimizer over "
+               "the data-parallel replicas), got dp = {}", p.dp);
   ParallelLayout layout = layout_of(cfg);
   layout.name = "[parallel]";
   validate_layout(cfg, layout);
-  FP4MOE_CHECK(p.gpus() == 1 || cfg.train.grad_accum == p.micro_batches,
-               "train.grad_accum = {} must equal parallel.micro_batches = {} when [parallel] describes {} GPUs (the "
-               "micro-batches of one optimizer step, which the 1F1B schedule runs through the pipeline)",
+  FP4MOE_CHECK((p.gpus() == 1 && p.micro_batches == 1) || cfg.train.grad_accum == p.micro_batches,
+               "train.grad_accum = {} must equal parallel.micro_batches = {} when [parallel] describes {} GPUs or sets "
+               "micro_batches (the micro-batches of one optimizer step, which the 1F1B schedule runs through the "
+               "pipeline)",
                cfg.train.grad_accum, p.micro_batches, p.gpus());
 }
 

@@ -142,10 +142,10 @@ struct ParallelConfig {
   int64_t pp = 1;             // pipeline stages (1F1B)
   int64_t ep = 1;             // expert parallel
   int64_t dp = 1;             // data-parallel replicas
-  int64_t micro_batches = 1;  // micro-batches per optimizer step per pipeline
-  bool zero1 = false;         // distributed optimizer: masters and moments sharded over dp
+  int64_t micro_batches = 1;  // micro-batches per optimizer step per pipeline (= train.grad_accum unless 1 on one GPU)
+  bool zero1 = false;         // distributed optimizer: masters and moments sharded over dp (needs dp > 1)
   int64_t stage = -1;         // the pipeline stage to estimate, 0 <= stage < pp; -1: the one with the largest peak
-  double routed_load = 1.0;   // routed rows a GPU receives over the balanced share (>= 1; 1: balanced routing)
+  double routed_load = 1.0;   // routed rows a GPU receives over the balanced share (in [1, ep]; 1: balanced routing)
 
   int64_t gpus() const { return tp * pp * dp; }
 };

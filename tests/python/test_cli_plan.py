@@ -174,6 +174,9 @@ class PlanCli(unittest.TestCase):
         self.rejected("--grads", "fp16", args=("--calibrate-p1", "--grads", "fp16"))
         self.rejected("--top must be >= 1", args=("--calibrate-p1", "--top", "0"))
         self.rejected("--tp 4 is not one of them", args=("--calibrate-p1", "--tp", "4"))
+        self.rejected("--tp names 1 twice", args=("--calibrate-p1", "--tp", "1,1"))
+        self.rejected("--tp names 8 twice", args=("--model", "v3", "--gpus", "256", "--memory-gib", "80", "--no-measure",
+                                                  "--tp", "8,8"))
         self.rejected("--heavy-modules", "unknown module 'foo'", args=("--calibrate-p1", "--heavy-modules", "foo"))
         self.rejected("--heavy-modules applies to --calibrate-p1 only",
                       args=("--model", "v3", "--gpus", "256", "--memory-gib", "80", "--no-measure",

@@ -235,7 +235,10 @@ class TrainCli(unittest.TestCase):
                             (("--parallel.pp", "2", "--parallel.stage", "0"),
                              ("train.eval_interval = 10", "stage 0", "no LM head")),
                             (("--parallel.pp", "2", "--parallel.stage", "1", "--train.checkpoint_dir", "ckpt"),
-                             ("train.checkpoint_dir = 'ckpt'", "emulated layout"))):
+                             ("train.checkpoint_dir = 'ckpt'", "emulated layout")),
+                            # a data-parallel replica under ZeRO-1 holds only its optimizer shard: no checkpoint
+                            (("--parallel.dp", "2", "--parallel.zero1", "true", "--train.checkpoint_dir", "ckpt"),
+                             ("train.checkpoint_dir", "ZeRO-1 shard"))):
             r = self.train(*args, expect_rc=2)
             for w in words:
                 self.assertIn(w, r.stderr)

@@ -117,6 +117,16 @@ TEST(ParallelConfig, RejectsWhatDoesNotDivideOnOneLine) {
       {{"--parallel.routed_load", "nan"}, {"parallel.routed_load"}},
       {{"--parallel.pp", "2", "--parallel.micro_batches", "4"},
        {"train.grad_accum = 1 must equal parallel.micro_batches = 4", "1F1B"}},
+      // One GPU setting micro_batches: the same rule (the dry run would print a step of 7 beside grad_accum 3).
+      {{"--parallel.micro_batches", "7", "--train.grad_accum", "3"},
+       {"train.grad_accum = 3 must equal parallel.micro_batches = 7"}},
+      // A GPU receives at most every rank's rows: a larger load overflowed the plans' row counts.
+      {{"--parallel.dp", "2", "--parallel.ep", "2", "--parallel.routed_load", "1e15"},
+       {"parallel.routed_load = 1000000000000000 must be at most parallel.ep = 2"}},
+      {{"--parallel.routed_load", "4"}, {"parallel.routed_load = 4 must be at most parallel.ep = 1"}},
+      {{"--parallel.zero1", "true"}, {"parallel.zero1 = true needs parallel.dp > 1", "dp = 1"}},
+      {{"--model.n_dense_layers", "2", "--parallel.dp", "2", "--parallel.ep", "2"},
+       {"[parallel]", "ep = 2 needs MoE layers"}},
   };
   for (const auto& c : cases) {
     std::vector<std::string> args = {"--config", preset("tiny")};

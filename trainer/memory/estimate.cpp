@@ -176,6 +176,11 @@ void validate_layout(const TrainerConfig& cfg, const ParallelLayout& l) {
                "layout {}: tp = {} must divide the shared experts' width {}", l.name, l.tp,
                cfg.moe.shared_experts * cfg.moe.expert_ffn);
   FP4MOE_CHECK(l.pp <= m.layers, "layout {}: pp = {} exceeds model.layers = {}", l.name, l.pp, m.layers);
+  FP4MOE_CHECK(has_moe || l.ep == 1, "layout {}: ep = {} needs MoE layers (model.n_dense_layers = model.layers = {}: "
+               "there are no routed experts to share)", l.name, l.ep, m.layers);
+  FP4MOE_CHECK(l.routed_load <= static_cast<double>(l.ep),
+               "layout {}: routed_load = {} must be at most ep = {} (a GPU receives at most every rank's rows)", l.name,
+               l.routed_load, l.ep);
   FP4MOE_CHECK(std::isfinite(l.routed_load) && l.routed_load >= 1.0,
                "layout {}: routed_load must be finite and >= 1 (1: balanced routing), got {}", l.name, l.routed_load);
   FP4MOE_CHECK(l.grad_bytes == 4 || l.grad_bytes == 2,

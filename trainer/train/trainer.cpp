@@ -23,6 +23,9 @@ namespace fs = std::filesystem;
 void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
   validate_config(cfg);
   check_emulated_layout(cfg);
+  if (!cfg.train.checkpoint_dir.empty() || !options.resume_path.empty())  // a ZeRO-1 shard: no whole-tensor checkpoint
+    require_whole_optimizer_state(layout_of(cfg).zero1_parts(),
+                                  !options.resume_path.empty() ? "--resume" : "train.checkpoint_dir");
   if (!emulates_layout(cfg)) return;
   const ParallelConfig& p = cfg.parallel;
   const std::string layout = fmt::format("the emulated layout (tp {} pp {} dp {} ep {})", p.tp, p.pp, p.dp, p.ep);
@@ -67,10 +70,7 @@ Trainer::State::~State() {
 void Trainer::State::setup() {
   const TrainingConfig& t = cfg.train;
   // Everything that can be refused without a device, first.
-  check_trainable(cfg, opts);  // validate_config, and what an emulated layout does not support
-  if (!t.checkpoint_dir.empty() || !opts.resume_path.empty())  // a ZeRO-1 shard has no whole-tensor checkpoint
-    require_whole_optimizer_state(layout_of(cfg).zero1_parts(),
-                                  !opts.resume_path.empty() ? "--resume" : "train.checkpoint_dir");
+  check_trainable(cfg, opts);  // validate_config, what an emulated layout does not support, ZeRO-1's checkpoints
   if (!opts.synthetic_data) validate_data(cfg);
   FP4MOE_CHECK(opts.log_interval >= 1, "log_interval must be >= 1, got {}", opts.log_interval);
   FP4MOE_CHECK(std::isfinite(opts.peak_flops) && opts.peak_flops > 0, "peak_flops must be > 0, got {}",
