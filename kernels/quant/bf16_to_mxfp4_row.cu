@@ -250,7 +250,10 @@ RowLaunch row_launch(const MxQuantConfig& cfg) {
 namespace detail {
 
 MxRowKernel mx_row_default_kernel(HadamardTransform t) {
-  return t == HadamardTransform::none ? MxRowKernel::chunk_per_lane : MxRowKernel::block_per_thread;
+  // Measured on an H200 (reports/results/h200/emulation-20261202/call4/): without a transform block_per_thread is the
+  // faster (RNE 0.98 against 0.89 of copy, SR 0.62 against 0.53), with one chunk_per_lane (0.53-0.68 against
+  // 0.17-0.22).
+  return t == HadamardTransform::none ? MxRowKernel::block_per_thread : MxRowKernel::chunk_per_lane;
 }
 
 void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
