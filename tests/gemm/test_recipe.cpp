@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "kernels/common/check.h"
 #include "kernels/quant/mx_transform.h"
@@ -206,6 +207,38 @@ TEST(Recipe, ModelConfigTextOfThePresetsIsUnchanged) {
   EXPECT_EQ(model_config_hash(hashed_config(Recipe::bf16, Recipe::fp8, Recipe::fp8)), 0xe01712c6518bf1ceull);
   EXPECT_EQ(model_config_hash(hashed_config(Recipe::bf16, Recipe::fp8, Recipe::mxfp4)), 0x44f2c1efc3c18006ull);
   EXPECT_EQ(model_config_hash(hashed_config(Recipe::mxfp4, Recipe::bf16, Recipe::fp8)), 0x3a2dbeb400e1bdfdull);
+}
+
+// The configuration takes the ladder per class, rejects what is not built for the class or the shape with one line
+// naming the option, and keeps the presets' values.
+TEST(Recipe, ConfigurationTakesLadderOverridesPerClass) {
+  const auto tiny = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--config", test::preset("tiny")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return parse_config_args(args);
+  };
+  const TrainerConfig presets = tiny({"--recipe.attention", "fp8", "--recipe.routed_experts", "mxfp4"});
+  EXPECT_EQ(presets.recipe.attention, Recipe::fp8);
+  EXPECT_EQ(presets.recipe.routed_experts, Recipe::mxfp4);
+  EXPECT_EQ(presets.recipe.dense_mlp, Recipe::bf16);
+  const TrainerConfig c = tiny({"--recipe.dense_mlp", "fp8 fprop=mxfp4 dgrad=mxfp4 wgrad=mxfp4 rounding=sr",
+                                "--recipe.routed_experts", "fp8 wgrad=mxfp4 transform=h16"});
+  EXPECT_EQ(c.recipe.dense_mlp.dgrad, GemmPrecision::mxfp4);
+  EXPECT_EQ(c.recipe.dense_mlp.mx.rounding, Rounding::stochastic);
+  EXPECT_EQ(c.recipe.routed_experts.wgrad, GemmPrecision::mxfp4);
+  EXPECT_EQ(c.recipe.routed_experts.fprop, GemmPrecision::fp8);
+  EXPECT_NE(model_config_text(c).find(
+                "recipe.routed_experts = fprop=fp8 dgrad=fp8 wgrad=mxfp4 input=bf16 rounding=rne transform=h16\n"),
+            std::string::npos)
+      << model_config_text(c);
+  expect_error_with([&] { tiny({"--recipe.routed_experts", "fp8 fprop=mxfp4"}); },
+                    {"recipe.routed_experts", "not built for routed experts"});
+  expect_error_with([&] { tiny({"--recipe.shared_experts", "fp8 transform=rht"}); },
+                    {"recipe.shared_experts", "no GEMM class is mxfp4"});
+  // tiny's kv_down has kv_lora_rank + qk_rope_head_dim = 48 outputs: no MX blocks of 32 for an MXFP4 Dgrad.
+  expect_error_with([&] { tiny({"--recipe.attention", "fp8 dgrad=mxfp4"}); },
+                    {"model.kv_lora_rank + qk_rope_head_dim", "48", "multiple of 32"});
+  EXPECT_NO_THROW(tiny({"--recipe.attention", "fp8 fprop=mxfp4 wgrad=mxfp4"}));
 }
 
 // The recipe's transform is the quantizer's: its names, and the block each transform works on.
