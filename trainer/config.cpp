@@ -106,10 +106,14 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("train.non_finite", non_finite_, "skip or stop on a non-finite loss or gradient norm");
   add("train.checkpoint_interval", t.checkpoint_interval, "steps between checkpoints (0: none)");
   add("train.checkpoint_dir", t.checkpoint_dir, "checkpoint folder");
-  add("recipe.attention", recipe_attention_, "bf16, fp8 or mxfp4 for the MLA projections, then overrides: fp8 fprop=mxfp4 rounding=sr transform=h16");
-  add("recipe.dense_mlp", recipe_dense_, "bf16, fp8 or mxfp4 for the dense FFN, then overrides: fp8 fprop=mxfp4 rounding=sr transform=h16");
-  add("recipe.shared_experts", recipe_shared_, "bf16, fp8 or mxfp4 for the shared experts, then overrides: fp8 fprop=mxfp4 rounding=sr transform=h16");
-  add("recipe.routed_experts", recipe_routed_, "bf16, fp8 or mxfp4 for the routed experts, then overrides: fp8 fprop=mxfp4 rounding=sr transform=h16");
+  add("recipe.attention", recipe_attention_,
+      "bf16, fp8 or mxfp4 for the MLA projections, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
+  add("recipe.dense_mlp", recipe_dense_,
+      "bf16, fp8 or mxfp4 for the dense FFN, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
+  add("recipe.shared_experts", recipe_shared_,
+      "bf16, fp8 or mxfp4 for the shared experts, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
+  add("recipe.routed_experts", recipe_routed_,
+      "bf16, fp8 or mxfp4 for the routed experts, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
   add("recompute.modules", cfg.recompute.modules,
       "modules recomputed in backward: mla_up_proj core_attn layernorm moe_act moe mlp shared_experts full (none: "
       "keep every activation)");

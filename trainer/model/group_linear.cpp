@@ -140,6 +140,7 @@ void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
 }
 
 void GroupLinear::set_quant_seed(uint64_t seed) {
+  if (seed == quant_seed_) return;  // the same step: the micro-batches' backwards keep drawing fresh numbers
   quant_seed_ = seed;
   backward_count_ = 0;
 }

@@ -18,8 +18,9 @@
 //   Wgrad  X along tokens, ragged per expert (bf16_to_mxfp4_col_ragged, RNE, made in forward and held instead of
 //          the FP8 column copy) and dY likewise in backward (the recipe's rounding); mxfp4_wgrad_grouped.
 // The recipe's transform goes to both operands of each mxfp4 class. Seeds (set_quant_seed, once per step): the
-// random Hadamard signs are splitmix64_at(seed, 0) for every operand of the step; stochastic rounding of backward
-// call c draws from splitmix64_at(seed, 2c + 1) (Dgrad's dY) and splitmix64_at(seed, 2c + 2) (Wgrad's dY).
+// random Hadamard signs are splitmix64_at(seed, 0) for every operand of the step; stochastic rounding in the c-th
+// backward call since the seed last changed (c = 0, 1, ...: one per micro-batch) draws from
+// splitmix64_at(seed, 2c + 1) (Dgrad's dY) and splitmix64_at(seed, 2c + 2) (Wgrad's dY).
 // MXFP4 Fprop and Dgrad run on one group only (G = 1, check_recipe_built) and need M % 4 == 0 (cuBLASLt).
 // Weights stay BF16 parameters [G, N, K]; the weight gradient accumulates into an FP32 master gradient [G, N, K].
 // All GEMMs go through GroupedGemm (kernels/gemm/grouped_gemm.h); shape rules are its own (N, K multiples of
@@ -105,8 +106,9 @@ class GroupLinear {
   // (mxfp4 Fprop), W^T MXFP4 along N (mxfp4 Dgrad); the bf16 recipe keeps the pointer. Rejects a null w.
   void set_weights(const bf16* w, cudaStream_t stream);
   // The seed of the MXFP4 quantizers' random choices for this step (random Hadamard signs, stochastic rounding;
-  // the scheme at the top): call it before set_weights, once per optimizer step, with a value that changes per
-  // step (the Linear layers take ModelContext::quant_seed). Default 0.
+  // the scheme at the top): call it before set_weights with a value that changes per step (the layers take
+  // layer_quant_seed of ModelContext::quant_seed); calling it again with the same value (every forward of the
+  // step) changes nothing. Default 0.
   void set_quant_seed(uint64_t seed);
 
   // y [M, N] BF16, device, M = split.host_offsets[G]. Rejects (before any launch) a forward before set_weights,
@@ -224,7 +226,7 @@ class GroupLinear {
   // (then one, rebuilt in backward).
   std::vector<std::unique_ptr<Buffer>> xcol_codes_, xcol_scales_;
   uint64_t quant_seed_ = 0;      // set_quant_seed
-  uint64_t backward_count_ = 0;  // backward calls since set_quant_seed
+  uint64_t backward_count_ = 0;  // backward calls since set_quant_seed last changed the seed
   std::vector<int64_t> cached_M_;  // per slot: its forward's token count (-1: none yet)
   BufferPlan plan_{"group_linear"};
   int64_t plan_M_ = -1;    // the M of plan_

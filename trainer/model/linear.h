@@ -78,7 +78,8 @@ class Linear {
  public:
   // Registers the weight `name` [out_features, in_features], N(0, init_std^2), with weight decay. Rejects
   // (fp4moe::Error, before registering) a recipe that is not built (check_recipe_built), the shapes above, and
-  // out_features % 32 != 0 for an mxfp4 Dgrad (MX blocks along N). Needs no device: the fp8/mxfp4 recipes build their Group Linear at the first forward.
+  // out_features % 32 != 0 for an mxfp4 Dgrad (MX blocks along N). Needs no device: the fp8/mxfp4 recipes build
+  // their Group Linear at the first forward.
   Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features,
          const Recipe& recipe, float init_std);
   ~Linear();
