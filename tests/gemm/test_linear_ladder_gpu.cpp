@@ -196,7 +196,7 @@ TEST_P(LadderLinear, MatchesTheFp64ProductOfItsQuantizedOperands) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Classes, LadderLinear,
+    LadderLinearClasses, LadderLinear,
     ::testing::Values(LadderCase{"fprop", "fp8 fprop=mxfp4"}, LadderCase{"dgrad", "fp8 dgrad=mxfp4"},
                       LadderCase{"wgrad", "fp8 wgrad=mxfp4"}, LadderCase{"fprop_dgrad", "fp8 fprop=mxfp4 dgrad=mxfp4"},
                       LadderCase{"fprop_wgrad", "fp8 fprop=mxfp4 wgrad=mxfp4"},
@@ -347,7 +347,7 @@ TEST_P(LadderLinearTiny, TrainsAndItsLossFalls) {
   EXPECT_LT(final_loss, losses[0] - 0.5f) << ::testing::PrintToString(losses);
 }
 
-INSTANTIATE_TEST_SUITE_P(Combinations, LadderLinearTiny,
+INSTANTIATE_TEST_SUITE_P(LadderLinearCombinations, LadderLinearTiny,
                          ::testing::Values(TinyCase{1, ""}, TinyCase{2, ""}, TinyCase{3, ""}, TinyCase{4, ""},
                                            TinyCase{5, ""}, TinyCase{6, ""}, TinyCase{7, ""},
                                            TinyCase{7, "rounding=sr"}, TinyCase{7, "transform=h16"},
