@@ -106,10 +106,14 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("train.non_finite", non_finite_, "skip or stop on a non-finite loss or gradient norm");
   add("train.checkpoint_interval", t.checkpoint_interval, "steps between checkpoints (0: none)");
   add("train.checkpoint_dir", t.checkpoint_dir, "checkpoint folder");
-  add("recipe.attention", recipe_attention_, "bf16, fp8 or mxfp4 for the MLA projections");
-  add("recipe.dense_mlp", recipe_dense_, "bf16, fp8 or mxfp4 for the dense FFN");
-  add("recipe.shared_experts", recipe_shared_, "bf16, fp8 or mxfp4 for the shared experts");
-  add("recipe.routed_experts", recipe_routed_, "bf16, fp8 or mxfp4 for the routed experts");
+  add("recipe.attention", recipe_attention_,
+      "bf16, fp8 or mxfp4 for the MLA projections, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
+  add("recipe.dense_mlp", recipe_dense_,
+      "bf16, fp8 or mxfp4 for the dense FFN, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
+  add("recipe.shared_experts", recipe_shared_,
+      "bf16, fp8 or mxfp4 for the shared experts, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
+  add("recipe.routed_experts", recipe_routed_,
+      "bf16, fp8 or mxfp4 for the routed experts, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
   add("recompute.modules", cfg.recompute.modules,
       "modules recomputed in backward: mla_up_proj core_attn layernorm moe_act moe mlp shared_experts full (none: "
       "keep every activation)");
@@ -379,16 +383,22 @@ void validate_config(const TrainerConfig& cfg) {
   const int64_t v_width =
       checked_product("the value width", {{"model.heads", m.heads}, {"model.v_head_dim", m.v_head_dim}});
 
-  const bool attn_mx = r.attention == Recipe::mxfp4;
-  check_gemm_dim(m.hidden, "model.hidden", attn_mx || r.dense_mlp == Recipe::mxfp4 ||
-                                               r.shared_experts == Recipe::mxfp4 || r.routed_experts == Recipe::mxfp4);
-  if (m.q_lora_rank > 0) check_gemm_dim(m.q_lora_rank, "model.q_lora_rank", attn_mx);
-  check_gemm_dim(m.kv_lora_rank, "model.kv_lora_rank", attn_mx);
-  check_gemm_dim(v_width, "model.heads x model.v_head_dim", attn_mx);
-  check_gemm_dim(qk_width, "model.heads x (qk_nope_head_dim + qk_rope_head_dim)", false);
+  // K (in_features) of a layer in MX blocks: needs_mx_blocks_along_k; N (out_features): needs_mx_blocks_along_n.
+  const bool attn_k = needs_mx_blocks_along_k(r.attention), attn_n = needs_mx_blocks_along_n(r.attention);
+  const bool dense_k = needs_mx_blocks_along_k(r.dense_mlp), dense_n = needs_mx_blocks_along_n(r.dense_mlp);
+  const bool shared_k = needs_mx_blocks_along_k(r.shared_experts), shared_n = needs_mx_blocks_along_n(r.shared_experts);
+  const bool routed_k = needs_mx_blocks_along_k(r.routed_experts), routed_n = needs_mx_blocks_along_n(r.routed_experts);
+  check_gemm_dim(m.hidden, "model.hidden",
+                 attn_k || attn_n || dense_k || dense_n || shared_k || shared_n || routed_k || routed_n);
+  if (m.q_lora_rank > 0) check_gemm_dim(m.q_lora_rank, "model.q_lora_rank", attn_k || attn_n);
+  check_gemm_dim(m.kv_lora_rank, "model.kv_lora_rank", attn_k || attn_n);
+  check_gemm_dim(v_width, "model.heads x model.v_head_dim", attn_k);
+  check_gemm_dim(qk_width, "model.heads x (qk_nope_head_dim + qk_rope_head_dim)", attn_n);
+  if (attn_n)  // kv_down's out_features, which an MXFP4 Dgrad blocks along
+    check_gemm_dim(m.kv_lora_rank + m.qk_rope_head_dim, "model.kv_lora_rank + qk_rope_head_dim", true);
   if (m.n_dense_layers > 0) {
     check_positive(m.dense_ffn, "model.dense_ffn");
-    check_gemm_dim(m.dense_ffn, "model.dense_ffn", r.dense_mlp == Recipe::mxfp4);
+    check_gemm_dim(m.dense_ffn, "model.dense_ffn", dense_k || dense_n);
   }
 
   if (m.n_dense_layers < m.layers) {  // some layer is MoE
@@ -402,7 +412,8 @@ void validate_config(const TrainerConfig& cfg) {
     FP4MOE_CHECK(e.shared_experts >= 0, "moe.shared_experts must be >= 0, got {}", e.shared_experts);
     check_positive(e.expert_ffn, "moe.expert_ffn");
     check_gemm_dim(e.expert_ffn, "moe.expert_ffn",
-                   r.routed_experts == Recipe::mxfp4 || (e.shared_experts > 0 && r.shared_experts == Recipe::mxfp4));
+                   routed_k || routed_n || (e.shared_experts > 0 && (shared_k || shared_n)));
+    check_recipe_built(r.routed_experts, true, "recipe.routed_experts");
   }
 
   check_positive(t.seq_len, "train.seq_len");

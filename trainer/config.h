@@ -114,8 +114,19 @@ struct TrainingConfig {
   int64_t tokens_per_step() const { return seq_len * micro_batch * grad_accum; }
 };
 
-// Recipe per layer class, one of the presets of trainer/model/recipe.h. Embedding, LM head, router and norms stay
-// BF16/FP32 and the attention core BF16 whatever is chosen here (DESIGN.md "Recipes").
+// Recipe per layer class (trainer/model/recipe.h; DESIGN.md "Recipes"): a preset, bf16, fp8 or mxfp4, optionally
+// followed by paper 2's per-GEMM-class overrides, key=value separated by spaces:
+//
+//   [recipe]
+//   attention = "fp8 fprop=mxfp4"                                    # MXFP4 Fprop, FP8 Dgrad and Wgrad
+//   dense_mlp = "fp8 fprop=mxfp4 dgrad=mxfp4 wgrad=mxfp4 rounding=sr transform=h16"
+//
+// keys fprop, dgrad, wgrad (bf16 | fp8 | mxfp4), input (bf16 | mxfp4: X stored as MXFP4), rounding (rne | sr: of
+// the gradient operands of the mxfp4 classes), transform (none | h16 | h32 | rht: both operands of each mxfp4
+// class along its reduction dimension). parse_recipe rejects an unknown key or value, a repeated key and a
+// combination that is not built, with one line naming the option; validate_config rejects MXFP4 Fprop or Dgrad
+// for routed_experts (only Wgrad is built over ragged expert groups). Embedding, LM head, router and norms stay
+// BF16/FP32 and the attention core BF16 whatever is chosen here.
 struct RecipeConfig {
   Recipe attention = Recipe::bf16;       // MLA projections (q down/up, kv down/up, output)
   Recipe dense_mlp = Recipe::bf16;       // dense SwiGLU FFN of the first n_dense_layers

@@ -171,14 +171,14 @@ TEST(MoeLayerConfig, InitStd) {
   test::expect_error_with([&] { moe_fc2_init_std(c); }, {"model.layers"});
 }
 
-TEST(MoeLayerConfig, RejectsARoutedRecipeOtherThanThePresetsBeforeRegisteringAnything) {
+TEST(MoeLayerConfig, RejectsARoutedRecipeThatIsNotBuiltBeforeRegisteringAnything) {
   ParamStore store;
   DeviceMemory mem;
   TrainerConfig c = tiny();
-  c.recipe.routed_experts = Recipe::mxfp4;
-  c.recipe.routed_experts.mx.rounding = Rounding::stochastic;  // paper 2's ladder: not built yet
+  c.recipe.routed_experts = Recipe::fp8;
+  c.recipe.routed_experts.fprop = GemmPrecision::mxfp4;  // paper 2's ladder: no grouped MXFP4 Fprop
   test::expect_error_with([&] { MoeLayer layer(store, "layers.1.moe", c, 256, mem); },
-                          {"layers.1.moe", "recipe.routed_experts", "rounding=sr", "only the presets"});
+                          {"layers.1.moe", "recipe.routed_experts", "fprop=mxfp4", "not built for routed experts"});
   EXPECT_TRUE(store.params().empty());
   EXPECT_EQ(mem.current_total(), 0u);
 }

@@ -14,7 +14,10 @@ const char* ep_row_format_name(EpRowFormat f) {
 }
 
 EpRowFormat ep_dispatch_format(const Recipe& routed) {
-  require_preset_recipe(routed, "expert-parallel dispatch");
+  FP4MOE_CHECK(is_preset_recipe(routed),
+               "expert-parallel dispatch: the routed experts' recipe ({}) is not one of the presets bf16, fp8, mxfp4; "
+               "the exchange carries only those",
+               recipe_name(routed));
   return routed == Recipe::bf16 ? EpRowFormat::bf16 : routed == Recipe::fp8 ? EpRowFormat::fp8 : EpRowFormat::mxfp4;
 }
 

@@ -137,12 +137,12 @@ namespace fp4moe {
 
 ExpertParallelRowBytes expert_parallel_row_bytes(Recipe routed, int64_t d) {
   FP4MOE_CHECK(d >= 1, "expert_parallel_row_bytes: d must be >= 1, got {}", d);
-  auto row = [d](Recipe r) {
-    if (r == Recipe::fp8) return d + 4 * ceil_div(d, kFp8Block);
-    if (r == Recipe::mxfp4) return d / 2 + ceil_div(d, kMxBlock);
-    return 2 * d;
-  };
-  return ExpertParallelRowBytes{row(routed), 2 * d, row(routed == Recipe::bf16 ? Recipe::bf16 : Recipe::fp8), 2 * d};
+  const int64_t bf16_row = 2 * d, fp8_row = d + 4 * ceil_div(d, kFp8Block), mxfp4_row = d / 2 + ceil_div(d, kMxBlock);
+  // Dispatch: the stored MXFP4 input, else FP8 when the layer's Fprop quantizes its BF16 input, else BF16.
+  const int64_t dispatch = routed.mxfp4_input ? mxfp4_row : quantizes_bf16_input(routed) ? fp8_row : bf16_row;
+  // Backward dispatch: the output gradient in FP8 unless Dgrad runs in BF16.
+  const int64_t backward_dispatch = routed.dgrad == GemmPrecision::bf16 ? bf16_row : fp8_row;
+  return ExpertParallelRowBytes{dispatch, bf16_row, backward_dispatch, bf16_row};
 }
 
 std::vector<MemoryTerm> layer_activation_terms(const TrainerConfig& cfg, const ParallelLayout& lay, int64_t l) {

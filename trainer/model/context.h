@@ -22,6 +22,10 @@ struct ModelContext {
   // The shared scratch (trainer/memory/scratch.h), sized by its owner to the most any layer call takes (each layer
   // reports it: scratch_bytes()). The Model owns one; a test of a single layer makes one for that layer.
   ScratchArena* scratch = nullptr;
+  // The seed of this optimizer step's MXFP4 quantizer choices (random Hadamard signs, stochastic rounding of
+  // gradients): Model::begin_step sets it to splitmix64_at(train.seed, step); each layer mixes in its weight's name
+  // (layer_quant_seed, trainer/model/recipe.h). 0 until then.
+  uint64_t quant_seed = 0;
 };
 
 // ctx.scratch, or fp4moe::Error naming `who` when the context has none.

@@ -1,10 +1,15 @@
 #include "trainer/model/group_linear.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "kernels/common/check.h"
+#include "kernels/gemm/mxfp4_gemm.h"
 #include "kernels/quant/bf16_to_fp8.h"
+#include "kernels/quant/bf16_to_mxfp4_col.h"
+#include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mxfp4_row_to_fp8_col.h"
 #include "kernels/quant/mxfp4_row_to_fp8_row.h"
@@ -18,6 +23,8 @@ constexpr GroupLinearBuffer kScratch = GroupLinearBuffer::scratch;
 // What the presets differ in here: the bf16 recipe runs BF16 GEMMs on the caller's X; the others FP8 GEMMs, on X
 // stored as MXFP4 (mxfp4) or quantized from BF16 by the layer (fp8).
 bool bf16_gemms(const Recipe& r) { return r.fprop == GemmPrecision::bf16; }
+bool is_fp8(GemmPrecision p) { return p == GemmPrecision::fp8; }
+bool is_mx(GemmPrecision p) { return p == GemmPrecision::mxfp4; }
 }  // namespace
 
 const char* group_linear_buffer_name(GroupLinearBuffer kind) {
@@ -63,11 +70,14 @@ GroupLinear::Buffer::~Buffer() {
 }
 
 void GroupLinear::check_shape(int64_t G, int64_t N, int64_t K, const Recipe& recipe) {
-  require_preset_recipe(recipe, "GroupLinear");
+  check_recipe_built(recipe, G > 1, "GroupLinear");
   FP4MOE_CHECK(G >= 1 && N >= 16 && K >= 16 && N % 16 == 0 && K % 16 == 0,
                "GroupLinear: expected G >= 1 and N, K positive multiples of 16, got G={} N={} K={}", G, N, K);
-  FP4MOE_CHECK(!recipe.mxfp4_input || K % kMxBlock == 0,
-               "GroupLinear: the mxfp4 recipe needs K % 32 == 0 (MX blocks), got K={}", K);
+  FP4MOE_CHECK(!needs_mx_blocks_along_k(recipe) || K % kMxBlock == 0,
+               "GroupLinear: the recipe {} quantizes along K in MX blocks of 32, got K={}", recipe_name(recipe), K);
+  FP4MOE_CHECK(!needs_mx_blocks_along_n(recipe) || N % kMxBlock == 0,
+               "GroupLinear: the recipe {} (MXFP4 Dgrad) quantizes along N in MX blocks of 32, got N={}",
+               recipe_name(recipe), N);
 }
 
 GroupLinear::GroupLinear(int64_t G, int64_t N, int64_t K, const Recipe& recipe, CublasLtMatmul* lt,
@@ -78,7 +88,7 @@ GroupLinear::GroupLinear(int64_t G, int64_t N, int64_t K, const Recipe& recipe, 
                "GroupLinear: the allocator needs both allocate and release (or neither, for cudaMalloc/cudaFree)");
   const int64_t slots = allocator_.slots ? allocator_.slots->count() : 1;
   cached_M_.assign(static_cast<size_t>(slots), -1);
-  const bool held = !bf16_gemms(recipe) && !recipe.mxfp4_input;  // fp8: X's FP8 columns are held
+  const bool held = !bf16_gemms(recipe) && !recipe.mxfp4_input;  // X's FP8 or MXFP4 columns are held
   for (int64_t s = 0; s < (held ? slots : 1); ++s) {
     xcol_codes_.push_back(std::make_unique<Buffer>(&allocator_));
     xcol_scales_.push_back(std::make_unique<Buffer>(&allocator_));
@@ -100,20 +110,52 @@ void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
   if (bf16_gemms(recipe_)) return;
   const int64_t count = fp8_block_scale_count(N_, K_), count_t = fp8_block_scale_count(K_, N_);
   const int64_t M = std::max<int64_t>(plan_M_, 0);  // the weights' buffers do not depend on M
-  auto* wc = static_cast<uint8_t*>(w_codes_.ensure(planned(M, "W FP8 codes"), kWeightCopy));
-  auto* ws = static_cast<float*>(w_scales_.ensure(planned(M, "W FP8 scales"), kWeightCopy));
-  auto* tc = static_cast<uint8_t*>(wt_codes_.ensure(planned(M, "W^T FP8 codes"), kWeightCopy));
-  auto* ts = static_cast<float*>(wt_scales_.ensure(planned(M, "W^T FP8 scales"), kWeightCopy));
+  const bool fx = is_fp8(recipe_.fprop), fd = is_fp8(recipe_.dgrad);
+  auto* wc = fx ? static_cast<uint8_t*>(w_codes_.ensure(planned(M, "W FP8 codes"), kWeightCopy)) : nullptr;
+  auto* ws = fx ? static_cast<float*>(w_scales_.ensure(planned(M, "W FP8 scales"), kWeightCopy)) : nullptr;
+  auto* tc = fd ? static_cast<uint8_t*>(wt_codes_.ensure(planned(M, "W^T FP8 codes"), kWeightCopy)) : nullptr;
+  auto* ts = fd ? static_cast<float*>(wt_scales_.ensure(planned(M, "W^T FP8 scales"), kWeightCopy)) : nullptr;
   for (int64_t g = 0; g < G_; ++g) {
-    bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, false, wc + g * N_ * K_, ws + g * count, nullptr,
-                         stream);
-    bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, true, tc + g * N_ * K_, ts + g * count_t, nullptr,
-                         stream);
+    if (fx)
+      bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, false, wc + g * N_ * K_, ws + g * count, nullptr,
+                           stream);
+    if (fd)
+      bf16_to_fp8_block128(w + g * N_ * K_, N_, K_, scale_mode_, true, tc + g * N_ * K_, ts + g * count_t, nullptr,
+                           stream);
+  }
+  // MXFP4 copies (round to nearest even: weights are not gradients): W along K for Fprop, W^T along N for Dgrad.
+  const MxQuantConfig weight_cfg = mx_config(Rounding::rne, 0);
+  if (is_mx(recipe_.fprop)) {
+    auto* mc = static_cast<uint8_t*>(w_mx_codes_.ensure(planned(M, "W MXFP4 codes"), kWeightCopy));
+    auto* ms = static_cast<uint8_t*>(w_mx_scales_.ensure(planned(M, "W MXFP4 scales"), kWeightCopy));
+    bf16_to_mxfp4_row(w, G_ * N_, K_, mc, ms, weight_cfg, nullptr, stream);
+  }
+  if (is_mx(recipe_.dgrad)) {
+    auto* mc = static_cast<uint8_t*>(wt_mx_codes_.ensure(planned(M, "W^T MXFP4 codes"), kWeightCopy));
+    auto* ms = static_cast<uint8_t*>(wt_mx_scales_.ensure(planned(M, "W^T MXFP4 scales"), kWeightCopy));
+    for (int64_t g = 0; g < G_; ++g)
+      bf16_to_mxfp4_col(w + g * N_ * K_, N_, K_, mc + g * K_ * N_ / 2, ms + g * K_ * N_ / kMxBlock, weight_cfg,
+                        nullptr, stream);
   }
 }
 
+void GroupLinear::set_quant_seed(uint64_t seed) {
+  if (seed == quant_seed_) return;  // the same step: the micro-batches' backwards keep drawing fresh numbers
+  quant_seed_ = seed;
+  backward_count_ = 0;
+}
+
+MxQuantConfig GroupLinear::mx_config(Rounding rounding, uint64_t stream_id) const {
+  MxQuantConfig c;
+  c.rounding = rounding;
+  c.transform = recipe_.mx.transform;
+  c.rht_seed = splitmix64_at(quant_seed_, 0);
+  c.seed = splitmix64_at(quant_seed_, stream_id);
+  return c;
+}
+
 BufferPlan GroupLinear::buffers(const Recipe& recipe, int64_t G, int64_t N, int64_t K, int64_t M) {
-  require_preset_recipe(recipe, "GroupLinear::buffers");
+  check_recipe_built(recipe, G > 1, "GroupLinear::buffers");
   FP4MOE_CHECK(G >= 1 && N >= 1 && K >= 1 && M >= 0,
                "GroupLinear::buffers: expected G, N, K >= 1 and M >= 0, got G={} N={} K={} M={}", G, N, K, M);
   BufferPlan p("group_linear");
@@ -122,17 +164,49 @@ BufferPlan GroupLinear::buffers(const Recipe& recipe, int64_t G, int64_t N, int6
   const Lifetime first = Lifetime::first_forward;
   const MemCategory weights = MemCategory::weights, ws = MemCategory::workspace;
   const MemCategory x_columns = recipe.mxfp4_input ? ws : MemCategory::activations;
-  p.add("W FP8 codes", G * N * K, ElemType::e4m3, held, weights, first);
-  p.add("W FP8 scales", G * fp8_block_scale_count(N, K), ElemType::fp32, held, weights, first);
-  p.add("W^T FP8 codes", G * N * K, ElemType::e4m3, held, weights, first);
-  p.add("W^T FP8 scales", G * fp8_block_scale_count(K, N), ElemType::fp32, held, weights, first);
-  p.add("X FP8 column codes", fp8_col_codes_capacity(M, K, G), ElemType::e4m3, held, x_columns, first);
-  p.add("X FP8 column scales", fp8_col_scales_capacity(M, K, G), ElemType::fp32, held, x_columns, first);
-  p.add("row FP8 codes", M * std::max(K, N), ElemType::e4m3, held, ws, first);
-  p.add("row FP8 scales", std::max(fp8_row_scale_count(M, K), fp8_row_scale_count(M, N)), ElemType::fp32, held, ws,
-        first);
-  p.add("dY FP8 column codes", fp8_col_codes_capacity(M, N, G), ElemType::e4m3, held, ws, first);
-  p.add("dY FP8 column scales", fp8_col_scales_capacity(M, N, G), ElemType::fp32, held, ws, first);
+  const bool fx = is_fp8(recipe.fprop), fd = is_fp8(recipe.dgrad), fw = is_fp8(recipe.wgrad);
+  const bool mf = is_mx(recipe.fprop), md = is_mx(recipe.dgrad), mw = is_mx(recipe.wgrad);
+  const auto when = [](bool used, int64_t n) { return used ? n : int64_t{0}; };
+  p.add("W FP8 codes", when(fx, G * N * K), ElemType::e4m3, held, weights, first);
+  p.add("W FP8 scales", when(fx, G * fp8_block_scale_count(N, K)), ElemType::fp32, held, weights, first);
+  p.add("W^T FP8 codes", when(fd, G * N * K), ElemType::e4m3, held, weights, first);
+  p.add("W^T FP8 scales", when(fd, G * fp8_block_scale_count(K, N)), ElemType::fp32, held, weights, first);
+  p.add("X FP8 column codes", when(fw, fp8_col_codes_capacity(M, K, G)), ElemType::e4m3, held, x_columns, first);
+  p.add("X FP8 column scales", when(fw, fp8_col_scales_capacity(M, K, G)), ElemType::fp32, held, x_columns, first);
+  p.add("row FP8 codes", M * std::max(when(fx, K), when(fd, N)), ElemType::e4m3, held, ws, first);
+  p.add("row FP8 scales", std::max(when(fx, fp8_row_scale_count(M, K)), when(fd, fp8_row_scale_count(M, N))),
+        ElemType::fp32, held, ws, first);
+  p.add("dY FP8 column codes", when(fw, fp8_col_codes_capacity(M, N, G)), ElemType::e4m3, held, ws, first);
+  p.add("dY FP8 column scales", when(fw, fp8_col_scales_capacity(M, N, G)), ElemType::fp32, held, ws, first);
+  if (!has_mxfp4_gemm(recipe)) return p;
+  // Paper 2's MXFP4 GEMM classes (mxfp4_gemm.h): MXFP4 operands along each class's reduction dimension.
+  if (mf) {
+    p.add("W MXFP4 codes", G * N * K / 2, ElemType::e2m1x2, held, weights, first);
+    p.add("W MXFP4 scales", G * N * (K / kMxBlock), ElemType::ue8m0, held, weights, first);
+    p.add("X MXFP4 row codes", M * K / 2, ElemType::e2m1x2, held, ws, first);
+    p.add("X MXFP4 row scales", M * (K / kMxBlock), ElemType::ue8m0, held, ws, first);
+  }
+  if (md) {
+    p.add("W^T MXFP4 codes", G * K * N / 2, ElemType::e2m1x2, held, weights, first);
+    p.add("W^T MXFP4 scales", G * K * (N / kMxBlock), ElemType::ue8m0, held, weights, first);
+    p.add("dY MXFP4 row codes", M * N / 2, ElemType::e2m1x2, held, ws, first);
+    p.add("dY MXFP4 row scales", M * (N / kMxBlock), ElemType::ue8m0, held, ws, first);
+  }
+  if (mf || md) {
+    const int64_t bytes = std::max(when(mf, static_cast<int64_t>(mxfp4_gemm_workspace_bytes(M, N, K))),
+                                   when(md, static_cast<int64_t>(mxfp4_gemm_workspace_bytes(M, K, N))));
+    p.add("MXFP4 GEMM workspace", bytes, ElemType::byte, held, ws, first);
+  }
+  if (mw) {
+    p.add("X MXFP4 column codes", mxfp4_col_codes_capacity(M, K, G), ElemType::byte, held, MemCategory::activations,
+          first);
+    p.add("X MXFP4 column scales", mxfp4_col_scales_capacity(M, K, G), ElemType::ue8m0, held,
+          MemCategory::activations, first);
+    p.add("dY MXFP4 column codes", mxfp4_col_codes_capacity(M, N, G), ElemType::byte, held, ws, first);
+    p.add("dY MXFP4 column scales", mxfp4_col_scales_capacity(M, N, G), ElemType::ue8m0, held, ws, first);
+    p.add("MXFP4 Wgrad workspace", static_cast<int64_t>(mxfp4_wgrad_workspace_bytes(M, N, K, G)), ElemType::byte,
+          held, ws, first);
+  }
   return p;
 }
 
@@ -145,7 +219,7 @@ const BufferPlan& GroupLinear::plan_for(int64_t M) {
 }
 
 size_t GroupLinear::held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K, int64_t G) {
-  require_preset_recipe(recipe, "GroupLinear::held_activation_bytes");
+  check_recipe_built(recipe, G > 1, "GroupLinear::held_activation_bytes");
   FP4MOE_CHECK(M >= 0 && K >= 1 && G >= 1, "GroupLinear::held_activation_bytes: expected M >= 0, K >= 1, G >= 1, "
                "got M={} K={} G={}", M, K, G);
   if (bf16_gemms(recipe)) return static_cast<size_t>(M * K) * sizeof(bf16);
@@ -154,8 +228,11 @@ size_t GroupLinear::held_activation_bytes(const Recipe& recipe, int64_t M, int64
                  K);
     return static_cast<size_t>(M * (K / 2) + M * (K / kMxBlock));
   }
-  const BufferPlan p = buffers(recipe, G, 1, K, M);  // fp8: the FP8 column copy of X (N does not enter it)
-  return static_cast<size_t>(p.at("X FP8 column codes").bytes() + p.at("X FP8 column scales").bytes());
+  // The column copy of X that Wgrad reads (N does not enter it): FP8 for an fp8 Wgrad, MXFP4 for an mxfp4 one.
+  const BufferPlan p = buffers(recipe, G, 1, K, M);
+  const char* kind = is_mx(recipe.wgrad) ? "MXFP4" : "FP8";
+  return static_cast<size_t>(p.at(fmt::format("X {} column codes", kind)).bytes() +
+                             p.at(fmt::format("X {} column scales", kind)).bytes());
 }
 
 size_t GroupLinear::held_activation_bytes() const {
@@ -165,7 +242,7 @@ size_t GroupLinear::held_activation_bytes() const {
 }
 
 size_t GroupLinear::weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N, int64_t K) {
-  require_preset_recipe(recipe, "GroupLinear::weight_copy_bytes");
+  check_recipe_built(recipe, G > 1, "GroupLinear::weight_copy_bytes");
   FP4MOE_CHECK(G >= 1 && N >= 1 && K >= 1, "GroupLinear::weight_copy_bytes: expected G, N, K >= 1, got {} {} {}", G,
                N, K);
   if (bf16_gemms(recipe)) return 0;
@@ -190,32 +267,61 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
     gemm_.fprop_bf16(x.x, w_, N_, K_, split, out, stream);
     return;
   }
-  auto* rc = static_cast<uint8_t*>(row_codes_.ensure(planned(M, "row FP8 codes"), kScratch));
-  auto* rs = static_cast<float*>(row_scales_.ensure(planned(M, "row FP8 scales"), kScratch));
-  if (mx) {
-    if (M > 0) mxfp4_row_to_fp8_row(x.mx_codes, x.mx_scales, M, K_, rc, rs, stream);
-  } else if (M > 0) {
-    bf16_to_fp8_row(x.x, M, K_, scale_mode_, rc, rs, nullptr, stream);
+  if (is_mx(recipe_.fprop)) {  // G = 1 (check_recipe_built): X and W along K, one MXFP4 GEMM
+    check_mx_tokens(M, "Fprop");
+    auto* xc = static_cast<uint8_t*>(mx_row_codes_.ensure(planned(M, "X MXFP4 row codes"), kScratch));
+    auto* xs = static_cast<uint8_t*>(mx_row_scales_.ensure(planned(M, "X MXFP4 row scales"), kScratch));
+    void* wsp = mx_workspace_.ensure(planned(M, "MXFP4 GEMM workspace"), kScratch);
+    if (M > 0) {
+      bf16_to_mxfp4_row(x.x, M, K_, xc, xs, mx_config(Rounding::rne, 0), nullptr, stream);
+      mxfp4_gemm(gemm_.lt(), {xc, xs},
+                 {static_cast<uint8_t*>(w_mx_codes_.ptr), static_cast<uint8_t*>(w_mx_scales_.ptr)}, M, N_, K_, wsp,
+                 mx_workspace_.bytes, out, stream);
+    }
+  } else {
+    auto* rc = static_cast<uint8_t*>(row_codes_.ensure(planned(M, "row FP8 codes"), kScratch));
+    auto* rs = static_cast<float*>(row_scales_.ensure(planned(M, "row FP8 scales"), kScratch));
+    if (mx) {
+      if (M > 0) mxfp4_row_to_fp8_row(x.mx_codes, x.mx_scales, M, K_, rc, rs, stream);
+    } else if (M > 0) {
+      bf16_to_fp8_row(x.x, M, K_, scale_mode_, rc, rs, nullptr, stream);
+    }
+    gemm_.fprop_fp8({rc, rs}, {static_cast<uint8_t*>(w_codes_.ptr), static_cast<float*>(w_scales_.ptr)}, N_, K_,
+                    split, out, stream);
   }
-  gemm_.fprop_fp8({rc, rs}, {static_cast<uint8_t*>(w_codes_.ptr), static_cast<float*>(w_scales_.ptr)}, N_, K_, split,
-                  out, stream);
   if (!mx) {
-    // The fp8 recipe caches X as its FP8 column copy (what Wgrad reads), not as BF16; every slot's copy grows
-    // together (all allocated by the first forward).
+    // X is cached as the column copy Wgrad reads (FP8 for an fp8 Wgrad, MXFP4 along tokens for an mxfp4 one, with
+    // the Wgrad transform and RNE), not as BF16; every slot's copy grows together (all allocated by the first
+    // forward).
     constexpr GroupLinearBuffer held = GroupLinearBuffer::held_activation;
+    const bool mw = is_mx(recipe_.wgrad);
+    const char* codes_name = mw ? "X MXFP4 column codes" : "X FP8 column codes";
+    const char* scales_name = mw ? "X MXFP4 column scales" : "X FP8 column scales";
     for (size_t s = 0; s < xcol_codes_.size(); ++s) {
-      xcol_codes_[s]->ensure(planned(M, "X FP8 column codes"), held);
-      xcol_scales_[s]->ensure(planned(M, "X FP8 column scales"), held);
+      xcol_codes_[s]->ensure(planned(M, codes_name), held);
+      xcol_scales_[s]->ensure(planned(M, scales_name), held);
     }
     auto* cc = static_cast<uint8_t*>(xcol_codes().ptr);
-    auto* cs = static_cast<float*>(xcol_scales().ptr);
-    bf16_to_fp8_col(x.x, M, K_, split.offsets, G_, split.host_offsets, scale_mode_, cc, cs, nullptr, stream);
+    if (mw)
+      bf16_to_mxfp4_col_ragged(x.x, M, K_, split.offsets, G_, split.host_offsets, cc,
+                               static_cast<uint8_t*>(xcol_scales().ptr), mx_config(Rounding::rne, 0), nullptr, stream);
+    else
+      bf16_to_fp8_col(x.x, M, K_, split.offsets, G_, split.host_offsets, scale_mode_, cc,
+                      static_cast<float*>(xcol_scales().ptr), nullptr, stream);
   }
+}
+
+void GroupLinear::check_mx_tokens(int64_t M, const char* gemm) const {
+  FP4MOE_CHECK(M % 4 == 0,
+               "GroupLinear: an MXFP4 {} (recipe {}) multiplies M x 1x128 FP8 rows through cuBLASLt, which needs the "
+               "token count M % 4 == 0, got M={}",
+               gemm, recipe_name(recipe_), M);
 }
 
 void GroupLinear::fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16* y, cudaStream_t stream) {
   const char* what = "GroupLinear::fprop_fp8_rows";
-  FP4MOE_CHECK(recipe_ == Recipe::fp8, "{}: only the fp8 recipe takes an FP8 row copy of X, this layer is {}", what,
+  FP4MOE_CHECK(quantizes_bf16_input(recipe_) && is_fp8(recipe_.fprop),
+               "{}: only an fp8 Fprop of a BF16 input takes an FP8 row copy of X, this layer is {}", what,
                recipe_name(recipe_));
   FP4MOE_CHECK(w_ != nullptr, "{}: set_weights was not called", what);
   FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr,
@@ -241,14 +347,38 @@ void GroupLinear::backward(const GroupLinearInput& x, const bf16* dy, const Grou
     if (dw_master) gemm_.wgrad_bf16(dy, x.x, N_, K_, split, GemmOutput{dw_master, GemmOutType::fp32, true}, stream);
     return;
   }
-  if (dx) {
+  // Stochastic rounding of the gradient operands: a fresh stream of random numbers per backward (the quantizer
+  // keys them by element index), Dgrad's dY and Wgrad's dY apart.
+  const uint64_t sr_stream = 1 + 2 * backward_count_++;
+  if (dx && is_mx(recipe_.dgrad)) {  // G = 1: dY along N, W^T (set_weights) along N, one MXFP4 GEMM
+    check_mx_tokens(M, "Dgrad");
+    auto* dc = static_cast<uint8_t*>(mx_row_codes_.ensure(planned(M, "dY MXFP4 row codes"), kScratch));
+    auto* ds = static_cast<uint8_t*>(mx_row_scales_.ensure(planned(M, "dY MXFP4 row scales"), kScratch));
+    void* wsp = mx_workspace_.ensure(planned(M, "MXFP4 GEMM workspace"), kScratch);
+    if (M > 0) {
+      bf16_to_mxfp4_row(dy, M, N_, dc, ds, mx_config(recipe_.mx.rounding, sr_stream), nullptr, stream);
+      mxfp4_gemm(gemm_.lt(), {dc, ds},
+                 {static_cast<uint8_t*>(wt_mx_codes_.ptr), static_cast<uint8_t*>(wt_mx_scales_.ptr)}, M, K_, N_, wsp,
+                 mx_workspace_.bytes, GemmOutput{dx, GemmOutType::bf16, false}, stream);
+    }
+  } else if (dx) {
     auto* rc = static_cast<uint8_t*>(row_codes_.ensure(planned(M, "row FP8 codes"), kScratch));
     auto* rs = static_cast<float*>(row_scales_.ensure(planned(M, "row FP8 scales"), kScratch));
     if (M > 0) bf16_to_fp8_row(dy, M, N_, scale_mode_, rc, rs, nullptr, stream);
     gemm_.dgrad_fp8({rc, rs}, {static_cast<uint8_t*>(wt_codes_.ptr), static_cast<float*>(wt_scales_.ptr)}, N_, K_,
                     split, GemmOutput{dx, GemmOutType::bf16, false}, stream);
   }
-  if (dw_master) {
+  if (dw_master && is_mx(recipe_.wgrad)) {  // dY and X (held since forward) along tokens, ragged per expert
+    auto* dc = static_cast<uint8_t*>(dycol_codes_.ensure(planned(M, "dY MXFP4 column codes"), kScratch));
+    auto* ds = static_cast<uint8_t*>(dycol_scales_.ensure(planned(M, "dY MXFP4 column scales"), kScratch));
+    void* wsp = mx_wgrad_workspace_.ensure(planned(M, "MXFP4 Wgrad workspace"), kScratch);
+    bf16_to_mxfp4_col_ragged(dy, M, N_, split.offsets, G_, split.host_offsets, dc, ds,
+                             mx_config(recipe_.mx.rounding, sr_stream + 1), nullptr, stream);
+    mxfp4_wgrad_grouped(gemm_, {dc, ds},
+                        {static_cast<uint8_t*>(xcol_codes().ptr), static_cast<uint8_t*>(xcol_scales().ptr)}, N_, K_,
+                        split, wsp, mx_wgrad_workspace_.bytes, GemmOutput{dw_master, GemmOutType::fp32, true},
+                        stream);
+  } else if (dw_master) {
     auto* dc = static_cast<uint8_t*>(dycol_codes_.ensure(planned(M, "dY FP8 column codes"), kScratch));
     auto* ds = static_cast<float*>(dycol_scales_.ensure(planned(M, "dY FP8 column scales"), kScratch));
     bf16_to_fp8_col(dy, M, N_, split.offsets, G_, split.host_offsets, scale_mode_, dc, ds, nullptr, stream);

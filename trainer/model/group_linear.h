@@ -10,6 +10,18 @@
 // |        | MXFP4) -> FP8 row (direct)          |                          | from the caller's MXFP4 X only      |
 //
 // (the paper: FP4 storage and communication with FP8 compute; DeepSeek-V3's fine-grained FP8 for the fp8 recipe).
+// Paper 2's ladder (recipe.h): a GEMM class in mxfp4 quantizes both operands to MXFP4 along its reduction
+// dimension and multiplies them on FP8 tensor cores (kernels/gemm/mxfp4_gemm.h), the other classes as fp8:
+//   Fprop  X (bf16_to_mxfp4_row, RNE) and W (from the BF16 parameters at set_weights, RNE) along K; mxfp4_gemm.
+//   Dgrad  dY along N (bf16_to_mxfp4_row, the recipe's rounding) and W^T: W [N, K] along N (bf16_to_mxfp4_col,
+//          RNE, at set_weights); mxfp4_gemm.
+//   Wgrad  X along tokens, ragged per expert (bf16_to_mxfp4_col_ragged, RNE, made in forward and held instead of
+//          the FP8 column copy) and dY likewise in backward (the recipe's rounding); mxfp4_wgrad_grouped.
+// The recipe's transform goes to both operands of each mxfp4 class. Seeds (set_quant_seed, once per step): the
+// random Hadamard signs are splitmix64_at(seed, 0) for every operand of the step; stochastic rounding in the c-th
+// backward call since the seed last changed (c = 0, 1, ...: one per micro-batch) draws from
+// splitmix64_at(seed, 2c + 1) (Dgrad's dY) and splitmix64_at(seed, 2c + 2) (Wgrad's dY).
+// MXFP4 Fprop and Dgrad run on one group only (G = 1, check_recipe_built) and need M % 4 == 0 (cuBLASLt).
 // Weights stay BF16 parameters [G, N, K]; the weight gradient accumulates into an FP32 master gradient [G, N, K].
 // All GEMMs go through GroupedGemm (kernels/gemm/grouped_gemm.h); shape rules are its own (N, K multiples of
 // 16), plus K % 32 == 0 for the mxfp4 recipe (MX blocks of 32).
@@ -84,14 +96,20 @@ class GroupLinear {
   GroupLinear(const GroupLinear&) = delete;
   GroupLinear& operator=(const GroupLinear&) = delete;
 
-  // Rejects (fp4moe::Error) a recipe other than the presets (require_preset_recipe), G < 1, N or K not a positive
-  // multiple of 16, and K % 32 != 0 for a recipe that stores X as MXFP4; for a layer's owner that checks before it
-  // builds the layer.
+  // Rejects (fp4moe::Error) a recipe that is not built (check_recipe_built, grouped when G > 1), G < 1, N or K
+  // not a positive multiple of 16, K % 32 != 0 for a recipe that stores X as MXFP4 or runs Fprop in MXFP4, and
+  // N % 32 != 0 for an MXFP4 Dgrad; for a layer's owner that checks before it builds the layer.
   static void check_shape(int64_t G, int64_t N, int64_t K, const Recipe& recipe);
 
-  // w: BF16 parameters [G, N, K], device; call again after every optimizer step. The fp8/mxfp4 recipes quantize
-  // W and W^T to 128x128 blocks here (2G launches); the bf16 recipe keeps the pointer. Rejects a null w.
+  // w: BF16 parameters [G, N, K], device; call again after every optimizer step. The quantized recipes make here
+  // the weight copies their classes read: W (fp8 Fprop) and W^T (fp8 Dgrad) in 128x128 blocks, W MXFP4 along K
+  // (mxfp4 Fprop), W^T MXFP4 along N (mxfp4 Dgrad); the bf16 recipe keeps the pointer. Rejects a null w.
   void set_weights(const bf16* w, cudaStream_t stream);
+  // The seed of the MXFP4 quantizers' random choices for this step (random Hadamard signs, stochastic rounding;
+  // the scheme at the top): call it before set_weights with a value that changes per step (the layers take
+  // layer_quant_seed of ModelContext::quant_seed); calling it again with the same value (every forward of the
+  // step) changes nothing. Default 0.
+  void set_quant_seed(uint64_t seed);
 
   // y [M, N] BF16, device, M = split.host_offsets[G]. Rejects (before any launch) a forward before set_weights,
   // a split whose G differs from the layer's or that has no host copy of the offsets, the wrong kind of input for
@@ -128,7 +146,17 @@ class GroupLinear {
   //                (M, N)] FP32 (X in forward, dY in backward); "dY FP8 column codes" / "dY FP8 column scales"
   //                (the capacities of [M, N] in G groups); mxfp4: X's FP8 column copy, made in backward from the
   //                MXFP4 X, under workspace
-  // Rejects G, N, K < 1, M < 0 and a recipe other than the presets.
+  // The fp8 entries are 0 for a class that is mxfp4 (W FP8 for Fprop, W^T FP8 for Dgrad, the FP8 columns for
+  // Wgrad). The mxfp4 classes add (K/32, N/32 scale bytes per row; mxfp4_col_*_capacity of layouts.h):
+  //   Fprop   weights "W MXFP4 codes" [G, N, K/2], "W MXFP4 scales" [G, N, K/32]; workspace "X MXFP4 row codes"
+  //           [M, K/2] and "X MXFP4 row scales" [M, K/32]
+  //   Dgrad   weights "W^T MXFP4 codes" [G, K, N/2], "W^T MXFP4 scales" [G, K, N/32]; workspace "dY MXFP4 row
+  //           codes" [M, N/2], "dY MXFP4 row scales" [M, N/32]
+  //   either  workspace "MXFP4 GEMM workspace" (bytes: mxfp4_gemm_workspace_bytes of the larger of the two GEMMs)
+  //   Wgrad   activations "X MXFP4 column codes" / "scales" (the column tensor of X over the split, made in forward,
+  //           read by Wgrad); workspace "dY MXFP4 column codes" / "scales", "MXFP4 Wgrad workspace"
+  //           (mxfp4_wgrad_workspace_bytes)
+  // Rejects G, N, K < 1, M < 0 and a recipe that is not built.
   static BufferPlan buffers(const Recipe& recipe, int64_t G, int64_t N, int64_t K, int64_t M);
 
   // Activation bytes that must stay alive from a forward over M tokens in G groups to its backward (DESIGN.md
@@ -138,14 +166,16 @@ class GroupLinear {
   //          X may be freed after forward;
   //   mxfp4: the caller's MXFP4 X (layouts.h): M K / 2 bytes of E2M1 codes plus M K / 32 UE8M0 scale bytes.
   // Not counted: the weights' FP8 copies (held for the whole step: weight_copy_bytes), and the scratch of one pass.
-  // Rejects M < 0, K < 1, G < 1, a recipe other than the presets and K % 32 != 0 for mxfp4.
+  //   an mxfp4 Wgrad (X stored as BF16): the layer's MXFP4 column copy of X (buffers(): "X MXFP4 column codes"
+  //          and "scales") instead of the FP8 one.
+  // Rejects M < 0, K < 1, G < 1, a recipe that is not built and K % 32 != 0 for mxfp4.
   static size_t held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K, int64_t G);
   // The same for this layer's last forward. Rejects a call before any forward.
   size_t held_activation_bytes() const;
 
   // FP8 copies of the weights held for the whole step (buffers()' weights: fp8 and mxfp4 W and W^T as E4M3 codes,
   // 2 G N K bytes, plus their FP32 128x128 block scales; bf16: 0). The BF16 parameters are not counted. Rejects G,
-  // N or K < 1 and a recipe other than the presets.
+  // N or K < 1 and a recipe that is not built. With mxfp4 classes: the weight entries of buffers().
   static size_t weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N, int64_t K);
 
  private:
@@ -162,6 +192,11 @@ class GroupLinear {
     size_t bytes = 0;
   };
 
+  // The MXFP4 quantizer options of an operand: `rounding`, the recipe's transform and this step's seeds; stream_id
+  // picks the stochastic-rounding seed (the scheme at the top).
+  MxQuantConfig mx_config(Rounding rounding, uint64_t stream_id) const;
+  // Rejects a token count an MXFP4 Fprop or Dgrad (`gemm`) cannot take (M % 4 != 0).
+  void check_mx_tokens(int64_t M, const char* gemm) const;
   // Checks that input `x` is the recipe's kind (BF16 or MXFP4); `what` names the call.
   void check_input(const GroupLinearInput& x, const char* what) const;
   // The active in-flight slot (allocator_.slots; 0 without), and its copy of X's FP8 columns: the fp8 recipe's held
@@ -183,7 +218,15 @@ class GroupLinear {
       wt_scales_{&allocator_};                          // FP8 W [G, N, K] and W^T [G, K, N]
   Buffer row_codes_{&allocator_}, row_scales_{&allocator_};  // FP8 row copy of X (forward) or dY (backward)
   Buffer dycol_codes_{&allocator_}, dycol_scales_{&allocator_};
-  std::vector<std::unique_ptr<Buffer>> xcol_codes_, xcol_scales_;  // X's FP8 columns: per slot for fp8, else one
+  Buffer w_mx_codes_{&allocator_}, w_mx_scales_{&allocator_};    // MXFP4 W [G, N, K] along K (mxfp4 Fprop)
+  Buffer wt_mx_codes_{&allocator_}, wt_mx_scales_{&allocator_};  // MXFP4 W^T [G, K, N] along N (mxfp4 Dgrad)
+  Buffer mx_row_codes_{&allocator_}, mx_row_scales_{&allocator_};  // MXFP4 rows of X (Fprop) or dY (Dgrad)
+  Buffer mx_workspace_{&allocator_}, mx_wgrad_workspace_{&allocator_};  // mxfp4_gemm's, mxfp4_wgrad_grouped's
+  // X's column copy for Wgrad (FP8, or MXFP4 for an mxfp4 Wgrad): held per slot unless X is stored as MXFP4
+  // (then one, rebuilt in backward).
+  std::vector<std::unique_ptr<Buffer>> xcol_codes_, xcol_scales_;
+  uint64_t quant_seed_ = 0;      // set_quant_seed
+  uint64_t backward_count_ = 0;  // backward calls since set_quant_seed last changed the seed
   std::vector<int64_t> cached_M_;  // per slot: its forward's token count (-1: none yet)
   BufferPlan plan_{"group_linear"};
   int64_t plan_M_ = -1;    // the M of plan_

@@ -10,7 +10,7 @@ namespace fp4moe {
 Linear::Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features,
                const Recipe& recipe, float init_std)
     : w_(nullptr), K_(in_features), N_(out_features), recipe_(recipe) {
-  require_preset_recipe(recipe, "Linear " + name);
+  check_recipe_built(recipe, false, "Linear " + name);
   const bool bf16_gemm = recipe == Recipe::bf16;
   const int64_t mult = bf16_gemm ? 8 : 16;
   FP4MOE_CHECK(in_features >= mult && in_features % mult == 0 && out_features >= mult && out_features % mult == 0,
@@ -18,9 +18,13 @@ Linear::Linear(ParamStore& store, const std::string& name, int64_t in_features, 
                "out={}",
                name, mult, recipe_name(recipe), bf16_gemm ? "16-byte BF16 rows" : "the FP8 GEMMs take 16-byte rows",
                in_features, out_features);
-  FP4MOE_CHECK(!recipe.mxfp4_input || in_features % kMxBlock == 0,
-               "Linear {}: the mxfp4 recipe quantizes X in MX blocks of 32 along in_features, got in={}", name,
-               in_features);
+  FP4MOE_CHECK(!needs_mx_blocks_along_k(recipe) || in_features % kMxBlock == 0,
+               "Linear {}: the recipe {} quantizes X in MX blocks of 32 along in_features, got in={}", name,
+               recipe_name(recipe), in_features);
+  FP4MOE_CHECK(!needs_mx_blocks_along_n(recipe) || out_features % kMxBlock == 0,
+               "Linear {}: the recipe {} (MXFP4 Dgrad) quantizes dY and W in MX blocks of 32 along out_features, got "
+               "out={}",
+               name, recipe_name(recipe), out_features);
   if (!bf16_gemm) q_ = std::make_unique<LinearQuantized>(name, in_features, out_features, recipe);
   w_ = &store.add(name, {out_features, in_features}, ParamInit::normal, init_std, /*decay=*/true);
 }
@@ -40,10 +44,8 @@ size_t Linear::weight_copy_bytes(const Recipe& recipe, int64_t N, int64_t K) {
 
 BufferPlan Linear::buffers(const Recipe& recipe, int64_t M, int64_t N, int64_t K, bool fp32_dgrad) {
   BufferPlan p("linear");
-  if (recipe == Recipe::bf16) {
-    require_preset_recipe(recipe, "Linear::buffers");
-    return p;
-  }
+  check_recipe_built(recipe, false, "Linear::buffers");
+  if (recipe == Recipe::bf16) return p;
   p.append(GroupLinear::buffers(recipe, 1, N, K, M));
   const Lifetime first = Lifetime::first_forward;
   p.add("token offsets", 2, ElemType::int32, true, MemCategory::workspace, first);

@@ -16,6 +16,10 @@
 // | mxfp4  | X -> MXFP4 (bf16_to_mxfp4_row) | as fp8                | X: MXFP4 -> FP8 column     | MXFP4 X only      |
 // |        | -> FP8 row (direct)            |                       | (direct), dY as fp8        |                   |
 //
+// Paper 2's ladder (recipe.h: each GEMM class fp8 or mxfp4, rounding, transform) runs through the same Group Linear
+// (group_linear.h states the operands of each mxfp4 class); an mxfp4 Fprop or Dgrad needs M % 4 == 0, and the
+// layer's quantizer seed is layer_quant_seed(ctx.quant_seed, name) at each forward.
+//
 // The fp8 and mxfp4 recipes run through Group Linear with one group (trainer/model/group_linear.h, pow2 FP8
 // scales, OCP floor MX scales with RNE); the bf16 recipe through the model's cuBLASLt handle (ModelContext::lt).
 // FP32 Dgrad in the fp8/mxfp4 recipes: Group Linear writes BF16 dX into a scratch, then cast_bf16_to_f32 (or,
@@ -73,8 +77,9 @@ class LinearQuantized;  // the fp8/mxfp4 path (linear_quantized.h)
 class Linear {
  public:
   // Registers the weight `name` [out_features, in_features], N(0, init_std^2), with weight decay. Rejects
-  // (fp4moe::Error, before registering) a recipe other than the presets bf16, fp8, mxfp4 (require_preset_recipe)
-  // and the shapes above. Needs no device: the fp8/mxfp4 recipes build their Group Linear at the first forward.
+  // (fp4moe::Error, before registering) a recipe that is not built (check_recipe_built), the shapes above, and
+  // out_features % 32 != 0 for an mxfp4 Dgrad (MX blocks along N). Needs no device: the fp8/mxfp4 recipes build
+  // their Group Linear at the first forward.
   Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features,
          const Recipe& recipe, float init_std);
   ~Linear();
@@ -102,7 +107,8 @@ class Linear {
   // Activation bytes that must stay alive from a forward over M tokens to its backward, whoever holds them
   // (DESIGN.md "Recipes", column "cached for backward"): bf16 the caller's X, 2 M K; fp8 the layer's FP8 column
   // copy of X as allocated, K (M + 15) E4M3 codes + K (ceil(M/128) + 1) FP32 scales (the capacity of a column
-  // tensor of one group, layouts.h); mxfp4 the layer's MXFP4 X, M K / 2 + M K / 32. Rejects M < 0, K < 1, and
+  // tensor of one group, layouts.h), or with an mxfp4 Wgrad its MXFP4 column copy (GroupLinear::
+  // held_activation_bytes); mxfp4 the layer's MXFP4 X, M K / 2 + M K / 32. Rejects M < 0, K < 1, and
   // K % 32 != 0 for mxfp4.
   static size_t held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K);
   // FP8 copies of W and W^T held for the whole step (fp8, mxfp4; 0 for bf16). Rejects N or K < 1.
@@ -112,7 +118,7 @@ class Linear {
   // none; fp8 and mxfp4 its Group Linear's (GroupLinear::buffers with G = 1), "token offsets" [2] int32 (workspace),
   // mxfp4 "X MXFP4 codes" [M, K/2] packed E2M1 and "X MXFP4 scales" [M, K/32] UE8M0 (activations: what backward
   // reads), and with fp32_dgrad (the caller takes Dgrad in FP32) "BF16 Dgrad before FP32" [M, K] (workspace).
-  // Rejects M < 0, N or K < 1, K % 32 != 0 for mxfp4 and a recipe other than the presets.
+  // Rejects M < 0, N or K < 1, K % 32 != 0 for mxfp4 and a recipe that is not built.
   static BufferPlan buffers(const Recipe& recipe, int64_t M, int64_t N, int64_t K, bool fp32_dgrad);
 
  private:

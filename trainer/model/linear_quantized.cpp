@@ -71,7 +71,8 @@ void LinearQuantized::forward(ModelContext& ctx, const bf16* w, const bf16* x, i
   bind(ctx, "forward");
   last_M_.get() = -1;  // until this forward has been queued: a backward after a failed forward is rejected
   set_tokens(M, ctx.stream);
-  gl_->set_weights(w, ctx.stream);  // W, W^T -> FP8 128x128 (the parameters changed since the last step)
+  gl_->set_quant_seed(layer_quant_seed(ctx.quant_seed, name_));  // this step's, this layer's
+  gl_->set_weights(w, ctx.stream);  // the weight copies (the parameters changed since the last step)
   GroupLinearInput in{x, nullptr, nullptr};
   if (recipe_.mxfp4_input) {
     if (M > mx_rows_) {  // free first: the old and new copies are never held together

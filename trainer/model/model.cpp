@@ -37,6 +37,8 @@
 // DeviceMemory (moe_experts.cpp's counted allocator), so those are counted.
 #include "trainer/model/model.h"
 
+#include "kernels/quant/mx_random.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -400,6 +402,8 @@ StepStats Model::backward_in_slot(int64_t slot, float grad_scale) {
   stats.loss = impl_->loss_host(ctx_.stream);
   return stats;
 }
+
+void Model::begin_step(uint64_t step) { ctx_.quant_seed = splitmix64_at(cfg_.train.seed, step); }
 
 void Model::end_step() {
   for (MoeLayer* moe : impl_->moe_layers()) moe->end_step(ctx_);

@@ -151,6 +151,10 @@ class Model {
   StepStats backward_in_slot(int64_t slot, float grad_scale);
   const PipelinePosition& position() const { return position_; }
 
+  // Once per optimizer step, before its first forward: the step number (counted from 1, as the trainer's) seeds the
+  // step's MXFP4 quantizer choices, ModelContext::quant_seed = splitmix64_at(train.seed, step) (random Hadamard
+  // signs, stochastic rounding of gradients: fresh per step, the same after a resume). Without it: seed 0.
+  void begin_step(uint64_t step);
   // Once per optimizer step, after the update: the v3 router's aux-loss-free bias update from the expert loads
   // counted over the step's micro-batches (then the counts restart). No-op for v2 and dense models.
   void end_step();

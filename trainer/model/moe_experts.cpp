@@ -88,7 +88,7 @@ size_t MoeRoutedExperts::kept_bytes() const {
 BufferPlan MoeRoutedExperts::buffers(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
                                      const MoeRecompute& rc) {
   FP4MOE_CHECK(R >= 0, "MoeRoutedExperts::buffers: R must be >= 0, got {}", R);
-  const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, f8 = recipe == Recipe::fp8;
+  const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, f8 = quantizes_bf16_input(recipe);
   const bool keep = !rc.whole, keep_a = keep && !rc.act;
   BufferPlan p("moe.experts");
   p.add("row_of", R, ElemType::int32);                      // the permutation, under every policy
@@ -241,6 +241,8 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
   last_M_.get() = M;
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);  // takes stay in the caller's scope
   t_ = bind_forward(arena, M * k_);
+  fc1_->set_quant_seed(layer_quant_seed(ctx.quant_seed, w1_->name));
+  fc2_->set_quant_seed(layer_quant_seed(ctx.quant_seed, w2_->name));
   fc1_->set_weights(w1_->param, ctx.stream);
   fc2_->set_weights(w2_->param, ctx.stream);
   run_to_ys(ctx, x, r, t_);
@@ -279,7 +281,7 @@ void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
   cudaStream_t s = ctx.stream;
   if (whole_) {  // the experts from the kept dispatched input (the weights' FP8 copies of this step are in fc1_, fc2_)
     const GroupSplit split{r.offsets, r.host_offsets, E_};
-    if (recipe_ == Recipe::fp8)
+    if (quantizes_bf16_input(recipe_))
       fc1_->fprop_fp8_rows(Fp8RowOperand{t_.xs_fp8_codes, t_.xs_fp8_scales}, split, t_.h, s);
     else
       fc1_->forward(input_of(t_.xs, t_.xs_codes, t_.xs_scales), split, t_.h, s);  // bf16, mxfp4

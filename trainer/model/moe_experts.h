@@ -147,7 +147,7 @@ class MoeRoutedExperts {
   };
   // Whether backward needs a recompute first: what the policy drops (moe_act under fp8 drops nothing here).
   static bool needs_recompute(const Recipe& recipe, bool whole, bool act) {
-    return whole || (act && recipe != Recipe::fp8);
+    return whole || (act && !quantizes_bf16_input(recipe));
   }
   bool needs_recompute() const { return needs_recompute(recipe_, whole_, act_); }
   // The tensors of plan `p` (buffers() for one pass): `kept`'s pointers for the held ones, takes from `arena` for

@@ -25,6 +25,7 @@ StepRecord Trainer::State::train_step() {
 
   mem->reset_peaks();
   store.zero_grads(stream);
+  model->begin_step(static_cast<uint64_t>(s));  // the step's MXFP4 quantizer seed
   const float grad_scale = 1.0f / static_cast<float>(t.grad_accum);
   double loss_sum = 0;   // summed in micro-batch order: the backwards run in that order
   bool has_loss = true;  // false on an emulated pipeline stage without the LM head: loss NaN, not a divergence
