@@ -413,7 +413,7 @@ void validate_config(const TrainerConfig& cfg) {
     check_positive(e.expert_ffn, "moe.expert_ffn");
     check_gemm_dim(e.expert_ffn, "moe.expert_ffn",
                    routed_k || routed_n || (e.shared_experts > 0 && (shared_k || shared_n)));
-    check_recipe_built(r.routed_experts, true, "recipe.routed_experts");
+    check_recipe_built(r.routed_experts, "recipe.routed_experts");
   }
 
   check_positive(t.seq_len, "train.seq_len");

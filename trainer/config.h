@@ -125,8 +125,8 @@ struct TrainingConfig {
 // keys fprop, dgrad, wgrad (bf16 | fp8 | mxfp4), input (bf16 | mxfp4: X stored as MXFP4), rounding (rne | sr: of
 // the gradient operands of the mxfp4 classes), transform (none | h16 | h32 | rht: both operands of each mxfp4
 // class along its reduction dimension). parse_recipe rejects an unknown key or value, a repeated key and a
-// combination that is not built, with one line naming the option; validate_config rejects MXFP4 Fprop or Dgrad
-// for routed_experts (only Wgrad is built over ragged expert groups). Embedding, LM head, router and norms stay
+// combination that is not built, with one line naming the option (the same for every class, routed experts
+// included: trainer/model/recipe.h). Embedding, LM head, router and norms stay
 // BF16/FP32 and the attention core BF16 whatever is chosen here.
 struct RecipeConfig {
   Recipe attention = Recipe::bf16;       // MLA projections (q down/up, kv down/up, output)

@@ -262,13 +262,14 @@ void GroupedGemm::wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K
 
 // ---- FP8 ---------------------------------------------------------------------------------------------------------
 
-void GroupedGemm::row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8BlockStack blocks, int64_t P,
-                                       int64_t R, const GroupSplit& split, GemmOutput out, cudaStream_t stream) {
+void GroupedGemm::row_times_weights_fp8(const char* what, Fp8RowOperand rows, const uint8_t* w_codes,
+                                        const float* w_scales, bool w_rows, int64_t P, int64_t R,
+                                        const GroupSplit& split, GemmOutput out, cudaStream_t stream) {
   const int64_t M = split.host_offsets[split.G];
   check_ptr(what, "row codes", rows.codes);
   check_ptr(what, "row scales", rows.scales);
-  check_ptr(what, "block codes", blocks.codes);
-  check_ptr(what, "block scales", blocks.scales);
+  check_ptr(what, "weight codes", w_codes);
+  check_ptr(what, "weight scales", w_scales);
   if (M == 0) return;
 
   int64_t max_rows = 0;
@@ -282,12 +283,13 @@ void GroupedGemm::row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8
   pack_group_row_scales(rows.scales, M, R, split.offsets, split.G, max_rows, packed, stream);
 
   const int64_t nb = ceil_div(R, kFp8Block);
-  const int64_t block_scale_count = fp8_block_scale_count(P, R);
+  // Scales per expert: a 128x128 block tensor's, or a 1x128 row tensor's [ceil(R/128), round_up(P, 4)].
+  const int64_t w_scale_count = w_rows ? fp8_row_scale_count(P, R) : fp8_block_scale_count(P, R);
   const size_t es = out_elem_bytes(out.type);
   auto weights = [&](int64_t g) {
-    // Column-major: out_g^T [P x n] = (block codes stored R x P)^T * (row codes stored R x n).
-    return LtOperand{blocks.codes + g * P * R, CUDA_R_8F_E4M3, true, R, blocks.scales + g * block_scale_count,
-                     LtScaleMode::blk128x128};
+    // Column-major: out_g^T [P x n] = (weight codes stored R x P)^T * (row codes stored R x n).
+    return LtOperand{w_codes + g * P * R, CUDA_R_8F_E4M3, true, R, w_scales + g * w_scale_count,
+                     w_rows ? LtScaleMode::vec128 : LtScaleMode::blk128x128};
   };
   std::vector<int64_t> packed_first(static_cast<size_t>(split.G) + 1, 0);  // sum of group_main_rows before g
   for (int64_t g = 0; g < split.G; ++g) {
@@ -320,14 +322,28 @@ void GroupedGemm::fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t
                             GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8";
   check_common(what, N, K, split, y, false);
-  row_times_blocks_fp8(what, x, w, N, K, split, y, stream);
+  row_times_weights_fp8(what, x, w.codes, w.scales, false, N, K, split, y, stream);
+}
+
+void GroupedGemm::fprop_fp8_row_weights(Fp8RowOperand x, Fp8RowStack w, int64_t N, int64_t K,
+                                        const GroupSplit& split, GemmOutput y, cudaStream_t stream) {
+  const char* what = "grouped fprop_fp8 (1x128 weights)";
+  check_common(what, N, K, split, y, false);
+  row_times_weights_fp8(what, x, w.codes, w.scales, true, N, K, split, y, stream);
 }
 
 void GroupedGemm::dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_fp8";
   check_common(what, N, K, split, dx, false);
-  row_times_blocks_fp8(what, dy, w_t, K, N, split, dx, stream);
+  row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, false, K, N, split, dx, stream);
+}
+
+void GroupedGemm::dgrad_fp8_row_weights(Fp8RowOperand dy, Fp8RowStack w_t, int64_t N, int64_t K,
+                                        const GroupSplit& split, GemmOutput dx, cudaStream_t stream) {
+  const char* what = "grouped dgrad_fp8 (1x128 weights)";
+  check_common(what, N, K, split, dx, false);
+  row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, true, K, N, split, dx, stream);
 }
 
 void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split,

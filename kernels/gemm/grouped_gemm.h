@@ -99,6 +99,14 @@ struct Fp8BlockStack {
   const float* scales = nullptr;
 };
 
+// G stacked FP8 1x128 row tensors [rows, cols] (layouts.h), expert after expert: codes [G, rows, cols], and each
+// expert's own scales fp32 [ceil(cols/128), round_up(rows, 4)] one after the other (the MXFP4 -> FP8 conversion of
+// an expert's MXFP4 weights, mxfp4_gemm.h: paper 2's MXFP4 Fprop and Dgrad of the routed experts).
+struct Fp8RowStack {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+};
+
 // Throughput options of a GroupedGemm. Any of them gives the same bits run after run; with S > 1 streams the
 // recomputed rows (a 4-row GEMM instead of their group's) may differ in the last bits from a one-stream run.
 struct GroupedGemmTuning {
@@ -133,6 +141,13 @@ class GroupedGemm {
                  cudaStream_t stream);
   void wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split, GemmOutput dw,
                  cudaStream_t stream, int64_t token_pad = 16);
+  // The same Fprop and Dgrad with 1x128 weights (w: a stack of [N, K], w_t of [K, N]): VEC128 x VEC128 scales,
+  // the product of two operands both quantized along the reduction dimension in 1x128 groups (an MXFP4 GEMM's
+  // FP8 operands, mxfp4_gemm.h). Same shape rules, ragged tails and streams as above.
+  void fprop_fp8_row_weights(Fp8RowOperand x, Fp8RowStack w, int64_t N, int64_t K, const GroupSplit& split,
+                             GemmOutput y, cudaStream_t stream);
+  void dgrad_fp8_row_weights(Fp8RowOperand dy, Fp8RowStack w_t, int64_t N, int64_t K, const GroupSplit& split,
+                             GemmOutput dx, cudaStream_t stream);
 
   // Grows the scratch for FP8 Fprop/Dgrad up to M tokens, reduction dimension R (K for Fprop, N for Dgrad),
   // output width P (N for Fprop, K for Dgrad) and G groups, so that later calls within those bounds allocate
@@ -153,9 +168,11 @@ class GroupedGemm {
   int64_t rows_recomputed() const { return rows_recomputed_; }
 
  private:
-  // FP8 row operand [M, R] times each expert's block tensor [P, R]^T into out [M, P] (Fprop and Dgrad).
-  void row_times_blocks_fp8(const char* what, Fp8RowOperand rows, Fp8BlockStack blocks, int64_t P, int64_t R,
-                            const GroupSplit& split, GemmOutput out, cudaStream_t stream);
+  // FP8 row operand [M, R] times each expert's weight tensor [P, R]^T into out [M, P] (Fprop and Dgrad): the
+  // experts' 128x128 block tensors (Fp8BlockStack) or 1x128 row tensors (Fp8RowStack).
+  void row_times_weights_fp8(const char* what, Fp8RowOperand rows, const uint8_t* w_codes, const float* w_scales,
+                             bool w_rows, int64_t P, int64_t R, const GroupSplit& split, GemmOutput out,
+                             cudaStream_t stream);
   void ensure_scratch(size_t bytes);
   CublasLtMatmul& lt_of(int s) { return s == 0 ? lt() : *side_lt_[static_cast<size_t>(s - 1)]; }
   cudaStream_t stream_of(int s, cudaStream_t caller) const {

@@ -10,6 +10,7 @@
 #include "kernels/quant/mx_transform.h"
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
+#include "trainer/model/group_linear.h"
 #include "trainer/model/linear.h"
 #include "trainer/model/params.h"
 #include "trainer/model/recipe.h"
@@ -121,18 +122,10 @@ TEST(Recipe, BuiltCombinationsPerLayerKind) {
         r.fprop = fp;
         r.dgrad = dg;
         r.wgrad = wg;
-        EXPECT_NO_THROW(check_recipe_built(r, false, "Linear")) << recipe_name(r);
-        // Routed experts (ragged groups): MXFP4 Wgrad only.
-        if (fp == x || dg == x)
-          expect_error_with([&] { check_recipe_built(r, true, "GroupLinear"); },
-                            {"GroupLinear", "not built for routed experts", "wgrad=mxfp4"});
-        else
-          EXPECT_NO_THROW(check_recipe_built(r, true, "GroupLinear")) << recipe_name(r);
+        EXPECT_NO_THROW(check_recipe_built(r, "Linear")) << recipe_name(r);
+        EXPECT_NO_THROW(GroupLinear::check_shape(8, 64, 64, r)) << recipe_name(r);  // routed experts: every one
       }
-  for (const Recipe& p : {Recipe::bf16, Recipe::fp8, Recipe::mxfp4}) {
-    EXPECT_NO_THROW(check_recipe_built(p, false, "x"));
-    EXPECT_NO_THROW(check_recipe_built(p, true, "x"));
-  }
+  for (const Recipe& p : {Recipe::bf16, Recipe::fp8, Recipe::mxfp4}) EXPECT_NO_THROW(check_recipe_built(p, "x"));
   EXPECT_TRUE(quantizes_bf16_input(Recipe::fp8));
   EXPECT_FALSE(quantizes_bf16_input(Recipe::mxfp4));
   EXPECT_FALSE(quantizes_bf16_input(Recipe::bf16));
@@ -231,8 +224,10 @@ TEST(Recipe, ConfigurationTakesLadderOverridesPerClass) {
                 "recipe.routed_experts = fprop=fp8 dgrad=fp8 wgrad=mxfp4 input=bf16 rounding=rne transform=h16\n"),
             std::string::npos)
       << model_config_text(c);
-  expect_error_with([&] { tiny({"--recipe.routed_experts", "fp8 fprop=mxfp4"}); },
-                    {"recipe.routed_experts", "not built for routed experts"});
+  EXPECT_EQ(tiny({"--recipe.routed_experts", "fp8 fprop=mxfp4 dgrad=mxfp4"}).recipe.routed_experts.dgrad,
+            GemmPrecision::mxfp4);  // MXFP4 Fprop and Dgrad over ragged expert groups
+  expect_error_with([&] { tiny({"--recipe.routed_experts", "fp8 wgrad=bf16"}); },
+                    {"recipe.routed_experts", "not built", "bf16 GEMM classes mixed"});
   expect_error_with([&] { tiny({"--recipe.shared_experts", "fp8 transform=rht"}); },
                     {"recipe.shared_experts", "no GEMM class is mxfp4"});
   // tiny's kv_down has kv_lora_rank + qk_rope_head_dim = 48 outputs: no MX blocks of 32 for an MXFP4 Dgrad.

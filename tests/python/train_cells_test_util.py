@@ -135,7 +135,7 @@ def fake_main(argv, config_path):
         return 2
     args = argv[1:]
     config = os.path.splitext(os.path.basename(_option(args, "--config")))[0]
-    routed = _option(args, "--recipe.routed_experts", "bf16")
+    routed = _option(args, "--recipe.routed_experts", "bf16").split()[0]  # the preset of a "preset key=value" recipe
     dense = _option(args, "--recipe.attention", "bf16")
     if "--synthetic-data" not in args:
         data = _option(args, "--data", "data/cache/shards")
@@ -154,7 +154,7 @@ def fake_main(argv, config_path):
     modules = _modules(args)
     factor = cfg["policy_factor"].get(modules, 1.2) if modules is not None else 1.2
     act = cfg["act_gib"][routed] * factor
-    total = (2.0 if probe else cfg["base_gib"][config]) + act
+    total = (2.0 if probe else cfg["base_gib"].get(config, 4.0)) + act
     budget = _option(args, "--memory-budget")
     if budget is not None and total > float(budget):
         print(budget_report("layers.3.moe experts fc1 output", 0.25, "activations", float(budget) - 0.1,

@@ -176,9 +176,9 @@ TEST(MoeLayerConfig, RejectsARoutedRecipeThatIsNotBuiltBeforeRegisteringAnything
   DeviceMemory mem;
   TrainerConfig c = tiny();
   c.recipe.routed_experts = Recipe::fp8;
-  c.recipe.routed_experts.fprop = GemmPrecision::mxfp4;  // paper 2's ladder: no grouped MXFP4 Fprop
+  c.recipe.routed_experts.wgrad = GemmPrecision::bf16;  // bf16 mixed with fp8 classes: not built
   test::expect_error_with([&] { MoeLayer layer(store, "layers.1.moe", c, 256, mem); },
-                          {"layers.1.moe", "recipe.routed_experts", "fprop=mxfp4", "not built for routed experts"});
+                          {"layers.1.moe", "recipe.routed_experts", "wgrad=bf16", "not built", "bf16 GEMM classes mixed"});
   EXPECT_TRUE(store.params().empty());
   EXPECT_EQ(mem.current_total(), 0u);
 }

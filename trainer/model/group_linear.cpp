@@ -70,7 +70,7 @@ GroupLinear::Buffer::~Buffer() {
 }
 
 void GroupLinear::check_shape(int64_t G, int64_t N, int64_t K, const Recipe& recipe) {
-  check_recipe_built(recipe, G > 1, "GroupLinear");
+  check_recipe_built(recipe, "GroupLinear");
   FP4MOE_CHECK(G >= 1 && N >= 16 && K >= 16 && N % 16 == 0 && K % 16 == 0,
                "GroupLinear: expected G >= 1 and N, K positive multiples of 16, got G={} N={} K={}", G, N, K);
   FP4MOE_CHECK(!needs_mx_blocks_along_k(recipe) || K % kMxBlock == 0,
@@ -129,6 +129,8 @@ void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
     auto* mc = static_cast<uint8_t*>(w_mx_codes_.ensure(planned(M, "W MXFP4 codes"), kWeightCopy));
     auto* ms = static_cast<uint8_t*>(w_mx_scales_.ensure(planned(M, "W MXFP4 scales"), kWeightCopy));
     bf16_to_mxfp4_row(w, G_ * N_, K_, mc, ms, weight_cfg, nullptr, stream);
+    if (G_ > 1)
+      mx_weight_rows(mc, ms, N_, K_, w_rows_codes_, w_rows_scales_, "W FP8 row codes", "W FP8 row scales", stream);
   }
   if (is_mx(recipe_.dgrad)) {
     auto* mc = static_cast<uint8_t*>(wt_mx_codes_.ensure(planned(M, "W^T MXFP4 codes"), kWeightCopy));
@@ -136,7 +138,22 @@ void GroupLinear::set_weights(const bf16* w, cudaStream_t stream) {
     for (int64_t g = 0; g < G_; ++g)
       bf16_to_mxfp4_col(w + g * N_ * K_, N_, K_, mc + g * K_ * N_ / 2, ms + g * K_ * N_ / kMxBlock, weight_cfg,
                         nullptr, stream);
+    if (G_ > 1)
+      mx_weight_rows(mc, ms, K_, N_, wt_rows_codes_, wt_rows_scales_, "W^T FP8 row codes", "W^T FP8 row scales",
+                     stream);
   }
+}
+
+void GroupLinear::mx_weight_rows(const uint8_t* codes, const uint8_t* scales, int64_t P, int64_t R,
+                                 Buffer& out_codes, Buffer& out_scales, const char* codes_name,
+                                 const char* scales_name, cudaStream_t stream) {
+  const int64_t M = std::max<int64_t>(plan_M_, 0);
+  auto* fc = static_cast<uint8_t*>(out_codes.ensure(planned(M, codes_name), kWeightCopy));
+  auto* fs = static_cast<float*>(out_scales.ensure(planned(M, scales_name), kWeightCopy));
+  const int64_t count = fp8_row_scale_count(P, R);
+  for (int64_t g = 0; g < G_; ++g)  // each expert's own scale tensor (GroupedGemm's Fp8RowStack)
+    mxfp4_row_to_fp8_row(codes + g * P * R / 2, scales + g * P * (R / kMxBlock), P, R, fc + g * P * R,
+                         fs + g * count, stream);
 }
 
 void GroupLinear::set_quant_seed(uint64_t seed) {
@@ -155,7 +172,7 @@ MxQuantConfig GroupLinear::mx_config(Rounding rounding, uint64_t stream_id) cons
 }
 
 BufferPlan GroupLinear::buffers(const Recipe& recipe, int64_t G, int64_t N, int64_t K, int64_t M) {
-  check_recipe_built(recipe, G > 1, "GroupLinear::buffers");
+  check_recipe_built(recipe, "GroupLinear::buffers");
   FP4MOE_CHECK(G >= 1 && N >= 1 && K >= 1 && M >= 0,
                "GroupLinear::buffers: expected G, N, K >= 1 and M >= 0, got G={} N={} K={} M={}", G, N, K, M);
   BufferPlan p("group_linear");
@@ -165,7 +182,6 @@ BufferPlan GroupLinear::buffers(const Recipe& recipe, int64_t G, int64_t N, int6
   const MemCategory weights = MemCategory::weights, ws = MemCategory::workspace;
   const MemCategory x_columns = recipe.mxfp4_input ? ws : MemCategory::activations;
   const bool fx = is_fp8(recipe.fprop), fd = is_fp8(recipe.dgrad), fw = is_fp8(recipe.wgrad);
-  const bool mf = is_mx(recipe.fprop), md = is_mx(recipe.dgrad), mw = is_mx(recipe.wgrad);
   const auto when = [](bool used, int64_t n) { return used ? n : int64_t{0}; };
   p.add("W FP8 codes", when(fx, G * N * K), ElemType::e4m3, held, weights, first);
   p.add("W FP8 scales", when(fx, G * fp8_block_scale_count(N, K)), ElemType::fp32, held, weights, first);
@@ -173,8 +189,12 @@ BufferPlan GroupLinear::buffers(const Recipe& recipe, int64_t G, int64_t N, int6
   p.add("W^T FP8 scales", when(fd, G * fp8_block_scale_count(K, N)), ElemType::fp32, held, weights, first);
   p.add("X FP8 column codes", when(fw, fp8_col_codes_capacity(M, K, G)), ElemType::e4m3, held, x_columns, first);
   p.add("X FP8 column scales", when(fw, fp8_col_scales_capacity(M, K, G)), ElemType::fp32, held, x_columns, first);
-  p.add("row FP8 codes", M * std::max(when(fx, K), when(fd, N)), ElemType::e4m3, held, ws, first);
-  p.add("row FP8 scales", std::max(when(fx, fp8_row_scale_count(M, K)), when(fd, fp8_row_scale_count(M, N))),
+  // FP8 rows of X (Fprop) and dY (Dgrad): quantized from BF16 (fp8), or converted from MXFP4 rows (mxfp4 over
+  // G > 1 groups).
+  const bool mf = is_mx(recipe.fprop), md = is_mx(recipe.dgrad), mw = is_mx(recipe.wgrad);
+  const bool rows_k = fx || (mf && G > 1), rows_n = fd || (md && G > 1);
+  p.add("row FP8 codes", M * std::max(when(rows_k, K), when(rows_n, N)), ElemType::e4m3, held, ws, first);
+  p.add("row FP8 scales", std::max(when(rows_k, fp8_row_scale_count(M, K)), when(rows_n, fp8_row_scale_count(M, N))),
         ElemType::fp32, held, ws, first);
   p.add("dY FP8 column codes", when(fw, fp8_col_codes_capacity(M, N, G)), ElemType::e4m3, held, ws, first);
   p.add("dY FP8 column scales", when(fw, fp8_col_scales_capacity(M, N, G)), ElemType::fp32, held, ws, first);
@@ -192,7 +212,16 @@ BufferPlan GroupLinear::buffers(const Recipe& recipe, int64_t G, int64_t N, int6
     p.add("dY MXFP4 row codes", M * N / 2, ElemType::e2m1x2, held, ws, first);
     p.add("dY MXFP4 row scales", M * (N / kMxBlock), ElemType::ue8m0, held, ws, first);
   }
-  if (mf || md) {
+  if (G > 1) {
+    if (mf) {
+      p.add("W FP8 row codes", G * N * K, ElemType::e4m3, held, weights, first);
+      p.add("W FP8 row scales", G * fp8_row_scale_count(N, K), ElemType::fp32, held, weights, first);
+    }
+    if (md) {
+      p.add("W^T FP8 row codes", G * K * N, ElemType::e4m3, held, weights, first);
+      p.add("W^T FP8 row scales", G * fp8_row_scale_count(K, N), ElemType::fp32, held, weights, first);
+    }
+  } else if (mf || md) {
     const int64_t bytes = std::max(when(mf, static_cast<int64_t>(mxfp4_gemm_workspace_bytes(M, N, K))),
                                    when(md, static_cast<int64_t>(mxfp4_gemm_workspace_bytes(M, K, N))));
     p.add("MXFP4 GEMM workspace", bytes, ElemType::byte, held, ws, first);
@@ -219,7 +248,7 @@ const BufferPlan& GroupLinear::plan_for(int64_t M) {
 }
 
 size_t GroupLinear::held_activation_bytes(const Recipe& recipe, int64_t M, int64_t K, int64_t G) {
-  check_recipe_built(recipe, G > 1, "GroupLinear::held_activation_bytes");
+  check_recipe_built(recipe, "GroupLinear::held_activation_bytes");
   FP4MOE_CHECK(M >= 0 && K >= 1 && G >= 1, "GroupLinear::held_activation_bytes: expected M >= 0, K >= 1, G >= 1, "
                "got M={} K={} G={}", M, K, G);
   if (bf16_gemms(recipe)) return static_cast<size_t>(M * K) * sizeof(bf16);
@@ -242,7 +271,7 @@ size_t GroupLinear::held_activation_bytes() const {
 }
 
 size_t GroupLinear::weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N, int64_t K) {
-  check_recipe_built(recipe, G > 1, "GroupLinear::weight_copy_bytes");
+  check_recipe_built(recipe, "GroupLinear::weight_copy_bytes");
   FP4MOE_CHECK(G >= 1 && N >= 1 && K >= 1, "GroupLinear::weight_copy_bytes: expected G, N, K >= 1, got {} {} {}", G,
                N, K);
   if (bf16_gemms(recipe)) return 0;
@@ -267,7 +296,14 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
     gemm_.fprop_bf16(x.x, w_, N_, K_, split, out, stream);
     return;
   }
-  if (is_mx(recipe_.fprop)) {  // G = 1 (check_recipe_built): X and W along K, one MXFP4 GEMM
+  if (is_mx(recipe_.fprop) && G_ > 1) {  // X and W along K; ragged groups on 1x128 FP8 operands
+    auto* xc = static_cast<uint8_t*>(mx_row_codes_.ensure(planned(M, "X MXFP4 row codes"), kScratch));
+    auto* xs = static_cast<uint8_t*>(mx_row_scales_.ensure(planned(M, "X MXFP4 row scales"), kScratch));
+    const Fp8RowOperand rows = mx_rows_as_fp8(x.x, M, K_, xc, xs, mx_config(Rounding::rne, 0), stream);
+    gemm_.fprop_fp8_row_weights(
+        rows, Fp8RowStack{static_cast<uint8_t*>(w_rows_codes_.ptr), static_cast<float*>(w_rows_scales_.ptr)}, N_, K_,
+        split, out, stream);
+  } else if (is_mx(recipe_.fprop)) {  // G = 1: X and W along K, one MXFP4 GEMM
     check_mx_tokens(M, "Fprop");
     auto* xc = static_cast<uint8_t*>(mx_row_codes_.ensure(planned(M, "X MXFP4 row codes"), kScratch));
     auto* xs = static_cast<uint8_t*>(mx_row_scales_.ensure(planned(M, "X MXFP4 row scales"), kScratch));
@@ -311,6 +347,17 @@ void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf
   }
 }
 
+Fp8RowOperand GroupLinear::mx_rows_as_fp8(const bf16* in, int64_t M, int64_t C, uint8_t* mx_codes, uint8_t* mx_scales,
+                                          const MxQuantConfig& cfg, cudaStream_t stream) {
+  auto* rc = static_cast<uint8_t*>(row_codes_.ensure(planned(M, "row FP8 codes"), kScratch));
+  auto* rs = static_cast<float*>(row_scales_.ensure(planned(M, "row FP8 scales"), kScratch));
+  if (M > 0) {
+    bf16_to_mxfp4_row(in, M, C, mx_codes, mx_scales, cfg, nullptr, stream);
+    mxfp4_row_to_fp8_row(mx_codes, mx_scales, M, C, rc, rs, stream);
+  }
+  return Fp8RowOperand{rc, rs};
+}
+
 void GroupLinear::check_mx_tokens(int64_t M, const char* gemm) const {
   FP4MOE_CHECK(M % 4 == 0,
                "GroupLinear: an MXFP4 {} (recipe {}) multiplies M x 1x128 FP8 rows through cuBLASLt, which needs the "
@@ -350,7 +397,14 @@ void GroupLinear::backward(const GroupLinearInput& x, const bf16* dy, const Grou
   // Stochastic rounding of the gradient operands: a fresh stream of random numbers per backward (the quantizer
   // keys them by element index), Dgrad's dY and Wgrad's dY apart.
   const uint64_t sr_stream = 1 + 2 * backward_count_++;
-  if (dx && is_mx(recipe_.dgrad)) {  // G = 1: dY along N, W^T (set_weights) along N, one MXFP4 GEMM
+  if (dx && is_mx(recipe_.dgrad) && G_ > 1) {  // dY and W^T along N; ragged groups on 1x128 FP8 operands
+    auto* dc = static_cast<uint8_t*>(mx_row_codes_.ensure(planned(M, "dY MXFP4 row codes"), kScratch));
+    auto* ds = static_cast<uint8_t*>(mx_row_scales_.ensure(planned(M, "dY MXFP4 row scales"), kScratch));
+    const Fp8RowOperand rows = mx_rows_as_fp8(dy, M, N_, dc, ds, mx_config(recipe_.mx.rounding, sr_stream), stream);
+    gemm_.dgrad_fp8_row_weights(
+        rows, Fp8RowStack{static_cast<uint8_t*>(wt_rows_codes_.ptr), static_cast<float*>(wt_rows_scales_.ptr)}, N_,
+        K_, split, GemmOutput{dx, GemmOutType::bf16, false}, stream);
+  } else if (dx && is_mx(recipe_.dgrad)) {  // G = 1: dY along N, W^T (set_weights) along N, one MXFP4 GEMM
     check_mx_tokens(M, "Dgrad");
     auto* dc = static_cast<uint8_t*>(mx_row_codes_.ensure(planned(M, "dY MXFP4 row codes"), kScratch));
     auto* ds = static_cast<uint8_t*>(mx_row_scales_.ensure(planned(M, "dY MXFP4 row scales"), kScratch));

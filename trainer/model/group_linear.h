@@ -12,16 +12,20 @@
 // (the paper: FP4 storage and communication with FP8 compute; DeepSeek-V3's fine-grained FP8 for the fp8 recipe).
 // Paper 2's ladder (recipe.h): a GEMM class in mxfp4 quantizes both operands to MXFP4 along its reduction
 // dimension and multiplies them on FP8 tensor cores (kernels/gemm/mxfp4_gemm.h), the other classes as fp8:
-//   Fprop  X (bf16_to_mxfp4_row, RNE) and W (from the BF16 parameters at set_weights, RNE) along K; mxfp4_gemm.
+//   Fprop  X (bf16_to_mxfp4_row, RNE) and W (from the BF16 parameters at set_weights, RNE) along K; mxfp4_gemm
+//          (G = 1), or over G > 1 ragged groups: X's MXFP4 rows converted to FP8 1x128 rows (mxfp4_row_to_fp8_row)
+//          and each expert's MXFP4 W converted at set_weights to an FP8 1x128 row tensor, multiplied by
+//          GroupedGemm::fprop_fp8_row_weights, VEC128 x VEC128 (the same product as mxfp4_gemm per group, any M_g).
 //   Dgrad  dY along N (bf16_to_mxfp4_row, the recipe's rounding) and W^T: W [N, K] along N (bf16_to_mxfp4_col,
-//          RNE, at set_weights); mxfp4_gemm.
+//          RNE, at set_weights); mxfp4_gemm, or over G > 1 groups the same conversion to FP8 1x128 rows of dY and
+//          of each expert's W^T, and GroupedGemm::dgrad_fp8_row_weights.
 //   Wgrad  X along tokens, ragged per expert (bf16_to_mxfp4_col_ragged, RNE, made in forward and held instead of
 //          the FP8 column copy) and dY likewise in backward (the recipe's rounding); mxfp4_wgrad_grouped.
 // The recipe's transform goes to both operands of each mxfp4 class. Seeds (set_quant_seed, once per step): the
 // random Hadamard signs are splitmix64_at(seed, 0) for every operand of the step; stochastic rounding in the c-th
 // backward call since the seed last changed (c = 0, 1, ...: one per micro-batch) draws from
 // splitmix64_at(seed, 2c + 1) (Dgrad's dY) and splitmix64_at(seed, 2c + 2) (Wgrad's dY).
-// MXFP4 Fprop and Dgrad run on one group only (G = 1, check_recipe_built) and need M % 4 == 0 (cuBLASLt).
+// MXFP4 Fprop and Dgrad of one group (G = 1) need M % 4 == 0 (cuBLASLt); over G > 1 groups any M_g.
 // Weights stay BF16 parameters [G, N, K]; the weight gradient accumulates into an FP32 master gradient [G, N, K].
 // All GEMMs go through GroupedGemm (kernels/gemm/grouped_gemm.h); shape rules are its own (N, K multiples of
 // 16), plus K % 32 == 0 for the mxfp4 recipe (MX blocks of 32).
@@ -152,7 +156,11 @@ class GroupLinear {
   //           [M, K/2] and "X MXFP4 row scales" [M, K/32]
   //   Dgrad   weights "W^T MXFP4 codes" [G, K, N/2], "W^T MXFP4 scales" [G, K, N/32]; workspace "dY MXFP4 row
   //           codes" [M, N/2], "dY MXFP4 row scales" [M, N/32]
-  //   either  workspace "MXFP4 GEMM workspace" (bytes: mxfp4_gemm_workspace_bytes of the larger of the two GEMMs)
+  //   either  G = 1: workspace "MXFP4 GEMM workspace" (bytes: mxfp4_gemm_workspace_bytes of the larger of the two
+  //           GEMMs); G > 1: weights "W FP8 row codes" [G, N, K] E4M3 and "W FP8 row scales" [G
+  //           fp8_row_scale_count(N, K)] FP32 (Fprop), "W^T FP8 row codes" [G, K, N] and "W^T FP8 row scales" [G
+  //           fp8_row_scale_count(K, N)] (Dgrad): the experts' MXFP4 weights as FP8 1x128 row tensors; and the
+  //           "row FP8 codes" / "row FP8 scales" workspace above for X (Fprop) or dY (Dgrad) as FP8 rows
   //   Wgrad   activations "X MXFP4 column codes" / "scales" (the column tensor of X over the split, made in forward,
   //           read by Wgrad); workspace "dY MXFP4 column codes" / "scales", "MXFP4 Wgrad workspace"
   //           (mxfp4_wgrad_workspace_bytes)
@@ -195,6 +203,15 @@ class GroupLinear {
   // The MXFP4 quantizer options of an operand: `rounding`, the recipe's transform and this step's seeds; stream_id
   // picks the stochastic-rounding seed (the scheme at the top).
   MxQuantConfig mx_config(Rounding rounding, uint64_t stream_id) const;
+  // The MXFP4 GEMM operand of G > 1 groups: `in` [M, C] BF16 quantized along C to MXFP4 rows (mx_codes,
+  // mx_scales: the planned "X/dY MXFP4 row" buffers) with `cfg`, converted to FP8 1x128 rows in the "row FP8"
+  // buffers, which it returns.
+  Fp8RowOperand mx_rows_as_fp8(const bf16* in, int64_t M, int64_t C, uint8_t* mx_codes, uint8_t* mx_scales,
+                               const MxQuantConfig& cfg, cudaStream_t stream);
+  // set_weights over G > 1 groups: each expert's MXFP4 rows [P, R] (codes, scales: G of them one after the other)
+  // converted to its own FP8 1x128 row tensor in out_codes / out_scales (the planned buffers named so).
+  void mx_weight_rows(const uint8_t* codes, const uint8_t* scales, int64_t P, int64_t R, Buffer& out_codes,
+                      Buffer& out_scales, const char* codes_name, const char* scales_name, cudaStream_t stream);
   // Rejects a token count an MXFP4 Fprop or Dgrad (`gemm`) cannot take (M % 4 != 0).
   void check_mx_tokens(int64_t M, const char* gemm) const;
   // Checks that input `x` is the recipe's kind (BF16 or MXFP4); `what` names the call.
@@ -222,6 +239,9 @@ class GroupLinear {
   Buffer wt_mx_codes_{&allocator_}, wt_mx_scales_{&allocator_};  // MXFP4 W^T [G, K, N] along N (mxfp4 Dgrad)
   Buffer mx_row_codes_{&allocator_}, mx_row_scales_{&allocator_};  // MXFP4 rows of X (Fprop) or dY (Dgrad)
   Buffer mx_workspace_{&allocator_}, mx_wgrad_workspace_{&allocator_};  // mxfp4_gemm's, mxfp4_wgrad_grouped's
+  // G > 1 with MXFP4 Fprop / Dgrad: each expert's MXFP4 W [N, K] / W^T [K, N] as an FP8 1x128 row tensor.
+  Buffer w_rows_codes_{&allocator_}, w_rows_scales_{&allocator_}, wt_rows_codes_{&allocator_},
+      wt_rows_scales_{&allocator_};
   // X's column copy for Wgrad (FP8, or MXFP4 for an mxfp4 Wgrad): held per slot unless X is stored as MXFP4
   // (then one, rebuilt in backward).
   std::vector<std::unique_ptr<Buffer>> xcol_codes_, xcol_scales_;

@@ -10,7 +10,7 @@ namespace fp4moe {
 Linear::Linear(ParamStore& store, const std::string& name, int64_t in_features, int64_t out_features,
                const Recipe& recipe, float init_std)
     : w_(nullptr), K_(in_features), N_(out_features), recipe_(recipe) {
-  check_recipe_built(recipe, false, "Linear " + name);
+  check_recipe_built(recipe, "Linear " + name);
   const bool bf16_gemm = recipe == Recipe::bf16;
   const int64_t mult = bf16_gemm ? 8 : 16;
   FP4MOE_CHECK(in_features >= mult && in_features % mult == 0 && out_features >= mult && out_features % mult == 0,
@@ -44,7 +44,7 @@ size_t Linear::weight_copy_bytes(const Recipe& recipe, int64_t N, int64_t K) {
 
 BufferPlan Linear::buffers(const Recipe& recipe, int64_t M, int64_t N, int64_t K, bool fp32_dgrad) {
   BufferPlan p("linear");
-  check_recipe_built(recipe, false, "Linear::buffers");
+  check_recipe_built(recipe, "Linear::buffers");
   if (recipe == Recipe::bf16) return p;
   p.append(GroupLinear::buffers(recipe, 1, N, K, M));
   const Lifetime first = Lifetime::first_forward;

@@ -18,7 +18,7 @@ float moe_fc2_init_std(const TrainerConfig& cfg) {
 void check_moe_layer_config(const TrainerConfig& cfg, int64_t max_tokens, const std::string& prefix) {
   const ModelConfig& m = cfg.model;
   const MoeConfig& e = cfg.moe;
-  check_recipe_built(cfg.recipe.routed_experts, true, "MoeLayer " + prefix + " recipe.routed_experts");
+  check_recipe_built(cfg.recipe.routed_experts, "MoeLayer " + prefix + " recipe.routed_experts");
   const int64_t mult = cfg.recipe.routed_experts.mxfp4_input ? 32 : 16;
   const char* why = mult == 32 ? "Group Linear with MX blocks of 32" : "Group Linear";
   FP4MOE_CHECK(m.hidden >= mult && m.hidden % mult == 0,

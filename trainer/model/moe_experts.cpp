@@ -89,13 +89,16 @@ BufferPlan MoeRoutedExperts::buffers(int64_t R, int64_t E_local, int64_t d, int6
                                      const MoeRecompute& rc) {
   FP4MOE_CHECK(R >= 0, "MoeRoutedExperts::buffers: R must be >= 0, got {}", R);
   const bool bf = recipe == Recipe::bf16, mx = recipe == Recipe::mxfp4, f8 = quantizes_bf16_input(recipe);
+  // fp8 Fprop of a BF16 input: the rerun reads a kept FP8 row copy; an MXFP4 Fprop (paper 2's ladder) reruns from
+  // the kept BF16 xs, which its quantizer turns into the same MXFP4 rows again.
+  const bool f8_rows = f8 && recipe.fprop == GemmPrecision::fp8, f8_mx = f8 && !f8_rows;
   const bool keep = !rc.whole, keep_a = keep && !rc.act;
   BufferPlan p("moe.experts");
   p.add("row_of", R, ElemType::int32);                      // the permutation, under every policy
-  p.add("xs", R * d, ElemType::bf16, bf);                   // the dispatched input as the recipe stores it
+  p.add("xs", R * d, ElemType::bf16, bf || (f8_mx && rc.whole));  // the dispatched input as the recipe stores it
   // Tensors the recipe or the policy does not make at all have no elements; those with elements that are not held
   // are taken from the scratch by the passes that need them.
-  const int64_t R_mx = mx ? R : 0, R_row = f8 && rc.whole ? R : 0;
+  const int64_t R_mx = mx ? R : 0, R_row = f8_rows && rc.whole ? R : 0;
   p.add("xs MXFP4 codes", R_mx * d / 2, ElemType::e2m1x2);
   p.add("xs MXFP4 scales", R_mx * d / kMxBlock, ElemType::ue8m0);
   p.add("xs FP8 row codes", R_row * d, ElemType::e4m3);  // fp8 under moe/full: fc1's Fprop operand, for its rerun
@@ -124,7 +127,9 @@ DispatchBytes MoeRoutedExperts::dispatch_bytes() const {
   auto per_row = [&](const char* tensor) { return static_cast<double>(plan_.at(tensor).bytes()) / rows; };
   if (recipe_ == Recipe::bf16) return {per_row("xs"), 0.0};
   if (recipe_ == Recipe::mxfp4) return {per_row("xs MXFP4 codes"), per_row("xs MXFP4 scales")};
-  const BufferPlan fp8_rows = buffers(R, E_, d_, f_, recipe_, MoeRecompute{true, true, true});  // fp8: the row copy
+  // fp8 and paper 2's ladder: an FP8 1x128 row per dispatched row (expert_parallel_row_bytes), as the fp8 preset's
+  // kept row copy holds it.
+  const BufferPlan fp8_rows = buffers(R, E_, d_, f_, Recipe::fp8, MoeRecompute{true, true, true});
   auto fp8_per_row = [&](const char* tensor) { return static_cast<double>(fp8_rows.at(tensor).bytes()) / rows; };
   return {fp8_per_row("xs FP8 row codes"), fp8_per_row("xs FP8 row scales")};
 }
@@ -281,10 +286,10 @@ void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
   cudaStream_t s = ctx.stream;
   if (whole_) {  // the experts from the kept dispatched input (the weights' FP8 copies of this step are in fc1_, fc2_)
     const GroupSplit split{r.offsets, r.host_offsets, E_};
-    if (quantizes_bf16_input(recipe_))
+    if (t_.xs_fp8_codes)  // fp8 Fprop of a BF16 input: the kept FP8 row copy
       fc1_->fprop_fp8_rows(Fp8RowOperand{t_.xs_fp8_codes, t_.xs_fp8_scales}, split, t_.h, s);
     else
-      fc1_->forward(input_of(t_.xs, t_.xs_codes, t_.xs_scales), split, t_.h, s);  // bf16, mxfp4
+      fc1_->forward(input_of(t_.xs, t_.xs_codes, t_.xs_scales), split, t_.h, s);  // bf16, mxfp4, MXFP4 Fprop
     run_from_h(ctx, split, R, t_);  // a (and its copy, where fc2's Wgrad reads it), ys
   } else {  // moe_act: a = swiglu(h) again (and its MXFP4 copy), where fc2's Wgrad will read it
     swiglu_forward(t_.h, R, f_, t_.a, s);

@@ -31,7 +31,8 @@
 //                 codes and scales; fp8: nothing here (Group Linear keeps fc1's FP8 column copy of xs)
 //   no moe/full   h (fc1 output), ys (fc2 output, for the top-k weights' gradient); a: bf16 itself, mxfp4 its MXFP4
 //                 copy, fp8 nothing here (both dropped by moe_act)
-//   moe/full, fp8 xs as its FP8 1x128 row copy: the operand of fc1's Fprop, which the recompute reruns
+//   moe/full, fp8 xs as its FP8 1x128 row copy: the operand of fc1's Fprop, which the recompute reruns (a ladder
+//                 recipe with an MXFP4 Fprop: xs in BF16, which fc1's forward quantizes to the same MXFP4 rows)
 // fc1's and fc2's Group Linears keep, from the first forward on and under every policy, the FP8 weight copies and
 // the fp8 recipe's FP8 column copies of xs and a (fc1's is read by its Wgrad and never rebuilt; fc2's is rebuilt,
 // with the same bits, by the rerun of fc2 under moe/full), and their scratch (GroupLinear::buffers).

@@ -123,11 +123,11 @@ Recipe parse_recipe(const std::string& text, const std::string& what) {
     seen.push_back(key);
     set_field(r, where, key, words[i].substr(eq + 1));
   }
-  check_recipe_built(r, false, where);
+  check_recipe_built(r, where);
   return r;
 }
 
-void check_recipe_built(const Recipe& r, bool grouped, const std::string& layer) {
+void check_recipe_built(const Recipe& r, const std::string& layer) {
   if (is_preset_recipe(r)) return;
   const std::string name = recipe_name(r);
   const bool any_bf16 =
@@ -144,10 +144,6 @@ void check_recipe_built(const Recipe& r, bool grouped, const std::string& layer)
   FP4MOE_CHECK(has_mxfp4_gemm(r) || !mx_options,
                "{}: the recipe ({}) sets rounding or transform, which apply to MXFP4 GEMM operands, but no GEMM class "
                "is mxfp4",
-               layer, name);
-  FP4MOE_CHECK(!grouped || (r.fprop != GemmPrecision::mxfp4 && r.dgrad != GemmPrecision::mxfp4),
-               "{}: the recipe ({}) is not built for routed experts: MXFP4 Fprop and Dgrad over ragged expert groups "
-               "(no grouped MXFP4 row x row GEMM); routed experts take wgrad=mxfp4 with fprop and dgrad fp8",
                layer, name);
 }
 

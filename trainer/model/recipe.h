@@ -20,8 +20,8 @@
 //
 // | combination                                    | Linear (G = 1)            | Group Linear (routed, G > 1) |
 // | the three presets                              | yes                       | yes                          |
-// | each class fp8 or mxfp4, input bf16            | yes (M % 4 == 0 for an     | Wgrad mxfp4 only (Fprop and  |
-// |   (any rounding and transform)                 |  mxfp4 Fprop or Dgrad)    |  Dgrad stay fp8)             |
+// | each class fp8 or mxfp4, input bf16            | yes (M % 4 == 0 for an     | yes (any M_g)                |
+// |   (any rounding and transform)                 |  mxfp4 Fprop or Dgrad)    |                              |
 // | bf16 mixed with fp8/mxfp4 classes              | no                        | no                           |
 // | input mxfp4 with an mxfp4 class, SR or a       | no                        | no                           |
 // |   transform                                    |                           |                              |
@@ -93,12 +93,11 @@ std::string recipe_name(const Recipe& r);
 // transform (none | h16 | h32 | rht), each key at most once: "fp8 fprop=mxfp4 dgrad=mxfp4 transform=h16"; or the
 // fields alone, as recipe_name writes them (every field then defaults to the bf16 preset's). Throws fp4moe::Error
 // (one line; `what` names the option) for an unknown preset, key or value, a repeated key, and a combination that
-// is not built (check_recipe_built with grouped = false).
+// is not built (check_recipe_built).
 Recipe parse_recipe(const std::string& text, const std::string& what);
 // Throws fp4moe::Error, naming `layer`, the combination and what is missing, unless `r` is built (the table at
-// the top): grouped = a Group Linear over G > 1 routed experts. Every layer that runs a recipe calls it in its
-// constructor.
-void check_recipe_built(const Recipe& r, bool grouped, const std::string& layer);
+// the top; the same for Linear and Group Linear). Every layer that runs a recipe calls it in its constructor.
+void check_recipe_built(const Recipe& r, const std::string& layer);
 
 // The seed of one layer's MXFP4 quantizers in a step (GroupLinear::set_quant_seed): splitmix64_at(step_seed,
 // FNV-1a of `layer`, the weight's name), so that layers draw different random signs and roundings.
