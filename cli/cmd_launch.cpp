@@ -77,7 +77,8 @@ struct LaunchCommand {
   std::vector<std::string> command;
 
   void check_command() const {
-    const std::vector<std::string> extras = sub->remaining();
+    std::vector<std::string> extras = sub->remaining();  // with allow_extras, CLI11 keeps the "--" itself there
+    extras.erase(std::remove(extras.begin(), extras.end(), "--"), extras.end());
     if (!extras.empty())
       throw CliError(fmt::format("unexpected argument{} '{}': the subcommand's options go after --, e.g. fp4moe "
                                  "launch --gpus 2 -- train --config FILE",
