@@ -100,7 +100,8 @@ struct LaunchCommand {
     check_command();
     if (gpus < 1) throw CliError(fmt::format("--gpus {}: expected the number of GPUs of this node to use, >= 1", gpus));
     if (timeout_s < 1) throw CliError(fmt::format("--timeout-s {}: expected at least 1 second", timeout_s));
-    if (!(grace_s >= 0)) throw CliError(fmt::format("--grace-s {}: expected a number of seconds >= 0", grace_s));
+    if (!(grace_s >= 0 && grace_s <= 3600))
+      throw CliError(fmt::format("--grace-s {}: expected a number of seconds in [0, 3600]", grace_s));
     std::optional<SchedulerRanks> scheduler;
     try {
       if (read_rank_env(process_env()).launched)

@@ -105,14 +105,11 @@ class Supervisor {
   LaunchOutcome run() {
     try {
       for (const ChildSpec& c : spec_.children) start(c);
+      supervise();
     } catch (...) {
-      signal_all(SIGKILL);
-      for (Child& c : children_)
-        if (c.running) waitpid(c.pid, &c.status, 0);
-      close_streams();
+      kill_and_reap();
       throw;
     }
-    supervise();
     return outcome();
   }
 
@@ -167,6 +164,15 @@ class Supervisor {
     c.streams[0] = {pipes[0][0], STDOUT_FILENO, {}};
     c.streams[1] = {pipes[1][0], STDERR_FILENO, {}};
     children_.push_back(std::move(c));
+  }
+
+  // After a failure of the launcher itself (pipes, fork, poll): no child is left behind.
+  void kill_and_reap() {
+    signal_all(SIGKILL);
+    for (Child& c : children_)
+      if (c.running) waitpid(c.pid, &c.status, 0);
+    for (Child& c : children_) c.running = false;
+    close_streams();
   }
 
   void signal_all(int sig) {

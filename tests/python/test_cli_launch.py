@@ -364,8 +364,9 @@ class LaunchCli(unittest.TestCase):
         self.rejected("unknown subcommand 'trian' after --: expected one of env, quantize, bench, train",
                       args=("--", "trian"), env=script)
         self.rejected("--timeout-s 0: expected at least 1 second", args=("--timeout-s", "0", "--", "env"), env=script)
-        self.rejected("--grace-s -1: expected a number of seconds >= 0", args=("--grace-s", "-1", "--", "env"),
+        self.rejected("--grace-s -1: expected a number of seconds in [0, 3600]", args=("--grace-s", "-1", "--", "env"),
                       env=script)
+        self.rejected("--grace-s 1e+300: expected", args=("--grace-s", "1e300", "--", "env"), env=script)
         self.rejected("--rendezvous /nonexistent/folder: not a folder",
                       args=("--rendezvous", "/nonexistent/folder", "--", "env"), env=script)
         self.rejected("FP4MOE_RANK is set: this process is a rank of a launch already",
