@@ -95,7 +95,7 @@ class LaunchCli(unittest.TestCase):
     def env(self, script=False, **extra):
         e = {k: v for k, v in os.environ.items()
              if not k.startswith(("FP4MOE_RANK", "FP4MOE_WORLD", "FP4MOE_LOCAL", "FP4MOE_NCCL", "FP4MOE_COMM",
-                                  "SLURM_", "OMPI_", "LAUNCH_TEST_"))}
+                                  "SLURM_", "OMPI_", "LAUNCH_TEST_", "CUDA_VISIBLE_DEVICES"))}
         e["TMPDIR"] = self.launch_tmp
         e["LAUNCH_TEST_DIR"] = self.dir
         if script:
