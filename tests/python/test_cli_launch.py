@@ -385,7 +385,8 @@ class LaunchCli(unittest.TestCase):
     def test_train_reads_the_rank_environment(self):
         def train(**env):  # one step into this test's folder where a GPU is there
             return subprocess.run([self.exe, "train", "--config", "configs/tiny.toml", "--synthetic-data",
-                                   "--train.steps", "1", "--train.warmup_steps", "0", "--out", os.path.join(self.dir, "run.h5")],
+                                   "--train.steps", "1", "--train.warmup_steps", "0",
+                                   "--out", os.path.join(self.dir, "run.h5")],
                                   capture_output=True, text=True, timeout=300, cwd=ROOT, env=self.env(**env))
         r = train(FP4MOE_RANK="0", FP4MOE_LOCAL_RANK="0")
         self.assertEqual(r.returncode, 2, r.stderr)
