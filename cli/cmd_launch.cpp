@@ -21,7 +21,9 @@
 // bounded NCCL waits (nccl_transport.h).
 //
 // Failure behaviour: cli/launcher.h. FP4MOE_LAUNCH_EXECUTABLE, when set, names the program the children run instead
-// of this one (the tests run a script through it that fails or hangs on chosen ranks); its arguments are the same.
+// of this one, with the arguments after -- (not checked against fp4moe's subcommands): the tests run a script
+// through it that fails or hangs on chosen ranks, and a GPU test program under launch builds its NCCL communicator
+// from the rank environment (tests/trainer/test_rank_env_gpu.cpp).
 // Exit codes: 0 every rank exited 0; 2 bad arguments (one line, nothing started); otherwise the failed rank's exit
 // status (128 + the signal number when a signal ended it), or 128 + the signal number of a SIGINT or SIGTERM that
 // stopped the launch; 1 the launch itself failed (no process could be started).
@@ -48,9 +50,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// FP4MOE_LAUNCH_EXECUTABLE, or "" when it is not set.
+std::string launch_executable_override() {
+  const char* e = std::getenv("FP4MOE_LAUNCH_EXECUTABLE");
+  return e != nullptr ? e : "";
+}
+
 // The program the children run: FP4MOE_LAUNCH_EXECUTABLE, else this executable.
 std::string child_executable() {
-  if (const char* e = std::getenv("FP4MOE_LAUNCH_EXECUTABLE"); e != nullptr && *e != '\0') return e;
+  if (const std::string e = launch_executable_override(); !e.empty()) return e;
   char buf[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   FP4MOE_CHECK(n > 0, "cannot find this executable through /proc/self/exe");
@@ -88,6 +96,7 @@ struct LaunchCommand {
                      "-- train --config FILE");
     if (command.front() == "launch")
       throw CliError("launch cannot run under launch: name the subcommand every rank runs (e.g. -- train ...)");
+    if (!launch_executable_override().empty()) return;  // another program: its own arguments
     std::vector<std::string> known;
     for (const CLI::App* a : root->get_subcommands([](CLI::App*) { return true; }))
       if (a->get_name() != "launch") known.push_back(a->get_name());

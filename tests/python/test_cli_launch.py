@@ -362,7 +362,7 @@ class LaunchCli(unittest.TestCase):
         self.rejected("no subcommand to run", args=("--gpus", "2", "--"), env=script)
         self.rejected("launch cannot run under launch", args=("--gpus", "2", "--", "launch", "--", "env"), env=script)
         self.rejected("unknown subcommand 'trian' after --: expected one of env, quantize, bench, train",
-                      args=("--", "trian"), env=script)
+                      args=("--", "trian"), env=self.env())
         self.rejected("--timeout-s 0: expected at least 1 second", args=("--timeout-s", "0", "--", "env"), env=script)
         self.rejected("--grace-s -1: expected a number of seconds in [0, 3600]", args=("--grace-s", "-1", "--", "env"),
                       env=script)
@@ -372,6 +372,9 @@ class LaunchCli(unittest.TestCase):
         self.rejected("FP4MOE_RANK is set: this process is a rank of a launch already",
                       args=("--", "env"), env=self.env(script=True, FP4MOE_RANK="0", FP4MOE_WORLD_SIZE="1",
                                                        FP4MOE_LOCAL_RANK="0"))
+        # FP4MOE_LAUNCH_EXECUTABLE names another program: its arguments are its own.
+        self.launch("--", "trian", env=script)
+        self.assertEqual(self.rank_info(0)["argv"][1:], ["trian"])
 
     # --- train ------------------------------------------------------------------------------------------------
 
