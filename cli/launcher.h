@@ -3,7 +3,8 @@
 //
 // Each child runs in a process group of its own (setpgid), so that a terminal's Ctrl-C reaches the launcher only and
 // the launcher's signals reach the child and anything it started; it dies with the launcher (PR_SET_PDEATHSIG
-// SIGKILL), so that no rank outlives a launcher that was killed. Failure behaviour:
+// SIGKILL), so that no rank outlives a launcher that was killed. Out of the terminal's foreground group, a child
+// must not read the terminal (it would be stopped by SIGTTIN); fp4moe's subcommands read none. Failure behaviour:
 //   - a child that exits non-zero or is killed by a signal (the first one) fails the launch: the others' groups get
 //     SIGTERM, then SIGKILL after the grace period; the launch ends with one line naming the rank and its exit
 //     status or signal, and exits with the child's status (128 + the signal number for a signal);
