@@ -17,6 +17,9 @@
 // (its pipeline stage, its share of the experts and the communication buffers: trainer/model/model.h, trainer.h);
 // tp > 1 and routed_load != 1 are estimated only (--dry-run); with pp > 1 or ep > 1 there are no checkpoints and no
 // --resume, and no evaluation on a stage without the LM head (check_trainable, one line, exit 2).
+// Under `fp4moe launch` training reads the rank environment (trainer/comm/rank_env.h): a malformed one, or a world
+// of more than one rank (the MoE layer does not exchange tokens between ranks yet), is refused with one line (exit
+// 2); --dry-run does not read it.
 // Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
 // allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a
 // non-finite step under train.non_finite = stop, CUDA or I/O errors); 128 + the signal number after a SIGINT or
@@ -30,6 +33,7 @@
 #include "cli/commands.h"
 #include "kernels/common/check.h"
 #include "results/env_info.h"
+#include "trainer/comm/rank_env.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
 #include "trainer/flops.h"
@@ -113,6 +117,12 @@ void print_memory_estimate(const TrainerConfig& cfg, const std::string& producti
   fmt::print("{}", format_paper_policy_table(paper_policy_table(preset), preset));
 }
 
+// Training runs as one rank until the MoE layer exchanges its tokens through trainer/comm/ (issue 17 item 1).
+void check_single_rank(const RankEnv& rank) {
+  FP4MOE_CHECK(rank.world_size == 1, "expert-parallel training over {} ranks is not built yet; world size 1 runs",
+               rank.world_size);
+}
+
 struct TrainCommand {
   std::unique_ptr<TrainCommandLine> line;
   std::string production;  // --production: "v3", "v2" or ""
@@ -133,6 +143,7 @@ struct TrainCommand {
     }
     try {
       check_trainable(cfg, line->options());  // what an emulated [parallel] layout does not support
+      check_single_rank(read_rank_env(process_env()));
     } catch (const Error& err) {
       throw CliError(user_message(err.what()));
     }

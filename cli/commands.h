@@ -32,6 +32,7 @@ Command add_train_command(CLI::App& app);     // cmd_train.cpp
 Command add_parity_command(CLI::App& app);    // cmd_parity.cpp
 Command add_repro_command(CLI::App& app);     // cmd_repro.cpp
 Command add_plan_command(CLI::App& app);      // cmd_plan.cpp
+Command add_launch_command(CLI::App& app);    // cmd_launch.cpp
 
 // The full command line as given, for the `command` attribute of result files (set by main).
 const std::string& invocation();

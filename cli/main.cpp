@@ -1,4 +1,5 @@
-// fp4moe: one binary for the project's tasks (DESIGN.md "Layout"): env, quantize, bench, train, parity, repro, plan.
+// fp4moe: one binary for the project's tasks (DESIGN.md "Layout"): env, quantize, bench, train, parity, repro, plan,
+// launch.
 // Exit codes: 0 success, 1 unexpected failure, 2 bad arguments or inputs (one line on stderr, no trace).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<Command> commands = {add_env_command(app), add_quantize_command(app), add_bench_command(app),
                                    add_train_command(app), add_parity_command(app),
-                                   add_repro_command(app), add_plan_command(app)};
+                                   add_repro_command(app), add_plan_command(app),
+                                   add_launch_command(app)};
 
   try {
     app.parse(argc, argv);

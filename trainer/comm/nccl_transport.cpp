@@ -13,7 +13,23 @@ void check_nccl(ncclResult_t r, int rank, const char* call) {
                ncclGetErrorString(r), static_cast<int>(r));
 }
 
+// Makes rank_device(env, ...) current and returns the unique id shared through env's file.
+ncclUniqueId unique_id_on_rank_device(const RankEnv& env) {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  FP4MOE_CHECK(e == cudaSuccess, "rank {}: no CUDA device ({})", env.rank, cudaGetErrorString(e));
+  CUDA_CHECK(cudaSetDevice(rank_device(env, devices)));
+  return share_unique_id(env, [&env] {
+    ncclUniqueId id;
+    check_nccl(ncclGetUniqueId(&id), env.rank, "ncclGetUniqueId");
+    return id;
+  });
+}
+
 }  // namespace
+
+NcclComm::NcclComm(const RankEnv& env)
+    : NcclComm(env.world_size, unique_id_on_rank_device(env), env.rank, env.timeout) {}
 
 NcclComm::NcclComm(int nranks, const ncclUniqueId& id, int rank, std::chrono::milliseconds timeout)
     : rank_(rank), nranks_(nranks) {
@@ -78,6 +94,9 @@ void NcclComm::poll(const char* what, cudaStream_t stream, std::chrono::millisec
 NcclTransport::NcclTransport(NcclComm& comm, std::chrono::milliseconds timeout) : comm_(&comm), timeout_(timeout) {
   FP4MOE_CHECK(comm.get(), "NcclTransport: the communicator was aborted");
 }
+
+NcclTransport::NcclTransport(const RankEnv& env)
+    : owned_(std::make_unique<NcclComm>(env)), comm_(owned_.get()), timeout_(env.timeout) {}
 
 EpExchangeBytes NcclTransport::exchange(const std::vector<EpPeerBuffers>& peers, cudaStream_t stream) {
   const EpExchangeBytes bytes = ep_exchange_bytes(peers, rank(), world_size());

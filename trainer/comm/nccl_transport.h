@@ -8,15 +8,18 @@
 // ncclCommGetAsyncError. Either poll past the timeout, or an asynchronous NCCL error (a peer's failure surfaces as a
 // remote or system error on the others), aborts the communicator (ncclCommAbort: it frees the kernels blocked on
 // it) and throws fp4moe::Error naming this rank and the cause; the communicator is unusable afterwards. What one GPU
-// tests: a world-size-1 communicator (NcclComm::single_rank) and its exchanges. Not built: the launcher that passes
-// the unique id to N processes and ends all ranks when one fails (the error on one rank makes the others' polls
-// fail or time out, each then ends itself with its message).
+// tests: a world-size-1 communicator (NcclComm::single_rank, and through the rank environment) and its exchanges.
+// Several processes: `fp4moe launch` (cli/cmd_launch.cpp) starts them with the rank environment (rank_env.h), each
+// builds its communicator from it (NcclComm(const RankEnv&)), and ends all ranks when one fails (the error on one
+// rank makes the others' polls fail or time out, each then ends itself with its message).
 #pragma once
 
 #include <nccl.h>
 
 #include <chrono>
+#include <memory>
 
+#include "trainer/comm/rank_env.h"
 #include "trainer/comm/transport.h"
 
 namespace fp4moe {
@@ -29,6 +32,10 @@ class NcclComm {
   // the initialisation at most `timeout`. Rejects (fp4moe::Error) nranks < 1, rank outside [0, nranks), and NCCL
   // errors or a timeout (naming the rank).
   NcclComm(int nranks, const ncclUniqueId& id, int rank, std::chrono::milliseconds timeout);
+  // Rank env.rank of env.world_size on the CUDA device rank_device(env, visible devices), made current; the unique
+  // id comes through env's file (share_unique_id: rank 0 calls ncclGetUniqueId); every wait bounded by env.timeout.
+  // Rejects (fp4moe::Error) what rank_device, share_unique_id and the constructor above reject.
+  explicit NcclComm(const RankEnv& env);
   // A world of one: a fresh unique id, rank 0 of 1.
   static NcclComm single_rank(std::chrono::milliseconds timeout = std::chrono::seconds(60));
   ~NcclComm();
@@ -52,13 +59,17 @@ class NcclComm {
 class NcclTransport : public EpTransport {
  public:
   // Over `comm` (kept by the caller, outliving the transport); every exchange and wait bounded by `timeout`.
-  explicit NcclTransport(NcclComm& comm, std::chrono::milliseconds timeout = std::chrono::seconds(300));
+  explicit NcclTransport(NcclComm& comm,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(kDefaultCommTimeoutS));
+  // Over a communicator of its own, NcclComm(env); every exchange and wait bounded by env.timeout.
+  explicit NcclTransport(const RankEnv& env);
   int rank() const override { return comm_->rank(); }
   int world_size() const override { return comm_->nranks(); }
   EpExchangeBytes exchange(const std::vector<EpPeerBuffers>& peers, cudaStream_t stream) override;
   void wait(cudaStream_t stream) override;
 
  private:
+  std::unique_ptr<NcclComm> owned_;  // set by the constructor from a RankEnv
   NcclComm* comm_;
   std::chrono::milliseconds timeout_;
 };
