@@ -15,7 +15,7 @@
 // configuration's recipe and recompute policy, and paper 1's policies x recipes table.
 // Training runs on one GPU; with a [parallel] section of more than one GPU it runs ONE GPU of that layout, emulated
 // (its pipeline stage, its share of the experts and the communication buffers: trainer/model/model.h, trainer.h);
-// tp > 1 and routed_load != 1 are estimated only (--dry-run); with pp > 1 or ep > 1 there are no checkpoints and no
+// tp > 1 is estimated only (--dry-run); with pp > 1 or ep > 1 there are no checkpoints and no
 // --resume, and no evaluation on a stage without the LM head (check_trainable, one line, exit 2).
 // Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
 // allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a

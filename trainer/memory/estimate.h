@@ -10,7 +10,8 @@
 // d hidden, H heads, nope/rope/dv head dims, dqk = nope + rope, r_q q_lora_rank, r_kv kv_lora_rank, F dense_ffn,
 // E routed experts, k top_k, f expert_ffn, s shared experts, V vocab. Per GPU of a layout: t = tp, E_l = E / ep,
 // H_l = H / t, N = micro_batch x seq_len tokens of one micro-batch, N_s = ceil(N / t) (sequence-parallel share),
-// R = ceil(N k routed_load / t) routed rows this GPU's experts receive (exactly N k on one GPU).
+// R = ceil(N k routed_load / t) routed rows this GPU's experts receive (routed_row_count,
+// trainer/model/layout_emulation.h; exactly N k on one GPU).
 //
 // ---- Categories (per GPU) -------------------------------------------------------------------------------------
 // weights      BF16 parameters: 2 B per element, every tensor padded to 64 elements (ParamStore::allocate);
