@@ -289,7 +289,10 @@ void expect_skew_matches_balanced(int64_t stage, const std::string& load) {
     CUDA_CHECK(cudaStreamSynchronize(r->stream));
   }
   EXPECT_EQ(st[0].has_loss, st[1].has_loss);
-  if (st[0].has_loss) EXPECT_NEAR(st[1].loss, st[0].loss, 1e-4 * std::fabs(st[0].loss));
+  if (st[0].has_loss) {
+    EXPECT_NEAR(st[1].loss, st[0].loss, 1e-4 * std::fabs(st[0].loss));
+    std::printf("  loss: balanced %.7f, skewed %.7f\n", st[0].loss, st[1].loss);
+  }
   for (size_t p = 0; p < pb.size(); ++p) {
     ASSERT_EQ(pb[p].name, ps[p].name);
     ASSERT_EQ(pb[p].n, ps[p].n);
