@@ -208,8 +208,9 @@ struct MemoryEstimate {
   std::vector<MemoryTerm> terms;        // activations merged over the stage's layers (instances); workspace: the
                                         // Linears' own scratch per layer, the arena and the model's
   std::array<int64_t, kMemCategories> bytes{};          // the sum of kept terms per category
-  // DeviceMemory's count for the trainer as built on one GPU: kept terms allocated through it, each instance
-  // rounded up to 256 bytes (workspace: cub's sort storage aside, above).
+  // DeviceMemory's count for the trainer as built, running this GPU (one GPU, or one emulated GPU of a tp 1 layout:
+  // layout_is_emulated, trainer/model/model.h): kept terms allocated through it, each instance rounded up to 256
+  // bytes (workspace: cub's sort storage aside, above).
   std::array<int64_t, kMemCategories> device_memory{};
   std::vector<int64_t> layer_activation_bytes;  // kept activation bytes of each layer of the stage, one micro-batch
   int64_t workspace_all_layers = 0;             // workspace with every layer's scratch high-water and the model's
