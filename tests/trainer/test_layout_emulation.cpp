@@ -277,6 +277,22 @@ TEST(LayoutEmulation, SkewedLoadSizesTheRoutedRowsBuffersAtR) {
   EXPECT_EQ(es.category(MemCategory::comm), comm_bytes(Model::comm_buffers(skewed, N, s.routed_rows, 2, 1, true)));
 }
 
+TEST(LayoutEmulation, SkewedRowsBeyondInt32AreRefusedBeforeAnythingIsRegistered) {
+  // N k fits int32 row indices, the skewed load's 2 N k does not.
+  const TrainerConfig cfg = tiny({"--parallel.ep", "2", "--parallel.dp", "2", "--parallel.routed_load", "2"});
+  const int64_t max_tokens = ((int64_t{1} << 31) - 1) / cfg.moe.top_k;
+  DeviceMemory mem;  // nothing is allocated: the checks come first
+  ParamStore store;
+  expect_error_with([&] { MoeRouter router(store, "layers.1.moe", cfg, max_tokens, mem); },
+                    {"layers.1.moe", "parallel.routed_load 2", "routed rows, beyond int32"});
+  expect_error_with([&] {
+    MoeRoutedExperts experts(store, "layers.1.moe", 4, 64, 32, cfg.moe.top_k, cfg.recipe.routed_experts, 0.01f,
+                             max_tokens, mem, MoeRecompute{}, 2.0);
+  }, {"layers.1.moe", "routed_load 2) beyond int32"});
+  EXPECT_TRUE(store.params().empty());
+  EXPECT_EQ(mem.current_total(), 0u);
+}
+
 TEST(LayoutEmulation, CommPlanIsTheEstimatorsCommCategory) {
   // pp 2 x dp 2 with ep 2: the MoE stage (1) holds the EP and the PP buffers, the dense stage (0) the PP ones.
   for (const char* recipe : {"bf16", "fp8", "mxfp4"}) {

@@ -41,11 +41,11 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
                "MoeRoutedExperts {}: expected max_tokens >= 0 and 1 <= top_k <= E, got max_tokens={} k={} E={}",
                prefix, max_tokens, k, E);
   FP4MOE_CHECK(fc2_init_std > 0.0f, "MoeRoutedExperts {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
-  w1_ = &store.add(prefix + ".experts.fc1", {E, 2 * f, d}, ParamInit::normal, kInitStd, /*decay=*/true);
-  w2_ = &store.add(prefix + ".experts.fc2", {E, d, f}, ParamInit::normal, fc2_init_std, /*decay=*/true);
   max_rows_ = routed_row_count(max_tokens * k, routed_load);  // N k, or the skewed load's R (layout_emulation.h)
   FP4MOE_CHECK(max_rows_ <= (int64_t{1} << 31) - 1, "MoeRoutedExperts {}: {} routed rows (max_tokens {} x top-{} x "
                "routed_load {}) beyond int32", prefix, max_rows_, max_tokens, k, routed_load);
+  w1_ = &store.add(prefix + ".experts.fc1", {E, 2 * f, d}, ParamInit::normal, kInitStd, /*decay=*/true);
+  w2_ = &store.add(prefix + ".experts.fc2", {E, d, f}, ParamInit::normal, fc2_init_std, /*decay=*/true);
   const int64_t R = max_rows_;
   plan_ = buffers(R, E, d, f, recipe, recompute);
   auto kept = [&](auto tag, const char* tensor) {
