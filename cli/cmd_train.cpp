@@ -15,7 +15,7 @@
 // configuration's recipe and recompute policy, and paper 1's policies x recipes table.
 // Training runs on one GPU; with a [parallel] section of more than one GPU it runs ONE GPU of that layout, emulated
 // (its pipeline stage, its share of the experts and the communication buffers: trainer/model/model.h, trainer.h);
-// tp > 1 and routed_load != 1 are estimated only (--dry-run); with pp > 1 or ep > 1 there are no checkpoints and no
+// tp > 1 is estimated only (--dry-run); with pp > 1 or ep > 1 there are no checkpoints and no
 // --resume, and no evaluation on a stage without the LM head (check_trainable, one line, exit 2).
 // Under `fp4moe launch` training reads the rank environment (trainer/comm/rank_env.h): a malformed one, or a world
 // of more than one rank (the MoE layer does not exchange tokens between ranks yet), is refused with one line (exit

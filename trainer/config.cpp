@@ -41,6 +41,14 @@ const CLI::Validator kDecimalInt64(
     },
     "", "INT64");
 
+// The command line's booleans: true or false, as the configuration file's TOML booleans (CLI11 alone reads any
+// integer, 2 as true and -1 as false, and yes/no/on/off).
+const CLI::Validator kBoolean(
+    [](std::string& text) -> std::string {
+      return text == "true" || text == "false" ? "" : fmt::format("'{}' is not a boolean (true or false)", text);
+    },
+    "", "BOOLEAN");
+
 }  // namespace
 
 ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
@@ -62,6 +70,7 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
         app.add_option(fmt::format("--{}", key), var, help)->capture_default_str()->group("Configuration"));
     if constexpr (std::is_same_v<std::remove_reference_t<decltype(var)>, int64_t>)
       options_.back()->check(kDecimalInt64);
+    if constexpr (std::is_same_v<std::remove_reference_t<decltype(var)>, bool>) options_.back()->check(kBoolean);
   };
   add("model.name", m.name, "preset name, for reports");
   add("model.vocab_size", m.vocab_size, "tokenizer vocabulary (the shards' vocab_size)");
@@ -125,10 +134,12 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("parallel.dp", p.dp, "data-parallel replicas (GPUs = tp x pp x dp)");
   add("parallel.micro_batches", p.micro_batches,
       "micro-batches per optimizer step per pipeline (must equal train.grad_accum, unless 1 on one GPU)");
-  add("parallel.zero1", p.zero1, "distributed optimizer: FP32 masters and AdamW moments sharded over dp (dp > 1)");
+  add("parallel.zero1", p.zero1,
+      "true or false: distributed optimizer, FP32 masters and AdamW moments sharded over dp (dp > 1)");
   add("parallel.stage", p.stage, "pipeline stage to estimate and train (-1: the one with the largest peak)");
   add("parallel.routed_load", p.routed_load,
-      "routed rows a GPU receives over the balanced share, in [1, ep] (1: balanced)");
+      "routed rows a GPU receives over the balanced share, in [1, ep] (1: balanced; more: the hottest rank of a "
+      "skewed routing, emulated with extra rows of weight 0)");
 }
 
 void ConfigOptions::check_required(const std::set<std::string>& set) const {

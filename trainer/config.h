@@ -147,15 +147,17 @@ struct RecomputeConfig {
 // for the routed experts'). 1F1B: stage s keeps the activations of min(pp - s, micro_batches) micro-batches of
 // train.micro_batch x train.seq_len tokens; when the section describes more than one GPU, train.grad_accum (the
 // micro-batches of one optimizer step, which the trainer runs in the stage's 1F1B order) must equal micro_batches
-// (validate_config says so). `fp4moe train` runs one GPU of it, emulated (trainer/model/model.h; tp > 1,
-// routed_load != 1: --dry-run only). validate_config applies the layout's rules (validate_layout) to this section.
+// (validate_config says so). `fp4moe train` runs one GPU of it, emulated (trainer/model/model.h; a routed_load > 1
+// as the hottest rank's R = ceil(N k routed_load) rows, trainer/model/layout_emulation.h; tp > 1: --dry-run only).
+// validate_config applies the layout's rules (validate_layout) to this section.
 struct ParallelConfig {
   int64_t tp = 1;             // tensor parallel (with sequence parallelism)
   int64_t pp = 1;             // pipeline stages (1F1B)
   int64_t ep = 1;             // expert parallel
   int64_t dp = 1;             // data-parallel replicas
   int64_t micro_batches = 1;  // micro-batches per optimizer step per pipeline (= train.grad_accum unless 1 on one GPU)
-  bool zero1 = false;         // distributed optimizer: masters and moments sharded over dp (needs dp > 1)
+  bool zero1 = false;         // distributed optimizer: masters and moments sharded over dp (needs dp > 1); on the
+                              // command line true or false, as in the file
   int64_t stage = -1;         // the pipeline stage to estimate, 0 <= stage < pp; -1: the one with the largest peak
   double routed_load = 1.0;   // routed rows a GPU receives over the balanced share (in [1, ep]; 1: balanced routing)
 

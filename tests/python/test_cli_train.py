@@ -229,11 +229,20 @@ class TrainCli(unittest.TestCase):
         self.assertIn("memory estimate, 4 GPUs (the configuration's [parallel] section)", r.stdout)
         self.assertIn("pp 2 tp 1 dp 2 ep 2, ZeRO-1; stage 0 (layers 0-0), 2 micro-batches", r.stdout)
         self.assertIn("(4 per step)", r.stdout)
+        # What the allocator would hold is printed wherever training runs the layout's GPU: a skewed routed load
+        # too, tensor parallelism not.
+        self.assertIn("DeviceMemory's count when the trainer runs this GPU", one)
+        self.assertIn("DeviceMemory's count when the trainer runs this GPU", r.stdout)
+        skewed = self.train("--dry-run", "--parallel.ep", "2", "--parallel.dp", "2", "--parallel.routed_load",
+                            "1.5").stdout
+        self.assertIn(", routed load 1.5;", skewed)
+        self.assertIn("DeviceMemory's count when the trainer runs this GPU", skewed)
+        self.assertNotIn("DeviceMemory's count", self.train("--dry-run", "--parallel.tp", "2").stdout)
         # Training emulates one GPU of the layout; what it cannot emulate or support is refused, one line, before
         # any device is looked for.
         for args, words in ((("--parallel.tp", "2"), ("parallel.tp = 2", "tensor parallelism is not emulated")),
-                            (("--parallel.ep", "2", "--parallel.dp", "2", "--parallel.routed_load", "1.5"),
-                             ("parallel.routed_load = 1.5", "not emulated")),
+                            (("--parallel.dp", "2", "--parallel.zero1", "2"),
+                             ("--parallel.zero1", "'2' is not a boolean (true or false)")),
                             (("--parallel.pp", "2", "--parallel.stage", "0"),
                              ("train.eval_interval = 10", "stage 0", "no LM head")),
                             (("--parallel.pp", "2", "--parallel.stage", "1", "--train.checkpoint_dir", "ckpt"),

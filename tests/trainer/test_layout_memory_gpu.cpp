@@ -8,7 +8,10 @@
 // (Model::scratch_arena_bytes) but cannot tell cub's sort storage of the embedding backward (only a device can).
 // Two layouts on small stand-ins of the V3 shape (configs/small.toml, 4 layers, 1 dense):
 //   first stage: pp 2, ep 4, dp 4, ZeRO-1, 3 micro-batches (2 in flight), mxfp4 routed experts, recompute moe_act;
-//   last stage:  pp 2, ep 2, dp 2, ZeRO-1, 2 micro-batches (1 in flight), fp8 everywhere, recompute mla_up_proj.
+//   last stage:  pp 2, ep 2, dp 2, ZeRO-1, 2 micro-batches (1 in flight), fp8 everywhere, recompute mla_up_proj;
+// and two with a skewed routed load (the local experts' R = ceil(N k routed_load) rows):
+//   last stage:  pp 2, ep 4, dp 4, ZeRO-1, routed load 2.5, mxfp4 routed experts, recompute moe;
+//   first stage: pp 2, ep 2, dp 2, 3 micro-batches (2 in flight), routed load 1.37, fp8 routed experts.
 // Each case prints a line per category: estimate, measured peak, difference.
 #include <gtest/gtest.h>
 
@@ -90,6 +93,29 @@ TEST(LayoutMemory, LastStageWithExpertShareZero1) {
        "--recompute.modules", "mla_up_proj"});
   ASSERT_EQ(estimate_memory(cfg).in_flight, 1);
   expect_measured_matches_estimate("small, last of 2 stages, ep 2, dp 2, ZeRO-1, fp8", cfg);
+}
+
+// A skewed routed load (layout_emulation.h): the local experts receive R = ceil(N k routed_load) rows, and every
+// buffer sized by R (the routed experts' kept tensors and scratch, the Group Linears' copies, the local routing,
+// the expert-parallel communication buffers) is allocated at R, as the estimator counts it.
+TEST(LayoutMemory, LastStageWithSkewedRoutedLoad) {
+  FP4MOE_REQUIRE_DEVICE();
+  const TrainerConfig cfg = small_layout(
+      {"--parallel.pp", "2", "--parallel.stage", "1", "--parallel.ep", "4", "--parallel.dp", "4", "--parallel.zero1",
+       "true", "--parallel.micro_batches", "2", "--train.grad_accum", "2", "--parallel.routed_load", "2.5",
+       "--recipe.routed_experts", "mxfp4", "--recompute.modules", "moe"});
+  expect_measured_matches_estimate("small, last of 2 stages, ep 4, dp 4, routed load 2.5, mxfp4, recompute moe",
+                                   cfg);
+}
+
+TEST(LayoutMemory, FirstStageWithNonIntegerSkewedRoutedLoad) {
+  FP4MOE_REQUIRE_DEVICE();
+  const TrainerConfig cfg = small_layout(
+      {"--parallel.pp", "2", "--parallel.stage", "0", "--parallel.ep", "2", "--parallel.dp", "2",
+       "--parallel.micro_batches", "3", "--train.grad_accum", "3", "--parallel.routed_load", "1.37",
+       "--recipe.routed_experts", "fp8", "--recompute.modules", "mla_up_proj"});
+  ASSERT_EQ(estimate_memory(cfg).in_flight, 2);
+  expect_measured_matches_estimate("small, first of 2 stages, ep 2, dp 2, routed load 1.37, fp8", cfg);
 }
 
 }  // namespace

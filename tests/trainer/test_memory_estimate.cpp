@@ -474,7 +474,25 @@ TEST(MemoryEstimate, FormatsTheDryRunText) {
   EXPECT_EQ(prod.recipe.routed_experts, cfg.recipe.routed_experts);
   const std::string p = format_memory_estimate(estimate_memory(prod, v2.layout), prod);
   EXPECT_NE(p.find("128 GPUs"), std::string::npos) << p;
-  EXPECT_EQ(p.find("DeviceMemory's count"), std::string::npos);
+  // V2's layout is tp 1: the trainer emulates one of its GPUs, which DeviceMemory counts as the estimate says.
+  EXPECT_NE(p.find("DeviceMemory's count"), std::string::npos) << p;
+}
+
+TEST(MemoryEstimate, DryRunCountsDeviceMemoryWhereTheTrainerRunsTheGpu) {
+  // What the allocator would hold is printed where the trainer runs the layout's GPU (one GPU, or one emulated GPU
+  // of a tp 1 layout), whatever the GPU count, and not where it cannot (tensor parallelism).
+  const std::vector<std::vector<std::string>> emulated = {
+      {}, {"--parallel.dp", "2", "--parallel.ep", "2"}, {"--parallel.pp", "2", "--parallel.stage", "1"},
+      {"--parallel.dp", "2", "--parallel.ep", "2", "--parallel.routed_load", "1.5"}};
+  for (const std::vector<std::string>& extra : emulated) {
+    const TrainerConfig cfg = tiny(extra);
+    const std::string s = format_memory_estimate(estimate_memory(cfg), cfg);
+    EXPECT_NE(s.find("DeviceMemory's count when the trainer runs this GPU"), std::string::npos) << s;
+  }
+  const TrainerConfig tp = tiny({"--parallel.tp", "2"});
+  const std::string s = format_memory_estimate(estimate_memory(tp), tp);
+  EXPECT_NE(s.find("tp 2"), std::string::npos) << s;
+  EXPECT_EQ(s.find("DeviceMemory's count"), std::string::npos) << s;
 }
 
 TEST(MemoryEstimate, RejectsLayoutsThatCannotHoldTheModel) {

@@ -144,6 +144,22 @@ TEST(ParallelConfig, RejectsWhatDoesNotDivideOnOneLine) {
   expect_error_with([&] { parse_config_args({"--config", path}); }, {"parallel.zero1", "a boolean", "an integer"});
 }
 
+TEST(ParallelConfig, CommandLineBooleansAreTrueOrFalse) {
+  // As in the file (a TOML boolean): true or false, not CLI11's integers (2 read as true, -1 as false) or words.
+  for (const char* value : {"2", "-1", "1", "0", "yes", "on", "TRUE"}) {
+    SCOPED_TRACE(value);
+    const std::string msg = test::error_message(
+        [&] { parse_config_args({"--config", preset("tiny"), "--parallel.dp", "2", "--parallel.zero1", value}); });
+    EXPECT_NE(msg.find("--parallel.zero1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("true or false"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(parse_config_args({"--config", preset("tiny"), "--parallel.dp", "2", "--parallel.zero1", "true"})
+                  .parallel.zero1);
+  EXPECT_FALSE(parse_config_args({"--config", preset("tiny"), "--parallel.dp", "2", "--parallel.zero1", "false"})
+                   .parallel.zero1);
+}
+
 TEST(ParallelLayout, OneFOneBKeepsTheSmallerOfStagesAheadAndMicroBatches) {
   ParallelLayout l;
   l.pp = 4;

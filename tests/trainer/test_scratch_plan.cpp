@@ -91,7 +91,7 @@ OldPass old_moe(const TrainerConfig& cfg, int64_t M) {
   const MoeConfig& e = cfg.moe;
   const int64_t d = cfg.model.hidden, k = e.top_k, El = local_routed_experts(cfg);
   const MoeRecompute rc = layer_recompute(cfg.recompute).moe;
-  const BufferPlan router = MoeRouter::buffers(M, e.routed_experts, k, El);
+  const BufferPlan router = MoeRouter::buffers(M, e.routed_experts, k, El, M * k);
   const Recipe routed = cfg.recipe.routed_experts;
   const BufferPlan x = MoeRoutedExperts::buffers(M * k, El, d, e.expert_ffn, routed, rc);
   const bool mx = routed == Recipe::mxfp4;

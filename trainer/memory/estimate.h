@@ -10,7 +10,8 @@
 // d hidden, H heads, nope/rope/dv head dims, dqk = nope + rope, r_q q_lora_rank, r_kv kv_lora_rank, F dense_ffn,
 // E routed experts, k top_k, f expert_ffn, s shared experts, V vocab. Per GPU of a layout: t = tp, E_l = E / ep,
 // H_l = H / t, N = micro_batch x seq_len tokens of one micro-batch, N_s = ceil(N / t) (sequence-parallel share),
-// R = ceil(N k routed_load / t) routed rows this GPU's experts receive (exactly N k on one GPU).
+// R = ceil(N k routed_load / t) routed rows this GPU's experts receive (routed_row_count,
+// trainer/model/layout_emulation.h; exactly N k on one GPU).
 //
 // ---- Categories (per GPU) -------------------------------------------------------------------------------------
 // weights      BF16 parameters: 2 B per element, every tensor padded to 64 elements (ParamStore::allocate);
@@ -207,8 +208,9 @@ struct MemoryEstimate {
   std::vector<MemoryTerm> terms;        // activations merged over the stage's layers (instances); workspace: the
                                         // Linears' own scratch per layer, the arena and the model's
   std::array<int64_t, kMemCategories> bytes{};          // the sum of kept terms per category
-  // DeviceMemory's count for the trainer as built on one GPU: kept terms allocated through it, each instance
-  // rounded up to 256 bytes (workspace: cub's sort storage aside, above).
+  // DeviceMemory's count for the trainer as built, running this GPU (one GPU, or one emulated GPU of a tp 1 layout:
+  // layout_is_emulated, trainer/model/model.h): kept terms allocated through it, each instance rounded up to 256
+  // bytes (workspace: cub's sort storage aside, above).
   std::array<int64_t, kMemCategories> device_memory{};
   std::vector<int64_t> layer_activation_bytes;  // kept activation bytes of each layer of the stage, one micro-batch
   int64_t workspace_all_layers = 0;             // workspace with every layer's scratch high-water and the model's

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernels/common/check.h"
+#include "trainer/model/model.h"
 
 namespace fp4moe {
 
@@ -221,12 +222,12 @@ std::string format_memory_estimate(const MemoryEstimate& e, const TrainerConfig&
   }
   s += fmt::format("  {:<12} {:>12}  ({:.1f}% of an 80 GiB card, {:.1f}% of a 141 GiB card)\n", "total",
                    human(e.total()), 100.0 * e.fraction_of(kCard80GiB), 100.0 * e.fraction_of(kCard141GiB));
-  if (l.gpus == 1) {
+  if (layout_is_emulated(l)) {  // the trainer runs this GPU (one GPU, or one emulated GPU of the layout)
     std::string dm;
     for (int c = 0; c < kMemCategories; ++c)
       dm += fmt::format("{}{} {}", c ? ", " : "", mem_category_name(static_cast<MemCategory>(c)),
                         human(e.device_memory[c]));
-    s += fmt::format("  DeviceMemory's count for the trainer as built (256-byte allocations): {}\n", dm);
+    s += fmt::format("  DeviceMemory's count when the trainer runs this GPU (256-byte allocations): {}\n", dm);
   }
   return s;
 }

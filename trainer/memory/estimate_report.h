@@ -78,7 +78,8 @@ std::vector<PolicyRecipeCell> paper_policy_table(const ProductionPreset& preset)
 std::string format_paper_policy_table(const std::vector<PolicyRecipeCell>& cells, const ProductionPreset& preset);
 
 // Lines for the dry run: the layout, each category in GiB with the total's fraction of an 80 and a 141 GiB card,
-// the activations per module, and what DeviceMemory would count on one GPU. `cfg` is the configuration estimated.
+// the activations per module, and, where the trainer runs that GPU (layout_is_emulated, trainer/model/model.h: one
+// GPU or one emulated GPU of a tp 1 layout), what its DeviceMemory counts. `cfg` is the configuration estimated.
 std::string format_memory_estimate(const MemoryEstimate& estimate, const TrainerConfig& cfg);
 
 }  // namespace fp4moe

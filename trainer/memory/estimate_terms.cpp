@@ -12,6 +12,7 @@
 #include "kernels/quant/layouts.h"
 #include "trainer/memory/estimate_detail.h"
 #include "trainer/model/decoder_layer.h"
+#include "trainer/model/layout_emulation.h"
 #include "trainer/model/model.h"
 
 namespace fp4moe::mem_detail {
@@ -59,9 +60,7 @@ Dims dims_of(const TrainerConfig& cfg, const ParallelLayout& lay) {
   g.N = lay.micro_batch * lay.seq_len;
   g.Ns = ceil_div(g.N, t);
   const int64_t balanced = g.N * g.k;
-  g.R = lay.routed_load == 1.0
-            ? ceil_div(balanced, t)
-            : static_cast<int64_t>(std::ceil(static_cast<double>(balanced) * lay.routed_load / static_cast<double>(t)));
+  g.R = routed_row_count(balanced, lay.routed_load, t);
   g.attn = cfg.recipe.attention;
   g.dense = cfg.recipe.dense_mlp;
   g.shared = cfg.recipe.shared_experts;

@@ -4,6 +4,7 @@
 
 #include "kernels/common/check.h"
 #include "kernels/nn/elementwise.h"
+#include "trainer/model/layout_emulation.h"
 #include "trainer/model/model.h"
 
 namespace fp4moe {
@@ -58,7 +59,7 @@ LayerShape LayerShape::one_gpu(const TrainerConfig& cfg, int64_t max_tokens) {
   s.seq_len = cfg.train.seq_len;
   s.heads = cfg.model.heads;
   s.dense_ffn = cfg.model.dense_ffn;
-  s.routed_rows = max_tokens * cfg.moe.top_k;
+  s.routed_rows = routed_row_count(max_tokens * cfg.moe.top_k, cfg.parallel.routed_load);  // skewed or not
   s.local_experts = local_routed_experts(cfg);  // the expert-parallel share (emulated, moe_router.h)
   s.shared_ffn = cfg.moe.shared_experts * cfg.moe.expert_ffn;
   return s;

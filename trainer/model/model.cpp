@@ -113,7 +113,8 @@ struct Model::Impl {
     // The communication buffers of the emulated layout (none on one GPU): allocated and counted, never transferred.
     bool has_moe = false;
     for (const auto& layer : layers) has_moe = has_moe || layer->moe() != nullptr;
-    comm_plan = Model::comm_buffers(cfg, max_tokens, max_tokens * cfg.moe.top_k, cfg.parallel.ep, stage.pp, has_moe);
+    comm_plan = Model::comm_buffers(cfg, max_tokens, LayerShape::one_gpu(cfg, max_tokens).routed_rows, cfg.parallel.ep,
+                                    stage.pp, has_moe);
     for (const PlannedBuffer& b : comm_plan.buffers())
       if (b.tensor == kPipelineSend || b.tensor == kPipelineReceive)
         (b.tensor == kPipelineSend ? pp_send : pp_receive) = comm_plan.allocate<bf16>(mem, b.tensor, "comm");
@@ -431,12 +432,11 @@ const PipelineStage& Model::stage() const { return impl_->stage; }
 
 bool emulates_layout(const TrainerConfig& cfg) { return cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1; }
 
+bool layout_is_emulated(const ParallelLayout& layout) { return layout.tp == 1; }
+
 void check_emulated_layout(const TrainerConfig& cfg) {
-  const ParallelConfig& p = cfg.parallel;
-  FP4MOE_CHECK(p.tp == 1, "parallel.tp = {}: tensor parallelism is not emulated on one GPU (estimate the layout with "
-               "--dry-run)", p.tp);
-  FP4MOE_CHECK(p.routed_load == 1.0, "parallel.routed_load = {}: a skewed routed load is not emulated on one GPU "
-               "(the local experts receive the balanced N top_k rows; estimate it with --dry-run)", p.routed_load);
+  FP4MOE_CHECK(layout_is_emulated(layout_of(cfg)), "parallel.tp = {}: tensor parallelism is not emulated on one GPU "
+               "(estimate the layout with --dry-run)", cfg.parallel.tp);
 }
 
 BufferPlan Model::comm_buffers(const TrainerConfig& cfg, int64_t seq_share, int64_t routed_rows, int64_t ep,

@@ -99,8 +99,11 @@ struct StepStats {
 // Whether cfg's [parallel] section describes one GPU of a larger layout, which the model emulates: tp x pp x dp > 1
 // or ep > 1 (a section of one GPU, micro-batches or ZeRO-1 alone, builds the whole model).
 bool emulates_layout(const TrainerConfig& cfg);
-// Rejects (fp4moe::Error, one line naming the option) what the model cannot emulate of cfg's [parallel] layout:
-// parallel.tp > 1 (tensor parallelism), parallel.routed_load != 1 (a skewed routed load). Both stay estimates only.
+// Whether the model runs one GPU of `layout` as the estimator counts it (a skewed routed load included,
+// layout_emulation.h): tp = 1; tensor parallelism stays an estimate only.
+bool layout_is_emulated(const ParallelLayout& layout);
+// Rejects (fp4moe::Error, one line naming the option) what the model cannot emulate of cfg's [parallel] layout
+// (layout_is_emulated of layout_of(cfg)): parallel.tp > 1.
 void check_emulated_layout(const TrainerConfig& cfg);
 
 class Model {

@@ -55,7 +55,7 @@ MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const TrainerCo
       last_M_(mem.slots(), -1),
       router_(store, prefix, cfg, max_tokens, mem),
       experts_(store, prefix, local_routed_experts(cfg), cfg.model.hidden, cfg.moe.expert_ffn, cfg.moe.top_k,
-               cfg.recipe.routed_experts, moe_fc2_init_std(cfg), max_tokens, mem, policy_) {
+               cfg.recipe.routed_experts, moe_fc2_init_std(cfg), max_tokens, mem, policy_, cfg.parallel.routed_load) {
   if (cfg.moe.shared_experts > 0)
     shared_ = std::make_unique<SwigluMlp>(store, prefix + ".shared", d_, cfg.moe.shared_experts * cfg.moe.expert_ffn,
                                           cfg.recipe.shared_experts, max_tokens, mem, moe_fc2_init_std(cfg),
@@ -104,7 +104,7 @@ std::vector<BufferPlan> MoeLayer::buffers(const TrainerConfig& cfg, const LayerS
   const MoeRecompute rc = layer_recompute(cfg.recompute).moe;
   std::vector<BufferPlan> plans;
   plans.push_back(block_buffers(s.seq_share, cfg.model.hidden, e.top_k, s.shared_ffn > 0));
-  plans.push_back(MoeRouter::buffers(s.seq_share, e.routed_experts, e.top_k, s.local_experts));
+  plans.push_back(MoeRouter::buffers(s.seq_share, e.routed_experts, e.top_k, s.local_experts, s.routed_rows));
   plans.push_back(MoeRoutedExperts::buffers(s.routed_rows, s.local_experts, cfg.model.hidden, e.expert_ffn,
                                             cfg.recipe.routed_experts, rc));
   if (s.shared_ffn > 0)

@@ -9,6 +9,7 @@
 #include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
 #include "kernels/quant/layouts.h"
+#include "trainer/model/layout_emulation.h"
 #include "trainer/model/linear_quantized.h"
 
 namespace fp4moe {
@@ -19,13 +20,14 @@ constexpr float kInitStd = 0.02f;
 
 MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix, int64_t E, int64_t d, int64_t f,
                                    int64_t k, const Recipe& recipe, float fc2_init_std, int64_t max_tokens,
-                                   DeviceMemory& mem, MoeRecompute recompute)
+                                   DeviceMemory& mem, MoeRecompute recompute, double routed_load)
     : prefix_(prefix),
       E_(E),
       d_(d),
       f_(f),
       k_(k),
       max_tokens_(max_tokens),
+      max_rows_(0),
       recipe_(recipe),
       whole_(recompute.whole),
       act_(recompute.act),
@@ -39,9 +41,12 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
                "MoeRoutedExperts {}: expected max_tokens >= 0 and 1 <= top_k <= E, got max_tokens={} k={} E={}",
                prefix, max_tokens, k, E);
   FP4MOE_CHECK(fc2_init_std > 0.0f, "MoeRoutedExperts {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
+  max_rows_ = routed_row_count(max_tokens * k, routed_load);  // N k, or the skewed load's R (layout_emulation.h)
+  FP4MOE_CHECK(max_rows_ <= (int64_t{1} << 31) - 1, "MoeRoutedExperts {}: {} routed rows (max_tokens {} x top-{} x "
+               "routed_load {}) beyond int32", prefix, max_rows_, max_tokens, k, routed_load);
   w1_ = &store.add(prefix + ".experts.fc1", {E, 2 * f, d}, ParamInit::normal, kInitStd, /*decay=*/true);
   w2_ = &store.add(prefix + ".experts.fc2", {E, d, f}, ParamInit::normal, fc2_init_std, /*decay=*/true);
-  const int64_t R = max_tokens * k;
+  const int64_t R = max_rows_;
   plan_ = buffers(R, E, d, f, recipe, recompute);
   auto kept = [&](auto tag, const char* tensor) {
     using T = decltype(tag);
@@ -121,7 +126,7 @@ BufferPlan MoeRoutedExperts::buffers(int64_t R, int64_t E_local, int64_t d, int6
 // The sizes the permuted-input buffers hold per row in the recipe's format (bf16 xs, mxfp4 xs codes and scales,
 // fp8 the FP8 row copy of xs that fc1 also makes for its Fprop), whether or not the recompute policy keeps them.
 DispatchBytes MoeRoutedExperts::dispatch_bytes() const {
-  const int64_t R = max_tokens_ * k_;
+  const int64_t R = max_rows_;
   if (R == 0) return {};
   const double rows = static_cast<double>(R);
   auto per_row = [&](const char* tensor) { return static_cast<double>(plan_.at(tensor).bytes()) / rows; };
@@ -241,11 +246,14 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
   FP4MOE_CHECK(M >= 1 && M <= max_tokens_ && r.E == E_ && r.k == k_,
                "MoeRoutedExperts {} forward: expected 1 <= M <= {} with E={} k={}, got M={} E={} k={}", prefix_,
                max_tokens_, E_, k_, M, r.E, r.k);
+  FP4MOE_CHECK(r.rows >= M * k_ && r.rows <= max_rows_,
+               "MoeRoutedExperts {} forward: expected M k = {} <= rows <= {} (the routed rows at max_tokens), got {}",
+               prefix_, M * k_, max_rows_, r.rows);
   FP4MOE_CHECK(x && y, "MoeRoutedExperts {} forward: x [M, {}] and y [M, {}] must not be null", prefix_, d_, d_);
   bind(ctx);
   last_M_.get() = M;
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);  // takes stay in the caller's scope
-  t_ = bind_forward(arena, M * k_);
+  t_ = bind_forward(arena, r.rows);
   fc1_->set_quant_seed(layer_quant_seed(ctx.quant_seed, w1_->name));
   fc2_->set_quant_seed(layer_quant_seed(ctx.quant_seed, w2_->name));
   fc1_->set_weights(w1_->param, ctx.stream);
@@ -256,11 +264,17 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
 }
 
 void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRouting& r, const Tensors& t) {
-  const int64_t M = r.M, R = M * k_;
+  const int64_t M = r.M, R = r.rows;
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
-  permute_map(r.topk_idx, r.offsets, M, k_, E_, t.row_of, t.assignment_of, s);
-  permute_forward(x, t.assignment_of, M, k_, d_, t.xs, s);  // xs [R, d]
+  if (R == M * k_) {
+    permute_map(r.topk_idx, r.offsets, M, k_, E_, t.row_of, t.assignment_of, s);
+    permute_forward(x, t.assignment_of, M, k_, d_, t.xs, s);  // xs [R, d]
+  } else {  // a skewed load (layout_emulation.h): the R assignments as R tokens of top-1; an extra row copies a token
+    permute_map(r.topk_idx, r.offsets, R, 1, E_, t.row_of, t.assignment_of, s);
+    routed_row_tokens(t.assignment_of, R, M * k_, k_, t.assignment_of, s);  // assignment -> the token it copies
+    permute_forward(x, t.assignment_of, R, 1, d_, t.xs, s);  // xs [R, d]
+  }
   // fp8 under whole: the kept FP8 row copy of xs, the same call (rows, scale mode) by which fc1 quantizes xs for
   // its Fprop below, so that the recompute's Fprop reads the same operand.
   if (t.xs_fp8_codes) bf16_to_fp8_row(t.xs, R, d_, fc1_->scale_mode(), t.xs_fp8_codes, t.xs_fp8_scales, nullptr, s);
@@ -275,7 +289,7 @@ void MoeRoutedExperts::run_from_h(ModelContext& ctx, const GroupSplit& split, in
 }
 
 void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
-  const int64_t M = r.M, R = M * k_;
+  const int64_t M = r.M, R = r.rows;
   FP4MOE_CHECK(M == last_M_.get() && r.E == E_ && r.k == k_,
                "MoeRoutedExperts {} recompute: expected the last forward's M={} (E={} k={}), got M={} E={} k={}",
                prefix_, last_M_.get(), E_, k_, M, r.E, r.k);
@@ -299,7 +313,7 @@ void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
 }
 
 void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRouting& r, bf16* dx, float* dweights) {
-  const int64_t M = r.M, R = M * k_;
+  const int64_t M = r.M, R = r.rows;
   FP4MOE_CHECK(M == last_M_.get(), "MoeRoutedExperts {} backward: expected the last forward's M={}, got M={}",
                prefix_, last_M_.get(), M);
   FP4MOE_CHECK(dy && dx && dweights, "MoeRoutedExperts {} backward: dy, dx [M, {}] and dweights [M, {}] must not "
@@ -315,7 +329,8 @@ void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRout
   bf16* dh = take_planned<bf16>(arena, p.at("d h"), "experts d h");
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
-  unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys [R, d]
+  unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys of the M k rows
+  zero_extra_rows(t_.row_of, M * k_, R, d_, drows, s);  // a skewed load's extra rows: weight 0, dys 0 (no-op if none)
   fc2_->backward(input_of(t_.a, t_.a_codes, t_.a_scales), drows, split, da, w2_->grad, s);     // da [R, f]
   swiglu_backward(da, t_.h, R, f_, dh, s);                                                   // dh [R, 2f]
   fc1_->backward(input_of(t_.xs, t_.xs_codes, t_.xs_scales), dh, split, drows, w1_->grad, s);  // dxs [R, d]

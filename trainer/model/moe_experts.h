@@ -23,6 +23,12 @@
 // weight copies under weights, the fp8 recipe's FP8 column copies of xs and a under activations, FP8 row copies and
 // columns of one pass under workspace (per layer); the cuBLASLt workspace is not counted.
 // Experts that receive no token are skipped by the grouped GEMMs (their grads stay unchanged).
+// Skewed routed load (the emulated layout's parallel.routed_load r > 1, trainer/model/layout_emulation.h): the
+// routing hands R = routed_row_count(M k, r) rows (MoeRouting::rows), the M k real assignments then R - M k extra
+// ones; the permutation runs over the R assignments as R tokens of top-1, an extra row copying its real
+// assignment's token (routed_row_tokens); the GEMMs, swiglu and every buffer below run at R rows; the combine and
+// permute backward read only the M k real rows (extra rows: combine weight 0), and unpermute_backward's dys of the
+// extra rows is zeroed (zero_extra_rows), so they add nothing to y, dx, the expert grads or dweights.
 //
 // Memory. Kept from forward to backward (MemCategory::activations), R = k rows per token; buffers() states every
 // buffer with its size (the dispatched input is the permuted x, xs, in the recipe's storage format: what an
@@ -80,8 +86,8 @@ namespace fp4moe {
 //          On one device the permute moves BF16 rows and fc1 quantizes them after it; a dispatch in FP8
 //          (DeepSeek-V3's) sends this tensor instead; under moe/full the layer keeps it (Memory, above).
 //   mxfp4  xs_codes + xs_scales, [R, d/2] E2M1 codes and [R, d/32] UE8M0 scales: payload d/2, scales d/32
-// with R = max_tokens * top_k, the rows the buffers hold; per token = bytes / R (both 0 when R = 0). Not counted:
-// the combine (expert outputs return in BF16 in every recipe) and the backward's gradients.
+// with R the rows the buffers hold (max_tokens top_k, or a skewed load's more); per token = bytes / R (both 0 when
+// R = 0). Not counted: the combine (expert outputs return in BF16 in every recipe) and the backward's gradients.
 struct DispatchBytes {
   double payload = 0;  // element bytes per routed token (BF16, E4M3 or packed E2M1)
   double scales = 0;   // block-scale bytes per routed token (FP32 per 128 elements, UE8M0 per 32; 0 for bf16)
@@ -93,13 +99,15 @@ class MoeRoutedExperts {
   // E experts of width f on hidden d, top-k; fc1 init N(0, 0.02^2), fc2 N(0, fc2_init_std^2); recompute: whole
   // and act (MoeRecompute's, above; shared_experts is MoeLayer's). Rejects (fp4moe::Error): what
   // GroupLinear::check_shape rejects (a recipe other than the presets; d, f multiples of 16, of 32 for mxfp4),
-  // max_tokens < 0.
+  // max_tokens < 0, and what routed_row_count rejects of routed_load (the skewed load r: at most
+  // R = routed_row_count(max_tokens k, r) rows, layout_emulation.h) or an R beyond int32.
   MoeRoutedExperts(ParamStore& store, const std::string& prefix, int64_t E, int64_t d, int64_t f, int64_t k,
                    const Recipe& recipe, float fc2_init_std, int64_t max_tokens, DeviceMemory& mem,
-                   MoeRecompute recompute = {});
+                   MoeRecompute recompute = {}, double routed_load = 1.0);
 
-  // x [M, d] BF16 with the router's routing for the same M (1 <= M <= max_tokens) -> y [M, d] BF16 (overwritten).
-  // Takes its scratch in the caller's scope. Rejects a ctx.lt other than the first forward's.
+  // x [M, d] BF16 with the router's routing for the same M (1 <= M <= max_tokens, M k <= routing.rows <= R at
+  // max_tokens) -> y [M, d] BF16 (overwritten). Takes its scratch in the caller's scope. Rejects a ctx.lt other than
+  // the first forward's.
   void forward(ModelContext& ctx, const bf16* x, const MoeRouting& routing, bf16* y);
   // Whether backward can run now: what it reads is kept, or a forward/recompute in a scope still open left it.
   bool ready(const ScratchArena& arena) const { return !needs_recompute() || arena.alive(stamp_); }
@@ -133,7 +141,7 @@ class MoeRoutedExperts {
   // Counted by the passes' binding code on a measuring arena. Rejects what buffers() rejects.
   static PassScratch scratch(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
                              const MoeRecompute& recompute);
-  // scratch() for R = max_tokens * k.
+  // scratch() for R = the rows at max_tokens (max_tokens * k, balanced).
   size_t forward_bytes() const { return scratch_.forward; }
   size_t recompute_bytes() const { return scratch_.recompute; }
   size_t backward_bytes() const { return scratch_.backward; }
@@ -180,6 +188,7 @@ class MoeRoutedExperts {
 
   std::string prefix_;
   int64_t E_, d_, f_, k_, max_tokens_;
+  int64_t max_rows_;  // R_max: routed_row_count(max_tokens k, routed_load), max_tokens * k when balanced
   Recipe recipe_;
   bool whole_, act_;
   Param *w1_, *w2_;
@@ -190,13 +199,13 @@ class MoeRoutedExperts {
   Tensors t_;                 // the tensors of the last forward / recompute (the kept ones: the active slot's)
   uint64_t stamp_ = 0;        // scratch stamp of the last forward / recompute
   PassScratch scratch_;       // scratch() at R_max
-  BufferPlan plan_{"moe.experts"};  // buffers() for R_max = max_tokens * k
+  BufferPlan plan_{"moe.experts"};  // buffers() for R_max
   BufferPlan pass_plan_{"moe.experts"};
   int64_t pass_R_ = -1;
-  // Kept (MemCategory::activations), R_max = max_tokens * k rows, one copy per in-flight slot; empty when not kept
+  // Kept (MemCategory::activations), R_max rows, one copy per in-flight slot; empty when not kept
   // (Memory, above). Scratch always: assignment_of [R] int32 (permute_forward only), xs BF16 for fp8/mxfp4, a BF16
   // for fp8/mxfp4.
-  KeptArray<int32_t> row_of_;           // [R_max] row of assignment t*k + j                      (always)
+  KeptArray<int32_t> row_of_;           // [R_max] row of assignment a (t*k + j; extras after)    (always)
   KeptArray<bf16> xs_;                  // [R_max, d] permuted x, fc1 input                       (bf16)
   KeptArray<uint8_t> xs_codes_;         // [R_max, d/2] E2M1 codes of xs                          (mxfp4)
   KeptArray<uint8_t> xs_scales_;        // [R_max, d/32] UE8M0 scales of xs                       (mxfp4)

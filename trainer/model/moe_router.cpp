@@ -45,6 +45,8 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
       E_(cfg.moe.routed_experts),
       El_(local_routed_experts(cfg)),
       max_tokens_(max_tokens),
+      routed_load_(cfg.parallel.routed_load),
+      max_rows_(0),
       gamma_(static_cast<float>(cfg.moe.bias_update_rate)),
       w_(nullptr),
       last_M_(mem.slots(), -1),
@@ -55,9 +57,12 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
   FP4MOE_CHECK(d_ >= 8 && d_ % 8 == 0, "{} {}: hidden must be a positive multiple of 8, got {}", what, prefix, d_);
   detail::check_router_shape(what, max_tokens, E_, rcfg_);  // E, top_k, scale, alpha, max_tokens * k in int32
   const int64_t k = rcfg_.top_k;
+  max_rows_ = routed_row_count(max_tokens * k, routed_load_);
+  FP4MOE_CHECK(max_rows_ <= (int64_t{1} << 31) - 1, "{} {}: {} tokens x top-{} x parallel.routed_load {} = {} routed "
+               "rows, beyond int32 (row indices)", what, prefix, max_tokens, k, routed_load_, max_rows_);
   w_ = &store.add(prefix + ".router", {E_, d_}, ParamInit::normal, kRouterInitStd, /*decay=*/true);
   if (rcfg_.style == RouterStyle::v3_sigmoid) bias_ = &store.add_state(prefix + ".router_bias", {E_});
-  const BufferPlan plan = buffers(max_tokens, E_, k, El_);
+  const BufferPlan plan = buffers(max_tokens, E_, k, El_, max_rows_);
   const std::string owner = prefix + " router";
   probs_ = plan.allocate_kept<float>(mem, "probs", owner);
   topk_weight_ = plan.allocate_kept<float>(mem, "topk_weight", owner);
@@ -77,7 +82,7 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
 }
 
 PassScratch MoeRouter::scratch(int64_t tokens, int64_t E, int64_t k, int64_t E_local) {
-  const BufferPlan plan = buffers(tokens, E, k, E_local);
+  const BufferPlan plan = buffers(tokens, E, k, E_local, tokens * k);
   auto rounded = [&](const char* t) { return ScratchArena::rounded(static_cast<size_t>(plan.at(t).bytes())); };
   PassScratch s;
   s.forward = rounded("logits (FP32)");
@@ -86,14 +91,16 @@ PassScratch MoeRouter::scratch(int64_t tokens, int64_t E, int64_t k, int64_t E_l
 }
 
 size_t MoeRouter::kept_bytes() const {
-  return static_cast<size_t>(buffers(max_tokens_, E_, rcfg_.top_k, El_).counted_bytes(MemCategory::activations));
+  return static_cast<size_t>(
+      buffers(max_tokens_, E_, rcfg_.top_k, El_, max_rows_).counted_bytes(MemCategory::activations));
 }
 
-BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_local) {
+BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_local, int64_t rows) {
   FP4MOE_CHECK(tokens >= 0 && E >= 1 && k >= 1, "MoeRouter::buffers: expected tokens >= 0, E, k >= 1, got {} {} {}",
                tokens, E, k);
   FP4MOE_CHECK(E_local >= 1 && E_local <= E && E % E_local == 0,
                "MoeRouter::buffers: local experts {} must be in [1, E = {}] and divide E", E_local, E);
+  FP4MOE_CHECK(rows >= 0, "MoeRouter::buffers: routed rows must be >= 0, got {}", rows);
   BufferPlan p("moe.router");
   p.add("probs", tokens * E, ElemType::fp32);
   p.add("topk_weight", tokens * k, ElemType::fp32);
@@ -102,7 +109,7 @@ BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_lo
   p.add("offsets", E + 1, ElemType::int32);
   p.add("aux", 1, ElemType::fp32);
   const bool local = E_local < E;  // expert parallelism: the local routing (layout_emulation.h)
-  p.add("local topk_idx", local ? tokens * k : 0, ElemType::int32);
+  p.add("local topk_idx", local ? rows : 0, ElemType::int32);
   p.add("local counts", local ? E_local : 0, ElemType::int32);
   p.add("local offsets", local ? E_local + 1 : 0, ElemType::int32);
   const MemCategory ws = MemCategory::workspace;
@@ -113,11 +120,11 @@ BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_lo
 }
 
 MoeRouting MoeRouter::routing() const {
-  const int64_t M = std::max<int64_t>(last_M_.get(), 0);
+  const int64_t M = std::max<int64_t>(last_M_.get(), 0), k = rcfg_.top_k;
   if (El_ < E_)
-    return MoeRouting{M, El_, rcfg_.top_k, local_idx_.data(), topk_weight_.data(), local_offsets_.data(),
-                      static_cast<const int32_t*>(host_local_offsets_.get().get())};
-  return MoeRouting{M, E_, rcfg_.top_k, topk_idx_.data(), topk_weight_.data(), offsets_.data(),
+    return MoeRouting{M, El_, k, routed_row_count(M * k, routed_load_), local_idx_.data(), topk_weight_.data(),
+                      local_offsets_.data(), static_cast<const int32_t*>(host_local_offsets_.get().get())};
+  return MoeRouting{M, E_, k, M * k, topk_idx_.data(), topk_weight_.data(), offsets_.data(),
                     static_cast<const int32_t*>(host_offsets_.get().get())};
 }
 
@@ -141,7 +148,7 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
   const bool v2 = rcfg_.style == RouterStyle::v2_softmax;
   const int64_t k = rcfg_.top_k;
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);  // the take stays in the caller's scope
-  const BufferPlan plan = buffers(M, E_, k, El_);
+  const BufferPlan plan = buffers(M, E_, k, El_, routed_row_count(M * k, routed_load_));
   float* logits = take_planned<float>(arena, plan.at("logits (FP32)"), "router logits");
   // logits^T [E, M] (column-major) = W_r (stored d x E column-major, transposed) * x^T (stored d x M)
   ctx.lt->matmul(E_, M, d_, LtOperand{w_->param, CUDA_R_16BF, true, d_}, LtOperand{x, CUDA_R_16BF, false, d_},
@@ -155,9 +162,9 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
     router_gates_for_indices(probs_.data(), topk_idx_.data(), counts_.data(), M, E_, rcfg_, topk_weight_.data(),
                              v2 ? aux_.data() : nullptr, ctx.stream);
   }
-  if (El_ < E_) {  // expert parallelism: this GPU's share of the rows (layout_emulation.h)
-    local_expert_routing(topk_idx_.data(), M * k, El_, local_idx_.data(), local_counts_.data(), local_offsets_.data(),
-                         ctx.stream);
+  if (El_ < E_) {  // expert parallelism: this GPU's share of the rows, skewed or not (layout_emulation.h)
+    local_expert_routing(topk_idx_.data(), M * k, routed_row_count(M * k, routed_load_), El_, local_idx_.data(),
+                         local_counts_.data(), local_offsets_.data(), ctx.stream);
     CUDA_CHECK(cudaMemcpyAsync(host_local_offsets_.get().get(), local_offsets_.data(), (El_ + 1) * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, ctx.stream));
   }
@@ -189,7 +196,7 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);
   for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts[e];
   ScratchScope scope(arena);
-  const BufferPlan plan = buffers(M, E_, rcfg_.top_k, El_);
+  const BufferPlan plan = buffers(M, E_, rcfg_.top_k, El_, routed_row_count(M * rcfg_.top_k, routed_load_));
   float* dlogits = take_planned<float>(arena, plan.at("dlogits (FP32)"), "router dlogits (FP32)");  // [M, E]
   bf16* dl = take_planned<bf16>(arena, plan.at("dlogits (BF16)"), "router dlogits (BF16)");
   router_backward(probs_.data(), topk_idx_.data(), counts_.data(), dweights, M, E_, rcfg_, aux_grad, dlogits,

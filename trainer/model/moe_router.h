@@ -31,6 +31,10 @@
 // this GPU's E_l = E / ep local experts (local_expert_routing: local id = expert mod E_l, counts and offsets over
 // E_l), kept for backward, and routing() hands the routed experts that local routing. The host copy then brings the
 // local offsets [E_l + 1] beside the offsets [E+1], under the same one synchronisation. With ep = 1 no mapping runs.
+// A skewed routed load (parallel.routed_load r > 1, layout_emulation.h) extends the local routing to the
+// R = routed_row_count(M k, r) rows the hottest rank's experts receive: the M k real rows, then R - M k extra rows
+// spread over the local experts (combine weight 0, no gate gradient); routing() hands the experts all R. The
+// router's own outputs (probs, top-k, weights, counts, the tally) stay those of the M tokens.
 //
 // Expert loads for the v3 bias: the counts of a forward join the step's tally when its backward runs (so that
 // evaluation forwards do not move the bias); end_step applies router_bias_update with the tally (gamma =
@@ -64,7 +68,10 @@ int64_t local_routed_experts(const TrainerConfig& cfg);
 // Pointers stay valid until that slot's next forward.
 struct MoeRouting {
   int64_t M = 0, E = 0, k = 0;
-  const int32_t* topk_idx = nullptr;      // device [M, k], expert of each (token, slot)
+  int64_t rows = 0;                       // R: rows the experts process, M k, or more under a skewed routed load
+                                          // (the extra ones after the M k real assignments, layout_emulation.h)
+  const int32_t* topk_idx = nullptr;      // device [rows]: expert of each assignment ([M, k] for the real ones:
+                                          // token, slot)
   const float* topk_weight = nullptr;     // device [M, k] FP32 combine weights
   const int32_t* offsets = nullptr;       // device [E+1], exclusive prefix sum of the counts
   const int32_t* host_offsets = nullptr;  // pinned host [E+1], the same values
@@ -90,7 +97,8 @@ class MoeRouter {
  public:
   // Registers "<prefix>.router" and, for v3, the state "<prefix>.router_bias"; allocates for max_tokens tokens.
   // Rejects (fp4moe::Error) routed experts outside [1, kRouterMaxExperts], top_k outside [1, E], max_tokens < 0,
-  // hidden not a positive multiple of 8, and max_tokens * top_k beyond int32.
+  // hidden not a positive multiple of 8, and max_tokens * top_k (the routed rows routed_row_count(max_tokens top_k,
+  // parallel.routed_load) when the load is skewed) beyond int32.
   MoeRouter(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
             DeviceMemory& mem);
 
@@ -119,15 +127,16 @@ class MoeRouter {
   const std::vector<int64_t>& step_counts() const { return tally_; }  // [E] tokens per expert over the step
   size_t kept_bytes() const;  // activations kept from forward to backward (buffers()), as DeviceMemory counts them
   // The router's buffers (trainer/memory/buffer_plan.h; module "moe.router") for `tokens` rows, E experts, top-k,
-  // E_local of them on this GPU, all held under every policy (the router does not rerun): "probs" [tokens, E] FP32,
-  // "topk_weight" [tokens, k] FP32, "topk_idx" [tokens, k] int32, "counts" [E] int32, "offsets" [E + 1] int32, "aux"
-  // [1] FP32; with E_local < E the local routing "local topk_idx" [tokens, k], "local counts" [E_local] and "local
-  // offsets" [E_local + 1] int32 (no elements when E_local = E); the scratch "logits (FP32)" [tokens, E] (forward),
-  // "dlogits (FP32)" and "dlogits (BF16)" [tokens, E] (backward). Rejects tokens < 0, E < 1, k < 1, E_local outside
-  // [1, E] or not dividing E.
-  static BufferPlan buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_local);
+  // E_local of them on this GPU receiving `rows` routed rows (R: tokens k, more under a skewed load), all held under
+  // every policy (the router does not rerun): "probs" [tokens, E] FP32, "topk_weight" [tokens, k] FP32, "topk_idx"
+  // [tokens, k] int32, "counts" [E] int32, "offsets" [E + 1] int32, "aux" [1] FP32; with E_local < E the local
+  // routing "local topk_idx" [rows], "local counts" [E_local] and "local offsets" [E_local + 1] int32 (no elements
+  // when E_local = E); the scratch "logits (FP32)" [tokens, E] (forward), "dlogits (FP32)" and "dlogits (BF16)"
+  // [tokens, E] (backward). Rejects tokens < 0, E < 1, k < 1, E_local outside [1, E] or not dividing E, rows < 0.
+  static BufferPlan buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_local, int64_t rows);
   // The shared scratch of the passes (trainer/memory/scratch.h) for `tokens` rows: forward "logits (FP32)", left in
-  // the caller's scope; backward "dlogits (FP32)" and "dlogits (BF16)" in its own. Rejects what buffers() rejects.
+  // the caller's scope; backward "dlogits (FP32)" and "dlogits (BF16)" in its own (independent of the routed rows).
+  // Rejects what buffers() rejects.
   static PassScratch scratch(int64_t tokens, int64_t E, int64_t k, int64_t E_local);
   // scratch() for M = max_tokens.
   size_t forward_bytes() const { return scratch_.forward; }
@@ -137,6 +146,8 @@ class MoeRouter {
   std::string prefix_;
   RouterConfig rcfg_;
   int64_t d_, E_, El_, max_tokens_;  // El_: local experts (E_ on one GPU)
+  double routed_load_;                // parallel.routed_load: R = routed_row_count(M k, routed_load_) local rows
+  int64_t max_rows_;                  // R at max_tokens
   float gamma_;
   Param* w_;
   StateTensor* bias_ = nullptr;
@@ -155,7 +166,7 @@ class MoeRouter {
                                    // tally (the active slot's copy: every backward has run)  (activations)
   KeptArray<int32_t> offsets_;     // [E+1] exclusive prefix sum of counts                    (activations)
   KeptArray<float> aux_;           // [1] v2 balance loss                                     (activations)
-  KeptArray<int32_t> local_idx_;      // [max_tokens, k] local expert ids       (activations, El_ < E_)
+  KeptArray<int32_t> local_idx_;      // [max_rows] local expert of each row    (activations, El_ < E_)
   KeptArray<int32_t> local_counts_;   // [El] rows per local expert             (activations, El_ < E_)
   KeptArray<int32_t> local_offsets_;  // [El+1] their exclusive prefix sum      (activations, El_ < E_)
   KeptValue<PinnedHost> host_offsets_;        // host [E+1] int32: offsets of the slot's forward

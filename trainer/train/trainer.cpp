@@ -45,14 +45,18 @@ void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
 }
 
 // Training FLOPs per token of what this GPU runs: the whole model, or under an emulated layout its stage (the
-// stage's layers, and the LM head on the last stage; the embedding counts none).
+// stage's layers, their routed experts' share x parallel.routed_load, the rows a skewed load adds; and the LM head on
+// the last stage; the embedding counts none).
 double training_flops_per_token(const TrainerConfig& cfg) {
   const int64_t T = cfg.train.seq_len;
   if (!emulates_layout(cfg)) return model_flops_per_token(cfg, T).training;
   const PipelineStage stage = pipeline_stage(cfg);
   double forward = stage.last() ? lm_head_flops_per_token(cfg.model) : 0.0;
-  for (int64_t l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
-    forward += layer_flops_per_token(cfg, l, T).total();
+  for (int64_t l = stage.first_layer; l < stage.first_layer + stage.layers; ++l) {
+    LayerFlopsPerToken f = layer_flops_per_token(cfg, l, T);
+    f.routed_experts *= cfg.parallel.routed_load;
+    forward += f.total();
+  }
   return 3.0 * forward;
 }
 
@@ -207,9 +211,10 @@ TrainResult Trainer::run() {
     const PipelineStage& st = s.model->stage();
     s.progress->message(fmt::format(
         "emulating one GPU of tp {} pp {} dp {} ep {}: stage {} (layers {}-{}), {} of {} routed experts per MoE "
-        "layer{}",
+        "layer{}{}",
         p.tp, p.pp, p.dp, p.ep, st.stage, st.first_layer, st.first_layer + st.layers - 1,
         s.cfg.moe.routed_experts / p.ep, s.cfg.moe.routed_experts,
+        p.routed_load == 1.0 ? "" : fmt::format(" receiving {:g}x the balanced routed rows", p.routed_load),
         st.last() ? "" : "; no LM head: the loss is absent (NaN)"));
   }
   s.run_start = State::Clock::now();

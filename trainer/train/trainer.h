@@ -63,7 +63,7 @@ namespace fp4moe {
 class Model;
 
 // Rejects (fp4moe::Error, one line naming the option), before anything is allocated, what training cfg with
-// `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1, parallel.routed_load != 1); with pp > 1 or
+// `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1); with pp > 1 or
 // ep > 1 (the GPU holds a stage or an expert share, not the whole model) checkpoints (train.checkpoint_dir set) and
 // options.resume_path; train.eval_interval > 0 on a stage without the LM head (no loss to evaluate); periodic
 // evaluations of the whole validation split (train.eval_steps = 0) on synthetic data, which has none. ZeRO-1's own
