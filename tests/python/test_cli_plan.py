@@ -170,7 +170,9 @@ class PlanCli(unittest.TestCase):
                             "--overhead-gib", "2"))
         self.rejected("--grads applies to --calibrate-p1 only",
                       args=("--model", "v3", "--gpus", "256", "--memory-gib", "80", "--no-measure", "--grads", "bf16"))
-        self.rejected("--overhead-gib must be a finite number >= 0", args=("--calibrate-p1", "--overhead-gib", "-1"))
+        self.rejected("--overhead-gib must be a finite number in [0, 80]", args=("--calibrate-p1", "--overhead-gib", "-1"))
+        self.rejected("--overhead-gib must be a finite number in [0, 80]", "got 1e+308",
+                      args=("--calibrate-p1", "--overhead-gib", "1e308"))
         self.rejected("--grads", "fp16", args=("--calibrate-p1", "--grads", "fp16"))
         self.rejected("--top must be >= 1", args=("--calibrate-p1", "--top", "0"))
         self.rejected("--tp 4 is not one of them", args=("--calibrate-p1", "--tp", "4"))
