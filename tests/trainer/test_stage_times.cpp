@@ -212,8 +212,9 @@ TEST(StageTimes, MeasuredCandidatesRankFirstAndFailuresKeepTheModel) {
     const bool is_measured = c.compute_source != "modelled";
     EXPECT_FALSE(is_measured && seen_modelled) << "a measured candidate after a modelled one at " << i;
     seen_modelled = seen_modelled || !is_measured;
-    if (i > 0 && (result.fitting[i - 1].compute_source != "modelled") == is_measured)
+    if (i > 0 && (result.fitting[i - 1].compute_source != "modelled") == is_measured) {
       EXPECT_GE(result.fitting[i - 1].step.tokens_per_s_per_gpu, c.step.tokens_per_s_per_gpu);
+    }
     if (c.recipe == Recipe::mxfp4) {
       EXPECT_EQ(c.compute_source, "modelled");
       continue;
@@ -240,12 +241,13 @@ TEST(StageTimes, MeasuredCandidatesRankFirstAndFailuresKeepTheModel) {
   // result.all carries the same numbers; the report shows the compute source and the notes.
   for (const PlanCandidate& a : result.all)
     for (const PlanCandidate& f : result.fitting)
-      if (a.recipe == f.recipe && a.policy == f.policy && a.layout.name == f.layout.name)
+      if (a.recipe == f.recipe && a.policy == f.policy && a.layout.name == f.layout.name) {
         EXPECT_EQ(a.step.tokens_per_s_per_gpu, f.step.tokens_per_s_per_gpu);
+      }
   PlanRequest shown = r;
   shown.measured_on = "GPU";
   const std::string report = format_plan(result, shown, 100);
-  for (const char* part : {"Compute measured on the local GPU", "| measured |", "| modelled |",
+  for (const char* part : {"Compute measured on the local GPU", "| measured/tp |", "| modelled |",
                            "not measured, modelled instead", "out of memory"})
     EXPECT_NE(report.find(part), std::string::npos) << part << " not in:\n" << report;
   EXPECT_EQ(plan_table(result, shown).column("compute_source").str.size(), result.all.size());
@@ -300,7 +302,7 @@ TEST(StageTimes, MeasuringLoopRecordsFailuresAndHitsTheCacheTheSecondTime) {
                                                  EXPECT_EQ(total, static_cast<int64_t>(keys.size()));
                                                });
   EXPECT_EQ(measured, static_cast<int64_t>(keys.size()));
-  EXPECT_EQ(runs, measured);
+  EXPECT_EQ(runs, measured) << cache.text();
   EXPECT_EQ(progress.back(), measured);
   const StageTimeCache saved = StageTimeCache::load(dir.file("times.tsv"));
   for (const StageTimeKey& k : keys) {

@@ -112,6 +112,7 @@ TrainerConfig measurement_config(const TrainerConfig& model, const StageTimeKey&
   cfg.model.layers = 3;
   cfg.model.n_dense_layers = moe ? 0 : 3;
   TrainingConfig& t = cfg.train;
+  t.data_dir = "data/cache/shards";  // not read: synthetic tokens
   t.seq_len = key.seq_len;
   t.micro_batch = key.micro_batch;
   t.grad_accum = settings.micro_batches;
