@@ -250,7 +250,20 @@ TEST(StageTimes, MeasuredCandidatesRankFirstAndFailuresKeepTheModel) {
   for (const char* part : {"Compute measured on the local GPU", "| measured/tp |", "| modelled |",
                            "not measured, modelled instead", "out of memory"})
     EXPECT_NE(report.find(part), std::string::npos) << part << " not in:\n" << report;
-  EXPECT_EQ(plan_table(result, shown).column("compute_source").str.size(), result.all.size());
+  const Table table = plan_table(result, shown);
+  ASSERT_EQ(table.column("compute_source").str.size(), result.all.size());
+  // Each candidate's rank is its place among its recipe's fitting candidates, measured ones first.
+  for (size_t i = 0; i < result.all.size(); ++i) {
+    const PlanCandidate& a = result.all[i];
+    int64_t place = 0;
+    for (const PlanCandidate& f : result.fitting) {
+      if (f.recipe != a.recipe) continue;
+      ++place;
+      if (f.policy == a.policy && f.layout.name == a.layout.name) break;
+    }
+    EXPECT_EQ(table.column("rank").i64[i], place) << a.layout.name;
+    EXPECT_EQ(table.column("compute_source").str[i], a.compute_source);
+  }
 }
 
 TEST(StageTimes, TpAboveOneDividesTheMeasuredTime) {

@@ -173,6 +173,7 @@ std::string format_plan(const PlanResult& result, const PlanRequest& request, in
 
 // Every candidate of result.all as a results/table.h Table (`/plan/candidates` of `fp4moe plan --out`), one row
 // each in enumeration order: recipe, policy, compute_source (str); tp, pp, dp, ep, micro_batches, memory_stage, fits (0/1),
+// rank (1-based place among the recipe's fitting candidates in result.fitting's order; 0: does not fit),
 // slowest_stage (i64); memory_gib, compute_s, ep_s, pp_s (the slowest stage's micro-batch), bubble, step_s,
 // tokens_per_s_per_gpu (f64). Attributes: model, gpus, memory_gib, micro_batch, seq_len, global_batch, peak_flops,
 // mfu, nvlink_bytes_per_s, ib_bytes_per_s, gpus_per_node, measured (1 when request.measured_on is set, else 0),

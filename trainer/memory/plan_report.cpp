@@ -158,15 +158,24 @@ std::string format_plan(const PlanResult& result, const PlanRequest& r, int64_t 
 Table plan_table(const PlanResult& result, const PlanRequest& r) {
   Table t;
   for (const char* c : {"recipe", "policy", "compute_source"}) t.add_column(c, ColumnType::str);
-  for (const char* c : {"tp", "pp", "dp", "ep", "micro_batches", "memory_stage", "fits", "slowest_stage"})
+  for (const char* c : {"tp", "pp", "dp", "ep", "micro_batches", "memory_stage", "fits", "rank", "slowest_stage"})
     t.add_column(c, ColumnType::i64);
   for (const char* c : {"memory_gib", "compute_s", "ep_s", "pp_s", "bubble", "step_s", "tokens_per_s_per_gpu"})
     t.add_column(c, ColumnType::f64);
   for (const PlanCandidate& c : result.all) {
     const ParallelLayout& l = c.layout;
     const StageTime& s = c.step.slowest;
+    int64_t rank = 0, seen = 0;  // the place among the recipe's fitting candidates, as the report ranks them
+    for (const PlanCandidate& f : result.fitting) {
+      if (f.recipe != c.recipe) continue;
+      ++seen;
+      if (f.policy == c.policy && f.layout.name == l.name) {
+        rank = seen;
+        break;
+      }
+    }
     t.add_row({recipe_name(c.recipe), c.policy, c.compute_source, l.tp, l.pp, l.dp, l.ep, l.micro_batches, c.memory_stage,
-               int64_t{c.memory_gib <= r.memory_gib}, c.step.slowest_stage, c.memory_gib, s.compute_s, s.ep_s,
+               int64_t{c.memory_gib <= r.memory_gib}, rank, c.step.slowest_stage, c.memory_gib, s.compute_s, s.ep_s,
                s.pp_s, c.step.bubble, c.step.step_s, c.step.tokens_per_s_per_gpu});
   }
   t.set_attribute("model", r.title);
