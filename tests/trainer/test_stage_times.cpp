@@ -361,6 +361,30 @@ TEST(StageTimes, ChildConfigurationReadsBackAndIsTheTinyPipeline) {
                     {"no dense layer"});
 }
 
+TEST(StageTimes, ChildFailureIsOneLineWithItsExitCodeAndLastLine) {
+  // A stand-in executable: records its arguments, prints progress and the trainer's error line, exits 1.
+  TempDir dir;
+  const std::string exe = dir.write("fake_fp4moe", "#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/argv\"\n"
+                                                   "echo 'step 1/4' >&2\necho 'fp4moe train: failed: out of memory' >&2\n"
+                                                   "exit 1\n");
+  std::filesystem::permissions(exe, std::filesystem::perms::owner_all);
+  MeasureSettings settings;
+  settings.exe = exe;
+  settings.work_dir = dir.path().string();
+  const TrainerConfig cfg = measurement_config(tiny(), key(LayerKind::dense), false, settings);
+  expect_error_with([&] { run_stage_measurement(cfg, settings, "m0"); },
+                    {"fp4moe train exit 1: fp4moe train: failed: out of memory"});
+  std::ifstream in(dir.file("argv"));
+  std::string argv((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const std::string part : {"train --config " + dir.file("m0.toml"), "--synthetic-data", "--out " + dir.file("m0.h5"),
+                                 "--run measure"})
+    EXPECT_NE(argv.find(part), std::string::npos) << part << " not in: " << argv;
+  // The configuration it was given reads back as the measured one.
+  EXPECT_EQ(trainer_config_toml(parse_config_args({"--config", dir.file("m0.toml")})), trainer_config_toml(cfg));
+  settings.exe = dir.file("missing");
+  expect_error_with([&] { run_stage_measurement(cfg, settings, "m1"); }, {"cannot start", "missing"});
+}
+
 TEST(LayoutPlanConfig, ParallelSectionOfTheConfigIsReplacedNotEnforced) {
   // A trainer configuration whose [parallel] section breaks the trainer's grad_accum = micro_batches rule: the
   // plan enumerates its own layouts, so only the section's global batch (micro_batches x dp x micro_batch) is read.

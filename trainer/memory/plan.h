@@ -1,7 +1,8 @@
 // Layout planner (`fp4moe plan`, DESIGN.md "Trainer", "Memory"): for a model on `gpus` GPUs of `memory_gib` each,
 // enumerate parallel layouts x recompute policies x recipes, keep those whose memory estimate (trainer/memory/
 // estimate.h, the largest stage) fits, and rank them by a modelled tokens/s per GPU. Nothing here needs a device:
-// the stage time is modelled from FLOP counts (trainer/flops.h) at an assumed utilisation, not measured.
+// the stage time is modelled from FLOP counts (trainer/flops.h) at an assumed utilisation; trainer/memory/
+// stage_times.h replaces the compute part by times measured on the local GPU for the candidates it measures.
 //
 // ---- Cost model (per GPU, one micro-batch of N = micro_batch x seq_len tokens, one stage) ------------------------
 // compute  flops / (peak_flops x mfu), flops = N / tp x sum over the stage's layers of (3 x forward + rerun) per
