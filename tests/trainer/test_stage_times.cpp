@@ -2,7 +2,9 @@
 // compute composed from a fixed table of layer times (and divided by tp), the cache's round trip and its refusal of
 // foreign or damaged files, which candidates and keys are measured, the measured/modelled mix in the ranking, the
 // measuring loop with a stand-in for the GPU (head = last stage - middle stage, failures recorded, a second run hits
-// the cache), and the child's configuration (its TOML reads back to the same configuration).
+// the cache), the child's configuration (its TOML reads back to the same configuration), the child process with a
+// stand-in executable (a failure's one line; the median timed step over its micro-batches), and two review fixes of
+// the planner (a configuration's [parallel] rules not enforced; a GPU count without a layout explained).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "trainer/memory/plan.h"
 #include "trainer/memory/stage_measure.h"
 #include "trainer/memory/stage_times.h"
+#include "trainer/train/metrics.h"
 
 namespace fp4moe {
 namespace {
@@ -376,13 +379,45 @@ TEST(StageTimes, ChildFailureIsOneLineWithItsExitCodeAndLastLine) {
                     {"fp4moe train exit 1: fp4moe train: failed: out of memory"});
   std::ifstream in(dir.file("argv"));
   std::string argv((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const std::string part : {"train --config " + dir.file("m0.toml"), "--synthetic-data", "--out " + dir.file("m0.h5"),
-                                 "--run measure"})
+  for (const std::string& part : std::vector<std::string>{"train --config " + dir.file("m0.toml"), "--synthetic-data",
+                                                          "--out " + dir.file("m0.h5"), "--run measure"})
     EXPECT_NE(argv.find(part), std::string::npos) << part << " not in: " << argv;
   // The configuration it was given reads back as the measured one.
   EXPECT_EQ(trainer_config_toml(parse_config_args({"--config", dir.file("m0.toml")})), trainer_config_toml(cfg));
   settings.exe = dir.file("missing");
   expect_error_with([&] { run_stage_measurement(cfg, settings, "m1"); }, {"cannot start", "missing"});
+}
+
+TEST(StageTimes, ChildResultIsTheMedianTimedStepOverItsMicroBatches) {
+  // A stand-in executable that copies a prepared result file to --out: one warm-up step, then timed steps of 10, 30
+  // and 20 ms for 4 micro-batches of 1 x 4096 tokens: the median step 20 ms, 5 ms per micro-batch.
+  TempDir dir;
+  MeasureSettings settings;
+  settings.work_dir = dir.path().string();
+  const TrainerConfig cfg = measurement_config(tiny(), key(LayerKind::dense), false, settings);
+  ASSERT_EQ(cfg.train.tokens_per_step(), 4096 * 4);
+  TrainMetrics metrics("measure", {}, "train", EnvInfo{});
+  const double tokens = static_cast<double>(cfg.train.tokens_per_step());
+  const double step_s[] = {1.0, 10e-3, 30e-3, 20e-3};
+  for (int i = 0; i < 4; ++i) {
+    StepRecord r;
+    r.step = i + 1;
+    r.tokens_per_s = tokens / step_s[i];
+    metrics.add_step(r);
+  }
+  metrics.write(dir.file("prepared.h5"));
+  settings.exe = dir.write("fake_fp4moe", "#!/bin/sh\nwhile [ $# -gt 0 ]; do\n  if [ \"$1\" = --out ]; then cp '" +
+                                              dir.file("prepared.h5") + "' \"$2\"; fi\n  shift\ndone\n");
+  std::filesystem::permissions(settings.exe, std::filesystem::perms::owner_all);
+  EXPECT_NEAR(run_stage_measurement(cfg, settings, "m0"), 5e-3, 1e-12);
+  // Fewer steps than timed: refused naming the file.
+  TrainMetrics short_run("measure", {}, "train", EnvInfo{});
+  StepRecord r;
+  r.step = 1;
+  r.tokens_per_s = tokens;
+  short_run.add_step(r);
+  short_run.write(dir.file("prepared.h5"));
+  expect_error_with([&] { run_stage_measurement(cfg, settings, "m1"); }, {"m1.h5' holds 1 steps, expected 4"});
 }
 
 TEST(LayoutPlanConfig, ParallelSectionOfTheConfigIsReplacedNotEnforced) {
