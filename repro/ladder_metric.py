@@ -5,8 +5,8 @@ A curve is the evaluations of one run: eval_tokens (training tokens seen at each
 and eval_losses (validation loss there, every evaluation on the same data: the full validation split).
 
 Rules:
-- Target (per seed, paired): the FP8 baseline's final validation loss after its token budget T (its last
-  evaluation's tokens). The baseline's own tokens to target are its first crossing of that loss (T when its curve
+- Target (per seed, paired): the FP8 baseline's validation loss after its token budget T (its last evaluation's
+  tokens; for runs that all train LIMIT_FACTOR x T tokens under one learning-rate schedule, cut_at_budget first). The baseline's own tokens to target are its first crossing of that loss (T when its curve
   falls monotonically); an arm's overhead is against those tokens of the same seed.
 - Tokens to target: the first evaluation at or below the target; from the evaluation before it, linear
   interpolation in tokens between the two (tokens_to_target).
@@ -46,6 +46,57 @@ def check_curve(eval_tokens, eval_losses):
         if i and t <= tokens[i - 1]:
             raise ValueError(f"curve: tokens {t} at evaluation {i} after {tokens[i - 1]}; expected strictly increasing")
     return tokens, losses
+
+
+def format_curve(eval_tokens, eval_losses):
+    """The curve as the text of a cells-table column (repro/scenario.py TRAIN_COLUMNS eval_curve): "tokens:loss"
+    pairs separated by spaces, tokens as integers, losses with 9 significant digits (nan, inf as Python writes
+    them). Evaluations at the tokens of an earlier one replace it (the final evaluation of a run that also
+    evaluated periodically at its last step). "" without evaluations. Rejects (ValueError) lists of different
+    lengths and non-integral, negative or decreasing tokens."""
+    tokens, losses = [float(t) for t in eval_tokens], [float(v) for v in eval_losses]
+    if len(tokens) != len(losses):
+        raise ValueError(f"curve: {len(tokens)} token counts but {len(losses)} losses; expected one per evaluation")
+    kept = []
+    for t, v in zip(tokens, losses):
+        if not (math.isfinite(t) and t >= 0 and t == int(t)):
+            raise ValueError(f"curve: tokens {t}; expected a whole count >= 0")
+        if kept and t < kept[-1][0]:
+            raise ValueError(f"curve: tokens {t} after {kept[-1][0]}; expected non-decreasing")
+        if kept and t == kept[-1][0]:
+            kept.pop()
+        kept.append((int(t), v))
+    return " ".join(f"{t}:{v:.9g}" for t, v in kept)
+
+
+def parse_curve(text):
+    """(eval_tokens, eval_losses) of a format_curve text, checked (check_curve). Rejects (ValueError) a malformed
+    pair and an empty text."""
+    tokens, losses = [], []
+    for pair in str(text).split():
+        t, sep, v = pair.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            tokens.append(float(int(t)))
+            losses.append(float(v))
+        except ValueError:
+            raise ValueError(f"curve: '{pair}' is not tokens:loss") from None
+    return check_curve(tokens, losses)
+
+
+def cut_at_budget(eval_tokens, eval_losses):
+    """The baseline's curve up to its token budget T = (its last evaluation's tokens) / LIMIT_FACTOR, for runs in
+    which every arm, the baseline included, trains LIMIT_FACTOR x T tokens under the same learning-rate schedule:
+    the evaluations at or below T (T itself must be one: the evaluation interval has to divide the steps up to T).
+    Rejects (ValueError) a malformed curve and one without an evaluation at T."""
+    tokens, losses = check_curve(eval_tokens, eval_losses)
+    budget = tokens[-1] / LIMIT_FACTOR
+    kept = [i for i, t in enumerate(tokens) if t <= budget * (1 + 1e-9)]
+    if not kept or abs(tokens[kept[-1]] - budget) > 1e-9 * budget:
+        raise ValueError(f"curve: no evaluation at the budget T = {budget:g} tokens (the last of {tokens[-1]:g} / "
+                         f"{LIMIT_FACTOR:g}); expected evaluations whose interval divides the steps up to T")
+    return tokens[:kept[-1] + 1], losses[:kept[-1] + 1]
 
 
 def tokens_to_target(eval_tokens, eval_losses, target):
@@ -170,3 +221,14 @@ def arm_result(baseline_curves, arm_curves, level=0.95):
     counts = {s: sum(r.status == s for r in seeds) for s in (REACHED, NOT_REACHED, DIVERGED)}
     overheads = [r.overhead_pct for r in seeds if r.status == REACHED]
     return ArmResult(seeds, counts, stats.interval(overheads, level) if overheads else None)
+
+
+def arm_from_cells(baseline_curves, arm_curves, level=0.95):
+    """An arm against the baseline from the cells table's eval_curve texts, {seed: text} each, for runs that all
+    trained LIMIT_FACTOR x T tokens: the baseline's curves cut at T (cut_at_budget), then arm_result. Returns
+    (ArmResult, stats.Spread of the baseline's targets over the arm's seeds: its own seed-to-seed noise). Rejects
+    (ValueError) what parse_curve, cut_at_budget and arm_result reject."""
+    baseline = {seed: cut_at_budget(*parse_curve(text)) for seed, text in baseline_curves.items()}
+    arm = {seed: parse_curve(text) for seed, text in arm_curves.items()}
+    result = arm_result(baseline, arm, level)
+    return result, stats.spread([r.target for r in result.seeds])

@@ -21,7 +21,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from repro import stats
+from repro import ladder_metric, stats
 from repro.scenario import paper_value
 
 # Columns computed from the stored ones (DataFrame -> Series).
@@ -130,6 +130,38 @@ def over_seeds(df, rule):
     return p.mean, p.low, p.high, stats.spread(joined["value_den"].tolist()).text(base), p.verdict
 
 
+def token_overhead(df, rule):
+    """(ours, ci_low, ci_high, spread, verdict, count) of a token_overhead rule (repro/ladder_metric.py): the cells
+    the numerator selects (an arm) against those the denominator selects (the baseline), paired on rule.match (which
+    includes "seed"), each with a non-empty eval_curve; ours is the mean overhead in % over the seeds that reached
+    the target (NaN when none did), the verdict the arm's text (interval, not reached, diverged). All NaN and ""
+    when no pair is selected. Raises RuleError for a rule without the eval_curve column, and for curves the metric
+    rejects (naming why)."""
+    for sel in (rule.numerator, rule.denominator):
+        if sel.column != "eval_curve":
+            raise RuleError(f"token_overhead reads the column eval_curve, not '{sel.column}'")
+    if "eval_curve" not in df.columns:
+        raise RuleError(f"no column 'eval_curve' (the table has: {', '.join(df.columns)})")
+    for m in rule.match:
+        if m not in df.columns:
+            raise RuleError(f"match: no column '{m}' (the table has: {', '.join(df.columns)})")
+    num, den = (df[where_mask(df, sel.where) & (df["eval_curve"].astype(str).str.strip() != "")]
+                for sel in (rule.numerator, rule.denominator))
+    joined = num.merge(den, on=rule.match, suffixes=("_num", "_den"))
+    if joined.empty:
+        return math.nan, math.nan, math.nan, "", "", 0
+    seeds = joined["seed"] if "seed" in joined.columns else range(len(joined))
+    try:
+        arm, targets = ladder_metric.arm_from_cells(dict(zip(seeds, joined["eval_curve_den"])),
+                                                    dict(zip(seeds, joined["eval_curve_num"])))
+    except ValueError as e:
+        raise RuleError(f"token overhead: {e}")
+    base = " ".join(str(v) for v in rule.denominator.where.values())
+    p = arm.interval
+    ours, low, high = (p.mean, p.low, p.high) if p is not None else (math.nan, math.nan, math.nan)
+    return ours, low, high, targets.text(f"{base} loss at T"), arm.text(), len(joined)
+
+
 def cell_notes(df, rule):
     """The notes of the training cells a rule selects (status and note columns; [] for a benchmark table), one
     entry per distinct note: "bf16 mla_up_proj v3, fp8 mla_up_proj v3: OOM at 80 GiB ..." (the policy "config", a
@@ -172,7 +204,7 @@ def aggregate(values, how):
 
 
 def _spread_note(values, how):
-    if how in ("single", "paired_mean", "sd") or not values:
+    if how in ("single", "paired_mean", "sd", "token_overhead") or not values:
         return ""
     return f"{how} of {len(values)} rows, {min(values):.3g} to {max(values):.3g}"
 
@@ -189,12 +221,21 @@ def repro_rows(scenario, df):
             notes.append("not measured: the benchmark wrote no table")
         else:
             try:
-                values = values_of(df, r.ours)
+                values = [] if r.ours.aggregate == "token_overhead" else values_of(df, r.ours)
                 cells = cell_notes(df, r.ours)
             except RuleError as e:
                 notes.append(f"not computed: {e}")
         seeds = (math.nan, math.nan, math.nan, "", "")
-        if r.ours.aggregate in ("paired_mean", "sd"):
+        if r.ours.aggregate == "token_overhead":
+            ours = math.nan
+            if df is not None:
+                try:
+                    *seeds, pairs = token_overhead(df, r.ours)
+                    ours = seeds[0]
+                    values = [ours] * pairs  # one per seed pair: the count column
+                except RuleError as e:
+                    notes.append(f"not computed: {e}")
+        elif r.ours.aggregate in ("paired_mean", "sd"):
             ours = math.nan
             if values:
                 seeds = over_seeds(df, r.ours)

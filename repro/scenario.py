@@ -103,6 +103,12 @@ Aggregates over seeds (repro/stats.py states the method):
                                           #   over seeds of the per-seed combination (e.g. percent_change) with
                                           #   its 95% t-interval, the denominator's seed-to-seed spread beside it,
                                           #   and "within noise" when the interval contains 0
+    aggregate = "token_overhead"          # a numerator/denominator rule on the column eval_curve whose `match`
+                                          #   includes "seed": the arm's (numerator's) token overhead in % to the
+                                          #   baseline's (denominator's) loss at its budget, per seed, with its
+                                          #   95% t-interval, not-reached and diverged seeds counted
+                                          #   (repro/ladder_metric.py arm_from_cells: every run trains 1.5 x the
+                                          #   budget), the baseline's spread of that loss beside it
     aggregate = "sd"                      # a column rule: the sample sd over the selected cells (the noise floor
                                           #   of a baseline over seeds), its relative sd and n in the spread
 
@@ -116,7 +122,8 @@ import tomllib
 from dataclasses import dataclass, field
 
 SCALES = ("smoke", "default", "full")
-AGGREGATES = ("geomean", "median", "mean", "min", "max", "single", "paired_mean", "sd")
+AGGREGATES = ("geomean", "median", "mean", "min", "max", "single", "paired_mean", "sd", "token_overhead")
+PAIRED = ("paired_mean", "token_overhead")  # aggregates over a numerator and a denominator paired per seed
 COMBINES = ("ratio", "difference", "percent_change", "percent_reduction")
 KINDS = ("bench", "train", "plan")
 PLOTS = ("", "memory", "throughput", "loss")
@@ -139,6 +146,7 @@ TRAIN_COLUMNS = [
                                                                         # (NaN: not measured)
     ("dispatch_hidden", "i64"), ("dispatch_payload_bytes", "f64"), ("dispatch_scale_bytes", "f64"),
     ("dispatch_bytes", "f64"),
+    ("eval_curve", "str"),  # every evaluation, "tokens:val_loss ..." (repro/ladder_metric.py format_curve; "": none)
 ]
 # Options of `fp4moe plan` that repro/plan_runs.py sets for every plan; a scenario may not give them.
 PLAN_OPTIONS = ("--out", "--cache", "--top", "--calibrate-p1")
@@ -316,20 +324,28 @@ def _ours(path, t, where):
             _fail(path, f"{where}: ours has both 'column' and a numerator/denominator; give one of the two")
         if "combine" in t or "match" in t:
             _fail(path, f"{where}: ours.combine and ours.match apply to a numerator and a denominator, not to 'column'")
-        if agg == "paired_mean":
-            _fail(path, f"{where}: aggregate 'paired_mean' needs a numerator and a denominator (paired per seed)")
+        if agg in PAIRED:
+            _fail(path, f"{where}: aggregate '{agg}' needs a numerator and a denominator (paired per seed)")
         return OursRule(agg, value=_selection(path, t, f"{where} ours"))
     if "numerator" not in t or "denominator" not in t:
         _fail(path, f"{where}: ours needs 'column' (and 'where'), or 'numerator' and 'denominator'")
     match = t.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
         _fail(path, f"{where}: ours.match must be a list of column names")
-    if agg == "paired_mean" and "seed" not in match:
-        _fail(path, f"{where}: aggregate 'paired_mean' pairs cells by seed: ours.match must include \"seed\", "
+    if agg in PAIRED and "seed" not in match:
+        _fail(path, f"{where}: aggregate '{agg}' pairs cells by seed: ours.match must include \"seed\", "
                     f"got {match!r}")
     if agg == "sd":
         _fail(path, f"{where}: aggregate 'sd' takes one 'column' (the spread of one quantity), not a numerator and a "
                     f"denominator")
+    if agg == "token_overhead":
+        for side in ("numerator", "denominator"):
+            if not isinstance(t[side], dict) or t[side].get("column") != "eval_curve":
+                _fail(path, f"{where}: aggregate 'token_overhead' reads the evaluation curves: ours.{side}.column must "
+                            f"be \"eval_curve\"")
+        if "combine" in t:
+            _fail(path, f"{where}: aggregate 'token_overhead' combines the curves itself (repro/ladder_metric.py); "
+                        f"ours.combine does not apply")
     combine = t.get("combine", "ratio")
     if combine not in COMBINES:
         _fail(path, f"{where}: ours.combine must be one of {', '.join(COMBINES)}, got {combine!r}")

@@ -34,7 +34,7 @@ import h5py
 import numpy as np
 
 from reports import result_file, train_report
-from repro import process
+from repro import ladder_metric, process
 from repro.scenario import TRAIN_COLUMNS
 
 GIB_80, GIB_141 = 80.0, 141.0  # the H100/H800 card the paper ran on, and the H200's nominal capacity
@@ -180,7 +180,7 @@ def read_run(path, run):
     """The measured TRAIN_COLUMNS of /train/<run> and /memory/<run> in a result file of `fp4moe train`:
     peaks per category (GiB, from /memory, else the step table's), median tokens/s, MFU and step time over the
     steps after the first (max(1, n // 10) warm-up steps dropped), tokens, final train and validation loss
-    (reports/train_report.py summarize), the dispatch payload per routed token (the dispatch_* attributes of
+    (reports/train_report.py summarize), every evaluation as eval_curve (ladder_metric.format_curve), the dispatch payload per routed token (the dispatch_* attributes of
     /memory/<run>; NaN when absent). Raises OSError, KeyError (no such run), result_file.SchemaError or
     result_file.TableError."""
     result_file.check_readable(path)
@@ -196,7 +196,8 @@ def read_run(path, run):
             mem_attrs = result_file.table_attributes(f, f"memory/{run}")
     s = train_report.summarize(steps, evals)
     out = {"tokens": s["tokens"], "train_loss": s["train_loss"], "val_loss": s["val_loss"],
-           "val_tokens": float(s["val_tokens"]) if s["val_tokens"] >= 0 else math.nan}
+           "val_tokens": float(s["val_tokens"]) if s["val_tokens"] >= 0 else math.nan,
+           "eval_curve": ladder_metric.format_curve(evals["tokens"], evals["val_loss"]) if evals is not None else ""}
     peaks = {}
     if mem is not None:
         peaks = {str(c): float(v) for c, v in zip(mem["category"], mem["peak_gib"])}

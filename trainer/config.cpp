@@ -100,7 +100,7 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("train.grad_clip", t.grad_clip, "global gradient-norm clip (0: none)");
   add("train.seed", seed_, "seed of weights, data order and stochastic rounding");
   add("train.eval_interval", t.eval_interval, "steps between evaluations (0: none)");
-  add("train.eval_steps", t.eval_steps, "validation batches per periodic evaluation");
+  add("train.eval_steps", t.eval_steps, "validation batches per periodic evaluation (0: the whole validation split)");
   add("train.final_eval_steps", t.final_eval_steps,
       "validation batches of the final evaluation (0: the whole validation split)");
   add("train.non_finite", non_finite_, "skip or stop on a non-finite loss or gradient norm");
@@ -431,8 +431,8 @@ void validate_config(const TrainerConfig& cfg) {
   check_float(t.eps, "train.eps", 0, false);
   check_float(t.grad_clip, "train.grad_clip", 0, true);  // 0: no clipping
   FP4MOE_CHECK(t.eval_interval >= 0, "train.eval_interval must be >= 0 (0: no evaluation), got {}", t.eval_interval);
-  FP4MOE_CHECK(t.eval_interval == 0 || t.eval_steps >= 1,
-               "train.eval_steps must be >= 1 when train.eval_interval = {} > 0, got {}", t.eval_interval,
+  FP4MOE_CHECK(t.eval_steps >= 0,
+               "train.eval_steps must be >= 0 (0: the whole validation split, N: its first N batches), got {}",
                t.eval_steps);
   FP4MOE_CHECK(t.final_eval_steps >= 0,
                "train.final_eval_steps must be >= 0 (0: the whole validation split, N: its first N batches), got {}",

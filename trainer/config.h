@@ -103,7 +103,8 @@ struct TrainingConfig {
   double grad_clip = 1.0;        // global gradient-norm clip (0: none)
   uint64_t seed = 0;             // weights, data order, stochastic rounding (set as a signed value >= 0)
   int64_t eval_interval = 0;     // steps between evaluations (0: none)
-  int64_t eval_steps = 0;        // validation batches per periodic evaluation (the first ones in file order)
+  int64_t eval_steps = 0;        // validation batches per periodic evaluation (the first ones in file order; 0:
+                                 // the whole validation split, as the final evaluation; not with synthetic data)
   int64_t final_eval_steps = 0;  // validation batches of the final evaluation (0: the whole validation split;
                                  // with synthetic data, which has no end, eval_steps batches)
   NonFinitePolicy non_finite = NonFinitePolicy::skip;

@@ -168,6 +168,8 @@ class TrainCli(unittest.TestCase):
         refused("--log-interval", "0", parts=("--log-interval must be >= 1",))
         refused("--memory-budget", "0", parts=("--memory-budget must be a finite number of GiB in (0, ",))
         refused("--synthetic-data", "--run", "a/b", parts=("run name 'a/b'",))
+        refused("--synthetic-data", "--train.eval_interval", "5", "--train.eval_steps", "0",
+                parts=("train.eval_steps = 0 evaluates the whole validation split", "synthetic data"))
         refused("--data", os.path.join(self.tmp, "nowhere"), parts=("nowhere", "not a folder"))
 
     def test_out_never_destroys_a_file(self):

@@ -192,5 +192,44 @@ class ArmOverSeeds(unittest.TestCase):
             lm.arm_result(self.BASELINES, {})
 
 
+class CellsCurves(unittest.TestCase):
+    """The eval_curve text of the cells table, the budget cut and the arm computed from cells (1.5 T runs)."""
+
+    def test_curve_text_round_trips_and_a_later_evaluation_at_the_same_tokens_replaces_the_earlier(self):
+        text = lm.format_curve([100, 200, 200], [4.25, 3.5, 3.4999])
+        self.assertEqual(text, "100:4.25 200:3.4999")
+        self.assertEqual(lm.parse_curve(text), ([100.0, 200.0], [4.25, 3.4999]))
+        self.assertEqual(lm.format_curve([], []), "")
+        self.assertEqual(lm.parse_curve("100:nan 200:inf")[0], [100.0, 200.0])
+
+    def test_bad_curves_are_rejected(self):
+        for tokens, losses, why in (([100, 50], [1, 2], "non-decreasing"), ([1.5], [1], "whole count"),
+                                    ([100], [1, 2], "1 token counts but 2 losses")):
+            with self.assertRaisesRegex(ValueError, why):
+                lm.format_curve(tokens, losses)
+        for text, why in (("100-4.0", "not tokens:loss"), ("1.5:4", "not tokens:loss"), ("", "no evaluation"),
+                          ("200:4 100:3", "strictly increasing")):
+            with self.assertRaisesRegex(ValueError, why):
+                lm.parse_curve(text)
+
+    def test_the_baseline_is_cut_at_two_thirds_of_its_run(self):
+        self.assertEqual(lm.cut_at_budget([100, 200, 300], [4.0, 3.0, 2.5]), ([100.0, 200.0], [4.0, 3.0]))
+        with self.assertRaisesRegex(ValueError, "no evaluation at the budget T = 266.667"):
+            lm.cut_at_budget([100, 200, 400], [4.0, 3.0, 2.5])
+
+    def test_arm_from_cells_pairs_seeds_against_the_baselines_loss_at_t(self):
+        base = lm.format_curve([100, 200, 300], [4.0, 3.0, 2.5])  # target 3.0 at T = 200
+        baselines = {1: base, 2: base, 3: lm.format_curve([100, 200, 300], [4.0, 3.2, 2.5])}
+        arms = {1: lm.format_curve([100, 200, 300], [4.2, 3.2, 2.8]),   # 200 + 0.2 / 0.4 x 100 = 250: +25%
+                2: lm.format_curve([100, 200, 300], [4.1, 3.0, 2.9]),   # 200: 0%
+                3: lm.format_curve([100, 200, 300], [4.5, 3.5, 3.3])}   # target 3.2 never reached: not reached
+        arm, targets = lm.arm_from_cells(baselines, arms)
+        self.assertEqual(arm.counts, {lm.REACHED: 2, lm.NOT_REACHED: 1, lm.DIVERGED: 0})
+        self.assertAlmostEqual(arm.interval.mean, 12.5, places=9)
+        self.assertEqual([r.target for r in arm.seeds], [3.0, 3.0, 3.2])
+        self.assertEqual(targets.n, 3)
+        self.assertAlmostEqual(targets.mean, 3.2 / 3 + 2.0, places=9)
+
+
 if __name__ == "__main__":
     unittest.main()

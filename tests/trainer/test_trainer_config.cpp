@@ -407,7 +407,9 @@ TEST(TrainerConfig, RejectsScheduleRecipeRouterAndRecomputeMistakes) {
   expect_error_with([] { tiny_with({"--train.grad_clip", "-1"}); }, {"train.grad_clip must be a finite number >= 0"});
   expect_error_with([] { tiny_with({"--train.seq_len", "0"}); }, {"train.seq_len must be >= 1"});
   expect_error_with([] { tiny_with({"--train.checkpoint_interval", "5"}); }, {"needs train.checkpoint_dir"});
-  expect_error_with([] { tiny_with({"--train.eval_steps", "0"}); }, {"train.eval_steps must be >= 1"});
+  expect_error_with([] { tiny_with({"--train.eval_steps", "-1"}); },
+                    {"train.eval_steps must be >= 0", "0: the whole validation split", "got -1"});
+  EXPECT_EQ(tiny_with({"--train.eval_steps", "0"}).train.eval_steps, 0);  // periodic evaluations of the whole split
   expect_error_with([] { tiny_with({"--train.final_eval_steps", "-1"}); },
                     {"train.final_eval_steps must be >= 0", "0: the whole validation split", "got -1"});
   EXPECT_EQ(tiny_with({}).train.final_eval_steps, 0);  // default: the whole split

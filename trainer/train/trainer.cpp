@@ -93,6 +93,9 @@ void Trainer::State::setup() {
   flops_per_token = training_flops_per_token(cfg);
   rows.resize(static_cast<size_t>(B * (T + 1)));
   if (opts.synthetic_data) {
+    FP4MOE_CHECK(t.eval_interval == 0 || t.eval_steps >= 1,
+                 "train.eval_steps = 0 evaluates the whole validation split, which synthetic data does not have; give "
+                 "train.eval_steps N >= 1 batches (or train.eval_interval 0)");
     train = TokenBatches::synthetic(t.seed, kSyntheticTrainStream, cfg.model.vocab_size, B, T);
     if (t.eval_interval > 0) val = TokenBatches::synthetic(t.seed, kSyntheticValStream, cfg.model.vocab_size, B, T);
   } else {

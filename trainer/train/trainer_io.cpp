@@ -15,7 +15,7 @@ void Trainer::State::evaluate(bool final_evaluation) {
   const TrainingConfig& t = cfg.train;
   std::vector<double> losses;
   std::vector<int64_t> batch_rows;
-  const bool whole_split = final_evaluation && t.final_eval_steps == 0 && val_split;
+  const bool whole_split = (final_evaluation ? t.final_eval_steps : t.eval_steps) == 0 && val_split;
   if (whole_split) {
     val_split->reset();
     for (int64_t n; (n = val_split->next(rows, B)) > 0;) {
