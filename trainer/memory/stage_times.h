@@ -24,6 +24,7 @@
 //            layer_kind_name, ep (1 for dense and head), micro_batch, seq_len, seconds per micro-batch (0 when the
 //            measurement failed), failure (why, one line; empty when measured). head is keyed by recipe and policy
 //            "-": neither changes it (the LM head is BF16 under every recipe and no policy recomputes it).
+// A failed entry stays in the table (its candidates keep their modelled time) until its line is deleted.
 #pragma once
 
 #include <cstdint>
