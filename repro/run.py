@@ -24,6 +24,9 @@ machine's Hopper GPU and puts our numbers beside the papers'.
    memory budget is an "OOM" result with the category that did not fit, and one the trainer refuses (a recipe or
    policy not built yet, no token shards: `make data`) is "not run" with the trainer's reason; neither fails the
    suite. Runs with the same command line are shared between scenarios (e.g. memory and throughput).
+   A plan-kind scenario (kind = "plan") runs `fp4moe plan` once per plan at this scale (repro/plan_runs.py), its
+   Markdown into <out>/<date>-<gpu>/plan/<name>.md, and reads each plan's candidates back into its plans table
+   (/bench/<family>); the measured plans share the stage-time cache plan/stage_times.tsv of the run folder.
 3. Merges every benchmark's table, the cells tables, the training runs (/train/<run>, /memory/<run>) and the
    reproduced tables into one file, <out>/<date>-<gpu>.h5 (repro/merge.py; written under a temporary name and
    renamed), e.g. runs/20261129-120000-nvidia-h200.h5.
@@ -55,7 +58,7 @@ if __name__ == "__main__":
 import h5py  # noqa: E402
 
 from reports import output_path, report, result_file  # noqa: E402
-from repro import merge, ours, process, scenario, train_cells  # noqa: E402
+from repro import merge, ours, plan_runs, process, scenario, train_cells  # noqa: E402
 from repro.process import fmt_elapsed  # noqa: E402
 
 GPU_LINE = re.compile(r"^GPU (\d+):\s+(.+?) \(sm_(\d+)\)")
@@ -333,6 +336,22 @@ def run_train_scenario(a, s, run_dir, label, shared, train_files, failed):
     return rows, attrs
 
 
+def run_plan_scenario(a, s, run_dir, label, failed):
+    """Runs the plans of one plan scenario; returns (plans table rows, /repro attributes)."""
+    budget = s.budget_gpu_minutes[a.scale]
+    plans = plan_runs.expand(s, a.scale)
+    print(f"{label}: {len(plans)} plan(s), budget {budget:g} GPU-minutes; "
+          f"{fmt_elapsed(time.monotonic() - a.t0)} elapsed in all", flush=True)
+    rows, outcome = plan_runs.run_plans(a.fp4moe_path, s, a.scale, run_dir, ROOT, label)
+    if outcome["failed"]:
+        failed.append(s.name)
+    attrs = {"title": s.title, "kind": "plan", "family": s.family, "scale": a.scale,
+             "plans": " ".join(p.name for p in plans), "budget_gpu_minutes": float(budget),
+             "elapsed_s": float(outcome["elapsed_s"]), "exit_code": int(1 if outcome["failed"] else 0),
+             "scenario_file": os.path.relpath(s.path, ROOT)}
+    return rows, attrs
+
+
 def run(a, command):
     scenarios = scenario.load_all(a.scenarios, a.only)
     a.fp4moe_path = os.path.abspath(a.fp4moe or os.path.join(a.build, "fp4moe"))
@@ -352,6 +371,12 @@ def run(a, command):
     train_files, shared = {}, {}
     for i, s in enumerate(scenarios, 1):
         label = f"[{i}/{n}] {s.name}"
+        if s.kind == "plan":
+            rows, attrs = run_plan_scenario(a, s, run_dir, label, failed)
+            cell_tables.append((f"/bench/{s.family}", plan_runs.table_columns(rows),
+                                {"scenario": s.name, "kind": "plan candidates", "scale": a.scale}))
+            repro_tables.append((s.name, ours.repro_rows(s, plan_runs.table_frame(rows)), attrs))
+            continue
         if s.kind == "train":
             rows, attrs = run_train_scenario(a, s, run_dir, label, shared, train_files, failed)
             cell_tables.append((f"/bench/{s.family}", train_cells.table_columns(rows),

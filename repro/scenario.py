@@ -78,6 +78,22 @@ kind = "train" (the default is "bench", above): the table is not a benchmark's b
     label = "v3"                          # optional: the cells' `shape` (default the config's name)
     note = "reduced shape"                # optional: carried into the cells' notes and the rows they feed
 
+kind = "plan": the table is the layout planner's (`fp4moe plan`, repro/plan_runs.py): one row per candidate each plan
+prints (per recipe its first `top`), the plans run one after the other, measuring on this GPU unless their options
+say --no-measure, all sharing one stage-time cache in the run folder (<run dir>/plan/stage_times.tsv):
+
+    title = "..."
+    kind = "plan"
+    family = "plan_layouts"               # the plans table, /bench/<family> (columns: PLAN_COLUMNS)
+    [budget_gpu_minutes]                  # as above
+    [plan]
+    top = 5                               # --top of every plan: rows per recipe in the table
+    [[plans]]                             # one or more
+    name = "v3_h100"                      # the table's `case` (lower case, digits, _; each once)
+    args = ["--model", "v3", "--gpus", "256", "--memory-gib", "80"]   # options of `fp4moe plan` (not PLAN_OPTIONS)
+    scales = ["default", "full"]
+    note = "..."                          # optional
+
 A cell's options may not include those the runner sets itself (RUNNER_OPTIONS). Rules read the cells table:
 case = the policy, shape = the label, recipe, seed, status ("ok", "oom", "not run", "failed") and the measured
 columns.
@@ -109,7 +125,7 @@ SCALES = ("smoke", "default", "full")
 AGGREGATES = ("geomean", "median", "mean", "min", "max", "single", "paired_mean", "sd", "token_overhead")
 PAIRED = ("paired_mean", "token_overhead")  # aggregates over a numerator and a denominator paired per seed
 COMBINES = ("ratio", "difference", "percent_change", "percent_reduction")
-KINDS = ("bench", "train")
+KINDS = ("bench", "train", "plan")
 PLOTS = ("", "memory", "throughput", "loss")
 DATA = ("synthetic", "shards")
 # Options of `fp4moe train` that repro/train_cells.py sets for every cell; a scenario may not give them.
@@ -131,6 +147,16 @@ TRAIN_COLUMNS = [
     ("dispatch_hidden", "i64"), ("dispatch_payload_bytes", "f64"), ("dispatch_scale_bytes", "f64"),
     ("dispatch_bytes", "f64"),
     ("eval_curve", "str"),  # every evaluation, "tokens:val_loss ..." (repro/ladder_metric.py format_curve; "": none)
+]
+# Options of `fp4moe plan` that repro/plan_runs.py sets for every plan; a scenario may not give them.
+PLAN_OPTIONS = ("--out", "--cache", "--top", "--calibrate-p1")
+# The plans table of a plan scenario (repro/plan_runs.py writes it; rules read these columns). compute_ms, ep_ms and
+# pp_ms are the slowest stage's per micro-batch; compute is measured, measured/tp or modelled.
+PLAN_COLUMNS = [
+    ("case", "str"), ("shape", "str"), ("recipe", "str"),     # plan name, layout "tp 1 pp 16 dp 16 ep 16, m 60"
+    ("rank", "i64"), ("policy", "str"), ("status", "str"), ("note", "str"),   # status: ok | failed
+    ("memory_gib", "f64"), ("compute_ms", "f64"), ("ep_ms", "f64"), ("pp_ms", "f64"), ("bubble", "f64"),
+    ("compute", "str"), ("tokens_per_s_per_gpu", "f64"), ("measured_on", "str"),
 ]
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 
@@ -192,6 +218,20 @@ class TrainSpec:
 
 
 @dataclass
+class PlanSpec:
+    top: int                    # --top of every plan
+    plans: list                 # [PlanRun]
+
+
+@dataclass
+class PlanRun:
+    name: str
+    args: list
+    scales: list
+    note: str = ""
+
+
+@dataclass
 class Scenario:
     name: str          # the file's stem
     path: str
@@ -206,6 +246,7 @@ class Scenario:
     kind: str = "bench"
     plot: str = ""
     train: TrainSpec = None
+    plan: PlanSpec = None
 
 
 def paper_value(text):
@@ -466,6 +507,43 @@ def _train_spec(path, doc):
                      policies=policies, cells=cells)
 
 
+def _plan_spec(path, doc):
+    t = doc.get("plan", {})
+    if not isinstance(t, dict) or sorted(set(t) - {"top"}):
+        _fail(path, "[plan] must be a table with at most the key top")
+    top = t.get("top", 5)
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        _fail(path, f"[plan] top must be an integer >= 1, got {top!r}")
+    runs = doc.get("plans")
+    if not isinstance(runs, list) or not runs:
+        _fail(path, "needs at least one [[plans]] entry")
+    plans, names = [], set()
+    for i, g in enumerate(runs, 1):
+        where = f"plans {i}"
+        unknown = sorted(set(g) - {"name", "args", "scales", "note"})
+        if unknown:
+            _fail(path, f"{where} has unknown keys {unknown}")
+        name = g.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_]+", name) or name in names:
+            _fail(path, f"{where} name must be lower case, digits and _, each once, got {name!r}")
+        names.add(name)
+        args = g.get("args")
+        if not isinstance(args, list) or not args or not all(isinstance(x, str) for x in args):
+            _fail(path, f"{where} args must be a non-empty list of strings (options of fp4moe plan), got {args!r}")
+        for x in args:
+            if x.split("=", 1)[0] in PLAN_OPTIONS:
+                _fail(path, f"{where} args: {x} is set by the runner (repro/plan_runs.py)")
+        note = g.get("note", "")
+        if not isinstance(note, str):
+            _fail(path, f"{where} note must be a string")
+        plans.append(PlanRun(name=name, args=list(args), scales=_names(path, g.get("scales"), list(SCALES),
+                                                                       f"{where} scales"), note=note))
+    for scale in SCALES:
+        if not any(scale in p.scales for p in plans):
+            _fail(path, f"no [[plans]] entry runs at scale {scale}")
+    return PlanSpec(top=top, plans=plans)
+
+
 def load(path):
     """Reads and checks one scenario file; returns a Scenario."""
     try:
@@ -492,6 +570,12 @@ def load(path):
         return Scenario(name=name, path=path, title=title, benchmark="", family=_family(path, doc),
                         budget_gpu_minutes=budget, filter={}, rows=rows, kind=kind, plot=plot,
                         train=_train_spec(path, doc))
+    if kind == "plan":
+        for key in ("benchmark", "filter", "peer", "peer_family", "plot"):
+            if key in doc:
+                _fail(path, f"'{key}' does not belong to kind = \"plan\"")
+        return Scenario(name=name, path=path, title=title, benchmark="", family=_family(path, doc),
+                        budget_gpu_minutes=budget, filter={}, rows=rows, kind=kind, plan=_plan_spec(path, doc))
     benchmark = _string(path, doc, "benchmark", "")
     if not re.fullmatch(r"bench_[a-z0-9_]+", benchmark):
         _fail(path, f"'benchmark' must name a program bench_<family> in the build's benchmarks/, got {benchmark!r}")

@@ -1,10 +1,12 @@
 """`fp4moe plan`: the modelled plan (--no-measure) of a configuration and of a production preset as Markdown, the
-one-line refusal to measure without a GPU (exit 2), a budget nothing fits (said, exit 0), and bad arguments. The
-binary is $FP4MOE_BUILD/fp4moe."""
+one-line refusal to measure without a GPU (exit 2), of a --cache that is not a stage-time table and of a GPU count
+without a layout, a configuration whose [parallel] section the plan replaces, a budget nothing fits (said, exit 0),
+and bad arguments. The binary is $FP4MOE_BUILD/fp4moe."""
 
 import os
 import re
 import subprocess
+import tempfile
 import unittest
 
 from tests.python.cli_test_util import binary
@@ -35,9 +37,55 @@ class PlanCli(unittest.TestCase):
             self.assertIn(p, lines[0])
         self.assertEqual(r.stdout, "")
 
-    def test_measuring_needs_a_gpu_and_is_not_built(self):
-        self.rejected("needs a GPU and is not built yet", "--no-measure",
-                      args=("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80"))
+    def plan_without_gpu(self, *args):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        return subprocess.run([self.exe, "plan", *args], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                              env=env)
+
+    def test_measuring_needs_a_gpu(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = os.path.join(tmp, "times.tsv")
+            r = self.plan_without_gpu("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80",
+                                      "--cache", cache)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertEqual(r.stderr.strip().splitlines(), [r.stderr.strip()])
+            self.assertTrue(r.stderr.startswith("fp4moe plan: error: no GPU: use --no-measure"), r.stderr)
+            self.assertFalse(os.path.exists(cache))
+
+    def test_a_cache_that_is_not_a_stage_time_table_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = os.path.join(tmp, "times.tsv")
+            with open(cache, "w") as f:
+                f.write("step\tloss\n1\t2.5\n")
+            self.rejected(f"--cache '{cache}' is not a stage-time table of fp4moe plan",
+                          args=("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80",
+                                "--cache", cache))
+            with open(cache) as f:
+                self.assertEqual(f.read(), "step\tloss\n1\t2.5\n")  # left as it was
+        self.rejected("--measure-top applies to the measured plan only",
+                      args=("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80", "--no-measure",
+                            "--measure-top", "3"))
+        self.rejected("--cache applies to the measured plan only",
+                      args=("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80", "--no-measure",
+                            "--cache", "x.tsv"))
+
+    def test_a_gpu_count_without_a_layout_is_explained(self):
+        self.rejected("no layout of 255 GPUs exists for DeepSeek-V3 671B", "tp x pp x dp = 255",
+                      "divides the global batch of 15360 sequences",
+                      args=("--model", "v3", "--gpus", "255", "--memory-gib", "80", "--no-measure"))
+
+    def test_config_layout_rules_do_not_apply_to_the_plan(self):
+        # grad_accum 1 with [parallel] micro_batches 8: `train` refuses it; the plan only reads its global batch.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tiny_pp2.toml")
+            with open(os.path.join(ROOT, "configs", "tiny.toml")) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(text + "\n[parallel]\ntp = 1\npp = 2\ndp = 2\nep = 1\nmicro_batches = 8\n")
+            out = self.plan("--config", path, "--gpus", "8", "--memory-gib", "80", "--no-measure", "--top", "1").stdout
+            self.assertIn("global batch 64 sequences", out)
+            self.assertIn("| compute | tokens/s per GPU |", out)
+            self.assertIn("| modelled |", out)
 
     def test_tiny_plan_ranks_layouts_per_recipe(self):
         out = self.plan("--config", "configs/tiny.toml", "--gpus", "8", "--memory-gib", "80", "--no-measure",
@@ -170,7 +218,9 @@ class PlanCli(unittest.TestCase):
                             "--overhead-gib", "2"))
         self.rejected("--grads applies to --calibrate-p1 only",
                       args=("--model", "v3", "--gpus", "256", "--memory-gib", "80", "--no-measure", "--grads", "bf16"))
-        self.rejected("--overhead-gib must be a finite number >= 0", args=("--calibrate-p1", "--overhead-gib", "-1"))
+        self.rejected("--overhead-gib must be a finite number in [0, 80]", args=("--calibrate-p1", "--overhead-gib", "-1"))
+        self.rejected("--overhead-gib must be a finite number in [0, 80]", "got 1e+308",
+                      args=("--calibrate-p1", "--overhead-gib", "1e308"))
         self.rejected("--grads", "fp16", args=("--calibrate-p1", "--grads", "fp16"))
         self.rejected("--top must be >= 1", args=("--calibrate-p1", "--top", "0"))
         self.rejected("--tp 4 is not one of them", args=("--calibrate-p1", "--tp", "4"))

@@ -119,6 +119,16 @@ TEST(P1Calibration, RankedByFitAndTheVerdictSaysWhetherAnyFits) {
   expect_error_with([&] { format_calibration({}, r, 1); }, {"no layout to report"});
 }
 
+// An overhead larger than the card (1e308 GiB overflowed the percentages into an internal message) is refused with
+// the bound.
+TEST(P1Calibration, OverheadBeyondTheCardIsRefusedWithTheBound) {
+  CalibrationRequest r;
+  r.overhead_gib = 1e308;
+  expect_error_with([&] { calibrate_p1(r); }, {"--overhead-gib must be a finite number in [0, 80]", "got 1e+308"});
+  r.overhead_gib = 80.5;
+  expect_error_with([&] { calibrate_p1(r); }, {"--overhead-gib", "[0, 80]", "got 80.5"});
+}
+
 TEST(P1Calibration, RejectsBadRequests) {
   expect_error_with([] { calibration_layouts(restricted({}, {4}, {8})); }, {"at least one size"});
   expect_error_with([] { calibration_layouts(restricted({3}, {4}, {8})); }, {"tp 3 is not one of 1, 2, 4, 8"});
@@ -129,7 +139,7 @@ TEST(P1Calibration, RejectsBadRequests) {
   expect_error_with([&] { calibrate_p1(r); }, {"gradient bytes must be 4 (fp32) or 2 (bf16), got 3"});
   r = CalibrationRequest{};
   r.overhead_gib = -1;
-  expect_error_with([&] { calibrate_p1(r); }, {"--overhead-gib must be a finite number >= 0, got -1"});
+  expect_error_with([&] { calibrate_p1(r); }, {"--overhead-gib must be a finite number in [0, 80]", "got -1"});
   r.overhead_gib = std::numeric_limits<double>::infinity();
   expect_error_with([&] { calibrate_p1(r); }, {"--overhead-gib"});
   r = CalibrationRequest{};

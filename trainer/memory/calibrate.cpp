@@ -72,10 +72,11 @@ void validate_calibration(const CalibrationRequest& r) {
   for (int64_t ep : r.ep_values) FP4MOE_CHECK(ep >= 1 && ep <= 256, "calibration: ep {} is outside [1, 256]", ep);
   FP4MOE_CHECK(r.grad_bytes == 4 || r.grad_bytes == 2,
                "calibration: gradient bytes must be 4 (fp32) or 2 (bf16), got {}", r.grad_bytes);
-  FP4MOE_CHECK(std::isfinite(r.overhead_gib) && r.overhead_gib >= 0,
-               "--overhead-gib must be a finite number >= 0, got {}", r.overhead_gib);
   FP4MOE_CHECK(std::isfinite(r.card_gib) && r.card_gib > 0, "calibration: card size must be > 0 GiB, got {}",
                r.card_gib);
+  FP4MOE_CHECK(std::isfinite(r.overhead_gib) && r.overhead_gib >= 0 && r.overhead_gib <= r.card_gib,
+               "--overhead-gib must be a finite number in [0, {:g}] (the card's GiB: a larger overhead leaves "
+               "nothing of it), got {}", r.card_gib, r.overhead_gib);
   FP4MOE_CHECK(std::isfinite(r.tolerance_pp) && r.tolerance_pp > 0,
                "calibration: tolerance must be > 0 percentage points, got {}", r.tolerance_pp);
   FP4MOE_CHECK(!r.heavy_modules.empty(), "calibration: the heavy policy must name at least one recompute module");

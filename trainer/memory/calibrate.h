@@ -47,7 +47,8 @@ struct CalibrationRequest {
 
 // Rejects (fp4moe::Error, one line): an empty value list; heavy_modules empty or naming a module validate_config
 // rejects; tp outside {1, 2, 4, 8}, pp outside [1, 16], ep outside
-// [1, 256]; grad_bytes other than 2 or 4; an overhead not finite or < 0; card_gib or tolerance_pp not finite or <= 0.
+// [1, 256]; grad_bytes other than 2 or 4; card_gib or tolerance_pp not finite or <= 0; an overhead not finite, < 0 or
+// > card_gib.
 void validate_calibration(const CalibrationRequest& request);
 
 // The searched layouts, in the planner's enumeration order (tp, pp, ep ascending), grad_bytes set. Validates.

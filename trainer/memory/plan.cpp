@@ -7,6 +7,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <CLI/CLI.hpp>
+
 #include "kernels/common/check.h"
 #include "trainer/memory/estimate_report.h"
 
@@ -166,6 +168,60 @@ std::vector<ParallelLayout> enumerate_layouts(const PlanRequest& r) {
   return out;
 }
 
+TrainerConfig plan_config_from_file(const std::string& path, int64_t& global_batch) {
+  TrainerConfig cfg;
+  CLI::App app{"trainer configuration"};
+  ConfigOptions options(app, cfg);
+  try {
+    app.parse(std::vector<std::string>{path, "--config"});  // CLI11 takes the arguments in reverse order
+  } catch (const CLI::ParseError& err) {
+    FP4MOE_CHECK(false, "command line: {}", err.what());
+  }
+  options.load_config_file();
+  const ParallelConfig& p = cfg.parallel;
+  FP4MOE_CHECK(p.micro_batches >= 1 && p.dp >= 1, "[parallel] micro_batches and dp must be >= 1, got {} and {}",
+               p.micro_batches, p.dp);
+  int64_t sequences = 0;
+  FP4MOE_CHECK(!__builtin_mul_overflow(p.micro_batches, p.dp, &sequences) &&
+                   !__builtin_mul_overflow(sequences, cfg.train.micro_batch, &sequences),
+               "[parallel] micro_batches {} x dp {} x train.micro_batch {} overflows", p.micro_batches, p.dp,
+               cfg.train.micro_batch);
+  global_batch = sequences;
+  cfg.parallel = ParallelConfig{};
+  validate_config(cfg);
+  return cfg;
+}
+
+std::string explain_no_layout(const PlanRequest& r) {
+  validate_request(r);
+  const int64_t max_pp = std::min<int64_t>(16, r.model.model.layers);
+  std::vector<std::string> splits;  // "tp 1 pp 3 dp 85"
+  std::vector<int64_t> dps;
+  std::string rejected;
+  for (int64_t tp : r.tp_values)
+    for (int64_t pp = 1; pp <= max_pp; ++pp) {
+      if (r.gpus % (tp * pp) != 0) continue;
+      const int64_t dp = r.gpus / (tp * pp);
+      splits.push_back(fmt::format("tp {} pp {} dp {}", tp, pp, dp));
+      if (r.global_batch % (dp * r.micro_batch) != 0) {
+        if (std::find(dps.begin(), dps.end(), dp) == dps.end()) dps.push_back(dp);
+      } else if (rejected.empty()) {
+        rejected = fmt::format("tp {} pp {} dp {}", tp, pp, dp);
+      }
+    }
+  std::string s = fmt::format("no layout of {} GPUs exists for {}: tp x pp x dp = {} with tp in {{{}}} and pp in 1..{}",
+                              r.gpus, r.title, r.gpus, fmt::join(r.tp_values, ", "), max_pp);
+  if (splits.empty()) return s + " has no solution";
+  s += fmt::format(" gives {} ({})", splits.size() == 1 ? "one" : fmt::format("{}", splits.size()),
+                   fmt::join(splits, ", "));
+  if (rejected.empty())
+    return s + fmt::format(", and no dp of them ({}) divides the global batch of {} sequences into micro-batches of "
+                           "{} (set --global-batch to a multiple of dp x micro-batch)",
+                           fmt::join(dps, ", "), r.global_batch, r.micro_batch);
+  return s + fmt::format(", and the model rejects each one whose dp divides the global batch (such as {}: tp must "
+                         "divide the heads and widths, ep the routed experts)", rejected);
+}
+
 PlanResult plan_layouts(const PlanRequest& r, const std::function<void(int64_t, int64_t)>& progress) {
   validate_request(r);
   PlanResult result;
@@ -177,14 +233,14 @@ PlanResult plan_layouts(const PlanRequest& r, const std::function<void(int64_t, 
   for (const ParallelLayout& lay : layouts)
     for (const PaperPolicy& policy : policies) {
       for (size_t i = 0; i < r.recipes.size(); ++i) {
-        TrainerConfig cfg = r.model;
-        cfg.parallel = ParallelConfig{};
-        cfg.train.micro_batch = r.micro_batch;
-        cfg.train.seq_len = r.seq_len;
-        cfg.recipe = paper_recipe(r.recipes[i]);
-        cfg.recompute.modules = policy.modules;
+        const TrainerConfig cfg = candidate_config(r, r.recipes[i], policy.modules);
         const MemoryEstimate e = estimate_memory(cfg, lay);
-        PlanCandidate c{lay, policy.label, r.recipes[i], e.total_gib(), e.stage, {}};
+        PlanCandidate c;
+        c.layout = lay;
+        c.policy = policy.label;
+        c.recipe = r.recipes[i];
+        c.memory_gib = e.total_gib();
+        c.memory_stage = e.stage;
         std::vector<StageTime> times;
         for (const StageCost& sc : stage_costs(cfg, lay, r.hw)) times.push_back(stage_time(sc, r.hw));
         c.step = predict_step(times, lay.micro_batches, lay.micro_batch * lay.seq_len, lay.tp);
@@ -197,8 +253,20 @@ PlanResult plan_layouts(const PlanRequest& r, const std::function<void(int64_t, 
   return result;
 }
 
+TrainerConfig candidate_config(const PlanRequest& r, Recipe recipe, const std::vector<std::string>& policy) {
+  TrainerConfig cfg = r.model;
+  cfg.parallel = ParallelConfig{};
+  cfg.train.micro_batch = r.micro_batch;
+  cfg.train.seq_len = r.seq_len;
+  cfg.recipe = paper_recipe(recipe);
+  cfg.recompute.modules = policy;
+  return cfg;
+}
+
 void rank_candidates(std::vector<PlanCandidate>& candidates) {
   std::stable_sort(candidates.begin(), candidates.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    const bool a_measured = a.compute_source != "modelled", b_measured = b.compute_source != "modelled";
+    if (a_measured != b_measured) return a_measured;
     if (a.step.tokens_per_s_per_gpu != b.step.tokens_per_s_per_gpu)
       return a.step.tokens_per_s_per_gpu > b.step.tokens_per_s_per_gpu;
     return a.memory_gib < b.memory_gib;

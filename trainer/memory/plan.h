@@ -1,7 +1,8 @@
 // Layout planner (`fp4moe plan`, DESIGN.md "Trainer", "Memory"): for a model on `gpus` GPUs of `memory_gib` each,
 // enumerate parallel layouts x recompute policies x recipes, keep those whose memory estimate (trainer/memory/
 // estimate.h, the largest stage) fits, and rank them by a modelled tokens/s per GPU. Nothing here needs a device:
-// the stage time is modelled from FLOP counts (trainer/flops.h) at an assumed utilisation, not measured.
+// the stage time is modelled from FLOP counts (trainer/flops.h) at an assumed utilisation; trainer/memory/
+// stage_times.h replaces the compute part by times measured on the local GPU for the candidates it measures.
 //
 // ---- Cost model (per GPU, one micro-batch of N = micro_batch x seq_len tokens, one stage) ------------------------
 // compute  flops / (peak_flops x mfu), flops = N / tp x sum over the stage's layers of (3 x forward + rerun) per
@@ -110,10 +111,24 @@ struct PlanRequest {
   std::vector<Recipe> recipes;  // paper recipes (paper_recipe)
   std::vector<int64_t> tp_values = {1, 2, 4, 8};  // tensor-parallel sizes to try
   PlanHardware hw;
+  std::string measured_on;     // the GPU the stage times are measured on (stage_times.h); "": modelled only
 };
 // Rejects gpus, micro_batch, seq_len or global_batch < 1, gpus or micro_batch > 2^20, a memory_gib not finite or <= 0, no recipe, no tp value
 // or one outside {1, 2, 4, 8}, and what validate_hardware rejects.
 void validate_request(const PlanRequest& request);
+
+// The model of `fp4moe plan --config FILE`: the file read as `fp4moe train --config` reads it (ConfigOptions), then
+// its [parallel] section replaced by one GPU's, since the plan enumerates the layouts itself (the section's own rules,
+// such as train.grad_accum = parallel.micro_batches, do not apply), and validated (validate_config). global_batch
+// := the section's micro_batches x dp x train.micro_batch (the sequences of one optimizer step). Throws
+// fp4moe::Error for what ConfigOptions and validate_config reject, and for a section whose micro_batches or dp is
+// < 1 or whose product overflows.
+TrainerConfig plan_config_from_file(const std::string& path, int64_t& global_batch);
+
+// Why request.gpus GPUs admit no layout (enumerate_layouts is empty), in one line: which of tp x pp x dp = gpus
+// (tp in request.tp_values, pp in 1..16), dp dividing global_batch / micro_batch, and validate_layout fails first.
+// Validates the request.
+std::string explain_no_layout(const PlanRequest& request);
 
 // Every layout of request.gpus GPUs: tp in request.tp_values, pp in 1..16 (<= model.layers), dp = gpus / (tp pp)
 // integral, ep every divisor of gcd(moe.routed_experts, dp tp) (1 without MoE layers), micro_batches =
@@ -127,6 +142,8 @@ struct PlanCandidate {
   double memory_gib = 0;     // the largest stage's estimated total
   int64_t memory_stage = 0;  // that stage
   StepPrediction step;
+  std::string compute_source = "modelled";  // "measured", "measured/tp" (tp > 1) or "modelled" (stage_times.h)
+  std::string compute_note;                 // why a candidate chosen for measuring kept its modelled time
 };
 
 struct PlanResult {
@@ -135,7 +152,12 @@ struct PlanResult {
   std::vector<PlanCandidate> fitting;  // those of `all` at or under request.memory_gib, best tokens/s first
 };
 
-// Orders candidates by predicted tokens/s per GPU, highest first; equal rates: less memory first; then as given.
+// The configuration of one candidate: request.model with no [parallel] section, the request's micro_batch and
+// seq_len, the paper recipe `recipe` and the recompute modules `policy`.
+TrainerConfig candidate_config(const PlanRequest& request, Recipe recipe, const std::vector<std::string>& policy);
+
+// Orders candidates with a measured compute time (compute_source not "modelled") before the modelled ones, each
+// group by predicted tokens/s per GPU, highest first; equal rates: less memory first; then as given.
 void rank_candidates(std::vector<PlanCandidate>& candidates);
 
 // Enumerates, estimates and ranks (rank_candidates). `progress(done, total)` is called after each layout x
@@ -145,14 +167,18 @@ PlanResult plan_layouts(const PlanRequest& request, const std::function<void(int
 // The Markdown report: the assumptions, per recipe the `top` best fitting candidates (layout, policy, memory GiB and
 // % of the card, micro-batch time split, bubble, tokens/s per GPU) or a line saying that nothing fits with the
 // smallest estimate, the best tokens/s per recompute policy and recipe ("-" where nothing fits), and what mxfp4
-// buys over fp8 and bf16 (memory and tokens/s of each recipe's best). Rejects top < 1.
+// buys over fp8 and bf16 (memory and tokens/s of each recipe's best). With request.measured_on set it says what was
+// measured; each row names its compute source, and a line per recipe names each candidate chosen for measuring that
+// kept its modelled time and why. Rejects top < 1.
 std::string format_plan(const PlanResult& result, const PlanRequest& request, int64_t top);
 
 // Every candidate of result.all as a results/table.h Table (`/plan/candidates` of `fp4moe plan --out`), one row
-// each in enumeration order: recipe, policy (str); tp, pp, dp, ep, micro_batches, memory_stage, fits (0/1),
+// each in enumeration order: recipe, policy, compute_source (str); tp, pp, dp, ep, micro_batches, memory_stage, fits (0/1),
+// rank (1-based place among the recipe's fitting candidates in result.fitting's order; 0: does not fit),
 // slowest_stage (i64); memory_gib, compute_s, ep_s, pp_s (the slowest stage's micro-batch), bubble, step_s,
 // tokens_per_s_per_gpu (f64). Attributes: model, gpus, memory_gib, micro_batch, seq_len, global_batch, peak_flops,
-// mfu, nvlink_bytes_per_s, ib_bytes_per_s, gpus_per_node, measured (0: modelled).
+// mfu, nvlink_bytes_per_s, ib_bytes_per_s, gpus_per_node, measured (1 when request.measured_on is set, else 0),
+// measured_on (the GPU, or "none").
 Table plan_table(const PlanResult& result, const PlanRequest& request);
 
 }  // namespace fp4moe

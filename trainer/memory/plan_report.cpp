@@ -50,13 +50,25 @@ std::string format_plan(const PlanResult& result, const PlanRequest& r, int64_t 
   FP4MOE_CHECK(top >= 1, "--top must be >= 1, got {}", top);
   const PlanHardware& hw = r.hw;
   std::string s = fmt::format("# Layout plan: {} on {} GPUs of {:g} GiB\n\n", r.title, r.gpus, r.memory_gib);
+  const std::string modelled = fmt::format("compute at {:.0f} TFLOP/s x MFU {:.2f} (assumed) for every recipe, "
+                                           "recompute reruns counted",
+                                           hw.peak_flops / 1e12, hw.mfu);
+  if (r.measured_on.empty())
+    s += fmt::format("Modelled, not measured (--no-measure; trainer/memory/plan.h): {}", modelled);
+  else
+    s += fmt::format(
+        "Compute measured on the local {} where the compute column says so (trainer/memory/stage_times.h): one "
+        "micro-batch, forward + backward with the policy's reruns, of each layer kind at tp 1 (`fp4moe train` on an "
+        "emulated middle stage, E/ep local experts fed the balanced load; the LM head as a last stage minus a middle "
+        "one; the embedding not counted), summed over the stage's layers; at tp > 1 divided by tp (measured/tp: "
+        "perfect scaling, TP collectives not modelled). Those rows rank first; the others are modelled: {}",
+        r.measured_on, modelled);
   s += fmt::format(
-      "Modelled, not measured (--no-measure; trainer/memory/plan.h): compute at {:.0f} TFLOP/s x MFU {:.2f} "
-      "(assumed) for every recipe, recompute reruns counted; EP all-to-all and PP transfers at NVLink {:.0f} GB/s "
+      "; EP all-to-all and PP transfers at NVLink {:.0f} GB/s "
       "and InfiniBand {:.0f} GB/s per GPU per direction, {} GPUs per node, not overlapped with compute; 1F1B bubble. "
       "Micro-batch {} x {} tokens, global batch {} sequences, ZeRO-1, balanced routing. {} layouts x {} recompute "
       "policies x {} recipes = {} estimates; {} fit in {:g} GiB (the largest stage's estimate).\n\n",
-      hw.peak_flops / 1e12, hw.mfu, hw.nvlink_bytes_per_s / 1e9, hw.ib_bytes_per_s / 1e9, hw.gpus_per_node,
+      hw.nvlink_bytes_per_s / 1e9, hw.ib_bytes_per_s / 1e9, hw.gpus_per_node,
       r.micro_batch, r.seq_len, r.global_batch, result.layouts, paper_recompute_policies().size(), r.recipes.size(),
       result.all.size(), result.fitting.size(), r.memory_gib);
   for (Recipe recipe : r.recipes) {
@@ -71,9 +83,9 @@ std::string format_plan(const PlanResult& result, const PlanRequest& r, int64_t 
       continue;
     }
     s += fmt::format("| rank | tp | pp | dp | ep | m | recompute policy | memory GiB | % of {:g} GiB | compute ms | "
-                     "EP ms | PP ms | bubble | tokens/s per GPU |\n",
+                     "EP ms | PP ms | bubble | compute | tokens/s per GPU |\n",
                      r.memory_gib);
-    s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     int64_t rank = 0;
     for (const PlanCandidate& c : result.fitting) {
       if (c.recipe != recipe) continue;
@@ -81,12 +93,17 @@ std::string format_plan(const PlanResult& result, const PlanRequest& r, int64_t 
       const ParallelLayout& l = c.layout;
       const StageTime& t = c.step.slowest;
       s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.2f} | {:.1f}% | {:.2f} | {:.2f} | {:.2f} | {:.1f}% | "
-                       "{:.0f} |\n",
+                       "{} | {:.0f} |\n",
                        rank, l.tp, l.pp, l.dp, l.ep, l.micro_batches, c.policy, c.memory_gib,
                        100.0 * c.memory_gib / r.memory_gib, 1e3 * t.compute_s, 1e3 * t.ep_s, 1e3 * t.pp_s,
-                       100.0 * c.step.bubble, c.step.tokens_per_s_per_gpu);
+                       100.0 * c.step.bubble, c.compute_source, c.step.tokens_per_s_per_gpu);
     }
     s += "\n";
+    for (const PlanCandidate& c : result.fitting)
+      if (c.recipe == recipe && !c.compute_note.empty())
+        s += fmt::format("- {}, {}: not measured, modelled instead ({}).\n", layout_text(c.layout), c.policy,
+                         c.compute_note);
+    if (s.back() != '\n' || s[s.size() - 2] != '\n') s += "\n";
   }
 
   s += "## Best tokens/s per GPU by recompute policy\n\n| recompute policy |";
@@ -140,16 +157,25 @@ std::string format_plan(const PlanResult& result, const PlanRequest& r, int64_t 
 
 Table plan_table(const PlanResult& result, const PlanRequest& r) {
   Table t;
-  for (const char* c : {"recipe", "policy"}) t.add_column(c, ColumnType::str);
-  for (const char* c : {"tp", "pp", "dp", "ep", "micro_batches", "memory_stage", "fits", "slowest_stage"})
+  for (const char* c : {"recipe", "policy", "compute_source"}) t.add_column(c, ColumnType::str);
+  for (const char* c : {"tp", "pp", "dp", "ep", "micro_batches", "memory_stage", "fits", "rank", "slowest_stage"})
     t.add_column(c, ColumnType::i64);
   for (const char* c : {"memory_gib", "compute_s", "ep_s", "pp_s", "bubble", "step_s", "tokens_per_s_per_gpu"})
     t.add_column(c, ColumnType::f64);
   for (const PlanCandidate& c : result.all) {
     const ParallelLayout& l = c.layout;
     const StageTime& s = c.step.slowest;
-    t.add_row({recipe_name(c.recipe), c.policy, l.tp, l.pp, l.dp, l.ep, l.micro_batches, c.memory_stage,
-               int64_t{c.memory_gib <= r.memory_gib}, c.step.slowest_stage, c.memory_gib, s.compute_s, s.ep_s,
+    int64_t rank = 0, seen = 0;  // the place among the recipe's fitting candidates, as the report ranks them
+    for (const PlanCandidate& f : result.fitting) {
+      if (f.recipe != c.recipe) continue;
+      ++seen;
+      if (f.policy == c.policy && f.layout.name == l.name) {
+        rank = seen;
+        break;
+      }
+    }
+    t.add_row({recipe_name(c.recipe), c.policy, c.compute_source, l.tp, l.pp, l.dp, l.ep, l.micro_batches, c.memory_stage,
+               int64_t{c.memory_gib <= r.memory_gib}, rank, c.step.slowest_stage, c.memory_gib, s.compute_s, s.ep_s,
                s.pp_s, c.step.bubble, c.step.step_s, c.step.tokens_per_s_per_gpu});
   }
   t.set_attribute("model", r.title);
@@ -163,7 +189,8 @@ Table plan_table(const PlanResult& result, const PlanRequest& r) {
   t.set_attribute("nvlink_bytes_per_s", r.hw.nvlink_bytes_per_s);
   t.set_attribute("ib_bytes_per_s", r.hw.ib_bytes_per_s);
   t.set_attribute("gpus_per_node", r.hw.gpus_per_node);
-  t.set_attribute("measured", int64_t{0});
+  t.set_attribute("measured", int64_t{!r.measured_on.empty()});
+  t.set_attribute("measured_on", r.measured_on.empty() ? std::string("none") : r.measured_on);
   return t;
 }
 
