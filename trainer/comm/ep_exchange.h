@@ -78,6 +78,10 @@ class EpExchange {
   // Payload-call arguments are rejected (fp4moe::Error) before any transfer: no route yet, a row count or d other
   // than stated, a null pointer where rows exist.
 
+  int64_t experts() const { return E_; }        // E, over all ranks
+  int64_t local_experts() const { return E_l_; }
+  int64_t hidden() const { return d_; }
+  const EpTransport& transport() const { return *t_; }
   const EpCounts& counts() const { return counts_; }
   int64_t tokens() const { return M_; }
   int64_t top_k() const { return k_; }
