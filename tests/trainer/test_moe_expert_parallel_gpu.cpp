@@ -9,7 +9,8 @@
 //     Checked: y and dx per rank; the router's and shared experts' grads summed over the ranks; the expert grads of
 //     each rank against the reference's slice (expert 5's exactly zero); the bytes each rank's exchange counted,
 //     per kind, against the formats' arithmetic (ep_payload.h: BF16 2 d, FP8 d + 4 ceil(d/128), MXFP4 d/2 + d/32
-//     per row; counts 4 E_l per peer) on the rows the selection sends.
+//     per row; counts 4 E_l per peer) on the rows the selection sends; the exchange's buffers counted by the rank's
+//     DeviceMemory under MemCategory::comm.
 //     Tolerances (relative L2). The rows each expert multiplies are the same bits as the reference's (the dispatch
 //     formats' rules are per row); an expert's GEMMs here run over all ranks' rows at once, which changes their
 //     summation order only: bf16 y, dx, router grads 5e-3 (a BF16 rounding flip here and there), grads of the
@@ -21,21 +22,26 @@
 //     router's and shared experts' grads bit for bit in every recipe (the same rows in the same order, the same
 //     GEMMs; FP8 rows quantized again after the exchange give the same values), the expert grads bit for bit for
 //     bf16 and within 0.15 for fp8 / mxfp4 (the Wgrad dY columns come from the FP8 rows that crossed, above).
+//   - ep_fp8_rows_to_bf16 (the receiver's FP8 rows back to BF16) against its reference, bit for bit.
 //   - The constructor's refusals: routed experts not a multiple of the world size, a recompute policy that drops the
 //     routed experts' tensors.
 // Run: fp4moe_tests_gpu_trainer --gtest_filter='MoeExpertParallel*'
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "kernels/common/check.h"
+#include "kernels/quant/layouts.h"
 #include "tests/common/ep_comm_test_util.h"
 #include "tests/common/gpu_test_util.h"
 #include "tests/common/moe_test_util.h"
@@ -115,6 +121,7 @@ struct LayerResult {
   Vec g_router, g_fc1, g_fc2, g_s1, g_s2;  // the expert-parallel ranks' own grads
   EpLayerBytes bytes;
   int64_t received = 0;
+  size_t comm_bytes = 0;  // DeviceMemory's MemCategory::comm after the run (the exchange's buffers)
 };
 
 template <typename T>
@@ -194,6 +201,7 @@ LayerResult run_ep_rank(EpTransport& t, const TrainerConfig& cfg, const Weights&
   res.g_s2 = h.grad(kPrefix + ".shared.fc2");
   res.bytes = layer->exchange().bytes();
   res.received = layer->exchange().counts().recv_total();
+  res.comm_bytes = h.mem.current(MemCategory::comm);
   layer.reset();  // before the harness
   return res;
 }
@@ -266,6 +274,8 @@ void expect_bytes(const std::vector<std::vector<int32_t>>& idx, const std::vecto
     const int64_t self = rows[static_cast<size_t>(r)][static_cast<size_t>(r)];
     const EpLayerBytes& b = out[static_cast<size_t>(r)].bytes;
     EXPECT_EQ(out[static_cast<size_t>(r)].received, received);
+    // The exchange's buffers are counted: at least the receive wire of the dispatch and the send wire of the combine.
+    EXPECT_GE(static_cast<int64_t>(out[static_cast<size_t>(r)].comm_bytes), received * (std::max(fwd, bwd) + back));
     auto expect = [&](EpExchangeKind k, int64_t sent, int64_t recv, int64_t to_self) {
       SCOPED_TRACE(ep_exchange_kind_name(k));
       EXPECT_EQ(b[k].sent, sent);
@@ -406,6 +416,30 @@ TEST_P(MoeExpertParallelNcclGpu, WorldSizeOneEqualsOneGpuLayer) {
 INSTANTIATE_TEST_SUITE_P(Formats, MoeExpertParallelNcclGpu,
                          testing::Values(EpRowFormat::bf16, EpRowFormat::fp8, EpRowFormat::mxfp4),
                          [](const testing::TestParamInfo<EpRowFormat>& i) { return ep_row_format_name(i.param); });
+
+// The device conversion of received FP8 rows to BF16 equals the reference bit for bit: every code byte (NaN codes
+// included), scales of any value, a partial 128-block, padded scale rows.
+TEST(MoeExpertParallelGpuPayload, Fp8RowsBackToBf16MatchTheReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t rows = 37, d = 160;
+  std::mt19937 rng(9);
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * d));
+  std::vector<float> scales(static_cast<size_t>(fp8_row_scale_count(rows, d)));
+  for (uint8_t& c : codes) c = static_cast<uint8_t>(rng());
+  for (float& v : scales) v = std::ldexp(std::uniform_real_distribution<float>(0.5f, 2.0f)(rng), (int)(rng() % 40) - 20);
+  std::vector<bf16> want(codes.size());
+  ep_fp8_rows_to_bf16_ref(EpRows{EpRowFormat::fp8, rows, d, codes.data(), scales.data()}, want.data());
+  DeviceBuffer<uint8_t> c_d(codes.size());
+  DeviceBuffer<float> s_d(scales.size());
+  DeviceBuffer<bf16> out(codes.size());
+  c_d.upload(codes);
+  s_d.upload(scales);
+  out.poison();
+  ep_fp8_rows_to_bf16(EpRows{EpRowFormat::fp8, rows, d, c_d.ptr, s_d.ptr}, out.ptr, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<bf16> got = out.download();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(bf16_bits(got[i]), bf16_bits(want[i])) << "element " << i;
+}
 
 // What the layer does not build is refused at construction, naming the option.
 TEST(MoeExpertParallelGpuConfig, RefusesWhatIsNotBuilt) {

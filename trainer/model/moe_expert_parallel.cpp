@@ -59,7 +59,7 @@ ExpertParallelMoeLayer::ExpertParallelMoeLayer(ParamStore& store, const std::str
       E_l_(cfg.moe.routed_experts / transport.world_size()),
       max_rows_(max_received_rows(cfg, max_tokens, transport.world_size())),
       recipe_(cfg.recipe.routed_experts),
-      exchange_(transport, cfg.moe.routed_experts, cfg.model.hidden),
+      exchange_(transport, cfg.moe.routed_experts, cfg.model.hidden, &mem),
       router_(store, prefix, router_config(cfg), max_tokens, mem),
       // The experts' own top-k is min(k, E_l): their rows entry reads only R_max = max_tokens' k' rows of buffers.
       experts_(store, prefix, E_l_, d_, cfg.moe.expert_ffn, std::min(k_, E_l_), cfg.recipe.routed_experts,

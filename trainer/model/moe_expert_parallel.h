@@ -44,8 +44,9 @@
 // Memory. Kept (MemCategory::activations, counted): the router's and shared experts' as in MoeLayer; the routed
 // experts' for R_max = ep max_tokens min(k, E_l) rows (every rank's tokens may route to this rank's experts); the
 // combined rows "combined ys" [max_tokens k, d] BF16 (exchange_buffers). The local expert offsets (device [E_l + 1]
-// int32, MemCategory::workspace, and a pinned host copy). The exchange's own wire buffers and tables are not
-// counted by DeviceMemory (ep_exchange.h "Memory"; DESIGN.md "Expert parallelism").
+// int32, MemCategory::workspace, and a pinned host copy). The exchange's wire buffers and routing tables come from
+// the same DeviceMemory, counted under MemCategory::comm (ep_exchange.h "Memory"), grown at the first forward that
+// needs them.
 // Scratch (ModelContext::scratch): exchange_buffers' forward and backward entries, the block's (MoeLayer::
 // block_buffers), and the sub-layers' passes; scratch() sizes them.
 #pragma once
