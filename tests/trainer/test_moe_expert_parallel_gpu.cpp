@@ -14,8 +14,8 @@
 //     Tolerances (relative L2). The rows each expert multiplies are the same bits as the reference's (the dispatch
 //     formats' rules are per row); an expert's GEMMs here run over all ranks' rows at once, which changes their
 //     summation order only: bf16 y, dx, router grads 5e-3 (a BF16 rounding flip here and there), grads of the
-//     experts and shared experts 1e-3 (FP32). fp8, mxfp4: y, dx 1e-2 and router grads 2e-2 (the same codes,
-//     the summation order); expert grads 0.15: Wgrad's FP8 column blocks (1x128 along tokens) hold other tokens than
+//     experts 2e-3 and of the shared experts 1e-3 (FP32). fp8, mxfp4: y, dx 1e-2 and router grads 2e-2 (the same
+//     codes, the summation order); expert grads 0.15: Wgrad's FP8 column blocks (1x128 along tokens) hold other tokens than
 //     the reference's (all ranks' rows of an expert against one rank's), and the backward's dY columns are made from
 //     the FP8 rows that crossed the exchange, each about 3-5% off the reference's; a wrong wiring is off by O(1).
 //   - World size 1 over NCCL (NcclComm::single_rank) against the single-GPU MoeLayer on the same tokens: y, dx, the
@@ -295,7 +295,7 @@ struct Tolerances {
 };
 
 Tolerances tolerances(Recipe recipe) {
-  if (recipe == Recipe::bf16) return {5e-3, 5e-3, 5e-3, 1e-3, 1e-3};
+  if (recipe == Recipe::bf16) return {5e-3, 5e-3, 5e-3, 2e-3, 1e-3};
   return {1e-2, 1e-2, 2e-2, 0.15, 1e-3};
 }
 
