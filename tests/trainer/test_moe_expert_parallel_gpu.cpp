@@ -15,9 +15,10 @@
 //     formats' rules are per row); an expert's GEMMs here run over all ranks' rows at once, which changes their
 //     summation order only: bf16 y, dx, router grads 5e-3 (a BF16 rounding flip here and there), grads of the
 //     experts 2e-3 and of the shared experts 1e-3 (FP32). fp8, mxfp4: y, dx 1e-2 and router grads 2e-2 (the same
-//     codes, the summation order); expert grads 0.15: Wgrad's FP8 column blocks (1x128 along tokens) hold other tokens than
-//     the reference's (all ranks' rows of an expert against one rank's), and the backward's dY columns are made from
-//     the FP8 rows that crossed the exchange, each about 3-5% off the reference's; a wrong wiring is off by O(1).
+//     codes, the summation order); expert grads 0.15: Wgrad's FP8 column blocks (1x128 along tokens) hold other
+//     tokens than the reference's (all ranks' rows of an expert against one rank's), and the backward's dY columns
+//     are made from the FP8 rows that crossed the exchange, each about 3-5% off the reference's; a wrong wiring is
+//     off by O(1).
 //   - World size 1 over NCCL (NcclComm::single_rank) against the single-GPU MoeLayer on the same tokens: y, dx, the
 //     router's and shared experts' grads bit for bit in every recipe (the same rows in the same order, the same
 //     GEMMs; FP8 rows quantized again after the exchange give the same values), the expert grads bit for bit for
@@ -216,7 +217,8 @@ std::vector<RankData> make_ranks(int N, bool forced, uint64_t seed) {
     RankData& d = ranks[static_cast<size_t>(r)];
     d.M = M[static_cast<size_t>(r)];
     Vec unused;
-    d.x = test::random_bf16_values(static_cast<size_t>(d.M * kD), static_cast<uint32_t>(seed + 10 * r + 1), 1.0, unused);
+    d.x = test::random_bf16_values(static_cast<size_t>(d.M * kD), static_cast<uint32_t>(seed + 10 * r + 1), 1.0,
+                                   unused);
     d.dy = test::random_bf16_values(static_cast<size_t>(d.M * kD), static_cast<uint32_t>(seed + 10 * r + 2), 1.0,
                                     unused);
     if (forced) d.topk = topk[static_cast<size_t>(r)];
@@ -260,8 +262,8 @@ void expect_bytes(const std::vector<std::vector<int32_t>>& idx, const std::vecto
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(N), std::vector<int64_t>(static_cast<size_t>(N), 0));
   for (int s = 0; s < N; ++s)
     for (int32_t e : idx[static_cast<size_t>(s)]) ++rows[static_cast<size_t>(s)][static_cast<size_t>(e / E_l)];
-  const int64_t fwd = row_bytes(ep_dispatch_format(recipe), kD), bwd = row_bytes(ep_backward_dispatch_format(recipe), kD),
-                back = row_bytes(EpRowFormat::bf16, kD);
+  const int64_t fwd = row_bytes(ep_dispatch_format(recipe), kD);
+  const int64_t bwd = row_bytes(ep_backward_dispatch_format(recipe), kD), back = row_bytes(EpRowFormat::bf16, kD);
   for (int r = 0; r < N; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     int64_t to_others = 0, from_others = 0, received = 0;
@@ -426,7 +428,8 @@ TEST(MoeExpertParallelGpuPayload, Fp8RowsBackToBf16MatchTheReference) {
   std::vector<uint8_t> codes(static_cast<size_t>(rows * d));
   std::vector<float> scales(static_cast<size_t>(fp8_row_scale_count(rows, d)));
   for (uint8_t& c : codes) c = static_cast<uint8_t>(rng());
-  for (float& v : scales) v = std::ldexp(std::uniform_real_distribution<float>(0.5f, 2.0f)(rng), (int)(rng() % 40) - 20);
+  for (float& v : scales)
+    v = std::ldexp(std::uniform_real_distribution<float>(0.5f, 2.0f)(rng), static_cast<int>(rng() % 40) - 20);
   std::vector<bf16> want(codes.size());
   ep_fp8_rows_to_bf16_ref(EpRows{EpRowFormat::fp8, rows, d, codes.data(), scales.data()}, want.data());
   DeviceBuffer<uint8_t> c_d(codes.size());
