@@ -26,7 +26,7 @@
 //   - ep_fp8_rows_to_bf16 (the receiver's FP8 rows back to BF16) against its reference, bit for bit.
 //   - The constructor's refusals: routed experts not a multiple of the world size, a recompute policy that drops the
 //     routed experts' tensors.
-// Run: fp4moe_tests_gpu_trainer --gtest_filter='MoeExpertParallel*'
+// Run: fp4moe_tests_gpu_trainer --gtest_filter='*MoeExpertParallel*'
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -46,6 +46,7 @@
 #include "tests/common/ep_comm_test_util.h"
 #include "tests/common/gpu_test_util.h"
 #include "tests/common/moe_test_util.h"
+#include "tests/common/param_printers.h"
 #include "trainer/comm/in_process_transport.h"
 #include "trainer/comm/nccl_transport.h"
 #include "trainer/config.h"
