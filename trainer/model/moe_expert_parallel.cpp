@@ -14,6 +14,12 @@
 namespace fp4moe {
 namespace {
 
+// Rows a rank's experts may receive: every rank's tokens, each at most min(k, E_l) times (distinct experts).
+int64_t max_received_rows(const TrainerConfig& cfg, int64_t max_tokens, int ep) {
+  const int64_t E_l = cfg.moe.routed_experts / ep;
+  return ep * max_tokens * std::min<int64_t>(cfg.moe.top_k, E_l);
+}
+
 // The layer's checks before anything is registered or allocated (the constructor's list); returns the prefix.
 const std::string& checked(const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
                            const DeviceMemory& mem, const EpTransport& t) {
@@ -22,6 +28,11 @@ const std::string& checked(const std::string& prefix, const TrainerConfig& cfg, 
   FP4MOE_CHECK(cfg.moe.routed_experts % ep == 0,
                "ExpertParallelMoeLayer {}: moe.routed_experts = {} must split evenly over the {} expert-parallel ranks",
                prefix, cfg.moe.routed_experts, ep);
+  const int64_t rows = max_received_rows(cfg, max_tokens, ep);
+  FP4MOE_CHECK(rows <= (int64_t{1} << 31) - 1,
+               "ExpertParallelMoeLayer {}: the {} rows this rank's experts may receive ({} ranks x max_tokens {} x "
+               "min(top_k, local experts)) exceed int32 row indices",
+               prefix, rows, ep, max_tokens);
   ep_dispatch_format(cfg.recipe.routed_experts);  // a preset (the exchange's formats)
   const MoeRecompute rc = layer_recompute(cfg.recompute).moe;
   FP4MOE_CHECK(!rc.whole && !rc.act,
@@ -35,17 +46,12 @@ const std::string& checked(const std::string& prefix, const TrainerConfig& cfg, 
   return prefix;
 }
 
-// The router sees all E experts: the emulated layout's local mapping (cfg.parallel.ep) is off, the exchange routes.
+// The router as on one GPU, over all E experts: no emulated layout (its local mapping of cfg.parallel), the
+// exchange routes.
 TrainerConfig router_config(const TrainerConfig& cfg) {
   TrainerConfig c = cfg;
-  c.parallel.ep = 1;
+  c.parallel = ParallelConfig{};
   return c;
-}
-
-// Rows a rank's experts may receive: every rank's tokens, each at most min(k, E_l) times (distinct experts).
-int64_t max_received_rows(const TrainerConfig& cfg, int64_t max_tokens, int ep) {
-  const int64_t E_l = cfg.moe.routed_experts / ep;
-  return ep * max_tokens * std::min<int64_t>(cfg.moe.top_k, E_l);
 }
 
 }  // namespace

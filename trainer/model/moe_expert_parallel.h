@@ -75,8 +75,9 @@ class ExpertParallelMoeLayer {
   // cfg as MoeLayer takes it (check_moe_layer_config); the experts split over transport.world_size() ranks, this rank
   // transport.rank() (cfg.parallel.ep, the emulated layout's, is not read). The transport outlives the layer.
   // Rejects (fp4moe::Error), before registering anything: what check_moe_layer_config rejects, routed_experts not
-  // a multiple of the world size, a routed recipe that is not a preset, a recompute policy that drops the routed
-  // experts' tensors, and mem with more than one in-flight slot.
+  // a multiple of the world size, more rows to receive (ep max_tokens min(k, E_l)) than int32 indexes, a routed
+  // recipe that is not a preset, a recompute policy that drops the routed experts' tensors, and mem with more than
+  // one in-flight slot. The router is built as on one GPU (cfg.parallel ignored: no emulated layout).
   ExpertParallelMoeLayer(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
                          DeviceMemory& mem, EpTransport& transport);
 
