@@ -1,5 +1,7 @@
 #include "trainer/comm/ep_exchange.h"
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/check.h"
@@ -11,18 +13,25 @@ namespace fp4moe {
 namespace {
 
 // Device bytes grown on demand (cudaFree synchronises the device, so a buffer the stream still reads is not freed
-// under it), kept until destruction.
+// under it), kept until destruction; from `mem` under MemCategory::comm when one is given (named `what`), else
+// cudaMalloc.
 class GrowingDeviceBytes {
  public:
-  ~GrowingDeviceBytes() {
-    if (p_) cudaFree(p_);
-  }
+  GrowingDeviceBytes(DeviceMemory* mem, std::string what) : mem_(mem), what_(std::move(what)) {}
+  ~GrowingDeviceBytes() { free_noexcept(); }
+  GrowingDeviceBytes(const GrowingDeviceBytes&) = delete;
+  GrowingDeviceBytes& operator=(const GrowingDeviceBytes&) = delete;
   void* reserve(int64_t bytes) {
     if (bytes > cap_) {
-      if (p_) CUDA_CHECK(cudaFree(p_));
+      void* old = p_;
       p_ = nullptr;
       cap_ = 0;
-      CUDA_CHECK(cudaMalloc(&p_, static_cast<size_t>(bytes)));
+      if (old) {
+        if (mem_) mem_->release(old);
+        else CUDA_CHECK(cudaFree(old));
+      }
+      if (mem_) p_ = mem_->allocate(static_cast<size_t>(bytes), MemCategory::comm, what_);
+      else CUDA_CHECK(cudaMalloc(&p_, static_cast<size_t>(bytes)));
       cap_ = bytes;
     }
     return p_;
@@ -30,6 +39,19 @@ class GrowingDeviceBytes {
   void* get() const { return p_; }
 
  private:
+  void free_noexcept() {
+    if (!p_) return;
+    if (!mem_) {
+      cudaFree(p_);
+      return;
+    }
+    try {
+      mem_->release(p_);
+    } catch (...) {  // a destructor does not throw; DeviceMemory frees what it still holds at its own end
+    }
+  }
+  DeviceMemory* mem_;
+  std::string what_;
   void* p_ = nullptr;
   int64_t cap_ = 0;
 };
@@ -37,6 +59,10 @@ class GrowingDeviceBytes {
 }  // namespace
 
 struct EpExchange::Buffers {
+  explicit Buffers(DeviceMemory* mem)
+      : counts(mem, "ep exchange counts"), table(mem, "ep exchange table"), row_of(mem, "ep exchange row_of"),
+        assignment_of(mem, "ep exchange assignment_of"), grouped_of(mem, "ep exchange grouped_of"),
+        send_wire(mem, "ep exchange send wire"), recv_wire(mem, "ep exchange receive wire") {}
   GrowingDeviceBytes counts;         // [E] int32: this rank's rows per global expert
   GrowingDeviceBytes table;          // [E + 1 + ep E_l] int32: offsets, then the received count matrix [ep, E_l]
   GrowingDeviceBytes row_of, assignment_of, grouped_of, send_wire, recv_wire;
@@ -67,13 +93,14 @@ EpExchangeBytes EpLayerBytes::total() const {
   return t;
 }
 
-EpExchange::EpExchange(EpTransport& transport, int64_t E, int64_t d) : t_(&transport), E_(E), d_(d) {
+EpExchange::EpExchange(EpTransport& transport, int64_t E, int64_t d, DeviceMemory* mem)
+    : t_(&transport), E_(E), d_(d) {
   const int ep = transport.world_size();
   FP4MOE_CHECK(E >= 1 && E <= kRouterMaxExperts && E % ep == 0,
                "EpExchange: {} experts must lie in [1, {}] and split evenly over {} ranks", E, kRouterMaxExperts, ep);
   FP4MOE_CHECK(d >= 1, "EpExchange: hidden size d must be >= 1, got {}", d);
   E_l_ = E / ep;
-  buf_ = std::make_unique<Buffers>();
+  buf_ = std::make_unique<Buffers>(mem);
   const int64_t table_bytes = 4 * (E + 1 + ep * E_l_);
   buf_->counts.reserve(4 * E);
   buf_->table.reserve(table_bytes);

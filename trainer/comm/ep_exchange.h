@@ -25,8 +25,14 @@
 // Timing (optional, set_timing): a CUDA event pair around each exchange of the transport (counts and payload, not
 // the pack / unpack kernels); exchange_ms() waits for the recorded events and returns the milliseconds per kind
 // since the last reset_bytes(). Off by default (no events recorded).
-// Memory: the class allocates its wire buffers and tables (cudaMalloc, grown on demand after route's host wait, kept);
-// not yet counted by DeviceMemory (MemCategory::comm is the model's plan, trainer/model/model.h).
+// Memory: the class allocates its wire buffers and tables (grown on demand after route's host wait, kept): from the
+// DeviceMemory given at construction, counted under MemCategory::comm ("ep exchange send wire", "... receive wire",
+// "... counts", "... table", "... row_of", "... assignment_of", "... grouped_of"), else cudaMalloc (counted nowhere).
+// Sizes: the send wire holds max(M k dispatch rows, R BF16 combine rows, M k backward rows), the receive wire R rows
+// of the larger dispatch format (the combines receive in place into the caller's [M k, d]); the routing tables
+// 4 (2 M k + R + 2 E + 1 + ep E_l) bytes. Model::comm_buffers (trainer/model/model.h), the plan the emulated layout
+// allocates and the estimator counts, sizes the same exchange as four buffers of a layer's larger direction; the two
+// are not one plan yet (the exchange's are grown on demand, not taken from that plan).
 // Not built: overlap with compute (every exchange runs on the caller's stream).
 #pragma once
 
@@ -40,6 +46,7 @@
 #include "trainer/comm/ep_payload.h"
 #include "trainer/comm/ep_routing.h"
 #include "trainer/comm/transport.h"
+#include "trainer/memory/device_memory.h"
 
 namespace fp4moe {
 
@@ -57,9 +64,10 @@ struct EpLayerBytes {
 class EpExchange {
  public:
   // Over `transport` (outlives this object), E global experts split evenly over transport.world_size() ranks,
-  // hidden d. Rejects (fp4moe::Error), before any allocation: E outside [1, kRouterMaxExperts] (kernels/nn/router.h),
-  // E not a multiple of the world size, d < 1.
-  EpExchange(EpTransport& transport, int64_t E, int64_t d);
+  // hidden d; buffers from `mem` (MemCategory::comm, outliving this object) or, when null, cudaMalloc. Rejects
+  // (fp4moe::Error), before any allocation: E outside [1, kRouterMaxExperts] (kernels/nn/router.h), E not a multiple
+  // of the world size, d < 1.
+  EpExchange(EpTransport& transport, int64_t E, int64_t d, DeviceMemory* mem = nullptr);
   ~EpExchange();
   EpExchange(const EpExchange&) = delete;
   EpExchange& operator=(const EpExchange&) = delete;
@@ -78,6 +86,10 @@ class EpExchange {
   // Payload-call arguments are rejected (fp4moe::Error) before any transfer: no route yet, a row count or d other
   // than stated, a null pointer where rows exist.
 
+  int64_t experts() const { return E_; }        // E, over all ranks
+  int64_t local_experts() const { return E_l_; }
+  int64_t hidden() const { return d_; }
+  const EpTransport& transport() const { return *t_; }
   const EpCounts& counts() const { return counts_; }
   int64_t tokens() const { return M_; }
   int64_t top_k() const { return k_; }

@@ -1,6 +1,7 @@
 // Pack / unpack kernels of the expert-parallel exchanges (ep_payload.h): one block per wire row, threads over the
 // row's bytes (codes as 4-byte words where the row and the tensor allow it, scales byte by byte).
 #include "kernels/common/check.h"
+#include "kernels/formats/formats.h"
 #include "trainer/comm/ep_payload.h"
 
 namespace fp4moe {
@@ -56,7 +57,24 @@ __global__ void fp8_padding_scales_kernel(float* scales, int64_t rows, int64_t b
     scales[fp8_row_scale_index(rows + j % pad, j / pad, rows)] = 1.0f;
 }
 
+// One block per row, threads over the row's elements.
+__global__ void fp8_rows_to_bf16_kernel(const uint8_t* codes, const float* scales, int64_t rows, int64_t d, bf16* dst) {
+  const int64_t r = blockIdx.x;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = e4m3_to_f32(codes[r * d + j]) * scales[fp8_row_scale_index(r, j / kFp8Block, rows)];
+    dst[r * d + j] = __ushort_as_bfloat16(f32_to_bf16_bits(v));  // the reference's rounding, NaN included
+  }
+}
+
 }  // namespace
+
+void ep_fp8_rows_to_bf16(const EpRows& src, bf16* dst, cudaStream_t stream) {
+  ep_detail::check_fp8_to_bf16(src, dst);
+  if (src.rows == 0) return;
+  fp8_rows_to_bf16_kernel<<<static_cast<unsigned>(src.rows), kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(src.codes), static_cast<const float*>(src.scales), src.rows, src.d, dst);
+  CUDA_CHECK_LAUNCH();
+}
 
 void ep_pack_rows(const EpRows& src, const int32_t* gather, int64_t divisor, int64_t n, uint8_t* wire,
                   cudaStream_t stream) {

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/types.h"
 #include "kernels/quant/layouts.h"
 #include "trainer/model/recipe.h"
 
@@ -72,10 +73,20 @@ void ep_unpack_rows(const uint8_t* wire, int64_t n, const int32_t* scatter, cons
 void ep_pack_rows_ref(const EpRows& src, const int32_t* gather, int64_t divisor, int64_t n, uint8_t* wire);
 void ep_unpack_rows_ref(const uint8_t* wire, int64_t n, const int32_t* scatter, const EpRows& dst);
 
+// FP8 rows back to BF16, for a receiver whose Group Linear takes BF16 rows and quantizes them itself (the fp8 recipe's
+// forward dispatch, the backward dispatch of the fp8 and mxfp4 recipes): dst [rows, d] BF16, element j of row r =
+// e4m3(code) * the scale of its 1x128 block, rounded to BF16 (RNE: exact for the power-of-two scales of the layers'
+// default scale mode, so a second bf16_to_fp8_row of dst gives the same values). Rejects (fp4moe::Error, before any
+// launch) a format other than fp8, rows < 0, d < 1, and null codes, scales or dst where rows exist. Device:
+// asynchronous on `stream`, rows = 0 launches nothing. The reference: host pointers, same rules.
+void ep_fp8_rows_to_bf16(const EpRows& src, bf16* dst, cudaStream_t stream);
+void ep_fp8_rows_to_bf16_ref(const EpRows& src, bf16* dst);
+
 namespace ep_detail {
 // The argument checks of pack and unpack (above), shared by the device versions and the references.
 void check_pack(const EpRows& src, const int32_t* gather, int64_t divisor, int64_t n, const uint8_t* wire);
 void check_unpack(const uint8_t* wire, int64_t n, const EpRows& dst);
+void check_fp8_to_bf16(const EpRows& src, const bf16* dst);
 // Code bytes of one row; scales per row; bytes per scale; byte offset of scale `block` of row r in the scale tensor
 // of `rows` rows (no checks: callers validate first).
 FP4MOE_HD int64_t row_code_bytes(EpRowFormat f, int64_t d) {

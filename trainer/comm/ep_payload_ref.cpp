@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kernels/common/check.h"
+#include "kernels/formats/formats.h"
 #include "trainer/comm/ep_payload.h"
 #include "trainer/memory/estimate.h"
 
@@ -75,6 +76,15 @@ void check_unpack(const uint8_t* wire, int64_t n, const EpRows& dst) {
   FP4MOE_CHECK(n == 0 || wire, "ep_unpack_rows: null wire buffer for {} rows", n);
 }
 
+void check_fp8_to_bf16(const EpRows& src, const bf16* dst) {
+  FP4MOE_CHECK(src.format == EpRowFormat::fp8, "ep_fp8_rows_to_bf16: rows in {}, expected fp8",
+               ep_row_format_name(src.format));
+  FP4MOE_CHECK(src.d >= 1 && src.rows >= 0, "ep_fp8_rows_to_bf16: need rows >= 0 and d >= 1, got [{}, {}]", src.rows,
+               src.d);
+  FP4MOE_CHECK(src.rows == 0 || (src.codes && src.scales && dst),
+               "ep_fp8_rows_to_bf16: null codes, scales or output for {} rows", src.rows);
+}
+
 }  // namespace ep_detail
 
 // One row's bytes between a tensor row and a wire row; to_wire picks the direction.
@@ -116,6 +126,17 @@ void ep_unpack_rows_ref(const uint8_t* wire, int64_t n, const int32_t* scatter, 
     for (int64_t b = 0; b < ep_detail::scales_per_row(dst.format, dst.d); ++b)
       for (int64_t r = dst.rows; r < fp8_row_scale_ld(dst.rows); ++r)
         static_cast<float*>(dst.scales)[fp8_row_scale_index(r, b, dst.rows)] = 1.0f;
+}
+
+void ep_fp8_rows_to_bf16_ref(const EpRows& src, bf16* dst) {
+  ep_detail::check_fp8_to_bf16(src, dst);
+  const auto* codes = static_cast<const uint8_t*>(src.codes);
+  const auto* scales = static_cast<const float*>(src.scales);
+  for (int64_t r = 0; r < src.rows; ++r)
+    for (int64_t j = 0; j < src.d; ++j) {
+      const float v = e4m3_to_f32(codes[r * src.d + j]) * scales[fp8_row_scale_index(r, j / kFp8Block, src.rows)];
+      dst[r * src.d + j] = bf16_from_bits(f32_to_bf16_bits(v));
+    }
 }
 
 }  // namespace fp4moe

@@ -34,7 +34,8 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
       w1_(nullptr),
       w2_(nullptr),
       mem_(&mem),
-      last_M_(mem.slots(), -1) {
+      last_M_(mem.slots(), -1),
+      last_rows_(mem.slots(), -1) {
   GroupLinear::check_shape(E, 2 * f, d, recipe);  // fc1, fc2: before anything is registered
   GroupLinear::check_shape(E, d, f, recipe);
   FP4MOE_CHECK(max_tokens >= 0 && k >= 1 && k <= E,
@@ -250,17 +251,75 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
                "MoeRoutedExperts {} forward: expected M k = {} <= rows <= {} (the routed rows at max_tokens), got {}",
                prefix_, M * k_, max_rows_, r.rows);
   FP4MOE_CHECK(x && y, "MoeRoutedExperts {} forward: x [M, {}] and y [M, {}] must not be null", prefix_, d_, d_);
-  bind(ctx);
+  begin_forward(ctx, r.rows);
   last_M_.get() = M;
+  run_to_ys(ctx, x, r, t_);
+  unpermute_forward(t_.ys, r.topk_weight, t_.row_of, M, k_, d_, y, ctx.stream);  // y [M, d]
+  stamp_ = scratch_of(ctx, "MoeRoutedExperts " + prefix_).stamp();
+}
+
+void MoeRoutedExperts::begin_forward(ModelContext& ctx, int64_t R) {
+  bind(ctx);
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);  // takes stay in the caller's scope
-  t_ = bind_forward(arena, r.rows);
+  t_ = bind_forward(arena, R);
   fc1_->set_quant_seed(layer_quant_seed(ctx.quant_seed, w1_->name));
   fc2_->set_quant_seed(layer_quant_seed(ctx.quant_seed, w2_->name));
   fc1_->set_weights(w1_->param, ctx.stream);
   fc2_->set_weights(w2_->param, ctx.stream);
-  run_to_ys(ctx, x, r, t_);
-  unpermute_forward(t_.ys, r.topk_weight, t_.row_of, M, k_, d_, y, ctx.stream);  // y [M, d]
-  stamp_ = arena.stamp();
+}
+
+GroupLinearInput MoeRoutedExperts::kept_input() const {
+  if (recipe_ == Recipe::bf16) return GroupLinearInput{xs_.data(), nullptr, nullptr};
+  if (recipe_ == Recipe::mxfp4) return GroupLinearInput{nullptr, xs_codes_.data(), xs_scales_.data()};
+  return GroupLinearInput{};
+}
+
+int64_t MoeRoutedExperts::check_rows_split(const GroupSplit& split, const char* what) const {
+  FP4MOE_CHECK(!needs_recompute(), "MoeRoutedExperts {} {}: the rows entry is not built for a recompute policy that "
+               "drops the experts' tensors (moe, full, moe_act)", prefix_, what);
+  FP4MOE_CHECK(split.G == E_ && split.host_offsets != nullptr,
+               "MoeRoutedExperts {} {}: expected a split over the {} local experts with a host copy, got G={}{}",
+               prefix_, what, E_, split.G, split.host_offsets ? "" : " without host offsets");
+  const int64_t R = split.host_offsets[E_];
+  FP4MOE_CHECK(R >= 0 && R <= max_tokens_ * k_, "MoeRoutedExperts {} {}: {} rows, expected [0, {}] (max_tokens k)",
+               prefix_, what, R, max_tokens_ * k_);
+  return R;
+}
+
+const bf16* MoeRoutedExperts::forward_rows(ModelContext& ctx, const GroupLinearInput& x, const GroupSplit& split) {
+  const int64_t R = check_rows_split(split, "forward_rows");
+  last_rows_.get() = R;
+  if (R == 0) return nullptr;
+  begin_forward(ctx, R);
+  fc1_->forward(x, split, t_.h, ctx.stream);  // h [R, 2f]
+  run_from_h(ctx, split, R, t_);              // a, ys [R, d]
+  stamp_ = scratch_of(ctx, "MoeRoutedExperts " + prefix_).stamp();
+  return t_.ys;
+}
+
+void MoeRoutedExperts::backward_rows(ModelContext& ctx, const GroupLinearInput& x, const bf16* dys,
+                                     const GroupSplit& split, bf16* dxs) {
+  const int64_t R = check_rows_split(split, "backward_rows");
+  FP4MOE_CHECK(R == last_rows_.get(), "MoeRoutedExperts {} backward_rows: expected the forward's {} rows, got {}",
+               prefix_, last_rows_.get(), R);
+  if (R == 0) return;
+  FP4MOE_CHECK(dys && dxs, "MoeRoutedExperts {} backward_rows: dys and dxs [R, {}] must not be null", prefix_, d_);
+  ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
+  bind_kept(t_);
+  ScratchScope scope(arena);
+  backward_from_rows(ctx, x, dys, split, R, dxs);
+}
+
+void MoeRoutedExperts::backward_from_rows(ModelContext& ctx, const GroupLinearInput& x, const bf16* dys,
+                                          const GroupSplit& split, int64_t R, bf16* dxs) {
+  ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
+  const BufferPlan& p = plan_for(R);
+  bf16* da = take_planned<bf16>(arena, p.at("d a"), "experts d a");
+  bf16* dh = take_planned<bf16>(arena, p.at("d h"), "experts d h");
+  cudaStream_t s = ctx.stream;
+  fc2_->backward(input_of(t_.a, t_.a_codes, t_.a_scales), dys, split, da, w2_->grad, s);  // da [R, f]
+  swiglu_backward(da, t_.h, R, f_, dh, s);                                              // dh [R, 2f]
+  fc1_->backward(x, dh, split, dxs, w1_->grad, s);                                      // dxs [R, d]
 }
 
 void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRouting& r, const Tensors& t) {
@@ -325,15 +384,11 @@ void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRout
   ScratchScope scope(arena);
   const BufferPlan& p = plan_for(R);
   bf16* drows = take_planned<bf16>(arena, p.at("d rows"), "experts d rows");
-  bf16* da = take_planned<bf16>(arena, p.at("d a"), "experts d a");
-  bf16* dh = take_planned<bf16>(arena, p.at("d h"), "experts d h");
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
   unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys of the M k rows
   zero_extra_rows(t_.row_of, M * k_, R, d_, drows, s);  // a skewed load's extra rows: weight 0, dys 0 (no-op if none)
-  fc2_->backward(input_of(t_.a, t_.a_codes, t_.a_scales), drows, split, da, w2_->grad, s);     // da [R, f]
-  swiglu_backward(da, t_.h, R, f_, dh, s);                                                   // dh [R, 2f]
-  fc1_->backward(input_of(t_.xs, t_.xs_codes, t_.xs_scales), dh, split, drows, w1_->grad, s);  // dxs [R, d]
+  backward_from_rows(ctx, input_of(t_.xs, t_.xs_codes, t_.xs_scales), drows, split, R, drows);  // dxs [R, d]
   permute_backward(drows, t_.row_of, M, k_, d_, dx, s);                                   // dx [M, d]
 }
 

@@ -120,6 +120,24 @@ class MoeRoutedExperts {
   // that is not ready().
   void backward(ModelContext& ctx, const bf16* dy, const MoeRouting& routing, bf16* dx, float* dweights);
 
+  // Expert parallelism (trainer/model/moe_expert_parallel.h): the experts on rows that arrive grouped by local
+  // expert (EpExchange's dispatch), with no permute and no unpermute; `split` is over the E local experts, its
+  // R = split.host_offsets[E] rows in [0, max_tokens * k] (the rows the kept buffers hold). R = 0 runs nothing.
+  // Rejects (fp4moe::Error) a recompute policy that drops tensors (whole, act: not built for this entry), a split of
+  // another G or without a host copy, R outside that range, and (backward) a split other than the forward's.
+  //   kept_input     the active slot's kept buffers of the dispatched input, where a dispatch may receive its rows:
+  //                  bf16 xs [max_tokens k, d]; mxfp4 xs codes [., d/2] and scales [., d/32]; fp8 none (all null:
+  //                  Group Linear keeps its own FP8 column copy, and forward_rows takes the caller's BF16 rows)
+  //   forward_rows   x: the input rows [R, d] as the recipe takes them (GroupLinearInput) -> ys [R, d] BF16 grouped
+  //                  (a kept buffer; valid until the next forward), null when R = 0. Takes its scratch in the
+  //                  caller's scope, like forward.
+  //   backward_rows  x: the forward's input again (as GroupLinear::backward takes it), dys [R, d] BF16 grouped ->
+  //                  dxs [R, d] BF16 (overwritten; may be dys itself); expert grads +=. Its scratch in its own scope.
+  GroupLinearInput kept_input() const;
+  const bf16* forward_rows(ModelContext& ctx, const GroupLinearInput& x, const GroupSplit& split);
+  void backward_rows(ModelContext& ctx, const GroupLinearInput& x, const bf16* dys, const GroupSplit& split,
+                     bf16* dxs);
+
   // The dispatch payload of this layer per routed token (DispatchBytes above).
   DispatchBytes dispatch_bytes() const;
 
@@ -174,6 +192,15 @@ class MoeRoutedExperts {
   Tensors kept_tensors() const;  // the active slot's kept tensors (null where not kept)
   // Points t's kept tensors at the active slot's copies (the others stay as they are: scratch of a recompute).
   void bind_kept(Tensors& t) const;
+  // The start of a forward over R rows: fc1 and fc2 built (bind), this pass's tensors (t_), the step's seeds and
+  // weight copies. Takes its scratch in the caller's scope.
+  void begin_forward(ModelContext& ctx, int64_t R);
+  // fc2's backward, swiglu's and fc1's from dys [R, d] (grouped) to dxs [R, d] (may alias dys); takes d a and d h in
+  // the caller's scope; x is fc1's input as GroupLinear::backward takes it.
+  void backward_from_rows(ModelContext& ctx, const GroupLinearInput& x, const bf16* dys, const GroupSplit& split,
+                          int64_t R, bf16* dxs);
+  // The rows entry points' checks (forward_rows above); returns R.
+  int64_t check_rows_split(const GroupSplit& split, const char* what) const;
   // Forward: permute, the kept FP8 row copy of xs (fp8 under whole), fc1, then run_from_h (not the unpermute).
   void run_to_ys(ModelContext& ctx, const bf16* x, const MoeRouting& r, const Tensors& t);
   // swiglu and fc2 from t.h: a (and its MXFP4 copy), ys.
@@ -196,6 +223,7 @@ class MoeRoutedExperts {
   CublasLtMatmul* lt_ = nullptr;           // the first forward's ctx.lt
   std::optional<GroupLinear> fc1_, fc2_;  // built at the first forward (bind)
   KeptValue<int64_t> last_M_;  // per slot: tokens of its forward (-1: none)
+  KeptValue<int64_t> last_rows_;  // per slot: rows of its forward_rows (-1: none)
   Tensors t_;                 // the tensors of the last forward / recompute (the kept ones: the active slot's)
   uint64_t stamp_ = 0;        // scratch stamp of the last forward / recompute
   PassScratch scratch_;       // scratch() at R_max
