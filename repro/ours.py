@@ -133,7 +133,8 @@ def over_seeds(df, rule):
 def token_overhead(df, rule):
     """(ours, ci_low, ci_high, spread, verdict, count) of a token_overhead rule (repro/ladder_metric.py): the cells
     the numerator selects (an arm) against those the denominator selects (the baseline), paired on rule.match (which
-    includes "seed"), each with a non-empty eval_curve; ours is the mean overhead in % over the seeds that reached
+    includes "seed"), each with status ok and a non-empty eval_curve whose last evaluation is at the run's tokens
+    (column tokens, where positive: a run stopped early is left out, not cut at a wrong budget); ours is the mean overhead in % over the seeds that reached
     the target (NaN when none did), the verdict the arm's text (interval, not reached, diverged). All NaN and ""
     when no pair is selected. Raises RuleError for a rule without the eval_curve column, and for curves the metric
     rejects (naming why)."""
@@ -145,8 +146,17 @@ def token_overhead(df, rule):
     for m in rule.match:
         if m not in df.columns:
             raise RuleError(f"match: no column '{m}' (the table has: {', '.join(df.columns)})")
-    num, den = (df[where_mask(df, sel.where) & (df["eval_curve"].astype(str).str.strip() != "")]
-                for sel in (rule.numerator, rule.denominator))
+    def finished(sel):  # cells that ran their whole schedule: status ok, the curve ending at the run's tokens
+        rows = df[where_mask(df, sel.where) & (df["eval_curve"].astype(str).str.strip() != "")]
+        if "status" in rows.columns:
+            rows = rows[rows["status"].astype(str) == "ok"]
+        if "tokens" in rows.columns:
+            last = rows["eval_curve"].map(lambda c: float(str(c).split()[-1].split(":")[0]))
+            tokens = pd.to_numeric(rows["tokens"], errors="coerce")
+            rows = rows[~(tokens > 0) | (last == tokens)]
+        return rows
+
+    num, den = finished(rule.numerator), finished(rule.denominator)
     joined = num.merge(den, on=rule.match, suffixes=("_num", "_den"))
     if joined.empty:
         return math.nan, math.nan, math.nan, "", "", 0

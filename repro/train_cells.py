@@ -277,7 +277,7 @@ def run_cell(fp4moe, cell, spec, steps, run_dir, run, label, budget_min, root, d
     if os.path.exists(out):
         try:
             metrics = read_run(out, run)
-        except (OSError, KeyError, result_file.SchemaError, result_file.TableError) as e:
+        except (OSError, KeyError, ValueError, result_file.SchemaError, result_file.TableError) as e:
             status = "failed"
             notes.append(f"cannot read {os.path.basename(out)}: {result_file.one_line(e)}")
     elif status == "ok":

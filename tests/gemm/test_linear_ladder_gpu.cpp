@@ -249,15 +249,17 @@ std::vector<double> mx_rows_f64(const bf16* x, int64_t R, int64_t C, const MxQua
 
 TEST(LadderLinearGrouped, Mxfp4FpropDgradWgradOverRaggedExperts) {
   // Every class in mxfp4 over 4 ragged experts (one empty, sizes and M not multiples of 4 or 32: the grouped
-  // GEMM's ragged tails): Y_g = X_g W_g^T and dX_g = dY_g W_g against the FP64 products of the MXFP4 operands the
-  // quantizers' references make with the layer's seeds, relative L2 < 1e-2; dW as expect_mxfp4_wgrad.
+  // GEMM's ragged tails; N = 192 and K = 320 span several 128-blocks, the last one short, so that the weights'
+  // per-expert scale tensors [ceil(R/128), P] are exercised along both axes): Y_g = X_g W_g^T and dX_g = dY_g W_g
+  // against the FP64 products of the MXFP4 operands the quantizers' references make with the layer's seeds,
+  // relative L2 < 1e-2; dW as expect_mxfp4_wgrad.
   FP4MOE_REQUIRE_DEVICE();
   for (const char* text : {"fp8 fprop=mxfp4 dgrad=mxfp4 wgrad=mxfp4",
                            "fp8 fprop=mxfp4 dgrad=mxfp4 wgrad=mxfp4 rounding=sr transform=rht",
                            "fp8 fprop=mxfp4 dgrad=mxfp4 transform=h16"}) {
     SCOPED_TRACE(text);
     const Recipe r = parse_recipe(text, "recipe");
-    const int64_t G = 4, N = 64, K = 96;
+    const int64_t G = 4, N = 192, K = 320;
     const std::vector<int32_t> offsets = {0, 37, 37, 130, 203};
     const int64_t M = offsets[G];
     std::random_device fresh;

@@ -63,6 +63,22 @@ class LadderRows(unittest.TestCase):
         self.assertTrue(math.isnan(missing["ours"]))
         self.assertIn("not measured at this scale", missing["note"])
 
+    def test_runs_that_stopped_early_or_failed_are_left_out(self):
+        # Seed 3's baseline stopped at 300 of 600 tokens (its curve would put T at 200): left out, not cut there; an
+        # arm cell that failed is left out too. Seeds 1 and 2 remain: +25% and 0%.
+        df = self.frame()
+        df["tokens"] = 300
+        df.loc[(df["recipe"] == "fp8") & (df["seed"] == 3), "tokens"] = 600
+        r = row_named(ours.repro_rows(self.s, df), "dense_small: MXFP4 Fprop, token overhead")
+        self.assertEqual(r["count"], 2)
+        self.assertAlmostEqual(r["ours"], 12.5, places=9)
+        df = self.frame()
+        df.loc[(df["recipe"] == "fprop") & (df["seed"] == 2), "status"] = "failed"
+        r = row_named(ours.repro_rows(self.s, df), "dense_small: MXFP4 Fprop, token overhead")
+        self.assertEqual(r["count"], 2)
+        self.assertAlmostEqual(r["ours"], 25.0, places=9)
+        self.assertIn("1 not reached", r["verdict"])
+
     def test_step_throughput_over_fp8_is_the_geomean_of_the_seed_ratios(self):
         rows = ours.repro_rows(self.s, self.frame())
         r = row_named(rows, "dense_small: MXFP4 Fprop, step throughput")

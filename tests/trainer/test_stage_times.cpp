@@ -139,6 +139,7 @@ TEST(StageTimes, ForeignOrDamagedCacheIsRefusedNamingTheFile) {
     expect_error_with([&] { StageTimeCache::load(path); }, {"--cache '" + path + "'", "not a stage-time table"});
   }
   EXPECT_NO_THROW(StageTimeCache::load(dir.write("fine.tsv", text)));
+  EXPECT_NO_THROW(StageTimeCache::load(dir.write("blank.tsv", header + "\n" + row + "\n")));  // an entry deleted
 }
 
 TEST(StageTimes, ModelShapeHashNamesTheShapeNotTheRecipeOrName) {

@@ -158,6 +158,7 @@ StageTimeCache StageTimeCache::load(const std::string& path) {
                refuse, kMagic);
   FP4MOE_CHECK(std::getline(in, line) && line == kColumns, "{} (line 2 is not the column names)", refuse);
   for (int64_t n = 3; std::getline(in, line); ++n) {
+    if (line.empty()) continue;  // a blank line (an entry deleted by hand) holds nothing
     const std::string where = fmt::format("{} (line {}: ", refuse, n);
     const std::vector<std::string> f = split_tabs(line);
     FP4MOE_CHECK(f.size() == 10, "{}{} tab-separated fields, expected 10)", where, f.size());
