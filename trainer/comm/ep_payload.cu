@@ -62,7 +62,9 @@ __global__ void fp8_rows_to_bf16_kernel(const uint8_t* codes, const float* scale
   const int64_t r = blockIdx.x;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     const float v = e4m3_to_f32(codes[r * d + j]) * scales[fp8_row_scale_index(r, j / kFp8Block, rows)];
-    dst[r * d + j] = __ushort_as_bfloat16(f32_to_bf16_bits(v));  // the reference's rounding, NaN included
+    // The reference's rounding; a NaN (an E4M3 NaN code or scale) as the one quiet NaN 0x7FC0, whatever payload
+    // the multiplication left.
+    dst[r * d + j] = __ushort_as_bfloat16(v != v ? uint16_t{0x7FC0} : f32_to_bf16_bits(v));
   }
 }
 

@@ -135,7 +135,7 @@ void ep_fp8_rows_to_bf16_ref(const EpRows& src, bf16* dst) {
   for (int64_t r = 0; r < src.rows; ++r)
     for (int64_t j = 0; j < src.d; ++j) {
       const float v = e4m3_to_f32(codes[r * src.d + j]) * scales[fp8_row_scale_index(r, j / kFp8Block, src.rows)];
-      dst[r * src.d + j] = bf16_from_bits(f32_to_bf16_bits(v));
+      dst[r * src.d + j] = bf16_from_bits(v != v ? uint16_t{0x7FC0} : f32_to_bf16_bits(v));  // NaN: 0x7FC0
     }
 }
 
