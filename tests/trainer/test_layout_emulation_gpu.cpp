@@ -216,6 +216,15 @@ struct StageRun {
   std::unique_ptr<DeviceBuffer<int32_t>> tokens, targets;
 };
 
+// The squared L2 norm of a parameter's FP32 gradient.
+double grad_norm_sq(const Param& p) {
+  std::vector<float> g(static_cast<size_t>(p.n));
+  CUDA_CHECK(cudaMemcpy(g.data(), p.grad, g.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double norm = 0;
+  for (float x : g) norm += static_cast<double>(x) * x;
+  return norm;
+}
+
 void expect_comm_is_the_plan(const StageRun& r, bool has_moe) {
   const int64_t N = r.cfg.train.micro_batch * r.cfg.train.seq_len;
   const int64_t R = routed_row_count(N * r.cfg.moe.top_k, r.cfg.parallel.routed_load);
@@ -244,12 +253,7 @@ TEST(LayoutEmulationGpu, MiddleStageStepsWithStandIns) {
   EXPECT_FALSE(st.has_loss);
   EXPECT_TRUE(std::isnan(st.loss));
   EXPECT_TRUE(r.grads_finite());
-  // The stand-in gradient reached the layer: its grads are not all zero.
-  std::vector<float> g(static_cast<size_t>(fc1->n));
-  CUDA_CHECK(cudaMemcpy(g.data(), fc1->grad, g.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  double norm = 0;
-  for (float x : g) norm += static_cast<double>(x) * x;
-  EXPECT_GT(norm, 0);
+  EXPECT_GT(grad_norm_sq(*fc1), 0);  // the stand-in gradient reached the layer
   r.model->end_step();
 }
 
@@ -271,11 +275,7 @@ TEST(LayoutEmulationGpu, FewerLocalExpertsThanTopKStep) {
     r.model->forward_backward(r.tokens->ptr, r.targets->ptr, r.cfg.train.micro_batch, 1.0f);
     CUDA_CHECK(cudaStreamSynchronize(r.stream));
     EXPECT_TRUE(r.grads_finite());
-    std::vector<float> g(static_cast<size_t>(fc1->n));
-    CUDA_CHECK(cudaMemcpy(g.data(), fc1->grad, g.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    double norm = 0;
-    for (float x : g) norm += static_cast<double>(x) * x;
-    EXPECT_GT(norm, 0);
+    EXPECT_GT(grad_norm_sq(*fc1), 0);
     r.model->end_step();
   }
 }
