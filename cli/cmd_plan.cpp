@@ -160,16 +160,22 @@ struct PlanCommand {
     const auto cached = std::count_if(keys.begin(), keys.end(), [&](const StageTimeKey& k) { return cache.find(k); });
     std::fprintf(stderr, "plan: %zu candidates to measure need %zu stage times on %s, %zu of them in %s\n",
                  selected.size(), keys.size(), r.measured_on.c_str(), static_cast<size_t>(cached), cache.path().c_str());
+    // The measurements' folder goes whatever ends them.
+    struct RemoveFolder {
+      const std::string& dir;
+      ~RemoveFolder() {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+    } remove_folder{dir};
     try {
       measure_stage_times(r.model, keys, cache, settings,
                           [&](const TrainerConfig& cfg, const std::string& name) {
                             return run_stage_measurement(cfg, settings, name);
                           },
                           bar);
-      std::filesystem::remove_all(dir, ec);
       apply_measured_times(result, selected, r, cache, r.measured_on);
     } catch (const Error& err) {
-      std::filesystem::remove_all(dir, ec);
       throw CliError(user_message(err.what()));
     }
   }

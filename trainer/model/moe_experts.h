@@ -159,7 +159,7 @@ class MoeRoutedExperts {
   // Counted by the passes' binding code on a measuring arena. Rejects what buffers() rejects.
   static PassScratch scratch(int64_t R, int64_t E_local, int64_t d, int64_t f, const Recipe& recipe,
                              const MoeRecompute& recompute);
-  // scratch() for R = the rows at max_tokens (max_tokens * k, balanced).
+  // scratch() for R = max_rows: the rows at max_tokens (max_tokens * k, or a skewed load's routed_row_count).
   size_t forward_bytes() const { return scratch_.forward; }
   size_t recompute_bytes() const { return scratch_.recompute; }
   size_t backward_bytes() const { return scratch_.backward; }
