@@ -14,6 +14,7 @@
 
 #include "kernels/common/check.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/trainer_test_util.h"
 #include "trainer/comm/rank_env.h"
 
 namespace fp4moe::test {
@@ -29,16 +30,6 @@ EnvLookup lookup_in(const Vars& vars) {
   };
 }
 
-// The fp4moe::Error message of f(), or "" when it does not throw.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 Vars launched(const std::string& rank, const std::string& world, const std::string& local) {
   return {{kRankVar, rank}, {kWorldSizeVar, world}, {kLocalRankVar, local}, {kNcclIdFileVar, "/tmp/x/nccl-unique-id"}};
@@ -93,31 +84,31 @@ TEST(RankEnv, MissingVariableIsNamed) {
   for (const char* missing : {kRankVar, kWorldSizeVar, kLocalRankVar}) {
     Vars vars = launched("1", "2", "1");
     vars.erase(missing);
-    const std::string msg = error_of([&] { read_rank_env(lookup_in(vars)); });
+    const std::string msg = test::error_message([&] { read_rank_env(lookup_in(vars)); });
     EXPECT_NE(msg.find(std::string(missing) + " is not set"), std::string::npos) << msg;
   }
   Vars vars = launched("1", "2", "1");
   vars.erase(kNcclIdFileVar);
-  const std::string msg = error_of([&] { read_rank_env(lookup_in(vars)); });
+  const std::string msg = test::error_message([&] { read_rank_env(lookup_in(vars)); });
   EXPECT_NE(msg.find(std::string(kNcclIdFileVar) + " is not set"), std::string::npos) << msg;
   // Any one variable marks a launched process: the others are then required.
   const Vars only_timeout = {{kCommTimeoutVar, "10"}};
-  EXPECT_NE(error_of([&] { read_rank_env(lookup_in(only_timeout)); }).find(kWorldSizeVar), std::string::npos);
+  EXPECT_NE(test::error_message([&] { read_rank_env(lookup_in(only_timeout)); }).find(kWorldSizeVar), std::string::npos);
 }
 
 TEST(RankEnv, MalformedNumbersAreNamed) {
   for (const char* bad : {"", "-1", "+1", " 1", "1 ", "1x", "0x1", "1.0", "99999999999", "2147483648"}) {
     const Vars vars = launched(bad, "4", "0");
-    const std::string msg = error_of([&] { read_rank_env(lookup_in(vars)); });
+    const std::string msg = test::error_message([&] { read_rank_env(lookup_in(vars)); });
     EXPECT_NE(msg.find(std::string(kRankVar) + "='" + bad + "': expected a non-negative decimal integer"),
               std::string::npos)
         << bad << ": " << msg;
   }
   Vars vars = launched("0", "2", "0");
   vars[kCommTimeoutVar] = "ten";
-  EXPECT_NE(error_of([&] { read_rank_env(lookup_in(vars)); }).find(kCommTimeoutVar), std::string::npos);
+  EXPECT_NE(test::error_message([&] { read_rank_env(lookup_in(vars)); }).find(kCommTimeoutVar), std::string::npos);
   vars[kCommTimeoutVar] = "0";
-  EXPECT_NE(error_of([&] { read_rank_env(lookup_in(vars)); }).find("at least 1 second"), std::string::npos);
+  EXPECT_NE(test::error_message([&] { read_rank_env(lookup_in(vars)); }).find("at least 1 second"), std::string::npos);
 }
 
 TEST(RankEnv, RanksOutsideTheWorldAreRejected) {
@@ -127,17 +118,17 @@ TEST(RankEnv, RanksOutsideTheWorldAreRejected) {
   for (const Case& c : {Case{"2", "2", "0", kRankVar}, Case{"0", "2", "2", kLocalRankVar},
                         Case{"0", "0", "0", kWorldSizeVar}}) {
     const Vars vars = launched(c.rank, c.world, c.local);
-    const std::string msg = error_of([&] { read_rank_env(lookup_in(vars)); });
+    const std::string msg = test::error_message([&] { read_rank_env(lookup_in(vars)); });
     EXPECT_EQ(msg.rfind(std::string(c.named) + "=", 0), 0u) << msg;
   }
   RankEnv bad;
   bad.rank = 2;
   bad.world_size = 2;
   bad.unique_id_file = "f";
-  EXPECT_FALSE(error_of([&] { rank_env_variables(bad); }).empty());
+  EXPECT_FALSE(test::error_message([&] { rank_env_variables(bad); }).empty());
   bad.rank = 1;
   bad.unique_id_file.clear();
-  EXPECT_FALSE(error_of([&] { rank_env_variables(bad); }).empty());
+  EXPECT_FALSE(test::error_message([&] { rank_env_variables(bad); }).empty());
 }
 
 TEST(SchedulerRanks, NoneWithoutScheduler) {
@@ -178,14 +169,14 @@ TEST(SchedulerRanks, OpenMpiBeforeSlurm) {
 
 TEST(SchedulerRanks, BadValuesAreNamed) {
   const Vars no_size = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}};
-  EXPECT_NE(error_of([&] { scheduler_ranks(lookup_in(no_size)); }).find("OMPI_COMM_WORLD_SIZE is not set"),
+  EXPECT_NE(test::error_message([&] { scheduler_ranks(lookup_in(no_size)); }).find("OMPI_COMM_WORLD_SIZE is not set"),
             std::string::npos);
   const Vars outside = {{"SLURM_JOB_ID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "4"},
                         {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}};
-  EXPECT_EQ(error_of([&] { scheduler_ranks(lookup_in(outside)); }).rfind("SLURM_PROCID=4", 0), 0u);
+  EXPECT_EQ(test::error_message([&] { scheduler_ranks(lookup_in(outside)); }).rfind("SLURM_PROCID=4", 0), 0u);
   const Vars malformed = {{"SLURM_JOB_ID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"},
                           {"SLURM_NTASKS", "four"}, {"SLURM_LOCALID", "0"}};
-  EXPECT_EQ(error_of([&] { scheduler_ranks(lookup_in(malformed)); }).rfind("SLURM_NTASKS='four'", 0), 0u);
+  EXPECT_EQ(test::error_message([&] { scheduler_ranks(lookup_in(malformed)); }).rfind("SLURM_NTASKS='four'", 0), 0u);
 }
 
 TEST(RankDevice, LocalRankOrTheOneVisibleDevice) {
@@ -196,8 +187,8 @@ TEST(RankDevice, LocalRankOrTheOneVisibleDevice) {
   EXPECT_EQ(rank_device(env, 8), 1);
   EXPECT_EQ(rank_device(env, 1), 0);  // one GPU bound to the task by the scheduler
   env.local_rank = 3;
-  EXPECT_NE(error_of([&] { rank_device(env, 2); }).find("FP4MOE_LOCAL_RANK=3 but 2 CUDA devices"), std::string::npos);
-  EXPECT_NE(error_of([&] { rank_device(env, 0); }).find("no CUDA device"), std::string::npos);
+  EXPECT_NE(test::error_message([&] { rank_device(env, 2); }).find("FP4MOE_LOCAL_RANK=3 but 2 CUDA devices"), std::string::npos);
+  EXPECT_NE(test::error_message([&] { rank_device(env, 0); }).find("no CUDA device"), std::string::npos);
 }
 
 // Rank 0 writes the id late; the other ranks, started first, wait for it and all read rank 0's bytes.
@@ -251,7 +242,7 @@ TEST(UniqueIdFile, RankZeroRefusesAnExistingFile) {
   TempDir dir;
   const std::string stale(sizeof(ncclUniqueId::internal), 'S');
   const std::string path = dir.write("nccl-unique-id", stale);
-  const std::string msg = error_of([&] { write_unique_id_file(path, dummy_id(1)); });
+  const std::string msg = test::error_message([&] { write_unique_id_file(path, dummy_id(1)); });
   EXPECT_NE(msg.find("exists already"), std::string::npos) << msg;
   std::ifstream in(path, std::ios::binary);
   const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -263,7 +254,7 @@ TEST(UniqueIdFile, WaitIsBoundedAndNamesTheRank) {
   TempDir dir;
   const auto start = std::chrono::steady_clock::now();
   const std::string msg =
-      error_of([&] { read_unique_id_file(dir.file("nccl-unique-id"), std::chrono::milliseconds(150), 3); });
+      test::error_message([&] { read_unique_id_file(dir.file("nccl-unique-id"), std::chrono::milliseconds(150), 3); });
   const auto waited = std::chrono::steady_clock::now() - start;
   EXPECT_NE(msg.find("rank 3: no NCCL unique id in " + dir.file("nccl-unique-id") + " after 150 ms"),
             std::string::npos)
@@ -277,10 +268,10 @@ TEST(UniqueIdFile, WrongSizeIsRejected) {
   const size_t n = sizeof(ncclUniqueId::internal);
   for (const std::string& text : {std::string(), std::string(5, 'x'), std::string(n + 1, 'x')}) {
     const std::string path = dir.write("id", text);
-    const std::string msg = error_of([&] { read_unique_id_file(path, std::chrono::seconds(1), 2); });
+    const std::string msg = test::error_message([&] { read_unique_id_file(path, std::chrono::seconds(1), 2); });
     EXPECT_NE(msg.find("does not hold an NCCL unique id"), std::string::npos) << text.size() << ": " << msg;
   }
-  EXPECT_NE(error_of([&] { write_unique_id_file(dir.file("missing/id"), dummy_id(0)); }).find("cannot create"),
+  EXPECT_NE(test::error_message([&] { write_unique_id_file(dir.file("missing/id"), dummy_id(0)); }).find("cannot create"),
             std::string::npos);
 }
 
@@ -294,7 +285,7 @@ TEST(UniqueIdFile, WorldOfOneWithoutFileMakesItsOwn) {
   EXPECT_EQ(made, 1);
   EXPECT_EQ(id.internal[0], dummy_id(9).internal[0]);
   env.world_size = 2;
-  EXPECT_NE(error_of([&] { share_unique_id(env, [] { return dummy_id(0); }); }).find(kNcclIdFileVar),
+  EXPECT_NE(test::error_message([&] { share_unique_id(env, [] { return dummy_id(0); }); }).find(kNcclIdFileVar),
             std::string::npos);
 }
 
