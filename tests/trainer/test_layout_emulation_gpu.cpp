@@ -11,6 +11,7 @@
 //     stage has neither embedding nor LM head nor loss, the last has the LM head and a finite loss; every grad
 //     stays finite; DeviceMemory's comm category equals the communication plan (Model::comm_buffers);
 //   - the last stage of tiny with pp 2 trains: its loss falls over a few dozen steps on synthetic tokens.
+//   - a middle stage with fewer local experts than top-k (ep 8 of 8 experts, top-2) steps in bf16, fp8 and mxfp4.
 // Run: fp4moe_tests_gpu_trainer --gtest_filter='LayoutEmulation*'
 #include <gtest/gtest.h>
 
@@ -180,7 +181,8 @@ std::vector<std::string> stage_args(int64_t stage, std::vector<std::string> extr
 // One stage of a 3-layer model on pp 3 x dp 2 with ep 2 (and `extra` options): construct, initialise, one
 // forward_backward.
 struct StageRun {
-  explicit StageRun(int64_t stage, std::vector<std::string> extra = {}) : cfg(tiny(stage_args(stage, extra))) {
+  explicit StageRun(int64_t stage, std::vector<std::string> extra = {}) : StageRun(tiny(stage_args(stage, extra))) {}
+  explicit StageRun(const TrainerConfig& c) : cfg(c) {
     CUDA_CHECK(cudaStreamCreate(&stream));
     model = std::make_unique<Model>(cfg, mem, stream);
     model->init_weights(cfg.train.seed);
@@ -214,6 +216,15 @@ struct StageRun {
   std::unique_ptr<DeviceBuffer<int32_t>> tokens, targets;
 };
 
+// The squared L2 norm of a parameter's FP32 gradient.
+double grad_norm_sq(const Param& p) {
+  std::vector<float> g(static_cast<size_t>(p.n));
+  CUDA_CHECK(cudaMemcpy(g.data(), p.grad, g.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double norm = 0;
+  for (float x : g) norm += static_cast<double>(x) * x;
+  return norm;
+}
+
 void expect_comm_is_the_plan(const StageRun& r, bool has_moe) {
   const int64_t N = r.cfg.train.micro_batch * r.cfg.train.seq_len;
   const int64_t R = routed_row_count(N * r.cfg.moe.top_k, r.cfg.parallel.routed_load);
@@ -242,13 +253,31 @@ TEST(LayoutEmulationGpu, MiddleStageStepsWithStandIns) {
   EXPECT_FALSE(st.has_loss);
   EXPECT_TRUE(std::isnan(st.loss));
   EXPECT_TRUE(r.grads_finite());
-  // The stand-in gradient reached the layer: its grads are not all zero.
-  std::vector<float> g(static_cast<size_t>(fc1->n));
-  CUDA_CHECK(cudaMemcpy(g.data(), fc1->grad, g.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  double norm = 0;
-  for (float x : g) norm += static_cast<double>(x) * x;
-  EXPECT_GT(norm, 0);
+  EXPECT_GT(grad_norm_sq(*fc1), 0);  // the stand-in gradient reached the layer
   r.model->end_step();
+}
+
+TEST(LayoutEmulationGpu, FewerLocalExpertsThanTopKStep) {
+  // ep 8 of tiny's 8 experts: one local expert per MoE layer, fewer than top-2, so both slots of every token land
+  // on it (the layouts of V3 at ep 64 and 128, 4 and 2 local experts under top-8). The middle stage steps with
+  // finite, non-zero expert gradients and the planned communication buffers.
+  FP4MOE_REQUIRE_DEVICE();
+  for (const char* recipe : {"bf16", "fp8", "mxfp4"}) {
+    SCOPED_TRACE(recipe);
+    StageRun r(tiny({"--model.layers", "3", "--parallel.pp", "3", "--parallel.dp", "8", "--parallel.ep", "8",
+                     "--parallel.stage", "1", "--recipe.routed_experts", recipe}));
+    ASSERT_LT(r.cfg.moe.routed_experts / r.cfg.parallel.ep, r.cfg.moe.top_k);
+    const Param* fc1 = r.model->params().find("layers.1.moe.experts.fc1");
+    ASSERT_TRUE(fc1);
+    EXPECT_EQ(fc1->shape.front(), 1);
+    expect_comm_is_the_plan(r, true);
+    r.model->params().zero_grads(r.stream);
+    r.model->forward_backward(r.tokens->ptr, r.targets->ptr, r.cfg.train.micro_batch, 1.0f);
+    CUDA_CHECK(cudaStreamSynchronize(r.stream));
+    EXPECT_TRUE(r.grads_finite());
+    EXPECT_GT(grad_norm_sq(*fc1), 0);
+    r.model->end_step();
+  }
 }
 
 TEST(LayoutEmulationGpu, LastStageStepsWithTheLoss) {

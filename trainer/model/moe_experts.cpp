@@ -38,8 +38,10 @@ MoeRoutedExperts::MoeRoutedExperts(ParamStore& store, const std::string& prefix,
       last_rows_(mem.slots(), -1) {
   GroupLinear::check_shape(E, 2 * f, d, recipe);  // fc1, fc2: before anything is registered
   GroupLinear::check_shape(E, d, f, recipe);
-  FP4MOE_CHECK(max_tokens >= 0 && k >= 1 && k <= E,
-               "MoeRoutedExperts {}: expected max_tokens >= 0 and 1 <= top_k <= E, got max_tokens={} k={} E={}",
+  // k may exceed E: an emulated expert-parallel rank's E = E_global / ep local experts (layout_emulation.h), where
+  // several of a token's slots land on one local expert (permute.h's device passes allow it).
+  FP4MOE_CHECK(max_tokens >= 0 && k >= 1 && E >= 1,
+               "MoeRoutedExperts {}: expected max_tokens >= 0, top_k >= 1 and E >= 1, got max_tokens={} k={} E={}",
                prefix, max_tokens, k, E);
   FP4MOE_CHECK(fc2_init_std > 0.0f, "MoeRoutedExperts {}: fc2_init_std must be > 0, got {}", prefix, fc2_init_std);
   max_rows_ = routed_row_count(max_tokens * k, routed_load);  // N k, or the skewed load's R (layout_emulation.h)
