@@ -1,5 +1,5 @@
 // `fp4moe repro <scenario>... [--scale smoke|default|full] [--out DIR] [--data DIR] [--parallel N] [--seeds S1,S2]
-// [--steps N] [--list]`: runs reproduction
+// [--steps N] [--configs NAME...] [--list]`: runs reproduction
 // scenarios (repro/scenarios/<scenario>.toml) through the suite's runner, repro/run.py, with the build folder of this
 // binary: one run file <out>/<date>-<gpu>.h5 and its report, as `make repro-table` writes for the whole suite.
 // The runner is Python: the interpreter is the one CMake was configured with (FP4MOE_PYTHON, the Makefile's first
@@ -34,6 +34,7 @@ struct ReproOptions {
   int parallel = 1;   // training cells at a time
   std::string seeds;  // "" : the scenarios' own; checked by the runner
   int steps = 0;      // 0: the scenarios' own
+  std::vector<std::string> configs;  // empty: every configuration's cells; checked by the runner
 };
 
 fs::path source_dir() { return fs::path(FP4MOE_SOURCE_DIR); }
@@ -78,6 +79,10 @@ int run_repro(const ReproOptions& o) {
   if (o.parallel != 1) argv_s.insert(argv_s.end(), {"--parallel", std::to_string(o.parallel)});
   if (!o.seeds.empty()) argv_s.insert(argv_s.end(), {"--seeds", o.seeds});
   if (o.steps != 0) argv_s.insert(argv_s.end(), {"--steps", std::to_string(o.steps)});
+  if (!o.configs.empty()) {
+    argv_s.push_back("--configs");
+    argv_s.insert(argv_s.end(), o.configs.begin(), o.configs.end());
+  }
   argv_s.push_back("--only");
   argv_s.insert(argv_s.end(), o.scenarios.begin(), o.scenarios.end());
   std::vector<char*> argv;
@@ -106,6 +111,8 @@ Command add_repro_command(CLI::App& app) {
   sub->add_option("--seeds", o->seeds, "training scenarios: these seeds (comma-separated) instead of their own");
   sub->add_option("--steps", o->steps, "training scenarios: N steps per run instead of their own")
       ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--configs", o->configs,
+                  "training scenarios: only the cells of these configurations (e.g. small), the others left out");
   return {sub, [o] { return run_repro(*o); }};
 }
 

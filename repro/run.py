@@ -179,6 +179,9 @@ def main(argv=None):
                         "small models leave an H200 mostly idle)")
     p.add_argument("--seeds", metavar="S1,S2,...",
                    help="train scenarios: these --train.seed values instead of the scenario's [seeds] at this scale")
+    p.add_argument("--configs", nargs="+", metavar="NAME",
+                   help="train scenarios: only the cells of these configurations (names of a scenario's [configs], "
+                        "e.g. small); the others are left out of the run, not reported as failed")
     p.add_argument("--steps", type=int, metavar="N",
                    help="train scenarios: N steps per run instead of the scenario's [steps] at this scale")
     a = p.parse_args(argv)
@@ -278,6 +281,8 @@ def run_train_scenario(a, s, run_dir, label, shared, train_files, failed):
     spec = s.train
     steps = a.steps or spec.steps[a.scale]
     cells = train_cells.expand(s, a.scale, a.seeds)
+    if a.configs:
+        cells = [c for c in cells if c.config in a.configs]
     budget = s.budget_gpu_minutes[a.scale]
     seeds = sorted({c.seed for c in cells if c.seed is not None})
     print(f"{label}: {len(cells)} training cell(s) of {steps} steps"
@@ -354,6 +359,12 @@ def run_plan_scenario(a, s, run_dir, label, failed):
 
 def run(a, command):
     scenarios = scenario.load_all(a.scenarios, a.only)
+    if a.configs:
+        known = sorted({c for s in scenarios if s.kind == "train" for c in s.train.configs})
+        unknown = [c for c in a.configs if c not in known]
+        if unknown:
+            raise RunError(f"--configs {' '.join(unknown)}: not a configuration of the training scenarios run "
+                           f"(they have: {', '.join(known) or 'none'})", 2)
     a.fp4moe_path = os.path.abspath(a.fp4moe or os.path.join(a.build, "fp4moe"))
     gpu, count = detect_gpu(a.fp4moe_path)
     now = datetime.datetime.now()

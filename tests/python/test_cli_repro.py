@@ -58,10 +58,11 @@ class ReproCli(unittest.TestCase):
             self.assertEqual(got, [os.path.join(ROOT, "repro", "run.py"), "--build", build, "--scale", "smoke",
                                    "--out", "somewhere", "--only", "loss_deviation", "comm_volume"])
             r = self.run_cli("loss_deviation", "--parallel", "3", "--seeds", "1234,1235", "--steps", "200",
-                             env={"FP4MOE_PYTHON": echo})
+                             "--configs", "small", "dense_small", env={"FP4MOE_PYTHON": echo})
             self.assertEqual(r.returncode, 0, r.stderr)
             got = [line.strip("[]") for line in r.stdout.split()]
             self.assertEqual(got[got.index("--out") + 2:], ["--parallel", "3", "--seeds", "1234,1235", "--steps", "200",
+                                                             "--configs", "small", "dense_small",
                                                              "--only", "loss_deviation"])
 
     def test_bad_parallel_or_steps_are_refused(self):

@@ -276,6 +276,25 @@ class RunSeedsWithFakeTrainer(util.Tmp):
                 self.assertIn(msg, r.stderr)
                 self.assertNotIn("Traceback", r.stderr)
 
+    def test_configs_keeps_only_the_named_configurations_cells(self):
+        build, shards = self.fake_build()
+        ladder = ["--build", build, "--scale", "smoke", "--only", "mxfp4_ladder", "--data", shards, "--steps", "6"]
+        r = subprocess.run([sys.executable, RUN_PY, "--out", self.path("runs"), *ladder, "--configs", "small"],
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("2 training cell(s)", r.stdout)  # smoke: fp8 and + Wgrad H16 of small, not of dense_small
+        with h5py.File(self.run_file("runs"), "r") as f:
+            cells = result_file.read_table(f["bench/train_ladder"])
+        self.assertEqual(set(cells["shape"]), {"small"})
+        self.assertEqual(sorted(cells["recipe"]), ["fp8", "wgrad_h16"])
+        r = subprocess.run([sys.executable, RUN_PY, "--out", self.path("bad"), *ladder, "--configs", "smal"],
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--configs smal: not a configuration of the training scenarios run (they have: dense_small, "
+                      "small)", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertFalse(os.path.exists(self.path("bad")) and any(n.endswith(".h5") for n in os.listdir(self.path("bad"))))
+
     def test_seed_runs_of_different_days_merge_and_disagreeing_ones_are_refused(self):
         build, shards = self.fake_build(seed_val_shift={"1235": 0.1, "1236": 0.05},
                                         recipe_seed_shift={"fp8 1236": 0.03})
