@@ -425,6 +425,23 @@ std::vector<const int32_t*> Model::last_topk_indices() const {
   return out;
 }
 
+Model::ExchangeTotals Model::take_exchange_totals() {
+  ExchangeTotals t;
+  for (const auto& layer : impl_->layers) {
+    ExpertParallelMoeLayer* moe = layer->ep_moe();
+    if (!moe) continue;
+    t.bytes += moe->exchange().bytes().total();
+    for (double ms : moe->exchange().exchange_ms()) t.ms += ms;
+    moe->exchange().reset_bytes();
+  }
+  return t;
+}
+
+void Model::set_exchange_timing(bool on) {
+  for (const auto& layer : impl_->layers)
+    if (ExpertParallelMoeLayer* moe = layer->ep_moe()) moe->exchange().set_timing(on);
+}
+
 EpTransport* Model::transport() const { return impl_->transport; }
 int Model::world_size() const { return impl_->transport ? impl_->transport->world_size() : 1; }
 int Model::rank() const { return impl_->transport ? impl_->transport->rank() : 0; }

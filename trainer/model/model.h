@@ -58,6 +58,7 @@
 #include <memory>
 #include <vector>
 
+#include "trainer/comm/transport.h"
 #include "trainer/config.h"
 #include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/estimate.h"
@@ -67,7 +68,6 @@
 
 namespace fp4moe {
 
-class EpTransport;     // trainer/comm/transport.h
 struct DispatchBytes;  // trainer/model/moe_experts.h
 class ScratchArena;    // trainer/memory/scratch.h
 struct LayerShape;     // trainer/model/decoder_layer.h
@@ -186,6 +186,17 @@ class Model {
   // ranks (in place, asynchronous on the model's stream; the routed experts' stay local). A collective, once per
   // optimizer step after the last backward. Without a transport a no-op (W = 1, nothing to sum).
   void reduce_gradients();
+  // Over a transport: the expert-parallel exchanges of every MoE layer (EpExchange, trainer/comm/ep_exchange.h) since
+  // the last call, summed over the layers and the kinds (counts, dispatch, combine and their gradients): bytes sent to
+  // and received from the other ranks and copied to itself, and the milliseconds of the transport's exchanges when
+  // timed (set_exchange_timing: CUDA events around each; waits for them); the counts then restart. Zero without a
+  // transport.
+  struct ExchangeTotals {
+    EpExchangeBytes bytes;
+    double ms = 0;
+  };
+  ExchangeTotals take_exchange_totals();
+  void set_exchange_timing(bool on);
   EpTransport* transport() const;  // null on one GPU
   int world_size() const;          // the transport's ranks; 1 without one
   int rank() const;                // this rank; 0 without a transport
