@@ -7,9 +7,10 @@
 // all-reduces; bytes s sends to r == bytes r receives from s; one count; else every rank's call throws fp4moe::Error
 // naming the pair or the counts), makes its stream wait for every poster's event, issues the transfer on its stream
 // (an exchange: the device-to-device copies, cudaMemcpyAsync, one per non-empty pair; an all-reduce: rank_sum_device,
-// rank_sum.h, over every rank's buffer) and records a completion event that every rank's stream then waits for. A rank whose call throws (or any caller, through abort()) marks the group failed: every rank
-// blocked in or later entering exchange() throws instead of waiting. A rendezvous that does not complete within the
-// timeout throws (naming the ranks that did not post): bounded, never a hang. wait() is cudaStreamSynchronize.
+// rank_sum.h, over every rank's buffer) and records a completion event that every rank's stream then waits for. A
+// rank whose call throws (or any caller, through abort()) marks the group failed: every rank blocked in or later
+// entering exchange() throws instead of waiting. A rendezvous that does not complete within the timeout throws
+// (naming the ranks that did not post): bounded, never a hang. wait() is cudaStreamSynchronize.
 #pragma once
 
 #include <chrono>

@@ -7,13 +7,12 @@
 // InProcessTransport (in_process_transport.h: N simulated ranks in one process on one device, device-to-device
 // copies; for tests, since NCCL refuses two ranks on one GPU).
 //
-// Every rank of the group calls exchange() and all_reduce_sum() the same number of times in the same order (collectives,
-// one sequence for both); the bytes
-// rank s sends to rank r must equal those r receives from s (the counts exchange that precedes each payload
-// exchange makes them agree; InProcessTransport checks, NCCL would hang or corrupt). exchange() is asynchronous on
-// the caller's stream: it returns once the transfers are enqueued. wait() is the one host synchronisation of a
-// stream: bounded, it throws fp4moe::Error naming the rank and the cause on a transport error or a timeout, never
-// hangs.
+// Every rank of the group calls exchange() and all_reduce_sum() the same number of times in the same order
+// (collectives, one sequence for both); the bytes rank s sends to rank r must equal those r receives from s (the
+// counts exchange that precedes each payload exchange makes them agree; InProcessTransport checks, NCCL would hang or
+// corrupt). exchange() is asynchronous on the caller's stream: it returns once the transfers are enqueued. wait() is
+// the one host synchronisation of a stream: bounded, it throws fp4moe::Error naming the rank and the cause on a
+// transport error or a timeout, never hangs.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -26,7 +26,8 @@ __global__ void __launch_bounds__(kThreads)
 param_init_normal_kernel(MasterShard master, bf16* __restrict__ param, int64_t n, uint64_t seed, uint64_t key,
                          uint64_t first_index, float std_dev) {
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads) {
-    const uint64_t a = splitmix64_dev(seed ^ splitmix64_dev(key ^ splitmix64_dev(first_index + static_cast<uint64_t>(i))));
+    const uint64_t index = first_index + static_cast<uint64_t>(i);
+    const uint64_t a = splitmix64_dev(seed ^ splitmix64_dev(key ^ splitmix64_dev(index)));
     const uint64_t b = splitmix64_dev(a);
     const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
     const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;

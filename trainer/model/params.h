@@ -85,15 +85,16 @@ class ParamStore {
   bool sharded() const { return shard_parts_.sharded(); }
 
   // Device memory for everything registered (pointers are 256-byte aligned per tensor): param and grad blocks of
-  // every tensor padded to kParamAlignElems, in registration order; master, m and v blocks of zero1_layout's
-  // storage (the non-expert shard, then the routed experts'); the state block.
+  // every tensor padded to kParamAlignElems, the params in registration order, the grads in registration order with
+  // the routed experts' last (replicated_grads); master, m and v blocks of zero1_layout's storage (the non-expert
+  // shard, then the routed experts'); the state block.
   void allocate(DeviceMemory& mem);
   bool allocated() const { return allocated_; }
 
-  // Deterministic initialisation from `seed`: element i of the parameter named `name` draws N(0, init_std^2) from
-  // a counter-based generator keyed by (seed, FNV-1a hash of name, Param::init_index + i), so a tensor's values do not depend on the
-  // order or number of the others. Writes param (the BF16 rounding, RNE, of every element: the same values
-  // sharded or not) and the master (FP32) of the shard's elements, zeroes grad, m, v and the state tensors.
+  // Deterministic initialisation from `seed`: element i of the parameter named `name` draws N(0, init_std^2) from a
+  // counter-based generator keyed by (seed, FNV-1a hash of name, Param::init_index + i), so a tensor's values do not
+  // depend on the order or number of the others. Writes param (the BF16 rounding, RNE, of every element: the same
+  // values sharded or not) and the master (FP32) of the shard's elements, zeroes grad, m, v and the state tensors.
   // Generated on the device (param_init.h); synchronous.
   void init(uint64_t seed, cudaStream_t stream);
   void zero_grads(cudaStream_t stream);
