@@ -17,9 +17,12 @@
 // (its pipeline stage, its share of the experts and the communication buffers: trainer/model/model.h, trainer.h);
 // tp > 1 is estimated only (--dry-run); with pp > 1 or ep > 1 there are no checkpoints and no
 // --resume, and no evaluation on a stage without the LM head (check_trainable, one line, exit 2).
-// Under `fp4moe launch` training reads the rank environment (trainer/comm/rank_env.h): a malformed one, or a world
-// of more than one rank (the MoE layer does not exchange tokens between ranks yet), is refused with one line (exit
-// 2); --dry-run does not read it.
+// Under `fp4moe launch` training reads the rank environment (trainer/comm/rank_env.h; a malformed one is refused with
+// one line, exit 2) and runs as one rank of an expert- and data-parallel group over NCCL (trainer/train/trainer.h):
+// each rank its own micro-batches, the routed experts split over the ranks, rank 0 alone writing the result file and
+// the log; refused (exit 2): a [parallel] section (an emulated layout), and over more than one rank checkpoints,
+// --resume and evaluations of the whole validation split. World size 1 under the launcher runs over a real NCCL
+// communicator of one rank. --dry-run does not read the rank environment.
 // Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
 // allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a
 // non-finite step under train.non_finite = stop, CUDA or I/O errors); 128 + the signal number after a SIGINT or
@@ -117,12 +120,6 @@ void print_memory_estimate(const TrainerConfig& cfg, const std::string& producti
   fmt::print("{}", format_paper_policy_table(paper_policy_table(preset), preset));
 }
 
-// Training runs as one rank until the MoE layer exchanges its tokens through trainer/comm/ (issue 17 item 1).
-void check_single_rank(const RankEnv& rank) {
-  FP4MOE_CHECK(rank.world_size == 1, "expert-parallel training over {} ranks is not built yet; world size 1 runs",
-               rank.world_size);
-}
-
 struct TrainCommand {
   std::unique_ptr<TrainCommandLine> line;
   std::string production;  // --production: "v3", "v2" or ""
@@ -141,9 +138,11 @@ struct TrainCommand {
       print_memory_estimate(cfg, production);
       return kExitOk;
     }
+    TrainerOptions opts = line->options();
     try {
-      check_trainable(cfg, line->options());  // what an emulated [parallel] layout does not support
-      check_single_rank(read_rank_env(process_env()));
+      const RankEnv ranks = read_rank_env(process_env());
+      if (ranks.launched) opts.ranks = ranks;  // under `fp4moe launch`: one rank of the group, even of one
+      check_trainable(cfg, opts);  // what an emulated [parallel] layout or the ranks do not support
     } catch (const Error& err) {
       throw CliError(user_message(err.what()));
     }
@@ -151,7 +150,6 @@ struct TrainCommand {
     if (!no_gpu.empty())
       throw CliError(fmt::format("{}: training needs one (--dry-run works without)", no_gpu));
 
-    TrainerOptions opts = line->options();
     opts.command = invocation();
     TrainResult result;
     try {

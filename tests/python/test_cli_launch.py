@@ -378,12 +378,18 @@ class LaunchCli(unittest.TestCase):
 
     # --- train ------------------------------------------------------------------------------------------------
 
-    def test_train_refuses_more_than_one_rank(self):
-        r = self.launch("--gpus", "2", "--", "train", "--config", "configs/tiny.toml", "--synthetic-data",
-                        expect_rc=2)
-        self.assertRegex(r.stderr, r"(?m)^\[rank [01]\] fp4moe train: error: expert-parallel training over 2 ranks "
-                                   r"is not built yet; world size 1 runs$")
-        self.assertRegex(r.stderr.splitlines()[-1], r"^fp4moe launch: rank [01] of 2 exited with status 2; ")
+    def test_train_over_ranks_refuses_what_is_not_built(self):
+        def rejected(message, *extra):
+            r = self.launch("--gpus", "2", "--", "train", "--config", "configs/tiny.toml", "--synthetic-data", *extra,
+                            expect_rc=2)
+            self.assertRegex(r.stderr, r"(?m)^\[rank [01]\] fp4moe train: error: " + message)
+            self.assertRegex(r.stderr.splitlines()[-1], r"^fp4moe launch: rank [01] of 2 exited with status 2; ")
+        rejected(r"train.checkpoint_dir: checkpoints of a run over 2 ranks \(each holding its own experts\) are not "
+                 r"built yet", "--train.checkpoint_dir", os.path.join(self.dir, "ckpt"))
+        rejected(r"the \[parallel\] section \(tp 1 pp 1 dp 2 ep 2\) emulates one GPU of a layout on one GPU; a run "
+                 r"over 2 real ranks", "--parallel.dp", "2", "--parallel.ep", "2")
+        rejected(r"moe.routed_experts = 7 must split evenly over the 2 expert-parallel ranks$",
+                 "--moe.routed_experts", "7")
 
     def test_train_reads_the_rank_environment(self):
         def train(**env):  # one step into this test's folder where a GPU is there
@@ -397,7 +403,7 @@ class LaunchCli(unittest.TestCase):
         # World size 1 passes the rank check: training goes on to look for its GPU (none here) or trains.
         r = train(FP4MOE_RANK="0", FP4MOE_WORLD_SIZE="1", FP4MOE_LOCAL_RANK="0")
         self.assertNotIn("FP4MOE", r.stderr)
-        self.assertNotIn("ranks is not built yet", r.stderr)
+        self.assertNotIn("not built", r.stderr)
         # --dry-run does not read it.
         r = subprocess.run([self.exe, "train", "--config", "configs/tiny.toml", "--synthetic-data", "--dry-run"],
                            capture_output=True, text=True, timeout=60, cwd=ROOT,

@@ -4,6 +4,7 @@
 // test_ep_comm_gpu.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -11,9 +12,11 @@
 #include "kernels/common/check.h"
 #include "kernels/quant/layouts.h"
 #include "tests/common/ep_comm_test_util.h"
+#include "tests/common/trainer_test_util.h"
 #include "kernels/nn/router.h"
 #include "trainer/comm/ep_exchange.h"
 #include "trainer/comm/ep_routing.h"
+#include "trainer/comm/rank_sum.h"
 #include "trainer/comm/transport.h"
 #include "trainer/memory/estimate.h"
 
@@ -127,6 +130,7 @@ struct TwoRankTransport : EpTransport {
   EpExchangeBytes exchange(const std::vector<EpPeerBuffers>&, cudaStream_t) override {
     throw Error("TwoRankTransport moves nothing");
   }
+  void all_reduce_sum(float*, int64_t, cudaStream_t) override { throw Error("TwoRankTransport sums nothing"); }
   void wait(cudaStream_t) override {}
 };
 
@@ -297,6 +301,25 @@ TEST(EpCommRef, CombineReturnsEachSlotToItsSourceInPermuteOrder) {
               << "source " << s << " token " << t << " slot " << j;
         }
   }
+}
+
+// The in-process all-reduce's reference: the sum in rank order, one FP32 rounding per addition, the same bits in
+// every buffer; the order is visible (1 + 2^-24 + 2^-24 rounds to 1 twice, where 2^-24 + 2^-24 + 1 gives 1 + 2^-23).
+TEST(EpCommRef, RankSumAddsInRankOrderIntoEveryBuffer) {
+  const float u = std::ldexp(1.0f, -24);
+  std::vector<float> a{1.0f, u, 3.0f}, b{u, u, -1.0f}, c{u, 1.0f, 0.5f};
+  float* buffers[] = {a.data(), b.data(), c.data()};
+  rank_sum_ref(buffers, 3, 3);
+  const std::vector<float> want{1.0f, 1.0f + 2 * u, 2.5f};
+  EXPECT_EQ(a, want);
+  EXPECT_EQ(b, want);
+  EXPECT_EQ(c, want);
+  EXPECT_NE(test::error_message([&] { rank_sum_ref(buffers, 0, 3); }).find("0 ranks, expected 1 to 64"),
+            std::string::npos);
+  float* with_null[] = {a.data(), nullptr};
+  EXPECT_NE(test::error_message([&] { rank_sum_ref(with_null, 2, 3); }).find("rank 1's buffer of 3 elements is null"),
+            std::string::npos);
+  rank_sum_ref(with_null, 2, 0);  // nothing to sum: no buffer read
 }
 
 }  // namespace

@@ -37,13 +37,13 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "kernels/common/check.h"
 #include "kernels/quant/layouts.h"
 #include "tests/common/ep_comm_test_util.h"
+#include "tests/common/ep_ranks_test_util.h"
 #include "tests/common/gpu_test_util.h"
 #include "tests/common/moe_test_util.h"
 #include "tests/common/param_printers.h"
@@ -227,26 +227,11 @@ std::vector<RankData> make_ranks(int N, bool forced, uint64_t seed) {
   return ranks;
 }
 
-// Runs the N ranks on their threads over one InProcessGroup; a rank's failure aborts the group and fails the test.
+// Runs the N ranks on their threads over one InProcessGroup (ep_ranks_test_util.h).
 std::vector<LayerResult> run_in_process(const TrainerConfig& cfg, const Weights& w, const std::vector<RankData>& in) {
-  const int N = static_cast<int>(in.size());
-  InProcessGroup group(N, std::chrono::seconds(120));
-  std::vector<LayerResult> out(static_cast<size_t>(N));
-  std::vector<std::string> errors(static_cast<size_t>(N));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < N; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        InProcessTransport t(group, r);
-        out[static_cast<size_t>(r)] = run_ep_rank(t, cfg, w, in[static_cast<size_t>(r)]);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        group.abort(e.what());
-      }
-    });
-  for (std::thread& th : threads) th.join();
-  for (int r = 0; r < N; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-  return out;
+  return test::run_simulated_ranks<LayerResult>(static_cast<int>(in.size()), [&](EpTransport& t) {
+    return run_ep_rank(t, cfg, w, in[static_cast<size_t>(t.rank())]);
+  });
 }
 
 // Wire bytes of one row of format f at hidden d: the formats' arithmetic (ep_payload.h), written out.

@@ -2,13 +2,15 @@
 // refuses two ranks on one GPU, so the multi-rank logic (counts, routing tables, payload packing, combine order) runs
 // here with each rank on its own host thread and its own stream, all on the current device.
 //
-// An exchange is a rendezvous: each rank posts its peers list and an event recorded on its stream; the last rank to
-// post checks that every pair agrees (bytes s sends to r == bytes r receives from s; else every rank's call throws
-// fp4moe::Error naming the pair), makes its stream wait for every poster's event, issues the device-to-device copies
-// (cudaMemcpyAsync, one per non-empty pair) on its stream and records a completion event that every rank's stream
-// then waits for. A rank whose call throws (or any caller, through abort()) marks the group failed: every rank
-// blocked in or later entering exchange() throws instead of waiting. A rendezvous that does not complete within the
-// timeout throws (naming the ranks that did not post): bounded, never a hang. wait() is cudaStreamSynchronize.
+// An exchange or an all-reduce is a rendezvous: each rank posts its call (its peers list, or its FP32 buffer and
+// count) and an event recorded on its stream; the last rank to post checks that the calls agree (all exchanges or all
+// all-reduces; bytes s sends to r == bytes r receives from s; one count; else every rank's call throws fp4moe::Error
+// naming the pair or the counts), makes its stream wait for every poster's event, issues the transfer on its stream
+// (an exchange: the device-to-device copies, cudaMemcpyAsync, one per non-empty pair; an all-reduce: rank_sum_device,
+// rank_sum.h, over every rank's buffer) and records a completion event that every rank's stream then waits for. A
+// rank whose call throws (or any caller, through abort()) marks the group failed: every rank blocked in or later
+// entering exchange() throws instead of waiting. A rendezvous that does not complete within the timeout throws
+// (naming the ranks that did not post): bounded, never a hang. wait() is cudaStreamSynchronize.
 #pragma once
 
 #include <chrono>
@@ -35,15 +37,25 @@ class InProcessGroup {
   void abort(const std::string& why);
   // One rank's exchange (InProcessTransport::exchange).
   EpExchangeBytes exchange(int rank, const std::vector<EpPeerBuffers>& peers, cudaStream_t stream);
+  // One rank's all-reduce (InProcessTransport::all_reduce_sum).
+  void all_reduce_sum(int rank, float* data, int64_t n, cudaStream_t stream);
 
  private:
-  void transfer_locked(cudaStream_t stream);  // the last poster's part: checks, copies, completion event
+  // One rank's call of a round: an exchange (peers) or an all-reduce (data, n).
+  struct Post {
+    bool reduce = false;
+    std::vector<EpPeerBuffers> peers;
+    float* data = nullptr;
+    int64_t n = 0;
+  };
+  void rendezvous(int rank, Post post, cudaStream_t stream);  // posts; the last poster transfers; all wait for it
+  void transfer_locked(cudaStream_t stream);  // the last poster's part: checks, copies or sum, completion event
 
   int world_size_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::vector<EpPeerBuffers>> posted_;  // [rank]: this round's peers lists
+  std::vector<Post> posted_;                         // [rank]: this round's calls
   std::vector<cudaEvent_t> ready_;                  // [rank]: recorded on the poster's stream at posting
   std::vector<bool> has_posted_;
   int posted_count_ = 0;
@@ -59,6 +71,7 @@ class InProcessTransport : public EpTransport {
   int rank() const override { return rank_; }
   int world_size() const override { return group_->world_size(); }
   EpExchangeBytes exchange(const std::vector<EpPeerBuffers>& peers, cudaStream_t stream) override;
+  void all_reduce_sum(float* data, int64_t n, cudaStream_t stream) override;
   void wait(cudaStream_t stream) override;
 
  private:

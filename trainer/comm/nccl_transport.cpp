@@ -116,6 +116,15 @@ EpExchangeBytes NcclTransport::exchange(const std::vector<EpPeerBuffers>& peers,
   return bytes;
 }
 
+void NcclTransport::all_reduce_sum(float* data, int64_t n, cudaStream_t stream) {
+  check_all_reduce(data, n, rank());
+  FP4MOE_CHECK(comm_->get(), "NCCL rank {}: all-reduce on a communicator that was aborted", rank());
+  if (n == 0) return;  // every rank has the same n: every rank skips it
+  check_nccl(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, comm_->get(), stream), rank(),
+             "ncclAllReduce");
+  comm_->poll("all-reduce enqueue", nullptr, timeout_);
+}
+
 void NcclTransport::wait(cudaStream_t stream) { comm_->poll("wait", stream, timeout_); }
 
 }  // namespace fp4moe

@@ -1,6 +1,7 @@
 // The expert-parallel transport over NCCL (transport.h): one process per GPU, a communicator over the group's
 // ranks given by the caller; each exchange is one NCCL group (ncclGroupStart; per peer ncclSend and ncclRecv of the
-// byte counts, ncclUint8; ncclGroupEnd), the self pair included (at world size 1 an exchange is a send to itself).
+// byte counts, ncclUint8; ncclGroupEnd), the self pair included (at world size 1 an exchange is a send to itself);
+// each all-reduce one ncclAllReduce (ncclFloat32, ncclSum, in place).
 //
 // Bounded waits (issue 17 item 4). The communicator is made non-blocking (ncclConfig_t blocking = 0, NcclComm
 // below): ncclGroupEnd and the initialisation may return ncclInProgress, and NcclTransport polls
@@ -66,6 +67,7 @@ class NcclTransport : public EpTransport {
   int rank() const override { return comm_->rank(); }
   int world_size() const override { return comm_->nranks(); }
   EpExchangeBytes exchange(const std::vector<EpPeerBuffers>& peers, cudaStream_t stream) override;
+  void all_reduce_sum(float* data, int64_t n, cudaStream_t stream) override;
   void wait(cudaStream_t stream) override;
 
  private:

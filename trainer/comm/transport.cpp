@@ -4,6 +4,11 @@
 
 namespace fp4moe {
 
+void check_all_reduce(float* data, int64_t n, int rank) {
+  FP4MOE_CHECK(n >= 0, "all-reduce, rank {}: n must be >= 0, got {}", rank, n);
+  FP4MOE_CHECK(n == 0 || data, "all-reduce, rank {}: null buffer for {} FP32 values", rank, n);
+}
+
 EpExchangeBytes ep_exchange_bytes(const std::vector<EpPeerBuffers>& peers, int rank, int world_size) {
   FP4MOE_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
                "expert-parallel exchange: rank {} outside [0, world size {})", rank, world_size);

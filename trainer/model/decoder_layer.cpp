@@ -16,14 +16,16 @@ float eps_of(const TrainerConfig& cfg) { return static_cast<float>(cfg.model.nor
 }  // namespace
 
 DecoderLayer::DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t l, int64_t max_tokens,
-                           DeviceMemory& mem)
+                           DeviceMemory& mem, EpTransport* transport)
     : index_(l),
       d_(cfg.model.hidden),
       rc_(layer_recompute(cfg.recompute)),
       attn_norm_(store, name(l, "attn_norm"), cfg.model.hidden, eps_of(cfg), max_tokens, mem, !rc_.norms),
       attn_(store, name(l, "attn"), cfg.model, cfg.recipe.attention, cfg.train.seq_len, max_tokens, mem, rc_.mla),
       ffn_norm_(store, name(l, "ffn_norm"), cfg.model.hidden, eps_of(cfg), max_tokens, mem, !rc_.norms) {
-  if (cfg.is_moe_layer(l)) {
+  if (cfg.is_moe_layer(l) && transport) {
+    ep_moe_ = std::make_unique<ExpertParallelMoeLayer>(store, name(l, "moe"), cfg, max_tokens, mem, *transport);
+  } else if (cfg.is_moe_layer(l)) {
     moe_.emplace(store, name(l, "moe"), cfg, max_tokens, mem);
   } else {
     const float fc2_std = static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(cfg.model.layers)));
@@ -31,18 +33,20 @@ DecoderLayer::DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t 
                  fc2_std, rc_.dense_mlp);
   }
   cfg_ = cfg;
-  plans_ = buffers(cfg, l, LayerShape::one_gpu(cfg, max_tokens));
+  const LayerShape shape = transport ? LayerShape::expert_parallel_rank(cfg, max_tokens, transport->world_size())
+                                     : LayerShape::one_gpu(cfg, max_tokens);
+  plans_ = buffers(cfg, l, shape);
   const BufferPlan& own = plans_.front();
   keep_a_in_ = own.at("attn_norm out").held;
   keep_f_in_ = own.at("ffn_norm out").held;
   FP4MOE_CHECK(keep_a_in_ == (!rc_.norms && attn_.backward_reads_input()) &&
-                   keep_f_in_ == (!rc_.norms && (moe_ || mlp_->backward_reads_input())),
+                   keep_f_in_ == (!rc_.norms && (has_moe() || mlp_->backward_reads_input())),
                "DecoderLayer {}: the buffer plan keeps the norm outputs otherwise than the layer's backward reads them",
                l);
   h_mid_ = own.allocate_kept<bf16>(mem, "h_mid", name(l, "h_mid") + " (residual after attention)");
   a_in_ = own.allocate_kept<bf16>(mem, "attn_norm out", name(l, "attn_norm"));
   f_in_ = own.allocate_kept<bf16>(mem, "ffn_norm out", name(l, "ffn_norm"));
-  scratch_ = scratch(cfg, l, LayerShape::one_gpu(cfg, max_tokens));
+  scratch_ = scratch(cfg, l, shape);
 }
 
 const BufferPlan& DecoderLayer::plan_for(int64_t M) {
@@ -62,6 +66,15 @@ LayerShape LayerShape::one_gpu(const TrainerConfig& cfg, int64_t max_tokens) {
   s.routed_rows = routed_row_count(max_tokens * cfg.moe.top_k, cfg.parallel.routed_load);  // skewed or not
   s.local_experts = local_routed_experts(cfg);  // the expert-parallel share (emulated, moe_router.h)
   s.shared_ffn = cfg.moe.shared_experts * cfg.moe.expert_ffn;
+  return s;
+}
+
+LayerShape LayerShape::expert_parallel_rank(const TrainerConfig& cfg, int64_t max_tokens, int ranks) {
+  FP4MOE_CHECK(ranks >= 1, "LayerShape::expert_parallel_rank: ranks must be >= 1, got {}", ranks);
+  LayerShape s = one_gpu(cfg, max_tokens);
+  s.ep_ranks = ranks;
+  s.local_experts = cfg.moe.routed_experts / ranks;
+  s.routed_rows = ExpertParallelMoeLayer::max_received_rows(cfg, max_tokens, ranks);
   return s;
 }
 
@@ -96,7 +109,10 @@ std::vector<BufferPlan> DecoderLayer::buffers(const TrainerConfig& cfg, int64_t 
                                 MlaAttention::buffers(m, cfg.recipe.attention, rc.mla, s.tokens, s.seq_share, s.heads,
                                                       s.seq_len)};
   if (moe) {
-    for (BufferPlan& p : MoeLayer::buffers(cfg, s)) plans.push_back(std::move(p));
+    for (BufferPlan& p : s.ep_ranks > 0 ? ExpertParallelMoeLayer::buffers(cfg, s.seq_share, s.routed_rows,
+                                                                          s.local_experts)
+                                        : MoeLayer::buffers(cfg, s))
+      plans.push_back(std::move(p));
   } else {
     plans.push_back(SwigluMlp::buffers("mlp", s.tokens, s.seq_share, m.hidden, s.dense_ffn, cfg.recipe.dense_mlp,
                                        rc.dense_mlp, false));
@@ -118,9 +134,9 @@ PassScratch DecoderLayer::scratch(const TrainerConfig& cfg, int64_t l, const Lay
   const PassScratch attn =
       MlaAttention::scratch(cfg.model, cfg.recipe.attention, rc.mla, s.tokens, s.heads, s.seq_len);
   const PassScratch ffn =
-      cfg.is_moe_layer(l)
-          ? MoeLayer::scratch(cfg, s)
-          : SwigluMlp::scratch(s.tokens, d, s.dense_ffn, cfg.recipe.dense_mlp, rc.dense_mlp);
+      !cfg.is_moe_layer(l) ? SwigluMlp::scratch(s.tokens, d, s.dense_ffn, cfg.recipe.dense_mlp, rc.dense_mlp)
+      : s.ep_ranks > 0     ? ExpertParallelMoeLayer::scratch(cfg, s.seq_share, s.routed_rows, s.local_experts)
+                           : MoeLayer::scratch(cfg, s);
   PassScratch out;
   out.forward = (rc.full ? n : 0) +  // h_mid, then a_in and f_in when not kept
                 std::max((keep_a_in ? 0 : n) + attn.forward, (keep_f_in ? 0 : n) + ffn.forward);
@@ -152,6 +168,7 @@ void DecoderLayer::forward(ModelContext& ctx, const bf16* h, int64_t M, bf16* tm
                             : take_planned<bf16>(arena, own.at("ffn_norm out"), "layer ffn_norm output (not kept)");
     ffn_norm_.forward(ctx, h_mid, M, f_in);              // f_in [M, d]
     if (moe_) moe_->forward(ctx, f_in, M, tmp);          // FFN out [M, d]
+    else if (ep_moe_) ep_moe_->forward(ctx, f_in, M, tmp);
     else mlp_->forward(ctx, f_in, M, tmp);
     add_bf16(h_mid, tmp, n, h_next, ctx.stream);         // h' = h_mid + FFN
   }
@@ -164,6 +181,7 @@ void DecoderLayer::backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d
   ScratchArena& arena = scratch_of(ctx, name(index_, "backward"));
   ScratchScope layer_scope(arena);
   if (moe_) moe_->set_aux_grad_scale(aux_grad_scale);
+  if (ep_moe_) ep_moe_->set_aux_grad_scale(aux_grad_scale);
   bf16* h_mid = h_mid_.data();
   bf16* a_in = a_in_.data();  // null when neither kept nor read (fp8/mxfp4 projections)
   if (rc_.full) {  // the forward again up to h_mid; MLA's tensors stay in this scope for its backward
@@ -181,6 +199,7 @@ void DecoderLayer::backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d
       ffn_norm_.recompute(ctx, h_mid, M, f_in);
     }
     if (moe_) moe_->backward(ctx, d_res, f_in, M, tmp);  // d f_in
+    else if (ep_moe_) ep_moe_->backward(ctx, d_res, f_in, M, tmp);
     else mlp_->backward(ctx, d_res, f_in, M, tmp);
     ffn_norm_.backward(ctx, tmp, h_mid, M, tmp);          // the FFN branch's d h_mid
     add_bf16(d_res, tmp, n, d_res, ctx.stream);           // d h_mid
@@ -200,18 +219,42 @@ void DecoderLayer::backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d
 LayerMemory DecoderLayer::memory(size_t input_bytes) const {
   LayerMemory m;
   m.layer = index_;
-  m.moe = moe_.has_value();
+  m.moe = has_moe();
   m.residual = input_bytes + counted_bytes(h_mid_);
   m.norms = counted_bytes(a_in_) + counted_bytes(f_in_) + attn_norm_.kept_bytes() + ffn_norm_.kept_bytes() +
             attn_.kept_norm_bytes();
   m.attn = attn_.kept_bytes() - attn_.kept_norm_bytes();
-  m.ffn = moe_ ? moe_->kept_bytes() : mlp_->kept_bytes();
-  m.routed_experts = moe_ ? moe_->experts().kept_bytes() : 0;
+  m.ffn = moe_ ? moe_->kept_bytes() : ep_moe_ ? ep_moe_->kept_bytes() : mlp_->kept_bytes();
+  m.routed_experts = moe_ ? moe_->experts().kept_bytes() : ep_moe_ ? ep_moe_->experts().kept_bytes() : 0;
   for (const BufferPlan& p : plans_)
     m.quantized_copies += static_cast<size_t>(p.counted_bytes(MemCategory::activations, Lifetime::first_forward));
   m.scratch_forward = scratch_.forward;
   m.scratch_backward = scratch_.backward;
   return m;
+}
+
+float DecoderLayer::moe_aux_loss_host() const {
+  return moe_ ? moe_->aux_loss_host() : ep_moe_ ? ep_moe_->aux_loss_host() : 0.0f;
+}
+
+void DecoderLayer::moe_end_step(ModelContext& ctx) {
+  if (moe_) moe_->end_step(ctx);
+  if (ep_moe_) ep_moe_->end_step(ctx);
+}
+
+const int32_t* DecoderLayer::moe_topk_idx() const {
+  return moe_ ? moe_->topk_idx() : ep_moe_ ? ep_moe_->topk_idx() : nullptr;
+}
+
+void DecoderLayer::moe_force_routing(const int32_t* topk_or_null) {
+  FP4MOE_CHECK(has_moe(), "DecoderLayer {}: force_routing on a dense layer (no router)", index_);
+  if (moe_) moe_->force_routing(topk_or_null);
+  else ep_moe_->force_routing(topk_or_null);
+}
+
+DispatchBytes DecoderLayer::moe_dispatch_bytes() const {
+  FP4MOE_CHECK(has_moe(), "DecoderLayer {}: a dense layer has no routed experts' dispatch", index_);
+  return moe_ ? moe_->experts().dispatch_bytes() : ep_moe_->experts().dispatch_bytes();
 }
 
 }  // namespace fp4moe

@@ -21,6 +21,9 @@
 // Scratch (ModelContext::scratch): one scope per forward and per backward, empty at the start of each; the tensors
 // not kept, then each sub-layer's own scope above them (scratch() states the most; forward_bytes / backward_bytes
 // for M = max_tokens).
+// Expert parallelism over real ranks (a transport given): the MoE block is an ExpertParallelMoeLayer
+// (moe_expert_parallel.h) instead of a MoeLayer; buffers() and scratch() state its buffers at
+// LayerShape::expert_parallel_rank's shapes.
 // In-flight micro-batches (trainer/memory/device_memory.h): every kept buffer of the layer and its sub-layers has
 // one copy per slot of the DeviceMemory it is built on; a backward differentiates the active slot's forward, so
 // several forwards may run before their backwards (1F1B). memory() reports one micro-batch (one copy).
@@ -28,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +43,7 @@
 #include "trainer/model/context.h"
 #include "trainer/model/mla.h"
 #include "trainer/model/moe.h"
+#include "trainer/model/moe_expert_parallel.h"
 #include "trainer/model/params.h"
 #include "trainer/model/recompute.h"
 #include "trainer/model/rms_norm.h"
@@ -62,14 +67,23 @@ struct LayerShape {
   int64_t routed_rows = 0;    // R: routed rows this GPU's experts receive (N top_k on one GPU)
   int64_t local_experts = 0;  // routed experts on this GPU
   int64_t shared_ffn = 0;     // the shared experts' width on this GPU (shared_experts x expert_ffn on one GPU)
+  int64_t ep_ranks = 0;       // > 0: the ranks of a real expert-parallel group (a Model over an EpTransport, model.h)
+                              // whose MoE block here is an ExpertParallelMoeLayer (moe_expert_parallel.h), receiving
+                              // up to routed_rows = its R_max rows on local_experts = E / ep_ranks; 0: MoeLayer
 
   static LayerShape one_gpu(const TrainerConfig& cfg, int64_t max_tokens);
+  // One rank of a real expert-parallel group of `ranks` ranks: one_gpu's shapes but for the MoE block's (ep_ranks,
+  // routed_rows = ExpertParallelMoeLayer::max_received_rows, local_experts = E / ranks). Rejects ranks < 1.
+  static LayerShape expert_parallel_rank(const TrainerConfig& cfg, int64_t max_tokens, int ranks);
 };
 
 class DecoderLayer {
  public:
-  // Layer l of `cfg` (validated by the model) for up to max_tokens tokens, policy from cfg.recompute.
-  DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t l, int64_t max_tokens, DeviceMemory& mem);
+  // Layer l of `cfg` (validated by the model) for up to max_tokens tokens, policy from cfg.recompute. With a transport
+  // (outliving the layer) a MoE layer's block is an ExpertParallelMoeLayer over it (its experts split over the
+  // transport's ranks, shapes LayerShape::expert_parallel_rank), else a MoeLayer.
+  DecoderLayer(ParamStore& store, const TrainerConfig& cfg, int64_t l, int64_t max_tokens, DeviceMemory& mem,
+               EpTransport* transport = nullptr);
 
   // h [M, d] BF16 (kept by the caller until backward) -> h_next [M, d] BF16; tmp [M, d] BF16 is the caller's
   // scratch for the branch outputs. 1 <= M <= max_tokens, a multiple of seq_len.
@@ -104,6 +118,15 @@ class DecoderLayer {
 
   MoeLayer* moe() { return moe_ ? &*moe_ : nullptr; }
   const MoeLayer* moe() const { return moe_ ? &*moe_ : nullptr; }
+  ExpertParallelMoeLayer* ep_moe() { return ep_moe_.get(); }
+  const ExpertParallelMoeLayer* ep_moe() const { return ep_moe_.get(); }
+  // The MoE block, whichever it is (MoeLayer or ExpertParallelMoeLayer); a dense layer has none:
+  bool has_moe() const { return moe_ || ep_moe_; }
+  float moe_aux_loss_host() const;                    // its v2 balance loss of the last forward (0: v3, dense)
+  void moe_end_step(ModelContext& ctx);               // its end_step (a collective over a transport); dense: nothing
+  const int32_t* moe_topk_idx() const;                // its top-k ids of the last forward; null for a dense layer
+  void moe_force_routing(const int32_t* topk_or_null);  // its force_routing; rejects a dense layer
+  DispatchBytes moe_dispatch_bytes() const;           // its routed experts' dispatch payload; rejects a dense layer
   const LayerRecompute& recompute() const { return rc_; }
 
  private:
@@ -120,7 +143,8 @@ class DecoderLayer {
   MlaAttention attn_;
   RmsNorm ffn_norm_;
   std::optional<SwigluMlp> mlp_;  // l < n_dense_layers
-  std::optional<MoeLayer> moe_;   // l >= n_dense_layers
+  std::optional<MoeLayer> moe_;   // l >= n_dense_layers, one GPU
+  std::unique_ptr<ExpertParallelMoeLayer> ep_moe_;  // l >= n_dense_layers over a transport
   // Kept (MemCategory::activations), [max_tokens, d] BF16 each, one copy per in-flight slot; empty when the policy
   // does not keep them:
   KeptArray<bf16> h_mid_;         // residual stream after attention        (not under full)

@@ -56,6 +56,7 @@
 #include "trainer/model/layout_emulation.h"
 #include "trainer/model/moe.h"
 #include "trainer/model/rms_norm.h"
+#include "trainer/comm/transport.h"
 
 namespace fp4moe {
 
@@ -71,8 +72,9 @@ struct Model::Impl {
   static constexpr const char* kPipelineSend = Model::kPipelineSend;
   static constexpr const char* kPipelineReceive = Model::kPipelineReceive;
 
-  Impl(const TrainerConfig& cfg, const PipelineStage& st, ParamStore& store, DeviceMemory& mem)
+  Impl(const TrainerConfig& cfg, const PipelineStage& st, ParamStore& store, DeviceMemory& mem, EpTransport* t)
       : stage(st),
+        transport(t),
         V(cfg.model.vocab_size),
         d(cfg.model.hidden),
         T(cfg.train.seq_len),
@@ -86,7 +88,7 @@ struct Model::Impl {
     // The stage's decoder layers [first_layer, first_layer + layers) under their global indices (all on one GPU).
     const int64_t first = stage.first_layer, n = stage.layers;
     for (int64_t l = first; l < first + n; ++l)
-      layers.push_back(std::make_unique<DecoderLayer>(store, cfg, l, max_tokens, mem));
+      layers.push_back(std::make_unique<DecoderLayer>(store, cfg, l, max_tokens, mem, transport));
     if (stage.last()) {
       norm.emplace(store, "norm", d, static_cast<float>(cfg.model.norm_eps), max_tokens, mem);
       lm_head = &store.add("lm_head", {V, d}, ParamInit::normal, kInitStd, /*decay=*/true);
@@ -106,13 +108,13 @@ struct Model::Impl {
     loss = own.allocate<float>(mem, "loss", "model");
     // The shared scratch: the largest single call (a layer's forward or backward, the LM head's FP32 Dgrad, the
     // final norm's backward, the embedding backward's workspace), once.
-    arena.emplace(mem,
-                  Model::scratch_arena_bytes(cfg, stage, LayerShape::one_gpu(cfg, max_tokens),
-                                             embedding_sort_bytes(max_tokens)),
+    const LayerShape shape = transport ? LayerShape::expert_parallel_rank(cfg, max_tokens, transport->world_size())
+                                       : LayerShape::one_gpu(cfg, max_tokens);
+    arena.emplace(mem, Model::scratch_arena_bytes(cfg, stage, shape, embedding_sort_bytes(max_tokens)),
                   "model scratch arena (shared by the layers)");
     // The communication buffers of the emulated layout (none on one GPU): allocated and counted, never transferred.
     bool has_moe = false;
-    for (const auto& layer : layers) has_moe = has_moe || layer->moe() != nullptr;
+    for (const auto& layer : layers) has_moe = has_moe || layer->has_moe();
     comm_plan = Model::comm_buffers(cfg, max_tokens, LayerShape::one_gpu(cfg, max_tokens).routed_rows, cfg.parallel.ep,
                                     stage.pp, has_moe);
     for (const PlannedBuffer& b : comm_plan.buffers())
@@ -186,10 +188,11 @@ struct Model::Impl {
     return plan;
   }
 
-  std::vector<MoeLayer*> moe_layers() const {
-    std::vector<MoeLayer*> out;
+  // The decoder layers with a MoE block (MoeLayer, or ExpertParallelMoeLayer over a transport), in order.
+  std::vector<DecoderLayer*> moe_layers() const {
+    std::vector<DecoderLayer*> out;
     for (const auto& layer : layers)
-      if (MoeLayer* moe = layer->moe()) out.push_back(moe);
+      if (layer->has_moe()) out.push_back(layer.get());
     return out;
   }
 
@@ -260,6 +263,7 @@ struct Model::Impl {
   }
 
   PipelineStage stage;                              // this GPU's pipeline stage (one GPU: all of the model)
+  EpTransport* transport;                           // the expert- and data-parallel group; null on one GPU
   CublasLtMatmul lt;
   TrainerConfig model_cfg;
   BufferPlan plan{"model"};
@@ -297,22 +301,24 @@ struct Model::Impl {
 
 namespace {
 
-const TrainerConfig& validated(const TrainerConfig& cfg) {
+const TrainerConfig& validated(const TrainerConfig& cfg, const EpTransport* transport) {
   validate_config(cfg);
   check_emulated_layout(cfg);
+  if (transport) check_ranks_config(cfg, transport->world_size());
   return cfg;
 }
 
 }  // namespace
 
-Model::Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream) : cfg_(validated(cfg)) {
+Model::Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream, EpTransport* transport)
+    : cfg_(validated(cfg, transport)) {
   // The one place where the model takes its pipeline position from the layout: the stage it runs (pipeline_stage:
   // parallel.stage, or the largest estimate) and the micro-batches that stage keeps in flight under 1F1B.
   const ParallelLayout layout = layout_of(cfg_);
   const PipelineStage stage = pipeline_stage(cfg_);
   position_ = PipelinePosition{layout.pp, stage.stage, layout.in_flight(stage.stage)};
   mem.slots().set_count(position_.in_flight);  // before the layers allocate their held activations
-  impl_ = std::make_unique<Impl>(cfg_, stage, store_, mem);
+  impl_ = std::make_unique<Impl>(cfg_, stage, store_, mem, transport);
   ctx_ = ModelContext{stream, &impl_->lt, &mem, &*impl_->arena};
   store_.set_shard(layout_of(cfg_).zero1_parts());  // ZeRO-1: this GPU's optimizer shard (params.h)
   store_.allocate(mem);
@@ -344,7 +350,7 @@ StepStats Model::forward(const int32_t* tokens, const int32_t* targets, int64_t 
   stats.tokens = impl_->check_batch(tokens, targets, M, ctx_.stream);
   impl_->forward(ctx_, tokens, M);
   if (impl_->stage.last()) impl_->head_loss(ctx_, targets, M);
-  for (const MoeLayer* moe : impl_->moe_layers()) stats.aux_loss += moe->aux_loss_host();
+  for (const DecoderLayer* moe : impl_->moe_layers()) stats.aux_loss += moe->moe_aux_loss_host();
   stats.loss = impl_->loss_host(ctx_.stream);
   stats.has_loss = impl_->stage.last();
   return stats;
@@ -381,7 +387,7 @@ StepStats Model::forward_in_slot(int64_t slot, const int32_t* tokens, const int3
   if (impl_->stage.last())
     CUDA_CHECK(cudaMemcpyAsync(impl_->kept_targets.data(), targets, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
   impl_->forward(ctx_, impl_->stage.first() ? impl_->kept_tokens.data() : tokens, M);
-  for (const MoeLayer* moe : impl_->moe_layers()) st.stats.aux_loss += moe->aux_loss_host();
+  for (const DecoderLayer* moe : impl_->moe_layers()) st.stats.aux_loss += moe->moe_aux_loss_host();
   st.M = M;
   st.in_flight = true;
   return st.stats;
@@ -398,7 +404,10 @@ StepStats Model::backward_in_slot(int64_t slot, float grad_scale) {
   st.in_flight = false;  // whatever happens below, the slot's activations are spent
   const int32_t* targets = impl_->stage.last() ? impl_->kept_targets.data() : nullptr;
   if (impl_->stage.last()) impl_->head_loss(ctx_, targets, st.M);
-  impl_->backward(ctx_, impl_->stage.first() ? impl_->kept_tokens.data() : nullptr, targets, st.M, grad_scale);
+  // Over W ranks the objective is the mean of the W ranks' micro-batch losses (model.h): each rank's part of it
+  // carries 1 / W.
+  const float scale = grad_scale / static_cast<float>(world_size());
+  impl_->backward(ctx_, impl_->stage.first() ? impl_->kept_tokens.data() : nullptr, targets, st.M, scale);
   StepStats stats = st.stats;
   stats.loss = impl_->loss_host(ctx_.stream);
   return stats;
@@ -407,13 +416,40 @@ StepStats Model::backward_in_slot(int64_t slot, float grad_scale) {
 void Model::begin_step(uint64_t step) { ctx_.quant_seed = splitmix64_at(cfg_.train.seed, step); }
 
 void Model::end_step() {
-  for (MoeLayer* moe : impl_->moe_layers()) moe->end_step(ctx_);
+  for (DecoderLayer* moe : impl_->moe_layers()) moe->moe_end_step(ctx_);
 }
 
 std::vector<const int32_t*> Model::last_topk_indices() const {
   std::vector<const int32_t*> out;
-  for (const MoeLayer* moe : impl_->moe_layers()) out.push_back(moe->topk_idx());
+  for (const DecoderLayer* moe : impl_->moe_layers()) out.push_back(moe->moe_topk_idx());
   return out;
+}
+
+Model::ExchangeTotals Model::take_exchange_totals() {
+  ExchangeTotals t;
+  for (const auto& layer : impl_->layers) {
+    ExpertParallelMoeLayer* moe = layer->ep_moe();
+    if (!moe) continue;
+    t.bytes += moe->exchange().bytes().total();
+    for (double ms : moe->exchange().exchange_ms()) t.ms += ms;
+    moe->exchange().reset_bytes();
+  }
+  return t;
+}
+
+void Model::set_exchange_timing(bool on) {
+  for (const auto& layer : impl_->layers)
+    if (ExpertParallelMoeLayer* moe = layer->ep_moe()) moe->exchange().set_timing(on);
+}
+
+EpTransport* Model::transport() const { return impl_->transport; }
+int Model::world_size() const { return impl_->transport ? impl_->transport->world_size() : 1; }
+int Model::rank() const { return impl_->transport ? impl_->transport->rank() : 0; }
+
+void Model::reduce_gradients() {
+  if (!impl_->transport) return;
+  const ParamStore::GradRange g = store_.replicated_grads();
+  impl_->transport->all_reduce_sum(g.data, g.n, ctx_.stream);
 }
 
 std::vector<LayerMemory> Model::layer_memory() const {
@@ -433,6 +469,18 @@ const PipelineStage& Model::stage() const { return impl_->stage; }
 bool emulates_layout(const TrainerConfig& cfg) { return cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1; }
 
 bool layout_is_emulated(const ParallelLayout& layout) { return layout.tp == 1; }
+
+void check_ranks_config(const TrainerConfig& cfg, int world_size) {
+  FP4MOE_CHECK(world_size >= 1, "the expert- and data-parallel group must have >= 1 ranks, got {}", world_size);
+  const ParallelConfig& p = cfg.parallel;
+  FP4MOE_CHECK(!emulates_layout(cfg), "the [parallel] section (tp {} pp {} dp {} ep {}) emulates one GPU of a layout "
+               "on one GPU; a run over {} real ranks is {}-way expert and data parallel by itself (remove the layout "
+               "from [parallel]; pipeline and tensor parallelism over real ranks are not built)", p.tp, p.pp, p.dp,
+               p.ep, world_size, world_size);
+  FP4MOE_CHECK(cfg.moe.routed_experts % world_size == 0 || cfg.model.n_dense_layers >= cfg.model.layers,
+               "moe.routed_experts = {} must split evenly over the {} expert-parallel ranks", cfg.moe.routed_experts,
+               world_size);
+}
 
 void check_emulated_layout(const TrainerConfig& cfg) {
   FP4MOE_CHECK(layout_is_emulated(layout_of(cfg)), "parallel.tp = {}: tensor parallelism is not emulated on one GPU "
@@ -515,16 +563,17 @@ size_t Model::scratch_arena_bytes(const TrainerConfig& cfg, const PipelineStage&
 
 std::vector<DispatchBytes> Model::dispatch_bytes() const {
   std::vector<DispatchBytes> out;
-  for (const MoeLayer* moe : impl_->moe_layers()) out.push_back(moe->experts().dispatch_bytes());
+  for (const DecoderLayer* moe : impl_->moe_layers()) out.push_back(moe->moe_dispatch_bytes());
   return out;
 }
 
 void Model::force_routing(std::vector<const int32_t*> topk_per_layer) {
-  const std::vector<MoeLayer*> moes = impl_->moe_layers();
+  const std::vector<DecoderLayer*> moes = impl_->moe_layers();
   FP4MOE_CHECK(topk_per_layer.empty() || topk_per_layer.size() == moes.size(),
                "Model force_routing: expected one top-k array per MoE layer ({}) or none, got {}", moes.size(),
                topk_per_layer.size());
-  for (size_t i = 0; i < moes.size(); ++i) moes[i]->force_routing(topk_per_layer.empty() ? nullptr : topk_per_layer[i]);
+  for (size_t i = 0; i < moes.size(); ++i)
+    moes[i]->moe_force_routing(topk_per_layer.empty() ? nullptr : topk_per_layer[i]);
 }
 
 }  // namespace fp4moe

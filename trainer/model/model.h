@@ -30,6 +30,26 @@
 // Not emulated (check_emulated_layout rejects them): tensor parallelism and a skewed routed load. The 1F1B
 // schedule's in-flight micro-batches and the ZeRO-1 shard are described where they are built. Without a
 // [parallel] section the model is the whole one, as before.
+//
+// Expert and data parallelism over real ranks (DESIGN.md "Expert parallelism"): given an EpTransport of W ranks
+// (W >= 1; NcclTransport in `fp4moe train` under `fp4moe launch`, InProcessTransport in tests), every MoE layer is an
+// ExpertParallelMoeLayer (moe_expert_parallel.h: rank r holds routed experts [r E/W, (r + 1) E/W), the tokens travel
+// to their experts and back) and every other parameter is replicated: the embedding, attention, norms, dense FFNs,
+// routers, shared experts and LM head. Each rank brings its own micro-batch. The objective is the mean of the W
+// ranks' micro-batch losses, L = (1/W) sum_r L_r (L_r: rank r's mean cross-entropy, + its v2 balance loss), which is
+// the mean over all W ranks' tokens when the ranks' micro-batches have equal valid-target counts (as the grad_accum
+// micro-batches of one GPU, averaged the same way). Its gradient:
+//   - a replicated parameter: dL/dθ = (1/W) sum_r dL_r/dθ, where rank r computes only dL_r/dθ: backward scales by
+//     grad_scale / W and reduce_gradients() sums the W ranks' replicated gradients (one all-reduce over the
+//     contiguous range ParamStore::replicated_grads);
+//   - a routed expert's parameter, held by one rank: it multiplies rows of every rank's tokens, and its Wgrad sums
+//     over all of them, sum_r dL_r/dθ_e; the same grad_scale / W makes it dL/dθ_e with no communication.
+// So after every rank's backward_in_slot(grad_scale) and reduce_gradients(), every replicated gradient on every rank
+// and each rank's expert gradients are those of ONE model holding all E experts run on all W micro-batches at once
+// with grad_scale (the summation orders aside). At W = 1 the scale is grad_scale itself. Without a transport
+// nothing of this exists (the single-GPU model, unchanged). Rejected with a transport (check_ranks_config): a
+// [parallel] layout (emulation and real ranks do not mix), and what ExpertParallelMoeLayer rejects (routed experts
+// not a multiple of W, recompute of the routed experts).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,6 +58,7 @@
 #include <memory>
 #include <vector>
 
+#include "trainer/comm/transport.h"
 #include "trainer/config.h"
 #include "trainer/memory/buffer_plan.h"
 #include "trainer/memory/estimate.h"
@@ -105,6 +126,10 @@ bool layout_is_emulated(const ParallelLayout& layout);
 // Rejects (fp4moe::Error, one line naming the option) what the model cannot emulate of cfg's [parallel] layout
 // (layout_is_emulated of layout_of(cfg)): parallel.tp > 1.
 void check_emulated_layout(const TrainerConfig& cfg);
+// Rejects (fp4moe::Error, one line naming the option) what a Model over `world_size` real ranks cannot run: world_size
+// < 1, a [parallel] section that emulates a layout (emulates_layout), routed experts that do not split over the
+// ranks (a model with MoE layers).
+void check_ranks_config(const TrainerConfig& cfg, int world_size);
 
 class Model {
  public:
@@ -114,7 +139,9 @@ class Model {
   // parallel.zero1 the store holds rank 0's ZeRO-1 shard of the masters and moments (layout_of(cfg).zero1_parts(),
   // trainer/model/params.h). Throws fp4moe::Error
   // before allocating anything for a bad config; an allocation over mem's budget throws with mem's report.
-  Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream);
+  // transport (outliving the model): one rank of an expert- and data-parallel group (above); its forwards,
+  // backwards, reduce_gradients and end_step are collectives, which every rank calls in the same order.
+  Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream, EpTransport* transport = nullptr);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -153,6 +180,26 @@ class Model {
   StepStats forward_in_slot(int64_t slot, const int32_t* tokens, const int32_t* targets, int64_t B);
   StepStats backward_in_slot(int64_t slot, float grad_scale);
   const PipelinePosition& position() const { return position_; }
+
+  // Over a transport of W ranks (above): backward_in_slot and forward_backward add (grad_scale / W) d(L_r)/dθ, the
+  // rank's part of the group's objective; reduce_gradients() then sums the replicated parameters' gradients over the
+  // ranks (in place, asynchronous on the model's stream; the routed experts' stay local). A collective, once per
+  // optimizer step after the last backward. Without a transport a no-op (W = 1, nothing to sum).
+  void reduce_gradients();
+  // Over a transport: the expert-parallel exchanges of every MoE layer (EpExchange, trainer/comm/ep_exchange.h) since
+  // the last call, summed over the layers and the kinds (counts, dispatch, combine and their gradients): bytes sent to
+  // and received from the other ranks and copied to itself, and the milliseconds of the transport's exchanges when
+  // timed (set_exchange_timing: CUDA events around each; waits for them); the counts then restart. Zero without a
+  // transport.
+  struct ExchangeTotals {
+    EpExchangeBytes bytes;
+    double ms = 0;
+  };
+  ExchangeTotals take_exchange_totals();
+  void set_exchange_timing(bool on);
+  EpTransport* transport() const;  // null on one GPU
+  int world_size() const;          // the transport's ranks; 1 without one
+  int rank() const;                // this rank; 0 without a transport
 
   // Once per optimizer step, before its first forward: the step number (counted from 1, as the trainer's) seeds the
   // step's MXFP4 quantizer choices, ModelContext::quant_seed = splitmix64_at(train.seed, step) (random Hadamard

@@ -14,12 +14,6 @@
 namespace fp4moe {
 namespace {
 
-// Rows a rank's experts may receive: every rank's tokens, each at most min(k, E_l) times (distinct experts).
-int64_t max_received_rows(const TrainerConfig& cfg, int64_t max_tokens, int ep) {
-  const int64_t E_l = cfg.moe.routed_experts / ep;
-  return ep * max_tokens * std::min<int64_t>(cfg.moe.top_k, E_l);
-}
-
 // The layer's checks before anything is registered or allocated (the constructor's list); returns the prefix.
 const std::string& checked(const std::string& prefix, const TrainerConfig& cfg, int64_t max_tokens,
                            const DeviceMemory& mem, const EpTransport& t) {
@@ -28,7 +22,7 @@ const std::string& checked(const std::string& prefix, const TrainerConfig& cfg, 
   FP4MOE_CHECK(cfg.moe.routed_experts % ep == 0,
                "ExpertParallelMoeLayer {}: moe.routed_experts = {} must split evenly over the {} expert-parallel ranks",
                prefix, cfg.moe.routed_experts, ep);
-  const int64_t rows = max_received_rows(cfg, max_tokens, ep);
+  const int64_t rows = ExpertParallelMoeLayer::max_received_rows(cfg, max_tokens, ep);
   FP4MOE_CHECK(rows <= (int64_t{1} << 31) - 1,
                "ExpertParallelMoeLayer {}: the {} rows this rank's experts may receive ({} ranks x max_tokens {} x "
                "min(top_k, local experts)) exceed int32 row indices",
@@ -54,11 +48,24 @@ TrainerConfig router_config(const TrainerConfig& cfg) {
   return c;
 }
 
+// The mutable Param named `name` of `store` (registered by this layer's parts).
+Param& param_named(ParamStore& store, const std::string& name) {
+  for (Param& p : store.params())
+    if (p.name == name) return p;
+  fail(__FILE__, __LINE__, "ExpertParallelMoeLayer: parameter " + name + " is not registered");
+}
+
 }  // namespace
+
+int64_t ExpertParallelMoeLayer::max_received_rows(const TrainerConfig& cfg, int64_t max_tokens, int ranks) {
+  const int64_t E_l = cfg.moe.routed_experts / ranks;
+  return ranks * max_tokens * std::min<int64_t>(cfg.moe.top_k, E_l);  // every rank's tokens, min(k, E_l) times each
+}
 
 ExpertParallelMoeLayer::ExpertParallelMoeLayer(ParamStore& store, const std::string& prefix, const TrainerConfig& cfg,
                                                int64_t max_tokens, DeviceMemory& mem, EpTransport& transport)
     : prefix_(checked(prefix, cfg, max_tokens, mem, transport)),
+      transport_(&transport),
       d_(cfg.model.hidden),
       k_(cfg.moe.top_k),
       max_tokens_(max_tokens),
@@ -80,6 +87,57 @@ ExpertParallelMoeLayer::ExpertParallelMoeLayer(ParamStore& store, const std::str
                                           rc.shared_experts);
   ys_ = exchange_buffers(max_tokens, 0, d_, k_, recipe_).allocate_kept<bf16>(mem, "combined ys", prefix + " ep");
   scratch_ = scratch(cfg, max_tokens, max_rows_, E_l_);
+  if (router_.bias())
+    step_loads_ = DeviceArray<float>(mem, cfg.moe.routed_experts, MemCategory::workspace, prefix + " step loads");
+  // This rank's experts are experts [r E_l, (r + 1) E_l) of the single-GPU layer: their initial values too.
+  const int64_t r = transport.rank();
+  for (const char* w : {".experts.fc1", ".experts.fc2"}) {
+    Param& p = param_named(store, prefix + w);
+    p.init_index = r * p.n;  // p.n = E_l experts' elements
+  }
+}
+
+size_t ExpertParallelMoeLayer::kept_bytes() const {
+  return router_.kept_bytes() + experts_.kept_bytes() + (shared_ ? shared_->kept_bytes() : 0) + counted_bytes(ys_);
+}
+
+std::vector<BufferPlan> ExpertParallelMoeLayer::buffers(const TrainerConfig& cfg, int64_t seq_share,
+                                                        int64_t routed_rows, int64_t local_experts) {
+  const MoeConfig& e = cfg.moe;
+  const int64_t d = cfg.model.hidden, shared_ffn = e.shared_experts * e.expert_ffn;
+  const MoeRecompute rc = layer_recompute(cfg.recompute).moe;
+  std::vector<BufferPlan> plans;
+  plans.push_back(MoeLayer::block_buffers(seq_share, d, e.top_k, shared_ffn > 0));
+  plans.push_back(MoeRouter::buffers(seq_share, e.routed_experts, e.top_k, e.routed_experts, seq_share * e.top_k));
+  plans.push_back(
+      MoeRoutedExperts::buffers(routed_rows, local_experts, d, e.expert_ffn, cfg.recipe.routed_experts, rc));
+  if (shared_ffn > 0)
+    plans.push_back(SwigluMlp::buffers("moe.shared", seq_share, seq_share, d, shared_ffn, cfg.recipe.shared_experts,
+                                       rc.shared_experts, true));
+  plans.push_back(exchange_buffers(seq_share, routed_rows, d, e.top_k, cfg.recipe.routed_experts));
+  return plans;
+}
+
+void ExpertParallelMoeLayer::end_step(ModelContext& ctx) {
+  if (router_.bias()) {  // v3: the loads of every rank's tokens
+    const std::vector<int64_t>& tally = router_.step_counts();
+    std::vector<float> loads(tally.begin(), tally.end());
+    CUDA_CHECK(cudaMemcpyAsync(step_loads_.data(), loads.data(), loads.size() * sizeof(float), cudaMemcpyHostToDevice,
+                               ctx.stream));
+    transport_->all_reduce_sum(step_loads_.data(), static_cast<int64_t>(loads.size()), ctx.stream);
+    CUDA_CHECK(cudaMemcpyAsync(loads.data(), step_loads_.data(), loads.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                               ctx.stream));
+    transport_->wait(ctx.stream);
+    std::vector<int64_t> summed(loads.size());
+    for (size_t e = 0; e < loads.size(); ++e) {
+      // Sums of non-negative integers stay exact in FP32 while every partial sum, so the total, is below 2^24.
+      FP4MOE_CHECK(loads[e] < 16777216.0f, "ExpertParallelMoeLayer {} end_step: expert {} received {} tokens over "
+                   "the ranks this step; the FP32 sum of the loads is exact below 2^24", prefix_, e, loads[e]);
+      summed[e] = static_cast<int64_t>(loads[e]);
+    }
+    router_.set_step_counts(std::move(summed));
+  }
+  router_.end_step(ctx);
 }
 
 BufferPlan ExpertParallelMoeLayer::exchange_buffers(int64_t M, int64_t R, int64_t d, int64_t k, const Recipe& routed) {

@@ -35,11 +35,17 @@
 // the GEMMs' summation order only, and, for fp8 / mxfp4, the FP8 column blocks of Wgrad (1x128 along tokens) and
 // the backward's FP8 dY, quantized before the exchange and again (to the same values) by Group Linear.
 //
+// Initial weights: rank r's experts "<prefix>.experts.fc1" / ".fc2" draw the values of experts [r E_l, (r + 1) E_l)
+// of the single-GPU layer (Param::init_index), so ranks hold distinct experts and init_weights(seed) on every rank
+// gives the single-GPU model's weights split over the ranks. The v3 bias (end_step) moves with the expert loads of
+// every rank's tokens: the step's tally is summed over the ranks (EpTransport::all_reduce_sum) before the update,
+// so every rank's bias stays the one bias of one GPU holding all the tokens. The router's and shared experts'
+// gradients are this rank's only: the model all-reduces them (trainer/model/model.h, data parallelism).
+//
 // Not built (rejected at construction, fp4moe::Error): a recompute policy that drops the routed experts' tensors (moe,
 // full, moe_act: the rows entry keeps what backward reads), several in-flight micro-batches (the exchange holds one
 // layer routing from forward to backward), a routed recipe other than the presets (the exchange's formats). Also
-// not built: the v3 bias's expert loads summed over the ranks (each rank's router tallies its own tokens), data
-// parallelism over the replicated router and shared experts, overlap of the exchanges with compute.
+// not built: overlap of the exchanges with compute.
 //
 // Memory. Kept (MemCategory::activations, counted): the router's and shared experts' as in MoeLayer; the routed
 // experts' for R_max = ep max_tokens min(k, E_l) rows (every rank's tokens may route to this rank's experts); the
@@ -91,7 +97,10 @@ class ExpertParallelMoeLayer {
 
   float aux_loss_host() const { return router_.aux_loss_host(); }
   void set_aux_grad_scale(float g) { aux_grad_scale_ = g; }
-  void end_step(ModelContext& ctx) { router_.end_step(ctx); }
+  // Once per optimizer step, a collective: v3: the step's expert loads summed over the ranks (an all-reduce of E
+  // FP32 counts, exact below 2^24 tokens per expert; more throws fp4moe::Error), then the router's bias update
+  // (MoeRouter::end_step); v2: nothing.
+  void end_step(ModelContext& ctx);
   const int32_t* topk_idx() const { return router_.topk_idx(); }  // device [M, top_k], global expert ids
   void force_routing(const int32_t* topk_or_null) { router_.force_routing(topk_or_null); }
 
@@ -102,6 +111,19 @@ class ExpertParallelMoeLayer {
   const EpExchange& exchange() const { return exchange_; }
   int64_t local_experts() const { return E_l_; }
   int64_t max_rows() const { return max_rows_; }  // R_max above
+  // Activations kept from forward to backward (router, routed and shared experts, the combined rows), as
+  // DeviceMemory counts them.
+  size_t kept_bytes() const;
+
+  // Every buffer of one rank's layer (trainer/memory/buffer_plan.h) for seq_share tokens of this rank and
+  // R = routed_rows rows on local_experts experts: MoeLayer::block_buffers ("moe"), MoeRouter::buffers over all E
+  // ("moe.router"), MoeRoutedExperts::buffers at R and E_l ("moe.experts"), the shared experts' SwigluMlp::buffers
+  // ("moe.shared"), exchange_buffers ("moe.ep"). Rejects what those reject.
+  static std::vector<BufferPlan> buffers(const TrainerConfig& cfg, int64_t seq_share, int64_t routed_rows,
+                                         int64_t local_experts);
+  // The rows one rank's experts may receive (R_max above) in a group of `ranks` ranks: ranks max_tokens
+  // min(top_k, E / ranks).
+  static int64_t max_received_rows(const TrainerConfig& cfg, int64_t max_tokens, int ranks);
 
   // The layer's own buffers (module "moe.ep") for M tokens of this rank and R received rows, in cfg's routed recipe:
   //   kept        "combined ys" [M k, d] BF16 (the combine's output, read by unpermute_backward)
@@ -126,6 +148,7 @@ class ExpertParallelMoeLayer {
   GroupSplit local_split() const;
 
   std::string prefix_;
+  EpTransport* transport_;
   int64_t d_, k_, max_tokens_, E_l_, max_rows_;
   Recipe recipe_;
   float aux_grad_scale_ = 1.0f;
@@ -137,6 +160,7 @@ class ExpertParallelMoeLayer {
   KeptArray<bf16> ys_;                 // [max_tokens k, d] combined rows, permute order
   DeviceArray<int32_t> local_offsets_;  // [E_l + 1] of the last route
   PinnedHost host_local_offsets_;       // the same, host
+  DeviceArray<float> step_loads_;       // [E] the v3 step tally, summed over the ranks in end_step (empty for v2)
   PassScratch scratch_;
 };
 

@@ -210,6 +210,15 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
                  LtOutput{w_->grad, CUDA_R_32F, d_, true}, RaggedDim::none, ctx.stream);
 }
 
+void MoeRouter::set_step_counts(std::vector<int64_t> counts) {
+  FP4MOE_CHECK(static_cast<int64_t>(counts.size()) == E_, "MoeRouter {} set_step_counts: {} counts for {} experts",
+               prefix_, counts.size(), E_);
+  for (size_t e = 0; e < counts.size(); ++e)
+    FP4MOE_CHECK(counts[e] >= 0, "MoeRouter {} set_step_counts: expert {} has a negative count {}", prefix_, e,
+                 counts[e]);
+  tally_ = std::move(counts);
+}
+
 void MoeRouter::end_step(ModelContext& ctx) {
   if (rcfg_.style != RouterStyle::v3_sigmoid) return;
   int64_t total = 0;

@@ -125,6 +125,9 @@ class MoeRouter {
   const Param& weight() const { return *w_; }
   const StateTensor* bias() const { return bias_; }                  // null for v2
   const std::vector<int64_t>& step_counts() const { return tally_; }  // [E] tokens per expert over the step
+  // Replaces the step's tally before end_step (an expert-parallel rank's, summed over the ranks:
+  // moe_expert_parallel.h). Rejects (fp4moe::Error) a size other than E and negative counts.
+  void set_step_counts(std::vector<int64_t> counts);
   size_t kept_bytes() const;  // activations kept from forward to backward (buffers()), as DeviceMemory counts them
   // The router's buffers (trainer/memory/buffer_plan.h; module "moe.router") for `tokens` rows, E experts, top-k,
   // E_local of them on this GPU receiving `rows` routed rows (R: tokens k, more under a skewed load), all held under

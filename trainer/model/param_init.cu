@@ -24,9 +24,10 @@ __device__ __forceinline__ uint64_t splitmix64_dev(uint64_t x) {
 
 __global__ void __launch_bounds__(kThreads)
 param_init_normal_kernel(MasterShard master, bf16* __restrict__ param, int64_t n, uint64_t seed, uint64_t key,
-                         float std_dev) {
+                         uint64_t first_index, float std_dev) {
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads) {
-    const uint64_t a = splitmix64_dev(seed ^ splitmix64_dev(key ^ splitmix64_dev(static_cast<uint64_t>(i))));
+    const uint64_t index = first_index + static_cast<uint64_t>(i);
+    const uint64_t a = splitmix64_dev(seed ^ splitmix64_dev(key ^ splitmix64_dev(index)));
     const uint64_t b = splitmix64_dev(a);
     const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
     const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
@@ -61,9 +62,11 @@ bool check_init_args(const char* what, const MasterShard& master, const bf16* pa
 }  // namespace
 
 void param_init_normal_device(const MasterShard& master, bf16* param, int64_t n, uint64_t seed, uint64_t key,
-                              float std_dev, cudaStream_t stream) {
+                              int64_t first_index, float std_dev, cudaStream_t stream) {
+  FP4MOE_CHECK(first_index >= 0, "param_init_normal_device: first_index must be >= 0, got {}", first_index);
   if (!check_init_args("param_init_normal_device", master, param, n)) return;
-  param_init_normal_kernel<<<grid_for(n), kThreads, 0, stream>>>(master, param, n, seed, key, std_dev);
+  param_init_normal_kernel<<<grid_for(n), kThreads, 0, stream>>>(master, param, n, seed, key,
+                                                                 static_cast<uint64_t>(first_index), std_dev);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -116,12 +116,17 @@ void ParamStore::allocate(DeviceMemory& mem) {
   m_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::optimizer, "AdamW m (FP32)");
   v_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::optimizer, "AdamW v (FP32)");
   state_block_ = DeviceArray<float>(mem, state_total, MemCategory::weights, "model state (FP32)");
-  int64_t off = 0;
+  // The grad block: the tensors that are not routed experts' first, then the routed experts' (replicated_grads).
+  replicated_grad_elems_ = 0;
+  for (const auto& p : params_)
+    if (!p.expert) replicated_grad_elems_ += param_padded(p.n);
+  int64_t off = 0, grad_off[2] = {0, replicated_grad_elems_};
   size_t i = 0;
   for (auto& p : params_) {
     const Zero1Slot& slot = shard.slots[i++];
     p.param = param_block_.data() + off;
-    p.grad = grad_block_.data() + off;
+    p.grad = grad_block_.data() + grad_off[p.expert ? 1 : 0];
+    grad_off[p.expert ? 1 : 0] += param_padded(p.n);
     p.shard_begin = slot.range.begin;
     p.shard_end = slot.range.end;
     const bool owned = !slot.range.empty();
@@ -143,7 +148,7 @@ void ParamStore::init(uint64_t seed, cudaStream_t stream) {
   for (auto& p : params_) {
     const MasterShard shard{p.master, p.shard_begin, p.shard_end};
     if (p.init == ParamInit::normal)
-      param_init_normal_device(shard, p.param, p.n, seed, param_name_key(p.name), p.init_std, stream);
+      param_init_normal_device(shard, p.param, p.n, seed, param_name_key(p.name), p.init_index, p.init_std, stream);
     else
       param_fill_device(shard, p.param, p.n, p.init == ParamInit::ones ? 1.0f : 0.0f, stream);
   }
@@ -152,6 +157,11 @@ void ParamStore::init(uint64_t seed, cudaStream_t stream) {
   if (v_block_.data()) CUDA_CHECK(cudaMemsetAsync(v_block_.data(), 0, v_block_.bytes(), stream));
   if (state_block_.data()) CUDA_CHECK(cudaMemsetAsync(state_block_.data(), 0, state_block_.bytes(), stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+ParamStore::GradRange ParamStore::replicated_grads() const {
+  FP4MOE_CHECK(allocated_, "ParamStore::replicated_grads: allocate() first");
+  return GradRange{const_cast<float*>(grad_block_.data()), replicated_grad_elems_};
 }
 
 void ParamStore::zero_grads(cudaStream_t stream) {

@@ -16,7 +16,10 @@
 // Use: layers call add()/add_state() in their constructors and keep the returned pointers (stable: the store is a
 // deque); allocate() then gives every tensor its device memory (weights under MemCategory::weights, grads under
 // grads, m and v under optimizer) in one block per kind, so a tensor's pointers are views into those blocks;
-// init() fills them. Adding after allocate() throws.
+// init() fills them. Adding after allocate() throws. The grad block holds the tensors that are not routed experts'
+// first, then the routed experts' (each kind in registration order), so that the gradients a data-parallel group
+// all-reduces lie in one contiguous range (replicated_grads; the routed experts' are local to their rank under
+// expert parallelism, trainer/model/model.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,6 +45,8 @@ struct Param {
   float init_std = 0.0f;       // standard deviation of ParamInit::normal
   bool decay = true;           // AdamW weight decay applies (matrices); false for norm weights
   bool expert = false;         // a routed experts' tensor (is_routed_expert_param): ZeRO-1's expert parts
+  int64_t init_index = 0;      // init() draws element i from the generator's index init_index + i: a rank's slice
+                               // of a larger tensor (an expert-parallel rank's experts) gets the slice's values
   int64_t shard_begin = 0;     // this GPU's ZeRO-1 shard: elements [shard_begin, shard_end) of the tensor
   int64_t shard_end = 0;       // (set by allocate(); [0, n) without sharding; may be empty under it)
   bf16* param = nullptr;       // device [n]
@@ -80,20 +85,29 @@ class ParamStore {
   bool sharded() const { return shard_parts_.sharded(); }
 
   // Device memory for everything registered (pointers are 256-byte aligned per tensor): param and grad blocks of
-  // every tensor padded to kParamAlignElems, in registration order; master, m and v blocks of zero1_layout's
-  // storage (the non-expert shard, then the routed experts'); the state block.
+  // every tensor padded to kParamAlignElems, the params in registration order, the grads in registration order with
+  // the routed experts' last (replicated_grads); master, m and v blocks of zero1_layout's storage (the non-expert
+  // shard, then the routed experts'); the state block.
   void allocate(DeviceMemory& mem);
   bool allocated() const { return allocated_; }
 
-  // Deterministic initialisation from `seed`: element i of the parameter named `name` draws N(0, init_std^2) from
-  // a counter-based generator keyed by (seed, FNV-1a hash of name, i), so a tensor's values do not depend on the
-  // order or number of the others. Writes param (the BF16 rounding, RNE, of every element: the same values
-  // sharded or not) and the master (FP32) of the shard's elements, zeroes grad, m, v and the state tensors.
+  // Deterministic initialisation from `seed`: element i of the parameter named `name` draws N(0, init_std^2) from a
+  // counter-based generator keyed by (seed, FNV-1a hash of name, Param::init_index + i), so a tensor's values do not
+  // depend on the order or number of the others. Writes param (the BF16 rounding, RNE, of every element: the same
+  // values sharded or not) and the master (FP32) of the shard's elements, zeroes grad, m, v and the state tensors.
   // Generated on the device (param_init.h); synchronous.
   void init(uint64_t seed, cudaStream_t stream);
   void zero_grads(cudaStream_t stream);
   // param := BF16(master) on every tensor's shard (after loading masters from a checkpoint).
   void refresh_bf16_from_master(cudaStream_t stream);
+
+  // The grads of every tensor that is not a routed experts' (Param::expert false), padding included (zeroed with the
+  // rest): one contiguous device FP32 range [data, data + n) of the grad block. After allocate().
+  struct GradRange {
+    float* data = nullptr;
+    int64_t n = 0;
+  };
+  GradRange replicated_grads() const;
 
   std::deque<Param>& params() { return params_; }
   const std::deque<Param>& params() const { return params_; }
@@ -109,6 +123,7 @@ class ParamStore {
   bool allocated_ = false;
   DeviceArray<bf16> param_block_;
   DeviceArray<float> master_block_, grad_block_, m_block_, v_block_, state_block_;
+  int64_t replicated_grad_elems_ = 0;  // the grad block's first part (replicated_grads)
 };
 
 // The generator of init() on the host (its reference; init() runs param_init.h's device copy of it): a standard

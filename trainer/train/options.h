@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 
+#include "trainer/comm/rank_env.h"
 #include "trainer/flops.h"
 
 namespace fp4moe {
@@ -23,6 +25,11 @@ struct TrainerOptions {
                             // into one); "": a fresh start from init_weights(train.seed)
   std::string config_path;  // the TOML file, recorded with the run ("" when none)
   std::string command;      // the root attribute `command` (the command line)
+
+  // The rank environment of a run started by `fp4moe launch` (trainer/comm/rank_env.h): training then builds an
+  // NcclTransport from it and runs rank env.rank of an env.world_size-way expert- and data-parallel group (trainer.h);
+  // nullopt: one GPU, no communicator.
+  std::optional<RankEnv> ranks;
 
   bool synthetic_data = false;               // seeded synthetic tokens (trainer/train/batch.h) instead of shards
   double peak_flops = kH100H200DenseBf16Flops;  // FLOP/s the MFU is quoted against (> 0)

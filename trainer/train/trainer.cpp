@@ -23,6 +23,21 @@ namespace fs = std::filesystem;
 void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
   validate_config(cfg);
   check_emulated_layout(cfg);
+  if (options.ranks) {  // real ranks (`fp4moe launch`): expert and data parallel, no emulated layout
+    const int W = options.ranks->world_size;
+    check_ranks_config(cfg, W);
+    if (W > 1) {
+      FP4MOE_CHECK(cfg.train.checkpoint_dir.empty() && options.resume_path.empty(), "{}: checkpoints of a run over {} "
+                   "ranks (each holding its own experts) are not built yet; unset train.checkpoint_dir and "
+                   "train.checkpoint_interval (world size 1 checkpoints as one GPU)",
+                   options.resume_path.empty() ? "train.checkpoint_dir" : "--resume", W);
+      const bool shards = !options.synthetic_data && cfg.train.eval_interval > 0;
+      FP4MOE_CHECK(!shards || (cfg.train.eval_steps >= 1 && cfg.train.final_eval_steps >= 1),
+                   "train.eval_steps = {}, train.final_eval_steps = {}: an evaluation of the whole validation split "
+                   "over {} ranks is not built (the ranks' shares of it differ in length); give both N >= 1 batches "
+                   "per rank", cfg.train.eval_steps, cfg.train.final_eval_steps, W);
+    }
+  }
   FP4MOE_CHECK(!options.synthetic_data || cfg.train.eval_interval == 0 || cfg.train.eval_steps >= 1,
                "train.eval_steps = 0 evaluates the whole validation split, which synthetic data does not have; give "
                "train.eval_steps N >= 1 batches (or train.eval_interval 0)");
@@ -65,12 +80,12 @@ Trainer::State::~State() {
   model.reset();
   tokens.reset();
   targets.reset();
-  norm_workspace.reset();
-  norm_and_scale.reset();
+  grad_norm.reset();
+  rank_value.reset();
   mem.reset();
+  transport.reset();  // after the model and its exchanges
   if (uploaded) cudaEventDestroy(uploaded);
   if (pinned) cudaFreeHost(pinned);
-  if (pinned_norm) cudaFreeHost(pinned_norm);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -79,6 +94,10 @@ void Trainer::State::setup() {
   // Everything that can be refused without a device, first.
   check_trainable(cfg, opts);  // validate_config, what an emulated layout does not support, ZeRO-1's checkpoints
   if (!opts.synthetic_data) validate_data(cfg);
+  if (opts.ranks && opts.ranks->rank != 0) {  // rank 0 alone writes the result file and logs
+    opts.out_path.clear();
+    opts.log = nullptr;
+  }
   FP4MOE_CHECK(opts.log_interval >= 1, "log_interval must be >= 1, got {}", opts.log_interval);
   FP4MOE_CHECK(std::isfinite(opts.peak_flops) && opts.peak_flops > 0, "peak_flops must be > 0, got {}",
                opts.peak_flops);
@@ -99,6 +118,7 @@ void Trainer::State::setup() {
   tokens_per_step = t.tokens_per_step();
   flops_per_token = training_flops_per_token(cfg);
   rows.resize(static_cast<size_t>(B * (T + 1)));
+  other_rows.resize(rows.size());
   if (opts.synthetic_data) {
     train = TokenBatches::synthetic(t.seed, kSyntheticTrainStream, cfg.model.vocab_size, B, T);
     if (t.eval_interval > 0) val = TokenBatches::synthetic(t.seed, kSyntheticValStream, cfg.model.vocab_size, B, T);
@@ -121,13 +141,17 @@ void Trainer::State::setup() {
     FP4MOE_CHECK(!ec, "cannot create train.checkpoint_dir '{}': {}", t.checkpoint_dir, ec.message());
   }
 
+  if (opts.ranks) {  // a launched run: the communicator first (it makes the rank's device current)
+    transport = std::make_unique<NcclTransport>(*opts.ranks);
+    rank = transport->rank();
+    world = transport->world_size();
+  }
   CUDA_CHECK(cudaStreamCreate(&stream));
   CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), static_cast<size_t>(2 * B * T) * sizeof(int32_t),
                            cudaHostAllocDefault));
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_norm), sizeof(float), cudaHostAllocDefault));
   mem = std::make_unique<DeviceMemory>(opts.memory_budget_bytes);
-  model = std::make_unique<Model>(cfg, *mem, stream);
+  model = std::make_unique<Model>(cfg, *mem, stream, transport.get());
   const PipelinePosition& at = model->position();
   FP4MOE_CHECK(one_f_one_b_slots(at.stages, at.stage, t.grad_accum) == at.in_flight,
                "stage {} of {} keeps {} micro-batches in flight, but train.grad_accum = {} micro-batches per step "
@@ -136,9 +160,9 @@ void Trainer::State::setup() {
   schedule = one_f_one_b_schedule(at.stages, at.stage, t.grad_accum);
   tokens = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch tokens [B*T]");
   targets = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch targets [B*T]");
-  norm_workspace = DeviceArray<double>(*mem, kGradNormSlots, MemCategory::workspace, "gradient norm partial sums");
-  norm_and_scale = DeviceArray<float>(*mem, 2, MemCategory::workspace, "gradient norm and clip scale");
-  for (const Param& p : model->params().params()) grads.push_back({p.grad, p.n});
+  grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport.get());
+  model->set_exchange_timing(transport != nullptr);  // the step's all-to-all time (trainer_step.cpp)
+  if (transport) rank_value = DeviceArray<float>(*mem, 1, MemCategory::workspace, "value summed over the ranks");
 
   metrics = std::make_unique<TrainMetrics>(run_name, train_run_attributes(cfg), opts.command, query_env_info());
   metrics->set_attribute("config_file", opts.config_path);
@@ -167,8 +191,21 @@ void Trainer::State::setup() {
 }
 
 void Trainer::State::upload(TokenBatches& source) {
-  source.next(rows);
+  for (int r = 0; r < world; ++r) {  // the group's next W batches; this rank's is the rank-th
+    if (r != rank) source.next(other_rows);
+    else source.next(rows);
+  }
   upload_rows(B);
+}
+
+double Trainer::State::mean_over_ranks(double v) {
+  if (!transport) return v;
+  float f = static_cast<float>(v);
+  CUDA_CHECK(cudaMemcpyAsync(rank_value.data(), &f, sizeof(float), cudaMemcpyHostToDevice, stream));
+  transport->all_reduce_sum(rank_value.data(), 1, stream);
+  CUDA_CHECK(cudaMemcpyAsync(&f, rank_value.data(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+  transport->wait(stream);
+  return static_cast<double>(f) / world;
 }
 
 void Trainer::State::upload_rows(int64_t rows_n) {
@@ -206,6 +243,12 @@ TrainResult Trainer::run() {
       s.step + 1, t.steps, s.tokens_per_step, s.B, s.T, t.grad_accum,
       s.opts.synthetic_data ? std::string("synthetic tokens") : fmt::format("shards of {}", t.data_dir),
       s.opts.out_path.empty() ? std::string() : fmt::format(", results in {}", s.opts.out_path)));
+  if (s.transport) {
+    const int64_t E = s.cfg.moe.routed_experts;
+    s.progress->message(fmt::format("rank {} of {}: expert parallel ({} of {} routed experts per MoE layer on each "
+                                    "rank) and data parallel ({} tokens per step over the ranks)",
+                                    s.rank, s.world, E / s.world, E, s.tokens_per_step * s.world));
+  }
   if (emulates_layout(s.cfg)) {
     const ParallelConfig& p = s.cfg.parallel;
     const PipelineStage& st = s.model->stage();

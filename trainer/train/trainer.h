@@ -46,6 +46,17 @@
 // alone. tokens_per_s counts the tokens this GPU's stage processes in the step (B T grad_accum) and mfu the stage's
 // training FLOPs (its layers, and the LM head on the last stage). The file's attributes record the layout and the
 // stage (layout_attributes, metrics.h). check_trainable rejects what such a run does not support.
+//
+// Ranks (options.ranks: `fp4moe train` under `fp4moe launch`; DESIGN.md "Expert parallelism"): the Trainer builds an
+// NcclTransport from the rank environment (before its stream: the communicator makes the rank's device current) and
+// the Model over it: W-way expert and data parallel, every rank its own micro-batches. Rank r takes of each W
+// consecutive batches of the source the r-th (rank-strided; every rank reads all W, so their sources stay at one
+// position). In step 2: the loss is the mean of the ranks' (an FP32 all-reduce), Model::reduce_gradients sums the
+// replicated gradients, GradNorm takes the group's norm (the same on every rank: the same skip / stop decision).
+// The row's `tokens` counts the group's tokens, tokens_per_s and mfu one GPU's; an evaluation averages the ranks'
+// val losses (each rank its own rank-strided batches; val_tokens the group's). Rank 0 alone writes the result file
+// and logs; every log_interval steps it prints a line with its all-to-all bytes and the exchanges' time
+// (Model::take_exchange_totals). check_trainable lists what is refused over ranks.
 #pragma once
 
 #include <cstdint>
@@ -63,7 +74,10 @@ namespace fp4moe {
 class Model;
 
 // Rejects (fp4moe::Error, one line naming the option), before anything is allocated, what training cfg with
-// `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1); with pp > 1 or
+// `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1); over options.ranks, check_ranks_config's
+// (model.h: a [parallel] layout, routed experts that do not split over the ranks) and, over more than one rank,
+// checkpoints (train.checkpoint_dir, options.resume_path) and evaluations of the whole validation split
+// (train.eval_steps or train.final_eval_steps 0 on shards); with pp > 1 or
 // ep > 1 (the GPU holds a stage or an expert share, not the whole model) checkpoints (train.checkpoint_dir set) and
 // options.resume_path; train.eval_interval > 0 on a stage without the LM head (no loss to evaluate); periodic
 // evaluations of the whole validation split (train.eval_steps = 0) on synthetic data, which has none. ZeRO-1's own

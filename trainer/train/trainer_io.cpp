@@ -36,7 +36,8 @@ void Trainer::State::evaluate(bool final_evaluation) {
   run_peaks.merge(*mem);
   int64_t windows = 0;
   for (const int64_t n : batch_rows) windows += n;
-  const EvalRecord e{step, tokens_seen, rows_weighted_mean(losses, batch_rows), windows * T};
+  // Over W ranks each evaluated its own batches (rank-strided, as the training batches): the mean of the ranks'.
+  const EvalRecord e{step, tokens_seen, mean_over_ranks(rows_weighted_mean(losses, batch_rows)), windows * T * world};
   metrics->add_eval(e);
   result.evals.push_back(e);
   last_eval_step = step;

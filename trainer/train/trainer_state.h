@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "kernels/nn/adamw.h"
+#include "trainer/comm/nccl_transport.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/model.h"
 #include "trainer/train/batch.h"
 #include "trainer/train/metrics.h"
+#include "trainer/train/optimizer_step.h"
 #include "trainer/train/pipeline_schedule.h"
 #include "trainer/train/progress.h"
 #include "trainer/train/trainer.h"
@@ -34,16 +36,17 @@ struct Trainer::State {
   cudaStream_t stream = nullptr;
   cudaEvent_t uploaded = nullptr;  // recorded after the copies out of `pinned`
   int32_t* pinned = nullptr;       // host, page-locked [2 * B * T]: tokens, then targets
-  float* pinned_norm = nullptr;    // host, page-locked [1]
+  int rank = 0, world = 1;         // this rank of the expert- and data-parallel group (one GPU: 0 of 1)
   std::vector<int32_t> rows;       // host [B, T+1], the batch as the source gives it
+  std::vector<int32_t> other_rows; // host [B, T+1], the other ranks' batches (read past, rank-strided)
 
+  std::unique_ptr<NcclTransport> transport;  // launched runs (opts.ranks); outlives the model
   std::unique_ptr<DeviceMemory> mem;  // declared before everything it allocates (destroyed after them)
   std::unique_ptr<Model> model;
   std::vector<PipelineStep> schedule;  // one step's passes: 1F1B of the model's stage over train.grad_accum
   DeviceArray<int32_t> tokens, targets;  // device [B * T]
-  DeviceArray<double> norm_workspace;    // device [kGradNormSlots]
-  DeviceArray<float> norm_and_scale;     // device [2]: global gradient norm, clip scale
-  std::vector<GradTensor> grads;         // every Param's grad, in store order
+  std::unique_ptr<GradNorm> grad_norm;   // the step's global gradient norm and clip scale (over the group)
+  DeviceArray<float> rank_value;         // device [1]: a value summed over the ranks (mean_over_ranks)
 
   std::unique_ptr<TokenBatches> train, val;  // val: null when eval_interval = 0
   std::unique_ptr<ValidationWindows> val_split;  // the whole validation split (shards, eval_interval > 0)
@@ -58,7 +61,10 @@ struct Trainer::State {
 
   ~State();
   void setup();                       // trainer.cpp: everything the constructor does
-  void upload(TokenBatches& source);  // the next batch of `source` -> tokens, targets (on `stream`)
+  // The next batch of `source` -> tokens, targets (on `stream`); over W ranks the next W batches are read and this
+  // rank's (the rank-th) is kept, so every rank's source stays at the same position.
+  void upload(TokenBatches& source);
+  double mean_over_ranks(double v);   // v averaged over the group's ranks (an FP32 all-reduce); v on one GPU
   void upload_rows(int64_t n);        // the first n (<= B) rows of `rows` -> tokens, targets (on `stream`)
 
   StepRecord train_step();            // trainer_step.cpp

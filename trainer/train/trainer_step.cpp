@@ -45,15 +45,13 @@ StepRecord Trainer::State::train_step() {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     CUDA_CHECK(cudaMemcpyAsync(store.params().front().grad, &nan, sizeof(float), cudaMemcpyHostToDevice, stream));
   }
-
+  // Over W ranks: the group's loss (the mean of the ranks'), the replicated gradients summed (model.h); then the
+  // group's gradient norm, the same on every rank, so that every rank takes the same decision below.
+  loss = mean_over_ranks(loss);
+  model->reduce_gradients();
   const float max_norm = t.grad_clip > 0 ? static_cast<float>(t.grad_clip) : std::numeric_limits<float>::infinity();
-  float* norm_d = norm_and_scale.data();
-  float* scale_d = norm_and_scale.data() + 1;
-  grad_global_norm(grads.data(), static_cast<int>(grads.size()), max_norm, norm_workspace.data(), norm_d, scale_d,
-                   stream);
-  CUDA_CHECK(cudaMemcpyAsync(pinned_norm, norm_d, sizeof(float), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  const double norm = *pinned_norm;
+  const double norm = grad_norm->compute(max_norm, stream);
+  const float* scale_d = grad_norm->clip_scale();
   const double lr = learning_rate(t, s);
   const bool finite = (!has_loss || std::isfinite(loss)) && std::isfinite(norm);
 
@@ -79,8 +77,17 @@ StepRecord Trainer::State::train_step() {
   }
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const Model::ExchangeTotals exchanged = model->take_exchange_totals();  // every step: the counts restart
+  if (transport && s % opts.log_interval == 0) {  // rank 0's log only (the others' is silent)
+    constexpr double kMiB = 1048576.0;
+    progress->message(fmt::format("step {}: all-to-all of rank {} (every MoE layer, forward and backward): sent {:.3f} "
+                                  "MiB, received {:.3f} MiB, to itself {:.3f} MiB; {:.3f} ms in the exchanges", s,
+                                  rank, static_cast<double>(exchanged.bytes.sent) / kMiB,
+                                  static_cast<double>(exchanged.bytes.received) / kMiB,
+                                  static_cast<double>(exchanged.bytes.to_self) / kMiB, exchanged.ms));
+  }
   step = s;
-  tokens_seen += tokens_per_step;
+  tokens_seen += tokens_per_step * world;  // the group's tokens
   run_peaks.merge(*mem);
 
   StepRecord r;
