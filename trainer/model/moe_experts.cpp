@@ -11,6 +11,7 @@
 #include "kernels/quant/layouts.h"
 #include "trainer/model/layout_emulation.h"
 #include "trainer/model/linear_quantized.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 
@@ -254,6 +255,7 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
   begin_forward(ctx, r.rows);
   last_M_.get() = M;
   run_to_ys(ctx, x, r, t_);
+  ProfileScope unpermute(ctx, ProfileModule::moe_permute);
   unpermute_forward(t_.ys, r.topk_weight, t_.row_of, M, k_, d_, y, ctx.stream);  // y [M, d]
   stamp_ = scratch_of(ctx, "MoeRoutedExperts " + prefix_).stamp();
 }
@@ -326,13 +328,17 @@ void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRout
   const int64_t M = r.M, R = r.rows;
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
-  if (R == M * k_) {
-    permute_map(r.topk_idx, r.offsets, M, k_, E_, t.row_of, t.assignment_of, s);
-    permute_forward(x, t.assignment_of, M, k_, d_, t.xs, s);  // xs [R, d]
-  } else {  // a skewed load (layout_emulation.h): the R assignments as R tokens of top-1; an extra row copies a token
-    permute_map(r.topk_idx, r.offsets, R, 1, E_, t.row_of, t.assignment_of, s);
-    routed_row_tokens(t.assignment_of, R, M * k_, k_, t.assignment_of, s);  // assignment -> the token it copies
-    permute_forward(x, t.assignment_of, R, 1, d_, t.xs, s);  // xs [R, d]
+  {
+    ProfileScope permute(ctx, ProfileModule::moe_permute);
+    if (R == M * k_) {
+      permute_map(r.topk_idx, r.offsets, M, k_, E_, t.row_of, t.assignment_of, s);
+      permute_forward(x, t.assignment_of, M, k_, d_, t.xs, s);  // xs [R, d]
+    } else {  // a skewed load (layout_emulation.h): the R assignments as R tokens of top-1; an extra row copies
+              // a token
+      permute_map(r.topk_idx, r.offsets, R, 1, E_, t.row_of, t.assignment_of, s);
+      routed_row_tokens(t.assignment_of, R, M * k_, k_, t.assignment_of, s);  // assignment -> the token it copies
+      permute_forward(x, t.assignment_of, R, 1, d_, t.xs, s);  // xs [R, d]
+    }
   }
   // fp8 under whole: the kept FP8 row copy of xs, the same call (rows, scale mode) by which fc1 quantizes xs for
   // its Fprop below, so that the recompute's Fprop reads the same operand.
@@ -354,6 +360,7 @@ void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
                prefix_, last_M_.get(), E_, k_, M, r.E, r.k);
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
   if (ready(arena)) return;
+  ProfileScope profile(ctx, ProfileModule::routed_experts, ProfilePass::recompute);
   bind_kept(t_);  // the active slot's kept input (the last forward may have been another slot's)
   bind_recompute(arena, R, t_);
   cudaStream_t s = ctx.stream;
@@ -386,9 +393,13 @@ void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRout
   bf16* drows = take_planned<bf16>(arena, p.at("d rows"), "experts d rows");
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
-  unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys of the M k rows
-  zero_extra_rows(t_.row_of, M * k_, R, d_, drows, s);  // a skewed load's extra rows: weight 0, dys 0 (no-op if none)
+  {
+    ProfileScope unpermute(ctx, ProfileModule::moe_permute);
+    unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys of the M k rows
+    zero_extra_rows(t_.row_of, M * k_, R, d_, drows, s);  // a skewed load's extra rows: weight 0, dys 0 (no-op if none)
+  }
   backward_from_rows(ctx, input_of(t_.xs, t_.xs_codes, t_.xs_scales), drows, split, R, drows);  // dxs [R, d]
+  ProfileScope permute(ctx, ProfileModule::moe_permute);
   permute_backward(drows, t_.row_of, M, k_, d_, dx, s);                                   // dx [M, d]
 }
 

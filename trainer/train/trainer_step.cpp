@@ -3,8 +3,10 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "kernels/common/check.h"
+#include "trainer/model/profile.h"
 #include "trainer/train/optimizer_step.h"
 #include "trainer/train/schedule.h"
 #include "trainer/train/trainer_state.h"
@@ -24,7 +26,12 @@ StepRecord Trainer::State::train_step() {
   ParamStore& store = model->params();
 
   mem->reset_peaks();
-  store.zero_grads(stream);
+  if (profiler) profiler->begin_step();  // --profile: the step's first event (trainer/model/profile.h)
+  const ModelContext& ctx = model->context();
+  {
+    ProfileScope profile_scope(ctx, ProfileModule::optimizer, ProfilePass::update);
+    store.zero_grads(stream);
+  }
   model->begin_step(static_cast<uint64_t>(s));  // the step's MXFP4 quantizer seed
   const float grad_scale = 1.0f / static_cast<float>(t.grad_accum);
   double loss_sum = 0;   // summed in micro-batch order: the backwards run in that order
@@ -49,6 +56,7 @@ StepRecord Trainer::State::train_step() {
   const float max_norm = t.grad_clip > 0 ? static_cast<float>(t.grad_clip) : std::numeric_limits<float>::infinity();
   float* norm_d = norm_and_scale.data();
   float* scale_d = norm_and_scale.data() + 1;
+  std::optional<ProfileScope> update(std::in_place, ctx, ProfileModule::optimizer, ProfilePass::update);
   grad_global_norm(grads.data(), static_cast<int>(grads.size()), max_norm, norm_workspace.data(), norm_d, scale_d,
                    stream);
   CUDA_CHECK(cudaMemcpyAsync(pinned_norm, norm_d, sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -69,16 +77,20 @@ StepRecord Trainer::State::train_step() {
     ac.eps = static_cast<float>(t.eps);
     ac.step = optimizer_steps + 1;
     adamw_step_shards(store, ac, static_cast<float>(t.weight_decay), scale_d, stream);  // ZeRO-1: this GPU's shard
+    update.reset();
     ++optimizer_steps;
-    model->end_step();
+    model->end_step();  // the v3 router's bias update: its own scope (router, update)
   } else {
     ++result.skipped;
     progress->message(fmt::format("step {}: non-finite loss {} or gradient norm {}: update skipped "
                                   "(train.non_finite = skip; {} skipped in this run)",
                                   s, loss, norm, result.skipped));
   }
+  update.reset();
+  if (profiler) profiler->end_step();
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (profiler) profile->add_step(s, profiler->collect());  // read back after the step's own synchronisation
   step = s;
   tokens_seen += tokens_per_step;
   run_peaks.merge(*mem);
