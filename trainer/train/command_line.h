@@ -45,8 +45,8 @@ class TrainCommandLine {
   // output and run names and checks the output (check_train_out against --config, the --resume checkpoint and the
   // shards read; with --dry-run too, so that a dry run answers for the real one). Nothing is allocated. Throws
   // fp4moe::Error with a message for the user, naming the option: no --config, --no-data-check without --dry-run,
-  // --profile-warmup without --profile or < 0, --log-interval < 1, --peak-tflops or --memory-budget not > 0 (or not finite), a bad --run name, and every
-  // error of the functions named above.
+  // --profile-warmup without --profile or < 0, --log-interval < 1, --peak-tflops or --memory-budget not > 0 (or
+  // not finite), a bad --run name, and every error of the functions named above.
   void resolve();
 
   const TrainerConfig& config() const { return cfg_; }

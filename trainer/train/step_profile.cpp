@@ -77,13 +77,13 @@ Table StepProfile::table() const {
 }
 
 std::string StepProfile::format(const std::vector<ProfileRow>& rows) {
-  if (rows.empty()) return "step profile: no step was profiled\n";
+  if (rows.empty()) return "step profile: no step was profiled";
   const ProfileRow& head = rows.front();
   std::string out = fmt::format("step profile ({} range), steps {}-{} ({} steps), GPU stream time per step:\n",
                                 head.range, head.first_step, head.last_step, head.steps);
-  out += fmt::format("  {:<16} {:<10} {:>12} {:>7} {:>11}\n", "module", "pass", "ms/step", "share", "calls/step");
+  out += fmt::format("  {:<16} {:<10} {:>12} {:>7} {:>11}", "module", "pass", "ms/step", "share", "calls/step");
   for (const ProfileRow& r : rows)
-    out += fmt::format("  {:<16} {:<10} {:>12.3f} {:>6.1f}% {:>11.1f}\n", r.module, r.pass, r.ms_per_step,
+    out += fmt::format("\n  {:<16} {:<10} {:>12.3f} {:>6.1f}% {:>11.1f}", r.module, r.pass, r.ms_per_step,
                        100.0 * r.share, r.calls_per_step);
   return out;
 }

@@ -53,7 +53,8 @@ class StepProfile {
   // share, calls_per_step; attributes interval, warmup_steps, timing: how the times were taken).
   Table table() const;
 
-  // One range's rows as the text the run prints: a heading naming the range, then one line per row.
+  // One range's rows as the text the run prints: a heading naming the range, a header, then one line per row (no
+  // newline at the end).
   static std::string format(const std::vector<ProfileRow>& rows);
 
  private:
