@@ -161,10 +161,12 @@ ProfileScope::ProfileScope(const ModelContext& ctx, ProfileModule m, ProfilePass
   profiler_ = ctx.profiler;
 }
 
-ProfileScope::~ProfileScope() {
+void ProfileScope::end() noexcept {
   if (profiler_ == nullptr) return;
+  StepProfiler* p = profiler_;
+  profiler_ = nullptr;
   try {
-    profiler_->close();
+    p->close();
   } catch (...) {  // a failed record is remembered: collect() refuses the step
   }
 }

@@ -146,12 +146,14 @@ class StepProfiler {
 // RAII: a scope of (module, pass) on ctx's profiler while a step is open; nothing otherwise (one pointer test).
 // Usage: ProfileScope s(ctx, ProfileModule::router, ProfilePass::forward); the scope ends with the block. A scope of
 // (inherit, inherit) would be its enclosing scope again and records nothing (a Linear that its owner did not tag,
-// Linear::set_profile_module). The destructor records its boundary and never throws (a CUDA error there makes
-// collect() refuse the step).
+// Linear::set_profile_module). The destructor (or end()) records its boundary and never throws (a CUDA error there
+// makes collect() refuse the step).
 class ProfileScope {
  public:
   ProfileScope(const ModelContext& ctx, ProfileModule m, ProfilePass p = ProfilePass::inherit);
-  ~ProfileScope();
+  ~ProfileScope() { end(); }
+  // Ends the scope before the block does (its boundary is recorded now); nothing after the first call.
+  void end() noexcept;
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;
 

@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <limits>
-#include <optional>
 
 #include "kernels/common/check.h"
 #include "trainer/model/profile.h"
@@ -56,7 +55,7 @@ StepRecord Trainer::State::train_step() {
   const float max_norm = t.grad_clip > 0 ? static_cast<float>(t.grad_clip) : std::numeric_limits<float>::infinity();
   float* norm_d = norm_and_scale.data();
   float* scale_d = norm_and_scale.data() + 1;
-  std::optional<ProfileScope> update(std::in_place, ctx, ProfileModule::optimizer, ProfilePass::update);
+  ProfileScope update(ctx, ProfileModule::optimizer, ProfilePass::update);
   grad_global_norm(grads.data(), static_cast<int>(grads.size()), max_norm, norm_workspace.data(), norm_d, scale_d,
                    stream);
   CUDA_CHECK(cudaMemcpyAsync(pinned_norm, norm_d, sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -77,7 +76,7 @@ StepRecord Trainer::State::train_step() {
     ac.eps = static_cast<float>(t.eps);
     ac.step = optimizer_steps + 1;
     adamw_step_shards(store, ac, static_cast<float>(t.weight_decay), scale_d, stream);  // ZeRO-1: this GPU's shard
-    update.reset();
+    update.end();
     ++optimizer_steps;
     model->end_step();  // the v3 router's bias update: its own scope (router, update)
   } else {
@@ -86,7 +85,7 @@ StepRecord Trainer::State::train_step() {
                                   "(train.non_finite = skip; {} skipped in this run)",
                                   s, loss, norm, result.skipped));
   }
-  update.reset();
+  update.end();
   if (profiler) profiler->end_step();
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
