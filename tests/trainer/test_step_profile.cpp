@@ -1,5 +1,5 @@
 // The step profile without a GPU: ProfileTimeline's attribution of a step's boundaries to the innermost scope
-// (trainer/model/profile.h) on hand-made times, StepProfile's ranges and rows (trainer/train/step_profile.h), the
+// (trainer/model/profile.h) on hand-made times, ProfileScope off (no profiler, or no step open), StepProfile's ranges and rows (trainer/train/step_profile.h), the
 // printed table, /train/<run>/profile in the result file (trainer/train/metrics.h) and a resumed run continuing such
 // a file, and the --profile options of `fp4moe train`. StepProfiler's events run on the GPU:
 // tests/trainer/test_step_profile_gpu.cpp.
@@ -15,6 +15,8 @@
 #include "tests/common/trainer_test_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/model/context.h"
+#include "trainer/model/profile.h"
 #include "trainer/train/command_line.h"
 #include "trainer/train/metrics.h"
 #include "trainer/train/step_profile.h"
@@ -102,6 +104,23 @@ TEST(ProfileTimeline, MisuseIsRefused) {
   expect_error_with([&] { tl.attribute(std::vector<double>{0, 1, 2}); }, {"3 times for 4 boundaries"});
   expect_error_with([&] { tl.attribute(std::vector<double>{0, 2, 1, 3}); },
                     {"boundary 2 at 1 ms precedes boundary 1 at 2 ms"});
+}
+
+// Off, a scope records nothing and calls no CUDA function: without a profiler, and with one outside a step (as in an
+// evaluation between steps). Neither needs a device.
+TEST(ProfileScope, OutsideAStepItRecordsNothing) {
+  ModelContext ctx;
+  { ProfileScope s(ctx, ProfileModule::router, ProfilePass::forward); }
+  StepProfiler profiler(nullptr);
+  ctx.profiler = &profiler;
+  {
+    ProfileScope s(ctx, ProfileModule::router, ProfilePass::forward);
+    ProfileScope inner(ctx, ProfileModule::mla_proj);
+    inner.end();
+    inner.end();  // once only
+  }
+  EXPECT_FALSE(profiler.in_step());
+  expect_error_with([&] { profiler.collect(); }, {"no step has ended"});
 }
 
 TEST(ProfileNames, EveryModuleAndPassHasOneName) {
