@@ -5,7 +5,10 @@
 // The options (trainer/train/command_line.h):
 //   --data DIR, --out FILE.h5 (default runs/train-<config name>-<UTC date-time>.h5), --overwrite, --run NAME,
 //   --resume PATH|latest, --log-interval N, --synthetic-data, --peak-tflops X, --memory-budget GiB,
-//   --dry-run [--no-data-check] [--production v3|v2]
+//   --profile [--profile-warmup N], --dry-run [--no-data-check] [--production v3|v2]
+// --profile times each module's forward, backward and recompute and the optimizer step with CUDA events
+// (trainer/model/profile.h) and writes the table per log interval and after the warm-up to the result file
+// (/train/<run>/profile, trainer/train/step_profile.h); the run's table is printed before the last line.
 // --dry-run prints the model summary (shapes, parameters total and activated per token, model FLOPs per token,
 // tokens per step) and the memory estimate of one GPU of the configuration's [parallel] layout (trainer/config.h;
 // one GPU without the section; trainer/memory/estimate.h), and exits

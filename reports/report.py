@@ -18,7 +18,9 @@ so a committed run under reports/results/ is never written over unless --out nam
 A plot is drawn for each /bench table that has the values for it (fraction_of_copy_bw on non-copy rows; tflops
 above zero). Files whose schema_version is not result_file.SCHEMA_VERSION are refused.
 For /train/<run> groups (fp4moe train): a summary row per run and train_loss.png (reports/train_report.py) of the
-runs that no reproduction scenario made (those carry the attribute repro_scenarios and are plotted per scenario).
+runs that no reproduction scenario made (those carry the attribute repro_scenarios and are plotted per scenario);
+for the runs with a step profile (--profile) its table and train_profile.png, a stacked bar per run
+(reports/profile_report.py).
 A cells table is shown with the columns that matter for reading it (cells_report.markdown).
 Every file is written under a temporary name and renamed; none may be the run file (nor a link to it) or anything
 but a regular file (reports/output_path.py).
@@ -47,7 +49,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from reports import bench_report, cells_report, output_path, result_file, train_report  # noqa: E402
+from reports import bench_report, cells_report, output_path, profile_report, result_file, train_report  # noqa: E402
 
 RUNS = os.path.join(ROOT, "runs")
 REPRO_SHOWN = [("row", "row"), ("paper", "paper"), ("ours", "ours"), ("ratio", "ours / paper"), ("unit", "unit"),
@@ -216,6 +218,9 @@ def write_plots(run, out_dir):
         name = "train_loss.png"
         if train_report.plot_loss(own, os.path.join(out_dir, name), f"training runs ({gpu})"):
             plots["/train"] = [name]
+    name = "train_profile.png"
+    if profile_report.plot_stacked(run.get("train", {}), os.path.join(out_dir, name), f"step profile ({gpu})"):
+        plots["/train/profile"] = [name]
     return plots
 
 
@@ -278,6 +283,13 @@ def render_markdown(run, plots, run_name=""):
         out += ["", "## Training runs", "", train_report.markdown(run["train"])]
         for png in plots.get("/train", []):
             out += ["", f"![training runs]({png})"]
+        profile = profile_report.markdown(run["train"])
+        if profile:
+            out += ["", "### Step profile", "", "GPU stream time per step after the warm-up steps (`fp4moe train "
+                    "--profile`; CUDA events around each module, a module's time without its nested modules'; other: "
+                    "time inside no module).", "", profile]
+        for png in plots.get("/train/profile", []):
+            out += ["", f"![step profile]({png})"]
     if run["bench"]:
         out += ["", "## Benchmark tables"]
     for p, (df, a) in run["bench"].items():

@@ -24,15 +24,16 @@ ROOT_ATTRIBUTES = ["schema_version", "git_sha", "date", "gpu", "driver", "cuda",
 STR = h5py.string_dtype("utf-8")
 # Columns the reports compute with, numbers (float64 or int64) in every table that has them: the benchmark columns
 # of benchmarks/bench_util.cuh, the /repro columns of repro/ours.py, the training steps and eval tables and the
-# cells tables (repro/scenario.py TRAIN_COLUMNS).
+# cells tables (repro/scenario.py TRAIN_COLUMNS), the step profile (trainer/train/step_profile.h).
 NUMERIC_COLUMNS = frozenset([
     "time_us", "tflops", "gbps", "fraction_of_copy_bw", "speedup", "fraction_of_dense",
     "ours", "ratio", "paper_value", "count",
     "step", "steps", "tokens", "loss", "val_loss", "train_loss", "best_val_loss", "lr", "grad_norm", "tokens_per_s",
-    "mfu", "skipped", "peak_act_gib", "peak_total_gib", "pct_of_80_gib", "pct_of_141_gib", "elapsed_s", "exit_code"])
+    "mfu", "skipped", "peak_act_gib", "peak_total_gib", "pct_of_80_gib", "pct_of_141_gib", "elapsed_s", "exit_code",
+    "first_step", "last_step", "ms_per_step", "share", "calls_per_step"])
 # Numeric columns that count (steps, tokens, skipped steps, a process's exit code): integers, or floats that hold
 # whole numbers only (no NaN), so that reports may cast them to int.
-INTEGER_COLUMNS = frozenset(["step", "steps", "tokens", "skipped", "exit_code"])
+INTEGER_COLUMNS = frozenset(["step", "steps", "tokens", "skipped", "exit_code", "first_step", "last_step"])
 # Columns that name a row (the keys reports/compare.py matches rows by): strings in every table that has them.
 KEY_COLUMNS = frozenset(["case", "shape", "recipe", "row", "tuning"])
 # Tables renamed since older run files were written, {former path: current path}: bench_convert became bench_quant

@@ -4,6 +4,7 @@
                          peak_act_gib, peak_total_gib, skipped (columns other than step/tokens/loss are optional)
     /train/<run>/eval    one row per evaluation: step, tokens, val_loss, val_tokens (validation tokens evaluated:
                          a fixed subset periodically, the whole split at the end; absent in older files)
+    /train/<run>/profile with --profile only: the step profile (reports/profile_report.py)
     attributes           of /train/<run> or of its tables: the run's config (recipe, model name, ...)
 
 summarize(steps, evals) -> dict of the numbers a report quotes; markdown(runs) -> a Markdown table with one row per
@@ -22,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from reports import result_file  # noqa: E402
+from reports import profile_report, result_file  # noqa: E402
 
 
 STEPS_REQUIRED = ("step", "tokens", "loss")
@@ -30,9 +31,10 @@ EVAL_REQUIRED = ("step", "tokens", "val_loss")
 
 
 def load_train_runs(path):
-    """{run name: {"steps": DataFrame, "eval": DataFrame or None, "attrs": {...}}} for every /train/<run> group of
-    a result file (schema-checked); empty when the file has none. Raises result_file.SchemaError, and TableError
-    for /train stored as a dataset, a malformed table or one without STEPS_REQUIRED / EVAL_REQUIRED columns."""
+    """{run name: {"steps": DataFrame, "eval": DataFrame or None, "profile": DataFrame or None, "attrs": {...}}} for
+    every /train/<run> group of a result file (schema-checked); empty when the file has none. Raises
+    result_file.SchemaError, and TableError for /train stored as a dataset, a malformed table or one without
+    STEPS_REQUIRED / EVAL_REQUIRED / profile_report.PROFILE_REQUIRED columns."""
     result_file.check_readable(path)
     runs = {}
     with h5py.File(path, "r") as f:
@@ -46,8 +48,10 @@ def load_train_runs(path):
             attrs = result_file.attributes(g)
             steps = result_file.read_table(g["steps"], STEPS_REQUIRED)
             evals = result_file.read_table(g["eval"], EVAL_REQUIRED) if "eval" in g else None
+            profile = (result_file.read_table(g["profile"], profile_report.PROFILE_REQUIRED) if "profile" in g
+                       else None)
             attrs.update(result_file.attributes(g["steps"], ("columns",)))
-            runs[name] = {"steps": steps, "eval": evals, "attrs": attrs}
+            runs[name] = {"steps": steps, "eval": evals, "profile": profile, "attrs": attrs}
     return runs
 
 

@@ -15,6 +15,8 @@
 
 namespace fp4moe {
 
+class StepProfiler;  // trainer/model/profile.h
+
 struct ModelContext {
   cudaStream_t stream = nullptr;
   CublasLtMatmul* lt = nullptr;
@@ -26,6 +28,9 @@ struct ModelContext {
   // gradients): Model::begin_step sets it to splitmix64_at(train.seed, step); each layer mixes in its weight's name
   // (layer_quant_seed, trainer/model/recipe.h). 0 until then.
   uint64_t quant_seed = 0;
+  // The step profile (`fp4moe train --profile`, trainer/model/profile.h): the layers' ProfileScopes record on it
+  // while a step is open; null (the default) records nothing.
+  StepProfiler* profiler = nullptr;
 };
 
 // ctx.scratch, or fp4moe::Error naming `who` when the context has none.

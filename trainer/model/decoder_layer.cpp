@@ -6,6 +6,7 @@
 #include "kernels/nn/elementwise.h"
 #include "trainer/model/layout_emulation.h"
 #include "trainer/model/model.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 
@@ -167,9 +168,14 @@ void DecoderLayer::forward(ModelContext& ctx, const bf16* h, int64_t M, bf16* tm
     bf16* f_in = keep_f_in_ ? f_in_.data()
                             : take_planned<bf16>(arena, own.at("ffn_norm out"), "layer ffn_norm output (not kept)");
     ffn_norm_.forward(ctx, h_mid, M, f_in);              // f_in [M, d]
-    if (moe_) moe_->forward(ctx, f_in, M, tmp);          // FFN out [M, d]
-    else if (ep_moe_) ep_moe_->forward(ctx, f_in, M, tmp);
-    else mlp_->forward(ctx, f_in, M, tmp);
+    if (moe_) {
+      moe_->forward(ctx, f_in, M, tmp);                  // FFN out [M, d]
+    } else if (ep_moe_) {
+      ep_moe_->forward(ctx, f_in, M, tmp);
+    } else {
+      ProfileScope profile(ctx, ProfileModule::dense_mlp, ProfilePass::forward);
+      mlp_->forward(ctx, f_in, M, tmp);
+    }
     add_bf16(h_mid, tmp, n, h_next, ctx.stream);         // h' = h_mid + FFN
   }
 }
@@ -198,9 +204,14 @@ void DecoderLayer::backward(ModelContext& ctx, const bf16* h, int64_t M, bf16* d
       f_in = take_planned<bf16>(arena, own.at("ffn_norm out"), "layer ffn_norm output (recomputed)");
       ffn_norm_.recompute(ctx, h_mid, M, f_in);
     }
-    if (moe_) moe_->backward(ctx, d_res, f_in, M, tmp);  // d f_in
-    else if (ep_moe_) ep_moe_->backward(ctx, d_res, f_in, M, tmp);
-    else mlp_->backward(ctx, d_res, f_in, M, tmp);
+    if (moe_) {
+      moe_->backward(ctx, d_res, f_in, M, tmp);          // d f_in
+    } else if (ep_moe_) {
+      ep_moe_->backward(ctx, d_res, f_in, M, tmp);
+    } else {
+      ProfileScope profile(ctx, ProfileModule::dense_mlp, ProfilePass::backward);
+      mlp_->backward(ctx, d_res, f_in, M, tmp);
+    }
     ffn_norm_.backward(ctx, tmp, h_mid, M, tmp);          // the FFN branch's d h_mid
     add_bf16(d_res, tmp, n, d_res, ctx.stream);           // d h_mid
   }

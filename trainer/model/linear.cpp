@@ -63,6 +63,7 @@ void Linear::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) const
   if (M == 0) return;
   FP4MOE_CHECK(M > 0, "Linear {} forward: M must be >= 0, got {}", w_->name, M);
   FP4MOE_CHECK(x && y, "Linear {} forward: x [M, {}] and y [M, {}] must not be null", w_->name, K_, N_);
+  ProfileScope profile(ctx, profile_module_);
   if (q_) {
     q_->forward(ctx, w_->param, x, M, y);
     return;
@@ -77,6 +78,7 @@ void Linear::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t 
   FP4MOE_CHECK(M > 0, "Linear {} backward: M must be >= 0, got {}", w_->name, M);
   FP4MOE_CHECK(dy != nullptr, "Linear {} backward: dy [M, {}] must not be null", w_->name, N_);
   FP4MOE_CHECK(!dx.accumulate || dx.fp32, "Linear {} backward: Dgrad accumulation needs an FP32 output", w_->name);
+  ProfileScope profile(ctx, profile_module_);
   if (q_) {
     q_->backward(ctx, dy, M, dx, w_->grad);
     return;

@@ -62,6 +62,7 @@
 #include "trainer/memory/buffer_plan.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 
@@ -101,6 +102,9 @@ class Linear {
   int64_t out_features() const { return N_; }
   Recipe recipe() const { return recipe_; }
   const Param& weight() const { return *w_; }
+  // The step profile's module of this layer's forward and backward (trainer/model/profile.h; the pass is the
+  // caller's scope's): MLA tags its projections mla_proj; untagged (inherit) the time stays with the caller's scope.
+  void set_profile_module(ProfileModule m) { profile_module_ = m; }
   // Whether backward reads the caller's X (bf16 only).
   bool backward_reads_input() const { return recipe_ == Recipe::bf16; }
 
@@ -128,6 +132,7 @@ class Linear {
   int64_t K_, N_;
   Recipe recipe_;
   std::unique_ptr<LinearQuantized> q_;  // fp8 and mxfp4 only
+  ProfileModule profile_module_ = ProfileModule::inherit;
 };
 
 }  // namespace fp4moe

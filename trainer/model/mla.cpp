@@ -103,6 +103,8 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
   k_pe_ = kept(bf16{}, "k_pe");
   o_ = kept(bf16{}, "o");
   lse_ = kept(float{}, "lse");
+  for (Linear* proj : {q_down_ ? &*q_down_ : nullptr, &q_up_, &kv_down_, &kv_up_, &out_})
+    if (proj) proj->set_profile_module(ProfileModule::mla_proj);
   scratch_ = scratch(cfg, recipe, policy_, max_tokens, H_, seq_len);
 }
 
@@ -281,6 +283,7 @@ void MlaAttention::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y)
   FP4MOE_CHECK(x && y, "MlaAttention {} forward: x and y [M, {}] must not be null", prefix_, d_);
   ScratchArena& arena = scratch_of(ctx, "MlaAttention " + prefix_);
   ScratchScope scope(arena);
+  ProfileScope profile(ctx, ProfileModule::mla_other, ProfilePass::forward);
   acts_ = bind_acts(arena, M, true);
   run_forward(ctx, x, M, acts_, false);
   out_.forward(ctx, acts_.o, M, y);                        // y [M, d]
@@ -293,6 +296,7 @@ void MlaAttention::recompute_forward(ModelContext& ctx, const bf16* x, int64_t M
   if (M == 0) return;
   FP4MOE_CHECK(x != nullptr, "MlaAttention {} recompute_forward: x [M, {}] must not be null", prefix_, d_);
   ScratchArena& arena = scratch_of(ctx, "MlaAttention " + prefix_);
+  ProfileScope profile(ctx, ProfileModule::mla_other, ProfilePass::recompute);
   acts_ = bind_acts(arena, M, true);  // in the caller's scope
   run_forward(ctx, x, M, acts_, true);
   acts_stamp_ = arena.stamp();
@@ -330,6 +334,7 @@ void MlaAttention::run_forward(ModelContext& ctx, const bf16* x, int64_t M, cons
   mla_assemble_k(t.kv, t.k_pe, rope_, M, MlaDims{H_, nope_, rope_, dv_}, t.k, st);  // k [M, H, dqk]
 
   const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
+  ProfileScope core(ctx, ProfileModule::core_attn);
   flash_attention_forward(shape, AttnIn{t.q, H_ * dqk_, dqk_}, AttnIn{t.k, H_ * dqk_, dqk_},
                           AttnIn{t.kv + nope_, H_ * w_kv, w_kv}, AttnOut{t.o, H_ * dv_, dv_}, t.lse,
                           st);                             // o [M, H, dv], lse [B, H, T]

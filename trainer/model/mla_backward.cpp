@@ -20,7 +20,9 @@ void MlaAttention::backward(ModelContext& ctx, const bf16* dy, const bf16* x, in
                prefix_, d_);
   ScratchArena& arena = scratch_of(ctx, "MlaAttention " + prefix_);
   ScratchScope scope(arena);
+  ProfileScope profile(ctx, ProfileModule::mla_other, ProfilePass::backward);
   if (!arena.alive(acts_stamp_)) {  // no recompute_forward left them in a scope still open
+    ProfileScope rerun(ctx, ProfileModule::inherit, policy_.any() ? ProfilePass::recompute : ProfilePass::inherit);
     if (policy_.whole) {
       acts_ = bind_acts(arena, M, true);
       run_forward(ctx, x, M, acts_, true);
@@ -52,6 +54,7 @@ void MlaAttention::recompute_parts(ModelContext& ctx, const bf16* x, int64_t M, 
   if (policy_.core_attn) {  // o and lse: the attention forward again
     const int64_t w_kv = nope_ + dv_;
     const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
+    ProfileScope core(ctx, ProfileModule::core_attn);
     flash_attention_forward(shape, AttnIn{t.q, H_ * dqk_, dqk_}, AttnIn{t.k, H_ * dqk_, dqk_},
                             AttnIn{t.kv + nope_, H_ * w_kv, w_kv}, AttnOut{t.o, H_ * dv_, dv_}, t.lse, st);
   }
@@ -66,11 +69,14 @@ void MlaAttention::run_backward(ModelContext& ctx, const bf16* dy, const bf16* x
 
   out_.backward(ctx, dy, t.o, M, LinearGradOut{g.d_o, false, false});  // d o [M, H * dv]
   const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
-  flash_attention_backward(shape, AttnIn{t.q, H_ * dqk_, dqk_}, AttnIn{t.k, H_ * dqk_, dqk_},
-                           AttnIn{t.kv + nope_, H_ * w_kv, w_kv}, AttnIn{t.o, H_ * dv_, dv_},
-                           AttnIn{g.d_o, H_ * dv_, dv_}, t.lse, AttnOut{g.d_q, H_ * dqk_, dqk_},
-                           AttnOut{g.d_k, H_ * dqk_, dqk_}, AttnOut{g.d_kv + nope_, H_ * w_kv, w_kv}, g.attn_ws,
-                           st);  // d q, d k [M, H, dqk]; d v into d kv's v parts
+  {
+    ProfileScope core(ctx, ProfileModule::core_attn);
+    flash_attention_backward(shape, AttnIn{t.q, H_ * dqk_, dqk_}, AttnIn{t.k, H_ * dqk_, dqk_},
+                             AttnIn{t.kv + nope_, H_ * w_kv, w_kv}, AttnIn{t.o, H_ * dv_, dv_},
+                             AttnIn{g.d_o, H_ * dv_, dv_}, t.lse, AttnOut{g.d_q, H_ * dqk_, dqk_},
+                             AttnOut{g.d_k, H_ * dqk_, dqk_}, AttnOut{g.d_kv + nope_, H_ * w_kv, w_kv}, g.attn_ws,
+                             st);  // d q, d k [M, H, dqk]; d v into d kv's v parts
+  }
 
   // kv path. d kvd [M, r_kv + rope]: d k_pe (head sum, then inverse RoPE) in its last rope columns, d c_kv in its
   // first r_kv columns.

@@ -55,6 +55,7 @@
 #include "trainer/model/decoder_layer.h"
 #include "trainer/model/layout_emulation.h"
 #include "trainer/model/moe.h"
+#include "trainer/model/profile.h"
 #include "trainer/model/rms_norm.h"
 #include "trainer/comm/transport.h"
 
@@ -129,6 +130,7 @@ struct Model::Impl {
   // pipeline receive buffer (here its stand-in) and copied to the kept layer input.
   void stage_input(ModelContext& ctx, const int32_t* tokens, int64_t M) {
     if (stage.first()) {
+      ProfileScope profile(ctx, ProfileModule::embedding, ProfilePass::forward);
       embedding_forward(tokens, M, embed->param, V, d, h[0].data(), nullptr, ctx.stream);
       return;
     }
@@ -160,6 +162,7 @@ struct Model::Impl {
     const PlannedBuffer& planned_ws = plan_for(M).at("embedding backward workspace");
     const size_t ws_bytes = ScratchArena::rounded(static_cast<size_t>(planned_ws.bytes()));
     void* ws = take_planned<unsigned char>(*arena, planned_ws, "embedding backward workspace");
+    ProfileScope profile(ctx, ProfileModule::embedding, ProfilePass::backward);
     embedding_backward(tokens, M, d_res.data(), V, d, embed->grad, ws, static_cast<int64_t>(ws_bytes), ctx.stream);
   }
   // The mean loss of the last forward (host), or NaN on a stage without the loss.
@@ -236,6 +239,7 @@ struct Model::Impl {
   }
   // loss = CE(h_out W_lm^T, targets) into `loss`.
   void head_loss(ModelContext& ctx, const int32_t* targets, int64_t M) {
+    ProfileScope profile(ctx, ProfileModule::lm_head_loss, ProfilePass::forward);
     ce.forward(h_out.data(), lm_head->param, targets, M, nullptr, loss.data(), ctx.stream);
   }
 
@@ -243,6 +247,7 @@ struct Model::Impl {
   void head_backward(ModelContext& ctx, const int32_t* targets, int64_t M, float grad_scale) {
     {
       ScratchScope scope(*arena);
+      ProfileScope profile(ctx, ProfileModule::lm_head_loss, ProfilePass::backward);
       float* dh32 = take_planned<float>(*arena, plan_for(M).at("LM head Dgrad (FP32)"), "LM head Dgrad (FP32)");
       ce.backward(h_out.data(), lm_head->param, targets, M, grad_scale, dh32, lm_head->grad, ctx.stream);
       cast_f32_to_bf16(dh32, M * d, tmp.data(), ctx.stream);               // d h_out [M, d]
@@ -375,6 +380,7 @@ StepStats Model::forward_in_slot(int64_t slot, const int32_t* tokens, const int3
                  "micro-batch in flight in slot {} (in-flight micro-batches share one size)", B,
                  slots[s].M / cfg_.train.seq_len, s);
   ctx_.mem->slots().set_active(slot);
+  ProfileScope profile(ctx_, ProfileModule::other, ProfilePass::forward);  // the pass: what its modules leave
   Impl::Slot& st = slots[slot];
   st.stats = StepStats{};
   st.stats.tokens = impl_->check_batch(tokens, targets, M, ctx_.stream);
@@ -400,6 +406,7 @@ StepStats Model::backward_in_slot(int64_t slot, float grad_scale) {
                slots.size());
   FP4MOE_CHECK(std::isfinite(grad_scale), "Model backward_in_slot: grad_scale must be finite, got {}", grad_scale);
   ctx_.mem->slots().set_active(slot);
+  ProfileScope profile(ctx_, ProfileModule::other, ProfilePass::backward);  // the pass: what its modules leave
   Impl::Slot& st = slots[slot];
   st.in_flight = false;  // whatever happens below, the slot's activations are spent
   const int32_t* targets = impl_->stage.last() ? impl_->kept_targets.data() : nullptr;

@@ -7,6 +7,7 @@
 #include "kernels/nn/elementwise.h"
 #include "kernels/nn/router.h"
 #include "trainer/model/decoder_layer.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 
@@ -125,11 +126,17 @@ void MoeLayer::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
   ScratchArena& arena = scratch_of(ctx, "MoeLayer " + prefix_);
   ScratchScope scope(arena);
   router_.forward(ctx, x, M);                       // the layer's one host synchronisation
-  experts_.forward(ctx, x, router_.routing(), y);   // y = y_routed [M, d]
+  {
+    ProfileScope profile(ctx, ProfileModule::routed_experts, ProfilePass::forward);
+    experts_.forward(ctx, x, router_.routing(), y);  // y = y_routed [M, d]
+  }
   if (shared_) {
     bf16* y_shared = take_planned<bf16>(arena, block_buffers(M, d_, k_, true).at("shared experts output"),
                                         "MoE shared experts output");
-    shared_->forward(ctx, x, M, y_shared);           // y_shared [M, d]
+    {
+      ProfileScope profile(ctx, ProfileModule::shared_experts, ProfilePass::forward);
+      shared_->forward(ctx, x, M, y_shared);         // y_shared [M, d]
+    }
     add_bf16(y, y_shared, M * d_, y, ctx.stream);    // y = y_routed + y_shared
   }
 }
@@ -147,14 +154,20 @@ void MoeLayer::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_
   // moe/full: the experts from their kept dispatched input on the kept routing; moe_act: their swiglu output. The
   // shared experts rerun inside their own backward (shared_experts, moe, full).
   const MoeRouting routing = router_.routing();
-  experts_.recompute(ctx, routing);
+  experts_.recompute(ctx, routing);  // its own profile scope, when it reruns anything
   const BufferPlan block = block_buffers(M, d_, k_, shared_ != nullptr);
   bf16* dx_routed = take_planned<bf16>(arena, block.at("routed experts dx"), "MoE routed experts dx");
   float* dx32 = take_planned<float>(arena, block.at("dx (FP32)"), "MoE dx (FP32)");
   float* dweights = take_planned<float>(arena, block.at("top-k weights grad"), "MoE top-k weights grad");
-  experts_.backward(ctx, dy, routing, dx_routed, dweights);                // dx_routed [M, d], dweights [M, k]
+  {
+    ProfileScope profile(ctx, ProfileModule::routed_experts, ProfilePass::backward);
+    experts_.backward(ctx, dy, routing, dx_routed, dweights);              // dx_routed [M, d], dweights [M, k]
+  }
   cast_bf16_to_f32(dx_routed, M * d_, dx32, ctx.stream);                   // dx32 = dx_routed
-  if (shared_) shared_->backward(ctx, dy, x, M, LinearGradOut{dx32, true, true});  // dx32 += shared
+  if (shared_) {
+    ProfileScope profile(ctx, ProfileModule::shared_experts, ProfilePass::backward);
+    shared_->backward(ctx, dy, x, M, LinearGradOut{dx32, true, true});     // dx32 += shared
+  }
   router_.backward(ctx, dweights, x, M, aux_grad_scale_, dx32);            // dx32 += router
   cast_f32_to_bf16(dx32, M * d_, dx, ctx.stream);
 }

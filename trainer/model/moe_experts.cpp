@@ -11,6 +11,7 @@
 #include "kernels/quant/layouts.h"
 #include "trainer/model/layout_emulation.h"
 #include "trainer/model/linear_quantized.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 
@@ -256,6 +257,7 @@ void MoeRoutedExperts::forward(ModelContext& ctx, const bf16* x, const MoeRoutin
   begin_forward(ctx, r.rows);
   last_M_.get() = M;
   run_to_ys(ctx, x, r, t_);
+  ProfileScope unpermute(ctx, ProfileModule::moe_permute);
   unpermute_forward(t_.ys, r.topk_weight, t_.row_of, M, k_, d_, y, ctx.stream);  // y [M, d]
   stamp_ = scratch_of(ctx, "MoeRoutedExperts " + prefix_).stamp();
 }
@@ -328,6 +330,7 @@ void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRout
   const int64_t M = r.M, R = r.rows;
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
+  ProfileScope permute(ctx, ProfileModule::moe_permute);
   if (R == M * k_) {
     permute_map(r.topk_idx, r.offsets, M, k_, E_, t.row_of, t.assignment_of, s);
     permute_forward(x, t.assignment_of, M, k_, d_, t.xs, s);  // xs [R, d]
@@ -336,6 +339,7 @@ void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRout
     routed_row_tokens(t.assignment_of, R, M * k_, k_, t.assignment_of, s);  // assignment -> the token it copies
     permute_forward(x, t.assignment_of, R, 1, d_, t.xs, s);  // xs [R, d]
   }
+  permute.end();
   // fp8 under whole: the kept FP8 row copy of xs, the same call (rows, scale mode) by which fc1 quantizes xs for
   // its Fprop below, so that the recompute's Fprop reads the same operand.
   if (t.xs_fp8_codes) bf16_to_fp8_row(t.xs, R, d_, fc1_->scale_mode(), t.xs_fp8_codes, t.xs_fp8_scales, nullptr, s);
@@ -356,6 +360,7 @@ void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
                prefix_, last_M_.get(), E_, k_, M, r.E, r.k);
   ScratchArena& arena = scratch_of(ctx, "MoeRoutedExperts " + prefix_);
   if (ready(arena)) return;
+  ProfileScope profile(ctx, ProfileModule::routed_experts, ProfilePass::recompute);
   bind_kept(t_);  // the active slot's kept input (the last forward may have been another slot's)
   bind_recompute(arena, R, t_);
   cudaStream_t s = ctx.stream;
@@ -388,9 +393,12 @@ void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRout
   bf16* drows = take_planned<bf16>(arena, p.at("d rows"), "experts d rows");
   const GroupSplit split{r.offsets, r.host_offsets, E_};
   cudaStream_t s = ctx.stream;
+  ProfileScope unpermute(ctx, ProfileModule::moe_permute);
   unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys of the M k rows
   zero_extra_rows(t_.row_of, M * k_, R, d_, drows, s);  // a skewed load's extra rows: weight 0, dys 0 (no-op if none)
+  unpermute.end();
   backward_from_rows(ctx, input_of(t_.xs, t_.xs_codes, t_.xs_scales), drows, split, R, drows);  // dxs [R, d]
+  ProfileScope permute(ctx, ProfileModule::moe_permute);
   permute_backward(drows, t_.row_of, M, k_, d_, dx, s);                                   // dx [M, d]
 }
 

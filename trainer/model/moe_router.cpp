@@ -7,6 +7,7 @@
 #include "kernels/nn/elementwise.h"
 #include "kernels/nn/router_gates.h"
 #include "trainer/model/layout_emulation.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 
@@ -145,6 +146,7 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
     return;
   }
   FP4MOE_CHECK(x != nullptr, "MoeRouter {} forward: null x (expected BF16 [M, {}])", prefix_, d_);
+  ProfileScope profile(ctx, ProfileModule::router, ProfilePass::forward);  // with the host read of the counts
   const bool v2 = rcfg_.style == RouterStyle::v2_softmax;
   const int64_t k = rcfg_.top_k;
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);  // the take stays in the caller's scope
@@ -196,6 +198,7 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);
   for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts[e];
   ScratchScope scope(arena);
+  ProfileScope profile(ctx, ProfileModule::router, ProfilePass::backward);
   const BufferPlan plan = buffers(M, E_, rcfg_.top_k, El_, routed_row_count(M * rcfg_.top_k, routed_load_));
   float* dlogits = take_planned<float>(arena, plan.at("dlogits (FP32)"), "router dlogits (FP32)");  // [M, E]
   bf16* dl = take_planned<bf16>(arena, plan.at("dlogits (BF16)"), "router dlogits (BF16)");
@@ -231,6 +234,7 @@ void MoeRouter::end_step(ModelContext& ctx) {
   }
   std::fill(tally_.begin(), tally_.end(), 0);
   if (total == 0) return;
+  ProfileScope profile(ctx, ProfileModule::router, ProfilePass::update);
   // Every forward's counts are dead after its backward: the active slot's counts_ carries the step's tally.
   CUDA_CHECK(cudaMemcpyAsync(counts_.data(), counts.data(), E_ * sizeof(int32_t), cudaMemcpyHostToDevice,
                              ctx.stream));

@@ -34,27 +34,28 @@ PassScratch RmsNorm::scratch(int64_t tokens, int64_t C, bool keep_rstd) {
   return s;
 }
 
-void RmsNorm::run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd) {
+void RmsNorm::run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd, ProfilePass pass) {
   FP4MOE_CHECK(M >= 0 && M <= max_tokens_, "RmsNorm {} forward: M must be in [0, {}] (max_tokens), got M={}", name_,
                max_tokens_, M);
   last_M_.get() = M;
   recomputed_rstd_ = keep_rstd_ ? nullptr : rstd;
   rstd_stamp_ = 0;
   if (M == 0) return;
+  ProfileScope profile(ctx, ProfileModule::rmsnorm, pass);
   rmsnorm_forward(x, w_->param, M, C_, eps_, y, rstd, ctx.stream);
 }
 
 void RmsNorm::forward(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
-  run(ctx, x, M, y, keep_rstd_ ? rstd_.data() : nullptr);
+  run(ctx, x, M, y, keep_rstd_ ? rstd_.data() : nullptr, ProfilePass::forward);
 }
 
 void RmsNorm::recompute(ModelContext& ctx, const bf16* x, int64_t M, bf16* y) {
-  if (keep_rstd_ || M <= 0) return forward(ctx, x, M, y);
+  if (keep_rstd_ || M <= 0) return run(ctx, x, M, y, keep_rstd_ ? rstd_.data() : nullptr, ProfilePass::recompute);
   ScratchArena& arena = scratch_of(ctx, "RmsNorm " + name_ + " recompute");
   FP4MOE_CHECK(M <= max_tokens_, "RmsNorm {} recompute: M must be in [0, {}] (max_tokens), got M={}", name_,
                max_tokens_, M);
   float* rstd = take_planned<float>(arena, buffers(M, C_, false).at("rstd"), "RmsNorm rstd (recomputed)");
-  run(ctx, x, M, y, rstd);
+  run(ctx, x, M, y, rstd, ProfilePass::recompute);
   rstd_stamp_ = arena.stamp();
 }
 
@@ -71,6 +72,7 @@ void RmsNorm::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t
   const BufferPlan plan = buffers(M, C_, keep_rstd_);
   float* ws = take_planned<float>(arena, plan.at("dweight partials"), "RmsNorm dweight partial sums");
   const float* rstd = keep_rstd_ ? rstd_.data() : recomputed_rstd_;  // the active slot's kept rstd
+  ProfileScope profile(ctx, ProfileModule::rmsnorm, ProfilePass::backward);
   rmsnorm_backward(dy, x, w_->param, rstd, M, C_, dx, w_->grad, /*accumulate_dweight=*/true, ws, ctx.stream);
 }
 

@@ -21,6 +21,7 @@
 #include "trainer/memory/scratch.h"
 #include "trainer/model/context.h"
 #include "trainer/model/params.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 
@@ -61,7 +62,7 @@ class RmsNorm {
   size_t backward_bytes() const { return scratch(max_tokens_, C_, keep_rstd_).backward; }
 
  private:
-  void run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd);
+  void run(ModelContext& ctx, const bf16* x, int64_t M, bf16* y, float* rstd, ProfilePass pass);
 
   std::string name_;
   int64_t C_, max_tokens_;

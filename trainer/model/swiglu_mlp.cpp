@@ -2,6 +2,7 @@
 
 #include "kernels/common/check.h"
 #include "kernels/nn/swiglu.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 
@@ -105,6 +106,7 @@ void SwigluMlp::backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64
   bf16* h = h_.data();
   bf16* a = a_.data();  // null unless kept: fp8/mxfp4 fc2 reads its own copy
   if (recompute_) {  // h again (and a for a bf16 fc2); fc2's output is not needed
+    ProfileScope rerun(ctx, ProfileModule::inherit, ProfilePass::recompute);  // the caller's module
     h = take_planned<bf16>(arena, p.at("h"), "SwiGLU MLP h (recomputed)");
     fc1_.forward(ctx, x, M, h);
     if (fc2_.backward_reads_input()) {

@@ -34,6 +34,12 @@ TrainCommandLine::TrainCommandLine(CLI::App& app) {
   budget_option_ = app.add_option("--memory-budget", memory_budget_gib_,
                                   "device memory budget in GiB (emulates a smaller card; over it, the allocation "
                                   "fails with a report)");
+  app.add_flag("--profile", opts_.profile, "time every module's forward, backward and recompute and the optimizer "
+                                           "step with CUDA events: a table per log interval and for the run after "
+                                           "the warm-up in the result file (/train/<run>/profile), printed at the end");
+  profile_warmup_option_ =
+      app.add_option("--profile-warmup", opts_.profile_warmup, "with --profile: steps left out of the run's profile")
+          ->capture_default_str();
   app.add_flag("--dry-run", dry_run_, "validate, print the model summary and exit");
   app.add_flag("--no-data-check", no_data_check_,
                "with --dry-run: do not open the token shards (e.g. for a production vocabulary)");
@@ -49,6 +55,8 @@ void TrainCommandLine::resolve() {
   if (!opts_.synthetic_data && !no_data_check_) validate_data(cfg_);
 
   FP4MOE_CHECK(opts_.log_interval >= 1, "--log-interval must be >= 1, got {}", opts_.log_interval);
+  FP4MOE_CHECK(profile_warmup_option_->count() == 0 || opts_.profile, "--profile-warmup applies with --profile only");
+  FP4MOE_CHECK(opts_.profile_warmup >= 0, "--profile-warmup must be >= 0 steps, got {}", opts_.profile_warmup);
   FP4MOE_CHECK(std::isfinite(peak_tflops_) && peak_tflops_ > 0, "--peak-tflops must be > 0, got {}", peak_tflops_);
   opts_.peak_flops = peak_tflops_ * 1e12;
   if (budget_option_->count() > 0) {

@@ -12,6 +12,8 @@
 //   --synthetic-data        seeded synthetic tokens instead of the shards (trainer/train/batch.h)
 //   --peak-tflops X         the peak MFU is quoted against (default 989: H100/H200 SXM dense BF16)
 //   --memory-budget GiB     device memory budget (DeviceMemory): an allocation over it fails with its report
+//   --profile [--profile-warmup N]   per-module GPU time of every step (trainer/model/profile.h) by log interval and
+//                           over the run after N warm-up steps (default 2): /train/<run>/profile, printed at the end
 //   --dry-run [--no-data-check]   validate and summarise only (cli/cmd_train.cpp)
 //
 // The config name is the stem of the --config file (configs/tiny.toml -> tiny), else model.name, else "run".
@@ -43,8 +45,8 @@ class TrainCommandLine {
   // output and run names and checks the output (check_train_out against --config, the --resume checkpoint and the
   // shards read; with --dry-run too, so that a dry run answers for the real one). Nothing is allocated. Throws
   // fp4moe::Error with a message for the user, naming the option: no --config, --no-data-check without --dry-run,
-  // --log-interval < 1, --peak-tflops or --memory-budget not > 0 (or not finite), a bad --run name, and every
-  // error of the functions named above.
+  // --profile-warmup without --profile or < 0, --log-interval < 1, --peak-tflops or --memory-budget not > 0 (or
+  // not finite), a bad --run name, and every error of the functions named above.
   void resolve();
 
   const TrainerConfig& config() const { return cfg_; }
@@ -58,6 +60,7 @@ class TrainCommandLine {
   TrainerOptions opts_;
   std::unique_ptr<ConfigOptions> config_;
   CLI::Option* budget_option_ = nullptr;
+  CLI::Option* profile_warmup_option_ = nullptr;
   std::string data_dir_, out_, run_, resume_;
   double peak_tflops_ = kH100H200DenseBf16Flops / 1e12;
   double memory_budget_gib_ = 0;

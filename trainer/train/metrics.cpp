@@ -206,6 +206,7 @@ void TrainMetrics::write(const std::string& path) const {
   eval.add_column("val_tokens", ColumnType::i64);
   for (const EvalRecord& e : evals_) eval.add_row({e.step, e.tokens, e.val_loss, e.val_tokens});
   file.add_table("/train/" + run_ + "/eval", std::move(eval));
+  if (has_profile_) file.add_table("/train/" + run_ + "/profile", Table(profile_));
 
   Table mem;
   mem.add_column("category", ColumnType::str).add_column("peak_bytes", ColumnType::i64);

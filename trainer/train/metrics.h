@@ -7,18 +7,22 @@
 //   /train/<run>/steps     one row per optimizer step: step, tokens, loss, lr, grad_norm, tokens_per_s, mfu,
 //                          peak_act_gib, peak_total_gib, skipped (StepRecord)
 //   /train/<run>/eval      one row per evaluation: step, tokens, val_loss, val_tokens (EvalRecord)
+//   /train/<run>/profile   with --profile only: the step profile per step range (trainer/train/step_profile.h):
+//                          range, first_step, last_step, steps, module, pass, ms_per_step, share, calls_per_step
 //   /memory/<run>          per-category peaks of the device allocator: category (weights, grads, optimizer,
 //                          activations, comm, workspace, total), peak_bytes, peak_gib; attribute budget_bytes, and
 //                          for a model with MoE layers the dispatch_* attributes (set_dispatch_attributes)
 //
 // GiB are 2^30 bytes. A run resumed from a checkpoint can carry the rows of an earlier file of the same run up to
-// the checkpoint's step (load_previous), so one file holds the whole curve.
+// the checkpoint's step (load_previous), so one file holds the whole curve; the profile covers the steps this run
+// ran (an earlier file's is not carried).
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "results/env_info.h"
@@ -93,6 +97,8 @@ class TrainMetrics {
   void add_step(const StepRecord& r);
   void add_eval(const EvalRecord& r);
   void set_memory(const MemoryPeaks& m) { memory_ = m; }
+  // The table /train/<run>/profile (StepProfile::table); none is written until this is called.
+  void set_profile(Table profile) { profile_ = std::move(profile); has_profile_ = true; }
   void set_attribute(const std::string& name, Value v);          // of /train/<run>
   void set_memory_attribute(const std::string& name, Value v);   // of /memory/<run> (not "budget_bytes")
 
@@ -116,6 +122,8 @@ class TrainMetrics {
   std::vector<EvalRecord> evals_;
   MemoryPeaks memory_;
   Attributes memory_attributes_;
+  Table profile_;
+  bool has_profile_ = false;
 };
 
 // The expert dispatch payload of a model's MoE layers (Model::dispatch_bytes: one DispatchBytes per MoE layer,

@@ -40,6 +40,12 @@ struct TrainerOptions {
   int64_t log_interval = 10;                 // plain mode: a line every log_interval steps (>= 1)
   bool handle_signals = true;                // SIGINT/SIGTERM stop the run after the current step (stop_signals.h)
 
+  // The step profile (`--profile`, trainer/model/profile.h, trainer/train/step_profile.h): per-module GPU time of
+  // every training step, by log_interval and over the run after profile_warmup steps (>= 0), written to the result
+  // file and printed at the end. Off: nothing is recorded.
+  bool profile = false;
+  int64_t profile_warmup = 2;
+
   // Test hook: at this 1-based step (0: never) the step's loss is replaced by NaN and a NaN is written into the
   // first parameter's gradient before the global norm, as a diverging step would give; the train.non_finite
   // policy then acts on it. Not set by the command line.

@@ -78,6 +78,7 @@ double training_flops_per_token(const TrainerConfig& cfg) {
 Trainer::State::~State() {
   if (stream) cudaStreamSynchronize(stream);  // no throw from a destructor
   model.reset();
+  profiler.reset();  // its events, before the stream
   tokens.reset();
   targets.reset();
   grad_norm.reset();
@@ -103,6 +104,7 @@ void Trainer::State::setup() {
                opts.peak_flops);
   FP4MOE_CHECK(opts.inject_nonfinite_step >= 0, "inject_nonfinite_step must be >= 0, got {}",
                opts.inject_nonfinite_step);
+  FP4MOE_CHECK(opts.profile_warmup >= 0, "profile_warmup must be >= 0 steps, got {}", opts.profile_warmup);
   run_name = !opts.run_name.empty() ? opts.run_name : !cfg.model.name.empty() ? cfg.model.name : "run";
   check_run_name(run_name);
   std::error_code ec;
@@ -163,6 +165,11 @@ void Trainer::State::setup() {
   grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport.get());
   model->set_exchange_timing(transport != nullptr);  // the step's all-to-all time (trainer_step.cpp)
   if (transport) rank_value = DeviceArray<float>(*mem, 1, MemCategory::workspace, "value summed over the ranks");
+  if (opts.profile) {
+    profiler = std::make_unique<StepProfiler>(stream);
+    profile = std::make_unique<StepProfile>(opts.log_interval, opts.profile_warmup);
+    model->context().profiler = profiler.get();
+  }
 
   metrics = std::make_unique<TrainMetrics>(run_name, train_run_attributes(cfg), opts.command, query_env_info());
   metrics->set_attribute("config_file", opts.config_path);
@@ -297,6 +304,10 @@ TrainResult Trainer::run() {
   if (s.result.skipped > 0) summary += fmt::format(", {} steps skipped", s.result.skipped);
   if (!s.opts.out_path.empty()) summary += fmt::format("; results in {}", s.opts.out_path);
   if (!s.result.last_checkpoint.empty()) summary += fmt::format("; last checkpoint {}", s.result.last_checkpoint);
+  if (s.profile) {
+    s.result.profile = s.profile->rows();
+    s.progress->message(StepProfile::format(s.profile->run_rows()));
+  }
   s.progress->message(summary);
   s.progress->finish();
   return s.result;

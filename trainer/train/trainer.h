@@ -68,6 +68,7 @@
 #include "trainer/memory/device_memory.h"
 #include "trainer/train/metrics.h"
 #include "trainer/train/options.h"
+#include "trainer/train/step_profile.h"
 
 namespace fp4moe {
 
@@ -95,6 +96,7 @@ struct TrainResult {
   std::vector<EvalRecord> evals;  // this run's evaluations
   int stop_signal = 0;          // the SIGINT/SIGTERM that ended the run early; 0 when it reached train.steps
   std::string last_checkpoint;  // the last checkpoint written, "" when none
+  std::vector<ProfileRow> profile;  // with options.profile: the step profile's rows (StepProfile::rows); else empty
 };
 
 class Trainer {

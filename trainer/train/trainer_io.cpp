@@ -82,6 +82,7 @@ void Trainer::State::restore(const std::string& path) {
 void Trainer::State::write_metrics() {
   if (opts.out_path.empty()) return;
   metrics->set_memory(run_peaks);
+  if (profile) metrics->set_profile(profile->table());
   metrics->write(opts.out_path);
 }
 

@@ -19,6 +19,7 @@
 #include "trainer/train/optimizer_step.h"
 #include "trainer/train/pipeline_schedule.h"
 #include "trainer/train/progress.h"
+#include "trainer/train/step_profile.h"
 #include "trainer/train/trainer.h"
 
 namespace fp4moe {
@@ -52,6 +53,8 @@ struct Trainer::State {
   std::unique_ptr<ValidationWindows> val_split;  // the whole validation split (shards, eval_interval > 0)
   std::unique_ptr<TrainMetrics> metrics;
   std::unique_ptr<ProgressPrinter> progress;
+  std::unique_ptr<StepProfiler> profiler;  // --profile: on the model's context (ModelContext::profiler); else null
+  std::unique_ptr<StepProfile> profile;    // --profile: the steps' times by range
   MemoryPeaks run_peaks;
 
   int64_t step = 0, optimizer_steps = 0, tokens_seen = 0;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kernels/common/check.h"
+#include "trainer/model/profile.h"
 #include "trainer/train/optimizer_step.h"
 #include "trainer/train/schedule.h"
 #include "trainer/train/trainer_state.h"
@@ -24,7 +25,12 @@ StepRecord Trainer::State::train_step() {
   ParamStore& store = model->params();
 
   mem->reset_peaks();
-  store.zero_grads(stream);
+  if (profiler) profiler->begin_step();  // --profile: the step's first event (trainer/model/profile.h)
+  const ModelContext& ctx = model->context();
+  {
+    ProfileScope profile_scope(ctx, ProfileModule::optimizer, ProfilePass::update);
+    store.zero_grads(stream);
+  }
   model->begin_step(static_cast<uint64_t>(s));  // the step's MXFP4 quantizer seed
   const float grad_scale = 1.0f / static_cast<float>(t.grad_accum);
   double loss_sum = 0;   // summed in micro-batch order: the backwards run in that order
@@ -48,8 +54,12 @@ StepRecord Trainer::State::train_step() {
   // Over W ranks: the group's loss (the mean of the ranks'), the replicated gradients summed (model.h); then the
   // group's gradient norm, the same on every rank, so that every rank takes the same decision below.
   loss = mean_over_ranks(loss);
-  model->reduce_gradients();
+  {
+    ProfileScope reduce(ctx, ProfileModule::dp_comm, ProfilePass::update);
+    model->reduce_gradients();
+  }
   const float max_norm = t.grad_clip > 0 ? static_cast<float>(t.grad_clip) : std::numeric_limits<float>::infinity();
+  ProfileScope update(ctx, ProfileModule::optimizer, ProfilePass::update);
   const double norm = grad_norm->compute(max_norm, stream);
   const float* scale_d = grad_norm->clip_scale();
   const double lr = learning_rate(t, s);
@@ -67,14 +77,17 @@ StepRecord Trainer::State::train_step() {
     ac.eps = static_cast<float>(t.eps);
     ac.step = optimizer_steps + 1;
     adamw_step_shards(store, ac, static_cast<float>(t.weight_decay), scale_d, stream);  // ZeRO-1: this GPU's shard
+    update.end();
     ++optimizer_steps;
-    model->end_step();
+    model->end_step();  // the v3 router's bias update: its own scope (router, update)
   } else {
     ++result.skipped;
     progress->message(fmt::format("step {}: non-finite loss {} or gradient norm {}: update skipped "
                                   "(train.non_finite = skip; {} skipped in this run)",
                                   s, loss, norm, result.skipped));
   }
+  update.end();
+  if (profiler) profiler->end_step();
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const Model::ExchangeTotals exchanged = model->take_exchange_totals();  // every step: the counts restart
@@ -86,6 +99,7 @@ StepRecord Trainer::State::train_step() {
                                   static_cast<double>(exchanged.bytes.received) / kMiB,
                                   static_cast<double>(exchanged.bytes.to_self) / kMiB, exchanged.ms));
   }
+  if (profiler) profile->add_step(s, profiler->collect());  // read back after the step's own synchronisation
   step = s;
   tokens_seen += tokens_per_step * world;  // the group's tokens
   run_peaks.merge(*mem);
