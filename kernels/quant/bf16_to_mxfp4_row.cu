@@ -2,8 +2,8 @@
 // bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
 // Two kernels with the same bits (bf16_to_mxfp4_row.h detail::MxRowKernel): the chunk-per-lane kernel described
-// here, which bf16_to_mxfp4_row runs without a transform, and the block-per-thread kernel described above its
-// definition below, which it runs with one (no warp shuffles; one hash for rht's 32 signs of a block).
+// here, and the block-per-thread kernel described above its definition below, which bf16_to_mxfp4_row runs for
+// every option (no warp shuffles; one hash for rht's 32 signs of a block; detail::mx_row_default_kernel).
 // The [M, K] tensor is walked as one flat sequence of 8-element chunks (16 bytes of BF16): K % 32 == 0, so every
 // MX block is four consecutive chunks of one row, and its codes (16 bytes) and scale (1 byte) sit at the flat
 // block index in [M, K/2] and [M, K/32]. One thread block per tile of kThreads x kChunksPerThread chunks (the
@@ -17,8 +17,7 @@
 // hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne in
 // mx_quant_device.cuh, which holds the per-chunk steps shared with the column quantizer); stochastic rounding
 // scales each element by one exact FP32 product and rounds it with the integer formulation of mx_fast_codecs.h
-// (biased codes summed per chunk),
-// drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are counted per warp and added with
+// (encode_chunk_stochastic), drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are counted per warp and added with
 // one atomic per warp at the end.
 #include <cuda_bf16.h>
 
@@ -116,6 +115,20 @@ bf16_to_mxfp4_row_kernel(const uint4* __restrict__ x, int64_t num_chunks, QuantP
   if (p.nonfinite_blocks != nullptr && (threadIdx.x & 31) == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
 }
 
+// One butterfly stage h of mx_transform.h over the 32 elements of an MX block (pairs (j, j + h), j % 2h < h),
+// a template so that every index is a constant: the block stays in registers (as nested loops over h it was
+// placed in local memory, the stages not unrolled).
+template <int h>
+__device__ __forceinline__ void butterfly_stage(float (&y)[kMxBlock]) {
+#pragma unroll
+  for (int p = 0; p < kMxBlock / 2; ++p) {
+    const int j = (p / h) * 2 * h + p % h;
+    const float a = y[j], b = y[j + h];
+    y[j] = __fadd_rn(a, b);
+    y[j + h] = __fsub_rn(a, b);
+  }
+}
+
 // The block-per-thread kernel (detail::MxRowKernel::block_per_thread): thread t of a tile owns MX block t, its
 // four chunks (64 bytes: four L1-cached 16-byte loads, which together read the warp's 2 KB once). The transform
 // runs in the thread's registers (every butterfly stage, h = 16 included, without a shuffle; rht: one hash for the
@@ -138,16 +151,11 @@ __device__ __forceinline__ void transform_block(uint4 (&v)[4], uint32_t k0, uint
     for (int i = 0; i < kMxBlock; ++i) y[i] = __uint_as_float(__float_as_uint(y[i]) ^ (((signs >> i) & 1u) << 31));
   }
   constexpr int n = hadamard_block_size(kTransform);
-#pragma unroll
-  for (int h = 1; h < n; h *= 2)
-#pragma unroll
-    for (int i = 0; i < kMxBlock; i += 2 * h)
-#pragma unroll
-      for (int j = i; j < i + h; ++j) {
-        const float a = y[j], b = y[j + h];
-        y[j] = __fadd_rn(a, b);
-        y[j + h] = __fsub_rn(a, b);
-      }
+  butterfly_stage<1>(y);
+  butterfly_stage<2>(y);
+  butterfly_stage<4>(y);
+  butterfly_stage<8>(y);
+  if constexpr (n == 32) butterfly_stage<16>(y);
   const float c = hadamard_scale(n);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -249,11 +257,14 @@ RowLaunch row_launch(const MxQuantConfig& cfg) {
 
 namespace detail {
 
-MxRowKernel mx_row_default_kernel(HadamardTransform t) {
-  // Measured on an H200 (reports/results/h200/emulation-20261202/call4/): without a transform block_per_thread is the
-  // faster (RNE 0.98 against 0.89 of copy, SR 0.62 against 0.53), with one chunk_per_lane (0.53-0.68 against
-  // 0.17-0.22).
-  return t == HadamardTransform::none ? MxRowKernel::block_per_thread : MxRowKernel::chunk_per_lane;
+MxRowKernel mx_row_default_kernel(HadamardTransform) {
+  // Default chosen by measurement, see reports/results/h200/ (bench_quant: bf16_to_mxfp4_row/ runs this choice,
+  // bf16_to_mxfp4_row_lanes/ the other kernel). Earlier measurement (reports/results/h200/emulation-20261202/call4/):
+  // without a transform block_per_thread was the faster (RNE 0.98 against 0.89 of copy, SR 0.62 against 0.53); with
+  // one it ran at 0.17-0.22, its 32 transformed values then held in local memory (the butterfly stages were not
+  // unrolled), which butterfly_stage removed: it now needs fewer instructions per element than chunk_per_lane for
+  // every option (kernels/quant/NOTES-speed.md).
+  return MxRowKernel::block_per_thread;
 }
 
 void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,

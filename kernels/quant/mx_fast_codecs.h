@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -55,30 +56,37 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
 // bits 0..21 the exact position of a within the step; for a < 1 the same fixed point built from
 // ceil(a * 2^23) (a + 1 rounded up, exact in FP32, minus one binade). a rounds up iff s < position * 2^16 / 2^22,
 // i.e. iff ceil(position / 64) + (0xFFFF - s) carries into bit 16; codes past 7 saturate.
-// In fewer instructions (the kernels' form, split in two so that they can add the biased codes of a chunk and
-// subtract the bias once):
+// In few instructions (the kernels' form, split in two so that the per-element work is one maximum with a fused
+// addition, one multiply-add for the draw and one shift):
 //   - X = max(bits(a), bits(a + 1 rounded up) - 2^23) as integers, without a comparison and a select: for a >= 1
 //     the second is (a + 1) / 2 rounded up, which is <= a; for a < 1 it is >= (a + 1) / 2 > a;
 //   - floor((floor((X + 63) / 64) + 0xFFFF - s) / 2^16) = floor((X + 63 + 64 (0xFFFF - s)) / 2^22) (nested floor
-//     division), one three-input sum and one shift; 64 (0xFFFF - s) is the draw's offset, e2m1_sr_offset.
-FP4MOE_HD uint32_t e2m1_sr_offset(uint32_t s) { return ((s ^ 0xFFFFu) & 0xFFFFu) << 6; }
-
-// 252 + the magnitude code before saturation (252 .. 260; 259 and more saturate to code 7), given the draw's
-// e2m1_sr_offset.
-FP4MOE_HD uint32_t e2m1_biased_code_sr_f32(float a, uint32_t offset) {
+//     division) = floor((F - 64 s) / 2^22) + 252 with F = X + 2^22 - 1 - 252 * 2^22: e2m1_sr_fixed(a) gives F (the
+//     constants added to both operands of the maximum, as signed integers: no operand wraps), e2m1_sr_code the code;
+//   - a is clamped at 6 first (E2M1's largest: F <= 7 * 2^22 + 2^22 - 1, code 7 whatever the draw), so that codes
+//     need no saturation; F - 64 s >= 63 for every a >= 0 and s.
+FP4MOE_HD uint32_t e2m1_sr_fixed(float a) {
+  constexpr int32_t kBias = 252 << 22;
+  constexpr int32_t kRound = (1 << 22) - 1;
 #if defined(__CUDA_ARCH__)
-  const uint32_t below_one = f32_bits(__fadd_ru(a, 1.0f)) - 0x00800000u;  // 252 * 2^22 + ceil(a * 2^23) for a < 1
+  const int32_t below_one = static_cast<int32_t>(f32_bits(__fadd_ru(a, 1.0f))) + (kRound - kBias - 0x00800000);
+  return static_cast<uint32_t>(__viaddmax_s32(static_cast<int32_t>(f32_bits(a)), kRound - kBias, below_one));
 #else
-  const uint32_t below_one = a < 1.0f ? (252u << 22) + static_cast<uint32_t>(std::ceil(a * 8388608.0f)) : 0u;
+  // ceil(a * 2^23) + 2^23 for a < 1 is the bit pattern of a + 1 rounded up, less the exponent of 1 (0x3F800000).
+  const int32_t below_one =
+      a < 1.0f ? static_cast<int32_t>(0x3F800000u + static_cast<uint32_t>(std::ceil(a * 8388608.0f))) +
+                     (kRound - kBias - 0x00800000)
+               : INT32_MIN;
+  const int32_t above = static_cast<int32_t>(f32_bits(a)) + (kRound - kBias);
+  return static_cast<uint32_t>(above > below_one ? above : below_one);
 #endif
-  const uint32_t bits = f32_bits(a);
-  const uint32_t x = bits > below_one ? bits : below_one;
-  return (x + 63u + offset) >> 22;
 }
 
+// The magnitude code 0..7 from e2m1_sr_fixed(min(a, 6)) and the 16 random bits s.
+FP4MOE_HD uint32_t e2m1_sr_code(uint32_t fixed, uint32_t s) { return (fixed - 64u * s) >> 22; }
+
 FP4MOE_HD uint32_t e2m1_magnitude_sr_f32(float a, uint32_t s) {
-  const uint32_t t = e2m1_biased_code_sr_f32(a, e2m1_sr_offset(s));
-  return (t < 259u ? t : 259u) - 252u;
+  return e2m1_sr_code(e2m1_sr_fixed(a < 6.0f ? a : 6.0f), s & 0xFFFFu);
 }
 
 }  // namespace fp4moe::detail

@@ -5,17 +5,16 @@
 // bf16_to_mxfp4_row.h (transform, block amax over the four lanes, UE8M0 scale, E2M1 codes) with the same bits in
 // both kernels. Every lane of a warp must call the helpers that shuffle (whole warps, all lanes active).
 //
-// Cost per element on sm_90a (ptxas -v registers and PTX instruction counts of both kernels; SASS counts estimated),
-// against the budget: at copy bandwidth the H200 moves about 1.7e12 elements/s (2.5 bytes each: BF16 in, code and
-// scale out) and issues about 33e12 thread instructions/s (132 SMs x 4 schedulers x 32 lanes x 1.98 GHz), so about
-// 20 instructions per element at full issue, about 16 for 0.80 of copy at a realistic issue efficiency.
+// Cost per element on sm_90a: kernels/quant/NOTES-speed.md (static SASS counts per kernel and option, how they
+// are taken, what they predict). Against the budget: at copy bandwidth the H200 moves about 1.7e12 elements/s (2.5
+// bytes each: BF16 in, code and scale out) and issues about 33e12 thread instructions/s (132 SMs x 4 schedulers x
+// 32 lanes x 1.98 GHz), so about 20 instructions per element at full issue, about 16 for 0.80 of copy at a
+// realistic issue efficiency.
 //   - RNE: about 7 (the BF16x2 encoder, two elements per instruction, plus the amax): memory-bound.
-//   - SR: one splitmix64 per four elements, about 24 instructions (9 of them half-rate integer multiply-adds for the
-//     64-bit products), 6 per element; the encoder about 17 per element in its first form (product, rounded-up sum,
-//     compare and select, three shifts and two sums for the decision, clamp, bias, sign, pack), about 13 now
-//     (e2m1_biased_code_sr_f32: a maximum instead of compare and select, one three-input sum and one shift; the
-//     bias of the summed codes removed once per chunk). About 20 in all: above the budget, so 0.80 of copy needs a
-//     cheaper draw too (a 32-bit hash per two elements would save about 3 per element; changes the random bits).
+//   - SR: one splitmix64 per four elements, 22 instructions (three 64-bit xor-shifts, two 64-bit multiplies), 5.5
+//     per element; the encoder (encode_chunk_stochastic) about 12 per element with its loads and store (a product,
+//     a minimum, a sum rounded up, one DPX maximum with a fused addition, one multiply-add for the draw, a shift and
+//     a shift-add, the signs by byte permutations per chunk). About 18 in all: above the budget.
 //   - H16 / H32: unpack 1, in-chunk butterflies 3, per stage across lanes one shuffle and one fused multiply-add
 //     (a sign flip and an addition before), scale 1, BF16 pack 0.5: about 7 (H16) and 8 (H32) on top of RNE, plus
 //     the shuffles' latency (8 per chunk for H16, 16 for H32, 2 for the amax). The row quantizer's block-per-thread
@@ -142,25 +141,34 @@ struct ChunkDraws {
   uint64_t word[2];
 };
 
+// The sign bits of a chunk's 8 BF16 elements where its codes hold them: element i's (bit 15 of the low or the high
+// half of word i / 2) in bit 4 i + 3. Four byte permutations gather the bytes holding the signs (bit 7 of each):
+// the even elements' (shifted down to bit 3) and the odd elements' in byte order.
+__device__ __forceinline__ uint32_t chunk_sign_bits(const uint4& v) {
+  const uint32_t lo = __byte_perm(v.x, v.y, 0x7531);        // high bytes of elements 0, 1, 2, 3
+  const uint32_t hi = __byte_perm(v.z, v.w, 0x7531);        // of elements 4, 5, 6, 7
+  const uint32_t even = __byte_perm(lo, hi, 0x6420) >> 4;   // elements 0, 2, 4, 6: sign in bit 3 of each byte
+  const uint32_t odd = __byte_perm(lo, hi, 0x7531);         // elements 1, 3, 5, 7: sign in bit 7 of each byte
+  return (even & 0x08080808u) | (odd & 0x80808080u);
+}
+
 // Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
 // 4i..4i+3, the sign of v kept (-0 included). The product is an exact power-of-two scaling (rounded only below
-// 2^-126).
-// The biased codes (252 + code, mx_fast_codecs.h e2m1_biased_code_sr_f32, clamped at 259) are summed at their
-// nibbles and 252 per nibble subtracted once (modulo 2^32 the sum is exact and every code fits its nibble); the
-// sign bits are gathered apart.
+// 2^-126), clamped at 6 (E2M1's largest). Per element (mx_fast_codecs.h e2m1_sr_fixed, e2m1_sr_code): the product,
+// the minimum, a sum rounded up, one maximum with a fused addition (sm_90 DPX), the draw's 16 bits (a mask or a
+// shift), one multiply-add, one shift and one shift-add into the chunk's word; the signs gathered apart.
 __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, const ChunkDraws& d) {
   float y[kMxChunk];
   unpack_chunk(v, y);
-  uint32_t biased = 0, signs = 0;
+  uint32_t codes = 0;
 #pragma unroll
   for (int i = 0; i < kMxChunk; ++i) {
-    const float a = fabsf(__fmul_rn(y[i], inv_scale));
-    const uint32_t s = static_cast<uint32_t>(d.word[i / 4] >> (16 * (i % 4)));  // e2m1_sr_offset keeps 16 bits
-    const uint32_t t = e2m1_biased_code_sr_f32(a, e2m1_sr_offset(s));
-    biased += min(t, 259u) << (4 * i);
-    signs |= ((__float_as_uint(y[i]) >> 28) & 8u) << (4 * i);
+    const float a = fminf(fabsf(__fmul_rn(y[i], inv_scale)), 6.0f);
+    const uint32_t w = static_cast<uint32_t>(d.word[i / 4] >> (32 * ((i % 4) / 2)));  // draws of elements i, i ^ 1
+    const uint32_t s = (i % 2) != 0 ? w >> 16 : w & 0xFFFFu;
+    codes += e2m1_sr_code(e2m1_sr_fixed(a), s) << (4 * i);
   }
-  return (biased - 252u * 0x11111111u) | signs;
+  return codes | chunk_sign_bits(v);
 }
 
 // The largest of a value over the four lanes of an MX block.
