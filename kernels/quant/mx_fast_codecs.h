@@ -56,18 +56,19 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
 // bits 0..21 the exact position of a within the step; for a < 1 the same fixed point built from
 // ceil(a * 2^23) (a + 1 rounded up, exact in FP32, minus one binade). a rounds up iff s < position * 2^16 / 2^22,
 // i.e. iff ceil(position / 64) + (0xFFFF - s) carries into bit 16; codes past 7 saturate.
-// In few instructions (the kernels' form, split in two so that the per-element work is one maximum with a fused
-// addition, one multiply-add for the draw and one shift):
+// In few instructions (the kernels' form, split so that the per-element work is one maximum with a fused addition,
+// the draw's offset (a mask, and a shift folded into the addition) and one shift):
 //   - X = max(bits(a), bits(a + 1 rounded up) - 2^23) as integers, without a comparison and a select: for a >= 1
 //     the second is (a + 1) / 2 rounded up, which is <= a; for a < 1 it is >= (a + 1) / 2 > a;
 //   - floor((floor((X + 63) / 64) + 0xFFFF - s) / 2^16) = floor((X + 63 + 64 (0xFFFF - s)) / 2^22) (nested floor
-//     division) = floor((F - 64 s) / 2^22) + 252 with F = X + 2^22 - 1 - 252 * 2^22: e2m1_sr_fixed(a) gives F (the
-//     constants added to both operands of the maximum, as signed integers: no operand wraps), e2m1_sr_code the code;
-//   - a is clamped at 6 first (E2M1's largest: F <= 7 * 2^22 + 2^22 - 1, code 7 whatever the draw), so that codes
-//     need no saturation; F - 64 s >= 63 for every a >= 0 and s.
+//     division) = floor((G + e2m1_sr_offset(s)) / 2^22) + 252 with G = X + 63 - 252 * 2^22: e2m1_sr_fixed(a) gives
+//     G (the constants added to both operands of the maximum, as signed integers: no operand wraps), e2m1_sr_step
+//     the code;
+//   - a is clamped at 6 first (E2M1's largest: G + offset < 8 * 2^22, code 7 whatever the draw), so that codes need
+//     no saturation, and G >= 0 for every a >= 0.
 FP4MOE_HD uint32_t e2m1_sr_fixed(float a) {
   constexpr int32_t kBias = 252 << 22;
-  constexpr int32_t kRound = (1 << 22) - 1;
+  constexpr int32_t kRound = 63;
 #if defined(__CUDA_ARCH__)
   const int32_t below_one = static_cast<int32_t>(f32_bits(__fadd_ru(a, 1.0f))) + (kRound - kBias - 0x00800000);
   return static_cast<uint32_t>(__viaddmax_s32(static_cast<int32_t>(f32_bits(a)), kRound - kBias, below_one));
@@ -82,11 +83,16 @@ FP4MOE_HD uint32_t e2m1_sr_fixed(float a) {
 #endif
 }
 
-// The magnitude code 0..7 from e2m1_sr_fixed(min(a, 6)) and the 16 random bits s.
-FP4MOE_HD uint32_t e2m1_sr_code(uint32_t fixed, uint32_t s) { return (fixed - 64u * s) >> 22; }
+// The draw's offset 64 (0xFFFF - s) for 16 random bits s (bits above 15 ignored). The kernels take it from a 32-bit
+// word w holding the draws of two elements (bits 0..15 and 16..31) as (~w & 0xFFFF) << 6 and
+// (~w & 0xFFFF0000) >> 10: a mask, and a shift that the addition of e2m1_sr_step absorbs (LEA).
+FP4MOE_HD uint32_t e2m1_sr_offset(uint32_t s) { return ((s ^ 0xFFFFu) & 0xFFFFu) << 6; }
+
+// The magnitude code 0..7 from e2m1_sr_fixed(min(a, 6)) and the draw's e2m1_sr_offset.
+FP4MOE_HD uint32_t e2m1_sr_step(uint32_t fixed, uint32_t offset) { return (fixed + offset) >> 22; }
 
 FP4MOE_HD uint32_t e2m1_magnitude_sr_f32(float a, uint32_t s) {
-  return e2m1_sr_code(e2m1_sr_fixed(a < 6.0f ? a : 6.0f), s & 0xFFFFu);
+  return e2m1_sr_step(e2m1_sr_fixed(a < 6.0f ? a : 6.0f), e2m1_sr_offset(s));
 }
 
 }  // namespace fp4moe::detail

@@ -152,9 +152,17 @@ __device__ __forceinline__ uint32_t chunk_sign_bits(const uint4& v) {
   return (even & 0x08080808u) | (odd & 0x80808080u);
 }
 
+// ~w & 0xFFFF as one PTX and.b32 (one LOP3), so that the compiler keeps the mask before the shift that follows and
+// folds that shift into the next addition (LEA) rather than shifting first and masking after.
+__device__ __forceinline__ uint32_t low_half_complement(uint32_t w) {
+  uint32_t r;
+  asm("and.b32 %0, %1, 0xFFFF;" : "=r"(r) : "r"(~w));
+  return r;
+}
+
 // Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
 // 4i..4i+3, the sign of v kept (-0 included). The product is an exact power-of-two scaling (rounded only below
-// 2^-126), clamped at 6 (E2M1's largest). Per element (mx_fast_codecs.h e2m1_sr_fixed, e2m1_sr_code): the product,
+// 2^-126), clamped at 6 (E2M1's largest). Per element (mx_fast_codecs.h e2m1_sr_fixed, e2m1_sr_step): the product,
 // the minimum, a sum rounded up, one maximum with a fused addition (sm_90 DPX), the draw's 16 bits (a mask or a
 // shift), one multiply-add, one shift and one shift-add into the chunk's word; the signs gathered apart.
 __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, const ChunkDraws& d) {
@@ -165,8 +173,8 @@ __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, floa
   for (int i = 0; i < kMxChunk; ++i) {
     const float a = fminf(fabsf(__fmul_rn(y[i], inv_scale)), 6.0f);
     const uint32_t w = static_cast<uint32_t>(d.word[i / 4] >> (32 * ((i % 4) / 2)));  // draws of elements i, i ^ 1
-    const uint32_t s = (i % 2) != 0 ? w >> 16 : w & 0xFFFFu;
-    codes += e2m1_sr_code(e2m1_sr_fixed(a), s) << (4 * i);
+    const uint32_t offset = (i % 2) != 0 ? (~w & 0xFFFF0000u) >> 10 : low_half_complement(w) << 6;  // e2m1_sr_offset
+    codes += e2m1_sr_step(e2m1_sr_fixed(a), offset) << (4 * i);
   }
   return codes | chunk_sign_bits(v);
 }
