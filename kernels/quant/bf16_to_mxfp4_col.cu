@@ -120,7 +120,7 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
       // (row, c .. c + 3) are four consecutive flat indices starting at a multiple of 4 (K % 8 == 0): one hash.
       const uint64_t index = (p.row_offset + static_cast<uint64_t>(tb.row0 + r)) * static_cast<uint64_t>(p.K) +
                              static_cast<uint64_t>(k_tile + c);
-      const uint64_t word = splitmix64_at(p.seed, index / 4);  // element c + i: bits 16 i .. 16 i + 15
+      const uint64_t word = mx_sr_hash64(p.seed, index / 4);  // element c + i: bits 16 i .. 16 i + 15
       auto* row_words = reinterpret_cast<uint32_t*>(&draws[r][0]) + c / 2;
       row_words[0] = static_cast<uint32_t>(word);
       row_words[1] = static_cast<uint32_t>(word >> 32);
@@ -203,8 +203,11 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* 
   for (int h = 0; h < 2; ++h) {
     uint64_t word[kRows] = {};  // row i's hash of columns k0 + 4 h .. k0 + 4 h + 3 (element 4 h + c: bits 16 c ..)
     if constexpr (kRounding == Rounding::stochastic) {
+      // mx_sr_hash64(p.seed, n0 + i row_step + h), its counter advanced by one addition per row.
+      uint64_t counter = mx_sr_counter(p.seed, n0 + h);
+      const uint64_t row_counter_step = row_step * kMxSrWeyl;
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) word[i] = splitmix64_at(p.seed, n0 + i * row_step + h);
+      for (int i = 0; i < kRows; ++i, counter += row_counter_step) word[i] = detail::sr_hash_once(counter);
     }
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {

@@ -89,10 +89,8 @@ __device__ __forceinline__ void quantize_tile(const uint4* __restrict__ xt, int 
     // Stochastic rounding: the chunk's 8 consecutive flat indices start at a multiple of 8 (two hashes).
     const uint64_t first_index = p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk;
     const detail::ChunkCodes q =
-        detail::quantize_chunk<kRounding, kTransform>(v[j], k0, p.rht_seed, p.mode, [&] {
-          const uint64_t n = first_index / 4;
-          return detail::ChunkDraws{{splitmix64_at(p.seed, n), splitmix64_at(p.seed, n + 1)}};
-        });
+        detail::quantize_chunk<kRounding, kTransform>(v[j], k0, p.rht_seed, p.mode,
+                                                      [&] { return detail::chunk_draws(p.seed, first_index / 8); });
     store_chunk(in, q.nonfinite, q.packed, q.scale, c, p, ct, st, counted);
   }
 }
@@ -203,9 +201,8 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
           packed[j] = detail::encode_chunk_rne(v[j], inv_scale);
         } else {
           // Chunk j's 8 consecutive flat indices start at a multiple of 8 (two hashes, as mx_sr_bits16 packs them).
-          const uint64_t n = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 4;
-          packed[j] = detail::encode_chunk_stochastic(
-              v[j], inv_scale, detail::ChunkDraws{{splitmix64_at(p.seed, n), splitmix64_at(p.seed, n + 1)}});
+          const uint64_t n2 = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 8;
+          packed[j] = detail::encode_chunk_stochastic(v[j], inv_scale, detail::chunk_draws(p.seed, n2));
         }
       }
     }

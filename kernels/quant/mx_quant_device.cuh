@@ -11,10 +11,11 @@
 // 32 lanes x 1.98 GHz), so about 20 instructions per element at full issue, about 16 for 0.80 of copy at a
 // realistic issue efficiency.
 //   - RNE: about 7 (the BF16x2 encoder, two elements per instruction, plus the amax): memory-bound.
-//   - SR: one splitmix64 per four elements, 22 instructions (three 64-bit xor-shifts, two 64-bit multiplies), 5.5
-//     per element; the encoder (encode_chunk_stochastic) about 12 per element with its loads and store (a product,
-//     a minimum, a sum rounded up, one DPX maximum with a fused addition, one multiply-add for the draw, a shift and
-//     a shift-add, the signs by byte permutations per chunk). About 18 in all: above the budget.
+//   - SR: one hash per four elements (mx_random.h mx_sr_hash64), about 14 instructions (two 64-bit multiplies
+//     between three folds by 32 bits, the counter one 64-bit addition), 3.4 per element; the encoder
+//     (encode_chunk_stochastic) about 11.6 per element with its loads and store (a product, a minimum, a sum
+//     rounded up, one DPX maximum with a fused addition, the draw's mask and a shift-add, a shift and a shift-add
+//     into the chunk's word, the signs by byte permutations per chunk). About 16 in all: at the budget's edge.
 //   - H16 / H32: unpack 1, in-chunk butterflies 3, per stage across lanes one shuffle and one fused multiply-add
 //     (a sign flip and an addition before), scale 1, BF16 pack 0.5: about 7 (H16) and 8 (H32) on top of RNE, plus
 //     the shuffles' latency (8 per chunk for H16, 16 for H32, 2 for the amax). The row quantizer's block-per-thread
@@ -136,10 +137,24 @@ __device__ __forceinline__ uint4 transform_chunk(const uint4& v, uint32_t k0, ui
 
 // The 16 random bits of stochastic rounding of a chunk's 8 elements: element i's are bits 16 (i % 4) ..
 // 16 (i % 4) + 15 of word i / 4 (the packing of mx_sr_bits16 when the 8 flat indices are consecutive and the
-// first is a multiple of 8: the two words are then splitmix64_at(seed, first / 4) and the next).
+// first is a multiple of 8: the two words are then mx_sr_hash64(seed, first / 4) and the next).
 struct ChunkDraws {
   uint64_t word[2];
 };
+
+// The 64 bits of mx_sr_hash64, computed once: the empty asm hides them from the compiler, which would otherwise
+// recompute the hash for each 16-bit slice taken from it (narrowing each use to the bits it needs).
+__device__ __forceinline__ uint64_t sr_hash_once(uint64_t counter) {
+  uint64_t h = mx_sr_mix(counter);
+  asm("" : "+l"(h));
+  return h;
+}
+
+// The ChunkDraws of a chunk whose first flat index is 8 n2 (hashes 2 n2 and 2 n2 + 1).
+__device__ __forceinline__ ChunkDraws chunk_draws(uint64_t seed, uint64_t n2) {
+  const uint64_t counter = mx_sr_counter(seed, 2 * n2);
+  return ChunkDraws{{sr_hash_once(counter), sr_hash_once(counter + kMxSrWeyl)}};
+}
 
 // The sign bits of a chunk's 8 BF16 elements where its codes hold them: element i's (bit 15 of the low or the high
 // half of word i / 2) in bit 4 i + 3. Four byte permutations gather the bytes holding the signs (bit 7 of each):
