@@ -39,7 +39,8 @@ FP4MOE_HD uint32_t bits_of_bf162(__nv_bfloat162 v) {
   return r;
 }
 
-FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
+// The magnitude codes alone (per half 0..7, no sign bit): the kernels gather the signs of a whole chunk apart.
+FP4MOE_HD uint32_t e2m1_pair_magnitude_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
   constexpr uint32_t kSixes = 0x40C040C0u;  // 6.0, 6.0
   constexpr uint32_t kBase = 0x42804280u;   // 64.0 = 2^6, 2^6: the magic number of the first binade (step 0.5)
   const __nv_bfloat162 a2 = __hmul2_rn(bf162_from_bits(w & 0x7FFF7FFFu), inv2);
@@ -47,8 +48,11 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
   const uint32_t magic =
       bits_of_bf162(__hmax2(bf162_from_bits((a & 0x7F807F80u) + 0x03000300u), bf162_from_bits(kBase)));
   const uint32_t t = bits_of_bf162(__hadd2_rn(bf162_from_bits(a), bf162_from_bits(magic)));
-  const uint32_t code = t - magic + ((magic - kBase) >> 6);  // per half 0..7
-  return code | ((w >> 12) & 0x00080008u);                   // sign bits 15, 31 -> 3, 19
+  return t - magic + ((magic - kBase) >> 6);  // per half 0..7
+}
+
+FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
+  return e2m1_pair_magnitude_rne_bf16x2(w, inv2) | ((w >> 12) & 0x00080008u);  // sign bits 15, 31 -> 3, 19
 }
 
 // E2M1 magnitude code (0..7) of f32_to_e2m1_stochastic(a, s * 2^-16) for a finite a >= 0 and 16 random bits s,

@@ -64,19 +64,32 @@ __device__ __forceinline__ int block_exponent(uint32_t amax_bits, MxScaleMode mo
   return max(biased - kUE8M0Bias - 2 + up, -127);
 }
 
+// The sign bits of a chunk's 8 BF16 elements where its codes hold them: element i's (bit 15 of the low or the high
+// half of word i / 2) in bit 4 i + 3. Four byte permutations gather the bytes holding the signs (bit 7 of each):
+// the even elements' (shifted down to bit 3) and the odd elements' in byte order.
+__device__ __forceinline__ uint32_t chunk_sign_bits(const uint4& v) {
+  const uint32_t lo = __byte_perm(v.x, v.y, 0x7531);        // high bytes of elements 0, 1, 2, 3
+  const uint32_t hi = __byte_perm(v.z, v.w, 0x7531);        // of elements 4, 5, 6, 7
+  const uint32_t even = __byte_perm(lo, hi, 0x6420) >> 4;   // elements 0, 2, 4, 6: sign in bit 3 of each byte
+  const uint32_t odd = __byte_perm(lo, hi, 0x7531);         // elements 1, 3, 5, 7: sign in bit 7 of each byte
+  return (even & 0x08080808u) | (odd & 0x80808080u);
+}
+
 // RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2): half the instructions of an
 // fp32 encoder (one fp32 product and one rounding per element), which it replaced when timed faster (bench_quant).
-// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3.
+// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3. The magnitudes of a
+// pair packed into one byte with one shift-add (their bits are disjoint), the signs gathered per chunk.
 __device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_scale) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   const __nv_bfloat162 inv2 = __float2bfloat162_rn(inv_scale);  // 2^-e, e in [-127, 126]: exact in BF16
   uint32_t byte[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t c = e2m1_pair_rne_bf16x2(w[i], inv2);
-    byte[i] = c | (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
+    const uint32_t c = e2m1_pair_magnitude_rne_bf16x2(w[i], inv2);
+    byte[i] = c + (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
   }
-  return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410);
+  return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410) |
+         chunk_sign_bits(v);
 }
 
 // One butterfly stage across lanes `kLaneXor` apart: the lower lane holds a = y_j, the upper b = y_{j+h}; the
@@ -154,17 +167,6 @@ __device__ __forceinline__ uint64_t sr_hash_once(uint64_t counter) {
 __device__ __forceinline__ ChunkDraws chunk_draws(uint64_t seed, uint64_t n2) {
   const uint64_t counter = mx_sr_counter(seed, 2 * n2);
   return ChunkDraws{{sr_hash_once(counter), sr_hash_once(counter + kMxSrWeyl)}};
-}
-
-// The sign bits of a chunk's 8 BF16 elements where its codes hold them: element i's (bit 15 of the low or the high
-// half of word i / 2) in bit 4 i + 3. Four byte permutations gather the bytes holding the signs (bit 7 of each):
-// the even elements' (shifted down to bit 3) and the odd elements' in byte order.
-__device__ __forceinline__ uint32_t chunk_sign_bits(const uint4& v) {
-  const uint32_t lo = __byte_perm(v.x, v.y, 0x7531);        // high bytes of elements 0, 1, 2, 3
-  const uint32_t hi = __byte_perm(v.z, v.w, 0x7531);        // of elements 4, 5, 6, 7
-  const uint32_t even = __byte_perm(lo, hi, 0x6420) >> 4;   // elements 0, 2, 4, 6: sign in bit 3 of each byte
-  const uint32_t odd = __byte_perm(lo, hi, 0x7531);         // elements 1, 3, 5, 7: sign in bit 7 of each byte
-  return (even & 0x08080808u) | (odd & 0x80808080u);
 }
 
 // ~w & 0xFFFF as one PTX and.b32 (one LOP3), so that the compiler keeps the mask before the shift that follows and
