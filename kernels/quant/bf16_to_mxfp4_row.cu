@@ -194,11 +194,11 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
     if (!nonfinite && amax_bits != 0) {
       const int e = detail::block_exponent(amax_bits, p.mode);
       scale = static_cast<uint8_t>(e + kUE8M0Bias);
-      const float inv_scale = exp2_exact(-e);
+      const float inv_scale = detail::inv_block_scale(e);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (kRounding == Rounding::rne) {
-          packed[j] = detail::encode_chunk_rne(v[j], inv_scale);
+          packed[j] = detail::encode_chunk_rne(v[j], e);
         } else {
           // Chunk j's 8 consecutive flat indices start at a multiple of 8 (two hashes, as mx_sr_bits16 packs them).
           const uint64_t n2 = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 8;
