@@ -155,10 +155,9 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
     const uint32_t t0 = static_cast<uint32_t>(tb.col0 + r0);  // position along the group's tokens (rht signs)
     const detail::ChunkCodes out = detail::quantize_chunk<kRounding, kTransform>(
         make_uint4(w[0], w[1], w[2], w[3]), t0, p.rht_seed, p.mode, [&] {
-          detail::ChunkDraws d{{0, 0}};
+          detail::ChunkDraws d{{0, 0, 0, 0}};
 #pragma unroll
-          for (int i = 0; i < detail::kMxChunk; ++i)
-            d.word[i / 4] |= static_cast<uint64_t>(draws[r0 + i][col]) << (16 * (i % 4));
+          for (int i = 0; i < detail::kMxChunk; ++i) d.pair[i / 2] |= uint32_t{draws[r0 + i][col]} << (16 * (i % 2));
           return d;
         });
     store_col_chunk(in, out, p, tb, k_tile + col, r0, codes, scales, counted);
@@ -239,10 +238,14 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* 
       for (int j = 0; j < 4; ++j) w[j] = __byte_perm(v[2 * j][c / 2], v[2 * j + 1][c / 2], halves);
       const detail::ChunkCodes out = detail::quantize_chunk<kRounding, kTransform>(
           make_uint4(w[0], w[1], w[2], w[3]), t0, p.rht_seed, p.mode, [&] {
-            detail::ChunkDraws d{{0, 0}};
+            // Rows 2 j and 2 j + 1: slice cc of their hashes (the low or high half of a 32-bit half), one byte
+            // permutation per pair.
+            detail::ChunkDraws d;
 #pragma unroll
-            for (int i = 0; i < kRows; ++i)
-              d.word[i / 4] |= ((word[i] >> (16 * cc)) & 0xFFFFull) << (16 * (i % 4));
+            for (int j = 0; j < kRows / 2; ++j)
+              d.pair[j] = __byte_perm(static_cast<uint32_t>(word[2 * j] >> (32 * (cc / 2))),
+                                      static_cast<uint32_t>(word[2 * j + 1] >> (32 * (cc / 2))),
+                                      (cc % 2) != 0 ? 0x7632u : 0x5410u);
             return d;
           });
       store_chunk_at(in, out, p, code0 + c * ld_words, scale0 + c * ld_scales, counted);

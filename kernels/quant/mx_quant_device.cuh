@@ -154,11 +154,12 @@ __device__ __forceinline__ uint4 transform_chunk(const uint4& v, uint32_t k0, ui
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The 16 random bits of stochastic rounding of a chunk's 8 elements: element i's are bits 16 (i % 4) ..
-// 16 (i % 4) + 15 of word i / 4 (the packing of mx_sr_bits16 when the 8 flat indices are consecutive and the
-// first is a multiple of 8: the two words are then mx_sr_hash64(seed, first / 4) and the next).
+// The 16 random bits of stochastic rounding of a chunk's 8 elements: element i's are bits 16 (i % 2) ..
+// 16 (i % 2) + 15 of pair[i / 2]. When the 8 flat indices are consecutive and the first is a multiple of 8 (the
+// row quantizer), pairs 0, 1 are the low and high halves of mx_sr_hash64(seed, first / 4) and pairs 2, 3 those of
+// the next hash, as mx_sr_bits16 packs them; the column quantizer gathers each pair from two rows' hashes.
 struct ChunkDraws {
-  uint64_t word[2];
+  uint32_t pair[4];
 };
 
 // The 64 bits of mx_sr_hash64, computed once: the empty asm hides them from the compiler, which would otherwise
@@ -172,7 +173,9 @@ __device__ __forceinline__ uint64_t sr_hash_once(uint64_t counter) {
 // The ChunkDraws of a chunk whose first flat index is 8 n2 (hashes 2 n2 and 2 n2 + 1).
 __device__ __forceinline__ ChunkDraws chunk_draws(uint64_t seed, uint64_t n2) {
   const uint64_t counter = mx_sr_counter(seed, 2 * n2);
-  return ChunkDraws{{sr_hash_once(counter), sr_hash_once(counter + kMxSrWeyl)}};
+  const uint64_t h0 = sr_hash_once(counter), h1 = sr_hash_once(counter + kMxSrWeyl);
+  return ChunkDraws{{static_cast<uint32_t>(h0), static_cast<uint32_t>(h0 >> 32), static_cast<uint32_t>(h1),
+                     static_cast<uint32_t>(h1 >> 32)}};
 }
 
 // ~w & 0xFFFF as one PTX and.b32 (one LOP3), so that the compiler keeps the mask before the shift that follows and
@@ -195,7 +198,7 @@ __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, floa
 #pragma unroll
   for (int i = 0; i < kMxChunk; ++i) {
     const float a = fminf(fabsf(__fmul_rn(y[i], inv_scale)), 6.0f);
-    const uint32_t w = static_cast<uint32_t>(d.word[i / 4] >> (32 * ((i % 4) / 2)));  // draws of elements i, i ^ 1
+    const uint32_t w = d.pair[i / 2];  // the draws of elements i and i ^ 1
     const uint32_t offset = (i % 2) != 0 ? (~w & 0xFFFF0000u) >> 10 : low_half_complement(w) << 6;  // e2m1_sr_offset
     codes += e2m1_sr_step(e2m1_sr_fixed(a), offset) << (4 * i);
   }
