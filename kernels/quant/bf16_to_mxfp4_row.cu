@@ -13,12 +13,13 @@
 // bounds checks and indexes with 32-bit offsets from the tile's base pointers; only the last tile checks.
 // A transform runs on the chunk in registers before the block rule: the lane's 8 elements in FP32, the butterfly
 // stages within the chunk, then those across chunks with one shuffle and one fused multiply-add by +-1 per element
-// (h = 8: lanes 1 apart; h = 16: lanes 2 apart), the scale, and the rounding back to BF16 (one BF16x2 conversion per pair); rht draws one 64-bit
-// hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne in
-// mx_quant_device.cuh, which holds the per-chunk steps shared with the column quantizer); stochastic rounding
+// (h = 8: lanes 1 apart; h = 16: lanes 2 apart), the scale, and the rounding back to BF16 (one BF16x2 conversion
+// per pair); rht draws one 64-bit hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2
+// instruction (encode_chunk_rne in mx_quant_device.cuh, which holds the per-chunk steps shared with the column
+// quantizer); stochastic rounding
 // scales each element by one exact FP32 product and rounds it with the integer formulation of mx_fast_codecs.h
-// (encode_chunk_stochastic), drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are counted per warp and added with
-// one atomic per warp at the end.
+// (encode_chunk_stochastic), drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are
+// counted per warp and added with one atomic per warp at the end.
 #include <cuda_bf16.h>
 
 #include <climits>

@@ -77,7 +77,9 @@ __device__ __forceinline__ uint32_t chunk_sign_bits(const uint4& v) {
 
 // 2^-e for a block exponent e in [-127, 126] (block_exponent: a finite BF16 amax gives e <= 126), a normal FP32
 // built from its exponent field alone (exp2_exact without its subnormal case).
-__device__ __forceinline__ float inv_block_scale(int e) { return __uint_as_float(static_cast<uint32_t>(127 - e) << 23); }
+__device__ __forceinline__ float inv_block_scale(int e) {
+  return __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+}
 
 // RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2): half the instructions of an
 // fp32 encoder (one fp32 product and one rounding per element), which it replaced when timed faster (bench_quant).
@@ -189,8 +191,9 @@ __device__ __forceinline__ uint32_t low_half_complement(uint32_t w) {
 // Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
 // 4i..4i+3, the sign of v kept (-0 included). The product is an exact power-of-two scaling (rounded only below
 // 2^-126), clamped at 6 (E2M1's largest). Per element (mx_fast_codecs.h e2m1_sr_fixed, e2m1_sr_step): the product,
-// the minimum, a sum rounded up, one maximum with a fused addition (sm_90 DPX), the draw's 16 bits (a mask or a
-// shift), one multiply-add, one shift and one shift-add into the chunk's word; the signs gathered apart.
+// the minimum, a sum rounded up, one maximum with a fused addition (sm_90 DPX), the draw's offset (a mask, its
+// shift folded into the addition that follows), one shift and one shift-add into the chunk's word; the signs
+// gathered apart.
 __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, const ChunkDraws& d) {
   float y[kMxChunk];
   unpack_chunk(v, y);
