@@ -71,19 +71,31 @@ __device__ __forceinline__ int padded_tile_rows(const detail::TokenBlock& tb) {
   return static_cast<int>(tb.ld - tb.col0 < kTileRows ? tb.ld - tb.col0 : kTileRows);
 }
 
-// Writes a chunk's codes (column k of X, rows r0 .. r0 + 7 of the token block) and, on lane q = 0 of its MX block,
-// the block's scale, when `in`; counts its NaN/Inf block on the warp. Every lane calls it (ballot).
+// Writes a chunk's codes to `code` and, on lane q = 0 of its MX block, the block's scale to `scale`, when `in`;
+// counts its NaN/Inf block on the warp. Every lane calls it (ballot).
+__device__ __forceinline__ void store_chunk_at(bool in, const detail::ChunkCodes& out, const ColParams& p,
+                                               uint32_t* __restrict__ code, uint8_t* __restrict__ scale,
+                                               unsigned long long& counted) {
+  if (in) {
+    *code = out.packed;
+    if ((threadIdx.x & 3) == 0) *scale = out.scale;
+  }
+  if (p.nonfinite_blocks != nullptr) detail::count_nonfinite_blocks(in, out.nonfinite, counted);
+}
+
+// Element offset in the layout of the chunk at column k of X, rows r0 .. r0 + 7 of the token block: the group's
+// K * P_g, its row k of X^T (length L_g), its token. Its codes are word e / 8, its block's scale byte e / 32.
+__device__ __forceinline__ int64_t chunk_offset(const detail::TokenBlock& tb, int64_t k, int r0) {
+  return tb.codes_offset + k * tb.ld + tb.col0 + r0;
+}
+
+// store_chunk_at for the chunk at column k, rows r0 .. r0 + 7 of the token block.
 __device__ __forceinline__ void store_col_chunk(bool in, const detail::ChunkCodes& out, const ColParams& p,
                                                 const detail::TokenBlock& tb, int64_t k, int r0,
                                                 uint8_t* __restrict__ codes, uint8_t* __restrict__ scales,
                                                 unsigned long long& counted) {
-  if (in) {
-    // Element offset of the chunk in the layout: the group's K * P_g, its row k of X^T (length L_g), its token.
-    const int64_t e = tb.codes_offset + k * tb.ld + tb.col0 + r0;
-    reinterpret_cast<uint32_t*>(codes)[e / 8] = out.packed;
-    if ((threadIdx.x & 3) == 0) scales[e / kMxBlock] = out.scale;
-  }
-  if (p.nonfinite_blocks != nullptr) detail::count_nonfinite_blocks(in, out.nonfinite, counted);
+  const int64_t e = chunk_offset(tb, k, r0);
+  store_chunk_at(in, out, p, reinterpret_cast<uint32_t*>(codes) + e / 8, scales + e / kMxBlock, counted);
 }
 
 template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
@@ -120,7 +132,7 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
       // (row, c .. c + 3) are four consecutive flat indices starting at a multiple of 4 (K % 8 == 0): one hash.
       const uint64_t index = (p.row_offset + static_cast<uint64_t>(tb.row0 + r)) * static_cast<uint64_t>(p.K) +
                              static_cast<uint64_t>(k_tile + c);
-      const uint64_t word = splitmix64_at(p.seed, index / 4);  // element c + i: bits 16 i .. 16 i + 15
+      const uint64_t word = mx_sr_hash64(p.seed, index / 4);  // element c + i: bits 16 i .. 16 i + 15
       auto* row_words = reinterpret_cast<uint32_t*>(&draws[r][0]) + c / 2;
       row_words[0] = static_cast<uint32_t>(word);
       row_words[1] = static_cast<uint32_t>(word >> 32);
@@ -143,10 +155,9 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
     const uint32_t t0 = static_cast<uint32_t>(tb.col0 + r0);  // position along the group's tokens (rht signs)
     const detail::ChunkCodes out = detail::quantize_chunk<kRounding, kTransform>(
         make_uint4(w[0], w[1], w[2], w[3]), t0, p.rht_seed, p.mode, [&] {
-          detail::ChunkDraws d{{0, 0}};
+          detail::ChunkDraws d{{0, 0, 0, 0}};
 #pragma unroll
-          for (int i = 0; i < detail::kMxChunk; ++i)
-            d.word[i / 4] |= static_cast<uint64_t>(draws[r0 + i][col]) << (16 * (i % 4));
+          for (int i = 0; i < detail::kMxChunk; ++i) d.pair[i / 2] |= uint32_t{draws[r0 + i][col]} << (16 * (i % 2));
           return d;
         });
     store_col_chunk(in, out, p, tb, k_tile + col, r0, codes, scales, counted);
@@ -182,10 +193,13 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* 
   const int64_t k0 = int64_t{blockIdx.x} * kRegTileCols + 32 * (warp >> 1) + 8 * (lane >> 3);  // first column
   const bool cols_in = k0 < p.K;  // K % 8 == 0: the thread's 8 columns are all in or all out
   uint32_t v[kRows][4];           // row i, BF16 columns 2j (low half) and 2j + 1 (high half) of word j
+  // Row r0 + i's 16 bytes are i rows past the first (K < 2^21: one 32-bit multiply-add per load).
+  const bf16* const x0 = x + (tb.row0 + r0) * p.K + k0;
+  const uint32_t row_elems = static_cast<uint32_t>(p.K);
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     uint4 u = make_uint4(0, 0, 0, 0);  // rows past the group's tokens are zeros
-    if (cols_in && r0 + i < tb.rows) u = __ldcs(reinterpret_cast<const uint4*>(x + (tb.row0 + r0 + i) * p.K + k0));
+    if (cols_in && r0 + i < tb.rows) u = __ldcs(reinterpret_cast<const uint4*>(x0 + i * row_elems));
     v[i][0] = u.x;
     v[i][1] = u.y;
     v[i][2] = u.z;
@@ -198,13 +212,22 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* 
   const uint64_t n0 = ((p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
                        static_cast<uint64_t>(k0)) / 4;
   const uint64_t row_step = static_cast<uint64_t>(p.K) / 4;
+  // Chunk c (column k0 + c) is c rows of X^T past the thread's first chunk: its codes ld / 8 words and its scale
+  // ld / 32 bytes further per column (ld = L_g or M: a multiple of 32 below 2^31).
+  const int64_t e0 = chunk_offset(tb, k0, r0);
+  uint32_t* const code0 = reinterpret_cast<uint32_t*>(codes) + e0 / 8;
+  uint8_t* const scale0 = scales + e0 / kMxBlock;
+  const uint32_t ld = static_cast<uint32_t>(tb.ld), ld_words = ld / 8, ld_scales = ld / kMxBlock;
   unsigned long long counted = 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint64_t word[kRows] = {};  // row i's hash of columns k0 + 4 h .. k0 + 4 h + 3 (element 4 h + c: bits 16 c ..)
     if constexpr (kRounding == Rounding::stochastic) {
+      // mx_sr_hash64(p.seed, n0 + i row_step + h), its counter advanced by one addition per row.
+      uint64_t counter = mx_sr_counter(p.seed, n0 + h);
+      const uint64_t row_counter_step = row_step * kMxSrWeyl;
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) word[i] = splitmix64_at(p.seed, n0 + i * row_step + h);
+      for (int i = 0; i < kRows; ++i, counter += row_counter_step) word[i] = detail::sr_hash_once(counter);
     }
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {
@@ -215,13 +238,17 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* 
       for (int j = 0; j < 4; ++j) w[j] = __byte_perm(v[2 * j][c / 2], v[2 * j + 1][c / 2], halves);
       const detail::ChunkCodes out = detail::quantize_chunk<kRounding, kTransform>(
           make_uint4(w[0], w[1], w[2], w[3]), t0, p.rht_seed, p.mode, [&] {
-            detail::ChunkDraws d{{0, 0}};
+            // Rows 2 j and 2 j + 1: slice cc of their hashes (the low or high half of a 32-bit half), one byte
+            // permutation per pair.
+            detail::ChunkDraws d;
 #pragma unroll
-            for (int i = 0; i < kRows; ++i)
-              d.word[i / 4] |= ((word[i] >> (16 * cc)) & 0xFFFFull) << (16 * (i % 4));
+            for (int j = 0; j < kRows / 2; ++j)
+              d.pair[j] = __byte_perm(static_cast<uint32_t>(word[2 * j] >> (32 * (cc / 2))),
+                                      static_cast<uint32_t>(word[2 * j + 1] >> (32 * (cc / 2))),
+                                      (cc % 2) != 0 ? 0x7632u : 0x5410u);
             return d;
           });
-      store_col_chunk(in, out, p, tb, k0 + c, r0, codes, scales, counted);
+      store_chunk_at(in, out, p, code0 + c * ld_words, scale0 + c * ld_scales, counted);
     }
   }
   if (p.nonfinite_blocks != nullptr && lane == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);

@@ -2,8 +2,8 @@
 // bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
 // Two kernels with the same bits (bf16_to_mxfp4_row.h detail::MxRowKernel): the chunk-per-lane kernel described
-// here, which bf16_to_mxfp4_row runs without a transform, and the block-per-thread kernel described above its
-// definition below, which it runs with one (no warp shuffles; one hash for rht's 32 signs of a block).
+// here, and the block-per-thread kernel described above its definition below, which bf16_to_mxfp4_row runs for
+// every option (no warp shuffles; one hash for rht's 32 signs of a block; detail::mx_row_default_kernel).
 // The [M, K] tensor is walked as one flat sequence of 8-element chunks (16 bytes of BF16): K % 32 == 0, so every
 // MX block is four consecutive chunks of one row, and its codes (16 bytes) and scale (1 byte) sit at the flat
 // block index in [M, K/2] and [M, K/32]. One thread block per tile of kThreads x kChunksPerThread chunks (the
@@ -13,13 +13,13 @@
 // bounds checks and indexes with 32-bit offsets from the tile's base pointers; only the last tile checks.
 // A transform runs on the chunk in registers before the block rule: the lane's 8 elements in FP32, the butterfly
 // stages within the chunk, then those across chunks with one shuffle and one fused multiply-add by +-1 per element
-// (h = 8: lanes 1 apart; h = 16: lanes 2 apart), the scale, and the rounding back to BF16 (one BF16x2 conversion per pair); rht draws one 64-bit
-// hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2 instruction (encode_chunk_rne in
-// mx_quant_device.cuh, which holds the per-chunk steps shared with the column quantizer); stochastic rounding
+// (h = 8: lanes 1 apart; h = 16: lanes 2 apart), the scale, and the rounding back to BF16 (one BF16x2 conversion
+// per pair); rht draws one 64-bit hash per chunk for its 8 signs. RNE scales and rounds two elements per BF16x2
+// instruction (encode_chunk_rne in mx_quant_device.cuh, which holds the per-chunk steps shared with the column
+// quantizer); stochastic rounding
 // scales each element by one exact FP32 product and rounds it with the integer formulation of mx_fast_codecs.h
-// (biased codes summed per chunk),
-// drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are counted per warp and added with
-// one atomic per warp at the end.
+// (encode_chunk_stochastic), drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are
+// counted per warp and added with one atomic per warp at the end.
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -90,10 +90,8 @@ __device__ __forceinline__ void quantize_tile(const uint4* __restrict__ xt, int 
     // Stochastic rounding: the chunk's 8 consecutive flat indices start at a multiple of 8 (two hashes).
     const uint64_t first_index = p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk;
     const detail::ChunkCodes q =
-        detail::quantize_chunk<kRounding, kTransform>(v[j], k0, p.rht_seed, p.mode, [&] {
-          const uint64_t n = first_index / 4;
-          return detail::ChunkDraws{{splitmix64_at(p.seed, n), splitmix64_at(p.seed, n + 1)}};
-        });
+        detail::quantize_chunk<kRounding, kTransform>(v[j], k0, p.rht_seed, p.mode,
+                                                      [&] { return detail::chunk_draws(p.seed, first_index / 8); });
     store_chunk(in, q.nonfinite, q.packed, q.scale, c, p, ct, st, counted);
   }
 }
@@ -114,6 +112,20 @@ bf16_to_mxfp4_row_kernel(const uint4* __restrict__ x, int64_t num_chunks, QuantP
       quantize_tile<kRounding, kTransform, false>(xt, static_cast<int>(num_chunks - base), base, p, ct, st, counted);
   }
   if (p.nonfinite_blocks != nullptr && (threadIdx.x & 31) == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
+}
+
+// One butterfly stage h of mx_transform.h over the 32 elements of an MX block (pairs (j, j + h), j % 2h < h),
+// a template so that every index is a constant: the block stays in registers (as nested loops over h it was
+// placed in local memory, the stages not unrolled).
+template <int h>
+__device__ __forceinline__ void butterfly_stage(float (&y)[kMxBlock]) {
+#pragma unroll
+  for (int p = 0; p < kMxBlock / 2; ++p) {
+    const int j = (p / h) * 2 * h + p % h;
+    const float a = y[j], b = y[j + h];
+    y[j] = __fadd_rn(a, b);
+    y[j + h] = __fsub_rn(a, b);
+  }
 }
 
 // The block-per-thread kernel (detail::MxRowKernel::block_per_thread): thread t of a tile owns MX block t, its
@@ -138,16 +150,11 @@ __device__ __forceinline__ void transform_block(uint4 (&v)[4], uint32_t k0, uint
     for (int i = 0; i < kMxBlock; ++i) y[i] = __uint_as_float(__float_as_uint(y[i]) ^ (((signs >> i) & 1u) << 31));
   }
   constexpr int n = hadamard_block_size(kTransform);
-#pragma unroll
-  for (int h = 1; h < n; h *= 2)
-#pragma unroll
-    for (int i = 0; i < kMxBlock; i += 2 * h)
-#pragma unroll
-      for (int j = i; j < i + h; ++j) {
-        const float a = y[j], b = y[j + h];
-        y[j] = __fadd_rn(a, b);
-        y[j + h] = __fsub_rn(a, b);
-      }
+  butterfly_stage<1>(y);
+  butterfly_stage<2>(y);
+  butterfly_stage<4>(y);
+  butterfly_stage<8>(y);
+  if constexpr (n == 32) butterfly_stage<16>(y);
   const float c = hadamard_scale(n);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -188,16 +195,15 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
     if (!nonfinite && amax_bits != 0) {
       const int e = detail::block_exponent(amax_bits, p.mode);
       scale = static_cast<uint8_t>(e + kUE8M0Bias);
-      const float inv_scale = exp2_exact(-e);
+      const float inv_scale = detail::inv_block_scale(e);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (kRounding == Rounding::rne) {
-          packed[j] = detail::encode_chunk_rne(v[j], inv_scale);
+          packed[j] = detail::encode_chunk_rne(v[j], e);
         } else {
           // Chunk j's 8 consecutive flat indices start at a multiple of 8 (two hashes, as mx_sr_bits16 packs them).
-          const uint64_t n = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 4;
-          packed[j] = detail::encode_chunk_stochastic(
-              v[j], inv_scale, detail::ChunkDraws{{splitmix64_at(p.seed, n), splitmix64_at(p.seed, n + 1)}});
+          const uint64_t n2 = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 8;
+          packed[j] = detail::encode_chunk_stochastic(v[j], inv_scale, detail::chunk_draws(p.seed, n2));
         }
       }
     }
@@ -249,11 +255,14 @@ RowLaunch row_launch(const MxQuantConfig& cfg) {
 
 namespace detail {
 
-MxRowKernel mx_row_default_kernel(HadamardTransform t) {
-  // Measured on an H200 (reports/results/h200/emulation-20261202/call4/): without a transform block_per_thread is the
-  // faster (RNE 0.98 against 0.89 of copy, SR 0.62 against 0.53), with one chunk_per_lane (0.53-0.68 against
-  // 0.17-0.22).
-  return t == HadamardTransform::none ? MxRowKernel::block_per_thread : MxRowKernel::chunk_per_lane;
+MxRowKernel mx_row_default_kernel(HadamardTransform) {
+  // Default chosen by measurement, see reports/results/h200/ (bench_quant: bf16_to_mxfp4_row/ runs this choice,
+  // bf16_to_mxfp4_row_lanes/ the other kernel). Earlier measurement (reports/results/h200/emulation-20261202/call4/):
+  // without a transform block_per_thread was the faster (RNE 0.98 against 0.89 of copy, SR 0.62 against 0.53); with
+  // one it ran at 0.17-0.22, its 32 transformed values then held in local memory (the butterfly stages were not
+  // unrolled), which butterfly_stage removed: it now needs fewer instructions per element than chunk_per_lane for
+  // every option (kernels/quant/NOTES-speed.md).
+  return MxRowKernel::block_per_thread;
 }
 
 void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,

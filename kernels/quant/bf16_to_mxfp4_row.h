@@ -76,9 +76,9 @@ int64_t mx_quantize_values_ref(const float* v, int64_t L, uint64_t index_base, u
 // The two kernels behind bf16_to_mxfp4_row (bf16_to_mxfp4_row.cu), which give the same bits: chunk_per_lane (four
 // lanes per MX block, 8 elements each, the block amax and the Hadamard stages h >= 8 over warp shuffles) and
 // block_per_thread (one MX block per thread, no shuffle, one hash for rht's 32 signs). bf16_to_mxfp4_row runs
-// mx_row_default_kernel(transform): block_per_thread without a transform, chunk_per_lane with one (the faster of
-// the two for each, measured on an H200); bench_quant
-// and the GPU tests run both. bf16_to_mxfp4_row_using: same arguments and rejections as bf16_to_mxfp4_row.
+// mx_row_default_kernel(transform) (block_per_thread for every option; the measurement behind it:
+// bf16_to_mxfp4_row.cu); bench_quant and the GPU tests run both. bf16_to_mxfp4_row_using: same arguments and
+// rejections as bf16_to_mxfp4_row.
 enum class MxRowKernel : int { chunk_per_lane = 0, block_per_thread = 1 };
 MxRowKernel mx_row_default_kernel(HadamardTransform t);
 void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,

@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,7 +39,8 @@ FP4MOE_HD uint32_t bits_of_bf162(__nv_bfloat162 v) {
   return r;
 }
 
-FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
+// The magnitude codes alone (per half 0..7, no sign bit): the kernels gather the signs of a whole chunk apart.
+FP4MOE_HD uint32_t e2m1_pair_magnitude_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
   constexpr uint32_t kSixes = 0x40C040C0u;  // 6.0, 6.0
   constexpr uint32_t kBase = 0x42804280u;   // 64.0 = 2^6, 2^6: the magic number of the first binade (step 0.5)
   const __nv_bfloat162 a2 = __hmul2_rn(bf162_from_bits(w & 0x7FFF7FFFu), inv2);
@@ -46,8 +48,11 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
   const uint32_t magic =
       bits_of_bf162(__hmax2(bf162_from_bits((a & 0x7F807F80u) + 0x03000300u), bf162_from_bits(kBase)));
   const uint32_t t = bits_of_bf162(__hadd2_rn(bf162_from_bits(a), bf162_from_bits(magic)));
-  const uint32_t code = t - magic + ((magic - kBase) >> 6);  // per half 0..7
-  return code | ((w >> 12) & 0x00080008u);                   // sign bits 15, 31 -> 3, 19
+  return t - magic + ((magic - kBase) >> 6);  // per half 0..7
+}
+
+FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
+  return e2m1_pair_magnitude_rne_bf16x2(w, inv2) | ((w >> 12) & 0x00080008u);  // sign bits 15, 31 -> 3, 19
 }
 
 // E2M1 magnitude code (0..7) of f32_to_e2m1_stochastic(a, s * 2^-16) for a finite a >= 0 and 16 random bits s,
@@ -55,30 +60,43 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
 // bits 0..21 the exact position of a within the step; for a < 1 the same fixed point built from
 // ceil(a * 2^23) (a + 1 rounded up, exact in FP32, minus one binade). a rounds up iff s < position * 2^16 / 2^22,
 // i.e. iff ceil(position / 64) + (0xFFFF - s) carries into bit 16; codes past 7 saturate.
-// In fewer instructions (the kernels' form, split in two so that they can add the biased codes of a chunk and
-// subtract the bias once):
+// In few instructions (the kernels' form, split so that the per-element work is one maximum with a fused addition,
+// the draw's offset (a mask, and a shift folded into the addition) and one shift):
 //   - X = max(bits(a), bits(a + 1 rounded up) - 2^23) as integers, without a comparison and a select: for a >= 1
 //     the second is (a + 1) / 2 rounded up, which is <= a; for a < 1 it is >= (a + 1) / 2 > a;
 //   - floor((floor((X + 63) / 64) + 0xFFFF - s) / 2^16) = floor((X + 63 + 64 (0xFFFF - s)) / 2^22) (nested floor
-//     division), one three-input sum and one shift; 64 (0xFFFF - s) is the draw's offset, e2m1_sr_offset.
-FP4MOE_HD uint32_t e2m1_sr_offset(uint32_t s) { return ((s ^ 0xFFFFu) & 0xFFFFu) << 6; }
-
-// 252 + the magnitude code before saturation (252 .. 260; 259 and more saturate to code 7), given the draw's
-// e2m1_sr_offset.
-FP4MOE_HD uint32_t e2m1_biased_code_sr_f32(float a, uint32_t offset) {
+//     division) = floor((G + e2m1_sr_offset(s)) / 2^22) + 252 with G = X + 63 - 252 * 2^22: e2m1_sr_fixed(a) gives
+//     G (the constants added to both operands of the maximum, as signed integers: no operand wraps), e2m1_sr_step
+//     the code;
+//   - a is clamped at 6 first (E2M1's largest: G + offset < 8 * 2^22, code 7 whatever the draw), so that codes need
+//     no saturation, and G >= 0 for every a >= 0.
+FP4MOE_HD uint32_t e2m1_sr_fixed(float a) {
+  constexpr int32_t kBias = 252 << 22;
+  constexpr int32_t kRound = 63;
 #if defined(__CUDA_ARCH__)
-  const uint32_t below_one = f32_bits(__fadd_ru(a, 1.0f)) - 0x00800000u;  // 252 * 2^22 + ceil(a * 2^23) for a < 1
+  const int32_t below_one = static_cast<int32_t>(f32_bits(__fadd_ru(a, 1.0f))) + (kRound - kBias - 0x00800000);
+  return static_cast<uint32_t>(__viaddmax_s32(static_cast<int32_t>(f32_bits(a)), kRound - kBias, below_one));
 #else
-  const uint32_t below_one = a < 1.0f ? (252u << 22) + static_cast<uint32_t>(std::ceil(a * 8388608.0f)) : 0u;
+  // ceil(a * 2^23) + 2^23 for a < 1 is the bit pattern of a + 1 rounded up, less the exponent of 1 (0x3F800000).
+  const int32_t below_one =
+      a < 1.0f ? static_cast<int32_t>(0x3F800000u + static_cast<uint32_t>(std::ceil(a * 8388608.0f))) +
+                     (kRound - kBias - 0x00800000)
+               : INT32_MIN;
+  const int32_t above = static_cast<int32_t>(f32_bits(a)) + (kRound - kBias);
+  return static_cast<uint32_t>(above > below_one ? above : below_one);
 #endif
-  const uint32_t bits = f32_bits(a);
-  const uint32_t x = bits > below_one ? bits : below_one;
-  return (x + 63u + offset) >> 22;
 }
 
+// The draw's offset 64 (0xFFFF - s) for 16 random bits s (bits above 15 ignored). The kernels take it from a 32-bit
+// word w holding the draws of two elements (bits 0..15 and 16..31) as (~w & 0xFFFF) << 6 and
+// (~w & 0xFFFF0000) >> 10: a mask, and a shift that the addition of e2m1_sr_step absorbs (LEA).
+FP4MOE_HD uint32_t e2m1_sr_offset(uint32_t s) { return ((s ^ 0xFFFFu) & 0xFFFFu) << 6; }
+
+// The magnitude code 0..7 from e2m1_sr_fixed(min(a, 6)) and the draw's e2m1_sr_offset.
+FP4MOE_HD uint32_t e2m1_sr_step(uint32_t fixed, uint32_t offset) { return (fixed + offset) >> 22; }
+
 FP4MOE_HD uint32_t e2m1_magnitude_sr_f32(float a, uint32_t s) {
-  const uint32_t t = e2m1_biased_code_sr_f32(a, e2m1_sr_offset(s));
-  return (t < 259u ? t : 259u) - 252u;
+  return e2m1_sr_step(e2m1_sr_fixed(a < 6.0f ? a : 6.0f), e2m1_sr_offset(s));
 }
 
 }  // namespace fp4moe::detail

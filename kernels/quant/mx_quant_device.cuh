@@ -5,17 +5,17 @@
 // bf16_to_mxfp4_row.h (transform, block amax over the four lanes, UE8M0 scale, E2M1 codes) with the same bits in
 // both kernels. Every lane of a warp must call the helpers that shuffle (whole warps, all lanes active).
 //
-// Cost per element on sm_90a (ptxas -v registers and PTX instruction counts of both kernels; SASS counts estimated),
-// against the budget: at copy bandwidth the H200 moves about 1.7e12 elements/s (2.5 bytes each: BF16 in, code and
-// scale out) and issues about 33e12 thread instructions/s (132 SMs x 4 schedulers x 32 lanes x 1.98 GHz), so about
-// 20 instructions per element at full issue, about 16 for 0.80 of copy at a realistic issue efficiency.
+// Cost per element on sm_90a: kernels/quant/NOTES-speed.md (static SASS counts per kernel and option, how they
+// are taken, what they predict). Against the budget: at copy bandwidth the H200 moves about 1.7e12 elements/s (2.5
+// bytes each: BF16 in, code and scale out) and issues about 33e12 thread instructions/s (132 SMs x 4 schedulers x
+// 32 lanes x 1.98 GHz), so about 20 instructions per element at full issue, about 16 for 0.80 of copy at a
+// realistic issue efficiency.
 //   - RNE: about 7 (the BF16x2 encoder, two elements per instruction, plus the amax): memory-bound.
-//   - SR: one splitmix64 per four elements, about 24 instructions (9 of them half-rate integer multiply-adds for the
-//     64-bit products), 6 per element; the encoder about 17 per element in its first form (product, rounded-up sum,
-//     compare and select, three shifts and two sums for the decision, clamp, bias, sign, pack), about 13 now
-//     (e2m1_biased_code_sr_f32: a maximum instead of compare and select, one three-input sum and one shift; the
-//     bias of the summed codes removed once per chunk). About 20 in all: above the budget, so 0.80 of copy needs a
-//     cheaper draw too (a 32-bit hash per two elements would save about 3 per element; changes the random bits).
+//   - SR: one hash per four elements (mx_random.h mx_sr_hash64), about 14 instructions (two 64-bit multiplies
+//     between three folds by 32 bits, the counter one 64-bit addition), 3.4 per element; the encoder
+//     (encode_chunk_stochastic) about 11.6 per element with its loads and store (a product, a minimum, a sum
+//     rounded up, one DPX maximum with a fused addition, the draw's mask and a shift-add, a shift and a shift-add
+//     into the chunk's word, the signs by byte permutations per chunk). About 16 in all: at the budget's edge.
 //   - H16 / H32: unpack 1, in-chunk butterflies 3, per stage across lanes one shuffle and one fused multiply-add
 //     (a sign flip and an addition before), scale 1, BF16 pack 0.5: about 7 (H16) and 8 (H32) on top of RNE, plus
 //     the shuffles' latency (8 per chunk for H16, 16 for H32, 2 for the amax). The row quantizer's block-per-thread
@@ -64,19 +64,40 @@ __device__ __forceinline__ int block_exponent(uint32_t amax_bits, MxScaleMode mo
   return max(biased - kUE8M0Bias - 2 + up, -127);
 }
 
+// The sign bits of a chunk's 8 BF16 elements where its codes hold them: element i's (bit 15 of the low or the high
+// half of word i / 2) in bit 4 i + 3. Four byte permutations gather the bytes holding the signs (bit 7 of each):
+// the even elements' (shifted down to bit 3) and the odd elements' in byte order.
+__device__ __forceinline__ uint32_t chunk_sign_bits(const uint4& v) {
+  const uint32_t lo = __byte_perm(v.x, v.y, 0x7531);        // high bytes of elements 0, 1, 2, 3
+  const uint32_t hi = __byte_perm(v.z, v.w, 0x7531);        // of elements 4, 5, 6, 7
+  const uint32_t even = __byte_perm(lo, hi, 0x6420) >> 4;   // elements 0, 2, 4, 6: sign in bit 3 of each byte
+  const uint32_t odd = __byte_perm(lo, hi, 0x7531);         // elements 1, 3, 5, 7: sign in bit 7 of each byte
+  return (even & 0x08080808u) | (odd & 0x80808080u);
+}
+
+// 2^-e for a block exponent e in [-127, 126] (block_exponent: a finite BF16 amax gives e <= 126), a normal FP32
+// built from its exponent field alone (exp2_exact without its subnormal case).
+__device__ __forceinline__ float inv_block_scale(int e) {
+  return __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+}
+
 // RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2): half the instructions of an
 // fp32 encoder (one fp32 product and one rounding per element), which it replaced when timed faster (bench_quant).
-// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3.
-__device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, float inv_scale) {
+// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3. The magnitudes of a
+// pair packed into one byte with one shift-add (their bits are disjoint), the signs gathered per chunk.
+// e: the block exponent, in [-127, 126].
+__device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, int e) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  const __nv_bfloat162 inv2 = __float2bfloat162_rn(inv_scale);  // 2^-e, e in [-127, 126]: exact in BF16
+  // 2^-e in both BF16 halves (a BF16 normal for e in [-127, 126]: exponent field 127 - e in [1, 254]).
+  const __nv_bfloat162 inv2 = bf162_from_bits((static_cast<uint32_t>(127 - e) << 7) * 0x00010001u);
   uint32_t byte[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t c = e2m1_pair_rne_bf16x2(w[i], inv2);
-    byte[i] = c | (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
+    const uint32_t c = e2m1_pair_magnitude_rne_bf16x2(w[i], inv2);
+    byte[i] = c + (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
   }
-  return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410);
+  return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410) |
+         chunk_sign_bits(v);
 }
 
 // One butterfly stage across lanes `kLaneXor` apart: the lower lane holds a = y_j, the upper b = y_{j+h}; the
@@ -135,32 +156,56 @@ __device__ __forceinline__ uint4 transform_chunk(const uint4& v, uint32_t k0, ui
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The 16 random bits of stochastic rounding of a chunk's 8 elements: element i's are bits 16 (i % 4) ..
-// 16 (i % 4) + 15 of word i / 4 (the packing of mx_sr_bits16 when the 8 flat indices are consecutive and the
-// first is a multiple of 8: the two words are then splitmix64_at(seed, first / 4) and the next).
+// The 16 random bits of stochastic rounding of a chunk's 8 elements: element i's are bits 16 (i % 2) ..
+// 16 (i % 2) + 15 of pair[i / 2]. When the 8 flat indices are consecutive and the first is a multiple of 8 (the
+// row quantizer), pairs 0, 1 are the low and high halves of mx_sr_hash64(seed, first / 4) and pairs 2, 3 those of
+// the next hash, as mx_sr_bits16 packs them; the column quantizer gathers each pair from two rows' hashes.
 struct ChunkDraws {
-  uint64_t word[2];
+  uint32_t pair[4];
 };
+
+// The 64 bits of mx_sr_hash64, computed once: the empty asm hides them from the compiler, which would otherwise
+// recompute the hash for each 16-bit slice taken from it (narrowing each use to the bits it needs).
+__device__ __forceinline__ uint64_t sr_hash_once(uint64_t counter) {
+  uint64_t h = mx_sr_mix(counter);
+  asm("" : "+l"(h));
+  return h;
+}
+
+// The ChunkDraws of a chunk whose first flat index is 8 n2 (hashes 2 n2 and 2 n2 + 1).
+__device__ __forceinline__ ChunkDraws chunk_draws(uint64_t seed, uint64_t n2) {
+  const uint64_t counter = mx_sr_counter(seed, 2 * n2);
+  const uint64_t h0 = sr_hash_once(counter), h1 = sr_hash_once(counter + kMxSrWeyl);
+  return ChunkDraws{{static_cast<uint32_t>(h0), static_cast<uint32_t>(h0 >> 32), static_cast<uint32_t>(h1),
+                     static_cast<uint32_t>(h1 >> 32)}};
+}
+
+// ~w & 0xFFFF as one PTX and.b32 (one LOP3), so that the compiler keeps the mask before the shift that follows and
+// folds that shift into the next addition (LEA) rather than shifting first and masking after.
+__device__ __forceinline__ uint32_t low_half_complement(uint32_t w) {
+  uint32_t r;
+  asm("and.b32 %0, %1, 0xFFFF;" : "=r"(r) : "r"(~w));
+  return r;
+}
 
 // Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
 // 4i..4i+3, the sign of v kept (-0 included). The product is an exact power-of-two scaling (rounded only below
-// 2^-126).
-// The biased codes (252 + code, mx_fast_codecs.h e2m1_biased_code_sr_f32, clamped at 259) are summed at their
-// nibbles and 252 per nibble subtracted once (modulo 2^32 the sum is exact and every code fits its nibble); the
-// sign bits are gathered apart.
+// 2^-126), clamped at 6 (E2M1's largest). Per element (mx_fast_codecs.h e2m1_sr_fixed, e2m1_sr_step): the product,
+// the minimum, a sum rounded up, one maximum with a fused addition (sm_90 DPX), the draw's offset (a mask, its
+// shift folded into the addition that follows), one shift and one shift-add into the chunk's word; the signs
+// gathered apart.
 __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, const ChunkDraws& d) {
   float y[kMxChunk];
   unpack_chunk(v, y);
-  uint32_t biased = 0, signs = 0;
+  uint32_t codes = 0;
 #pragma unroll
   for (int i = 0; i < kMxChunk; ++i) {
-    const float a = fabsf(__fmul_rn(y[i], inv_scale));
-    const uint32_t s = static_cast<uint32_t>(d.word[i / 4] >> (16 * (i % 4)));  // e2m1_sr_offset keeps 16 bits
-    const uint32_t t = e2m1_biased_code_sr_f32(a, e2m1_sr_offset(s));
-    biased += min(t, 259u) << (4 * i);
-    signs |= ((__float_as_uint(y[i]) >> 28) & 8u) << (4 * i);
+    const float a = fminf(fabsf(__fmul_rn(y[i], inv_scale)), 6.0f);
+    const uint32_t w = d.pair[i / 2];  // the draws of elements i and i ^ 1
+    const uint32_t offset = (i % 2) != 0 ? (~w & 0xFFFF0000u) >> 10 : low_half_complement(w) << 6;  // e2m1_sr_offset
+    codes += e2m1_sr_step(e2m1_sr_fixed(a), offset) << (4 * i);
   }
-  return (biased - 252u * 0x11111111u) | signs;
+  return codes | chunk_sign_bits(v);
 }
 
 // The largest of a value over the four lanes of an MX block.
@@ -191,9 +236,9 @@ __device__ __forceinline__ ChunkCodes quantize_chunk(uint4 v, uint32_t k0, uint6
     const int e = block_exponent(amax_bits, mode);
     out.scale = static_cast<uint8_t>(e + kUE8M0Bias);
     if constexpr (kRounding == Rounding::rne)
-      out.packed = encode_chunk_rne(v, exp2_exact(-e));
+      out.packed = encode_chunk_rne(v, e);
     else
-      out.packed = encode_chunk_stochastic(v, exp2_exact(-e), draws());
+      out.packed = encode_chunk_stochastic(v, inv_block_scale(e), draws());
   }
   return out;
 }
