@@ -23,14 +23,12 @@ namespace fs = std::filesystem;
 void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
   validate_config(cfg);
   check_emulated_layout(cfg);
-  if (options.ranks) {  // real ranks (`fp4moe launch`): expert and data parallel, no emulated layout
-    const int W = options.ranks->world_size;
+  FP4MOE_CHECK(!options.ranks || !options.transport, "TrainerOptions: ranks and transport are exclusive (a launched "
+               "rank builds its NcclTransport; a test's simulated rank brings its transport)");
+  if (options.ranks || options.transport) {  // real or simulated ranks: expert and data parallel, no emulated layout
+    const int W = options.ranks ? options.ranks->world_size : options.transport->world_size();
     check_ranks_config(cfg, W);
     if (W > 1) {
-      FP4MOE_CHECK(cfg.train.checkpoint_dir.empty() && options.resume_path.empty(), "{}: checkpoints of a run over {} "
-                   "ranks (each holding its own experts) are not built yet; unset train.checkpoint_dir and "
-                   "train.checkpoint_interval (world size 1 checkpoints as one GPU)",
-                   options.resume_path.empty() ? "train.checkpoint_dir" : "--resume", W);
       const bool shards = !options.synthetic_data && cfg.train.eval_interval > 0;
       FP4MOE_CHECK(!shards || (cfg.train.eval_steps >= 1 && cfg.train.final_eval_steps >= 1),
                    "train.eval_steps = {}, train.final_eval_steps = {}: an evaluation of the whole validation split "
@@ -83,7 +81,7 @@ Trainer::State::~State() {
   grad_norm.reset();
   rank_value.reset();
   mem.reset();
-  transport.reset();  // after the model and its exchanges
+  nccl.reset();  // after the model and its exchanges
   if (uploaded) cudaEventDestroy(uploaded);
   if (pinned) cudaFreeHost(pinned);
   if (stream) cudaStreamDestroy(stream);
@@ -94,7 +92,8 @@ void Trainer::State::setup() {
   // Everything that can be refused without a device, first.
   check_trainable(cfg, opts);  // validate_config, what an emulated layout does not support, ZeRO-1's checkpoints
   if (!opts.synthetic_data) validate_data(cfg);
-  if (opts.ranks && opts.ranks->rank != 0) {  // rank 0 alone writes the result file and logs
+  if ((opts.ranks && opts.ranks->rank != 0) || (opts.transport && opts.transport->rank() != 0)) {
+    // rank 0 alone writes the result file and logs
     opts.out_path.clear();
     opts.log = nullptr;
   }
@@ -142,7 +141,12 @@ void Trainer::State::setup() {
   }
 
   if (opts.ranks) {  // a launched run: the communicator first (it makes the rank's device current)
-    transport = std::make_unique<NcclTransport>(*opts.ranks);
+    nccl = std::make_unique<NcclTransport>(*opts.ranks);
+    transport = nccl.get();
+  } else {
+    transport = opts.transport;
+  }
+  if (transport) {
     rank = transport->rank();
     world = transport->world_size();
   }
@@ -151,7 +155,7 @@ void Trainer::State::setup() {
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), static_cast<size_t>(2 * B * T) * sizeof(int32_t),
                            cudaHostAllocDefault));
   mem = std::make_unique<DeviceMemory>(opts.memory_budget_bytes);
-  model = std::make_unique<Model>(cfg, *mem, stream, transport.get());
+  model = std::make_unique<Model>(cfg, *mem, stream, transport);
   const PipelinePosition& at = model->position();
   FP4MOE_CHECK(one_f_one_b_slots(at.stages, at.stage, t.grad_accum) == at.in_flight,
                "stage {} of {} keeps {} micro-batches in flight, but train.grad_accum = {} micro-batches per step "
@@ -160,7 +164,7 @@ void Trainer::State::setup() {
   schedule = one_f_one_b_schedule(at.stages, at.stage, t.grad_accum);
   tokens = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch tokens [B*T]");
   targets = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch targets [B*T]");
-  grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport.get());
+  grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport);
   model->set_exchange_timing(transport != nullptr);  // the step's all-to-all time (trainer_step.cpp)
   if (transport) rank_value = DeviceArray<float>(*mem, 1, MemCategory::workspace, "value summed over the ranks");
 

@@ -57,7 +57,10 @@ std::string Trainer::State::checkpoint() {
   st.rng = train->rng_state();
   st.data_loader = train->loader_state();
   st.config_text = train_config_text(cfg);
-  save_param_checkpoint(path, model->params(), st, stream);
+  if (world > 1)  // every rank its experts, rank 0 the rest once every rank's are written
+    save_ranks_checkpoint(path, model->params(), st, *transport, stream);
+  else
+    save_param_checkpoint(path, model->params(), st, stream);
   last_checkpoint_step = step;
   result.last_checkpoint = path;
   write_metrics();
@@ -66,7 +69,9 @@ std::string Trainer::State::checkpoint() {
 }
 
 void Trainer::State::restore(const std::string& path) {
-  const CheckpointState st = load_param_checkpoint(path, model->params(), model_config_hash(cfg), stream);
+  const uint64_t hash = model_config_hash(cfg);
+  const CheckpointState st = world > 1 ? load_ranks_checkpoint(path, model->params(), hash, *transport, stream)
+                                       : load_param_checkpoint(path, model->params(), hash, stream);
   FP4MOE_CHECK(st.step < static_cast<uint64_t>(cfg.train.steps),
                "resume: checkpoint '{}' is at step {}, not below train.steps = {}: nothing left to train", path,
                st.step, cfg.train.steps);

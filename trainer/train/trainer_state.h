@@ -40,7 +40,8 @@ struct Trainer::State {
   std::vector<int32_t> rows;       // host [B, T+1], the batch as the source gives it
   std::vector<int32_t> other_rows; // host [B, T+1], the other ranks' batches (read past, rank-strided)
 
-  std::unique_ptr<NcclTransport> transport;  // launched runs (opts.ranks); outlives the model
+  std::unique_ptr<NcclTransport> nccl;  // launched runs (opts.ranks); outlives the model
+  EpTransport* transport = nullptr;     // nccl, or opts.transport (simulated ranks); null on one GPU
   std::unique_ptr<DeviceMemory> mem;  // declared before everything it allocates (destroyed after them)
   std::unique_ptr<Model> model;
   std::vector<PipelineStep> schedule;  // one step's passes: 1F1B of the model's stage over train.grad_accum
