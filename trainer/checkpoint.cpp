@@ -312,7 +312,8 @@ CheckpointReader::CheckpointReader(const std::string& path, uint64_t expected_co
   if (over_ranks) {
     const uint64_t part = get_at(h + 148, 4), rank = get_at(h + 152, 4), world_size = get_at(h + 156, 4);
     FP4MOE_CHECK(part != 0 && valid_part(static_cast<CheckpointPart>(part), rank, world_size),
-                 "checkpoint '{}': part {}, rank {} of {} is not a part of a checkpoint over ranks (corrupted)", path,
+                 "checkpoint '{}': format version 2 (a part of a checkpoint over ranks) with part {}, rank {} of {}: "
+                 "not a valid part (corrupted)", path,
                  part, rank, world_size);
     state_.part = static_cast<CheckpointPart>(part);
     state_.rank = static_cast<uint32_t>(rank);

@@ -28,13 +28,6 @@ void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
   if (options.ranks || options.transport) {  // real or simulated ranks: expert and data parallel, no emulated layout
     const int W = options.ranks ? options.ranks->world_size : options.transport->world_size();
     check_ranks_config(cfg, W);
-    if (W > 1) {
-      const bool shards = !options.synthetic_data && cfg.train.eval_interval > 0;
-      FP4MOE_CHECK(!shards || (cfg.train.eval_steps >= 1 && cfg.train.final_eval_steps >= 1),
-                   "train.eval_steps = {}, train.final_eval_steps = {}: an evaluation of the whole validation split "
-                   "over {} ranks is not built (the ranks' shares of it differ in length); give both N >= 1 batches "
-                   "per rank", cfg.train.eval_steps, cfg.train.final_eval_steps, W);
-    }
   }
   FP4MOE_CHECK(!options.synthetic_data || cfg.train.eval_interval == 0 || cfg.train.eval_steps >= 1,
                "train.eval_steps = 0 evaluates the whole validation split, which synthetic data does not have; give "
@@ -166,7 +159,7 @@ void Trainer::State::setup() {
   targets = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch targets [B*T]");
   grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport);
   model->set_exchange_timing(transport != nullptr);  // the step's all-to-all time (trainer_step.cpp)
-  if (transport) rank_value = DeviceArray<float>(*mem, 1, MemCategory::workspace, "value summed over the ranks");
+  if (transport) rank_value = DeviceArray<float>(*mem, 2, MemCategory::workspace, "values summed over the ranks");
 
   metrics = std::make_unique<TrainMetrics>(run_name, train_run_attributes(cfg), opts.command, query_env_info());
   metrics->set_attribute("config_file", opts.config_path);
@@ -202,14 +195,23 @@ void Trainer::State::upload(TokenBatches& source) {
   upload_rows(B);
 }
 
-double Trainer::State::mean_over_ranks(double v) {
-  if (!transport) return v;
-  float f = static_cast<float>(v);
-  CUDA_CHECK(cudaMemcpyAsync(rank_value.data(), &f, sizeof(float), cudaMemcpyHostToDevice, stream));
-  transport->all_reduce_sum(rank_value.data(), 1, stream);
-  CUDA_CHECK(cudaMemcpyAsync(&f, rank_value.data(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+void Trainer::State::sum_over_ranks(std::span<double> values) {
+  if (!transport) return;
+  FP4MOE_CHECK(values.size() <= 2, "sum_over_ranks: {} values, at most 2", values.size());
+  float f[2] = {};
+  for (size_t i = 0; i < values.size(); ++i) f[i] = static_cast<float>(values[i]);
+  const int64_t n = static_cast<int64_t>(values.size());
+  CUDA_CHECK(cudaMemcpyAsync(rank_value.data(), f, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+  transport->all_reduce_sum(rank_value.data(), n, stream);
+  CUDA_CHECK(cudaMemcpyAsync(f, rank_value.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream));
   transport->wait(stream);
-  return static_cast<double>(f) / world;
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(f[i]);
+}
+
+double Trainer::State::mean_over_ranks(double v) {
+  double sum[1] = {v};
+  sum_over_ranks(sum);
+  return transport ? sum[0] / world : v;
 }
 
 void Trainer::State::upload_rows(int64_t rows_n) {

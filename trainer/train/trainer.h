@@ -57,8 +57,10 @@
 // consecutive batches of the source the r-th (rank-strided; every rank reads all W, so their sources stay at one
 // position). In step 2: the loss is the mean of the ranks' (an FP32 all-reduce), Model::reduce_gradients sums the
 // replicated gradients, GradNorm takes the group's norm (the same on every rank: the same skip / stop decision).
-// The row's `tokens` counts the group's tokens, tokens_per_s and mfu one GPU's; an evaluation averages the ranks'
-// val losses (each rank its own rank-strided batches; val_tokens the group's). Rank 0 alone writes the result file
+// The row's `tokens` counts the group's tokens, tokens_per_s and mfu one GPU's; an evaluation of N batches averages
+// the ranks' val losses (each rank its own rank-strided batches; val_tokens the group's); one of the whole split
+// gives each rank of every W groups of B windows the rank-th (ValidationWindows::next_share; a rank left without
+// windows in the last pass runs a forward it does not count) and sums loss x windows and windows over the ranks. Rank 0 alone writes the result file
 // and logs; every log_interval steps it prints a line with its all-to-all bytes and the exchanges' time
 // (Model::take_exchange_totals). check_trainable lists what is refused over ranks.
 #pragma once
