@@ -23,9 +23,9 @@
 // Under `fp4moe launch` training reads the rank environment (trainer/comm/rank_env.h; a malformed one is refused with
 // one line, exit 2) and runs as one rank of an expert- and data-parallel group over NCCL (trainer/train/trainer.h):
 // each rank its own micro-batches, the routed experts split over the ranks, rank 0 alone writing the result file and
-// the log; refused (exit 2): a [parallel] section (an emulated layout), and over more than one rank checkpoints,
-// --resume and evaluations of the whole validation split. World size 1 under the launcher runs over a real NCCL
-// communicator of one rank. --dry-run does not read the rank environment.
+// the log, every rank its routed experts' shard of a checkpoint and rank 0 the rest (param_checkpoint.h); refused
+// (exit 2): a [parallel] section (an emulated layout). World size 1 under the launcher runs over a real NCCL
+// communicator of one rank and checkpoints as one GPU. --dry-run does not read the rank environment.
 // Exit codes: 0 done; 2 a bad configuration, option or input, or no CUDA device (one line, before any
 // allocation); 1 a failure while training (an allocation over --memory-budget with the allocator's report, a
 // non-finite step under train.non_finite = stop, CUDA or I/O errors); 128 + the signal number after a SIGINT or

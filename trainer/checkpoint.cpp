@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "kernels/common/check.h"
@@ -37,7 +38,23 @@ size_t checkpoint_dtype_bytes(CheckpointDtype t) {
   return 0;
 }
 
+const char* checkpoint_part_name(CheckpointPart p) {
+  switch (p) {
+    case CheckpointPart::whole: return "the whole model";
+    case CheckpointPart::replicated: return "the ranks' replicated state";
+    case CheckpointPart::expert_shard: return "one rank's routed experts";
+  }
+  return "unknown";
+}
+
 std::string checkpoint_file_name(uint64_t step) { return fmt::format("step_{:08d}.ckpt", step); }
+
+std::string checkpoint_shard_path(const std::string& path, uint32_t rank, uint32_t world_size) {
+  constexpr std::string_view suffix = ".ckpt";
+  FP4MOE_CHECK(std::string_view(path).ends_with(suffix) && path.size() > suffix.size(),
+               "checkpoint '{}': the replicated file of a checkpoint over ranks must be named <name>.ckpt", path);
+  return fmt::format("{}.rank_{}_of_{}.ckpt", path.substr(0, path.size() - suffix.size()), rank, world_size);
+}
 
 namespace {
 
@@ -45,7 +62,16 @@ constexpr uint64_t kAlign = 64;
 constexpr size_t kMaxName = 4096;
 constexpr size_t kHeaderCrcOffset = 252;
 
-const char* section_name(CheckpointSection s) { return s == CheckpointSection::model ? "model" : "optimizer"; }
+const char* section_name(CheckpointSection s) {
+  return s == CheckpointSection::model ? "model" : s == CheckpointSection::optimizer ? "optimizer" : "ranks";
+}
+
+// Whether (part, rank, world_size) is the whole model of one GPU or a part of a checkpoint over ranks.
+bool valid_part(CheckpointPart part, uint64_t rank, uint64_t world_size) {
+  if (part == CheckpointPart::whole) return rank == 0 && world_size == 1;
+  return (part == CheckpointPart::replicated || part == CheckpointPart::expert_shard) && world_size >= 2 &&
+         rank < world_size;
+}
 
 uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -133,10 +159,15 @@ class TempFile {
 
 }  // namespace
 
-void write_checkpoint(const std::string& path, const CheckpointState& state,
-                      std::span<const CheckpointTensorView> tensors) {
+uint32_t write_checkpoint(const std::string& path, const CheckpointState& state,
+                          std::span<const CheckpointTensorView> tensors) {
   namespace fs = std::filesystem;
   // Every check before the first byte is written.
+  const bool over_ranks = state.part != CheckpointPart::whole;
+  FP4MOE_CHECK(valid_part(state.part, state.rank, state.world_size),
+               "checkpoint '{}': part {}, rank {} of {}: expected the whole model (rank 0 of 1) or a part over >= 2 "
+               "ranks (replicated or expert_shard, rank < world size)",
+               path, static_cast<uint32_t>(state.part), state.rank, state.world_size);
   std::set<std::pair<int, std::string>> names;
   std::vector<CheckpointEntry> entries;
   std::vector<uint8_t> index;
@@ -146,8 +177,10 @@ void write_checkpoint(const std::string& path, const CheckpointState& state,
                  static_cast<int>(t.dtype));
     FP4MOE_CHECK(!t.name.empty() && t.name.size() <= kMaxName,
                  "checkpoint '{}': tensor names must have 1..{} bytes, got {} bytes", path, kMaxName, t.name.size());
-    FP4MOE_CHECK(t.section == CheckpointSection::model || t.section == CheckpointSection::optimizer,
-                 "checkpoint '{}': tensor '{}' has unknown section {}", path, t.name, static_cast<int>(t.section));
+    FP4MOE_CHECK(t.section == CheckpointSection::model || t.section == CheckpointSection::optimizer ||
+                     (over_ranks && t.section == CheckpointSection::ranks),
+                 "checkpoint '{}': tensor '{}' has section {}, expected model or optimizer (or ranks in a part of a "
+                 "checkpoint over ranks)", path, t.name, static_cast<int>(t.section));
     FP4MOE_CHECK(names.insert({static_cast<int>(t.section), t.name}).second,
                  "checkpoint '{}': tensor '{}' appears twice in section {}", path, t.name, section_name(t.section));
     FP4MOE_CHECK(t.shape.size() <= 16, "checkpoint '{}': tensor '{}' has rank {}, at most 16", path, t.name,
@@ -188,7 +221,7 @@ void write_checkpoint(const std::string& path, const CheckpointState& state,
 
   std::vector<uint8_t> head(kCheckpointHeaderBytes, 0);
   std::memcpy(head.data(), kCheckpointMagic, 8);
-  put_at(&head[8], kCheckpointVersion, 4);
+  put_at(&head[8], over_ranks ? kCheckpointRanksVersion : kCheckpointVersion, 4);
   put_at(&head[12], kCheckpointHeaderBytes, 4);
   put_at(&head[16], state.config_hash, 8);
   put_at(&head[24], state.step, 8);
@@ -205,7 +238,13 @@ void write_checkpoint(const std::string& path, const CheckpointState& state,
   put_at(&head[136], file_bytes, 8);
   const uint32_t meta_crc = crc32(index.data(), index.size(), crc32(state.config_text.data(), state.config_text.size()));
   put_at(&head[144], meta_crc, 4);
-  put_at(&head[kHeaderCrcOffset], crc32(head.data(), kHeaderCrcOffset), 4);
+  if (over_ranks) {  // version 1 keeps these bytes zero
+    put_at(&head[148], static_cast<uint32_t>(state.part), 4);
+    put_at(&head[152], state.rank, 4);
+    put_at(&head[156], state.world_size, 4);
+  }
+  const uint32_t header_crc = crc32(head.data(), kHeaderCrcOffset);
+  put_at(&head[kHeaderCrcOffset], header_crc, 4);
 
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -241,6 +280,7 @@ void write_checkpoint(const std::string& path, const CheckpointState& state,
     ::fsync(dfd);
     ::close(dfd);
   }
+  return header_crc;
 }
 
 CheckpointReader::CheckpointReader(const std::string& path, uint64_t expected_config_hash) : path_(path) {
@@ -261,12 +301,24 @@ CheckpointReader::CheckpointReader(const std::string& path, uint64_t expected_co
   FP4MOE_CHECK(std::memcmp(h, kCheckpointMagic, 8) == 0, "checkpoint '{}': wrong magic, expected \"FP4MCKPT\" (not a "
                "checkpoint)", path);
   const uint64_t version = get_at(h + 8, 4), header_bytes = get_at(h + 12, 4);
-  FP4MOE_CHECK(version == kCheckpointVersion, "checkpoint '{}': format version {}, this build reads version {}", path,
-               version, kCheckpointVersion);
+  FP4MOE_CHECK(version == kCheckpointVersion || version == kCheckpointRanksVersion,
+               "checkpoint '{}': format version {}, this build reads versions {} and {}", path, version,
+               kCheckpointVersion, kCheckpointRanksVersion);
   FP4MOE_CHECK(header_bytes == kCheckpointHeaderBytes, "checkpoint '{}': header size {}, expected {}", path,
                header_bytes, kCheckpointHeaderBytes);
-  FP4MOE_CHECK(get_at(h + kHeaderCrcOffset, 4) == crc32(h, kHeaderCrcOffset),
-               "checkpoint '{}': header CRC mismatch (corrupted)", path);
+  header_crc32_ = static_cast<uint32_t>(get_at(h + kHeaderCrcOffset, 4));
+  FP4MOE_CHECK(header_crc32_ == crc32(h, kHeaderCrcOffset), "checkpoint '{}': header CRC mismatch (corrupted)", path);
+  const bool over_ranks = version == kCheckpointRanksVersion;
+  if (over_ranks) {
+    const uint64_t part = get_at(h + 148, 4), rank = get_at(h + 152, 4), world_size = get_at(h + 156, 4);
+    FP4MOE_CHECK(part != 0 && valid_part(static_cast<CheckpointPart>(part), rank, world_size),
+                 "checkpoint '{}': format version 2 (a part of a checkpoint over ranks) with part {}, rank {} of {}: "
+                 "not a valid part (corrupted)", path,
+                 part, rank, world_size);
+    state_.part = static_cast<CheckpointPart>(part);
+    state_.rank = static_cast<uint32_t>(rank);
+    state_.world_size = static_cast<uint32_t>(world_size);
+  }
   const uint64_t file_bytes = get_at(h + 136, 8);
   FP4MOE_CHECK(size == file_bytes, "checkpoint '{}': {} bytes, the header says {} ({})", path, size, file_bytes,
                size < file_bytes ? "truncated" : "trailing bytes");
@@ -311,7 +363,7 @@ CheckpointReader::CheckpointReader(const std::string& path, uint64_t expected_co
     e.dtype = static_cast<CheckpointDtype>(p[1]);
     const uint64_t rank = get_at(p + 2, 2), name_bytes = get_at(p + 4, 4);
     p += 8;
-    FP4MOE_CHECK(p[-8] <= 1 && checkpoint_dtype_bytes(e.dtype) != 0 && rank <= 16 && name_bytes >= 1 &&
+    FP4MOE_CHECK(p[-8] <= (over_ranks ? 2 : 1) && checkpoint_dtype_bytes(e.dtype) != 0 && rank <= 16 && name_bytes >= 1 &&
                      name_bytes <= kMaxName,
                  "checkpoint '{}': index entry {} is malformed (section {}, dtype {}, rank {}, name of {} bytes)", path,
                  i, p[-8], p[-7], rank, name_bytes);

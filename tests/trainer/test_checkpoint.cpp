@@ -1,6 +1,8 @@
 // Checkpoints (trainer/checkpoint.h): round trip of tensors and state, the documented byte layout, atomic
 // replacement (an I/O error in the middle of a write, provoked with a file-size limit in a child process, leaves
-// the previous checkpoint intact and no temporary file), and each rejection on reading, naming the file.
+// the previous checkpoint intact and no temporary file), and each rejection on reading, naming the file; the parts
+// of a checkpoint over ranks (format version 2: part, rank, world size; the ranks section), their invalid parts,
+// the shards' paths, which latest_checkpoint never takes for a checkpoint.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -19,6 +21,7 @@
 #include "tests/common/trainer_test_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data/token_shard.h"
+#include "trainer/train/resume.h"
 
 namespace fp4moe {
 namespace {
@@ -74,9 +77,9 @@ struct Fixture {
             {CheckpointSection::optimizer, "adam_step", CheckpointDtype::i64, {}, scalar.data()},
             {CheckpointSection::model, "empty", CheckpointDtype::u8, {0, 4}, nullptr}};
   }
-  void write(const std::string& path) const {
+  uint32_t write(const std::string& path) const {
     const auto v = views();
-    write_checkpoint(path, state, v);
+    return write_checkpoint(path, state, v);
   }
 };
 
@@ -246,6 +249,11 @@ TEST(Checkpoint, RejectsBadFilesNamingThem) {
     reseal_header(b);
   });
   expect_error_with([&] { CheckpointReader(version, hash); }, {version, "format version 2"});
+  const std::string version3 = variant("version3.ckpt", [](auto& b) {
+    b[8] = 3;
+    reseal_header(b);
+  });
+  expect_error_with([&] { CheckpointReader(version3, hash); }, {version3, "format version 3", "versions 1 and 2"});
   const std::string header = variant("header.ckpt", [](auto& b) { b[24] ^= 1; });  // step, CRC not resealed
   expect_error_with([&] { CheckpointReader(header, hash); }, {header, "header CRC mismatch"});
   const std::string index = variant("index.ckpt", [](auto& b) { b[260] ^= 0x40; });  // in the config text
@@ -271,6 +279,107 @@ TEST(Checkpoint, RejectsBadFilesNamingThem) {
                     {good, "is f32 [7], expected f32 [8]"});
   expect_error_with([&] { g.read(CheckpointSection::model, "final_norm", CheckpointDtype::f32, {7}, f.data(), 60); },
                     {good, "28 bytes, the buffer 60"});
+}
+
+TEST(Checkpoint, PartsOverRanksRecordPartRankAndWorldSize) {
+  test::TempDir dir;
+  Fixture fx(51);
+  // One GPU's whole model: version 1, bytes 148..251 zero, the returned CRC the header's.
+  const std::string whole = dir.file("whole.ckpt");
+  const uint32_t whole_crc = fx.write(whole);
+  const std::vector<uint8_t> w = read_file(whole);
+  EXPECT_EQ(u64_at(w, 8) & 0xFFFFFFFFu, 1u);
+  for (size_t i = 148; i < 252; ++i) EXPECT_EQ(w[i], 0) << "byte " << i;
+  EXPECT_EQ(whole_crc, static_cast<uint32_t>(u64_at(w, 248) >> 32));
+  const CheckpointReader rw(whole, 0);
+  EXPECT_EQ(rw.header_crc32(), whole_crc);
+  EXPECT_EQ(rw.state().part, CheckpointPart::whole);
+  EXPECT_EQ(rw.state().rank, 0u);
+  EXPECT_EQ(rw.state().world_size, 1u);
+
+  // Rank 0's replicated file of 4 ranks with a ranks-section tensor: version 2, part 1, rank 0, world size 4.
+  fx.state.part = CheckpointPart::replicated;
+  fx.state.world_size = 4;
+  const std::vector<uint64_t> crcs = {0x11111111, 0x22222222, 0xFFFFFFFF, 0};
+  auto v = fx.views();
+  v.push_back({CheckpointSection::ranks, "shard_header_crc32", CheckpointDtype::u64, {4}, crcs.data()});
+  const std::string rep = dir.file("rep.ckpt");
+  const uint32_t rep_crc = write_checkpoint(rep, fx.state, v);
+  const std::vector<uint8_t> b = read_file(rep);
+  EXPECT_EQ(u64_at(b, 8) & 0xFFFFFFFFu, 2u);
+  EXPECT_EQ(u64_at(b, 144) >> 32, 1u);                // part
+  EXPECT_EQ(u64_at(b, 152), uint64_t{4} << 32);       // rank 0, world_size 4
+  EXPECT_EQ(rep_crc, static_cast<uint32_t>(u64_at(b, 248) >> 32));
+  const CheckpointReader r(rep, fx.state.config_hash);
+  EXPECT_EQ(r.state().part, CheckpointPart::replicated);
+  EXPECT_EQ(r.state().rank, 0u);
+  EXPECT_EQ(r.state().world_size, 4u);
+  EXPECT_EQ(r.header_crc32(), rep_crc);
+  std::vector<uint64_t> back(4);
+  r.read(CheckpointSection::ranks, "shard_header_crc32", CheckpointDtype::u64, {4}, back.data(), 32);
+  EXPECT_EQ(back, crcs);
+
+  // Rank 3's shard.
+  fx.state.part = CheckpointPart::expert_shard;
+  fx.state.rank = 3;
+  const std::string shard = dir.file("shard.ckpt");
+  fx.write(shard);
+  const CheckpointReader s(shard, 0);
+  EXPECT_EQ(s.state().part, CheckpointPart::expert_shard);
+  EXPECT_EQ(s.state().rank, 3u);
+  EXPECT_EQ(s.state().world_size, 4u);
+  EXPECT_NE(s.header_crc32(), rep_crc);
+}
+
+TEST(Checkpoint, RejectsInvalidParts) {
+  test::TempDir dir;
+  const std::string path = dir.file("p.ckpt");
+  auto write_as = [&](CheckpointPart part, uint32_t rank, uint32_t world_size) {
+    Fixture fx(61);
+    fx.state.part = part;
+    fx.state.rank = rank;
+    fx.state.world_size = world_size;
+    return [fx, &path] { fx.write(path); };
+  };
+  expect_error_with(write_as(CheckpointPart::whole, 0, 2), {path, "rank 0 of 2", "expected the whole model"});
+  expect_error_with(write_as(CheckpointPart::whole, 1, 1), {path, "rank 1 of 1"});
+  expect_error_with(write_as(CheckpointPart::replicated, 0, 1), {path, "part 1, rank 0 of 1"});
+  expect_error_with(write_as(CheckpointPart::expert_shard, 2, 2), {path, "part 2, rank 2 of 2"});
+  expect_error_with(write_as(static_cast<CheckpointPart>(9), 0, 2), {path, "part 9"});
+  // The ranks section belongs to parts over ranks only.
+  const Fixture fx(62);
+  auto v = fx.views();
+  const uint64_t one = 1;
+  v.push_back({CheckpointSection::ranks, "shard_header_crc32", CheckpointDtype::u64, {1}, &one});
+  expect_error_with([&] { write_checkpoint(path, fx.state, v); }, {path, "shard_header_crc32", "has section 2"});
+  EXPECT_FALSE(std::filesystem::exists(path));
+
+  // A version 2 header whose part, rank or world size is not a part over ranks, CRC resealed.
+  Fixture shard_fx(63);
+  shard_fx.state.part = CheckpointPart::expert_shard;
+  shard_fx.state.rank = 1;
+  shard_fx.state.world_size = 2;
+  shard_fx.write(path);
+  std::vector<uint8_t> b = read_file(path);
+  put_u32(b, 152, 2);  // rank 2 of 2
+  reseal_header(b);
+  write_file(path, b);
+  expect_error_with([&] { CheckpointReader(path, 0); }, {path, "format version 2", "rank 2 of 2", "not a valid part"});
+}
+
+TEST(Checkpoint, ShardPathsBesideTheReplicatedFileAreNeverTakenForCheckpoints) {
+  EXPECT_EQ(checkpoint_shard_path("ckpt/step_00000012.ckpt", 3, 8), "ckpt/step_00000012.rank_3_of_8.ckpt");
+  EXPECT_EQ(checkpoint_shard_path(checkpoint_file_name(7), 0, 2), "step_00000007.rank_0_of_2.ckpt");
+  expect_error_with([] { checkpoint_shard_path("ckpt/step_00000012", 0, 2); }, {"ckpt/step_00000012", "<name>.ckpt"});
+  expect_error_with([] { checkpoint_shard_path(".ckpt", 0, 2); }, {"<name>.ckpt"});
+  // Shards of a later step whose replicated file was never written: latest_checkpoint keeps the complete one.
+  test::TempDir dir;
+  const Fixture fx(71);
+  const std::string complete = dir.file(checkpoint_file_name(12));
+  fx.write(complete);
+  fx.write(checkpoint_shard_path(dir.file(checkpoint_file_name(13)), 0, 2));
+  fx.write(checkpoint_shard_path(dir.file(checkpoint_file_name(13)), 1, 2));
+  EXPECT_EQ(latest_checkpoint(dir.path().string()), complete);
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "tests/common/trainer_test_util.h"
+#include "trainer/comm/transport.h"
 #include "trainer/config.h"
 #include "trainer/model/model.h"
 #include "trainer/train/trainer.h"
@@ -41,26 +43,53 @@ TEST(RanksConfig, ModelOverRanksRefusesEmulatedLayoutsAndUnevenExperts) {
   check_ranks_config(dense, 3);
 }
 
-TEST(RanksConfig, TrainingOverRanksRefusesCheckpointsAndWholeSplitEvaluations) {
+TEST(RanksConfig, TrainingOverRanksCheckpointsAndEvaluatesTheWholeSplit) {
   TrainerConfig c = tiny();
   check_trainable(c, over_ranks(2));
   c.train.checkpoint_dir = "ckpt";
   check_trainable(c, over_ranks(1));  // one rank checkpoints as one GPU
-  test::expect_error_with([&] { check_trainable(c, over_ranks(2)); },
-                          {"train.checkpoint_dir: checkpoints of a run over 2 ranks", "are not built yet"});
-  c.train.checkpoint_dir.clear();
+  check_trainable(c, over_ranks(2));  // every rank its experts' shard, rank 0 the replicated state
   TrainerOptions resume = over_ranks(4);
   resume.resume_path = "latest";
-  test::expect_error_with([&] { check_trainable(c, resume); }, {"--resume: checkpoints of a run over 4 ranks"});
+  check_trainable(c, resume);
+  c.train.checkpoint_dir.clear();
   c.train.eval_interval = 5;
   c.train.eval_steps = 2;
   c.train.final_eval_steps = 0;  // the whole validation split
   check_trainable(c, over_ranks(1, false));  // one rank evaluates the whole split as one GPU
   check_trainable(c, over_ranks(2));         // synthetic data has no split: eval_steps batches per rank
-  test::expect_error_with([&] { check_trainable(c, over_ranks(2, false)); },
-                          {"train.eval_steps = 2, train.final_eval_steps = 0", "over 2 ranks is not built"});
-  c.train.final_eval_steps = 3;
-  check_trainable(c, over_ranks(2, false));
+  check_trainable(c, over_ranks(2, false));  // each rank its strided share of the split's windows
+  c.train.eval_steps = 0;
+  test::expect_error_with([&] { check_trainable(c, over_ranks(2)); }, {"train.eval_steps = 0", "synthetic data"});
+}
+
+// A transport that only reports its group (what check_trainable reads of simulated ranks).
+class GroupOnlyTransport : public EpTransport {
+ public:
+  explicit GroupOnlyTransport(int world) : world_(world) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return world_; }
+  EpExchangeBytes exchange(const std::vector<EpPeerBuffers>&, cudaStream_t) override { return {}; }
+  void all_reduce_sum(float*, int64_t, cudaStream_t) override {}
+  void wait(cudaStream_t) override {}
+
+ private:
+  int world_;
+};
+
+TEST(RanksConfig, SimulatedRanksAreCheckedAsLaunchedOnesAndExcludeThem) {
+  TrainerConfig c = tiny();
+  GroupOnlyTransport three(3), two(2);
+  TrainerOptions o;
+  o.synthetic_data = true;
+  o.transport = &three;
+  test::expect_error_with([&] { check_trainable(c, o); },
+                          {"moe.routed_experts = 8 must split evenly over the 3 expert-parallel ranks"});
+  o.transport = &two;
+  check_trainable(c, o);
+  TrainerOptions both = over_ranks(2);
+  both.transport = &two;
+  test::expect_error_with([&] { check_trainable(c, both); }, {"ranks and transport are exclusive"});
 }
 
 }  // namespace

@@ -68,6 +68,62 @@ TEST(TrainEvalSplit, EveryWindowOnceInFileOrderWithAShortLastGroup) {
   expect_error_with([&] { split.next(small, 0); }, {"max_rows must be >= 1"});
 }
 
+TEST(TrainEvalSplit, RanksShareEveryWindowOnceInPassesTheyAgreeOn) {
+  test::TempDir dir;
+  const int64_t T = 4, B = 5;
+  write_counting_shard(dir.file("val_000.bin"), 1, 200);   // 49 windows
+  write_counting_shard(dir.file("val_001.bin"), 300, 30);  // 7 windows: 56 in all
+  DataLoaderConfig dc;
+  dc.shard_paths = find_token_shards(dir.path().string(), "val");
+  dc.vocab_size = 1000;
+  dc.seq_len = T;
+  const size_t row = static_cast<size_t>(T + 1);
+  // One reader: every window in file order.
+  ValidationWindows one(dc);
+  std::vector<int32_t> all(static_cast<size_t>(B) * row), expected;
+  for (int64_t n; (n = one.next(all, B)) > 0;) expected.insert(expected.end(), all.begin(), all.begin() + n * row);
+  ASSERT_EQ(expected.size(), 56 * row);
+
+  for (const int world : {1, 2, 3, 4}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    // Each rank's reader: the passes (the same count on every rank), its windows per pass, its windows' tokens.
+    std::vector<std::vector<int64_t>> counts(static_cast<size_t>(world));
+    std::vector<std::vector<int32_t>> seen(static_cast<size_t>(world));
+    for (int rank = 0; rank < world; ++rank) {
+      ValidationWindows split(dc);
+      std::vector<int32_t> rows(static_cast<size_t>(B) * row), other(rows.size());
+      for (int64_t n; (n = split.next_share(rows, other, B, rank, world)) >= 0;) {
+        counts[static_cast<size_t>(rank)].push_back(n);
+        seen[static_cast<size_t>(rank)].insert(seen[static_cast<size_t>(rank)].end(), rows.begin(),
+                                               rows.begin() + n * row);
+      }
+      EXPECT_EQ(split.next_share(rows, other, B, rank, world), -1);  // stays done
+    }
+    const size_t passes = (11 + static_cast<size_t>(world)) / static_cast<size_t>(world);  // ceil(12 groups / W)
+    for (int rank = 0; rank < world; ++rank) EXPECT_EQ(counts[static_cast<size_t>(rank)].size(), passes);
+    // Pass p of rank r holds group p W + r of the one reader's groups of B: interleaved back, every window once.
+    std::vector<int32_t> joined;
+    for (size_t p = 0; p < passes; ++p)
+      for (int rank = 0; rank < world; ++rank) {
+        const int64_t n = counts[static_cast<size_t>(rank)][p];
+        EXPECT_GE(n, 0);
+        const auto& s = seen[static_cast<size_t>(rank)];
+        size_t before = 0;
+        for (size_t q = 0; q < p; ++q) before += static_cast<size_t>(counts[static_cast<size_t>(rank)][q]) * row;
+        joined.insert(joined.end(), s.begin() + static_cast<std::ptrdiff_t>(before),
+                      s.begin() + static_cast<std::ptrdiff_t>(before + static_cast<size_t>(n) * row));
+      }
+    EXPECT_EQ(joined, expected);
+  }
+  // 12 groups over 5 ranks: the last pass gives ranks 2..4 nothing.
+  ValidationWindows split(dc);
+  std::vector<int32_t> rows(static_cast<size_t>(B) * row), other(rows.size());
+  std::vector<int64_t> rank3;
+  for (int64_t n; (n = split.next_share(rows, other, B, 3, 5)) >= 0;) rank3.push_back(n);
+  EXPECT_EQ(rank3, (std::vector<int64_t>{5, 5, 0}));
+  expect_error_with([&] { split.next_share(rows, other, B, 5, 5); }, {"rank 5 of 5"});
+}
+
 TEST(TrainEvalSplit, MeanPerTokenWeightsBatchesByTheirRows) {
   const std::vector<double> losses = {2.0, 4.0};
   const std::vector<int64_t> rows = {3, 1};

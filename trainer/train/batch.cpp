@@ -137,6 +137,19 @@ int64_t ValidationWindows::next(std::span<int32_t> rows, int64_t max_rows) {
   return n;
 }
 
+int64_t ValidationWindows::next_share(std::span<int32_t> rows, std::span<int32_t> other, int64_t max_rows, int rank,
+                                      int world) {
+  FP4MOE_CHECK(world >= 1 && rank >= 0 && rank < world, "validation windows: rank {} of {}, expected 0 <= rank < "
+               "world >= 1", rank, world);
+  int64_t mine = 0;
+  for (int r = 0; r < world; ++r) {
+    const int64_t n = next(r == rank ? rows : other, max_rows);
+    if (r == 0 && n == 0) return -1;
+    if (r == rank) mine = n;
+  }
+  return mine;
+}
+
 double rows_weighted_mean(std::span<const double> losses, std::span<const int64_t> rows) {
   FP4MOE_CHECK(losses.size() == rows.size(), "rows_weighted_mean: {} losses but {} row counts", losses.size(),
                rows.size());

@@ -89,6 +89,13 @@ class ValidationWindows {
   // (0 once every window was handed out, until reset). Throws fp4moe::Error for max_rows < 1 or a `rows` that
   // cannot hold max_rows rows.
   int64_t next(std::span<int32_t> rows, int64_t max_rows);
+  // One pass of the split over `world` ranks, each rank reading every window through its own ValidationWindows so
+  // that all agree on the passes: the next `world` groups of up to max_rows windows, the rank-th into `rows`, the
+  // others read past into `other`. Returns this rank's windows: 1..max_rows, 0 when the split ended before its
+  // group (the rank still takes part in the pass), -1 when it had ended before the first group (no pass left).
+  // With world 1: next(rows, max_rows), or -1 for its 0. Throws fp4moe::Error for rank outside [0, world) and
+  // what next() throws.
+  int64_t next_share(std::span<int32_t> rows, std::span<int32_t> other, int64_t max_rows, int rank, int world);
   void reset() { loader_.reset(), taken_ = 0; }
   uint64_t window_count() const { return loader_.window_count(); }
   int64_t seq_len() const { return T_; }

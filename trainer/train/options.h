@@ -10,6 +10,7 @@
 #include <string>
 
 #include "trainer/comm/rank_env.h"
+#include "trainer/comm/transport.h"
 #include "trainer/flops.h"
 
 namespace fp4moe {
@@ -30,6 +31,10 @@ struct TrainerOptions {
   // NcclTransport from it and runs rank env.rank of an env.world_size-way expert- and data-parallel group (trainer.h);
   // nullopt: one GPU, no communicator.
   std::optional<RankEnv> ranks;
+  // Tests: a transport of simulated ranks (trainer/comm/in_process_transport.h) that the run uses instead of building
+  // an NcclTransport: rank transport->rank() of transport->world_size(), as under `ranks`. Not set by the command
+  // line; excludes `ranks`; outlives the Trainer.
+  EpTransport* transport = nullptr;
 
   bool synthetic_data = false;               // seeded synthetic tokens (trainer/train/batch.h) instead of shards
   double peak_flops = kH100H200DenseBf16Flops;  // FLOP/s the MFU is quoted against (> 0)

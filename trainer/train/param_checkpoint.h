@@ -6,6 +6,10 @@
 //   optimizer section  every Param's AdamW moments, FP32: "<name>.m" and "<name>.v", shape Param::shape
 // BF16 params and grads are not saved: params are BF16(master) (refresh_bf16_from_master), grads are zeroed at the
 // start of every step.
+// Over W >= 2 expert-parallel ranks (trainer/model/model.h) the same tensors are split in two parts
+// (checkpoint.h "A checkpoint over W >= 2 ranks"): the routed experts' Params (Param::expert: this rank's E/W
+// experts) with their moments in each rank's shard file, everything else (replicated: the same bits on every rank,
+// the v3 router bias included) in rank 0's replicated file.
 // A store sharded by ZeRO-1 (ParamStore::set_shard) holds only one rank's shard of the masters and moments, and
 // the other ranks' shards are not emulated, so no checkpoint of whole tensors can be written or read for it: both
 // functions refuse one (require_whole_optimizer_state).
@@ -16,6 +20,7 @@
 #include <string>
 
 #include "trainer/checkpoint.h"
+#include "trainer/comm/transport.h"
 #include "trainer/model/params.h"
 
 namespace fp4moe {
@@ -32,9 +37,33 @@ void save_param_checkpoint(const std::string& path, ParamStore& params, const Ch
 // Opens `path` (CheckpointReader: validated, and refused when its configuration hash differs from
 // expected_config_hash unless that is 0), reads every tensor above into the store's device tensors, checking
 // dtype, shape and CRC, then sets every BF16 param from its master (refresh_bf16_from_master) and synchronizes.
-// Throws fp4moe::Error for a sharded or unallocated store, and naming the file and the tensor for a tensor the file
-// lacks or has with another shape, and for tensors in the file that this store does not have. Returns the file's state (step, counters, RNG, loader).
+// Throws fp4moe::Error for a sharded or unallocated store, a part of a checkpoint over ranks, and naming the file
+// and the tensor for a tensor the file lacks or has with another shape, and for tensors in the file that this
+// store does not have. Returns the file's state (step, counters, RNG, loader).
 CheckpointState load_param_checkpoint(const std::string& path, ParamStore& params, uint64_t expected_config_hash,
                                       cudaStream_t stream);
+
+// Collective over the W >= 2 ranks of `transport` (every rank calls it with its own store, the same `path` and
+// `state`; part, rank and world_size of `state` are set here). Writes the checkpoint over ranks whose replicated
+// file is `path` (a name ending in ".ckpt"): every rank its shard (checkpoint_shard_path) atomically; an
+// all-reduce then gathers every rank's success and shard header CRC (the barrier); only when every shard is in
+// place does rank 0 write `path`, listing the shards' CRCs, and a second all-reduce tells every rank whether it
+// did. Throws fp4moe::Error on every rank when any rank's write failed (a rank its own error; the others naming the
+// ranks that failed): the checkpoint is then not complete, and the previous file at `path`, if any, no longer
+// matches the rewritten shards. Throws for what save_param_checkpoint throws and for a transport of one rank.
+void save_ranks_checkpoint(const std::string& path, ParamStore& params, CheckpointState state,
+                           EpTransport& transport, cudaStream_t stream);
+
+// Collective over the W >= 2 ranks of `transport`: restores the checkpoint over ranks whose replicated file is
+// `path` into every rank's store (rank r: `path`'s tensors and its shard's), checked as load_param_checkpoint
+// checks, and returns the replicated file's state. Every rank first opens and validates both files; the ranks then
+// agree (an all-reduce of every rank's failure) before any tensor is read, and again after reading, so that every
+// rank throws when one fails. Refused (fp4moe::Error naming the file): a `path` that is one GPU's whole model or a
+// shard rather than the replicated file; a checkpoint of another world size; a missing or corrupt shard; a shard
+// of another rank, world size or configuration hash, of another step or training state than the replicated file,
+// or whose header CRC is not the one the replicated file lists (a shard of another write of the same step); and
+// on the other ranks when one rank fails, naming it.
+CheckpointState load_ranks_checkpoint(const std::string& path, ParamStore& params, uint64_t expected_config_hash,
+                                      EpTransport& transport, cudaStream_t stream);
 
 }  // namespace fp4moe

@@ -23,20 +23,11 @@ namespace fs = std::filesystem;
 void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
   validate_config(cfg);
   check_emulated_layout(cfg);
-  if (options.ranks) {  // real ranks (`fp4moe launch`): expert and data parallel, no emulated layout
-    const int W = options.ranks->world_size;
+  FP4MOE_CHECK(!options.ranks || !options.transport, "TrainerOptions: ranks and transport are exclusive (a launched "
+               "rank builds its NcclTransport; a test's simulated rank brings its transport)");
+  if (options.ranks || options.transport) {  // real or simulated ranks: expert and data parallel, no emulated layout
+    const int W = options.ranks ? options.ranks->world_size : options.transport->world_size();
     check_ranks_config(cfg, W);
-    if (W > 1) {
-      FP4MOE_CHECK(cfg.train.checkpoint_dir.empty() && options.resume_path.empty(), "{}: checkpoints of a run over {} "
-                   "ranks (each holding its own experts) are not built yet; unset train.checkpoint_dir and "
-                   "train.checkpoint_interval (world size 1 checkpoints as one GPU)",
-                   options.resume_path.empty() ? "train.checkpoint_dir" : "--resume", W);
-      const bool shards = !options.synthetic_data && cfg.train.eval_interval > 0;
-      FP4MOE_CHECK(!shards || (cfg.train.eval_steps >= 1 && cfg.train.final_eval_steps >= 1),
-                   "train.eval_steps = {}, train.final_eval_steps = {}: an evaluation of the whole validation split "
-                   "over {} ranks is not built (the ranks' shares of it differ in length); give both N >= 1 batches "
-                   "per rank", cfg.train.eval_steps, cfg.train.final_eval_steps, W);
-    }
   }
   FP4MOE_CHECK(!options.synthetic_data || cfg.train.eval_interval == 0 || cfg.train.eval_steps >= 1,
                "train.eval_steps = 0 evaluates the whole validation split, which synthetic data does not have; give "
@@ -84,7 +75,7 @@ Trainer::State::~State() {
   grad_norm.reset();
   rank_value.reset();
   mem.reset();
-  transport.reset();  // after the model and its exchanges
+  nccl.reset();  // after the model and its exchanges
   if (uploaded) cudaEventDestroy(uploaded);
   if (pinned) cudaFreeHost(pinned);
   if (stream) cudaStreamDestroy(stream);
@@ -95,7 +86,8 @@ void Trainer::State::setup() {
   // Everything that can be refused without a device, first.
   check_trainable(cfg, opts);  // validate_config, what an emulated layout does not support, ZeRO-1's checkpoints
   if (!opts.synthetic_data) validate_data(cfg);
-  if (opts.ranks && opts.ranks->rank != 0) {  // rank 0 alone writes the result file and logs
+  if ((opts.ranks && opts.ranks->rank != 0) || (opts.transport && opts.transport->rank() != 0)) {
+    // rank 0 alone writes the result file and logs
     opts.out_path.clear();
     opts.log = nullptr;
   }
@@ -144,7 +136,12 @@ void Trainer::State::setup() {
   }
 
   if (opts.ranks) {  // a launched run: the communicator first (it makes the rank's device current)
-    transport = std::make_unique<NcclTransport>(*opts.ranks);
+    nccl = std::make_unique<NcclTransport>(*opts.ranks);
+    transport = nccl.get();
+  } else {
+    transport = opts.transport;
+  }
+  if (transport) {
     rank = transport->rank();
     world = transport->world_size();
   }
@@ -153,7 +150,7 @@ void Trainer::State::setup() {
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), static_cast<size_t>(2 * B * T) * sizeof(int32_t),
                            cudaHostAllocDefault));
   mem = std::make_unique<DeviceMemory>(opts.memory_budget_bytes);
-  model = std::make_unique<Model>(cfg, *mem, stream, transport.get());
+  model = std::make_unique<Model>(cfg, *mem, stream, transport);
   const PipelinePosition& at = model->position();
   FP4MOE_CHECK(one_f_one_b_slots(at.stages, at.stage, t.grad_accum) == at.in_flight,
                "stage {} of {} keeps {} micro-batches in flight, but train.grad_accum = {} micro-batches per step "
@@ -162,9 +159,9 @@ void Trainer::State::setup() {
   schedule = one_f_one_b_schedule(at.stages, at.stage, t.grad_accum);
   tokens = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch tokens [B*T]");
   targets = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch targets [B*T]");
-  grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport.get());
+  grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport);
   model->set_exchange_timing(transport != nullptr);  // the step's all-to-all time (trainer_step.cpp)
-  if (transport) rank_value = DeviceArray<float>(*mem, 1, MemCategory::workspace, "value summed over the ranks");
+  if (transport) rank_value = DeviceArray<float>(*mem, 2, MemCategory::workspace, "values summed over the ranks");
   if (opts.profile) {
     profiler = std::make_unique<StepProfiler>(stream);
     profile = std::make_unique<StepProfile>(opts.log_interval, opts.profile_warmup);
@@ -205,14 +202,23 @@ void Trainer::State::upload(TokenBatches& source) {
   upload_rows(B);
 }
 
-double Trainer::State::mean_over_ranks(double v) {
-  if (!transport) return v;
-  float f = static_cast<float>(v);
-  CUDA_CHECK(cudaMemcpyAsync(rank_value.data(), &f, sizeof(float), cudaMemcpyHostToDevice, stream));
-  transport->all_reduce_sum(rank_value.data(), 1, stream);
-  CUDA_CHECK(cudaMemcpyAsync(&f, rank_value.data(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+void Trainer::State::sum_over_ranks(std::span<double> values) {
+  if (!transport) return;
+  FP4MOE_CHECK(values.size() <= 2, "sum_over_ranks: {} values, at most 2", values.size());
+  float f[2] = {};
+  for (size_t i = 0; i < values.size(); ++i) f[i] = static_cast<float>(values[i]);
+  const int64_t n = static_cast<int64_t>(values.size());
+  CUDA_CHECK(cudaMemcpyAsync(rank_value.data(), f, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+  transport->all_reduce_sum(rank_value.data(), n, stream);
+  CUDA_CHECK(cudaMemcpyAsync(f, rank_value.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream));
   transport->wait(stream);
-  return static_cast<double>(f) / world;
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(f[i]);
+}
+
+double Trainer::State::mean_over_ranks(double v) {
+  double sum[1] = {v};
+  sum_over_ranks(sum);
+  return transport ? sum[0] / world : v;
 }
 
 void Trainer::State::upload_rows(int64_t rows_n) {

@@ -36,7 +36,11 @@
 // step, the optimizer steps (updates applied), the tokens seen, the RNG state (the synthetic stream's position),
 // the data loader's state and train_config_text; none under ZeRO-1 (require_whole_optimizer_state). Resuming
 // (options.resume_path) restores all of it instead of init_weights, so that the steps after the checkpoint give
-// bitwise the losses of an uninterrupted run (the model is deterministic). When options.out_path already exists
+// bitwise the losses of an uninterrupted run (the model is deterministic). Over W >= 2 ranks a checkpoint is
+// save_ranks_checkpoint's (param_checkpoint.h): every rank writes its routed experts to its shard
+// (step_<8 digits>.rank_<r>_of_<W>.ckpt), then rank 0 the replicated state (step_<8 digits>.ckpt, the file --resume
+// takes) once every shard is written; resuming (load_ranks_checkpoint) needs the same world size and every shard
+// of that write; train.checkpoint_dir must be a folder every rank sees. When options.out_path already exists
 // (and options.replace_out is false), its rows of this run up to the checkpoint's step are carried into the new
 // file.
 //
@@ -48,13 +52,15 @@
 // stage (layout_attributes, metrics.h). check_trainable rejects what such a run does not support.
 //
 // Ranks (options.ranks: `fp4moe train` under `fp4moe launch`; DESIGN.md "Expert parallelism"): the Trainer builds an
-// NcclTransport from the rank environment (before its stream: the communicator makes the rank's device current) and
-// the Model over it: W-way expert and data parallel, every rank its own micro-batches. Rank r takes of each W
+// NcclTransport from the rank environment (before its stream: the communicator makes the rank's device current;
+// tests bring simulated ranks' transport in options.transport instead) and the Model over it: W-way expert and data parallel, every rank its own micro-batches. Rank r takes of each W
 // consecutive batches of the source the r-th (rank-strided; every rank reads all W, so their sources stay at one
 // position). In step 2: the loss is the mean of the ranks' (an FP32 all-reduce), Model::reduce_gradients sums the
 // replicated gradients, GradNorm takes the group's norm (the same on every rank: the same skip / stop decision).
-// The row's `tokens` counts the group's tokens, tokens_per_s and mfu one GPU's; an evaluation averages the ranks'
-// val losses (each rank its own rank-strided batches; val_tokens the group's). Rank 0 alone writes the result file
+// The row's `tokens` counts the group's tokens, tokens_per_s and mfu one GPU's; an evaluation of N batches averages
+// the ranks' val losses (each rank its own rank-strided batches; val_tokens the group's); one of the whole split
+// gives each rank of every W groups of B windows the rank-th (ValidationWindows::next_share; a rank left without
+// windows in the last pass runs a forward it does not count) and sums loss x windows and windows over the ranks. Rank 0 alone writes the result file
 // and logs; every log_interval steps it prints a line with its all-to-all bytes and the exchanges' time
 // (Model::take_exchange_totals). check_trainable lists what is refused over ranks.
 #pragma once
@@ -77,8 +83,8 @@ class Model;
 // Rejects (fp4moe::Error, one line naming the option), before anything is allocated, what training cfg with
 // `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1); over options.ranks, check_ranks_config's
 // (model.h: a [parallel] layout, routed experts that do not split over the ranks) and, over more than one rank,
-// checkpoints (train.checkpoint_dir, options.resume_path) and evaluations of the whole validation split
-// (train.eval_steps or train.final_eval_steps 0 on shards); with pp > 1 or
+// evaluations of the whole validation split (train.eval_steps or train.final_eval_steps 0 on shards); options.ranks
+// with options.transport; with pp > 1 or
 // ep > 1 (the GPU holds a stage or an expert share, not the whole model) checkpoints (train.checkpoint_dir set) and
 // options.resume_path; train.eval_interval > 0 on a stage without the LM head (no loss to evaluate); periodic
 // evaluations of the whole validation split (train.eval_steps = 0) on synthetic data, which has none. ZeRO-1's own

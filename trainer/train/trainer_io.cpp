@@ -1,6 +1,7 @@
 // The Trainer's evaluation, checkpoints, resumption and metrics file (documented in trainer/train/trainer.h).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -18,9 +19,13 @@ void Trainer::State::evaluate(bool final_evaluation) {
   const bool whole_split = (final_evaluation ? t.final_eval_steps : t.eval_steps) == 0 && val_split;
   if (whole_split) {
     val_split->reset();
-    for (int64_t n; (n = val_split->next(rows, B)) > 0;) {
-      upload_rows(n);
-      losses.push_back(model->forward(tokens.data(), targets.data(), n).loss);
+    // Over W ranks of each W groups of B windows the rank-th. A rank whose group is empty at the end still runs the
+    // pass's forward (its exchanges are collective), on one row of `rows` (earlier tokens), and counts none of it.
+    for (int64_t n; (n = val_split->next_share(rows, other_rows, B, rank, world)) >= 0;) {
+      upload_rows(std::max<int64_t>(n, 1));
+      const double loss = model->forward(tokens.data(), targets.data(), std::max<int64_t>(n, 1)).loss;
+      if (n == 0) continue;
+      losses.push_back(loss);
       batch_rows.push_back(n);
     }
   } else {
@@ -36,8 +41,18 @@ void Trainer::State::evaluate(bool final_evaluation) {
   run_peaks.merge(*mem);
   int64_t windows = 0;
   for (const int64_t n : batch_rows) windows += n;
-  // Over W ranks each evaluated its own batches (rank-strided, as the training batches): the mean of the ranks'.
-  const EvalRecord e{step, tokens_seen, mean_over_ranks(rows_weighted_mean(losses, batch_rows)), windows * T * world};
+  double val_loss = 0;
+  if (whole_split && world > 1) {  // the split's loss: the sums over the ranks of loss x windows and of windows
+    double sums[2] = {0, static_cast<double>(windows)};
+    for (size_t i = 0; i < losses.size(); ++i) sums[0] += losses[i] * static_cast<double>(batch_rows[i]);
+    sum_over_ranks(sums);
+    val_loss = sums[0] / sums[1];
+    windows = static_cast<int64_t>(sums[1]);
+  } else {  // over W ranks each evaluated its own batches (rank-strided, as the training batches): the ranks' mean
+    val_loss = mean_over_ranks(rows_weighted_mean(losses, batch_rows));
+    windows *= whole_split ? 1 : world;
+  }
+  const EvalRecord e{step, tokens_seen, val_loss, windows * T};
   metrics->add_eval(e);
   result.evals.push_back(e);
   last_eval_step = step;
@@ -57,7 +72,10 @@ std::string Trainer::State::checkpoint() {
   st.rng = train->rng_state();
   st.data_loader = train->loader_state();
   st.config_text = train_config_text(cfg);
-  save_param_checkpoint(path, model->params(), st, stream);
+  if (world > 1)  // every rank its experts, rank 0 the rest once every rank's are written
+    save_ranks_checkpoint(path, model->params(), st, *transport, stream);
+  else
+    save_param_checkpoint(path, model->params(), st, stream);
   last_checkpoint_step = step;
   result.last_checkpoint = path;
   write_metrics();
@@ -66,7 +84,9 @@ std::string Trainer::State::checkpoint() {
 }
 
 void Trainer::State::restore(const std::string& path) {
-  const CheckpointState st = load_param_checkpoint(path, model->params(), model_config_hash(cfg), stream);
+  const uint64_t hash = model_config_hash(cfg);
+  const CheckpointState st = world > 1 ? load_ranks_checkpoint(path, model->params(), hash, *transport, stream)
+                                       : load_param_checkpoint(path, model->params(), hash, stream);
   FP4MOE_CHECK(st.step < static_cast<uint64_t>(cfg.train.steps),
                "resume: checkpoint '{}' is at step {}, not below train.steps = {}: nothing left to train", path,
                st.step, cfg.train.steps);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,13 +42,14 @@ struct Trainer::State {
   std::vector<int32_t> rows;       // host [B, T+1], the batch as the source gives it
   std::vector<int32_t> other_rows; // host [B, T+1], the other ranks' batches (read past, rank-strided)
 
-  std::unique_ptr<NcclTransport> transport;  // launched runs (opts.ranks); outlives the model
+  std::unique_ptr<NcclTransport> nccl;  // launched runs (opts.ranks); outlives the model
+  EpTransport* transport = nullptr;     // nccl, or opts.transport (simulated ranks); null on one GPU
   std::unique_ptr<DeviceMemory> mem;  // declared before everything it allocates (destroyed after them)
   std::unique_ptr<Model> model;
   std::vector<PipelineStep> schedule;  // one step's passes: 1F1B of the model's stage over train.grad_accum
   DeviceArray<int32_t> tokens, targets;  // device [B * T]
   std::unique_ptr<GradNorm> grad_norm;   // the step's global gradient norm and clip scale (over the group)
-  DeviceArray<float> rank_value;         // device [1]: a value summed over the ranks (mean_over_ranks)
+  DeviceArray<float> rank_value;         // device [2]: values summed over the ranks (sum_over_ranks)
 
   std::unique_ptr<TokenBatches> train, val;  // val: null when eval_interval = 0
   std::unique_ptr<ValidationWindows> val_split;  // the whole validation split (shards, eval_interval > 0)
@@ -67,7 +69,10 @@ struct Trainer::State {
   // The next batch of `source` -> tokens, targets (on `stream`); over W ranks the next W batches are read and this
   // rank's (the rank-th) is kept, so every rank's source stays at the same position.
   void upload(TokenBatches& source);
-  double mean_over_ranks(double v);   // v averaged over the group's ranks (an FP32 all-reduce); v on one GPU
+  // values (at most 2) summed in place over the group's ranks: one FP32 all-reduce, each value rounded to FP32
+  // first; unchanged on one GPU.
+  void sum_over_ranks(std::span<double> values);
+  double mean_over_ranks(double v);   // v averaged over the group's ranks (sum_over_ranks / W); v on one GPU
   void upload_rows(int64_t n);        // the first n (<= B) rows of `rows` -> tokens, targets (on `stream`)
 
   StepRecord train_step();            // trainer_step.cpp

@@ -1,0 +1,272 @@
+// GPU tests of checkpoints and the whole-split evaluation over ranks (trainer/train/param_checkpoint.h
+// save_ranks_checkpoint / load_ranks_checkpoint; ValidationWindows::next_share; through the Trainer:
+// trainer/train/trainer.h): N = 2 simulated ranks (InProcessTransport,
+// one host thread, stream and Trainer per rank on one device, tests/common/ep_ranks_test_util.h, handed to the
+// Trainer in TrainerOptions::transport) train configs/tiny.toml on synthetic tokens, each rank holding 4 of the 8
+// routed experts.
+//   - Resumption is bitwise: run A trains 6 steps with checkpoints at steps 3 and 6 (each: both ranks' shards and
+//     rank 0's replicated file); run B, fresh Trainers (fresh Models) resumed from A's step-3 checkpoint, trains
+//     steps 4..6: the same losses and gradient norms bit for bit on both ranks, and at step 6 every tensor of the
+//     replicated file and of both shards (masters, AdamW moments, the v3 router bias) the same bytes.
+//   - Refusals, every rank throwing (none hanging), each with its message: a checkpoint of 2 ranks resumed over 4
+//     ranks, or on one GPU, and a one-GPU checkpoint resumed over 2 ranks; a missing shard (the rank without it
+//     names the file, the other names that rank); a shard of another step in its place.
+//   - A failed shard write (a folder in the way of rank 1's shard): both ranks throw, and no replicated file of
+//     that step exists, so the shards left are never taken for a checkpoint (latest_checkpoint finds none).
+//   - The final evaluation of the whole validation split (43 windows of T = 64, groups of B = 4: the last of the 6
+//     passes gives rank 1 nothing, so it runs a forward it does not count) over 2 ranks: val_tokens every window's
+//     tokens once, val_loss the one-GPU run's within 1e-3 relative. The learning rate is 1e-30 and the v3 bias
+//     frozen, so that after the one training step both hold the initial weights (a master of 0 may move to
+//     1e-30); a rank's forward runs over its own rows, so the GEMMs and the summation order differ in the last bits.
+// Run: fp4moe_tests_gpu_trainer --gtest_filter='TrainRanks*'
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/common/ep_ranks_test_util.h"
+#include "tests/common/gpu_test_util.h"
+#include "tests/common/trainer_test_util.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/data/token_shard.h"
+#include "trainer/train/resume.h"
+#include "trainer/train/trainer.h"
+
+namespace fp4moe {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+constexpr int kRanks = 2;
+
+// tiny, 6 steps, a checkpoint every 3 into `dir`, no evaluation (it is not part of the state).
+TrainerConfig tiny_config(const std::string& dir, int64_t steps = 6) {
+  return parse_config_args({"--config", test::preset("tiny"), "--train.steps", std::to_string(steps),
+                            "--train.warmup_steps", "2", "--train.eval_interval", "0", "--train.checkpoint_interval",
+                            "3", "--train.checkpoint_dir", dir});
+}
+
+TrainerOptions quiet_options(const std::string& resume = "") {
+  TrainerOptions o;
+  o.synthetic_data = true;
+  o.log = nullptr;
+  o.handle_signals = false;
+  o.run_name = "tiny";
+  o.resume_path = resume;
+  return o;
+}
+
+// Every simulated rank trains cfg (resuming from `resume` when set); their results in rank order.
+std::vector<TrainResult> train_over_ranks(int N, const TrainerConfig& cfg, const std::string& resume = "") {
+  return test::run_simulated_ranks<TrainResult>(N, [&](EpTransport& t) {
+    TrainerOptions o = quiet_options(resume);
+    o.transport = &t;
+    Trainer trainer(cfg, o);
+    return trainer.run();
+  });
+}
+
+// Every simulated rank's fp4moe::Error message ("" when it trained without one), in rank order. Each rank catches
+// its own: the ranks must agree on failing (the checkpoint's collectives), or a rank would wait out the timeout.
+std::vector<std::string> errors_over_ranks(int N, const TrainerConfig& cfg, const std::string& resume = "") {
+  return test::run_simulated_ranks<std::string>(N, [&](EpTransport& t) {
+    TrainerOptions o = quiet_options(resume);
+    o.transport = &t;
+    return test::error_message([&] { Trainer(cfg, o).run(); });
+  });
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+std::vector<uint8_t> tensor_bytes(const CheckpointReader& r, const CheckpointEntry& e) {
+  std::vector<uint8_t> b(e.bytes);
+  r.read(e.section, e.name, e.dtype, e.shape, b.data(), b.size());
+  return b;
+}
+
+// Every tensor of file a is in file b with the same bytes, and b has no other.
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  SCOPED_TRACE(a + " vs " + b);
+  const CheckpointReader ra(a, 0), rb(b, 0);
+  EXPECT_EQ(ra.state().step, rb.state().step);
+  EXPECT_EQ(ra.state().optimizer_steps, rb.state().optimizer_steps);
+  EXPECT_EQ(ra.state().rng, rb.state().rng);
+  EXPECT_EQ(ra.state().data_loader, rb.state().data_loader);
+  ASSERT_EQ(ra.entries().size(), rb.entries().size());
+  for (const CheckpointEntry& e : ra.entries()) {
+    const CheckpointEntry* f = rb.find(e.section, e.name);
+    ASSERT_NE(f, nullptr) << e.name;
+    EXPECT_TRUE(tensor_bytes(ra, e) == tensor_bytes(rb, *f)) << e.name;
+  }
+}
+
+void expect_contains(const std::string& msg, const std::vector<std::string>& parts, const std::string& who) {
+  EXPECT_FALSE(msg.empty()) << who << ": no error";
+  for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << who << ": '" << p << "' not in: " << msg;
+}
+
+TEST(TrainRanksCheckpoint, ResumeOverTwoRanksIsBitwise) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  const std::string a_dir = dir.file("a"), b_dir = dir.file("b");
+  const TrainerConfig a_cfg = tiny_config(a_dir);
+  const std::vector<TrainResult> a = train_over_ranks(kRanks, a_cfg);
+  ASSERT_EQ(a.size(), 2u);
+  const std::string a3 = a_dir + "/" + checkpoint_file_name(3), a6 = a_dir + "/" + checkpoint_file_name(6);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(a[r].steps.size(), 6u) << "rank " << r;
+    EXPECT_EQ(a[r].last_checkpoint, a6) << "rank " << r;
+  }
+  for (const std::string& path : {a3, a6}) {
+    const CheckpointReader rep(path, model_config_hash(a_cfg));
+    EXPECT_EQ(rep.state().part, CheckpointPart::replicated);
+    EXPECT_EQ(rep.state().world_size, 2u);
+    EXPECT_EQ(rep.find(CheckpointSection::model, "layers.1.moe.experts.fc1"), nullptr);  // routed: in the shards
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      const CheckpointReader shard(checkpoint_shard_path(path, r, 2), model_config_hash(a_cfg));
+      EXPECT_EQ(shard.state().part, CheckpointPart::expert_shard);
+      EXPECT_EQ(shard.state().rank, r);
+      EXPECT_EQ(shard.state().step, rep.state().step);
+      for (const CheckpointEntry& e : shard.entries()) EXPECT_NE(e.name.find(".experts."), std::string::npos) << e.name;
+    }
+  }
+  EXPECT_EQ(latest_checkpoint(a_dir), a6);
+
+  // Run B: fresh Trainers resumed from A's step-3 checkpoint, their own checkpoint folder.
+  const TrainerConfig b_cfg = tiny_config(b_dir);
+  const std::vector<TrainResult> b = train_over_ranks(kRanks, b_cfg, a3);
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(b[r].start_step, 3);
+    ASSERT_EQ(b[r].steps.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      const StepRecord &x = a[r].steps[3 + i], &y = b[r].steps[i];
+      SCOPED_TRACE("step " + std::to_string(x.step));
+      EXPECT_EQ(y.step, x.step);
+      EXPECT_EQ(y.tokens, x.tokens);
+      EXPECT_TRUE(same_bits(y.loss, x.loss)) << y.loss << " vs " << x.loss;
+      EXPECT_TRUE(same_bits(y.grad_norm, x.grad_norm)) << y.grad_norm << " vs " << x.grad_norm;
+    }
+  }
+  const std::string b6 = b_dir + "/" + checkpoint_file_name(6);
+  expect_same_tensors(a6, b6);
+  for (uint32_t r = 0; r < kRanks; ++r) expect_same_tensors(checkpoint_shard_path(a6, r, 2), checkpoint_shard_path(b6, r, 2));
+}
+
+TEST(TrainRanksCheckpoint, RefusesAnotherWorldSizeAMissingShardAndAShardOfAnotherStep) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  const std::string a_dir = dir.file("a");
+  const TrainerConfig cfg = tiny_config(a_dir);
+  train_over_ranks(kRanks, cfg);
+  const std::string a3 = a_dir + "/" + checkpoint_file_name(3), a6 = a_dir + "/" + checkpoint_file_name(6);
+  const TrainerConfig resumed = tiny_config(dir.file("r"));
+
+  // Another world size: every one of 4 ranks refuses; one GPU refuses the replicated file alone.
+  const std::vector<std::string> four = errors_over_ranks(4, resumed, a3);
+  for (int r = 0; r < 4; ++r)
+    expect_contains(four[r], {"written by 2 ranks, this run has 4", "world size must be the same"},
+                    "rank " + std::to_string(r));
+  TrainerOptions one = quiet_options(a3);
+  expect_contains(test::error_message([&] { Trainer(resumed, one); }),
+                  {a3, "replicated state", "over 2 ranks", "resume it over 2 ranks"}, "one GPU");
+  // A one-GPU checkpoint over 2 ranks.
+  const std::string g_dir = dir.file("one_gpu");
+  {
+    TrainerOptions o = quiet_options();
+    Trainer(tiny_config(g_dir, 3), o).run();
+  }
+  const std::string g3 = g_dir + "/" + checkpoint_file_name(3);
+  for (const std::string& e : errors_over_ranks(kRanks, resumed, g3))
+    expect_contains(e, {g3, "one GPU's whole model", "has 2 ranks"}, "one-GPU checkpoint");
+
+  // A missing shard: rank 1 names its file, rank 0 names rank 1.
+  const std::string rank1 = checkpoint_shard_path(a3, 1, 2);
+  const std::string kept = dir.file("kept.ckpt");
+  fs::rename(rank1, kept);
+  std::vector<std::string> e = errors_over_ranks(kRanks, resumed, a3);
+  expect_contains(e[1], {"the shard of rank 1 of 2", rank1, "is missing"}, "rank 1");
+  expect_contains(e[0], {"rank 1 of 2 failed", "nothing was restored"}, "rank 0");
+
+  // A shard of another step in its place.
+  fs::copy_file(checkpoint_shard_path(a6, 1, 2), rank1);
+  e = errors_over_ranks(kRanks, resumed, a3);
+  expect_contains(e[1], {rank1, "is at step 6", "at step 3", "different checkpoints"}, "rank 1");
+  expect_contains(e[0], {"rank 1 of 2 failed"}, "rank 0");
+
+  // The right shard back: resumable again.
+  fs::remove(rank1);
+  fs::rename(kept, rank1);
+  for (const std::string& msg : errors_over_ranks(kRanks, resumed, a3)) EXPECT_EQ(msg, "");
+}
+
+TEST(TrainRanksCheckpoint, AFailedShardWriteLeavesNoCheckpoint) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  const std::string a_dir = dir.file("a");
+  const std::string a3 = a_dir + "/" + checkpoint_file_name(3);
+  fs::create_directories(checkpoint_shard_path(a3, 1, 2));  // a folder where rank 1's shard goes
+  const std::vector<std::string> e = errors_over_ranks(kRanks, tiny_config(a_dir, 3));
+  expect_contains(e[1], {"is a folder", "is not complete", "replicated file was not written"}, "rank 1");
+  expect_contains(e[0], {"rank 1 of 2 failed", "is not complete"}, "rank 0");
+  EXPECT_FALSE(fs::exists(a3));
+  EXPECT_TRUE(fs::exists(checkpoint_shard_path(a3, 0, 2)));  // rank 0's shard, alone, is no checkpoint
+  EXPECT_EQ(latest_checkpoint(a_dir), "");
+}
+
+// A shard of n tokens counting up from `first` (in 1 .. vocab - 1), the last one the end-of-text token 0.
+void write_counting_shard(const std::string& path, uint32_t first, size_t n, uint32_t vocab) {
+  std::vector<uint16_t> tokens(n);
+  for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<uint16_t>((first + i * 7 - 1) % (vocab - 1) + 1);
+  tokens.back() = 0;
+  write_token_shard(path, tokens, vocab, 0);
+}
+
+TEST(TrainRanksEval, WholeSplitOverTwoRanksEqualsOneGpu) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  const uint32_t vocab = 32768;
+  write_counting_shard(dir.file("train_000.bin"), 5, 20000, vocab);
+  write_counting_shard(dir.file("val_000.bin"), 1000, 2800, vocab);  // floor(2799 / 64) = 43 windows
+  const TrainerConfig cfg = parse_config_args(
+      {"--config", test::preset("tiny"), "--train.data_dir", dir.path().string(), "--train.steps", "1",
+       "--train.lr", "1e-30", "--train.min_lr", "0", "--moe.bias_update_rate", "0", "--train.eval_interval", "1",
+       "--train.eval_steps", "1", "--train.final_eval_steps", "0"});
+  ASSERT_EQ(cfg.train.micro_batch, 4);
+  ASSERT_EQ(cfg.train.seq_len, 64);
+  auto options = [] {
+    TrainerOptions o = quiet_options();
+    o.synthetic_data = false;
+    return o;
+  };
+  TrainResult one;
+  {
+    Trainer trainer(cfg, options());
+    one = trainer.run();
+  }
+  const std::vector<TrainResult> ranks = test::run_simulated_ranks<TrainResult>(kRanks, [&](EpTransport& t) {
+    TrainerOptions o = options();
+    o.transport = &t;
+    Trainer trainer(cfg, o);
+    return trainer.run();
+  });
+  ASSERT_EQ(one.evals.size(), 1u);
+  EXPECT_EQ(one.evals[0].val_tokens, 43 * 64);
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(ranks[r].evals.size(), 1u);
+    const EvalRecord& e = ranks[r].evals[0];
+    EXPECT_EQ(e.val_tokens, 43 * 64);
+    EXPECT_TRUE(std::isfinite(e.val_loss));
+    EXPECT_NEAR(e.val_loss, one.evals[0].val_loss, 1e-3 * one.evals[0].val_loss);
+    EXPECT_EQ(e.val_loss, ranks[0].evals[0].val_loss);  // one all-reduce: the same on every rank
+  }
+}
+
+}  // namespace
+}  // namespace fp4moe
