@@ -89,7 +89,21 @@ std::vector<uint8_t> tensor_bytes(const CheckpointReader& r, const CheckpointEnt
   return b;
 }
 
-// Every tensor of file a is in file b with the same bytes, and b has no other.
+// The replicated file lists the header CRC-32 of each rank's shard beside it (its completion record).
+void expect_lists_its_shards(const std::string& path, uint32_t world_size) {
+  SCOPED_TRACE(path);
+  const CheckpointReader rep(path, 0);
+  std::vector<uint64_t> listed(world_size);
+  rep.read(CheckpointSection::ranks, "shard_header_crc32", CheckpointDtype::u64, {int64_t{world_size}}, listed.data(),
+           listed.size() * sizeof(uint64_t));
+  for (uint32_t r = 0; r < world_size; ++r)
+    EXPECT_EQ(listed[r], CheckpointReader(checkpoint_shard_path(path, r, world_size), 0).header_crc32())
+        << "rank " << r;
+}
+
+// Every tensor of file a is in file b with the same bytes, and b has no other; the replicated file's list of its
+// shards' header CRCs is compared with the shards instead (expect_lists_its_shards): a header holds the run's
+// configuration text, which names the run's own checkpoint folder.
 void expect_same_tensors(const std::string& a, const std::string& b) {
   SCOPED_TRACE(a + " vs " + b);
   const CheckpointReader ra(a, 0), rb(b, 0);
@@ -101,13 +115,15 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
   for (const CheckpointEntry& e : ra.entries()) {
     const CheckpointEntry* f = rb.find(e.section, e.name);
     ASSERT_NE(f, nullptr) << e.name;
+    if (e.section == CheckpointSection::ranks && e.name == "shard_header_crc32") continue;
     EXPECT_TRUE(tensor_bytes(ra, e) == tensor_bytes(rb, *f)) << e.name;
   }
 }
 
 void expect_contains(const std::string& msg, const std::vector<std::string>& parts, const std::string& who) {
   EXPECT_FALSE(msg.empty()) << who << ": no error";
-  for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << who << ": '" << p << "' not in: " << msg;
+  for (const std::string& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << who << ": '" << p << "' not in: " << msg;
 }
 
 TEST(TrainRanksCheckpoint, ResumeOverTwoRanksIsBitwise) {
@@ -155,7 +171,9 @@ TEST(TrainRanksCheckpoint, ResumeOverTwoRanksIsBitwise) {
   }
   const std::string b6 = b_dir + "/" + checkpoint_file_name(6);
   expect_same_tensors(a6, b6);
-  for (uint32_t r = 0; r < kRanks; ++r) expect_same_tensors(checkpoint_shard_path(a6, r, 2), checkpoint_shard_path(b6, r, 2));
+  for (const std::string& path : {a3, a6, b6}) expect_lists_its_shards(path, kRanks);
+  for (uint32_t r = 0; r < kRanks; ++r)
+    expect_same_tensors(checkpoint_shard_path(a6, r, 2), checkpoint_shard_path(b6, r, 2));
 }
 
 TEST(TrainRanksCheckpoint, RefusesAnotherWorldSizeAMissingShardAndAShardOfAnotherStep) {
@@ -235,7 +253,8 @@ TEST(TrainRanksEval, WholeSplitOverTwoRanksEqualsOneGpu) {
   write_counting_shard(dir.file("val_000.bin"), 1000, 2800, vocab);  // floor(2799 / 64) = 43 windows
   const TrainerConfig cfg = parse_config_args(
       {"--config", test::preset("tiny"), "--train.data_dir", dir.path().string(), "--train.steps", "1",
-       "--train.lr", "1e-30", "--train.min_lr", "0", "--moe.bias_update_rate", "0", "--train.eval_interval", "1",
+       "--train.warmup_steps", "0", "--train.lr", "1e-30", "--train.min_lr", "0", "--moe.bias_update_rate", "0",
+       "--train.eval_interval", "1",
        "--train.eval_steps", "1", "--train.final_eval_steps", "0"});
   ASSERT_EQ(cfg.train.micro_batch, 4);
   ASSERT_EQ(cfg.train.seq_len, 64);
