@@ -337,7 +337,8 @@ def run_train_scenario(a, s, run_dir, label, shared, train_files, failed):
              "cells_not_run": counts["not run"], "cells_failed": counts["failed"],
              "memory_budget_gib": float(spec.memory_budget_gib), "data": spec.data,
              "budget_gpu_minutes": float(budget), "elapsed_s": float(took),
-             "exit_code": int(1 if counts["failed"] else 0), "scenario_file": os.path.relpath(s.path, ROOT)}
+             "exit_code": int(1 if counts["failed"] else 0), "scenario_file": os.path.relpath(s.path, ROOT),
+             "configs": " ".join(a.configs) if a.configs else "all"}
     return rows, attrs
 
 

@@ -285,6 +285,7 @@ class RunSeedsWithFakeTrainer(util.Tmp):
         self.assertIn("2 training cell(s)", r.stdout)  # smoke: fp8 and + Wgrad H16 of small, not of dense_small
         with h5py.File(self.run_file("runs"), "r") as f:
             cells = result_file.read_table(f["bench/train_ladder"])
+            self.assertEqual(result_file.text(f["repro/mxfp4_ladder"].attrs["configs"]), "small")
         self.assertEqual(set(cells["shape"]), {"small"})
         self.assertEqual(sorted(cells["recipe"]), ["fp8", "wgrad_h16"])
         r = subprocess.run([sys.executable, RUN_PY, "--out", self.path("bad"), *ladder, "--configs", "smal"],

@@ -73,6 +73,7 @@ TrainerConfig tiny(const Recipe& recipe, int64_t micro_batch) {
 // What one model (a rank or the reference) produced in the step.
 struct StepResult {
   double loss = 0, norm = 0;
+  uint64_t quant_seed = 0;  // ModelContext::quant_seed after begin_step(1)
   std::vector<std::string> names;
   std::vector<Vec> init, grads, masters;  // per Param in store order: the initial and stepped masters, the grads
   std::vector<float> bias;                // the v3 router bias of the MoE layer after end_step
@@ -125,6 +126,7 @@ StepResult run_step(const TrainerConfig& c, EpTransport* transport, const std::v
     }
     model.force_routing(pins);
     model.begin_step(1);
+    out.quant_seed = model.context().quant_seed;
     const int64_t B = static_cast<int64_t>(tokens.size()) / c.train.seq_len;
     out.loss = model.forward_backward(tok.ptr, tgt.ptr, B, 1.0f).loss;
     model.reduce_gradients();
@@ -214,6 +216,9 @@ TEST_P(ModelDataParallelGpu, RanksMatchOneModelOnAllTheirRows) {
     ASSERT_EQ(g.names, ref.names) << "the ranks register the reference's parameters in its order";
     EXPECT_NEAR(g.norm, ref.norm, 1e-2 * ref.norm) << "the global gradient norm";
     EXPECT_EQ(g.bias, ref.bias) << "the v3 router bias after end_step (the loads summed over the ranks)";
+    // Each rank its own quantizer bits (model.h begin_step), none the one GPU's.
+    EXPECT_NE(g.quant_seed, ref.quant_seed) << "rank " << r;
+    for (int q = 0; q < r; ++q) EXPECT_NE(g.quant_seed, ranks[static_cast<size_t>(q)].quant_seed) << r << " " << q;
     for (size_t i = 0; i < g.names.size(); ++i) {
       SCOPED_TRACE(g.names[i]);
       const bool expert = is_routed_expert(g.names[i]);

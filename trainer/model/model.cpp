@@ -420,7 +420,14 @@ StepStats Model::backward_in_slot(int64_t slot, float grad_scale) {
   return stats;
 }
 
-void Model::begin_step(uint64_t step) { ctx_.quant_seed = splitmix64_at(cfg_.train.seed, step); }
+void Model::begin_step(uint64_t step) {
+  ctx_.quant_seed = splitmix64_at(cfg_.train.seed, step);
+  // Over W ranks each rank draws its own quantizer bits (stochastic rounding, random Hadamard signs): with one seed,
+  // the replicated layers' W ranks would round their gradients with the same bits and the summed rounding errors
+  // would be correlated, not independent as over one GPU's W micro-batches. One GPU keeps its seed.
+  if (impl_->transport)
+    ctx_.quant_seed = splitmix64_at(ctx_.quant_seed, static_cast<uint64_t>(impl_->transport->rank()));
+}
 
 void Model::end_step() {
   for (DecoderLayer* moe : impl_->moe_layers()) moe->moe_end_step(ctx_);

@@ -45,8 +45,9 @@
 //   - a routed expert's parameter, held by one rank: it multiplies rows of every rank's tokens, and its Wgrad sums
 //     over all of them, sum_r dL_r/dθ_e; the same grad_scale / W makes it dL/dθ_e with no communication.
 // So after every rank's backward_in_slot(grad_scale) and reduce_gradients(), every replicated gradient on every rank
-// and each rank's expert gradients are those of ONE model holding all E experts run on all W micro-batches at once
-// with grad_scale (the summation orders aside). At W = 1 the scale is grad_scale itself. Without a transport
+// and each rank's expert gradients are those of ONE model holding all E experts run on the W micro-batches as W
+// accumulated micro-batches with grad_scale / W (the summation orders, the quantizers' per-rank random bits and, for
+// v2, the balance loss taken per rank's tokens aside, as grad_accum does on one GPU). At W = 1 the scale is grad_scale itself. Without a transport
 // nothing of this exists (the single-GPU model, unchanged). Rejected with a transport (check_ranks_config): a
 // [parallel] layout (emulation and real ranks do not mix), and what ExpertParallelMoeLayer rejects (routed experts
 // not a multiple of W, recompute of the routed experts).
@@ -203,7 +204,8 @@ class Model {
 
   // Once per optimizer step, before its first forward: the step number (counted from 1, as the trainer's) seeds the
   // step's MXFP4 quantizer choices, ModelContext::quant_seed = splitmix64_at(train.seed, step) (random Hadamard
-  // signs, stochastic rounding of gradients: fresh per step, the same after a resume). Without it: seed 0.
+  // signs, stochastic rounding of gradients: fresh per step, the same after a resume); over a transport, mixed with
+  // the rank (splitmix64_at(that, rank)) so that the ranks draw independent bits. Without it: seed 0.
   void begin_step(uint64_t step);
   // Once per optimizer step, after the update: the v3 router's aux-loss-free bias update from the expert loads
   // counted over the step's micro-batches (then the counts restart). No-op for v2 and dense models.

@@ -10,6 +10,7 @@
 #include "kernels/quant/layouts.h"
 #include "trainer/comm/ep_payload.h"
 #include "trainer/model/moe.h"
+#include "trainer/model/profile.h"
 
 namespace fp4moe {
 namespace {
@@ -207,6 +208,7 @@ void ExpertParallelMoeLayer::forward(ModelContext& ctx, const bf16* x, int64_t M
   cudaStream_t s = ctx.stream;
   router_.forward(ctx, x, M);  // all E experts; its host synchronisation
   const MoeRouting r = router_.routing();
+  ProfileScope comm(ctx, ProfileModule::ep_comm, ProfilePass::forward);  // the counts, the payload, the dispatch
   const EpCounts& c = exchange_.route(r.topk_idx, M, k_, s);  // the exchange's host synchronisation
   const int64_t R = c.recv_total();
   FP4MOE_CHECK(R <= max_rows_, "ExpertParallelMoeLayer {} forward: {} rows received, more than the {} the layer holds",
@@ -245,13 +247,25 @@ void ExpertParallelMoeLayer::forward(ModelContext& ctx, const bf16* x, int64_t M
   }
   exchange_.dispatch(tokens, received, s);
   if (fmt == EpRowFormat::fp8) ep_fp8_rows_to_bf16(received, const_cast<bf16*>(in.x), s);
+  comm.end();
 
   // The local experts on every rank's rows, then the combine into this rank's permute order.
-  const bf16* ys_grouped = experts_.forward_rows(ctx, in, local_split());
-  exchange_.combine(ys_grouped, ys_.data(), s);
+  const bf16* ys_grouped = nullptr;
+  {
+    ProfileScope experts(ctx, ProfileModule::routed_experts, ProfilePass::forward);
+    ys_grouped = experts_.forward_rows(ctx, in, local_split());
+  }
+  {
+    ProfileScope combine(ctx, ProfileModule::ep_comm, ProfilePass::forward);
+    exchange_.combine(ys_grouped, ys_.data(), s);
+  }
   if (M > 0) {
-    unpermute_forward(ys_.data(), r.topk_weight, exchange_.row_of(), M, k_, d_, y, s);  // y = y_routed [M, d]
+    {
+      ProfileScope unpermute(ctx, ProfileModule::moe_permute, ProfilePass::forward);
+      unpermute_forward(ys_.data(), r.topk_weight, exchange_.row_of(), M, k_, d_, y, s);  // y = y_routed [M, d]
+    }
     if (shared_) {
+      ProfileScope shared(ctx, ProfileModule::shared_experts, ProfilePass::forward);
       bf16* y_shared = take_planned<bf16>(arena, MoeLayer::block_buffers(M, d_, k_, true).at("shared experts output"),
                                           "MoE shared experts output");
       shared_->forward(ctx, x, M, y_shared);
@@ -275,7 +289,11 @@ void ExpertParallelMoeLayer::backward(ModelContext& ctx, const bf16* dy, const b
   const BufferPlan block = MoeLayer::block_buffers(M, d_, k_, shared_ != nullptr);
   bf16* drows = take_planned<bf16>(arena, p.at("d rows"), "EP d rows");
   float* dweights = take_planned<float>(arena, block.at("top-k weights grad"), "MoE top-k weights grad");
-  if (M > 0) unpermute_backward(dy, ys_.data(), r.topk_weight, exchange_.row_of(), M, k_, d_, drows, dweights, s);
+  if (M > 0) {
+    ProfileScope unpermute(ctx, ProfileModule::moe_permute, ProfilePass::backward);
+    unpermute_backward(dy, ys_.data(), r.topk_weight, exchange_.row_of(), M, k_, d_, drows, dweights, s);
+  }
+  ProfileScope comm(ctx, ProfileModule::ep_comm, ProfilePass::backward);  // the payload and dispatch_gradient
 
   // dispatch_gradient: the experts' dY in the backward format; back in BF16 for Group Linear.
   const EpRowFormat fmt = ep_backward_dispatch_format(recipe_);
@@ -292,20 +310,33 @@ void ExpertParallelMoeLayer::backward(ModelContext& ctx, const bf16* dy, const b
   }
   exchange_.dispatch_gradient(sent, received, s);
   if (fmt == EpRowFormat::fp8) ep_fp8_rows_to_bf16(received, edrows, s);
+  comm.end();
 
   // The experts' Dgrad and Wgrad on the received rows (fp8: Group Linear reads its own FP8 column copy of X), then
   // their input gradient back to this rank's permute order, summed over the k slots.
-  experts_.backward_rows(ctx, experts_.kept_input(), edrows, local_split(), edrows);
-  exchange_.combine_gradient(edrows, drows, s);
+  {
+    ProfileScope experts(ctx, ProfileModule::routed_experts, ProfilePass::backward);
+    experts_.backward_rows(ctx, experts_.kept_input(), edrows, local_split(), edrows);
+  }
+  {
+    ProfileScope combine(ctx, ProfileModule::ep_comm, ProfilePass::backward);
+    exchange_.combine_gradient(edrows, drows, s);
+  }
   if (M == 0) {
     router_.backward(ctx, nullptr, x, 0, aux_grad_scale_, nullptr);  // an empty micro-batch counts no tokens
     return;
   }
   bf16* dx_routed = take_planned<bf16>(arena, block.at("routed experts dx"), "MoE routed experts dx");
   float* dx32 = take_planned<float>(arena, block.at("dx (FP32)"), "MoE dx (FP32)");
-  permute_backward(drows, exchange_.row_of(), M, k_, d_, dx_routed, s);
-  cast_bf16_to_f32(dx_routed, M * d_, dx32, s);                                     // dx32 = dx_routed
-  if (shared_) shared_->backward(ctx, dy, x, M, LinearGradOut{dx32, true, true});  // dx32 += shared
+  {
+    ProfileScope permute(ctx, ProfileModule::moe_permute, ProfilePass::backward);
+    permute_backward(drows, exchange_.row_of(), M, k_, d_, dx_routed, s);
+  }
+  cast_bf16_to_f32(dx_routed, M * d_, dx32, s);  // dx32 = dx_routed
+  if (shared_) {
+    ProfileScope shared(ctx, ProfileModule::shared_experts, ProfilePass::backward);
+    shared_->backward(ctx, dy, x, M, LinearGradOut{dx32, true, true});  // dx32 += shared
+  }
   router_.backward(ctx, dweights, x, M, aux_grad_scale_, dx32);                    // dx32 += router
   cast_f32_to_bf16(dx32, M * d_, dx, s);
 }

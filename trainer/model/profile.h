@@ -44,8 +44,8 @@ enum class ProfileModule : uint8_t {
   dense_mlp,       // the dense SwiGLU FFN of the first n_dense_layers layers
   lm_head_loss,    // LM head GEMM with the vocabulary-chunked cross-entropy, forward and backward
   optimizer,       // gradient zeroing, global gradient norm and clip, AdamW
-  ep_comm,         // expert-parallel dispatch and combine (trainer/comm/), when the run exchanges tokens
-  dp_comm,         // data-parallel gradient reduction, when the run has one
+  ep_comm,         // expert-parallel counts, payload quantization, dispatch and combine (over ranks)
+  dp_comm,         // the replicated gradients' all-reduce (Model::reduce_gradients, over ranks)
   other,           // what no scope above covers: residual adds, casts between modules, batch uploads, host gaps
   count,
   inherit = 0xFF,  // ProfileScope: the enclosing scope's module

@@ -215,6 +215,18 @@ void Trainer::State::sum_over_ranks(std::span<double> values) {
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(f[i]);
 }
 
+int Trainer::State::agreed_stop_signal() {
+  const int local = StopSignals::pending();
+  if (!transport) return local;
+  // Every rank must take the same decision after the same step (the next step's and the final checkpoint's
+  // collectives otherwise meet different calls): a signal on any rank stops every rank. The ranks that received none
+  // report one of those received (their mean; exact when the signalled ranks received the same one).
+  double v[2] = {local != 0 ? 1.0 : 0.0, static_cast<double>(local)};
+  sum_over_ranks(v);
+  if (v[0] < 0.5) return 0;
+  return local != 0 ? local : static_cast<int>(std::lround(v[1] / v[0]));
+}
+
 double Trainer::State::mean_over_ranks(double v) {
   double sum[1] = {v};
   sum_over_ranks(sum);
@@ -289,8 +301,8 @@ TrainResult Trainer::run() {
       s.checkpoint();  // writes the metrics file too
     else if (eval_now)
       s.write_metrics();
-    if (StopSignals::pending() != 0) {
-      s.result.stop_signal = StopSignals::pending();
+    if (const int signal = s.agreed_stop_signal(); signal != 0) {
+      s.result.stop_signal = signal;
       s.progress->message(fmt::format("{} received: stopping after step {}", stop_signal_name(s.result.stop_signal),
                                       s.step));
       break;

@@ -82,9 +82,8 @@ class Model;
 
 // Rejects (fp4moe::Error, one line naming the option), before anything is allocated, what training cfg with
 // `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1); over options.ranks, check_ranks_config's
-// (model.h: a [parallel] layout, routed experts that do not split over the ranks) and, over more than one rank,
-// evaluations of the whole validation split (train.eval_steps or train.final_eval_steps 0 on shards); options.ranks
-// with options.transport; with pp > 1 or
+// (model.h: a [parallel] layout, routed experts that do not split over the ranks); options.ranks with
+// options.transport; with pp > 1 or
 // ep > 1 (the GPU holds a stage or an expert share, not the whole model) checkpoints (train.checkpoint_dir set) and
 // options.resume_path; train.eval_interval > 0 on a stage without the LM head (no loss to evaluate); periodic
 // evaluations of the whole validation split (train.eval_steps = 0) on synthetic data, which has none. ZeRO-1's own

@@ -72,6 +72,7 @@ struct Trainer::State {
   // values (at most 2) summed in place over the group's ranks: one FP32 all-reduce, each value rounded to FP32
   // first; unchanged on one GPU.
   void sum_over_ranks(std::span<double> values);
+  int agreed_stop_signal();           // StopSignals::pending() agreed over the ranks: any rank's stops all
   double mean_over_ranks(double v);   // v averaged over the group's ranks (sum_over_ranks / W); v on one GPU
   void upload_rows(int64_t n);        // the first n (<= B) rows of `rows` -> tokens, targets (on `stream`)
 
