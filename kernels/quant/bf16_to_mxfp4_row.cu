@@ -256,12 +256,10 @@ RowLaunch row_launch(const MxQuantConfig& cfg) {
 namespace detail {
 
 MxRowKernel mx_row_default_kernel(HadamardTransform) {
-  // Default chosen by measurement, see reports/results/h200/ (bench_quant: bf16_to_mxfp4_row/ runs this choice,
-  // bf16_to_mxfp4_row_lanes/ the other kernel). Earlier measurement (reports/results/h200/emulation-20261202/call4/):
-  // without a transform block_per_thread was the faster (RNE 0.98 against 0.89 of copy, SR 0.62 against 0.53); with
-  // one it ran at 0.17-0.22, its 32 transformed values then held in local memory (the butterfly stages were not
-  // unrolled), which butterfly_stage removed: it now needs fewer instructions per element than chunk_per_lane for
-  // every option (kernels/quant/NOTES-speed.md).
+  // Chosen by measurement (reports/results/h200/quant-speed-ranks-20261202/README.md; bench_quant's
+  // bf16_to_mxfp4_row/ cases run this choice, bf16_to_mxfp4_row_lanes/ the other kernel): block_per_thread is the
+  // faster for every option, since its transforms keep the block in registers (butterfly_stage) and it needs fewer
+  // instructions per element (reports/results/h200/quant-speed-ranks-20261202/NOTES-speed.md).
   return MxRowKernel::block_per_thread;
 }
 

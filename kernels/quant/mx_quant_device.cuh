@@ -5,11 +5,11 @@
 // bf16_to_mxfp4_row.h (transform, block amax over the four lanes, UE8M0 scale, E2M1 codes) with the same bits in
 // both kernels. Every lane of a warp must call the helpers that shuffle (whole warps, all lanes active).
 //
-// Cost per element on sm_90a: kernels/quant/NOTES-speed.md (static SASS counts per kernel and option, how they
-// are taken, what they predict). Against the budget: at copy bandwidth the H200 moves about 1.7e12 elements/s (2.5
-// bytes each: BF16 in, code and scale out) and issues about 33e12 thread instructions/s (132 SMs x 4 schedulers x
-// 32 lanes x 1.98 GHz), so about 20 instructions per element at full issue, about 16 for 0.80 of copy at a
-// realistic issue efficiency.
+// Cost per element on sm_90a: reports/results/h200/quant-speed-ranks-20261202/NOTES-speed.md (static SASS
+// counts per kernel and option, how they are taken, what they predict). Against the budget: at copy bandwidth the
+// H200 moves about 1.7e12 elements/s (2.5 bytes each: BF16 in, code and scale out) and issues about 33e12 thread
+// instructions/s (132 SMs x 4 schedulers x 32 lanes x 1.98 GHz), so about 20 instructions per element at full
+// issue, about 16 for 0.80 of copy at a realistic issue efficiency.
 //   - RNE: about 7 (the BF16x2 encoder, two elements per instruction, plus the amax): memory-bound.
 //   - SR: one hash per four elements (mx_random.h mx_sr_hash64), about 14 instructions (two 64-bit multiplies
 //     between three folds by 32 bits, the counter one 64-bit addition), 3.4 per element; the encoder
