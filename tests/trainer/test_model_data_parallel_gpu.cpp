@@ -1,14 +1,15 @@
 // GPU test of expert and data parallelism in the model (trainer/model/model.h "Expert and data parallelism over real
-// ranks"): N = 2 and 4 simulated ranks (InProcessTransport, one host thread and one stream per rank on one device,
+// ranks"): N = 2, 4 and 8 simulated ranks (InProcessTransport, one host thread and one stream per rank on one device,
 // tests/common/ep_ranks_test_util.h), each a Model of configs/tiny.toml's shapes over the transport with its own
 // micro-batch of B = 2 rows of T = 64 tokens, against ONE single-GPU Model with micro_batch N B run on all ranks'
 // rows at once (rank r's rows are the reference's rows [r B, (r + 1) B)). Every rank and the reference start from
 // init_weights(seed): the ranks' experts are then the reference's slices (Param::init_index), which the test checks
 // bit for bit. Every layer class runs the recipe under test (bf16, fp8, mxfp4).
-//   - The routing is pinned: the reference's own top-k selection, each rank forced to its slice (force_routing), so
-//     that no near-tie flips between the two (a rank's GEMMs run over fewer rows than the reference's, which may
-//     change the router's FP32 logits in the last bits; the layer's own selection is checked in
-//     test_moe_expert_parallel_gpu.cpp).
+//   - The routing is pinned: the reference's own top-k selection (or, in EmptyExpertsAndRanksMatchOneModel, a skewed
+//     one forced on it: experts 0-2 only, so that other experts and over 4 or 8 ranks whole ranks receive no rows),
+//     each rank forced to its slice (force_routing), so that no near-tie flips between the two (a rank's GEMMs run
+//     over fewer rows than the reference's, which may change the router's FP32 logits in the last bits; the layer's
+//     own selection is checked in test_moe_expert_parallel_gpu.cpp).
 //   - Forward and backward, reduce_gradients, one optimizer step (GradNorm over the group with train.grad_clip 1,
 //     AdamW of every Param), end_step (the v3 bias from the loads summed over the ranks).
 // Checked:
@@ -176,17 +177,30 @@ void expect_same(const Vec& got, const Vec& want, const std::string& what) {
 
 bool is_routed_expert(const std::string& name) { return name.find(".moe.experts.") != std::string::npos; }
 
-class ModelDataParallelGpu : public testing::TestWithParam<std::tuple<int, std::string>> {};
+// A skewed routing of every MoE layer for M tokens of top-k: token i chooses experts (i + j) mod 3, j < k (k <= 3):
+// only experts 0-2 receive rows, unevenly once M is not a multiple of 3; the others, and over 4 or 8 ranks whole
+// ranks, receive none.
+std::vector<std::vector<int32_t>> skewed_routing(size_t layers, int64_t M, int64_t k) {
+  std::vector<int32_t> ids(static_cast<size_t>(M * k));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < k; ++j) ids[static_cast<size_t>(i * k + j)] = static_cast<int32_t>((i + j) % 3);
+  return std::vector<std::vector<int32_t>>(layers, ids);
+}
 
-TEST_P(ModelDataParallelGpu, RanksMatchOneModelOnAllTheirRows) {
-  FP4MOE_REQUIRE_DEVICE();
-  const int N = std::get<0>(GetParam());
-  const Recipe recipe = parse_recipe(std::get<1>(GetParam()), "the test's recipe");
+// N ranks against the reference (the checks in this file's header); skewed: the reference's routing forced to
+// skewed_routing (empty experts and ranks) instead of its own selection.
+void check_ranks_against_one_model(int N, const Recipe& recipe, bool skewed) {
   const bool quantized = !(recipe == Recipe::bf16);
   const TrainerConfig ref_cfg = tiny(recipe, N * kRowsPerRank), rank_cfg = tiny(recipe, kRowsPerRank);
   const auto [tokens, targets] = draw_batch(ref_cfg, N * kRowsPerRank);
-  const StepResult ref = run_step(ref_cfg, nullptr, tokens, targets, {});
+  StepResult ref = run_step(ref_cfg, nullptr, tokens, targets, {});
   ASSERT_FALSE(ref.topk.empty()) << "tiny has a MoE layer";
+  if (skewed) {
+    ASSERT_LE(ref_cfg.moe.top_k, 3);
+    const int64_t M = N * kRowsPerRank * ref_cfg.train.seq_len;
+    ref = run_step(ref_cfg, nullptr, tokens, targets, skewed_routing(ref.topk.size(), M, ref_cfg.moe.top_k));
+    ASSERT_EQ(ref.topk.front(), skewed_routing(1, M, ref_cfg.moe.top_k).front()) << "the forced routing was taken";
+  }
 
   const int64_t per_rank = kRowsPerRank * rank_cfg.train.seq_len;
   const std::vector<StepResult> ranks = test::run_simulated_ranks<StepResult>(N, [&](EpTransport& t) {
@@ -236,8 +250,22 @@ TEST_P(ModelDataParallelGpu, RanksMatchOneModelOnAllTheirRows) {
   }
 }
 
+class ModelDataParallelGpu : public testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(ModelDataParallelGpu, RanksMatchOneModelOnAllTheirRows) {
+  FP4MOE_REQUIRE_DEVICE();
+  check_ranks_against_one_model(std::get<0>(GetParam()), parse_recipe(std::get<1>(GetParam()), "the test's recipe"),
+                                false);
+}
+
+TEST_P(ModelDataParallelGpu, EmptyExpertsAndRanksMatchOneModel) {
+  FP4MOE_REQUIRE_DEVICE();
+  check_ranks_against_one_model(std::get<0>(GetParam()), parse_recipe(std::get<1>(GetParam()), "the test's recipe"),
+                                true);
+}
+
 INSTANTIATE_TEST_SUITE_P(RanksRecipes, ModelDataParallelGpu,
-                         testing::Combine(testing::Values(2, 4), testing::Values("bf16", "fp8", "mxfp4")),
+                         testing::Combine(testing::Values(2, 4, 8), testing::Values("bf16", "fp8", "mxfp4")),
                          [](const testing::TestParamInfo<std::tuple<int, std::string>>& i) {
                            return "N" + std::to_string(std::get<0>(i.param)) + "_" + std::get<1>(i.param);
                          });
