@@ -282,7 +282,8 @@ TEST(EpCommGpuTransport, InProcessMismatchFailsAllRanks) {
                       : std::vector<EpPeerBuffers>{{a.ptr, 0, b.ptr, 8}, {a.ptr, 0, b.ptr, 0}};
     return error_message([&] { t.exchange(peers, nullptr); });
   }, std::chrono::seconds(20));
-  for (const std::string& e : errors) EXPECT_NE(e.find("rank 0 sends 16 bytes to rank 1, which expects 8"), std::string::npos) << e;
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("rank 0 sends 16 bytes to rank 1, which expects 8"), std::string::npos) << e;
 }
 
 // The group's log counts the bytes its copies moved in each exchange round, between distinct ranks and to each rank

@@ -339,7 +339,8 @@ TEST(EpCommRef, PackedBytesOfALayerStepFollowTheFormatsArithmetic) {
           const size_t i = static_cast<size_t>(s);
           const int64_t n = h.M[i] * h.k, R = h.c[i].recv_total();
           routed += n;
-          HostRows tokens(ep_dispatch_format(recipe), h.M[i], d, 10 + i), grads(ep_backward_dispatch_format(recipe), n, d, 20 + i);
+          HostRows tokens(ep_dispatch_format(recipe), h.M[i], d, 10 + i);
+          HostRows grads(ep_backward_dispatch_format(recipe), n, d, 20 + i);
           HostRows out(EpRowFormat::bf16, R, d, 30 + i), dx(EpRowFormat::bf16, R, d, 40 + i);
           add(EpExchangeKind::counts, static_cast<int64_t>(h.c[i].recv_counts.size()) * 4);
           add(EpExchangeKind::dispatch, bytes_packed(tokens.view(), h.assignment_of[i].data(), h.k, n));
