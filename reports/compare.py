@@ -5,8 +5,8 @@
 
 Prints (or writes to FILE) the root attributes of both files; for every /repro table either file has, its rows
 matched by `row`: the paper value, ours in A and in B, B - A and B / A; for every /bench table (a table's former name
-read as its current one, result_file.RENAMED_TABLES), its rows matched by (case, shape, recipe), and `tuning` where
-both tables have it: time_us in A and B with B / A, and the table's headline rate (tflops where the table has any
+read as its current one, result_file.RENAMED_TABLES), its rows matched by (case, shape, recipe), and `tuning` and
+`direction` where both tables have them: time_us in A and B with B / A, and the table's headline rate (tflops where the table has any
 above zero, else gbps) in A and B with B / A. A row or table present in one file only shows "-" for the other. A
 table without its key columns, or with a key on two rows, is refused as malformed (rows could not be matched).
 Both files must have the schema_version this code reads (result_file.SCHEMA_VERSION); any other is refused, and so
@@ -37,8 +37,9 @@ from reports.report import load_run  # noqa: E402
 
 ATTRIBUTES = ["schema_version", "git_sha", "date", "gpu", "driver", "cuda", "cublaslt", "nccl", "host", "scale"]
 BENCH_KEY = ["case", "shape", "recipe"]
-# Key columns of the tables that have them: bench_grouped_gemm measures each (case, shape, recipe) once per `tuning`.
-BENCH_KEY_WHERE_PRESENT = ["tuning"]
+# Key columns of the tables that have them: bench_grouped_gemm measures each (case, shape, recipe) once per `tuning`,
+# bench_ep_comm once per exchange (`direction`).
+BENCH_KEY_WHERE_PRESENT = ["tuning", "direction"]
 
 
 def _num(v):

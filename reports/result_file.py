@@ -35,7 +35,7 @@ NUMERIC_COLUMNS = frozenset([
 # whole numbers only (no NaN), so that reports may cast them to int.
 INTEGER_COLUMNS = frozenset(["step", "steps", "tokens", "skipped", "exit_code", "first_step", "last_step"])
 # Columns that name a row (the keys reports/compare.py matches rows by): strings in every table that has them.
-KEY_COLUMNS = frozenset(["case", "shape", "recipe", "row", "tuning"])
+KEY_COLUMNS = frozenset(["case", "shape", "recipe", "row", "tuning", "direction"])
 # Tables renamed since older run files were written, {former path: current path}: bench_convert became bench_quant
 # (kernels/quant), and its table /bench/convert became /bench/quant. Run files keep the name they were written with;
 # readers that match tables across files (reports/compare.py) read the former name as the current one.

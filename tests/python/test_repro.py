@@ -56,7 +56,8 @@ Tmp = util.Tmp
 def benchmark_cells(family, name):
     """{column: [candidate cell values]} of the table row a Google Benchmark case name becomes. bench_grouped_gemm:
     "op/recipe/shape[/dense][@tuning]" -> case op[_dense], recipe, shape, tuning ("none" without '@'). bench_quant:
-    "case/shape" where both may hold a '/', so every split is a candidate."""
+    "case/shape" where both may hold a '/', so every split is a candidate. bench_ep_comm: "kind/shape/recipe", a row
+    per direction."""
     parts = name.split("/")
     if family in ("group_linear", "group_linear_torch"):  # "case/recipe/layer/e<G>/t<tokens>/<split>"
         return {"case": [parts[0]], "recipe": [parts[1]], "shape": [" ".join(parts[2:6])]}
@@ -66,6 +67,10 @@ def benchmark_cells(family, name):
         dense = parts[-1] == "dense"
         return {"case": [parts[0] + ("_dense" if dense else "")], "recipe": [parts[1]], "shape": [parts[2]],
                 "tuning": [tuning or "none"]}
+    if family == "ep_comm":  # "kind/shape/recipe": a row per exchange; sim_ranks also gives trainer_buffers rows
+        return {"case": [parts[0]] + (["trainer_buffers"] if parts[0] == "sim_ranks" else []), "shape": [parts[1]],
+                "recipe": [parts[2]],
+                "direction": ["counts", "dispatch", "combine", "dispatch_gradient", "combine_gradient", "all"]}
     return {"case": ["/".join(parts[:i]) for i in range(1, len(parts))],
             "shape": ["/".join(parts[i:]) for i in range(1, len(parts))]}
 
@@ -74,7 +79,7 @@ class ScenarioFiles(Tmp):
     def test_every_scenario_parses_and_names_its_parts(self):
         scns = scenario.load_all(SCENARIOS)
         self.assertEqual([s.name for s in scns if s.kind == "bench"],
-                         ["conversion_kernels", "group_linear", "group_linear_gemm"])
+                         ["comm_volume", "conversion_kernels", "group_linear", "group_linear_gemm"])
         for s in (s for s in scns if s.kind == "bench"):
             with self.subTest(s.name):
                 self.assertTrue(s.title)
@@ -273,6 +278,64 @@ class OursValues(unittest.TestCase):
         self.assertEqual(len(pairs), 12)
         self.assertAlmostEqual(streams["ours"], util.geomean([g["time_us"][i] / g["time_us"][j] for i, j in pairs]),
                                places=12)
+
+    def test_comm_volume_rows(self):
+        """The comm_volume rows from a table laid out as bench_ep_comm writes it: the bytes by the formats (as the
+        benchmark measures them when they agree), 8 simulated ranks of 512 tokens and top-k 8, 7/8 of every exchange
+        between distinct ranks; world-size-1 times with mxfp4 the fastest."""
+        import pandas as pd
+        scn = scenario.load(os.path.join(SCENARIOS, "comm_volume.toml"))
+        kinds = ["counts", "dispatch", "combine", "dispatch_gradient", "combine_gradient"]
+        cols = {k: [] for k in ("case", "shape", "recipe", "direction", "time_us", "fraction_of_copy_bw",
+                                "measured_bytes", "arithmetic_bytes", "bytes_per_routed_token", "wire_share",
+                                "dispatch_bytes")}
+
+        def add(**cells):
+            for k in cols:
+                cols[k].append(cells.get(k, float("nan")))
+
+        def row_bytes(fmt, d):
+            return {"bf16": 2 * d, "fp8": d + 4 * -(-d // 128), "mxfp4": d // 2 + d // 32}[fmt]
+
+        for shape, d in (("v3", 7168), ("v2", 5120)):
+            for recipe in ("bf16", "fp8", "mxfp4"):
+                fmt = {"dispatch": recipe, "dispatch_gradient": "bf16" if recipe == "bf16" else "fp8"}
+                for case, routed in (("sim_ranks", 8 * 512 * 8), ("nccl_ws1", 4096 * 8)):
+                    per = {k: (512 if case == "sim_ranks" else 64) if k == "counts"
+                           else routed * row_bytes(fmt.get(k, "bf16"), d) for k in kinds}
+                    per["all"] = sum(per.values())
+                    for k, b in per.items():
+                        t = b / 1e6 * {"bf16": 1.0, "fp8": 0.8, "mxfp4": 0.7}[recipe] + 20.0
+                        add(case=case, shape=shape, recipe=recipe, direction=k, arithmetic_bytes=b,
+                            bytes_per_routed_token=b / routed, measured_bytes=b if case == "sim_ranks" else math.nan,
+                            wire_share=7 / 8 if case == "sim_ranks" else 0.0,
+                            time_us=t if case == "nccl_ws1" else math.nan,
+                            fraction_of_copy_bw=0.5 if case == "nccl_ws1" else math.nan)
+                add(case="trainer_buffers", shape=shape, recipe=recipe, direction="dispatch",
+                    dispatch_bytes=row_bytes(recipe, d))
+        rows = by_row(scn, ours.repro_rows(scn, pd.DataFrame(cols)))
+        for r in rows.values():
+            self.assertTrue(math.isfinite(r["ours"]), r["row"])
+        self.assertAlmostEqual(rows["V3 (hidden 7168): mxfp4 dispatch payload over bf16's"]["ours"], 3808 / 14336)
+        self.assertAlmostEqual(rows["V3 (hidden 7168): mxfp4 dispatch bytes through the transport over fp8's "
+                                    "(8 simulated ranks)"]["ours"], 3808 / 7392)
+        whole = rows["V3 (hidden 7168): a layer's whole forward + backward all-to-all traffic, mxfp4 over bf16's "
+                     "(8 simulated ranks)"]
+        self.assertAlmostEqual(whole["ours"], (3808 + 14336 + 7392 + 14336 + 512 / 32768) / (4 * 14336 + 512 / 32768))
+        self.assertGreater(whole["ratio"], 1.0)  # above the paper's bound of 0.5
+        self.assertEqual(rows["V2 mxfp4: dispatch_gradient bytes per routed token through the transport "
+                              "(8 simulated ranks)"]["ours"], 5120 + 4 * 40)
+        self.assertIn("the formats give 5280", rows["V2 mxfp4: dispatch_gradient bytes per routed token through the "
+                                                     "transport (8 simulated ranks)"]["paper_source"])
+        for agg in ("min", "max"):
+            r = rows["Bytes through the transport over the formats' arithmetic, every shape, recipe and exchange: "
+                     + agg]
+            self.assertEqual((r["ours"], r["count"]), (1.0, 36))
+        self.assertEqual(rows["Counts exchange of one layer step (8 simulated ranks, 16 experts)"]["ours"], 512)
+        self.assertLess(rows["V3: mxfp4 all-to-all time per MoE layer over bf16's, over NCCL at world size 1 (4096 "
+                             "tokens; a local copy, no interconnect: a floor)"]["ours"], 1.0)
+        self.assertEqual(rows["V3: the payload exchanges over NCCL at world size 1 (4096 tokens; a local copy, no "
+                              "interconnect: a floor) over a device copy of the same bytes"]["count"], 12)
 
     def test_missing_cases_and_tables_give_nan_with_a_note(self):
         small = self.gemm[self.gemm["case"] == "fprop"]

@@ -28,8 +28,7 @@ from repro import ladder_metric, merge, ours, process, scenario, train_cells  # 
 SCENARIOS = os.path.join(ROOT, "repro", "scenarios")
 RUN_PY = os.path.join(ROOT, "repro", "run.py")
 BUILD = os.environ.get("FP4MOE_BUILD", os.path.join(ROOT, "build"))
-TRAIN = ["comm_volume", "loss_deviation", "memory_per_policy", "mxfp4_ladder", "step_breakdown",
-         "throughput_per_policy"]
+TRAIN = ["loss_deviation", "memory_per_policy", "mxfp4_ladder", "step_breakdown", "throughput_per_policy"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -93,7 +92,7 @@ class TrainScenarioFiles(Tmp):
         self.assertEqual(sorted(scns), TRAIN)
         self.assertEqual(len({s.family for s in scns.values()}), len(scns))
         self.assertEqual({s.name: s.plot for s in scns.values()},
-                         {"comm_volume": "", "loss_deviation": "loss", "memory_per_policy": "memory",
+                         {"loss_deviation": "loss", "memory_per_policy": "memory",
                           "mxfp4_ladder": "loss", "step_breakdown": "", "throughput_per_policy": "throughput"})
         for s in scns.values():
             with self.subTest(s.name):
@@ -117,7 +116,6 @@ class TrainScenarioFiles(Tmp):
                                   "OOM", "OOM", "70.11%", "7-11", "7-11", "6.9-7.2"],
             "throughput_per_policy": ["1.125", "1.125", "0.999", "0.970", "1.126", "1157", "1302", "OOM", "OOM"],
             "loss_deviation": ["+0.29%", "+0.61%"],
-            "comm_volume": ["<0.5", "<0.5", "<0.5", "<0.5"],
         }
         ladder = ["8-9", "10-11", "26-27", "diverged", "not converged", "8-9"]
         self.assertEqual([r.paper for r in load("mxfp4_ladder").rows if r.paper],
@@ -327,7 +325,7 @@ class CellCommandLines(unittest.TestCase):
         self.assertEqual(len(no_budget), len(args) - 2)
 
     def test_empty_and_config_policies(self):
-        s = scenario.load(os.path.join(SCENARIOS, "comm_volume.toml"))
+        s = scenario.load(os.path.join(SCENARIOS, "loss_deviation.toml"))
         c = train_cells.expand(s, "smoke")[0]
         self.assertEqual(c.policy, "config")
         self.assertNotIn("--recompute.modules", train_cells.cell_args(c, s.train, 1))
@@ -586,12 +584,12 @@ class RunWithFakeTrainer(Tmp):
         build = self.fake_build()
         r = self.run_py(build, "--scale", "default", "--only", *TRAIN, "--data", self.shards())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("[3/6] memory_per_policy: cell 3/15 v3 bf16 mla_up_proj: oom", r.stdout)
-        self.assertIn("[6/6] throughput_per_policy: cell 3/15 v3 bf16 mla_up_proj: oom", r.stdout)
+        self.assertIn("[2/5] memory_per_policy: cell 3/15 v3 bf16 mla_up_proj: oom", r.stdout)
+        self.assertIn("[5/5] throughput_per_policy: cell 3/15 v3 bf16 mla_up_proj: oom", r.stdout)
         calls = self.train_calls()
-        # comm 6 + loss 3 x 4 seeds + memory 15 + ladder 8 arms x 3 seeds + step breakdown 3 + throughput 15 (the
-        # same cells at stage 12: runs of their own), each with the retries of the two cells over 80 GiB.
-        self.assertEqual(len(calls), 6 + 3 * 4 + 15 + 2 + 8 * 3 + 3 + 15 + 2)
+        # loss 3 x 4 seeds + memory 15 + ladder 8 arms x 3 seeds + step breakdown 3 + throughput 15 (the same cells
+        # at stage 12: runs of their own), each with the retries of the two cells over 80 GiB.
+        self.assertEqual(len(calls), 3 * 4 + 15 + 2 + 8 * 3 + 3 + 15 + 2)
         retries = [c for c in calls if "--memory-budget" not in c and "configs/v3_671b.toml" in c
                    and "--recompute.modules" in c]
         self.assertEqual(len(retries), 4)
@@ -600,11 +598,10 @@ class RunWithFakeTrainer(Tmp):
             self.assertEqual(c[c.index("--config") + 1][:8], "configs/")  # run from the repository root
         with h5py.File(self.run_file(), "r") as f:
             self.assertEqual(sorted(f["bench"]),
-                             ["train_comm", "train_ladder", "train_loss", "train_memory", "train_profile",
-                              "train_throughput"])
+                             ["train_ladder", "train_loss", "train_memory", "train_profile", "train_throughput"])
             self.assertEqual(sorted(f["repro"]), sorted(TRAIN))
-            self.assertEqual(len(f["train"]), 6 + 3 * 4 + 15 + 8 * 3 + 3 + 15)
-            self.assertEqual(len(f["memory"]), 6 + 3 * 4 + 15 + 8 * 3 + 3 + 15)
+            self.assertEqual(len(f["train"]), 3 * 4 + 15 + 8 * 3 + 3 + 15)
+            self.assertEqual(len(f["memory"]), 3 * 4 + 15 + 8 * 3 + 3 + 15)
             run = f["train/memory_per_policy-v3-mxfp4-mla_up_proj"]
             self.assertEqual(result_file.text(run.attrs["repro_scenarios"]), "memory_per_policy")
             self.assertIn("--run memory_per_policy-v3-mxfp4-mla_up_proj", result_file.text(run.attrs["command"]))
@@ -613,7 +610,6 @@ class RunWithFakeTrainer(Tmp):
             self.assertEqual(result_file.text(f["bench/train_memory"].attrs["kind"]), "train cells")
             mem = self.repro(f, "memory_per_policy")
             thr = self.repro(f, "throughput_per_policy")
-            comm = self.repro(f, "comm_volume")
             loss = self.repro(f, "loss_deviation")
             attrs = result_file.table_attributes(f, "repro/memory_per_policy")
         self.assertEqual((attrs["kind"], attrs["cells"], attrs["cells_ok"], attrs["cells_oom"]), ("train", 15, 13, 2))
@@ -629,8 +625,6 @@ class RunWithFakeTrainer(Tmp):
         headline = row_named(thr.to_dict("records"), "V3: mxfp4 recomputing MLA up-projection only over fp8 "
                                                      "recomputing attention+")
         self.assertAlmostEqual(headline["ours"], 1150.0 * 1.15 / 1200.0)
-        v3_mx = row_named(comm.to_dict("records"), "V3 (hidden 7168): mxfp4 dispatch payload over bf16's")
-        self.assertAlmostEqual(v3_mx["ours"], (3584 + 224) / 14336)
         self.assertAlmostEqual(row_named(loss.to_dict("records"), "mxfp4 against bf16: final validation")["ours"],
                                (4.85 / 4.80 - 1) * 100)
         run_dir = self.run_file()[:-3]
@@ -656,7 +650,6 @@ class RunWithFakeTrainer(Tmp):
         with h5py.File(self.run_file(), "r") as f:
             loss = self.repro(f, "loss_deviation").to_dict("records")
             mem = result_file.read_table(f["bench/train_memory"])
-            comm = self.repro(f, "comm_volume").to_dict("records")
             self.assertNotIn("train/loss_deviation-small-bf16-config", f)
         for r in loss:
             self.assertTrue(math.isnan(r["ours"]))
@@ -664,17 +657,16 @@ class RunWithFakeTrainer(Tmp):
         self.assertIn("fp8 small, bf16 small: not run: token shards:", fp8["note"])  # before the recipe's refusal
         self.assertIn("make data", fp8["note"])
         self.assertEqual(sorted(mem["status"]), ["not run", "ok"])
-        self.assertTrue(math.isfinite(row_named(comm, "V3 (hidden 7168): mxfp4 dispatch payload over bf16")["ours"]))
 
     def test_a_crashing_cell_fails_the_suite_but_not_the_run_file(self):
         build = self.fake_build(crash_recipes=["mxfp4"])
-        r = self.run_py(build, "--scale", "smoke", "--only", "comm_volume")
+        r = self.run_py(build, "--scale", "smoke", "--only", "memory_per_policy")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertIn("failed: comm_volume", r.stderr)
+        self.assertIn("failed: memory_per_policy", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
         with h5py.File(self.run_file(), "r") as f:
-            cells = result_file.read_table(f["bench/train_comm"])
-            self.assertEqual(result_file.text(f["repro/comm_volume"].attrs["exit_code"]), 1)
+            cells = result_file.read_table(f["bench/train_memory"])
+            self.assertEqual(result_file.text(f["repro/memory_per_policy"].attrs["exit_code"]), 1)
         crashed = cells[cells["recipe"] == "mxfp4"].iloc[0]
         self.assertEqual((crashed["status"], crashed["exit_code"]), ("failed", 139))
         self.assertIn("Segmentation fault", crashed["note"])

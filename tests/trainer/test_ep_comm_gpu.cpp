@@ -9,15 +9,16 @@
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kernels/formats/formats.h"
 #include "kernels/nn/permute.h"
 #include "kernels/nn/router.h"
 #include "tests/common/ep_comm_test_util.h"
+#include "tests/common/ep_ranks_test_util.h"
 #include "tests/common/gpu_test_util.h"
 #include "tests/common/param_printers.h"
+#include "tests/common/trainer_test_util.h"
 #include "trainer/comm/ep_exchange.h"
 #include "trainer/comm/in_process_transport.h"
 #include "trainer/comm/nccl_transport.h"
@@ -140,26 +141,11 @@ RankOutput run_rank(EpTransport& t, RankInput& in, const std::vector<EpRowOrigin
   return out;
 }
 
-// Runs run_rank on N threads over one InProcessGroup; a rank's failure aborts the group and fails the test.
+// Runs run_rank on N simulated ranks (ep_ranks_test_util.h); a rank's failure aborts the group and fails the test.
 std::vector<RankOutput> run_in_process(std::vector<RankInput>& in, const std::vector<std::vector<EpRowOrigin>>& o) {
-  const int N = static_cast<int>(in.size());
-  InProcessGroup group(N, std::chrono::seconds(60));
-  std::vector<RankOutput> out(static_cast<size_t>(N));
-  std::vector<std::string> errors(static_cast<size_t>(N));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < N; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        InProcessTransport t(group, r);
-        out[static_cast<size_t>(r)] = run_rank(t, in[static_cast<size_t>(r)], o[static_cast<size_t>(r)]);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        group.abort(e.what());
-      }
-    });
-  for (std::thread& th : threads) th.join();
-  for (int r = 0; r < N; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-  return out;
+  return run_simulated_ranks<RankOutput>(static_cast<int>(in.size()), [&](EpTransport& t) {
+    return run_rank(t, in[static_cast<size_t>(t.rank())], o[static_cast<size_t>(t.rank())]);
+  }, std::chrono::seconds(60));
 }
 
 struct EpScenario {
@@ -288,25 +274,49 @@ INSTANTIATE_TEST_SUITE_P(Formats, EpCommGpu,
 // A rank whose sizes disagree with its peer's fails every rank with a message naming the pair, never a hang.
 TEST(EpCommGpuTransport, InProcessMismatchFailsAllRanks) {
   FP4MOE_REQUIRE_DEVICE();
-  InProcessGroup group(2, std::chrono::seconds(20));
   DeviceBuffer<uint8_t> a(64), b(64);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        InProcessTransport t(group, r);
-        // rank 0 sends 16 bytes to rank 1, which expects 8
-        const std::vector<EpPeerBuffers> peers =
-            r == 0 ? std::vector<EpPeerBuffers>{{a.ptr, 0, b.ptr, 0}, {a.ptr, 16, b.ptr, 0}}
-                   : std::vector<EpPeerBuffers>{{a.ptr, 0, b.ptr, 8}, {a.ptr, 0, b.ptr, 0}};
-        t.exchange(peers, nullptr);
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (std::thread& th : threads) th.join();
-  for (const std::string& e : errors) EXPECT_NE(e.find("rank 0 sends 16 bytes to rank 1, which expects 8"), std::string::npos) << e;
+  const std::vector<std::string> errors = run_simulated_ranks<std::string>(2, [&](EpTransport& t) {
+    // rank 0 sends 16 bytes to rank 1, which expects 8
+    const std::vector<EpPeerBuffers> peers =
+        t.rank() == 0 ? std::vector<EpPeerBuffers>{{a.ptr, 0, b.ptr, 0}, {a.ptr, 16, b.ptr, 0}}
+                      : std::vector<EpPeerBuffers>{{a.ptr, 0, b.ptr, 8}, {a.ptr, 0, b.ptr, 0}};
+    return error_message([&] { t.exchange(peers, nullptr); });
+  }, std::chrono::seconds(20));
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("rank 0 sends 16 bytes to rank 1, which expects 8"), std::string::npos) << e;
+}
+
+// The group's log counts the bytes its copies moved in each exchange round, between distinct ranks and to each rank
+// itself: one entry per exchange (none for an all-reduce), in order, cleared when taken.
+TEST(EpCommGpuTransport, InProcessGroupLogsTheBytesOfEachExchange) {
+  FP4MOE_REQUIRE_DEVICE();
+  constexpr int N = 3;
+  InProcessGroup group(N, std::chrono::seconds(20));
+  DeviceBuffer<uint8_t> wire(N * 1024);
+  DeviceBuffer<float> sums(N * 4);
+  auto bytes = [](int s, int r) { return int64_t{(s + 1) * (r + 2)}; };  // rank s sends rank r this many
+  run_in_process_ranks<int>(group, [&](EpTransport& t) {
+    const int s = t.rank();
+    std::vector<EpPeerBuffers> peers(N), none(N);
+    for (int r = 0; r < N; ++r)
+      peers[static_cast<size_t>(r)] = {wire.ptr + s * 1024 + r * 64, bytes(s, r), wire.ptr + s * 1024 + 512 + r * 64,
+                                       bytes(r, s)};
+    t.exchange(peers, nullptr);
+    t.all_reduce_sum(sums.ptr + 4 * s, 4, nullptr);
+    t.exchange(none, nullptr);
+    t.wait(nullptr);
+    return 0;
+  });
+  const std::vector<EpExchangeBytes> rounds = group.take_exchange_rounds();
+  ASSERT_EQ(rounds.size(), 2u) << "two exchanges, the all-reduce not logged";
+  int64_t between = 0, to_self = 0;
+  for (int s = 0; s < N; ++s)
+    for (int r = 0; r < N; ++r) (s == r ? to_self : between) += bytes(s, r);
+  EXPECT_EQ(rounds[0].sent, between);
+  EXPECT_EQ(rounds[0].received, between);
+  EXPECT_EQ(rounds[0].to_self, to_self);
+  EXPECT_EQ(rounds[1].sent + rounds[1].received + rounds[1].to_self, 0);
+  EXPECT_TRUE(group.take_exchange_rounds().empty()) << "taking the log clears it";
 }
 
 // A rank that never posts: the others time out with a message naming it.

@@ -4,6 +4,7 @@
 // test_ep_comm_gpu.cpp.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -19,6 +20,8 @@
 #include "trainer/comm/rank_sum.h"
 #include "trainer/comm/transport.h"
 #include "trainer/memory/estimate.h"
+#include "trainer/model/ep_traffic.h"
+#include "trainer/model/recipe.h"
 
 namespace fp4moe::test {
 namespace {
@@ -301,6 +304,56 @@ TEST(EpCommRef, CombineReturnsEachSlotToItsSourceInPermuteOrder) {
               << "source " << s << " token " << t << " slot " << j;
         }
   }
+}
+
+// Bytes ep_pack_rows_ref writes for n rows of src: two packs into buffers poisoned differently agree on every byte
+// they wrote and keep their poison after; returns the length of the written prefix (failing on a gap in it).
+int64_t bytes_packed(const EpRows& src, const int32_t* gather, int64_t divisor, int64_t n) {
+  const size_t cap = static_cast<size_t>(n * ep_wire_row_bytes(src.format, src.d)) + 64;
+  std::vector<uint8_t> a(cap, 0x00), b(cap, 0xFF);
+  ep_pack_rows_ref(src, gather, divisor, n, a.data());
+  ep_pack_rows_ref(src, gather, divisor, n, b.data());
+  size_t written = cap;
+  while (written > 0 && a[written - 1] == 0x00 && b[written - 1] == 0xFF) --written;
+  for (size_t i = 0; i < written; ++i) EXPECT_EQ(a[i], b[i]) << "byte " << i << " of the wire left unwritten";
+  return static_cast<int64_t>(written);
+}
+
+// The byte accounting of a layer step's payload: what the packs write over the ranks, per exchange, is what
+// ep_step_bytes_by_formats says (the formats' arithmetic that bench_ep_comm and the comm_volume scenario put beside
+// the bytes measured on the GPU): the dispatch every rank's routed rows in the recipe's format, gathered from its
+// tokens; the combine every rank's received rows in BF16; the backward the same rows in the backward formats; the
+// counts E_l int32 from every rank to every rank.
+TEST(EpCommRef, PackedBytesOfALayerStepFollowTheFormatsArithmetic) {
+  for (int ep : {1, 2, 4, 8})
+    for (int64_t d : {int64_t{160}, int64_t{7168}})
+      for (const Recipe& recipe : {Recipe::bf16, Recipe::fp8, Recipe::mxfp4}) {
+        SCOPED_TRACE(testing::Message() << "ep " << ep << " d " << d << " " << recipe_name(recipe));
+        std::vector<int64_t> M;
+        for (int s = 0; s < ep; ++s) M.push_back(s == 1 ? 0 : 5 + 3 * s);
+        HostEp h(M, 16, 3, d, {2, 9, 10}, 50 + static_cast<uint64_t>(ep));
+        std::array<int64_t, kEpExchangeKinds> packed{};
+        auto add = [&](EpExchangeKind k, int64_t bytes) { packed[static_cast<size_t>(k)] += bytes; };
+        int64_t routed = 0;
+        for (int s = 0; s < ep; ++s) {
+          const size_t i = static_cast<size_t>(s);
+          const int64_t n = h.M[i] * h.k, R = h.c[i].recv_total();
+          routed += n;
+          HostRows tokens(ep_dispatch_format(recipe), h.M[i], d, 10 + i);
+          HostRows grads(ep_backward_dispatch_format(recipe), n, d, 20 + i);
+          HostRows out(EpRowFormat::bf16, R, d, 30 + i), dx(EpRowFormat::bf16, R, d, 40 + i);
+          add(EpExchangeKind::counts, static_cast<int64_t>(h.c[i].recv_counts.size()) * 4);
+          add(EpExchangeKind::dispatch, bytes_packed(tokens.view(), h.assignment_of[i].data(), h.k, n));
+          add(EpExchangeKind::combine, bytes_packed(out.view(), h.grouped_of[i].data(), 1, R));
+          add(EpExchangeKind::dispatch_gradient, bytes_packed(grads.view(), nullptr, 1, n));
+          add(EpExchangeKind::combine_gradient, bytes_packed(dx.view(), h.grouped_of[i].data(), 1, R));
+        }
+        EXPECT_EQ(packed, ep_step_bytes_by_formats(recipe, d, ep, 16, routed));
+      }
+  EXPECT_NE(test::error_message([] { ep_step_bytes_by_formats(Recipe::bf16, 64, 3, 16, 10); })
+                .find("16 routed experts do not split evenly over 3 ranks"), std::string::npos);
+  EXPECT_NE(test::error_message([] { ep_step_bytes_by_formats(Recipe::bf16, 64, 2, 16, -1); })
+                .find("routed rows must be >= 0"), std::string::npos);
 }
 
 // The in-process all-reduce's reference: the sum in rank order, one FP32 rounding per addition, the same bits in

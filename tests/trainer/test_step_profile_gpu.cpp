@@ -21,6 +21,7 @@
 
 #include "results/h5_read.h"
 #include "tests/common/gpu_test_util.h"
+#include "tests/common/trainer_options_test_util.h"
 #include "tests/common/trainer_test_util.h"
 #include "trainer/config.h"
 #include "trainer/train/trainer.h"
@@ -36,13 +37,9 @@ TrainerConfig tiny_config(const std::vector<std::string>& overrides) {
   return parse_config_args(args);
 }
 
-TrainerOptions quiet_options(const TempDir& dir, const std::string& out, bool profile) {
-  TrainerOptions o;
-  o.synthetic_data = true;
-  o.log = nullptr;
-  o.handle_signals = false;
-  o.run_name = "tiny";
-  o.out_path = dir.file(out);
+// test::quiet_options with the step profile on or off, a log line every 3 steps, 2 warm-up steps.
+TrainerOptions profiled_options(const TempDir& dir, const std::string& out, bool profile) {
+  TrainerOptions o = test::quiet_options(dir.file(out));
   o.profile = profile;
   o.log_interval = 3;
   o.profile_warmup = 2;
@@ -84,7 +81,7 @@ TEST_P(StepProfileGpu, RowsArePresentPositiveAndSumToTheStep) {
   const TrainerConfig cfg = tiny_config(overrides);
   TrainResult r;
   {
-    Trainer trainer(cfg, quiet_options(dir, "run.h5", true));
+    Trainer trainer(cfg, profiled_options(dir, "run.h5", true));
     r = trainer.run();
   }
   ASSERT_EQ(r.steps.size(), 7u);
@@ -167,11 +164,11 @@ TEST(StepProfileGpuLoss, ProfilingLeavesTheLossBitIdentical) {
     const TrainerConfig cfg = tiny_config(overrides);
     TrainResult plain, profiled;
     {
-      Trainer trainer(cfg, quiet_options(dir, "plain.h5", false));
+      Trainer trainer(cfg, profiled_options(dir, "plain.h5", false));
       plain = trainer.run();
     }
     {
-      Trainer trainer(cfg, quiet_options(dir, "profiled.h5", true));
+      Trainer trainer(cfg, profiled_options(dir, "profiled.h5", true));
       profiled = trainer.run();
     }
     EXPECT_TRUE(plain.profile.empty());

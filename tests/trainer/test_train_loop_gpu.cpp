@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/trainer_options_test_util.h"
 #include "tests/common/trainer_test_util.h"
 #include "tests/common/gpu_test_util.h"
 #include "results/h5_read.h"
@@ -38,17 +39,6 @@ TrainerConfig tiny_config(std::vector<std::string> overrides) {
   return parse_config_args(args);
 }
 
-// Synthetic tokens, quiet, no signal handlers, results in the test's folder.
-TrainerOptions quiet_options(const TempDir& dir, const std::string& out = "run.h5") {
-  TrainerOptions o;
-  o.synthetic_data = true;
-  o.log = nullptr;
-  o.handle_signals = false;
-  o.run_name = "tiny";
-  o.out_path = dir.file(out);
-  return o;
-}
-
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 TEST(TrainLoop, TwentySyntheticStepsLowerTheLoss) {
@@ -56,7 +46,7 @@ TEST(TrainLoop, TwentySyntheticStepsLowerTheLoss) {
   TempDir dir;
   const TrainerConfig cfg = tiny_config({});  // 20 steps, warm-up 2, eval every 10 steps (2 batches)
   ASSERT_EQ(cfg.train.steps, 20);
-  Trainer trainer(cfg, quiet_options(dir));
+  Trainer trainer(cfg, test::quiet_options(dir.file("run.h5")));
   const TrainResult r = trainer.run();
 
   ASSERT_EQ(r.steps.size(), 20u);
@@ -79,6 +69,9 @@ TEST(TrainLoop, TwentySyntheticStepsLowerTheLoss) {
     EXPECT_GT(s.peak_act_gib, 0);
     EXPECT_GE(s.peak_total_gib, s.peak_act_gib);
     EXPECT_EQ(s.skipped, 0);
+    // One GPU without a transport: no all-to-all (metrics.h StepRecord).
+    EXPECT_EQ(s.all_to_all_sent_bytes + s.all_to_all_received_bytes + s.all_to_all_to_self_bytes, 0);
+    EXPECT_EQ(s.all_to_all_ms, 0.0);
   }
   // At initialisation the logits are near zero: the loss is about ln(vocab).
   EXPECT_NEAR(r.steps[0].loss, std::log(32768.0), 0.5);
@@ -106,6 +99,8 @@ TEST(TrainLoop, TwentySyntheticStepsLowerTheLoss) {
     EXPECT_TRUE(same_bits(loss[i], r.steps[i].loss)) << "row " << i;
   }
   EXPECT_EQ(h5.read_f64("train/tiny/eval/step"), (std::vector<double>{10, 20}));
+  EXPECT_EQ(h5.read_f64("train/tiny/steps/all_to_all_sent_bytes"), std::vector<double>(20, 0.0));
+  EXPECT_EQ(h5.read_f64("train/tiny/steps/all_to_all_ms"), std::vector<double>(20, 0.0));
   EXPECT_EQ(h5.string_attribute("train/tiny", "model_config_text"), model_config_text(cfg));
   const std::vector<double> peaks = h5.read_f64("memory/tiny/peak_bytes");  // 6 categories and the total
   ASSERT_EQ(peaks.size(), 7u);
@@ -123,7 +118,7 @@ TEST(TrainLoop, ResumeIsBitwise) {
                                            "0", "--train.checkpoint_interval", "3", "--train.checkpoint_dir", a_dir});
   TrainResult a;
   {
-    Trainer trainer(a_cfg, quiet_options(dir, "a.h5"));
+    Trainer trainer(a_cfg, test::quiet_options(dir.file("a.h5")));
     a = trainer.run();
   }
   ASSERT_EQ(a.steps.size(), 6u);
@@ -141,7 +136,7 @@ TEST(TrainLoop, ResumeIsBitwise) {
   // Run B: resumed from A's step-3 checkpoint, its own checkpoint folder.
   TrainerConfig b_cfg = a_cfg;
   b_cfg.train.checkpoint_dir = b_dir;
-  TrainerOptions b_opts = quiet_options(dir, "b.h5");
+  TrainerOptions b_opts = test::quiet_options(dir.file("b.h5"));
   b_opts.resume_path = a3;
   TrainResult b;
   {
@@ -176,7 +171,7 @@ TEST(TrainLoop, ResumeIsBitwise) {
   // The resumed file carries A's rows? Not this one (b.h5 is new): it holds steps 4..6 only.
   EXPECT_EQ(H5Reader(dir.file("b.h5")).read_f64("train/tiny/steps/step"), (std::vector<double>{4, 5, 6}));
   // Resumed into A's own file, the rows up to the checkpoint are kept and the rest rewritten.
-  TrainerOptions c_opts = quiet_options(dir, "a.h5");
+  TrainerOptions c_opts = test::quiet_options(dir.file("a.h5"));
   c_opts.resume_path = a3;
   TrainerConfig c_cfg = a_cfg;
   c_cfg.train.checkpoint_dir = dir.file("c");
@@ -197,10 +192,10 @@ TEST(TrainLoop, NonFiniteStepIsSkippedAndCounted) {
       tiny_config({"--train.steps", "6", "--train.eval_interval", "0", "--train.non_finite", "skip"});
   TrainResult clean, skipped;
   {
-    Trainer trainer(cfg, quiet_options(dir, "clean.h5"));
+    Trainer trainer(cfg, test::quiet_options(dir.file("clean.h5")));
     clean = trainer.run();
   }
-  TrainerOptions opts = quiet_options(dir, "skip.h5");
+  TrainerOptions opts = test::quiet_options(dir.file("skip.h5"));
   opts.inject_nonfinite_step = 3;
   {
     Trainer trainer(cfg, opts);
@@ -235,7 +230,7 @@ TEST(TrainLoop, NonFiniteStepStopsWithACheckpointOfTheStepBefore) {
   const std::string ckpt_dir = dir.file("ckpt");
   const TrainerConfig cfg = tiny_config({"--train.steps", "6", "--train.eval_interval", "0", "--train.non_finite",
                                          "stop", "--train.checkpoint_dir", ckpt_dir});
-  TrainerOptions opts = quiet_options(dir);
+  TrainerOptions opts = test::quiet_options(dir.file("run.h5"));
   opts.inject_nonfinite_step = 3;
   Trainer trainer(cfg, opts);
   const std::string msg = test::error_message([&] { trainer.run(); });
@@ -254,7 +249,7 @@ TEST(TrainLoop, NonFiniteStepStopsWithACheckpointOfTheStepBefore) {
   EXPECT_EQ(H5Reader(dir.file("run.h5")).read_f64("train/tiny/steps/step"), (std::vector<double>{1, 2}));
 
   // Resuming from it without the injected fault continues from step 3.
-  TrainerOptions again = quiet_options(dir, "again.h5");
+  TrainerOptions again = test::quiet_options(dir.file("again.h5"));
   again.resume_path = ckpt;
   Trainer resumed(cfg, again);
   const TrainResult r2 = resumed.run();
@@ -266,7 +261,7 @@ TEST(TrainLoop, NonFiniteStepStopsWithACheckpointOfTheStepBefore) {
 TEST(TrainLoop, MemoryBudgetFailsWithTheAllocatorsReport) {
   FP4MOE_REQUIRE_DEVICE();
   TempDir dir;
-  TrainerOptions opts = quiet_options(dir);
+  TrainerOptions opts = test::quiet_options(dir.file("run.h5"));
   opts.memory_budget_bytes = size_t{1} << 20;  // 1 MiB: the tiny model's embedding alone is 4 MiB in BF16
   const std::string msg = test::error_message([&] { Trainer trainer(tiny_config({}), opts); });
   EXPECT_NE(msg.find("out of the memory budget"), std::string::npos) << msg;
@@ -292,7 +287,7 @@ TEST(TrainLoop, FinalEvaluationCoversTheWholeValidationSplit) {
   auto run = [&](std::vector<std::string> extra, const std::string& out) {
     std::vector<std::string> args = common;
     args.insert(args.end(), extra.begin(), extra.end());
-    TrainerOptions o = quiet_options(dir, out);
+    TrainerOptions o = test::quiet_options(dir.file(out));
     o.synthetic_data = false;
     return Trainer(tiny_config(args), o).run();
   };

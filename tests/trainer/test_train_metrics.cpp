@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tests/common/trainer_test_util.h"
+#include "results/h5_file.h"
 #include "results/h5_read.h"
 #include "trainer/config.h"
 #include "trainer/train/metrics.h"
@@ -30,6 +31,10 @@ StepRecord fake_step(int64_t step) {
   r.peak_act_gib = 0.25;
   r.peak_total_gib = 1.5;
   r.skipped = step >= 2 ? 1 : 0;  // step 2 was skipped
+  r.all_to_all_sent_bytes = 1000 * step;
+  r.all_to_all_received_bytes = 900 * step;
+  r.all_to_all_to_self_bytes = 100 * step;
+  r.all_to_all_ms = 0.5 * static_cast<double>(step);
   return r;
 }
 
@@ -64,7 +69,8 @@ TEST(TrainMetrics, WritesTheDocumentedLayout) {
   const H5Reader r(path);
   const std::string steps = "train/tiny/steps/";
   for (const char* c : {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_act_gib",
-                        "peak_total_gib", "skipped"})
+                        "peak_total_gib", "skipped", "all_to_all_sent_bytes", "all_to_all_received_bytes",
+                        "all_to_all_to_self_bytes", "all_to_all_ms"})
     EXPECT_TRUE(r.has_dataset(steps + c)) << c;
   EXPECT_EQ(r.info(steps + "step").type, "int64");
   EXPECT_EQ(r.info(steps + "loss").type, "float64");
@@ -75,6 +81,12 @@ TEST(TrainMetrics, WritesTheDocumentedLayout) {
   EXPECT_EQ(r.read_f64(steps + "skipped"), (std::vector<double>{0, 1, 1, 1}));
   EXPECT_EQ(r.read_f64(steps + "lr")[2], 3e-3);
   EXPECT_EQ(r.read_f64(steps + "mfu")[3], 0.04);
+  EXPECT_EQ(r.info(steps + "all_to_all_sent_bytes").type, "int64");
+  EXPECT_EQ(r.info(steps + "all_to_all_ms").type, "float64");
+  EXPECT_EQ(r.read_f64(steps + "all_to_all_sent_bytes"), (std::vector<double>{1000, 2000, 3000, 4000}));
+  EXPECT_EQ(r.read_f64(steps + "all_to_all_received_bytes")[1], 1800);
+  EXPECT_EQ(r.read_f64(steps + "all_to_all_to_self_bytes")[2], 300);
+  EXPECT_EQ(r.read_f64(steps + "all_to_all_ms")[3], 2.0);
   EXPECT_EQ(r.read_f64("train/tiny/eval/step"), (std::vector<double>{2, 4}));
   EXPECT_EQ(r.read_f64("train/tiny/eval/val_loss"), (std::vector<double>{6.5, 6.25}));
   EXPECT_EQ(r.read_f64("train/tiny/eval/tokens"), (std::vector<double>{512, 1024}));
@@ -130,6 +142,10 @@ TEST(TrainMetrics, ResumedRunCarriesTheEarlierRowsUpToItsStep) {
   EXPECT_EQ(resumed.steps()[1].skipped, 1);
   EXPECT_EQ(resumed.steps()[2].loss, 8.5);
   EXPECT_EQ(resumed.steps()[2].tokens, 768);
+  EXPECT_EQ(resumed.steps()[2].all_to_all_sent_bytes, 3000);
+  EXPECT_EQ(resumed.steps()[2].all_to_all_received_bytes, 2700);
+  EXPECT_EQ(resumed.steps()[2].all_to_all_to_self_bytes, 300);
+  EXPECT_EQ(resumed.steps()[2].all_to_all_ms, 1.5);
   ASSERT_EQ(resumed.evals().size(), 1u);
   EXPECT_EQ(resumed.evals()[0].val_loss, 6.5);
   EXPECT_EQ(resumed.evals()[0].val_tokens, 2048);
@@ -145,6 +161,27 @@ TEST(TrainMetrics, ResumedRunCarriesTheEarlierRowsUpToItsStep) {
   const std::string junk = dir.write("junk.h5", "not an HDF5 file");
   TrainMetrics bad("tiny", {}, "", fake_env());
   EXPECT_FALSE(test::error_message([&] { bad.load_previous(junk, 1); }).empty());
+}
+
+// A file written before the all-to-all columns existed: its steps carry over with those columns 0.
+TEST(TrainMetrics, EarlierFilesWithoutAllToAllColumnsReadAsZero) {
+  TempDir dir;
+  const std::string path = dir.file("old.h5");
+  Table steps;
+  for (const char* c : {"step", "tokens", "skipped"}) steps.add_column(c, ColumnType::i64);
+  for (const char* c : {"loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_act_gib", "peak_total_gib"})
+    steps.add_column(c, ColumnType::f64);
+  steps.add_row({int64_t{1}, int64_t{256}, int64_t{0}, 9.5, 1e-3, 1.0, 1000.0, 0.01, 0.25, 1.5});
+  ResultFile f;
+  f.add_table("/train/tiny/steps", std::move(steps));
+  f.write(path);
+  TrainMetrics resumed("tiny", {}, "", fake_env());
+  resumed.load_previous(path, 1);
+  ASSERT_EQ(resumed.steps().size(), 1u);
+  EXPECT_EQ(resumed.steps()[0].loss, 9.5);
+  EXPECT_EQ(resumed.steps()[0].all_to_all_sent_bytes + resumed.steps()[0].all_to_all_received_bytes +
+                resumed.steps()[0].all_to_all_to_self_bytes, 0);
+  EXPECT_EQ(resumed.steps()[0].all_to_all_ms, 0.0);
 }
 
 TEST(TrainMetrics, ConfigTextAndRunNames) {

@@ -1,7 +1,7 @@
-// GPU tests of checkpoints and the whole-split evaluation over ranks (trainer/train/param_checkpoint.h
-// save_ranks_checkpoint / load_ranks_checkpoint; ValidationWindows::next_share; through the Trainer:
-// trainer/train/trainer.h): N = 2 simulated ranks (InProcessTransport,
-// one host thread, stream and Trainer per rank on one device, tests/common/ep_ranks_test_util.h, handed to the
+// GPU tests of checkpoints, the whole-split evaluation, the agreed stop and the all-to-all columns over ranks
+// (trainer/train/param_checkpoint.h save_ranks_checkpoint / load_ranks_checkpoint; ValidationWindows::next_share;
+// through the Trainer: trainer/train/trainer.h): N = 2 simulated ranks (InProcessTransport, one host thread, stream
+// and Trainer per rank on one device, tests/common/ep_ranks_test_util.h, handed to the
 // Trainer in TrainerOptions::transport) train configs/tiny.toml on synthetic tokens, each rank holding 4 of the 8
 // routed experts.
 //   - Resumption is bitwise: run A trains 6 steps with checkpoints at steps 3 and 6 (each: both ranks' shards and
@@ -18,10 +18,15 @@
 //     tokens once, val_loss the one-GPU run's within 1e-3 relative. The learning rate is 1e-30 and the v3 bias
 //     frozen, so that after the one training step both hold the initial weights (a master of 0 may move to
 //     1e-30); a rank's forward runs over its own rows, so the GEMMs and the summation order differ in the last bits.
+//   - A stop signal on one rank (the test hook TrainerOptions::inject_stop_step) stops both after the same step,
+//     with the final checkpoint written together.
+//   - Every step's all-to-all columns: over the ranks, the formats' bytes of every MoE layer's exchanges; an
+//     evaluation's exchanges not counted in the next step.
 // Run: fp4moe_tests_gpu_trainer --gtest_filter='TrainRanks*'
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -29,10 +34,12 @@
 
 #include "tests/common/ep_ranks_test_util.h"
 #include "tests/common/gpu_test_util.h"
+#include "tests/common/trainer_options_test_util.h"
 #include "tests/common/trainer_test_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/data/token_shard.h"
+#include "trainer/model/ep_traffic.h"
 #include "trainer/train/resume.h"
 #include "trainer/train/trainer.h"
 
@@ -51,12 +58,9 @@ TrainerConfig tiny_config(const std::string& dir, int64_t steps = 6) {
                             "3", "--train.checkpoint_dir", dir});
 }
 
-TrainerOptions quiet_options(const std::string& resume = "") {
-  TrainerOptions o;
-  o.synthetic_data = true;
-  o.log = nullptr;
-  o.handle_signals = false;
-  o.run_name = "tiny";
+// test::quiet_options, resuming from `resume` when set.
+TrainerOptions resuming_options(const std::string& resume = "") {
+  TrainerOptions o = test::quiet_options();
   o.resume_path = resume;
   return o;
 }
@@ -64,7 +68,7 @@ TrainerOptions quiet_options(const std::string& resume = "") {
 // Every simulated rank trains cfg (resuming from `resume` when set); their results in rank order.
 std::vector<TrainResult> train_over_ranks(int N, const TrainerConfig& cfg, const std::string& resume = "") {
   return test::run_simulated_ranks<TrainResult>(N, [&](EpTransport& t) {
-    TrainerOptions o = quiet_options(resume);
+    TrainerOptions o = resuming_options(resume);
     o.transport = &t;
     Trainer trainer(cfg, o);
     return trainer.run();
@@ -75,7 +79,7 @@ std::vector<TrainResult> train_over_ranks(int N, const TrainerConfig& cfg, const
 // its own: the ranks must agree on failing (the checkpoint's collectives), or a rank would wait out the timeout.
 std::vector<std::string> errors_over_ranks(int N, const TrainerConfig& cfg, const std::string& resume = "") {
   return test::run_simulated_ranks<std::string>(N, [&](EpTransport& t) {
-    TrainerOptions o = quiet_options(resume);
+    TrainerOptions o = resuming_options(resume);
     o.transport = &t;
     return test::error_message([&] { Trainer(cfg, o).run(); });
   });
@@ -190,13 +194,13 @@ TEST(TrainRanksCheckpoint, RefusesAnotherWorldSizeAMissingShardAndAShardOfAnothe
   for (int r = 0; r < 4; ++r)
     expect_contains(four[r], {"written by 2 ranks, this run has 4", "world size must be the same"},
                     "rank " + std::to_string(r));
-  TrainerOptions one = quiet_options(a3);
+  TrainerOptions one = resuming_options(a3);
   expect_contains(test::error_message([&] { Trainer(resumed, one); }),
                   {a3, "replicated state", "over 2 ranks", "resume it over 2 ranks"}, "one GPU");
   // A one-GPU checkpoint over 2 ranks.
   const std::string g_dir = dir.file("one_gpu");
   {
-    TrainerOptions o = quiet_options();
+    TrainerOptions o = test::quiet_options();
     Trainer(tiny_config(g_dir, 3), o).run();
   }
   const std::string g3 = g_dir + "/" + checkpoint_file_name(3);
@@ -259,7 +263,7 @@ TEST(TrainRanksEval, WholeSplitOverTwoRanksEqualsOneGpu) {
   ASSERT_EQ(cfg.train.micro_batch, 4);
   ASSERT_EQ(cfg.train.seq_len, 64);
   auto options = [] {
-    TrainerOptions o = quiet_options();
+    TrainerOptions o = test::quiet_options();
     o.synthetic_data = false;
     return o;
   };
@@ -284,6 +288,62 @@ TEST(TrainRanksEval, WholeSplitOverTwoRanksEqualsOneGpu) {
     EXPECT_TRUE(std::isfinite(e.val_loss));
     EXPECT_NEAR(e.val_loss, one.evals[0].val_loss, 1e-3 * one.evals[0].val_loss);
     EXPECT_EQ(e.val_loss, ranks[0].evals[0].val_loss);  // one all-reduce: the same on every rank
+  }
+}
+
+// A stop signal on one rank stops every rank after the same step: from step 2 on rank 1 "has received" SIGTERM
+// (TrainerOptions::inject_stop_step; the signal rides on the step's loss all-reduce); both ranks end after step 2,
+// report SIGTERM and write the final checkpoint of step 2 together (its collectives meet); rank 0 never received it.
+TEST(TrainRanksStop, ASignalOnOneRankStopsEveryRankAfterTheSameStep) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  const TrainerConfig cfg = tiny_config(dir.file("ckpt"));  // 6 steps, checkpoints every 3
+  const std::vector<TrainResult> r = test::run_simulated_ranks<TrainResult>(kRanks, [&](EpTransport& t) {
+    TrainerOptions o = test::quiet_options();
+    o.transport = &t;
+    o.inject_stop_step = 2;
+    o.inject_stop_rank = 1;
+    Trainer trainer(cfg, o);
+    return trainer.run();
+  });
+  for (int rank = 0; rank < kRanks; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(r[rank].stop_signal, SIGTERM);
+    EXPECT_EQ(r[rank].step, 2);
+    EXPECT_EQ(r[rank].steps.size(), 2u);
+    EXPECT_EQ(r[rank].last_checkpoint, dir.file("ckpt") + "/" + checkpoint_file_name(2));
+  }
+  EXPECT_EQ(latest_checkpoint(dir.file("ckpt")), dir.file("ckpt") + "/" + checkpoint_file_name(2));
+}
+
+// Every step's all-to-all columns (metrics.h StepRecord) count the step's exchanges on each rank: over the two
+// ranks, what every MoE layer's exchanges moved (sent between the ranks plus each rank's copy to itself) is the
+// formats' arithmetic of its forward and backward (ep_step_bytes_by_formats) for the group's routed rows; what one
+// rank sent the other received; the exchanges were timed.
+TEST(TrainRanksAllToAll, StepColumnsCountEveryExchange) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  const TrainerConfig cfg = parse_config_args({"--config", test::preset("tiny"), "--train.steps", "3",
+                                               "--train.warmup_steps", "1", "--train.eval_interval", "2",
+                                               "--train.eval_steps", "1"});
+  const std::vector<TrainResult> r = train_over_ranks(kRanks, cfg);
+  const int64_t moe_layers = cfg.model.layers - cfg.model.n_dense_layers;
+  const int64_t routed = kRanks * cfg.train.micro_batch * cfg.train.seq_len * cfg.moe.top_k;  // per micro-batch
+  int64_t per_step = 0;
+  for (int64_t b : ep_step_bytes_by_formats(cfg.recipe.routed_experts, cfg.model.hidden, kRanks,
+                                            cfg.moe.routed_experts, routed))
+    per_step += b * moe_layers * cfg.train.grad_accum;
+  ASSERT_EQ(r[0].steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));  // step 3 follows an evaluation: its exchanges are not counted
+    const StepRecord &a = r[0].steps[i], &b = r[1].steps[i];
+    EXPECT_EQ(a.all_to_all_sent_bytes + a.all_to_all_to_self_bytes + b.all_to_all_sent_bytes +
+                  b.all_to_all_to_self_bytes, per_step);
+    EXPECT_EQ(a.all_to_all_sent_bytes, b.all_to_all_received_bytes);
+    EXPECT_EQ(b.all_to_all_sent_bytes, a.all_to_all_received_bytes);
+    EXPECT_GT(a.all_to_all_sent_bytes, 0);
+    EXPECT_GT(a.all_to_all_ms, 0.0);
+    EXPECT_GT(b.all_to_all_ms, 0.0);
   }
 }
 

@@ -54,13 +54,17 @@ void InProcessGroup::transfer_locked(cudaStream_t stream) {
     for (const Post& p : posted_) buffers.push_back(p.data);
     rank_sum_device(buffers.data(), world_size_, first.n, stream);
   } else {
+    EpExchangeBytes copied;
     for (int s = 0; s < world_size_; ++s)
       for (int r = 0; r < world_size_; ++r) {
         const EpPeerBuffers& out = posted_[static_cast<size_t>(s)].peers[static_cast<size_t>(r)];
         if (out.send_bytes == 0) continue;
         CUDA_CHECK(cudaMemcpyAsync(posted_[static_cast<size_t>(r)].peers[static_cast<size_t>(s)].recv, out.send,
                                    static_cast<size_t>(out.send_bytes), cudaMemcpyDeviceToDevice, stream));
+        (s == r ? copied.to_self : copied.sent) += out.send_bytes;
       }
+    copied.received = copied.sent;
+    rounds_.push_back(copied);
   }
   CUDA_CHECK(cudaEventRecord(done_, stream));
 }
@@ -82,6 +86,13 @@ void InProcessGroup::all_reduce_sum(int rank, float* data, int64_t n, cudaStream
   post.data = data;
   post.n = n;
   rendezvous(rank, std::move(post), stream);
+}
+
+std::vector<EpExchangeBytes> InProcessGroup::take_exchange_rounds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<EpExchangeBytes> out;
+  out.swap(rounds_);
+  return out;
 }
 
 void InProcessGroup::rendezvous(int rank, Post post, cudaStream_t stream) {

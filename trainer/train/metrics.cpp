@@ -163,10 +163,30 @@ void TrainMetrics::load_previous(const std::string& path, int64_t up_to_step) {
                tps = read_column(r, steps, "tokens_per_s", n), mfu = read_column(r, steps, "mfu", n),
                act = read_column(r, steps, "peak_act_gib", n), total = read_column(r, steps, "peak_total_gib", n),
                skipped = read_column(r, steps, "skipped", n);
+    // The all-to-all columns are absent from files written before they existed: 0 there.
+    auto optional = [&](const char* name) {
+      return r.has_dataset(steps + "/" + name) ? read_column(r, steps, name, n) : std::vector<double>(n, 0.0);
+    };
+    const auto sent = optional("all_to_all_sent_bytes"), received = optional("all_to_all_received_bytes"),
+               to_self = optional("all_to_all_to_self_bytes"), a2a_ms = optional("all_to_all_ms");
     for (size_t i = 0; i < n; ++i) {
       if (step[i] > static_cast<double>(up_to_step)) continue;
-      add_step({static_cast<int64_t>(step[i]), static_cast<int64_t>(tokens[i]), loss[i], lr[i], norm[i], tps[i],
-                mfu[i], act[i], total[i], static_cast<int64_t>(skipped[i])});
+      StepRecord s;
+      s.step = static_cast<int64_t>(step[i]);
+      s.tokens = static_cast<int64_t>(tokens[i]);
+      s.loss = loss[i];
+      s.lr = lr[i];
+      s.grad_norm = norm[i];
+      s.tokens_per_s = tps[i];
+      s.mfu = mfu[i];
+      s.peak_act_gib = act[i];
+      s.peak_total_gib = total[i];
+      s.skipped = static_cast<int64_t>(skipped[i]);
+      s.all_to_all_sent_bytes = static_cast<int64_t>(sent[i]);
+      s.all_to_all_received_bytes = static_cast<int64_t>(received[i]);
+      s.all_to_all_to_self_bytes = static_cast<int64_t>(to_self[i]);
+      s.all_to_all_ms = a2a_ms[i];
+      add_step(s);
     }
   }
   if (r.has_dataset(eval + "/step")) {
@@ -196,9 +216,12 @@ void TrainMetrics::write(const std::string& path) const {
   steps.add_column("tokens_per_s", ColumnType::f64).add_column("mfu", ColumnType::f64);
   steps.add_column("peak_act_gib", ColumnType::f64).add_column("peak_total_gib", ColumnType::f64);
   steps.add_column("skipped", ColumnType::i64);
+  steps.add_column("all_to_all_sent_bytes", ColumnType::i64).add_column("all_to_all_received_bytes", ColumnType::i64);
+  steps.add_column("all_to_all_to_self_bytes", ColumnType::i64).add_column("all_to_all_ms", ColumnType::f64);
   for (const StepRecord& s : steps_)
     steps.add_row({s.step, s.tokens, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.mfu, s.peak_act_gib,
-                   s.peak_total_gib, s.skipped});
+                   s.peak_total_gib, s.skipped, s.all_to_all_sent_bytes, s.all_to_all_received_bytes,
+                   s.all_to_all_to_self_bytes, s.all_to_all_ms});
   file.add_table("/train/" + run_ + "/steps", std::move(steps));
 
   Table eval;

@@ -5,7 +5,8 @@
 //                          cublaslt, nccl, host, command)
 //   /train/<run>           the configuration as attributes (train_run_attributes), an empty `columns` list
 //   /train/<run>/steps     one row per optimizer step: step, tokens, loss, lr, grad_norm, tokens_per_s, mfu,
-//                          peak_act_gib, peak_total_gib, skipped (StepRecord)
+//                          peak_act_gib, peak_total_gib, skipped, all_to_all_sent_bytes, all_to_all_received_bytes,
+//                          all_to_all_to_self_bytes, all_to_all_ms (StepRecord)
 //   /train/<run>/eval      one row per evaluation: step, tokens, val_loss, val_tokens (EvalRecord)
 //   /train/<run>/profile   with --profile only: the step profile per step range (trainer/train/step_profile.h):
 //                          range, first_step, last_step, steps, module, pass, ms_per_step, share, calls_per_step
@@ -48,6 +49,13 @@ struct StepRecord {
   double peak_total_gib = 0;  // peak of all categories during the step
   int64_t skipped = 0;        // steps skipped so far in the whole run, this one included (step - updates applied):
                               // a step was skipped (non-finite loss or gradient norm, policy skip) when it grew
+  // The step's expert-parallel all-to-all as the writing rank (rank 0 over ranks) saw it: over every MoE layer's
+  // exchanges, forward and backward (Model::take_exchange_totals), the bytes sent to the other ranks, received from
+  // them and copied to itself, and the exchanges' CUDA-event time. On one GPU without a transport no exchange is
+  // made: all four are 0. At world size 1 (`fp4moe launch --gpus 1`) every byte is to_self (a local copy), sent and
+  // received 0. Files written before these columns existed read back as 0.
+  int64_t all_to_all_sent_bytes = 0, all_to_all_received_bytes = 0, all_to_all_to_self_bytes = 0;
+  double all_to_all_ms = 0;
 };
 
 // One row of /train/<run>/eval.

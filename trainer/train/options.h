@@ -55,6 +55,11 @@ struct TrainerOptions {
   // first parameter's gradient before the global norm, as a diverging step would give; the train.non_finite
   // policy then acts on it. Not set by the command line.
   int64_t inject_nonfinite_step = 0;
+  // Test hook: from this 1-based step on (0: never) rank inject_stop_rank (0 on one GPU) acts as if it had received
+  // SIGTERM (stop_signals.h) before the step's loss all-reduce; the run then stops after that step on every rank.
+  // Not set by the command line; needs no signal handlers.
+  int64_t inject_stop_step = 0;
+  int inject_stop_rank = 0;
 };
 
 }  // namespace fp4moe

@@ -94,20 +94,18 @@ void read_slots(const CheckpointReader& reader, const std::vector<Slot>& slots, 
 }
 
 // Every rank's `mine` (k values, small non-negative integers: exact in FP32) gathered into [W k], rank r's at
-// [r k, (r + 1) k): an FP32 all-reduce of a buffer that is zero but at each rank's own values.
-std::vector<float> gather_over_ranks(const std::vector<float>& mine, EpTransport& transport, cudaStream_t stream) {
+// [r k, (r + 1) k): an FP32 all-reduce of a buffer that is zero but at each rank's own values, taken from `mem`
+// (MemCategory::comm) for the call.
+std::vector<float> gather_over_ranks(const std::vector<float>& mine, EpTransport& transport, DeviceMemory& mem,
+                                     cudaStream_t stream) {
   const size_t k = mine.size(), W = static_cast<size_t>(transport.world_size());
   std::vector<float> all(k * W, 0.0f);
   std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(k * transport.rank()));
-  float* device = nullptr;
-  CUDA_CHECK(cudaMalloc(&device, all.size() * sizeof(float)));
-  struct Free {
-    float* p;
-    ~Free() { cudaFree(p); }
-  } free_device{device};
-  CUDA_CHECK(cudaMemcpyAsync(device, all.data(), all.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-  transport.all_reduce_sum(device, static_cast<int64_t>(all.size()), stream);
-  CUDA_CHECK(cudaMemcpyAsync(all.data(), device, all.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  DeviceArray<float> device(mem, static_cast<int64_t>(all.size()), MemCategory::comm,
+                            "checkpoint agreement over the ranks");
+  CUDA_CHECK(cudaMemcpyAsync(device.data(), all.data(), device.bytes(), cudaMemcpyHostToDevice, stream));
+  transport.all_reduce_sum(device.data(), device.size(), stream);
+  CUDA_CHECK(cudaMemcpyAsync(all.data(), device.data(), device.bytes(), cudaMemcpyDeviceToHost, stream));
   transport.wait(stream);
   return all;
 }
@@ -138,9 +136,10 @@ void fail_together(const std::vector<float>& gathered, size_t k, const std::stri
 }
 
 // Only the ranks' collectives (the all-reduce of each rank's failure) between opening and reading.
-void agree(const std::string& own_error, const std::string& consequence, EpTransport& transport,
+void agree(const std::string& own_error, const std::string& consequence, EpTransport& transport, DeviceMemory& mem,
            cudaStream_t stream) {
-  fail_together(gather_over_ranks({own_error.empty() ? 0.0f : 1.0f}, transport, stream), 1, own_error, consequence);
+  fail_together(gather_over_ranks({own_error.empty() ? 0.0f : 1.0f}, transport, mem, stream), 1, own_error,
+                consequence);
 }
 
 bool same_training_state(const CheckpointState& a, const CheckpointState& b) {
@@ -180,7 +179,7 @@ CheckpointState load_param_checkpoint(const std::string& path, ParamStore& param
 }
 
 void save_ranks_checkpoint(const std::string& path, ParamStore& params, CheckpointState state,
-                           EpTransport& transport, cudaStream_t stream) {
+                           EpTransport& transport, DeviceMemory& mem, cudaStream_t stream) {
   const int W = transport.world_size(), rank = transport.rank();
   FP4MOE_CHECK(W >= 2, "checkpoint '{}': a checkpoint over ranks needs >= 2 ranks, the transport has {} (one rank "
                "writes save_param_checkpoint's file)", path, W);
@@ -195,7 +194,7 @@ void save_ranks_checkpoint(const std::string& path, ParamStore& params, Checkpoi
   });
   const std::vector<float> shards = gather_over_ranks(
       {shard_error.empty() ? 0.0f : 1.0f, static_cast<float>(crc & 0xFFFFu), static_cast<float>(crc >> 16)},
-      transport, stream);
+      transport, mem, stream);
   const std::string incomplete = fmt::format("the checkpoint over {} ranks '{}' is not complete: its replicated "
                                              "file was not written", W, path);
   fail_together(shards, 3, shard_error, incomplete);
@@ -211,11 +210,11 @@ void save_ranks_checkpoint(const std::string& path, ParamStore& params, Checkpoi
                   {{CheckpointSection::ranks, kShardCrcs, CheckpointDtype::u64, {W}, crcs.data()}}, stream);
     });
   }
-  agree(replicated_error, incomplete, transport, stream);
+  agree(replicated_error, incomplete, transport, mem, stream);
 }
 
 CheckpointState load_ranks_checkpoint(const std::string& path, ParamStore& params, uint64_t expected_config_hash,
-                                      EpTransport& transport, cudaStream_t stream) {
+                                      EpTransport& transport, DeviceMemory& mem, cudaStream_t stream) {
   const int W = transport.world_size(), rank = transport.rank();
   FP4MOE_CHECK(W >= 2, "resume: a checkpoint over ranks needs >= 2 ranks, the transport has {}", W);
   const std::vector<Slot> replicated = slots_of(params, path, CheckpointPart::replicated);
@@ -260,13 +259,13 @@ CheckpointState load_ranks_checkpoint(const std::string& path, ParamStore& param
                  st.step);
     check_tensor_set(*shard, slots_of(params, shard_path, CheckpointPart::expert_shard));
   });
-  agree(open_error, fmt::format("resume from '{}': nothing was restored", path), transport, stream);
+  agree(open_error, fmt::format("resume from '{}': nothing was restored", path), transport, mem, stream);
   // 2. The tensors; a CRC mismatch of one tensor on any rank fails every rank.
   const std::string read_error = error_of([&] {
     read_slots(*rep, replicated, stream);
     read_slots(*shard, slots_of(params, shard->path(), CheckpointPart::expert_shard), stream);
   });
-  agree(read_error, fmt::format("resume from '{}' failed while reading the tensors", path), transport, stream);
+  agree(read_error, fmt::format("resume from '{}' failed while reading the tensors", path), transport, mem, stream);
   params.refresh_bf16_from_master(stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   return rep->state();

@@ -21,6 +21,7 @@
 
 #include "trainer/checkpoint.h"
 #include "trainer/comm/transport.h"
+#include "trainer/memory/device_memory.h"
 #include "trainer/model/params.h"
 
 namespace fp4moe {
@@ -43,27 +44,28 @@ void save_param_checkpoint(const std::string& path, ParamStore& params, const Ch
 CheckpointState load_param_checkpoint(const std::string& path, ParamStore& params, uint64_t expected_config_hash,
                                       cudaStream_t stream);
 
-// Collective over the W >= 2 ranks of `transport` (every rank calls it with its own store, the same `path` and
-// `state`; part, rank and world_size of `state` are set here). Writes the checkpoint over ranks whose replicated
-// file is `path` (a name ending in ".ckpt"): every rank its shard (checkpoint_shard_path) atomically; an
-// all-reduce then gathers every rank's success and shard header CRC (the barrier); only when every shard is in
-// place does rank 0 write `path`, listing the shards' CRCs, and a second all-reduce tells every rank whether it
-// did. Throws fp4moe::Error on every rank when any rank's write failed (a rank its own error; the others naming the
-// ranks that failed): the checkpoint is then not complete, and the previous file at `path`, if any, no longer
-// matches the rewritten shards. Throws for what save_param_checkpoint throws and for a transport of one rank.
+// Collective over the W >= 2 ranks of `transport` (every rank calls it with its own store, the same `path` and `state`;
+// part, rank and world_size of `state` are set here; the agreements' all-reduce buffers, 3 W FP32 at most, come from
+// `mem` under MemCategory::comm and go back before it returns). Writes the checkpoint over ranks whose replicated file
+// is `path` (a name ending in ".ckpt"): every rank its shard (checkpoint_shard_path) atomically; an all-reduce then
+// gathers every rank's success and shard header CRC (the barrier); only when every shard is in place does rank 0 write
+// `path`, listing the shards' CRCs, and a second all-reduce tells every rank whether it did. Throws fp4moe::Error on
+// every rank when any rank's write failed (a rank its own error; the others naming the ranks that failed): the
+// checkpoint is then not complete, and the previous file at `path`, if any, no longer matches the rewritten shards.
+// Throws for what save_param_checkpoint throws and for a transport of one rank.
 void save_ranks_checkpoint(const std::string& path, ParamStore& params, CheckpointState state,
-                           EpTransport& transport, cudaStream_t stream);
+                           EpTransport& transport, DeviceMemory& mem, cudaStream_t stream);
 
-// Collective over the W >= 2 ranks of `transport`: restores the checkpoint over ranks whose replicated file is
-// `path` into every rank's store (rank r: `path`'s tensors and its shard's), checked as load_param_checkpoint
-// checks, and returns the replicated file's state. Every rank first opens and validates both files; the ranks then
-// agree (an all-reduce of every rank's failure) before any tensor is read, and again after reading, so that every
-// rank throws when one fails. Refused (fp4moe::Error naming the file): a `path` that is one GPU's whole model or a
-// shard rather than the replicated file; a checkpoint of another world size; a missing or corrupt shard; a shard
-// of another rank, world size or configuration hash, of another step or training state than the replicated file,
-// or whose header CRC is not the one the replicated file lists (a shard of another write of the same step); and
-// on the other ranks when one rank fails, naming it.
+// Collective over the W >= 2 ranks of `transport` (the agreements' buffers from `mem`, as above): restores the
+// checkpoint over ranks whose replicated file is `path` into every rank's store (rank r: `path`'s tensors and its
+// shard's), checked as load_param_checkpoint checks, and returns the replicated file's state. Every rank first opens
+// and validates both files; the ranks then agree (an all-reduce of every rank's failure) before any tensor is read, and
+// again after reading, so that every rank throws when one fails. Refused (fp4moe::Error naming the file): a `path` that
+// is one GPU's whole model or a shard rather than the replicated file; a checkpoint of another world size; a missing or
+// corrupt shard; a shard of another rank, world size or configuration hash, of another step or training state than the
+// replicated file, or whose header CRC is not the one the replicated file lists (a shard of another write of the same
+// step); and on the other ranks when one rank fails, naming it.
 CheckpointState load_ranks_checkpoint(const std::string& path, ParamStore& params, uint64_t expected_config_hash,
-                                      EpTransport& transport, cudaStream_t stream);
+                                      EpTransport& transport, DeviceMemory& mem, cudaStream_t stream);
 
 }  // namespace fp4moe

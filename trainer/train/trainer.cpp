@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <optional>
 
@@ -161,7 +162,7 @@ void Trainer::State::setup() {
   targets = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch targets [B*T]");
   grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport);
   model->set_exchange_timing(transport != nullptr);  // the step's all-to-all time (trainer_step.cpp)
-  if (transport) rank_value = DeviceArray<float>(*mem, 2, MemCategory::workspace, "values summed over the ranks");
+  if (transport) rank_value = DeviceArray<float>(*mem, 3, MemCategory::workspace, "values summed over the ranks");
   if (opts.profile) {
     profiler = std::make_unique<StepProfiler>(stream);
     profile = std::make_unique<StepProfile>(opts.log_interval, opts.profile_warmup);
@@ -204,8 +205,8 @@ void Trainer::State::upload(TokenBatches& source) {
 
 void Trainer::State::sum_over_ranks(std::span<double> values) {
   if (!transport) return;
-  FP4MOE_CHECK(values.size() <= 2, "sum_over_ranks: {} values, at most 2", values.size());
-  float f[2] = {};
+  FP4MOE_CHECK(values.size() <= 3, "sum_over_ranks: {} values, at most 3", values.size());
+  float f[3] = {};
   for (size_t i = 0; i < values.size(); ++i) f[i] = static_cast<float>(values[i]);
   const int64_t n = static_cast<int64_t>(values.size());
   CUDA_CHECK(cudaMemcpyAsync(rank_value.data(), f, n * sizeof(float), cudaMemcpyHostToDevice, stream));
@@ -215,17 +216,24 @@ void Trainer::State::sum_over_ranks(std::span<double> values) {
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(f[i]);
 }
 
-int Trainer::State::agreed_stop_signal() {
-  const int local = StopSignals::pending();
-  if (!transport) return local;
-  // Every rank must take the same decision after the same step (the next step's and the final checkpoint's
-  // collectives otherwise meet different calls): a signal on any rank stops every rank. The ranks that received none
-  // report one of those received (their mean; exact when the signalled ranks received the same one).
-  double v[2] = {local != 0 ? 1.0 : 0.0, static_cast<double>(local)};
-  sum_over_ranks(v);
-  if (v[0] < 0.5) return 0;
-  return local != 0 ? local : static_cast<int>(std::lround(v[1] / v[0]));
+int Trainer::State::local_stop_signal(int64_t s) const {
+  if (opts.inject_stop_step > 0 && s >= opts.inject_stop_step && rank == opts.inject_stop_rank) return SIGTERM;
+  return StopSignals::pending();
 }
+
+double Trainer::State::reduce_step_loss(double loss, int64_t s) {
+  if (!transport) return loss;
+  // Every rank must take the same decision after the same step (the next step's and the final checkpoint's
+  // collectives otherwise meet different calls): a signal on any rank stops every rank. It rides on the loss's
+  // all-reduce (no collective of its own): [loss, signalled (0 or 1), signal number], summed.
+  const int local = local_stop_signal(s);
+  double v[3] = {loss, local != 0 ? 1.0 : 0.0, static_cast<double>(local)};
+  sum_over_ranks(v);
+  step_stop_signal = v[1] < 0.5 ? 0 : local != 0 ? local : static_cast<int>(std::lround(v[2] / v[1]));
+  return v[0] / world;
+}
+
+int Trainer::State::stop_after_step() const { return transport ? step_stop_signal : local_stop_signal(step); }
 
 double Trainer::State::mean_over_ranks(double v) {
   double sum[1] = {v};
@@ -301,7 +309,7 @@ TrainResult Trainer::run() {
       s.checkpoint();  // writes the metrics file too
     else if (eval_now)
       s.write_metrics();
-    if (const int signal = s.agreed_stop_signal(); signal != 0) {
+    if (const int signal = s.stop_after_step(); signal != 0) {
       s.result.stop_signal = signal;
       s.progress->message(fmt::format("{} received: stopping after step {}", stop_signal_name(s.result.stop_signal),
                                       s.step));

@@ -20,7 +20,9 @@
 //      applied so far, the device clip scale as grad_scale; then Model::end_step().
 //   4. A row of metrics (trainer/train/metrics.h). Every train.eval_interval steps an evaluation; every
 //      train.checkpoint_interval steps a checkpoint (train.checkpoint_dir/step_<8 digits>.ckpt); after either,
-//      the metrics file. A SIGINT or SIGTERM (options.handle_signals) ends the run after the current step.
+//      the metrics file. A SIGINT or SIGTERM (options.handle_signals) ends the run after the current step; over
+//      ranks after the step whose loss all-reduce first carries it (below): one received after that all-reduce (in
+//      the update, an evaluation or a checkpoint) ends the run after the next step.
 // At the end (and when stopped by a signal): the final evaluation when eval_interval > 0 (not after a signal; it
 // replaces the periodic one of the last step), a checkpoint when checkpoint_dir is set and the last step had none,
 // the metrics file.
@@ -55,14 +57,16 @@
 // NcclTransport from the rank environment (before its stream: the communicator makes the rank's device current;
 // tests bring simulated ranks' transport in options.transport instead) and the Model over it: W-way expert and data parallel, every rank its own micro-batches. Rank r takes of each W
 // consecutive batches of the source the r-th (rank-strided; every rank reads all W, so their sources stay at one
-// position). In step 2: the loss is the mean of the ranks' (an FP32 all-reduce), Model::reduce_gradients sums the
+// position). In step 2: the loss is the mean of the ranks' (an FP32 all-reduce, which also carries the stop signals
+// every rank has received: any rank's stops every rank after that step), Model::reduce_gradients sums the
 // replicated gradients, GradNorm takes the group's norm (the same on every rank: the same skip / stop decision).
 // The row's `tokens` counts the group's tokens, tokens_per_s and mfu one GPU's; an evaluation of N batches averages
 // the ranks' val losses (each rank its own rank-strided batches; val_tokens the group's); one of the whole split
 // gives each rank of every W groups of B windows the rank-th (ValidationWindows::next_share; a rank left without
-// windows in the last pass runs a forward it does not count) and sums loss x windows and windows over the ranks. Rank 0 alone writes the result file
-// and logs; every log_interval steps it prints a line with its all-to-all bytes and the exchanges' time
-// (Model::take_exchange_totals). check_trainable lists what is refused over ranks.
+// windows in the last pass runs a forward it does not count) and sums loss x windows and windows over the ranks.
+// Rank 0 alone writes the result file and logs: every step's row holds its all-to-all bytes and the exchanges'
+// time (Model::take_exchange_totals; the all_to_all_* columns of metrics.h, an evaluation's exchanges left out),
+// and every log_interval steps it prints them in a line. check_trainable lists what is refused over ranks.
 #pragma once
 
 #include <cstdint>

@@ -73,7 +73,7 @@ std::string Trainer::State::checkpoint() {
   st.data_loader = train->loader_state();
   st.config_text = train_config_text(cfg);
   if (world > 1)  // every rank its experts, rank 0 the rest once every rank's are written
-    save_ranks_checkpoint(path, model->params(), st, *transport, stream);
+    save_ranks_checkpoint(path, model->params(), st, *transport, *mem, stream);
   else
     save_param_checkpoint(path, model->params(), st, stream);
   last_checkpoint_step = step;
@@ -85,7 +85,7 @@ std::string Trainer::State::checkpoint() {
 
 void Trainer::State::restore(const std::string& path) {
   const uint64_t hash = model_config_hash(cfg);
-  const CheckpointState st = world > 1 ? load_ranks_checkpoint(path, model->params(), hash, *transport, stream)
+  const CheckpointState st = world > 1 ? load_ranks_checkpoint(path, model->params(), hash, *transport, *mem, stream)
                                        : load_param_checkpoint(path, model->params(), hash, stream);
   FP4MOE_CHECK(st.step < static_cast<uint64_t>(cfg.train.steps),
                "resume: checkpoint '{}' is at step {}, not below train.steps = {}: nothing left to train", path,

@@ -49,7 +49,7 @@ struct Trainer::State {
   std::vector<PipelineStep> schedule;  // one step's passes: 1F1B of the model's stage over train.grad_accum
   DeviceArray<int32_t> tokens, targets;  // device [B * T]
   std::unique_ptr<GradNorm> grad_norm;   // the step's global gradient norm and clip scale (over the group)
-  DeviceArray<float> rank_value;         // device [2]: values summed over the ranks (sum_over_ranks)
+  DeviceArray<float> rank_value;         // device [3]: values summed over the ranks (sum_over_ranks)
 
   std::unique_ptr<TokenBatches> train, val;  // val: null when eval_interval = 0
   std::unique_ptr<ValidationWindows> val_split;  // the whole validation split (shards, eval_interval > 0)
@@ -61,6 +61,7 @@ struct Trainer::State {
 
   int64_t step = 0, optimizer_steps = 0, tokens_seen = 0;
   int64_t last_eval_step = -1, last_checkpoint_step = -1;
+  int step_stop_signal = 0;  // over ranks: the stop signal agreed in the last step's loss all-reduce (0: none)
   Clock::time_point run_start;
   TrainResult result;
 
@@ -69,11 +70,20 @@ struct Trainer::State {
   // The next batch of `source` -> tokens, targets (on `stream`); over W ranks the next W batches are read and this
   // rank's (the rank-th) is kept, so every rank's source stays at the same position.
   void upload(TokenBatches& source);
-  // values (at most 2) summed in place over the group's ranks: one FP32 all-reduce, each value rounded to FP32
+  // values (at most 3) summed in place over the group's ranks: one FP32 all-reduce, each value rounded to FP32
   // first; unchanged on one GPU.
   void sum_over_ranks(std::span<double> values);
-  int agreed_stop_signal();           // StopSignals::pending() agreed over the ranks: any rank's stops all
   double mean_over_ranks(double v);   // v averaged over the group's ranks (sum_over_ranks / W); v on one GPU
+  // The SIGINT/SIGTERM this rank received (StopSignals::pending), or the test hook's (TrainerOptions::
+  // inject_stop_step, from that step on, on inject_stop_rank); 0 when none. `s`: the step it is asked in.
+  int local_stop_signal(int64_t s) const;
+  // Step s's loss averaged over the ranks (mean_over_ranks) with the stop signals riding on the same all-reduce:
+  // any rank's signal received by then is agreed by every rank into step_stop_signal (the signalled ranks' own; the
+  // others the signalled ranks' mean, exact when they received the same one). One GPU: the loss, unchanged.
+  double reduce_step_loss(double loss, int64_t s);
+  // After a step: the signal that stops the run now, or 0. Over ranks step_stop_signal (the same on every rank, so
+  // every rank stops after the same step and the final checkpoint's collectives meet); one GPU local_stop_signal now.
+  int stop_after_step() const;
   void upload_rows(int64_t n);        // the first n (<= B) rows of `rows` -> tokens, targets (on `stream`)
 
   StepRecord train_step();            // trainer_step.cpp

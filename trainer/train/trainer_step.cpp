@@ -25,6 +25,7 @@ StepRecord Trainer::State::train_step() {
   ParamStore& store = model->params();
 
   mem->reset_peaks();
+  model->take_exchange_totals();  // the evaluations' exchanges since the last step are not this step's
   if (profiler) profiler->begin_step();  // --profile: the step's first event (trainer/model/profile.h)
   const ModelContext& ctx = model->context();
   {
@@ -51,9 +52,10 @@ StepRecord Trainer::State::train_step() {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     CUDA_CHECK(cudaMemcpyAsync(store.params().front().grad, &nan, sizeof(float), cudaMemcpyHostToDevice, stream));
   }
-  // Over W ranks: the group's loss (the mean of the ranks'), the replicated gradients summed (model.h); then the
-  // group's gradient norm, the same on every rank, so that every rank takes the same decision below.
-  loss = mean_over_ranks(loss);
+  // Over W ranks: the group's loss (the mean of the ranks') with the stop signals in the same all-reduce, the
+  // replicated gradients summed (model.h); then the group's gradient norm, the same on every rank, so that every rank
+  // takes the same decision below.
+  loss = reduce_step_loss(loss, s);
   {
     ProfileScope reduce(ctx, ProfileModule::dp_comm, ProfilePass::update);
     model->reduce_gradients();
@@ -115,6 +117,10 @@ StepRecord Trainer::State::train_step() {
   r.peak_act_gib = static_cast<double>(mem->peak(MemCategory::activations)) / kGiB;
   r.peak_total_gib = static_cast<double>(mem->peak_total()) / kGiB;
   r.skipped = step - optimizer_steps;
+  r.all_to_all_sent_bytes = exchanged.bytes.sent;
+  r.all_to_all_received_bytes = exchanged.bytes.received;
+  r.all_to_all_to_self_bytes = exchanged.bytes.to_self;
+  r.all_to_all_ms = exchanged.ms;
   return r;
 }
 
