@@ -13,9 +13,9 @@
 // accumulation precision): per 128-wide block kb of the reduction dimension the tensor cores multiply the E4M3
 // codes into an FP32 partial sum, which is then promoted into the FP32 accumulator in CUDA cores:
 //   acc[r, n] += partial_kb[r, n] * (x_scale[r, kb] * w_scale[n / 128, kb])      (one fused multiply-add)
-// The result equals the FP64 product of the dequantized operands within the tensor cores' accumulation of a
-// 128-block (FP32 with truncated alignment) and the BF16 rounding of the output; it is deterministic (the same
-// bits run after run, whatever the split), but not bit-equal to cuBLASLt's (another summation order).
+// The result equals the FP64 product of the dequantized operands within the tensor cores' accumulation inside a
+// 128-block (DESIGN.md: about 14 bits) and the BF16 rounding of the output; it is deterministic (the same bits run
+// after run), but not bit-equal to cuBLASLt's (another summation order).
 //
 // Kernel (grouped_gemm_sm90.cu): persistent (one CTA of 3 warpgroups per SM), output tiles of 128 rows x BLOCK_N
 // (128 or 256) columns walked in the order of grouped_tiles.h from the device offsets; a producer warpgroup loads
@@ -30,11 +30,12 @@
 // left untouched. The offsets are read on the device and made safe there (grouped_tiles.h: clamped to [0, M],
 // non-decreasing), so even bad offsets write nothing outside [0, M) rows; callers must still pass a valid split.
 //
-// Rejected with fp4moe::Error before anything is launched (the caller falls back to GroupedGemm's cuBLASLt path):
-// N or K not a positive multiple of 128, G outside [1, 1024], M < 0 or beyond int32 tile coordinates, a null or
-// not 16-byte aligned pointer, a device other than compute capability 9.0 (the kernel is built for sm_90a only) or
-// with too little shared memory per block; a block_n other than 0, 128, 256, or 256 with an output width not a
-// multiple of 256. M = 0 launches nothing. Asynchronous on `stream`; never synchronises.
+// Rejected with fp4moe::Error before anything is launched (the caller falls back to GroupedGemm's cuBLASLt path),
+// first the arguments, with no CUDA call: N or K not a positive multiple of 128, G outside [1, 1024] or G * max(N,
+// K) beyond int32, M < 0 or beyond int32 tile coordinates, a block_n other than 0, 128, 256 (256: the output width
+// a multiple of 256), null offsets; then, unless M = 0 (which launches nothing), a null or not 16-byte aligned
+// operand or output pointer, no usable device or one of compute capability other than 9.0 (the kernel is built for
+// sm_90a only), too little shared memory per block. Asynchronous on `stream`; never synchronises.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,8 +54,8 @@ struct Sm90GemmConfig {
   int block_n = 0;
 };
 
-// Empty when the kernel takes an (N, K, G) problem on the current device, else why not (the reason the entry points
-// below throw). For callers choosing between this kernel and GroupedGemm.
+// Empty when the kernel takes an (N, K, G) problem on the current device, else why not (the shape rules above, or
+// no usable device, or not compute capability 9.0). For callers choosing between this kernel and GroupedGemm.
 std::string grouped_gemm_sm90_unsupported(int64_t N, int64_t K, int64_t G);
 
 // Fprop: y [M, N] bf16 = X_g W_g^T per group (x: [M, K] row tensor; w: G stacked [N, K] block tensors).
