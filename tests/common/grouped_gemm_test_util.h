@@ -48,7 +48,8 @@ struct HostFp8 {
   std::vector<float> deq;  // dense fp32, the exact dequantized values
 };
 
-// FP8 1x128 row tensor [R, C]; padding rows of the scales are NaN (never to be read).
+// FP8 1x128 row tensor [R, C]; padding rows of the scales are NaN (a GEMM may read them only for rows it never
+// stores).
 inline HostFp8 make_row_tensor(int64_t R, int64_t C, ScaleKind kind, Rng& rng) {
   HostFp8 t;
   t.codes.resize(R * C);
