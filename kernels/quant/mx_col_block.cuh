@@ -49,15 +49,17 @@ static_assert(kMxColTileRows == 2 * 64 && kColBlockTileCols == 2 * 64 && kColBlo
 // The 32 words of one column pair of an MX block (word i: row i; low half the pair's first column).
 using PairWords = uint32_t[kMxBlock];
 
-// Rows r0 .. r0 + 31 of 4 columns from x0 (row r0's first column; rows K elements apart): `rows` of them exist
-// (1..32), the rest are zeros. Row i's address is one 32 x 32 -> 64-bit multiply-add from x0 (the empty asm keeps
-// the compiler from turning them into a chain of 64-bit additions, two instructions per row).
+// Row i's 4 columns, row_bytes (2 K) per row past x0: its address one 32 x 32 -> 64-bit multiply-add from x0 (the
+// empty asm keeps the compiler from turning the rows' addresses into a chain of 64-bit additions, two instructions
+// per row). Read once: evict first.
 __device__ __forceinline__ uint2 load_col_row(const bf16* x0, uint32_t row_bytes, int i) {
   asm("" : "+r"(row_bytes));
   const char* row = reinterpret_cast<const char*>(x0) + static_cast<uint64_t>(static_cast<uint32_t>(i)) * row_bytes;
   return __ldcs(reinterpret_cast<const uint2*>(row));
 }
 
+// Rows r0 .. r0 + 31 of 4 columns from x0 (row r0's first column; rows K elements apart, K < 2^21): `rows` of them
+// exist (1..32), the rest are zeros. All 32 loads are issued before any is used.
 __device__ __forceinline__ void load_col_block(const bf16* x0, uint32_t K, int rows, PairWords (&w)[2]) {
   const uint32_t row_bytes = K * static_cast<uint32_t>(sizeof(bf16));
   if (rows == kMxBlock) {
@@ -121,7 +123,8 @@ __device__ __forceinline__ uint32_t pair_amax_bits(const PairWords& w) {
 
 // The block rule's scale of one column's MX block from its amax bits (bf16_to_mxfp4_row.h).
 struct ColBlockScale {
-  int e;          // the block exponent when `regular`, else 0 (the codes are then replaced)
+  int e;          // the block exponent when `regular`, else 0 (an all-zero block's codes come out 0, its signs
+                  // masked; a NaN/Inf block's are replaced)
   uint8_t scale;  // UE8M0 byte: e + 127, 0 for an all-zero block, 0xFF for a NaN/Inf block
   bool regular;   // finite and nonzero: codes as the rule gives them
   bool nonfinite;
