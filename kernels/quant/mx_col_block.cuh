@@ -39,12 +39,19 @@
 
 namespace fp4moe::detail {
 
-// Thread blocks of 4 warps (4 per SM at the kernel's 128 registers per thread: blocks that start and end apart keep
-// loads in flight while others compute), each over 128 rows x 128 columns.
+// Thread blocks of 4 warps, each over 128 rows x 128 columns: small blocks that start and end apart keep loads in
+// flight while others compute.
 constexpr int kColBlockThreads = 128;
 constexpr int kColBlockTileCols = 128;  // columns of X per thread block
 static_assert(kMxColTileRows == 2 * 64 && kColBlockTileCols == 2 * 64 && kColBlockThreads == 4 * 32,
               "4 warps of 64 rows x 64 columns");
+
+// Blocks per SM the kernel is compiled for (__launch_bounds__): 5 (96 registers per thread) where the option fits
+// in them with no more instructions (RNE alone, with h16 or with rht; ragged rht spills one word), else 4 (128
+// registers: h32's 2 x 32 FP32 butterfly values and stochastic rounding's hashes spill at 96).
+constexpr int col_block_min_blocks(Rounding r, HadamardTransform t) {
+  return r == Rounding::rne && t != HadamardTransform::h32 ? 5 : 4;
+}
 
 // The 32 words of one column pair of an MX block (word i: row i; low half the pair's first column).
 using PairWords = uint32_t[kMxBlock];
@@ -233,7 +240,7 @@ __device__ __forceinline__ void encode_col_block_sr(const PairWords (&w)[2], con
 }
 
 template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
-__global__ void __launch_bounds__(kColBlockThreads, 4)
+__global__ void __launch_bounds__(kColBlockThreads, col_block_min_blocks(kRounding, kTransform))
 bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
                                uint8_t* __restrict__ scales) {
   TokenBlock tb;

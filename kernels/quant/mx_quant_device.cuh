@@ -30,7 +30,8 @@
 //     thread, tiles of 128 x 128 with column tiles fastest, 4 byte permutations per chunk for the transpose, no
 //     shared memory or barrier; 56-64 registers (RNE) or 80-106 (SR): 4 or 2 blocks of 256 threads per SM.
 //     Block-per-thread kernel (mx_col_block.cuh): 32 loads of 8 bytes in flight per thread, the rule once per MX
-//     block, no transpose or shuffle; about 120-128 registers: 4 blocks of 128 threads per SM.
+//     block, no transpose or shuffle; 96 registers (RNE alone, with h16 or rht: 5 blocks of 128 threads per SM) or
+//     128 (4 blocks).
 #pragma once
 
 #include <cuda_bf16.h>
