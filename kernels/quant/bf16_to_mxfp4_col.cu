@@ -1,8 +1,9 @@
 // BF16 -> MXFP4 column quantization (bf16_to_mxfp4_col.h).
 // bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
-// Two kernels with the same bits (detail::MxColKernel): the register-tile kernel, which the quantizers run, is
-// described above its definition below; the shared-tile kernel, kept to be timed beside it, works as follows.
+// Three kernels with the same bits (detail::MxColKernel): the block-per-thread kernel, which the quantizers run
+// (mx_col_block.cuh), and two earlier ones kept to be timed beside it: the register-tile kernel, described above
+// its definition below, and the shared-tile kernel, which works as follows.
 // One thread block per tile of 128 rows (one token block of a group, or of the dense tensor) x 32 columns of X:
 // grid (token-block slots, column tiles). The block loads the tile with 16-byte loads (four per row) into shared
 // memory, rows padded to 34 BF16 so that the transposed reads below meet no bank conflicts; for stochastic
@@ -19,15 +20,19 @@
 #include "kernels/common/offsets.h"
 #include "kernels/quant/bf16_to_mxfp4_col.h"
 #include "kernels/quant/layouts.h"
+#include "kernels/quant/mx_col_block.cuh"
+#include "kernels/quant/mx_col_device.cuh"
 #include "kernels/quant/mx_quant_device.cuh"
 #include "kernels/quant/mx_row_checks.h"
-#include "kernels/quant/ragged_token_blocks.cuh"
 
 namespace fp4moe {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kTileRows = 128;  // rows of X per tile: one token block (4 MX blocks along M)
+using detail::MxColParams;
+using detail::TokenBlock;
+
+constexpr int kThreads = detail::kMxColThreads;
+constexpr int kTileRows = detail::kMxColTileRows;  // rows of X per tile: one token block (4 MX blocks along M)
 constexpr int kTileCols = 32;   // columns of X per tile
 constexpr int kLd = kTileCols + 2;  // shared row length in BF16: 17 words, so 8-row strides fall on distinct banks
 constexpr int kLoadsPerThread = kTileRows * kTileCols / 8 / kThreads;
@@ -37,43 +42,9 @@ static_assert(kLoadsPerThread == 2 && kChunksPerThread == 2 && kHashesPerThread 
 static_assert(kThreads / 32 * kChunksPerThread == (kTileRows / kMxBlock) * (kTileCols / 8),
               "one warp-iteration per (MX block, 8 columns) of the tile");
 
-struct ColParams {
-  MxScaleMode mode;
-  uint64_t seed;
-  uint64_t row_offset;  // stochastic rounding: index of x's first row in the full tensor
-  uint64_t rht_seed;
-  int64_t M;
-  int64_t K;
-  const int32_t* offsets;  // ragged only
-  int G;
-  unsigned long long* nonfinite_blocks;
-};
-
-// The token block of kTileRows rows in slot `slot` (both kernels): from the device offsets (ragged) or the slot
-// itself (dense). False when the slot has none or the device offsets are invalid: the block then writes nothing.
-template <bool kRagged>
-__device__ __forceinline__ bool find_token_block(const ColParams& p, long long slot, detail::TokenBlock& tb) {
-  if constexpr (kRagged) {
-    return detail::TokenBlockFinder<kThreads, kMxBlock>::find_by_warp(p.offsets, p.G, p.M, p.K, slot, tb);
-  } else {
-    tb.row0 = static_cast<int64_t>(slot) * kTileRows;
-    if (tb.row0 >= p.M) return false;
-    tb.rows = static_cast<int>(p.M - tb.row0 < kTileRows ? p.M - tb.row0 : kTileRows);
-    tb.ld = p.M;
-    tb.col0 = static_cast<int>(tb.row0);
-    tb.codes_offset = 0;
-    return true;
-  }
-}
-
-// Rows of the token block that the layout holds (a multiple of 32: the group's zero padding included).
-__device__ __forceinline__ int padded_tile_rows(const detail::TokenBlock& tb) {
-  return static_cast<int>(tb.ld - tb.col0 < kTileRows ? tb.ld - tb.col0 : kTileRows);
-}
-
 // Writes a chunk's codes to `code` and, on lane q = 0 of its MX block, the block's scale to `scale`, when `in`;
 // counts its NaN/Inf block on the warp. Every lane calls it (ballot).
-__device__ __forceinline__ void store_chunk_at(bool in, const detail::ChunkCodes& out, const ColParams& p,
+__device__ __forceinline__ void store_chunk_at(bool in, const detail::ChunkCodes& out, const MxColParams& p,
                                                uint32_t* __restrict__ code, uint8_t* __restrict__ scale,
                                                unsigned long long& counted) {
   if (in) {
@@ -83,29 +54,23 @@ __device__ __forceinline__ void store_chunk_at(bool in, const detail::ChunkCodes
   if (p.nonfinite_blocks != nullptr) detail::count_nonfinite_blocks(in, out.nonfinite, counted);
 }
 
-// Element offset in the layout of the chunk at column k of X, rows r0 .. r0 + 7 of the token block: the group's
-// K * P_g, its row k of X^T (length L_g), its token. Its codes are word e / 8, its block's scale byte e / 32.
-__device__ __forceinline__ int64_t chunk_offset(const detail::TokenBlock& tb, int64_t k, int r0) {
-  return tb.codes_offset + k * tb.ld + tb.col0 + r0;
-}
-
 // store_chunk_at for the chunk at column k, rows r0 .. r0 + 7 of the token block.
-__device__ __forceinline__ void store_col_chunk(bool in, const detail::ChunkCodes& out, const ColParams& p,
-                                                const detail::TokenBlock& tb, int64_t k, int r0,
+__device__ __forceinline__ void store_col_chunk(bool in, const detail::ChunkCodes& out, const MxColParams& p,
+                                                const TokenBlock& tb, int64_t k, int r0,
                                                 uint8_t* __restrict__ codes, uint8_t* __restrict__ scales,
                                                 unsigned long long& counted) {
-  const int64_t e = chunk_offset(tb, k, r0);
+  const int64_t e = detail::col_layout_offset(tb, k, r0);
   store_chunk_at(in, out, p, reinterpret_cast<uint32_t*>(codes) + e / 8, scales + e / kMxBlock, counted);
 }
 
 template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
 __global__ void __launch_bounds__(kThreads)
-bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __restrict__ codes,
+bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
                          uint8_t* __restrict__ scales) {
-  detail::TokenBlock tb;
-  if (!find_token_block<kRagged>(p, blockIdx.x, tb)) return;
+  TokenBlock tb;
+  if (!detail::find_col_token_block<kRagged>(p, blockIdx.x, tb)) return;
   const int64_t k_tile = int64_t{blockIdx.y} * kTileCols;
-  const int padded_rows = padded_tile_rows(tb);
+  const int padded_rows = detail::padded_tile_rows(tb);
 
   __shared__ __align__(4) uint16_t tile[kTileRows][kLd];
   __shared__ __align__(4) uint16_t draws[kRounding == Rounding::stochastic ? kTileRows : 1][kLd];
@@ -177,17 +142,16 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __res
 // same 128 rows, so that the blocks resident at once read whole rows of X (long DRAM bursts) rather than one
 // narrow column strip of many rows, as the shared-tile kernel's grid (slots, column tiles) does.
 constexpr int kRegTileCols = 128;  // columns of X per tile (register-tile kernel)
-constexpr int64_t kMaxGridY = 65535;  // the grid's largest second dimension: slots run over (y, z)
 static_assert(kThreads == 256 && kTileRows == 2 * 64 && kRegTileCols == 4 * 32, "8 warps of 64 rows x 32 columns");
 
 template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
 __global__ void __launch_bounds__(kThreads)
-bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* __restrict__ codes,
+bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
                               uint8_t* __restrict__ scales) {
   constexpr int kRows = detail::kMxChunk;  // rows per thread = elements per chunk
-  detail::TokenBlock tb;
-  if (!find_token_block<kRagged>(p, int64_t{blockIdx.z} * kMaxGridY + blockIdx.y, tb)) return;
-  const int padded_rows = padded_tile_rows(tb);
+  TokenBlock tb;
+  if (!detail::find_col_token_block<kRagged>(p, detail::col_grid_slot(), tb)) return;
+  const int padded_rows = detail::padded_tile_rows(tb);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
   const int r0 = 64 * (warp & 1) + 32 * ((lane >> 2) & 1) + 8 * (lane & 3);  // first row within the token block
   const int64_t k0 = int64_t{blockIdx.x} * kRegTileCols + 32 * (warp >> 1) + 8 * (lane >> 3);  // first column
@@ -214,7 +178,7 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* 
   const uint64_t row_step = static_cast<uint64_t>(p.K) / 4;
   // Chunk c (column k0 + c) is c rows of X^T past the thread's first chunk: its codes ld / 8 words and its scale
   // ld / 32 bytes further per column (ld = L_g or M: a multiple of 32 below 2^31).
-  const int64_t e0 = chunk_offset(tb, k0, r0);
+  const int64_t e0 = detail::col_layout_offset(tb, k0, r0);
   uint32_t* const code0 = reinterpret_cast<uint32_t*>(codes) + e0 / 8;
   uint8_t* const scale0 = scales + e0 / kMxBlock;
   const uint32_t ld = static_cast<uint32_t>(tb.ld), ld_words = ld / 8, ld_scales = ld / kMxBlock;
@@ -254,12 +218,35 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, ColParams p, uint8_t* 
   if (p.nonfinite_blocks != nullptr && lane == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
 }
 
-using ColKernelFn = void (*)(const bf16*, ColParams, uint8_t*, uint8_t*);
+using ColKernelFn = void (*)(const bf16*, MxColParams, uint8_t*, uint8_t*);
 
 template <bool kRagged, Rounding kRounding, HadamardTransform kTransform>
 ColKernelFn col_kernel(detail::MxColKernel kernel) {
-  return kernel == detail::MxColKernel::shared_tile ? bf16_to_mxfp4_col_kernel<kRounding, kTransform, kRagged>
-                                                    : bf16_to_mxfp4_col_regs_kernel<kRounding, kTransform, kRagged>;
+  switch (kernel) {
+    case detail::MxColKernel::shared_tile:
+      return bf16_to_mxfp4_col_kernel<kRounding, kTransform, kRagged>;
+    case detail::MxColKernel::register_tile:
+      return bf16_to_mxfp4_col_regs_kernel<kRounding, kTransform, kRagged>;
+    default:
+      return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged>;
+  }
+}
+
+// Threads per block.
+int block_threads(detail::MxColKernel kernel) {
+  return kernel == detail::MxColKernel::block_per_thread ? detail::kColBlockThreads : kThreads;
+}
+
+// Columns of X per thread block (the grid's first dimension: column tiles).
+int64_t tile_cols(detail::MxColKernel kernel) {
+  switch (kernel) {
+    case detail::MxColKernel::shared_tile:
+      return kTileCols;
+    case detail::MxColKernel::register_tile:
+      return kRegTileCols;
+    default:
+      return detail::kColBlockTileCols;
+  }
 }
 
 template <bool kRagged, Rounding kRounding>
@@ -285,24 +272,33 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
   detail::check_mx_pointer(what, "codes", codes, 16);
   detail::check_mx_pointer(what, "scales", scales, 1);
   if (nonfinite_blocks != nullptr) detail::check_mx_pointer(what, "nonfinite_blocks", nonfinite_blocks, 8);
-  const ColParams p{cfg.scale_mode, cfg.seed, static_cast<uint64_t>(cfg.row_offset), cfg.rht_seed, M, K, offsets,
+  const MxColParams p{cfg.scale_mode, cfg.seed, static_cast<uint64_t>(cfg.row_offset), cfg.rht_seed, M, K, offsets,
                     static_cast<int>(G), nonfinite_blocks};
   const int64_t slots = ceil_div(M, int64_t{kTileRows}) + (kRagged ? G : 0);
+  const int64_t max_y = detail::kMxColMaxGridY;
   const dim3 grid = kernel == detail::MxColKernel::shared_tile
                         ? dim3(static_cast<unsigned>(slots), static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})))
-                        : dim3(static_cast<unsigned>(ceil_div(K, int64_t{kRegTileCols})),
-                               static_cast<unsigned>(slots < kMaxGridY ? slots : kMaxGridY),
-                               static_cast<unsigned>(ceil_div(slots, kMaxGridY)));
+                        : dim3(static_cast<unsigned>(ceil_div(K, tile_cols(kernel))),
+                               static_cast<unsigned>(slots < max_y ? slots : max_y),
+                               static_cast<unsigned>(ceil_div(slots, max_y)));
   const ColKernelFn fn = cfg.rounding == Rounding::rne
                              ? col_kernel<kRagged, Rounding::rne>(kernel, cfg.transform)
                              : col_kernel<kRagged, Rounding::stochastic>(kernel, cfg.transform);
-  fn<<<grid, kThreads, 0, stream>>>(x, p, codes, scales);
+  fn<<<grid, block_threads(kernel), 0, stream>>>(x, p, codes, scales);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 namespace detail {
+
+MxColKernel mx_col_default_kernel(Rounding, HadamardTransform) {
+  // block_per_thread for every option: its SASS needs fewer instructions per element than register_tile's for each
+  // of them (the block rule once per MX block instead of per chunk of 8 over shuffles, no transpose, the transform
+  // without shuffles), counted as reports/results/h200/quant-speed-ranks-20261202/NOTES-speed.md describes; bench_quant
+  // times the other kernels beside it (bf16_to_mxfp4_col_regs/, _shared/) for the measurement that confirms it.
+  return MxColKernel::block_per_thread;
+}
 
 void bf16_to_mxfp4_col_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
                              uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
@@ -330,15 +326,15 @@ void bf16_to_mxfp4_col_ragged_using(MxColKernel kernel, const bf16* x, int64_t M
 
 void bf16_to_mxfp4_col(const bf16* x, int64_t M, int64_t K, uint8_t* codes, uint8_t* scales,
                        const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream) {
-  detail::bf16_to_mxfp4_col_using(detail::MxColKernel::register_tile, x, M, K, codes, scales, cfg, nonfinite_blocks,
-                                  stream);
+  detail::bf16_to_mxfp4_col_using(detail::mx_col_default_kernel(cfg.rounding, cfg.transform), x, M, K, codes, scales,
+                                  cfg, nonfinite_blocks, stream);
 }
 
 void bf16_to_mxfp4_col_ragged(const bf16* x, int64_t M, int64_t K, const int32_t* offsets, int64_t G,
                               const int32_t* host_offsets, uint8_t* codes, uint8_t* scales,
                               const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks, cudaStream_t stream) {
-  detail::bf16_to_mxfp4_col_ragged_using(detail::MxColKernel::register_tile, x, M, K, offsets, G, host_offsets, codes,
-                                         scales, cfg, nonfinite_blocks, stream);
+  detail::bf16_to_mxfp4_col_ragged_using(detail::mx_col_default_kernel(cfg.rounding, cfg.transform), x, M, K, offsets,
+                                         G, host_offsets, codes, scales, cfg, nonfinite_blocks, stream);
 }
 
 }  // namespace fp4moe

@@ -45,6 +45,9 @@ struct QuantParams {
   uint64_t index_base;  // counter of the tensor's first element (stochastic rounding)
   uint64_t rht_seed;
   uint32_t K;  // columns (rht only: K <= 2^30)
+  // rht, block-per-thread kernel: MX blocks per row K / 32 and its mod_by_inverse inverse (a block's column).
+  uint32_t k_blocks;
+  uint32_t k_blocks_inverse;
   unsigned long long* nonfinite_blocks;
 };
 
@@ -114,27 +117,16 @@ bf16_to_mxfp4_row_kernel(const uint4* __restrict__ x, int64_t num_chunks, QuantP
   if (p.nonfinite_blocks != nullptr && (threadIdx.x & 31) == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
 }
 
-// One butterfly stage h of mx_transform.h over the 32 elements of an MX block (pairs (j, j + h), j % 2h < h),
-// a template so that every index is a constant: the block stays in registers (as nested loops over h it was
-// placed in local memory, the stages not unrolled).
-template <int h>
-__device__ __forceinline__ void butterfly_stage(float (&y)[kMxBlock]) {
-#pragma unroll
-  for (int p = 0; p < kMxBlock / 2; ++p) {
-    const int j = (p / h) * 2 * h + p % h;
-    const float a = y[j], b = y[j + h];
-    y[j] = __fadd_rn(a, b);
-    y[j + h] = __fsub_rn(a, b);
-  }
-}
-
 // The block-per-thread kernel (detail::MxRowKernel::block_per_thread): thread t of a tile owns MX block t, its
 // four chunks (64 bytes: four L1-cached 16-byte loads, which together read the warp's 2 KB once). The transform
 // runs in the thread's registers (every butterfly stage, h = 16 included, without a shuffle; rht: one hash for the
-// 32 signs), the block amax needs no shuffle, and the thread writes its 16 bytes of codes with one store and its
-// scale byte. Same bits as the chunk-per-lane kernel above: the same operations in the same order per element.
+// 32 signs, flipped on the BF16 words two at a time), the block amax needs no shuffle, and the thread writes its
+// 16 bytes of codes with one store and its scale byte. Same bits as the chunk-per-lane kernel above: the same
+// operations in the same order per element.
 template <HadamardTransform kTransform>
 __device__ __forceinline__ void transform_block(uint4 (&v)[4], uint32_t k0, uint64_t rht_seed) {
+  // A sign flip is exact, so flipping the BF16 inputs gives the FP32 values of the rule.
+  if constexpr (kTransform == HadamardTransform::rht) detail::flip_block_signs(v, rht_sign_bits32(rht_seed, k0));
   float y[kMxBlock];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -143,19 +135,8 @@ __device__ __forceinline__ void transform_block(uint4 (&v)[4], uint32_t k0, uint
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) y[kChunk * j + i] = c[i];
   }
-  if constexpr (kTransform == HadamardTransform::rht) {
-    // k0 % 32 == 0: the 32 signs are bits k0 % 64 .. k0 % 64 + 31 of one hash (rht_sign_bits8 of each chunk).
-    const uint32_t signs = static_cast<uint32_t>(splitmix64_at(rht_seed, k0 / 64) >> (k0 % 64));
-#pragma unroll
-    for (int i = 0; i < kMxBlock; ++i) y[i] = __uint_as_float(__float_as_uint(y[i]) ^ (((signs >> i) & 1u) << 31));
-  }
-  constexpr int n = hadamard_block_size(kTransform);
-  butterfly_stage<1>(y);
-  butterfly_stage<2>(y);
-  butterfly_stage<4>(y);
-  butterfly_stage<8>(y);
-  if constexpr (n == 32) butterfly_stage<16>(y);
-  const float c = hadamard_scale(n);
+  detail::block_butterflies<kTransform>(y);
+  const float c = hadamard_scale(hadamard_block_size(kTransform));
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t w[4];
@@ -177,13 +158,16 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
   for (int64_t base = int64_t{blockIdx.x} * kThreads; base < num_blocks; base += int64_t{gridDim.x} * kThreads) {
     const int64_t b = base + threadIdx.x;  // this thread's MX block (flat)
     const bool in = b < num_blocks;
-    uint4 v[4];
+    uint4 v[4] = {};
+    if (in) {
+      const uint4* xb = x + 4 * b;  // one address, the four loads at constant offsets from it
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = in ? __ldg(x + 4 * b + j) : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < 4; ++j) v[j] = __ldg(xb + j);
+    }
     if constexpr (kTransform != HadamardTransform::none) {
       uint32_t k0 = 0;  // rht: the block's first column (K <= 2^30)
       if constexpr (kTransform == HadamardTransform::rht)
-        k0 = static_cast<uint32_t>((static_cast<uint64_t>(b) * kMxBlock) % p.K);
+        k0 = mod_by_inverse(static_cast<uint64_t>(b), p.k_blocks, p.k_blocks_inverse) * kMxBlock;
       transform_block<kTransform>(v, k0, p.rht_seed);
     }
     uint32_t amax_bits = 0;
@@ -278,11 +262,14 @@ void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64
   // Both kernels: kThreads x 4 chunks per tile (chunk_per_lane: a tile of chunks; block_per_thread: of MX blocks).
   const int64_t tiles = ceil_div(num_chunks, int64_t{kTile});
   const unsigned grid = static_cast<unsigned>(tiles < INT_MAX ? tiles : INT_MAX);  // past it the blocks stride
+  const uint32_t k_blocks = static_cast<uint32_t>(K <= kRhtMaxK ? K / kMxBlock : 1);  // read by rht only
   const QuantParams p{cfg.scale_mode,
                       cfg.seed,
                       static_cast<uint64_t>(cfg.row_offset) * static_cast<uint64_t>(K),
                       cfg.rht_seed,
                       static_cast<uint32_t>(K <= kRhtMaxK ? K : 0),  // read by rht only, which takes K <= 2^30
+                      k_blocks,
+                      0xFFFFFFFFu / k_blocks,  // mod_by_inverse's inverse of k_blocks
                       nonfinite_blocks};
   const RowLaunch launch = kernel == MxRowKernel::chunk_per_lane ? row_launch<MxRowKernel::chunk_per_lane>(cfg)
                                                                  : row_launch<MxRowKernel::block_per_thread>(cfg);

@@ -21,13 +21,17 @@
 //     the shuffles' latency (8 per chunk for H16, 16 for H32, 2 for the amax). The row quantizer's block-per-thread
 //     kernel (bf16_to_mxfp4_row.cu) holds a whole MX block per thread and needs none of them.
 //   - RHT: the signs cost one splitmix64 per chunk in the chunk-per-lane row kernel (3 per element; a thread's
-//     chunks lie 2048 columns apart), one per MX block in the block-per-thread row kernel (0.75 per element), one
-//     per 8 chunks in the column register-tile kernel (one position along M per thread).
+//     chunks lie 2048 columns apart), one per MX block in the block-per-thread row kernel (0.75 per element; the
+//     flips one shift and one masked XOR per BF16 pair, flip_block_signs), one per MX block of 4 columns in the
+//     column block-per-thread kernel (one shift per row and one masked XOR per BF16 pair).
 //   - Column, shared-tile kernel: tiles of 128 rows x 32 columns with the grid's fast dimension along M, so the
 //     blocks resident at once read one 64-byte strip of many rows (short DRAM bursts); 2 loads in flight per thread,
 //     a barrier before any work, 8 two-byte shared loads per chunk. Register-tile kernel: 8 loads in flight per
 //     thread, tiles of 128 x 128 with column tiles fastest, 4 byte permutations per chunk for the transpose, no
 //     shared memory or barrier; 56-64 registers (RNE) or 80-106 (SR): 4 or 2 blocks of 256 threads per SM.
+//     Block-per-thread kernel (mx_col_block.cuh): 32 loads of 8 bytes in flight per thread, the rule once per MX
+//     block, no transpose or shuffle; 96 registers (RNE alone, with h16 or rht: 5 blocks of 128 threads per SM) or
+//     128 (4 blocks).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -194,16 +198,26 @@ __device__ __forceinline__ uint32_t low_half_complement(uint32_t w) {
 // the minimum, a sum rounded up, one maximum with a fused addition (sm_90 DPX), the draw's offset (a mask, its
 // shift folded into the addition that follows), one shift and one shift-add into the chunk's word; the signs
 // gathered apart.
+// e2m1_sr_offset of the draw in the low (kHigh false) or the high half of a 32-bit word w holding two draws.
+template <bool kHigh>
+__device__ __forceinline__ uint32_t sr_draw_offset(uint32_t w) {
+  return kHigh ? (~w & 0xFFFF0000u) >> 10 : low_half_complement(w) << 6;
+}
+
+// The E2M1 magnitude code (0..7) of y * inv_scale under stochastic rounding with a draw's offset (sr_draw_offset).
+__device__ __forceinline__ uint32_t sr_magnitude_code(float y, float inv_scale, uint32_t offset) {
+  return e2m1_sr_step(e2m1_sr_fixed(fminf(fabsf(__fmul_rn(y, inv_scale)), 6.0f)), offset);
+}
+
 __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, const ChunkDraws& d) {
   float y[kMxChunk];
   unpack_chunk(v, y);
   uint32_t codes = 0;
 #pragma unroll
   for (int i = 0; i < kMxChunk; ++i) {
-    const float a = fminf(fabsf(__fmul_rn(y[i], inv_scale)), 6.0f);
     const uint32_t w = d.pair[i / 2];  // the draws of elements i and i ^ 1
-    const uint32_t offset = (i % 2) != 0 ? (~w & 0xFFFF0000u) >> 10 : low_half_complement(w) << 6;  // e2m1_sr_offset
-    codes += e2m1_sr_step(e2m1_sr_fixed(a), offset) << (4 * i);
+    const uint32_t offset = (i % 2) != 0 ? sr_draw_offset<true>(w) : sr_draw_offset<false>(w);
+    codes += sr_magnitude_code(y[i], inv_scale, offset) << (4 * i);
   }
   return codes | chunk_sign_bits(v);
 }
@@ -241,6 +255,52 @@ __device__ __forceinline__ ChunkCodes quantize_chunk(uint4 v, uint32_t k0, uint6
       out.packed = encode_chunk_stochastic(v, inv_block_scale(e), draws());
   }
   return out;
+}
+
+// One butterfly stage h of mx_transform.h over the 32 values of an MX block held by one thread (pairs (j, j + h),
+// j % 2h < h), a template so that every index is a constant: the block stays in registers (as nested loops over h
+// it was placed in local memory, the stages not unrolled).
+template <int h>
+__device__ __forceinline__ void butterfly_stage(float (&y)[kMxBlock]) {
+#pragma unroll
+  for (int p = 0; p < kMxBlock / 2; ++p) {
+    const int j = (p / h) * 2 * h + p % h;
+    const float a = y[j], b = y[j + h];
+    y[j] = __fadd_rn(a, b);
+    y[j + h] = __fsub_rn(a, b);
+  }
+}
+
+// The butterfly stages of kTransform (h16, rht: h = 1, 2, 4, 8 on each half; h32: h = 1 .. 16) over one MX block
+// held by one thread, without the scale.
+template <HadamardTransform kTransform>
+__device__ __forceinline__ void block_butterflies(float (&y)[kMxBlock]) {
+  butterfly_stage<1>(y);
+  butterfly_stage<2>(y);
+  butterfly_stage<4>(y);
+  butterfly_stage<8>(y);
+  if constexpr (hadamard_block_size(kTransform) == 32) butterfly_stage<16>(y);
+}
+
+// rht's sign flips on the BF16 words of one MX block held by one thread in the row layout (word i of chunk j holds
+// elements 8 j + 2 i and 8 j + 2 i + 1 in its low and high halves), signs = rht_sign_bits32 of the block: the sign
+// of element 2 m + 1 moved 15 places up beside that of element 2 m (per half of the block), so that one shift and
+// one masked XOR flip both halves of word m (exact, as the FP32 flips of mx_transform.h).
+__device__ __forceinline__ void flip_block_signs(uint4 (&v)[4], uint32_t signs) {
+  // Word m < 8 (elements 0..15): bit 2 m = s_2m, bit 2 m + 16 = s_2m+1; word m >= 8 likewise from elements 16..31.
+  const uint32_t lo = (signs & 0x5555u) | ((signs & 0xAAAAu) << 15);
+  const uint32_t hi = ((signs >> 16) & 0x5555u) | (((signs >> 16) & 0xAAAAu) << 15);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = 4 * j + i;  // elements 2 m, 2 m + 1
+      const uint32_t spread = m < 8 ? lo << (15 - 2 * m) : hi << (15 - 2 * (m - 8));
+      w[i] ^= spread & 0x80008000u;
+    }
+    v[j] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
 }
 
 // Adds to `counted` (per lane; the caller sums lane 0's) the warp's NaN/Inf blocks among chunks that are `in`:

@@ -47,6 +47,24 @@ FP4MOE_HD uint32_t rht_sign_bits8(uint64_t rht_seed, uint64_t k0) {
   return static_cast<uint32_t>(splitmix64_at(rht_seed, k0 / 64) >> (k0 % 64)) & 0xFFu;
 }
 
+// The signs of positions k0 .. k0 + 31 (k0 a multiple of 32: one MX block), the same rule: bit i set <=> s_{k0+i}
+// = -1, i.e. the low or the high half of one hash (rht_sign_bits8 of each of its four chunks, side by side).
+FP4MOE_HD uint32_t rht_sign_bits32(uint64_t rht_seed, uint64_t k0) {
+  const uint64_t h = splitmix64_at(rht_seed, k0 / 64);
+  return static_cast<uint32_t>((k0 & 32) != 0 ? h >> 32 : h);
+}
+
+// n mod d (d >= 1) given inverse = floor((2^32 - 1) / d): for n < 2^32 (every tensor of fewer than 2^32 MX blocks)
+// the quotient q = floor(n inverse / 2^32) is floor(n / d) or one less (n/d - q < n/2^32 + 1 < 2), so n - q d needs
+// at most one subtraction of d: a multiply-high, a multiply-add and a compare in place of a 64-bit remainder (the
+// row quantizer's rht: a block's column, from its flat index). Larger n take the remainder.
+FP4MOE_HD uint32_t mod_by_inverse(uint64_t n, uint32_t d, uint32_t inverse) {
+  if ((n >> 32) != 0) return static_cast<uint32_t>(n % d);
+  const uint32_t lo = static_cast<uint32_t>(n);
+  const uint32_t r = lo - static_cast<uint32_t>((uint64_t{lo} * inverse) >> 32) * d;
+  return r >= d ? r - d : r;
+}
+
 // CPU references, FP32, row-major [M, K] host arrays (y may alias x).
 // y[m, :] = T(x[m, :]) along K (the rule above); the inverse maps T(x) back to x up to FP32 rounding.
 // Rejects (fp4moe::Error): an unknown transform, M < 0, K <= 0, K not a multiple of the transform's block size,

@@ -72,6 +72,37 @@ TEST(MxTransformRef, HadamardMatricesAreSylvesterOrderAndOrthogonal) {
   }
 }
 
+// The 32 signs of an MX block (one hash, read by the block-per-thread kernels) are the four chunks' 8 signs side by
+// side, for blocks in the low and the high half of a hash and far along the reduction dimension.
+TEST(MxTransformRef, RhtSignBits32AreFourChunksOfSignBits8) {
+  for (uint64_t seed : {uint64_t{0}, uint64_t{99}, uint64_t{0xFFFFFFFFFFFFFFFFull}}) {
+    for (uint64_t k0 : {uint64_t{0}, uint64_t{32}, uint64_t{64}, uint64_t{96}, uint64_t{7136}, uint64_t{1} << 29,
+                        (uint64_t{1} << 30) - 32}) {
+      uint32_t chunks = 0;
+      for (uint64_t c = 0; c < 4; ++c) chunks |= rht_sign_bits8(seed, k0 + 8 * c) << (8 * c);
+      EXPECT_EQ(rht_sign_bits32(seed, k0), chunks) << "seed " << seed << " k0 " << k0;
+    }
+  }
+  EXPECT_NE(rht_sign_bits32(99, 0), rht_sign_bits32(99, 32));
+}
+
+// mod_by_inverse (the row quantizer's rht block column) equals the remainder for divisors from 1 to 2^25 (K / 32
+// up to K = 2^30) and numerators at the edges of its one-subtraction bound and past 2^32.
+TEST(MxTransformRef, ModByInverseIsTheRemainder) {
+  std::mt19937_64 rng(5);
+  std::vector<uint32_t> divisors = {1, 2, 3, 7, 56, 64, 160, 224, 255, 256, 4097, (1u << 25) - 1, 1u << 25};
+  for (int i = 0; i < 40; ++i) divisors.push_back(1 + static_cast<uint32_t>(rng() % (1u << 25)));
+  for (uint32_t d : divisors) {
+    const uint32_t inverse = 0xFFFFFFFFu / d;
+    std::vector<uint64_t> n = {0, 1, d - 1u, d, uint64_t{d} + 1, 0xFFFFFFFFull, 0xFFFFFFFEull, 0x100000000ull,
+                               0x123456789ABull, (uint64_t{1} << 57) - 1};
+    for (uint64_t q : {uint64_t{0xFFFFFFFFu} / d, uint64_t{0xFFFFFFFFu} / d - 1})  // the largest multiples below 2^32
+      for (uint64_t r : {uint64_t{0}, uint64_t{d} - 1}) n.push_back(q * d + r);
+    for (int i = 0; i < 2000; ++i) n.push_back(rng() >> (i % 2 == 0 ? 32 : 24));
+    for (uint64_t v : n) ASSERT_EQ(mod_by_inverse(v, d, inverse), v % d) << "n " << v << " d " << d;
+  }
+}
+
 TEST(MxTransformRef, RhtIsRandomSignsThenH16WithSignsKeyedBySeedAndColumn) {
   const int K = 64;
   const uint64_t seed = 99;

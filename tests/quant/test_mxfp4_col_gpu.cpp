@@ -1,11 +1,13 @@
-// GPU column MXFP4 quantizers (bf16_to_mxfp4_col, bf16_to_mxfp4_col_ragged) against their CPU references, bit for
-// bit: every rounding and transform, both scale modes, NaN/Inf blocks counted, partial row and column tiles,
-// ragged splits with empty groups and groups of any size; stochastic rounding independent of how the rows are
-// split into launches; nothing written outside the outputs (guards) or past the layout's extent; device offsets
-// that are not a valid split write nothing; rejections before any launch.
+// GPU column MXFP4 quantizers (bf16_to_mxfp4_col, bf16_to_mxfp4_col_ragged), each of their kernels, against their
+// CPU references, bit for bit: every rounding and transform, both scale modes, NaN/Inf blocks counted, all-zero
+// blocks, every block exponent (subnormal amax included), partial row and column tiles, ragged splits with empty
+// groups and groups of any size; stochastic rounding independent of how the rows are split into launches; nothing
+// written outside the outputs (guards) or past the layout's extent (outputs poisoned first); device offsets that
+// are not a valid split write nothing; rejections before any launch.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -32,13 +34,14 @@ struct ColRun {
   bool guards_intact = false;
 };
 
-// Both kernels behind the column quantizers (bf16_to_mxfp4_col.h): each must give the reference's bits.
-constexpr detail::MxColKernel kAllKernels[] = {detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile};
+// The kernels behind the column quantizers (bf16_to_mxfp4_col.h): each must give the reference's bits.
+constexpr detail::MxColKernel kAllKernels[] = {detail::MxColKernel::block_per_thread,
+                                               detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile};
 
 // The dense (offsets empty) or ragged GPU quantizer into outputs of `codes_n` and `scales_n` bytes, poisoned first.
 ColRun run_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const std::vector<int32_t>& offsets,
-               int64_t codes_n, int64_t scales_n, const MxQuantConfig& cfg, bool pass_host_offsets = true,
-               detail::MxColKernel kernel = detail::MxColKernel::register_tile) {
+               int64_t codes_n, int64_t scales_n, const MxQuantConfig& cfg, bool pass_host_offsets,
+               detail::MxColKernel kernel) {
   Guarded<bf16> dx(static_cast<size_t>(M * K));
   Guarded<uint8_t> codes(static_cast<size_t>(codes_n)), scales(static_cast<size_t>(scales_n));
   DeviceBuffer<unsigned long long> counter(1);
@@ -139,20 +142,23 @@ TEST(Bf16ToMxfp4ColGpu, StochasticRoundingDoesNotDependOnTheLaunchSplit) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t M = 320, K = 72, M0 = 192;
   const std::vector<bf16> x = test::mx_random_bf16(M, K, 7);
-  for (HadamardTransform t : {HadamardTransform::none, HadamardTransform::h32}) {
-    MxQuantConfig cfg = config(Rounding::stochastic, t, MxScaleMode::floor, 7);
-    const ColRun all = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg);
-    const std::vector<bf16> top(x.begin(), x.begin() + M0 * K), bottom(x.begin() + M0 * K, x.end());
-    const ColRun first = run_gpu(top, M0, K, {}, M0 * K / 2, M0 * K / 32, cfg);
-    cfg.row_offset = M0;
-    const ColRun second = run_gpu(bottom, M - M0, K, {}, (M - M0) * K / 2, (M - M0) * K / 32, cfg);
-    for (int64_t k = 0; k < K; ++k) {
-      for (int64_t j = 0; j < M / 2; ++j) {
-        const uint8_t part = j < M0 / 2 ? first.codes[k * M0 / 2 + j] : second.codes[k * (M - M0) / 2 + j - M0 / 2];
-        ASSERT_EQ(all.codes[k * M / 2 + j], part) << "transform " << int(t) << " row of X^T " << k << " byte " << j;
+  for (detail::MxColKernel kernel : kAllKernels)
+    for (HadamardTransform t : {HadamardTransform::none, HadamardTransform::h32}) {
+      MxQuantConfig cfg = config(Rounding::stochastic, t, MxScaleMode::floor, 7);
+      const ColRun all = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg, true, kernel);
+      const std::vector<bf16> top(x.begin(), x.begin() + M0 * K), bottom(x.begin() + M0 * K, x.end());
+      const ColRun first = run_gpu(top, M0, K, {}, M0 * K / 2, M0 * K / 32, cfg, true, kernel);
+      cfg.row_offset = M0;
+      const ColRun second = run_gpu(bottom, M - M0, K, {}, (M - M0) * K / 2, (M - M0) * K / 32, cfg, true, kernel);
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t j = 0; j < M / 2; ++j) {
+          const uint8_t part =
+              j < M0 / 2 ? first.codes[k * M0 / 2 + j] : second.codes[k * (M - M0) / 2 + j - M0 / 2];
+          ASSERT_EQ(all.codes[k * M / 2 + j], part)
+              << "kernel " << int(kernel) << " transform " << int(t) << " row of X^T " << k << " byte " << j;
+        }
       }
     }
-  }
 }
 
 // More than 65535 token blocks: the register-tile kernel's slots run over the grid's y and z dimensions.
@@ -163,11 +169,68 @@ TEST(Bf16ToMxfp4ColGpu, MoreTokenBlocksThanOneGridDimensionHolds) {
   const MxQuantConfig cfg = config(Rounding::stochastic, HadamardTransform::none, MxScaleMode::floor, 11);
   std::vector<uint8_t> codes(M * K / 2), scales(M * K / 32);
   const int64_t nonfinite = bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
-  const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg);
-  EXPECT_EQ(got.codes, codes);
-  EXPECT_EQ(got.scales, scales);
-  EXPECT_EQ(got.nonfinite, nonfinite);
-  EXPECT_TRUE(got.guards_intact);
+  for (detail::MxColKernel kernel : kAllKernels) {
+    SCOPED_TRACE(testing::Message() << "kernel " << int(kernel));
+    const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg, true, kernel);
+    EXPECT_EQ(got.codes, codes);
+    EXPECT_EQ(got.scales, scales);
+    EXPECT_EQ(got.nonfinite, nonfinite);
+    EXPECT_TRUE(got.guards_intact);
+  }
+}
+
+// The block rule's edge cases along tokens, X [M, K] with M % 32 == 0, block n = (k, b) holding rows 32 b ..
+// 32 b + 31 of column k: an amax exponent field n mod 255 (every block exponent, a subnormal amax included) with
+// random magnitudes at or below it, the amax at a random row (the first in 1 block of 13), random signs; 1 block of
+// 17 all zero (+0 and -0: scale 0, codes 0, no NaN); 1 of 19 with one NaN or Inf (scale 0xFF, codes 0, counted).
+std::vector<bf16> edge_blocks(int64_t M, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<bf16> x(static_cast<size_t>(M * K));
+  const uint16_t specials[] = {0x7FC0, 0xFFC1, 0x7F80, 0xFF80};  // NaN, -NaN, +Inf, -Inf
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t b = 0; b < M / 32; ++b) {
+      const int64_t n = k * (M / 32) + b;
+      const uint32_t amax_bits = static_cast<uint32_t>(n % 255) << 7 | (rng() & 0x7F);
+      const uint32_t at = n % 13 == 0 ? 0 : rng() % 32;
+      for (uint32_t i = 0; i < 32; ++i) {
+        const uint32_t mag = n % 17 == 5 ? 0 : (i == at ? amax_bits : rng() % (amax_bits + 1));
+        x[(b * 32 + i) * K + k] = bf16_from_bits(static_cast<uint16_t>(mag | (rng() & 1 ? 0x8000 : 0)));
+      }
+      if (n % 19 == 7) x[(b * 32 + rng() % 32) * K + k] = bf16_from_bits(specials[n % 4]);
+    }
+  return x;
+}
+
+TEST(Bf16ToMxfp4ColGpu, EdgeBlocksMatchReferenceInEveryKernelAndOption) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t K = 264;  // one full column tile of the block-per-thread kernel and a partial one
+  const std::vector<int32_t> offsets = {0, 96, 96, 133, 160, 224};  // empty group; 37 and 27 tokens padded to 64, 32
+  const int64_t M = offsets.back(), G = static_cast<int64_t>(offsets.size()) - 1;
+  const std::vector<bf16> x = edge_blocks(M, K, 23);
+  for (bool ragged : {false, true})
+    for (MxScaleMode mode : {MxScaleMode::floor, MxScaleMode::ceil})
+      for (HadamardTransform t : kAllTransforms)
+        for (Rounding r : {Rounding::rne, Rounding::stochastic}) {
+          const MxQuantConfig cfg = config(r, t, mode, 23);
+          SCOPED_TRACE(testing::Message() << (ragged ? "ragged" : "dense") << " mode=" << int(mode)
+                                          << " transform=" << int(t) << " rounding=" << int(r));
+          const int64_t codes_n = ragged ? mxfp4_col_codes_capacity(M, K, G) : M * K / 2;
+          const int64_t scales_n = ragged ? mxfp4_col_scales_capacity(M, K, G) : M * K / 32;
+          std::vector<uint8_t> codes(codes_n, test::kNanPoison), scales(scales_n, test::kNanPoison);
+          const int64_t nonfinite =
+              ragged ? bf16_to_mxfp4_col_ragged_ref(x.data(), M, K, offsets.data(), G, codes.data(), scales.data(), cfg)
+                     : bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
+          EXPECT_GT(nonfinite, 0);
+          for (detail::MxColKernel kernel : kAllKernels) {
+            SCOPED_TRACE(testing::Message() << "kernel " << int(kernel));
+            const ColRun got = run_gpu(x, M, K, ragged ? offsets : std::vector<int32_t>{}, codes_n, scales_n, cfg,
+                                       true, kernel);
+            EXPECT_EQ(got.codes, codes);
+            EXPECT_EQ(got.scales, scales);
+            EXPECT_EQ(got.nonfinite, nonfinite);
+            EXPECT_TRUE(got.guards_intact);
+          }
+        }
 }
 
 TEST(Bf16ToMxfp4ColGpu, InvalidDeviceOffsetsWriteNothing) {
