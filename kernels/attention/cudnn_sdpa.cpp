@@ -12,10 +12,11 @@
 #if FP4MOE_WITH_CUDNN
 #include <cudnn_graph.h>
 
+#include <algorithm>
 #include <array>
-#include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 #endif
@@ -65,9 +66,6 @@ int64_t CudnnSdpa::plans_built() const { return 0; }
 #else  // FP4MOE_WITH_CUDNN
 
 namespace {
-
-AttnStrides strides_of(AttnIn t) { return {t.token_stride, t.head_stride}; }
-AttnStrides strides_of(AttnOut t) { return {t.token_stride, t.head_stride}; }
 
 // The workspace a call was given: at least `need` bytes, 16-byte aligned (null allowed when need is 0).
 void check_workspace(const char* what, const void* workspace, int64_t bytes, int64_t need) {
@@ -405,9 +403,8 @@ struct CudnnSdpa::Impl {
   // The plan for this pass, shape and layout: from the cache, else built (heuristics mode A, the first engine
   // configuration that finalizes). Throws fp4moe::Error with cuDNN's reason when none does.
   Plan& plan_for(Pass pass, const AttentionShape& s, const SdpaLayout& l, bool deterministic) {
-    uint32_t scale_bits = 0;
-    std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
-    std::vector<int64_t> key = {static_cast<int64_t>(pass), deterministic, s.B, s.T, s.H, s.Dqk, s.Dv, scale_bits};
+    // The scale is a by-value scalar of the variant pack, not part of the plan.
+    std::vector<int64_t> key = {static_cast<int64_t>(pass), deterministic, s.B, s.T, s.H, s.Dqk, s.Dv};
     const bool bwd = pass == Pass::backward;
     for (const AttnStrides* t : {&l.q, &l.k, &l.v, &l.o, &l.dout, &l.dq, &l.dk, &l.dv}) {
       if (!bwd && t == &l.dout) break;  // forward: q, k, v, o only

@@ -25,12 +25,13 @@
 // Accuracy: as flash_attention.h states for our kernels (P and dS rounded to BF16 for their products, FP32
 // accumulation), checked with the same tolerances against the FP64 reference (tests/attention/test_cudnn_sdpa_gpu.cpp).
 // Determinism: the forward is deterministic. The backward is deterministic only with `deterministic` = true: cuDNN
-// then takes its dP-workspace decomposition (no atomics; workspace B H T'^2 BF16 for T' = T rounded up by cuDNN,
-// 4 GiB at B 1, H 128, T 4096); with false it accumulates dQ with FP32 atomics (bits may change from run to run),
-// needs less workspace and is the variant cuDNN (and PyTorch's cuDNN attention) runs by default.
+// then takes its dP-workspace decomposition on Hopper (no atomics; a workspace that grows with T^2, by cudnn-frontend's
+// account B H T^2 BF16 values for T rounded up, 4 GiB at B 1, H 128, T 4096: backward_workspace_bytes says what the
+// plan asks); with false it accumulates dQ with FP32 atomics (bits may change from run to run), needs a workspace
+// linear in T and is the variant cuDNN (and PyTorch's cuDNN attention) runs by default.
 //
-// Plans: built on first use per key (B, T, H, Dqk, Dv, scale, every tensor's strides, pass, deterministic; causal
-// always), the engine configuration the first one cuDNN's heuristics (CUDNN_HEUR_MODE_A) rank that finalizes, and
+// Plans: built on first use per key (B, T, H, Dqk, Dv, every tensor's strides, pass, deterministic; causal always;
+// the scale is passed by value at each call), the engine configuration the first one cuDNN's heuristics (CUDNN_HEUR_MODE_A) rank that finalizes, and
 // kept for the object's life (building one compiles kernels: tens to hundreds of milliseconds). The workspace comes
 // from the caller (the trainer's allocator, a benchmark's pool), sized by forward_workspace_bytes /
 // backward_workspace_bytes, which build the plan; nothing is allocated per call.
@@ -58,6 +59,10 @@ struct AttnStrides {
   int64_t token_stride = 0;
   int64_t head_stride = 0;
 };
+inline AttnStrides strides_of(AttnIn t) { return {t.token_stride, t.head_stride}; }
+inline AttnStrides strides_of(AttnOut t) { return {t.token_stride, t.head_stride}; }
+inline AttnIn attn_in(const bf16* data, AttnStrides s) { return {data, s.token_stride, s.head_stride}; }
+inline AttnOut attn_out(bf16* data, AttnStrides s) { return {data, s.token_stride, s.head_stride}; }
 // The strides of every tensor of a forward and backward call: what a plan depends on besides the shape.
 struct SdpaLayout {
   AttnStrides q, k, v, o, dout, dq, dk, dv;
