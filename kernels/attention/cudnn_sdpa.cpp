@@ -32,13 +32,13 @@ SdpaLayout SdpaLayout::dense(const AttentionShape& s) {
 
 namespace {
 constexpr const char* kNotBuilt =
-    "the cuDNN attention backend is not built: this build found no cuDNN 9 (configure with cuDNN installed, or "
-    "-DFP4MOE_CUDNN_ROOT=<folder>; FP4MOE_WITH_CUDNN=OFF turns it off)";
+    "not built with cuDNN (CMake found no cuDNN 9, or FP4MOE_WITH_CUDNN=OFF: install libcudnn9-dev-cuda-<CUDA major> "
+    "or configure with -DFP4MOE_CUDNN_ROOT=<folder with include/ and lib/>)";
 [[noreturn]] void not_built(const char* what) { fail(__FILE__, __LINE__, fmt::format("{}: {}", what, kNotBuilt)); }
 }  // namespace
 
 bool cudnn_sdpa_built() { return false; }
-std::string cudnn_sdpa_version_text() { return std::string("not built with cuDNN (") + kNotBuilt + ")"; }
+std::string cudnn_sdpa_version_text() { return kNotBuilt; }
 
 struct CudnnSdpa::Impl {};
 CudnnSdpa::CudnnSdpa() { not_built("CudnnSdpa"); }

@@ -72,9 +72,9 @@ struct SdpaLayout {
 
 class CudnnSdpa {
  public:
-  // A cuDNN handle on the current device. Throws fp4moe::Error when this build has no cuDNN ("not built with cuDNN:
-  // configure with cuDNN 9 found, FP4MOE_WITH_CUDNN") or cudnnCreate fails (no device, a cuDNN library that does not
-  // match the driver), with cuDNN's message.
+  // A cuDNN handle on the current device. Throws fp4moe::Error when this build has no cuDNN ("CudnnSdpa: not built
+  // with cuDNN (...)", cudnn_sdpa_version_text), the library loaded is older than 9.0, or cudnnCreate fails (no
+  // device, a cuDNN library that does not match the driver), with cuDNN's message.
   CudnnSdpa();
   ~CudnnSdpa();
   CudnnSdpa(const CudnnSdpa&) = delete;
