@@ -1,10 +1,12 @@
-// `fp4moe env`: the GPUs, NVIDIA driver, CUDA runtime, cuBLASLt and NCCL versions of this machine, and this
+// `fp4moe env`: the GPUs, NVIDIA driver, CUDA runtime, cuBLASLt and NCCL versions of this machine, the cuDNN this
+// build's attention backend was built against and loads (kernels/attention/cudnn_sdpa.h), and this
 // process's rank environment (trainer/comm/rank_env.h: set by `fp4moe launch`, so that `fp4moe launch --gpus N --
 // env` shows what every rank was given). Without a GPU it says "no CUDA device" with the reason, still prints the
 // rest and exits 0; a malformed rank environment is an error (one line, exit 2, nothing printed).
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/common/check.h"
 #include "results/env_info.h"
 #include "trainer/comm/rank_env.h"
@@ -28,6 +30,7 @@ static int run_env() {
   fmt::print("CUDA runtime: {}\n", env.cuda_runtime);
   fmt::print("cuBLASLt:     {}\n", env.cublaslt);
   fmt::print("NCCL:         {}\n", env.nccl);
+  fmt::print("cuDNN:        {}\n", cudnn_sdpa_version_text());
   fmt::print("host:         {}\n", env.host);
   if (!rank.launched)
     fmt::print("rank:         0 of 1 (no rank environment: not started by fp4moe launch)\n");
@@ -39,7 +42,7 @@ static int run_env() {
 
 Command add_env_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
-      "env", "print the GPU, driver, CUDA runtime, cuBLASLt and NCCL versions, and the rank environment");
+      "env", "print the GPU, driver, CUDA runtime, cuBLASLt, NCCL and cuDNN versions, and the rank environment");
   return {sub, run_env};
 }
 

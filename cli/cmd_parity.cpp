@@ -110,6 +110,8 @@ std::string config_toml(const TrainerConfig& cfg) {
   line("dense_ffn", m.dense_ffn);
   line("rope_theta", m.rope_theta);
   line("norm_eps", m.norm_eps);
+  line("attention_backend", toml_basic_string(attention_backend_name(m.attention_backend)));  // ours; torch ignores it
+  line("attention_deterministic", m.attention_deterministic);
   s += "\n[moe]\n";
   line("routed_experts", e.routed_experts);
   line("shared_experts", e.shared_experts);

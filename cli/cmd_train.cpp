@@ -83,6 +83,11 @@ void print_summary(const TrainerConfig& cfg, const std::string& config_path, con
   fmt::print("recipe: attention {}, dense_mlp {}, shared_experts {}, routed_experts {}\n",
              recipe_name(cfg.recipe.attention), recipe_name(cfg.recipe.dense_mlp),
              recipe_name(cfg.recipe.shared_experts), recipe_name(cfg.recipe.routed_experts));
+  fmt::print("attention core: {}{}\n", attention_backend_name(m.attention_backend),
+             m.attention_backend == AttentionBackend::own
+                 ? " (our kernels)"
+                 : fmt::format(" ({} backward; cuDNN's plans and workspace are resolved on the device)",
+                               m.attention_deterministic ? "deterministic" : "non-deterministic"));
   fmt::print("recompute: {}\n",
              cfg.recompute.modules.empty() ? std::string("none") : fmt::format("{}", fmt::join(cfg.recompute.modules, " ")));
   fmt::print("parameters total: {} ({})\n", p.total, si(static_cast<double>(p.total)));

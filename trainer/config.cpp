@@ -61,6 +61,7 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   recipe_dense_ = recipe_name(cfg.recipe.dense_mlp);
   recipe_shared_ = recipe_name(cfg.recipe.shared_experts);
   recipe_routed_ = recipe_name(cfg.recipe.routed_experts);
+  attention_backend_ = attention_backend_name(m.attention_backend);
 
   app.add_option("--config", config_path_, "TOML configuration file (configs/*.toml); options given here win");
   seed_ = static_cast<int64_t>(t.seed);
@@ -86,6 +87,11 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("model.dense_ffn", m.dense_ffn, "dense SwiGLU intermediate size");
   add("model.rope_theta", m.rope_theta, "RoPE base");
   add("model.norm_eps", m.norm_eps, "RMSNorm epsilon");
+  add("model.attention_backend", attention_backend_,
+      "attention core: own (our flash attention kernels), cudnn (cuDNN's fused attention) or auto (cudnn where built "
+      "and supported, else own)");
+  add("model.attention_deterministic", m.attention_deterministic,
+      "true or false: deterministic backward of the cuDNN attention backend (more workspace; our kernels always are)");
   add("moe.routed_experts", e.routed_experts, "routed experts per MoE layer");
   add("moe.shared_experts", e.shared_experts, "shared experts per MoE layer");
   add("moe.top_k", e.top_k, "routed experts per token");
@@ -176,6 +182,7 @@ void ConfigOptions::load_config_file() {
   FP4MOE_CHECK(non_finite_ == "skip" || non_finite_ == "stop", "train.non_finite = '{}'{}: expected skip or stop",
                non_finite_, where);
   cfg_.train.non_finite = non_finite_ == "stop" ? NonFinitePolicy::stop : NonFinitePolicy::skip;
+  cfg_.model.attention_backend = parse_attention_backend(attention_backend_, "model.attention_backend");
   cfg_.recipe.attention = parse_recipe(recipe_attention_, "recipe.attention");
   cfg_.recipe.dense_mlp = parse_recipe(recipe_dense_, "recipe.dense_mlp");
   cfg_.recipe.shared_experts = parse_recipe(recipe_shared_, "recipe.shared_experts");

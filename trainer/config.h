@@ -17,9 +17,9 @@
 // literal strings with escapes ("a\tb", 'C:\path'), multi-line strings, arrays over several lines with comments
 // and a trailing comma, `section.key = v` dotted keys and inline tables. Each option takes one TOML type: an
 // integer (64 = ok, 64.0 is not) for the sizes, steps and seed; a boolean (true, false; on the command line also
-// 1, 0, yes, no) for parallel.zero1; a float or an integer (3e-4, 1, inf and nan
+// 1, 0, yes, no) for parallel.zero1 and model.attention_deterministic; a float or an integer (3e-4, 1, inf and nan
 // parse, validation rejects the last two) for the rates and coefficients; a string for names, paths, recipes,
-// router and policy; an array of strings for recompute.modules (`[]`: none).
+// router, policy and the attention backend; an array of strings for recompute.modules (`[]`: none).
 //
 // Loading rejects (fp4moe::Error, one line naming the file, with the line and column): a file that is not TOML
 // (an unterminated string, a key or section given twice, ...), a key no option has, a value of the wrong type;
@@ -39,6 +39,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "kernels/attention/attention_backend.h"
 #include "kernels/nn/router.h"
 #include "trainer/config_file.h"
 #include "trainer/model/recipe.h"
@@ -73,6 +74,14 @@ struct ModelConfig {
   int64_t dense_ffn = 0;           // intermediate size of the dense SwiGLU FFN
   double rope_theta = 10000.0;     // RoPE base
   double norm_eps = 1e-6;          // RMSNorm epsilon
+  // Which implementation runs the attention core (kernels/attention/attention_backend.h): own (our flash attention
+  // kernels, deterministic; the default), cudnn (cuDNN's fused attention; an error where it is not built or has no
+  // plan) or auto (cudnn where built and supported, else own); "own", "cudnn" or "auto" in the file and on the
+  // command line. Not part of the model's identity (model_config_text): a checkpoint resumes under any backend.
+  AttentionBackend attention_backend = AttentionBackend::own;
+  // The cuDNN backend's backward: deterministic (true: the same bits on every run, more workspace) or not (false,
+  // the default, as cuDNN and PyTorch run it: dQ summed with atomics). Our kernels are deterministic either way.
+  bool attention_deterministic = false;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };
@@ -197,6 +206,7 @@ class ConfigOptions {
   std::vector<CLI::Option*> options_;  // options_[i] is the --fields_[i].key option
   int64_t seed_ = 0;                   // train.seed, read signed so that a negative value is rejected, not wrapped
   std::string router_, non_finite_, recipe_attention_, recipe_dense_, recipe_shared_, recipe_routed_;
+  std::string attention_backend_;  // model.attention_backend as text
 };
 
 // Parses `args` (without a program name: {"--config", "configs/tiny.toml", "--train.lr", "1e-3"}) into a config

@@ -58,6 +58,11 @@ void check_tensor(const char* what, const char* name, const void* data, int64_t 
   FP4MOE_CHECK(data != nullptr, "{}: {}.data is null (a device pointer is required)", what, name);
   FP4MOE_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0, "{}: {}.data must be 16-byte aligned, got address {:#x}",
                what, name, reinterpret_cast<uintptr_t>(data));
+  check_strides(what, name, token_stride, head_stride, s, D);
+}
+
+void check_strides(const char* what, const char* name, int64_t token_stride, int64_t head_stride,
+                   const AttentionShape& s, int64_t D) {
   FP4MOE_CHECK(token_stride >= 0 && token_stride % 8 == 0,
                "{}: {}.token_stride must be a non-negative multiple of 8 elements (16 bytes), got {}", what, name,
                token_stride);

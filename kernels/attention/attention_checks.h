@@ -26,6 +26,9 @@ bool check_shape_device(const char* what, const AttentionShape& s);
 // last element's offset below 2^62.
 void check_tensor(const char* what, const char* name, const void* data, int64_t token_stride, int64_t head_stride,
                   const AttentionShape& s, int64_t D);
+// check_tensor's rules on the strides alone (a layout without its pointer).
+void check_strides(const char* what, const char* name, int64_t token_stride, int64_t head_stride,
+                   const AttentionShape& s, int64_t D);
 
 // A device FP32 buffer `name`: non-null and 4-byte aligned.
 void check_f32_buffer(const char* what, const char* name, const void* p);

@@ -8,6 +8,7 @@
 //   backward: loss = sum(y * g) for a random g; every parameter's grad and dx at sampled elements (random ones
 //             and the largest) against central differences of the FP64 model (step 1e-3, exact to ~1e-6):
 //             |gpu - fd| <= 0.05 |fd| + 0.03 rms(fd over the tensor's samples).
+// Also with the attention core on the cuDNN backend (skipped where this build has no cuDNN).
 // Weights are N(0, 1 / in_features) (norm weights 1 + N(0, 0.1^2)) so that attention is far from uniform and a
 // wrong rotation, position or head would show; the inputs x and g are N(0, 1).
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "tests/common/nn_test_util.h"
+#include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/attention/flash_attention.h"
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "kernels/nn/rmsnorm.h"
@@ -103,14 +105,22 @@ Vec mla_f64(const ModelConfig& c, int64_t T, const std::map<std::string, Vec>& w
   return linear(o, w.at("out"), M, H * dv, d);
 }
 
+// The layer with its attention core on our kernels, or on cuDNN (kernels/attention/cudnn_sdpa.h: `cudnn`, its
+// non-deterministic backward, the workspace MlaAttention::cudnn_workspace_bytes states) as the model sets it up.
 struct Fixture {
-  explicit Fixture(int64_t q_lora) : cfg(tiny_mla(q_lora)) {
+  explicit Fixture(int64_t q_lora, bool cudnn = false) : cfg(tiny_mla(q_lora)) {
     CUDA_CHECK(cudaStreamCreate(&stream));
     mla = std::make_unique<MlaAttention>(store, "attn", cfg, Recipe::bf16, T, M, mem);
     scratch = std::make_unique<ScratchArena>(mem, mla->scratch_bytes(), "test scratch");
     store.allocate(mem);
     store.init(7, stream);
     ctx = ModelContext{stream, &lt, &mem, scratch.get()};
+    if (cudnn) {
+      sdpa = std::make_unique<CudnnSdpa>();
+      const int64_t bytes = MlaAttention::cudnn_workspace_bytes(*sdpa, false, cfg, M, cfg.heads, T);
+      sdpa_ws = std::make_unique<test::DeviceBuffer<unsigned char>>(static_cast<size_t>(bytes));
+      ctx.attention = AttentionCoreContext{sdpa.get(), false, sdpa_ws->ptr, bytes};
+    }
     // Weights N(0, 1 / in) (norms 1 + N(0, 0.01)), rounded to BF16; master = param exactly.
     std::mt19937 rng(11);
     std::normal_distribution<double> normal(0.0, 1.0);
@@ -130,7 +140,10 @@ struct Fixture {
       names[suffix] = &p;
     }
   }
-  ~Fixture() { cudaStreamDestroy(stream); }
+  ~Fixture() {
+    sdpa.reset();  // its handle uses the stream
+    cudaStreamDestroy(stream);
+  }
 
   static constexpr int64_t B = 2, T = 64, M = B * T;
   ModelConfig cfg;
@@ -141,6 +154,8 @@ struct Fixture {
   ModelContext ctx;
   std::unique_ptr<MlaAttention> mla;
   std::unique_ptr<ScratchArena> scratch;
+  std::unique_ptr<CudnnSdpa> sdpa;
+  std::unique_ptr<test::DeviceBuffer<unsigned char>> sdpa_ws;
   std::map<std::string, Vec> weights;
   std::map<std::string, Param*> names;
 };
@@ -188,8 +203,8 @@ void check_gradient(const std::string& what, Vec& values, const std::vector<floa
         << what << "[" << idx[j] << "] (finite difference " << fd[j] << ", rms of the samples " << rms << ")";
 }
 
-void run_against_f64(int64_t q_lora) {
-  Fixture f(q_lora);
+void run_against_f64(int64_t q_lora, bool cudnn = false) {
+  Fixture f(q_lora, cudnn);
   const int64_t M = Fixture::M, d = f.cfg.hidden;
   const auto x = test::random_bf16(M * d, 21), g = test::random_bf16(M * d, 22);
   test::Guarded<bf16> x_d(M * d), y_d(M * d), g_d(M * d), dx_d(M * d);
@@ -229,6 +244,15 @@ TEST(ModelMla, MatchesFp64ModelWithQLora) {
 TEST(ModelMla, MatchesFp64ModelWithDirectQueryProjection) {
   FP4MOE_REQUIRE_DEVICE();
   run_against_f64(0);
+}
+
+// The attention core on cuDNN (model.attention_backend = cudnn): the same checks; v read from and dv written into
+// the kv / d kv buffers with head stride nope + dv, as for our kernels.
+TEST(ModelMla, MatchesFp64ModelOnTheCudnnBackend) {
+  FP4MOE_REQUIRE_DEVICE();
+  if (!cudnn_sdpa_built()) GTEST_SKIP() << cudnn_sdpa_version_text();
+  run_against_f64(32, true);
+  run_against_f64(0, true);
 }
 
 TEST(ModelMla, ParameterNamesAndShapes) {

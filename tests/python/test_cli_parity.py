@@ -139,6 +139,8 @@ class ParityCli(unittest.TestCase):
                     self.assertEqual(got, 0.003)
                 elif key == "name":
                     self.assertEqual(got, 'quote " and \\ backslash')
+                elif isinstance(value, (str, bool)):  # model.attention_backend, attention_deterministic
+                    self.assertEqual(got, value, f"{section}.{key}")
                 else:
                     self.assertEqual(float(got), float(value), f"{section}.{key}")
         self.assertEqual(cfg["train"]["seq_len"], preset["train"]["seq_len"])

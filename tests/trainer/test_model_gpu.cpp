@@ -18,7 +18,8 @@
 //     (std 0.02; at 1/64 the attention's curvature left 6% third-order error in q_down and kv_down), 1/256 for
 //     the embedding, 1/32 for the LM head. Tensors whose predicted change is below 1e-4 are skipped and
 //     printed (at init the query path and the router are nearly dead), and at least 8 of the 15 must be checked.
-// Also: the top-k ids per MoE layer, forced routing's argument check, and the host-side token and target checks.
+// Also: the top-k ids per MoE layer, forced routing's argument check, the host-side token and target checks, and the
+// attention core on the cuDNN backend against our kernels (skipped where this build has no cuDNN).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "tests/common/gpu_test_util.h"
+#include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/formats/formats.h"
 #include "kernels/nn/adamw.h"
 #include "kernels/nn/cross_entropy.h"
@@ -48,9 +50,16 @@ std::string tiny_config_path() {
   return std::filesystem::exists(p) ? p.string() : std::string("configs/tiny.toml");
 }
 
+std::vector<std::string> tiny_args(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"--config", tiny_config_path()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 struct TinyModel {
-  TinyModel()
-      : cfg(parse_config_args({"--config", tiny_config_path()})),
+  // configs/tiny.toml with `extra` options on top.
+  explicit TinyModel(const std::vector<std::string>& extra = {})
+      : cfg(parse_config_args(tiny_args(extra))),
         B(cfg.train.micro_batch),
         T(cfg.train.seq_len),
         M(B * T),
@@ -137,6 +146,57 @@ TEST(ModelTiny, BackwardIsDeterministicReachesEveryParameterAndAccumulates) {
     EXPECT_TRUE(finite);
     EXPECT_TRUE(nonzero) << "no gradient reaches this parameter";
     EXPECT_TRUE(doubled) << "a second backward without zeroing must add the same gradient";
+  }
+}
+
+// The attention core on cuDNN (model.attention_backend = cudnn with either backward, and auto), against the same
+// model on our kernels (same weights and batch): the model resolved cuDNN, the loss within 1e-4 relative, every
+// parameter's gradient within 5e-2 relative L2 of ours (each backend is within 1e-2 / 2e-2 of the FP64 attention,
+// tests/attention/test_cudnn_sdpa_gpu.cpp; the gradients of the layers before the attention carry that difference),
+// and, with the deterministic backward, the same bits from a second backward.
+TEST(ModelTiny, CudnnAttentionBackendMatchesOurKernels) {
+  FP4MOE_REQUIRE_DEVICE();
+  if (!cudnn_sdpa_built()) GTEST_SKIP() << cudnn_sdpa_version_text();
+  TinyModel own;
+  own.store().zero_grads(own.stream);
+  const float own_loss = own.forward_backward().loss;
+  const auto own_grads = own.grads();
+  const std::vector<std::vector<std::string>> variants = {
+      {"--model.attention_backend", "cudnn"},
+      {"--model.attention_backend", "cudnn", "--model.attention_deterministic", "true"},
+      {"--model.attention_backend", "auto"}};
+  for (const auto& extra : variants) {
+    TinyModel t(extra);
+    SCOPED_TRACE(t.model->attention_backend_note());
+    EXPECT_EQ(t.model->attention_backend(), AttentionBackend::cudnn);
+    t.store().zero_grads(t.stream);
+    const float loss = t.forward_backward().loss;
+    EXPECT_NEAR(loss, own_loss, 1e-4 * own_loss);
+    const auto grads = t.grads();
+    double worst = 0;
+    size_t i = 0;
+    for (const Param& p : t.store().params()) {
+      const auto &a = grads[i], &b = own_grads[i];
+      ++i;
+      double num = 0, den = 0;
+      for (size_t j = 0; j < a.size(); ++j) {
+        num += (static_cast<double>(a[j]) - b[j]) * (static_cast<double>(a[j]) - b[j]);
+        den += static_cast<double>(b[j]) * b[j];
+      }
+      const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+      worst = std::max(worst, rel);
+      EXPECT_LT(rel, 5e-2) << p.name << ": gradient on cuDNN against ours, relative L2";
+    }
+    std::printf("%s: loss %.7g (ours %.7g), largest gradient difference %.3g relative L2\n",
+                t.model->attention_backend_note().c_str(), loss, own_loss, worst);
+    if (t.cfg.model.attention_deterministic) {
+      t.store().zero_grads(t.stream);
+      t.forward_backward();
+      const auto again = t.grads();
+      for (size_t k = 0; k < grads.size(); ++k)
+        EXPECT_EQ(std::memcmp(again[k].data(), grads[k].data(), grads[k].size() * sizeof(float)), 0)
+            << t.store().params()[k].name << ": a second deterministic backward differs";
+    }
   }
 }
 

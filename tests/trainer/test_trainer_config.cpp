@@ -485,5 +485,22 @@ TEST(TrainerConfig, ModelHashFollowsShapeAndRecipeNotSchedule) {
   EXPECT_NE(model_config_text(base).find("model.hidden = 768\n"), std::string::npos);
 }
 
+// model.attention_backend and model.attention_deterministic: own and non-deterministic by default, any of the three
+// names, and not part of the model's identity (a checkpoint resumes under another backend).
+TEST(TrainerConfig, AttentionBackendOptions) {
+  const TrainerConfig base = tiny_with({});
+  EXPECT_EQ(base.model.attention_backend, AttentionBackend::own);
+  EXPECT_FALSE(base.model.attention_deterministic);
+  const TrainerConfig cudnn =
+      tiny_with({"--model.attention_backend", "cudnn", "--model.attention_deterministic", "true"});
+  EXPECT_EQ(cudnn.model.attention_backend, AttentionBackend::cudnn);
+  EXPECT_TRUE(cudnn.model.attention_deterministic);
+  EXPECT_EQ(tiny_with({"--model.attention_backend", "auto"}).model.attention_backend, AttentionBackend::automatic);
+  EXPECT_EQ(model_config_hash(cudnn), model_config_hash(base));
+  expect_error_with([] { tiny_with({"--model.attention_backend", "flash"}); },
+                    {"model.attention_backend = 'flash'", "expected own", "cudnn", "auto"});
+  expect_error_with([] { tiny_with({"--model.attention_deterministic", "1"}); }, {"not a boolean"});
+}
+
 }  // namespace
 }  // namespace fp4moe

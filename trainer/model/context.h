@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/common/check.h"
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "trainer/memory/device_memory.h"
@@ -16,6 +17,17 @@
 namespace fp4moe {
 
 class StepProfiler;  // trainer/model/profile.h
+
+// The backend of the layers' attention core (model.attention_backend, resolved by the model at construction;
+// kernels/attention/attention_backend.h): sdpa null runs our kernels (flash_attention.h), else cuDNN's fused attention
+// through `sdpa` (kernels/attention/cudnn_sdpa.h) with `workspace` (device, workspace_bytes: the most any layer's
+// attention forward or backward plan asks at the model's max_tokens; the model's, DeviceMemory's workspace category).
+struct AttentionCoreContext {
+  CudnnSdpa* sdpa = nullptr;
+  bool deterministic = false;  // model.attention_deterministic: the cuDNN backward's mode
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+};
 
 struct ModelContext {
   cudaStream_t stream = nullptr;
@@ -31,6 +43,8 @@ struct ModelContext {
   // The step profile (`fp4moe train --profile`, trainer/model/profile.h): the layers' ProfileScopes record on it
   // while a step is open; null (the default) records nothing.
   StepProfiler* profiler = nullptr;
+  // The attention core's backend (above); the default runs our kernels.
+  AttentionCoreContext attention = {};
 };
 
 // ctx.scratch, or fp4moe::Error naming `who` when the context has none.

@@ -71,7 +71,7 @@ MlaAttention::MlaAttention(ParamStore& store, const std::string& prefix, const M
       T_(seq_len),
       max_tokens_(max_tokens),
       rope_theta_(static_cast<float>(cfg.rope_theta)),
-      scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk_)))),
+      core_layout_(core_layout(cfg, cfg.heads)),
       policy_(recompute),
       model_(cfg),
       recipe_(recipe),
@@ -143,10 +143,9 @@ BufferPlan MlaAttention::buffers(const ModelConfig& cfg, const Recipe& recipe, c
   b.add("d kvd", N * (r_kv + rope), ElemType::bf16, true, ws, bwd);
   b.add("d latent", N * std::max(r_q, r_kv), ElemType::bf16, true, ws, bwd);
   b.add("dx (FP32)", N * d, ElemType::fp32, true, ws, bwd);
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk)));
-  const AttentionShape shape{N / seq_len, seq_len, heads, dqk, dv, scale};
-  b.add("attention backward workspace", N > 0 ? flash_attention_backward_workspace_bytes(shape) : 0, ElemType::byte,
-        true, ws, bwd);
+  b.add("attention backward workspace",
+        N > 0 ? flash_attention_backward_workspace_bytes(core_shape(cfg, N, heads, seq_len)) : 0, ElemType::byte, true,
+        ws, bwd);
   // The projections' own copies; the down-projections' Dgrads sum into dx in FP32 (run_backward).
   if (r_q > 0) {
     b.append(Linear::buffers(recipe, seq_share, r_q, d, true), "q_down ");
@@ -158,6 +157,39 @@ BufferPlan MlaAttention::buffers(const ModelConfig& cfg, const Recipe& recipe, c
   b.append(Linear::buffers(recipe, N, heads * (nope + dv), r_kv, false), "kv_up ");
   b.append(Linear::buffers(recipe, N, d, heads * dv, false), "out ");
   return b;
+}
+
+AttentionShape MlaAttention::core_shape(const ModelConfig& cfg, int64_t tokens, int64_t heads, int64_t seq_len) {
+  FP4MOE_CHECK(tokens >= 0 && heads >= 1 && seq_len >= 1 && tokens % seq_len == 0,
+               "MlaAttention::core_shape: expected tokens >= 0 a multiple of seq_len >= 1 and heads >= 1, got {} {} {}",
+               tokens, seq_len, heads);
+  const int64_t dqk = cfg.qk_head_dim();
+  return AttentionShape{tokens / seq_len, seq_len, heads, dqk, cfg.v_head_dim,
+                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk)))};
+}
+
+SdpaLayout MlaAttention::core_layout(const ModelConfig& cfg, int64_t heads) {
+  const int64_t dqk = cfg.qk_head_dim(), dv = cfg.v_head_dim, w_kv = cfg.qk_nope_head_dim + dv;
+  const AttnStrides qk{heads * dqk, dqk}, kv{heads * w_kv, w_kv}, o{heads * dv, dv};
+  return SdpaLayout{qk, qk, kv, o, o, qk, qk, kv};  // q, k, v, o, d o, d q, d k, d v
+}
+
+int64_t MlaAttention::cudnn_workspace_bytes(CudnnSdpa& sdpa, bool deterministic, const ModelConfig& cfg,
+                                            int64_t tokens, int64_t heads, int64_t seq_len) {
+  const AttentionShape s = core_shape(cfg, tokens, heads, seq_len);
+  const SdpaLayout layout = core_layout(cfg, heads);
+  return std::max(sdpa.forward_workspace_bytes(s, layout), sdpa.backward_workspace_bytes(s, layout, deterministic));
+}
+
+void MlaAttention::core_forward(ModelContext& ctx, int64_t M, const Acts& t) {
+  const AttentionShape s = core_shape(model_, M, H_, T_);
+  const SdpaLayout& l = core_layout_;
+  const AttnIn q = attn_in(t.q, l.q), k = attn_in(t.k, l.k), v = attn_in(t.kv + nope_, l.v);
+  const AttnOut o = attn_out(t.o, l.o);
+  ProfileScope core(ctx, ProfileModule::core_attn);
+  const AttentionCoreContext& a = ctx.attention;
+  if (a.sdpa) a.sdpa->forward(s, q, k, v, o, t.lse, a.workspace, a.workspace_bytes, ctx.stream);
+  else flash_attention_forward(s, q, k, v, o, t.lse, ctx.stream);  // o [M, H, dv], lse [B, H, T]
 }
 
 MlaAttention::Acts MlaAttention::take_acts(ScratchArena& a, const BufferPlan& p, const MlaRecompute& policy,
@@ -306,7 +338,7 @@ void MlaAttention::recompute_forward(ModelContext& ctx, const bf16* x, int64_t M
 void MlaAttention::run_forward(ModelContext& ctx, const bf16* x, int64_t M, const Acts& t, bool for_backward) {
   cudaStream_t st = ctx.stream;
   const RopeConfig rope_cfg{rope_theta_, 0, T_};
-  const int64_t w_kvd = r_kv_ + rope_, w_kv = nope_ + dv_;
+  const int64_t w_kvd = r_kv_ + rope_;
   auto norm = [&](RmsNorm& n, const bf16* in, bf16* out) {
     if (for_backward) n.recompute(ctx, in, M, out);
     else n.forward(ctx, in, M, out);
@@ -333,11 +365,7 @@ void MlaAttention::run_forward(ModelContext& ctx, const bf16* x, int64_t M, cons
   kv_up_.forward(ctx, t.n_kv, M, t.kv);                    // kv [M, H, nope + dv]
   mla_assemble_k(t.kv, t.k_pe, rope_, M, MlaDims{H_, nope_, rope_, dv_}, t.k, st);  // k [M, H, dqk]
 
-  const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
-  ProfileScope core(ctx, ProfileModule::core_attn);
-  flash_attention_forward(shape, AttnIn{t.q, H_ * dqk_, dqk_}, AttnIn{t.k, H_ * dqk_, dqk_},
-                          AttnIn{t.kv + nope_, H_ * w_kv, w_kv}, AttnOut{t.o, H_ * dv_, dv_}, t.lse,
-                          st);                             // o [M, H, dv], lse [B, H, T]
+  core_forward(ctx, M, t);                                 // o [M, H, dv], lse [B, H, T]
 }
 
 }  // namespace fp4moe

@@ -51,32 +51,33 @@ void MlaAttention::recompute_parts(ModelContext& ctx, const bf16* x, int64_t M, 
     kv_up_.forward(ctx, t.n_kv, M, t.kv);
     mla_assemble_k(t.kv, t.k_pe, rope_, M, MlaDims{H_, nope_, rope_, dv_}, t.k, st);
   }
-  if (policy_.core_attn) {  // o and lse: the attention forward again
-    const int64_t w_kv = nope_ + dv_;
-    const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
-    ProfileScope core(ctx, ProfileModule::core_attn);
-    flash_attention_forward(shape, AttnIn{t.q, H_ * dqk_, dqk_}, AttnIn{t.k, H_ * dqk_, dqk_},
-                            AttnIn{t.kv + nope_, H_ * w_kv, w_kv}, AttnOut{t.o, H_ * dv_, dv_}, t.lse, st);
-  }
+  if (policy_.core_attn) core_forward(ctx, M, t);  // o and lse: the attention forward again
+}
+
+void MlaAttention::core_backward(ModelContext& ctx, int64_t M, const Acts& t, const Grads& g) {
+  const AttentionShape s = core_shape(model_, M, H_, T_);
+  const SdpaLayout& l = core_layout_;
+  const AttnIn q = attn_in(t.q, l.q), k = attn_in(t.k, l.k), v = attn_in(t.kv + nope_, l.v), o = attn_in(t.o, l.o);
+  const AttnIn dout = attn_in(g.d_o, l.dout);
+  const AttnOut dq = attn_out(g.d_q, l.dq), dk = attn_out(g.d_k, l.dk), dv = attn_out(g.d_kv + nope_, l.dv);
+  ProfileScope core(ctx, ProfileModule::core_attn);
+  const AttentionCoreContext& a = ctx.attention;
+  if (a.sdpa)
+    a.sdpa->backward(s, q, k, v, o, dout, t.lse, dq, dk, dv, a.deterministic, a.workspace, a.workspace_bytes,
+                     ctx.stream);
+  else
+    flash_attention_backward(s, q, k, v, o, dout, t.lse, dq, dk, dv, g.attn_ws, ctx.stream);
 }
 
 void MlaAttention::run_backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, const Acts& t,
                                 const Grads& g, bf16* dx) {
   cudaStream_t st = ctx.stream;
   const RopeConfig rope_cfg{rope_theta_, 0, T_};
-  const int64_t w_kvd = r_kv_ + rope_, w_kv = nope_ + dv_;
+  const int64_t w_kvd = r_kv_ + rope_;
   const MlaDims dims{H_, nope_, rope_, dv_};
 
   out_.backward(ctx, dy, t.o, M, LinearGradOut{g.d_o, false, false});  // d o [M, H * dv]
-  const AttentionShape shape{M / T_, T_, H_, dqk_, dv_, scale_};
-  {
-    ProfileScope core(ctx, ProfileModule::core_attn);
-    flash_attention_backward(shape, AttnIn{t.q, H_ * dqk_, dqk_}, AttnIn{t.k, H_ * dqk_, dqk_},
-                             AttnIn{t.kv + nope_, H_ * w_kv, w_kv}, AttnIn{t.o, H_ * dv_, dv_},
-                             AttnIn{g.d_o, H_ * dv_, dv_}, t.lse, AttnOut{g.d_q, H_ * dqk_, dqk_},
-                             AttnOut{g.d_k, H_ * dqk_, dqk_}, AttnOut{g.d_kv + nope_, H_ * w_kv, w_kv}, g.attn_ws,
-                             st);  // d q, d k [M, H, dqk]; d v into d kv's v parts
-  }
+  core_backward(ctx, M, t, g);  // d q, d k [M, H, dqk]; d v into d kv's v parts
 
   // kv path. d kvd [M, r_kv + rope]: d k_pe (head sum, then inverse RoPE) in its last rope columns, d c_kv in its
   // first r_kv columns.

@@ -30,7 +30,8 @@
 // rms_norm.h; per layer: layer_memory()). Workspace: tmp and d_res [max_tokens, d] BF16 (the branch output / grad
 // and the residual-stream grad, shared by all layers), the loss, and the shared scratch arena
 // (trainer/memory/scratch.h) sized to the largest of: any layer's forward or backward, the LM head backward's FP32
-// Dgrad [max_tokens, d], the final norm's backward, the embedding backward's workspace. Outside DeviceMemory's
+// Dgrad [max_tokens, d], the final norm's backward, the embedding backward's workspace; with the cuDNN attention
+// backend, its workspace (model.h, "Attention core backend"; counted, not estimated). Outside DeviceMemory's
 // accounting: the cuBLASLt workspaces of the model's CublasLtMatmul (which every layer's GEMMs use, the fp8/mxfp4
 // Group Linears' included) and of LmHeadCrossEntropy, the latter's chunk scratch (logits FP32 + dlogits BF16
 // [max_tokens, chunk]), cudaMalloc'd by those classes. The routed experts' Group Linears take their own buffers from
@@ -45,6 +46,8 @@
 #include <optional>
 #include <string>
 
+#include "kernels/attention/attention_backend.h"
+#include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/common/check.h"
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "kernels/nn/cross_entropy.h"
@@ -54,6 +57,7 @@
 #include "trainer/memory/scratch.h"
 #include "trainer/model/decoder_layer.h"
 #include "trainer/model/layout_emulation.h"
+#include "trainer/model/mla.h"
 #include "trainer/model/moe.h"
 #include "trainer/model/profile.h"
 #include "trainer/model/rms_norm.h"
@@ -113,6 +117,7 @@ struct Model::Impl {
                                        : LayerShape::one_gpu(cfg, max_tokens);
     arena.emplace(mem, Model::scratch_arena_bytes(cfg, stage, shape, embedding_sort_bytes(max_tokens)),
                   "model scratch arena (shared by the layers)");
+    setup_attention(cfg, mem);
     // The communication buffers of the emulated layout (none on one GPU): allocated and counted, never transferred.
     bool has_moe = false;
     for (const auto& layer : layers) has_moe = has_moe || layer->has_moe();
@@ -123,6 +128,28 @@ struct Model::Impl {
         (b.tensor == kPipelineSend ? pp_send : pp_receive) = comm_plan.allocate<bf16>(mem, b.tensor, "comm");
       else
         comm.push_back(comm_plan.allocate<unsigned char>(mem, b.tensor, "comm"));
+  }
+
+  // model.attention_backend resolved for the MLA shape at max_tokens (kernels/attention/attention_backend.h); with
+  // cuDNN, its object (plans shared by the layers) and the workspace the largest of its plans asks, from DeviceMemory.
+  void setup_attention(const TrainerConfig& cfg, DeviceMemory& mem) {
+    const ModelConfig& m = cfg.model;
+    if (m.attention_backend != AttentionBackend::own && cudnn_sdpa_built()) sdpa = std::make_unique<CudnnSdpa>();
+    attention_backend = resolve_attention_backend(m.attention_backend, sdpa.get(),
+                                                  MlaAttention::core_shape(m, max_tokens, m.heads, T),
+                                                  MlaAttention::core_layout(m, m.heads), m.attention_deterministic,
+                                                  &attention_note);
+    if (attention_backend != AttentionBackend::cudnn) {
+      sdpa.reset();
+      return;
+    }
+    const int64_t bytes =
+        MlaAttention::cudnn_workspace_bytes(*sdpa, m.attention_deterministic, m, max_tokens, m.heads, T);
+    sdpa_workspace = DeviceArray<unsigned char>(mem, bytes, MemCategory::workspace, "cuDNN attention workspace");
+  }
+  AttentionCoreContext attention_context(const TrainerConfig& cfg) const {
+    if (!sdpa) return {};
+    return {sdpa.get(), cfg.model.attention_deterministic, sdpa_workspace.data(), sdpa_workspace.size()};
   }
 
   // ---- pipeline stage boundaries (trainer/model/layout_emulation.h) ------------------------------------------
@@ -297,6 +324,10 @@ struct Model::Impl {
   DeviceArray<bf16> d_res;                          // [max_tokens, d] residual-stream grad
   DeviceArray<float> loss;                          // [1] mean cross-entropy
   std::optional<ScratchArena> arena;                // the shared scratch (ModelContext::scratch)
+  AttentionBackend attention_backend = AttentionBackend::own;  // model.attention_backend, resolved
+  std::string attention_note;                       // resolve_attention_backend's line
+  std::unique_ptr<CudnnSdpa> sdpa;                  // the cuDNN backend (attention_backend == cudnn)
+  DeviceArray<unsigned char> sdpa_workspace;        // its workspace (ModelContext::attention)
   BufferPlan comm_plan{"comm"};                     // Model::comm_buffers of this GPU
   DeviceArray<bf16> pp_send, pp_receive;            // [max_tokens, d] pipeline buffers (pp > 1)
   std::vector<DeviceArray<unsigned char>> comm;     // the expert-parallel buffers (ep > 1, a stage with MoE layers)
@@ -325,11 +356,15 @@ Model::Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream, E
   mem.slots().set_count(position_.in_flight);  // before the layers allocate their held activations
   impl_ = std::make_unique<Impl>(cfg_, stage, store_, mem, transport);
   ctx_ = ModelContext{stream, &impl_->lt, &mem, &*impl_->arena};
+  ctx_.attention = impl_->attention_context(cfg_);
   store_.set_shard(layout_of(cfg_).zero1_parts());  // ZeRO-1: this GPU's optimizer shard (params.h)
   store_.allocate(mem);
 }
 
 Model::~Model() = default;
+
+AttentionBackend Model::attention_backend() const { return impl_->attention_backend; }
+const std::string& Model::attention_backend_note() const { return impl_->attention_note; }
 
 void Model::init_weights(uint64_t seed) { store_.init(seed, ctx_.stream); }
 

@@ -13,7 +13,15 @@
 // layer's scratch and what it recomputes come from one shared arena (trainer/memory/scratch.h, MemCategory::
 // workspace) sized once to the largest single layer call. Parameters live in a ParamStore. Deterministic: the same
 // weights and batch give bitwise the same loss and gradients (no floating-point atomics on the training path),
-// under every recompute policy.
+// under every recompute policy, with the attention core on our kernels (model.attention_backend = own, the default)
+// or on cuDNN with model.attention_deterministic = true.
+//
+// Attention core backend (model.attention_backend, kernels/attention/attention_backend.h): resolved once, at
+// construction, for the MLA shape at micro_batch x seq_len tokens (attention_backend_note says what and why). With
+// cuDNN, the model owns the CudnnSdpa (plans shared by all layers) and one workspace, sized to the largest its
+// forward and backward plans ask there (MlaAttention::cudnn_workspace_bytes) and taken from DeviceMemory's workspace
+// category ("cuDNN attention workspace"); the layers reach both through ModelContext::attention. That workspace is
+// queried from the device and is not in the memory estimator's plans (like cub's sort storage).
 //
 // Emulated layout (cfg's [parallel] section, DESIGN.md "Trainer"): the model builds ONE GPU of that layout, run for
 // real on the local GPU, with no other rank and no transfer:
@@ -57,6 +65,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trainer/comm/transport.h"
@@ -282,6 +291,10 @@ class Model {
   ParamStore& params() { return store_; }
   const TrainerConfig& config() const { return cfg_; }
   ModelContext& context() { return ctx_; }
+  // The attention core's backend as resolved at construction (own or cudnn), and one line saying which, with the
+  // cuDNN version and backward mode, or why auto fell back to own.
+  AttentionBackend attention_backend() const;
+  const std::string& attention_backend_note() const;
 
  private:
   struct Impl;

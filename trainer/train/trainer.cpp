@@ -176,6 +176,7 @@ void Trainer::State::setup() {
   metrics->set_attribute("training_flops_per_token", flops_per_token);
   metrics->set_attribute("memory_budget_bytes", static_cast<int64_t>(opts.memory_budget_bytes));
   metrics->set_attribute("resumed_from", opts.resume_path);
+  metrics->set_attribute("attention_backend", model->attention_backend_note());
   set_dispatch_attributes(*metrics, cfg, model->dispatch_bytes());
   for (auto& [key, v] : layout_attributes(cfg, model->stage())) metrics->set_attribute(key, std::move(v));
 
@@ -276,6 +277,7 @@ TrainResult Trainer::run() {
       s.step + 1, t.steps, s.tokens_per_step, s.B, s.T, t.grad_accum,
       s.opts.synthetic_data ? std::string("synthetic tokens") : fmt::format("shards of {}", t.data_dir),
       s.opts.out_path.empty() ? std::string() : fmt::format(", results in {}", s.opts.out_path)));
+  if (s.cfg.model.attention_backend != AttentionBackend::own) s.progress->message(s.model->attention_backend_note());
   if (s.transport) {
     const int64_t E = s.cfg.moe.routed_experts;
     s.progress->message(fmt::format("rank {} of {}: expert parallel ({} of {} routed experts per MoE layer on each "
