@@ -279,9 +279,9 @@ std::vector<Row> summarize() {
   }
   for (Row& r : rows) {
     r.fraction_of_gemm = r.tflops / gemm_tflops;
+    if (r.c->gemm || r.c->backend == Backend::cudnn) continue;  // the GEMM's case has no shape name
     const auto peer = cudnn_tflops.find(r.c->pass + "/" + r.c->shape.name);
-    if (!r.c->gemm && r.c->backend != Backend::cudnn && peer != cudnn_tflops.end())
-      r.fraction_of_cudnn = r.tflops / peer->second;
+    if (peer != cudnn_tflops.end()) r.fraction_of_cudnn = r.tflops / peer->second;
   }
   return rows;
 }
