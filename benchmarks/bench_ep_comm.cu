@@ -25,7 +25,7 @@
 //              device-to-device cudaMemcpyAsync of the same bytes, timed in the same run (the copy ceiling).
 // The probe layer: top-k 8 (V3's; V2 routes 6: the bytes per routed token do not depend on k), 16 routed experts of
 // FFN width 256 (the exchange does not depend on the width), no shared expert, the v3 router choosing on its own;
-// weights from ParamStore::init, tokens and output gradients seeded BF16 with bench_util.cuh's activation spread.
+// weights from ParamStore::init, tokens and output gradients seeded BF16 N(0, 1) (ep_traffic.h EpLayerProbe).
 // After the run: `case | shape | recipe | direction | B/routed token | formats | wire share | us | x copy`, and with
 // --h5 the table /bench/ep_comm (columns in result_table below). Exit code 1 when a case failed (a disagreement
 // of the counts included).

@@ -18,7 +18,7 @@
 // e.g. bf16_to_mxfp4_row/floor_sr_rht. bf16_to_mxfp4_col (along tokens, bf16_to_mxfp4_col.h) runs in RNE, SR, each
 // transform, SR with h16 and SR with rht, dense and ragged over 32 balanced experts (shape .../g32), with each of its
 // three kernels (bf16_to_mxfp4_col.h detail::MxColKernel; bf16_to_mxfp4_col/ the one the quantizer runs,
-// bf16_to_mxfp4_col_blocks/, _regs/ and _shared/ the others).
+// _col_regs/ and _col_shared/ the others; _col_blocks/ names block_per_thread wherever it is not the default).
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
@@ -172,7 +172,7 @@ void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rou
 // The column quantizer (bf16_to_mxfp4_col.h) in the same options: dense (G = 0, shape MxK) or ragged over G balanced
 // groups (shape MxK/gG, groups padded to 32 tokens). Cases bf16_to_mxfp4_col/... run the kernel the quantizer runs
 // for the option (detail::mx_col_default_kernel), the others the other kernels (the same bits), side by side:
-// bf16_to_mxfp4_col_blocks/ (block_per_thread), bf16_to_mxfp4_col_regs/ (register_tile) and
+// bf16_to_mxfp4_col_blocks/ (block_per_thread, where it is not the default), bf16_to_mxfp4_col_regs/ (register_tile) and
 // bf16_to_mxfp4_col_shared/ (shared_tile, the earliest).
 const char* col_case_name(detail::MxColKernel kernel, Rounding rounding, HadamardTransform transform) {
   if (kernel == detail::mx_col_default_kernel(rounding, transform)) return "bf16_to_mxfp4_col";

@@ -5,7 +5,7 @@
 // norm and expert loads). Two
 // implementations: NcclTransport (nccl_transport.h: grouped ncclSend / ncclRecv, one process per GPU) and
 // InProcessTransport (in_process_transport.h: N simulated ranks in one process on one device, device-to-device
-// copies; for tests, since NCCL refuses two ranks on one GPU).
+// copies; for tests and simulations, e.g. bench_ep_comm, since NCCL refuses two ranks on one GPU).
 //
 // Every rank of the group calls exchange() and all_reduce_sum() the same number of times in the same order
 // (collectives, one sequence for both); the bytes rank s sends to rank r must equal those r receives from s (the
