@@ -16,9 +16,13 @@
 // (mxfp4_gemm, "fprop mxfp4 up 1x16384") and the grouped Wgrad from MXFP4 column tensors (mxfp4_wgrad_grouped), as
 // recipe mxfp4 (the MXFP4 -> FP8 conversions included) and mxfp4_gemm (the cuBLASLt step alone, on operands
 // converted before timing); FLOPs count the GEMM only.
+// Hopper grouped FP8 kernel (kernels/gemm/grouped_gemm_sm90.h, recipe fp8_sm90), Fprop and Dgrad: one launch per
+// call from the device offsets (no host copy), beside the cuBLASLt path (recipe fp8) on the same shapes and splits;
+// its tile width chosen automatically (tuning none) and forced to 128 and 256 columns (tunings n128, n256).
 // After the run: `case | shape | us | TFLOP/s | x dense | x bf16 | x none | x fp8` (x dense: TFLOP/s over the dense
 // GEMM's of the same recipe, op and shape measured in the same run; x bf16: the BF16 time of the same op and shape
-// over this row's time; x fp8: the FP8 time over this row's time, MXFP4 rows) with geometric-mean summaries, and
+// over this row's time; x fp8: the cuBLASLt FP8 time over this row's time, MXFP4 and fp8_sm90 rows) with
+// geometric-mean summaries, and
 // with --h5 the table /bench/grouped_gemm of an HDF5 result file
 // (bench_util.cuh's columns, then fraction_of_dense, experts, n, k; gbps and fraction_of_copy_bw are NaN).
 #include <benchmark/benchmark.h>
@@ -37,6 +41,7 @@
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "kernels/gemm/grouped_gemm_sm90.h"
 #include "kernels/gemm/mxfp4_gemm.h"
 #include "kernels/quant/layouts.h"
 
@@ -115,12 +120,15 @@ class Pool {
 // ---- cases --------------------------------------------------------------------------------------------------------
 
 struct Case {
-  std::string op, recipe, shape;  // op: fprop/dgrad/wgrad; recipe: bf16/fp8/mxfp4/mxfp4_gemm; shape: "up 8x2048"
+  std::string op, recipe, shape;  // op: fprop/dgrad/wgrad; recipe: bf16/fp8/fp8_sm90/mxfp4/mxfp4_gemm; shape: "up 8x2048"
   int64_t N = 0, K = 0, G = 0;
   bool dense = false;
   bool even = false;  // G groups of exactly kTokens / G tokens (else ragged +-25 %)
   GroupedGemmTuning tuning{};
-  std::string tuning_label() const { return label_of(tuning); }
+  int sm90_block_n = 0;  // fp8_sm90: Sm90GemmConfig::block_n (0: automatic)
+  std::string tuning_label() const {
+    return sm90_block_n != 0 ? fmt::format("n{}", sm90_block_n) : label_of(tuning);
+  }
   std::string name() const {
     return fmt::format("{}/{}/{}{}{}", op, recipe, shape, dense ? "/dense" : "",
                        tuning_label() == "none" ? std::string() : "@" + tuning_label());
@@ -218,6 +226,20 @@ std::unique_ptr<Workload> build(const Case& c) {
       else
         w->launch = [=, &gemm] { gemm.wgrad_fp8(f.dy, f.x, N, K, split, dw, nullptr, kMxBlock); };
     }
+  } else if (c.recipe == "fp8_sm90") {  // the same operands as the fp8 rows, through the Hopper kernel
+    const int32_t* offsets = split.offsets;
+    const Sm90GemmConfig config{c.sm90_block_n};
+    if (c.op == "fprop") {
+      Fp8RowOperand x{p.codes(M * K, 4), p.scales(fp8_row_scale_count(M, K), 5)};
+      Fp8BlockStack wt{p.codes(G * N * K, 6), p.scales(G * fp8_block_scale_count(N, K), 7)};
+      bf16* y = p.alloc<bf16>(M * N);
+      w->launch = [=] { grouped_fprop_fp8_sm90(x, wt, M, N, K, offsets, G, y, nullptr, config); };
+    } else {
+      Fp8RowOperand dy{p.codes(M * N, 8), p.scales(fp8_row_scale_count(M, N), 9)};
+      Fp8BlockStack wt{p.codes(G * N * K, 6), p.scales(G * fp8_block_scale_count(K, N), 7)};
+      bf16* dx = p.alloc<bf16>(M * K);
+      w->launch = [=] { grouped_dgrad_fp8_sm90(dy, wt, M, N, K, offsets, G, dx, nullptr, config); };
+    }
   } else {
     if (c.op == "fprop") {
       Fp8RowOperand x{p.codes(M * K, 4), p.scales(fp8_row_scale_count(M, K), 5)};
@@ -271,6 +293,20 @@ void define_cases() {
             g_cases.push_back(
                 Case{op, recipe, fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, t});
         }
+  // The Hopper grouped FP8 kernel, Fprop and Dgrad, beside the fp8 (cuBLASLt) rows of the same shapes: tile width
+  // automatic, then forced to 128 and 256 columns.
+  for (int block_n : {0, 128, 256})
+    for (const char* op : {"fprop", "dgrad"})
+      for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
+        auto add = [&](std::string shape, int64_t G, bool dense, bool even) {
+          Case c{op, "fp8_sm90", std::move(shape), s.N, s.K, G, dense, even, {}};
+          c.sm90_block_n = block_n;
+          g_cases.push_back(c);
+        };
+        for (int64_t G : {8, 32}) add(fmt::format("{} {}x{}", s.name, G, kTokens / G), G, false, false);
+        add(fmt::format("{} 8x{} even", s.name, kTokens / 8), 8, false, true);
+        add(fmt::format("{} 1x{}", s.name, kTokens), 1, true, false);
+      }
   // MXFP4 on FP8 tensor cores (mxfp4_gemm.h), one stream: the dense Fprop GEMM and the grouped Wgrad, with and
   // without the MXFP4 -> FP8 conversions, beside the FP8 rows of the same op and shape.
   for (const char* recipe : {"mxfp4", "mxfp4_gemm"})
@@ -305,8 +341,10 @@ void run_case(benchmark::State& state, const Case* c) {
       ++m.calls;
     }
     m.flops = w->flops;
-    m.heuristic_queries = w->gemm.lt().heuristic_queries();
-    m.fallbacks = w->gemm.lt().exact_shape_fallbacks();
+    if (c->recipe != "fp8_sm90") {  // no cuBLASLt call there (lt() would make a handle)
+      m.heuristic_queries = w->gemm.lt().heuristic_queries();
+      m.fallbacks = w->gemm.lt().exact_shape_fallbacks();
+    }
     m.ok = true;
     state.counters["TFLOP/s"] = m.seconds > 0 ? static_cast<double>(m.flops) * m.calls / m.seconds * 1e-12 : 0.0;
     state.counters["heuristic_queries"] = static_cast<double>(m.heuristic_queries);
@@ -323,8 +361,8 @@ struct Row {
   const Case* c;
   double us = 0, tflops = 0;
   double fraction_of_dense = NAN;  // TFLOP/s over the dense GEMM's of the same op, recipe, N and K (grouped rows)
-  double speedup = NAN;            // BF16 time over this row's time, same op and shape (FP8 and MXFP4 rows)
-  double vs_fp8 = NAN;             // FP8 time over this row's time, same op and shape (MXFP4 rows)
+  double speedup = NAN;            // BF16 time over this row's time, same op and shape (FP8, fp8_sm90 and MXFP4 rows)
+  double vs_fp8 = NAN;             // FP8 time over this row's time, same op and shape (MXFP4, fp8_sm90 rows)
 };
 
 // One row per measured case, in definition order, with the ratios to the cases measured beside it.
@@ -342,8 +380,9 @@ std::vector<Row> summarize() {
   for (Row& r : rows)
     for (const Row& o : rows) {
       const Case &c = *r.c, &d = *o.c;
-      // The dense ceiling (one group: streams do not apply).
-      if (!c.dense && d.dense && d.op == c.op && d.recipe == c.recipe && d.N == c.N && d.K == c.K)
+      // The dense ceiling (one group: streams do not apply; fp8_sm90 compares within its tile width).
+      if (!c.dense && d.dense && d.op == c.op && d.recipe == c.recipe && d.N == c.N && d.K == c.K &&
+          (c.recipe != "fp8_sm90" || d.tuning_label() == c.tuning_label()))
         r.fraction_of_dense = r.tflops / o.tflops;
       const bool same = d.op == c.op && d.shape == c.shape && d.dense == c.dense &&
                         d.tuning_label() == c.tuning_label();
@@ -363,7 +402,7 @@ void print_table(const std::vector<Row>& rows) {
   fmt::print("{:-<22}-+-{:-<14}-+-{:-<7}-+-{:->9}-+-{:->8}-+-{:->7}-+-{:->7}-+-{:->7}-+-{:->7}\n", "", "", "", "", "",
              "", "", "", "");
   std::map<std::string, std::vector<double>> fractions, speedups, over_none;  // by tuning label
-  std::map<std::string, std::vector<double>> vs_fp8;                          // by recipe (MXFP4 rows)
+  std::map<std::string, std::vector<double>> vs_fp8;                          // by recipe (MXFP4, fp8_sm90 rows)
   for (const Row& r : rows) {
     double vs_none = NAN;  // the untuned time of the same case over this one's
     for (const Row& o : rows)
@@ -410,11 +449,14 @@ Table result_table(const std::vector<Row>& rows) {
   t.set_attribute("fraction_of_dense",
                   "TFLOP/s over the dense GEMM's (one group of all tokens) of the same op, recipe, N and K measured "
                   "in the same run (NaN on dense rows)");
+  t.set_attribute("recipe", "bf16, fp8 (cuBLASLt through GroupedGemm), fp8_sm90 (the Hopper grouped kernel, "
+                            "grouped_gemm_sm90.h: same operands as fp8), mxfp4, mxfp4_gemm");
   t.set_attribute("shape", "up: N=4096, K=7168 (DeepSeek-V3 fused gate/up); down: N=7168, K=2048; GxM: G experts "
                            "of about M tokens each (ragged +-25 %), 'even': exactly M each");
   t.set_attribute("tuning", "GroupedGemmTuning: none (one stream: the default, what the trainer runs), sS (S "
-                            "concurrent runs of groups); speedup compares rows of the same tuning, fraction_of_dense "
-                            "divides by the dense (one-group) row");
+                            "concurrent runs of groups); fp8_sm90 rows: none (tile width chosen by the kernel's "
+                            "launcher), nW (tile width forced to W columns); speedup compares rows of the same tuning, "
+                            "fraction_of_dense divides by the dense (one-group) row");
   t.set_attribute("gbps", "not measured for GEMMs (NaN)");
   t.set_attribute("min_time_s", kMinTimeS);
   return t;

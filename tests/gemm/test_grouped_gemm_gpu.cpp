@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/common/gpu_test_util.h"
+#include "tests/common/grouped_gemm_test_util.h"
 #include "tests/common/param_printers.h"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
@@ -34,92 +35,10 @@
 namespace fp4moe {
 namespace {
 
-using test::DeviceBuffer;
+using namespace test;
 
 constexpr double kTolFp32Out = 1e-3;  // relative L2 error before the output cast
 constexpr double kTolBf16Out = 1e-2;  // after the BF16 cast
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-enum class ScaleKind { pow2, fp32 };
-
-// ---- random operands in the layouts of layouts.h --------------------------------------------------------------
-
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() { return mix64(state += 0x9E3779B97F4A7C15ull); }
-  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
-  // Any finite E4M3 code (NaN codes 0x7F/0xFF become zeros).
-  uint8_t code() {
-    uint8_t c = static_cast<uint8_t>(next() >> 56);
-    return (c & 0x7F) == 0x7F ? 0 : c;
-  }
-  float scale(ScaleKind kind) {
-    if (kind == ScaleKind::pow2) return exp2_exact(static_cast<int>(below(9)) - 6);  // 2^-6 .. 2^2
-    return static_cast<float>(0.001 + 0.2 * static_cast<double>(next() >> 11) * 0x1.0p-53);
-  }
-};
-
-float e4m3(uint8_t c) { return e4m3_to_f32(c); }
-
-struct HostFp8 {
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;
-  std::vector<float> deq;  // dense fp32, the exact dequantized values
-};
-
-// FP8 1x128 row tensor [R, C]; padding rows of the scales are NaN (never to be read).
-HostFp8 make_row_tensor(int64_t R, int64_t C, ScaleKind kind, Rng& rng) {
-  HostFp8 t;
-  t.codes.resize(R * C);
-  t.scales.assign(fp8_row_scale_count(R, C), kNaN);
-  t.deq.resize(R * C);
-  for (auto& c : t.codes) c = rng.code();
-  for (int64_t b = 0; b < ceil_div(C, kFp8Block); ++b)
-    for (int64_t r = 0; r < R; ++r) t.scales[fp8_row_scale_index(r, b, R)] = rng.scale(kind);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < C; ++c)
-      t.deq[r * C + c] = e4m3(t.codes[r * C + c]) * t.scales[fp8_row_scale_index(r, c / kFp8Block, R)];
-  return t;
-}
-
-// G stacked FP8 128x128 block tensors [R, C]; padding k-blocks of the scales hold 1.0 (layouts.h).
-HostFp8 make_block_stack(int64_t G, int64_t R, int64_t C, ScaleKind kind, Rng& rng) {
-  HostFp8 t;
-  const int64_t count = fp8_block_scale_count(R, C), ld = fp8_block_scale_ld(C);
-  t.codes.resize(G * R * C);
-  t.scales.assign(G * count, 1.0f);
-  t.deq.resize(G * R * C);
-  for (auto& c : t.codes) c = rng.code();
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t rb = 0; rb < ceil_div(R, kFp8Block); ++rb)
-      for (int64_t cb = 0; cb < ceil_div(C, kFp8Block); ++cb) t.scales[g * count + rb * ld + cb] = rng.scale(kind);
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c)
-        t.deq[(g * R + r) * C + c] =
-            e4m3(t.codes[(g * R + r) * C + c]) * t.scales[g * count + (r / kFp8Block) * ld + c / kFp8Block];
-  return t;
-}
-
-// The same experts transposed: [R, C] blocks -> [C, R] blocks (what bf16_to_fp8_block128 with transpose = true
-// writes for Dgrad). deq is not filled (it is the transpose of the input's).
-HostFp8 transpose_block_stack(const HostFp8& w, int64_t G, int64_t R, int64_t C) {
-  HostFp8 t;
-  const int64_t count = fp8_block_scale_count(R, C), ld = fp8_block_scale_ld(C);
-  const int64_t count_t = fp8_block_scale_count(C, R), ld_t = fp8_block_scale_ld(R);
-  t.codes.resize(G * R * C);
-  t.scales.assign(G * count_t, 1.0f);
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c) t.codes[(g * C + c) * R + r] = w.codes[(g * R + r) * C + c];
-    for (int64_t rb = 0; rb < ceil_div(R, kFp8Block); ++rb)
-      for (int64_t cb = 0; cb < ceil_div(C, kFp8Block); ++cb)
-        t.scales[g * count_t + cb * ld_t + rb] = w.scales[g * count + rb * ld + cb];
-  }
-  return t;
-}
-
 // FP8 column tensor over ragged groups of an [M, C] tensor (layouts.h): group g is [C, L_g] with 1x128 blocks
 // along tokens and zero columns up to L_g = round_up(M_g, 16). The unused end of the capacity holds NaN codes and
 // NaN scales, so a read outside the groups' extents shows up in the result. deq is [M, C] row-major.
@@ -159,46 +78,10 @@ std::vector<bf16> to_bf16_exact(const std::vector<float>& v) {
   return out;
 }
 
-template <typename T>
-std::unique_ptr<DeviceBuffer<T>> upload(const std::vector<T>& h) {
-  auto d = std::make_unique<DeviceBuffer<T>>(h.size());
-  d->upload(h);
-  return d;
-}
-
-// An output buffer of `count` elements of either type, poisoned with 0xFF bytes (NaN in bf16 and fp32).
-struct OutBuffer {
-  DeviceBuffer<float> buf;  // fp32-sized storage serves both types
-  int64_t count;
-  GemmOutType type;
-  OutBuffer(int64_t n, GemmOutType t) : buf(static_cast<size_t>(std::max<int64_t>(n, 1))), count(n), type(t) {
-    buf.poison(0xFF);
-  }
-  GemmOutput output(bool accumulate = false) { return GemmOutput{buf.ptr, type, accumulate}; }
-  std::vector<float> download() const {
-    std::vector<float> all = buf.download();
-    std::vector<float> out(static_cast<size_t>(count));
-    if (type == GemmOutType::fp32) {
-      std::copy(all.begin(), all.begin() + count, out.begin());
-    } else {
-      const auto* b = reinterpret_cast<const uint16_t*>(all.data());
-      for (int64_t i = 0; i < count; ++i) out[i] = bf16_bits_to_f32(b[i]);
-    }
-    return out;
-  }
-};
-
 const char* out_name(GemmOutType t) { return t == GemmOutType::fp32 ? "fp32" : "bf16"; }
 double tolerance(GemmOutType t) { return t == GemmOutType::fp32 ? kTolFp32Out : kTolBf16Out; }
 
 // ---- checks -------------------------------------------------------------------------------------------------------
-
-// Index of the first NaN/Inf in v (the poison of an unwritten element), or -1.
-int64_t first_non_finite(const std::vector<float>& v) {
-  for (size_t i = 0; i < v.size(); ++i)
-    if (!std::isfinite(v[i])) return static_cast<int64_t>(i);
-  return -1;
-}
 
 // Token rows to compare: the first and last 4 rows of every group (where neighbouring groups' padded GEMMs and the
 // tail scratch write) and 8 random rows; every row when the problem is small.
@@ -302,26 +185,7 @@ void expect_wgrad_close(const std::string& what, const std::vector<float>& got, 
   }
 }
 
-// Runs `body`, turning an fp4moe::Error into a test failure that names the case (other cases still run).
-template <typename F>
-bool run_case(const std::string& what, F&& body) {
-  try {
-    body();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    return true;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << what << ": threw " << e.what();
-    return false;
-  }
-}
-
 // ---- splits -------------------------------------------------------------------------------------------------------
-
-std::vector<int32_t> offsets_of(const std::vector<int32_t>& sizes) {
-  std::vector<int32_t> o(sizes.size() + 1, 0);
-  for (size_t g = 0; g < sizes.size(); ++g) o[g + 1] = o[g] + sizes[g];
-  return o;
-}
 
 // 0: the split; 1: all tokens on one expert (1001 rows: a tail of 1 at the end); 2: seeded random sizes
 // with empty groups, ending in groups of 5 and 1..3 rows (padded GEMMs that would run past the end).

@@ -1,0 +1,359 @@
+#include "kernels/gemm/grouped_gemm_sm90.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "kernels/common/check.h"
+#include "kernels/gemm/grouped_tiles.h"
+#include "kernels/gemm/sm90_ptx.cuh"
+#include "kernels/gemm/tensor_map.h"
+#include "kernels/quant/layouts.h"
+
+namespace fp4moe {
+
+namespace {
+
+constexpr int kBlockM = 128;           // two consumer warpgroups of 64 rows
+constexpr int kBlockK = kFp8Block;     // one scale block per stage: 128 E4M3 codes, one 128-byte swizzle row
+constexpr int kWgmmaK = 32;            // K of one m64n128k32 instruction (32 bytes of E4M3)
+constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
+constexpr int kThreads = 384;          // + warpgroup 2, the producer
+constexpr int kConsumerWarps = kConsumerThreads / 32;
+constexpr int kMaxGroups = 1024;
+constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64K registers
+static_assert(kBlockK == 128, "one 128-byte swizzle row of E4M3 per stage and per row");
+static_assert(kBlockK % kWgmmaK == 0, "whole WGMMA steps per K block");
+
+// Shared memory of the kernel with kNSub column sub-tiles of 128 (BLOCK_N = 128 kNSub), from a 1024-byte aligned
+// base: the stage ring (A tiles, B tiles, the rows' X scales, the W scales), the full and empty barriers of each
+// stage, the safe group offsets and tile starts [G+1] each.
+template <int kNSub>
+struct Layout {
+  static constexpr int kBlockN = 128 * kNSub;
+  static constexpr int kStages = kNSub == 1 ? 6 : 4;
+  static constexpr uint32_t kABytes = kBlockM * kBlockK;  // 16 KiB, 1024-aligned atoms
+  static constexpr uint32_t kBBytes = kBlockN * kBlockK;
+  static constexpr uint32_t kSaBytes = kBlockM * 4;  // x_scale[row0 .. row0 + 127, kb]
+  static constexpr uint32_t kSbBytes = 16 * kNSub;   // per column block: w_scale[nb, kb & ~3 .. + 3]
+  static constexpr uint32_t kTxBytes = kABytes + kBBytes + kSaBytes + kSbBytes;
+  static constexpr uint32_t kOffA = 0;
+  static constexpr uint32_t kOffB = kOffA + kStages * kABytes;
+  static constexpr uint32_t kOffSa = kOffB + kStages * kBBytes;
+  static constexpr uint32_t kOffSb = kOffSa + kStages * kSaBytes;
+  static constexpr uint32_t kOffBars = kOffSb + kStages * kSbBytes;
+  static constexpr uint32_t kOffGroups = kOffBars + 2 * kStages * sizeof(uint64_t);
+  static size_t bytes(int64_t G) { return 1024 + kOffGroups + 2 * sizeof(int32_t) * static_cast<size_t>(G + 1); }
+  static_assert(kOffB % 1024 == 0 && kOffSa % 1024 == 0 && kABytes % 1024 == 0 && kBBytes % 1024 == 0,
+                "WGMMA tiles start on 1024-byte swizzle atoms");
+  static_assert(kSaBytes % 128 == 0 && kOffSb % 16 == 0 && kOffBars % 8 == 0, "TMA and mbarrier alignment");
+};
+
+struct Params {
+  const int32_t* offsets;  // device [G+1], raw
+  int32_t G;
+  int32_t M;          // rows of the row operand and of the output
+  int32_t P;          // output columns (N for Fprop, K for Dgrad)
+  int32_t k_blocks;   // reduction / 128
+  const float* w_scales;
+  int64_t w_scales_per_group;  // fp8_block_scale_count(P, R)
+  int32_t w_scale_ld;          // fp8_block_scale_ld(R)
+  bf16* out;
+};
+
+// Warp 0: the raw offsets in s_o [G+1] become the safe offsets, and s_start [G+1] the tile starts, of
+// grouped_tiles.h (the same values as grouped_tile_starts), each lane over a contiguous chunk, chunks joined by warp
+// scans (max, then sum).
+__device__ void group_tiles_warp(const Params& p, int32_t col_blocks, int32_t* s_o, int32_t* s_start) {
+  const int lane = threadIdx.x % 32;
+  const int n = p.G + 1, chunk = (n + 31) / 32;
+  const int begin = min(lane * chunk, n), end = min(begin + chunk, n);
+  int32_t run = 0;
+  for (int i = begin; i < end; ++i) run = max(run, safe_group_offset(s_o[i], 0, p.M));
+  for (int d = 1; d < 32; d *= 2) {
+    const int32_t v = __shfl_up_sync(0xFFFFFFFFu, run, d);
+    if (lane >= d) run = max(run, v);
+  }
+  int32_t before = __shfl_up_sync(0xFFFFFFFFu, run, 1);
+  if (lane == 0) before = 0;
+  for (int i = begin; i < end; ++i) s_o[i] = before = safe_group_offset(s_o[i], before, p.M);
+  __syncwarp();
+  const int gchunk = (p.G + 31) / 32;
+  const int gbegin = min(lane * gchunk, p.G), gend = min(gbegin + gchunk, p.G);
+  int32_t sum = 0;
+  for (int g = gbegin; g < gend; ++g) sum += group_tile_count(s_o[g + 1] - s_o[g], kBlockM, col_blocks);
+  int32_t incl = sum;
+  for (int d = 1; d < 32; d *= 2) {
+    const int32_t v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  int32_t at = incl - sum;
+  for (int g = gbegin; g < gend; ++g) {
+    s_start[g] = at;
+    at += group_tile_count(s_o[g + 1] - s_o[g], kBlockM, col_blocks);
+  }
+  if (lane == 31) s_start[p.G] = incl;
+}
+
+template <int kNSub>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                             const __grid_constant__ CUtensorMap map_sa, const Params p) {
+  using L = Layout<kNSub>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBars);
+  uint64_t* empty = full + L::kStages;
+  int32_t* s_o = reinterpret_cast<int32_t*>(smem + L::kOffGroups);
+  int32_t* s_start = s_o + p.G + 1;
+  const int32_t col_blocks = p.P / L::kBlockN;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      sm90::mbar_init(&full[s], 1);                 // the producer's arrive.expect_tx; the copies complete it
+      sm90::mbar_init(&empty[s], kConsumerWarps);   // one arrival per consumer warp
+    }
+    sm90::mbar_init_fence();
+  }
+  if (threadIdx.x == kConsumerThreads) {
+    sm90::prefetch_tensor_map(&map_a);
+    sm90::prefetch_tensor_map(&map_b);
+    sm90::prefetch_tensor_map(&map_sa);
+  }
+  for (int i = threadIdx.x; i <= p.G; i += kThreads) s_o[i] = p.offsets[i];  // one load in flight per thread
+  __syncthreads();
+  if (threadIdx.x < 32) group_tiles_warp(p, col_blocks, s_o, s_start);
+  __syncthreads();
+  const int32_t tiles = s_start[p.G];
+
+  if (threadIdx.x >= kConsumerThreads) {
+    // ---- producer warpgroup: one thread issues every copy -------------------------------------------------------
+    sm90::warpgroup_regs_dec<kProducerRegs>();
+    if (threadIdx.x != kConsumerThreads) return;
+    uint32_t stage = 0, phase = 0;
+    for (int32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const GroupedTile tile = grouped_tile(t, s_o, s_start, p.G, kBlockM, L::kBlockN, col_blocks);
+      const int32_t b_row = tile.group * p.P + tile.col0;  // row of W's stacked [G * P, R] view
+      const float* w_scales = p.w_scales + tile.group * p.w_scales_per_group + (tile.col0 / 128) * p.w_scale_ld;
+      for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+        sm90::mbar_wait(&empty[stage], phase ^ 1);
+        uint64_t* bar = &full[stage];
+        sm90::mbar_arrive_expect_tx(bar, L::kTxBytes);
+        sm90::tma_load_2d(smem + L::kOffA + stage * L::kABytes, &map_a, kb * kBlockK, tile.row0, bar);
+        sm90::tma_load_2d(smem + L::kOffB + stage * L::kBBytes, &map_b, kb * kBlockK, b_row, bar);
+        sm90::tma_load_2d(smem + L::kOffSa + stage * L::kSaBytes, &map_sa, tile.row0, kb, bar);
+#pragma unroll
+        for (int j = 0; j < kNSub; ++j)
+          sm90::bulk_load(smem + L::kOffSb + stage * L::kSbBytes + 16 * j, w_scales + j * p.w_scale_ld + (kb & ~3),
+                          16, bar);
+        if (++stage == L::kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups: rows 64 wg .. 64 wg + 63 of each tile -------------------------------------------------
+  sm90::warpgroup_regs_inc<kConsumerRegs>();
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int row_in_tile = 64 * wg + 16 * warp + lane / 4;  // fragment rows: this and + 8
+  float partial[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) partial[i] = 0.0f;
+  uint32_t stage = 0, phase = 0;
+  for (int32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const GroupedTile tile = grouped_tile(t, s_o, s_start, p.G, kBlockM, L::kBlockN, col_blocks);
+    float acc[kNSub][64];
+#pragma unroll
+    for (int j = 0; j < kNSub; ++j)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
+
+    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+      sm90::mbar_wait(&full[stage], phase);
+      const float* sa = reinterpret_cast<const float*>(smem + L::kOffSa + stage * L::kSaBytes);
+      const float* sb = reinterpret_cast<const float*>(smem + L::kOffSb + stage * L::kSbBytes);
+      const float x_lo = sa[row_in_tile], x_hi = sa[row_in_tile + 8];
+      float w[kNSub];
+#pragma unroll
+      for (int j = 0; j < kNSub; ++j) w[j] = sb[4 * j + (kb & 3)];
+      const uint64_t desc_a = sm90::smem_desc_k_major_sw128(smem + L::kOffA + stage * L::kABytes + 64 * wg * kBlockK);
+#pragma unroll
+      for (int j = 0; j < kNSub; ++j) {
+        const uint64_t desc_b =
+            sm90::smem_desc_k_major_sw128(smem + L::kOffB + stage * L::kBBytes + 128 * j * kBlockK);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sm90::fence_operand(partial[i]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kBlockK / kWgmmaK; ++k)  // + 32 bytes along K = + 2 in the descriptor's address field
+          sm90::wgmma_m64n128k32_e4m3(partial, desc_a + 2 * k, desc_b + 2 * k, k > 0 ? 1u : 0u);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sm90::fence_operand(partial[i]);
+        if (j == kNSub - 1) {  // every read of this stage is done: scales in registers, WGMMA complete
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(&empty[stage]);
+        }
+        // Promotion (DeepSeek-V3): the block's partial sums, scaled, into the FP32 accumulator.
+        const float s_lo = x_lo * w[j], s_hi = x_hi * w[j];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[j][i] = __fmaf_rn(partial[i], (i & 2) ? s_hi : s_lo, acc[j][i]);
+      }
+      if (++stage == L::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+
+    // Epilogue: this thread's rows of the group, BF16 pairs of adjacent columns.
+    const int32_t r_lo = tile.row0 + row_in_tile, r_hi = r_lo + 8;
+    bf16* out_lo = p.out + static_cast<int64_t>(r_lo) * p.P + tile.col0 + 2 * (lane % 4);
+    bf16* out_hi = out_lo + 8 * static_cast<int64_t>(p.P);
+#pragma unroll
+    for (int j = 0; j < kNSub; ++j)
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        const int col = 128 * j + 8 * c;
+        if (r_lo < tile.row_end)
+          *reinterpret_cast<__nv_bfloat162*>(out_lo + col) = __floats2bfloat162_rn(acc[j][4 * c], acc[j][4 * c + 1]);
+        if (r_hi < tile.row_end)
+          *reinterpret_cast<__nv_bfloat162*>(out_hi + col) =
+              __floats2bfloat162_rn(acc[j][4 * c + 2], acc[j][4 * c + 3]);
+      }
+  }
+}
+
+bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int current_device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  return value;
+}
+
+// Row operand [M, R] times each expert's block tensor [P, R]^T into out [M, P] (Fprop: P = N, R = K; Dgrad: P = K,
+// R = N).
+template <int kNSub>
+void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_sa, const Params& p,
+            cudaStream_t stream) {
+  using L = Layout<kNSub>;
+  const size_t smem = L::bytes(p.G);
+  FP4MOE_CHECK(smem <= static_cast<size_t>(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)),
+               "grouped GEMM (sm90): the kernel needs {} bytes of shared memory per block, the device offers {}",
+               smem, current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_sm90_kernel<kNSub>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  // At most ceil(M / 128) + G row blocks over all groups: no CTA beyond the tiles.
+  const int64_t max_tiles = (ceil_div(p.M, kBlockM) + p.G) * (p.P / L::kBlockN);
+  const int64_t grid = std::min<int64_t>(current_device_attribute(cudaDevAttrMultiProcessorCount), max_tiles);
+  grouped_gemm_sm90_kernel<kNSub><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(map_a, map_b, map_sa, p);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Shape rules of the kernel (no CUDA call): empty when (N, K, G) is taken.
+std::string shape_problem(int64_t N, int64_t K, int64_t G) {
+  if (N < 128 || K < 128 || N % 128 != 0 || K % 128 != 0)
+    return fmt::format("N and K must be positive multiples of 128 (the kernel's tile and scale block), got N={} K={}",
+                       N, K);
+  if (G < 1 || G > kMaxGroups) return fmt::format("expected 1 <= G <= {} groups, got G={}", kMaxGroups, G);
+  if (G * std::max(N, K) > INT32_MAX)
+    return fmt::format("G * max(N, K) must fit int32 tensor coordinates, got G={} N={} K={}", G, N, K);
+  return {};
+}
+
+// Empty when the current device runs the kernel (compute capability 9.0: the sm_90a build).
+std::string device_problem() {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fmt::format("no usable CUDA device ({})", cudaGetErrorString(err));
+  }
+  if (major != 9 || minor != 0)
+    return fmt::format("the kernel is built for sm_90a and needs a device of compute capability 9.0, got {}.{}", major,
+                       minor);
+  return {};
+}
+
+void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int64_t M, int64_t P, int64_t R,
+                      int64_t N, int64_t K, const int32_t* offsets, int64_t G, bf16* out, cudaStream_t stream,
+                      Sm90GemmConfig config) {
+  // Every argument check before the first CUDA call.
+  const std::string shape = shape_problem(N, K, G);
+  FP4MOE_CHECK(shape.empty(), "{}: {}", what, shape);
+  FP4MOE_CHECK(M >= 0 && M <= INT32_MAX - kBlockM, "{}: expected 0 <= M <= {} rows, got M={}", what,
+               INT32_MAX - kBlockM, M);
+  FP4MOE_CHECK((ceil_div(M, kBlockM) + G) * (P / 128) <= INT32_MAX,
+               "{}: too many output tiles for int32 tile indices (M={}, width {}, G={})", what, M, P, G);
+  FP4MOE_CHECK(config.block_n == 0 || config.block_n == 128 || (config.block_n == 256 && P % 256 == 0),
+               "{}: block_n must be 0 (automatic), 128, or 256 with an output width that is a multiple of 256, got "
+               "block_n={} for width {}", what, config.block_n, P);
+  FP4MOE_CHECK(offsets != nullptr && reinterpret_cast<uintptr_t>(offsets) % 4 == 0,
+               "{}: device group offsets must be a non-null int32 pointer, got {}", what,
+               static_cast<const void*>(offsets));
+  if (M == 0) return;  // no rows: nothing to read or write
+  FP4MOE_CHECK(aligned16(rows.codes) && aligned16(rows.scales) && aligned16(w.codes) && aligned16(w.scales) &&
+                   aligned16(out),
+               "{}: operands and output must be non-null 16-byte aligned device pointers, got codes {} scales {}, "
+               "weights {} scales {}, output {}", what, static_cast<const void*>(rows.codes),
+               static_cast<const void*>(rows.scales), static_cast<const void*>(w.codes),
+               static_cast<const void*>(w.scales), static_cast<const void*>(out));
+  const std::string device = device_problem();
+  FP4MOE_CHECK(device.empty(), "{}: {}", what, device);
+
+  int block_n = config.block_n;
+  if (block_n == 0)
+    block_n = P % 256 == 0 &&
+                      ceil_div(M, kBlockM) * (P / 256) >= current_device_attribute(cudaDevAttrMultiProcessorCount)
+                  ? 256
+                  : 128;
+  const CUtensorMap map_a = make_tensor_map_2d(what, rows.codes, TmaElem::u8, static_cast<uint64_t>(R),
+                                               static_cast<uint64_t>(M), static_cast<uint64_t>(R), kBlockK, kBlockM,
+                                               TmaSwizzle::swizzle_128b);
+  const CUtensorMap map_b = make_tensor_map_2d(what, w.codes, TmaElem::u8, static_cast<uint64_t>(R),
+                                               static_cast<uint64_t>(G * P), static_cast<uint64_t>(R), kBlockK,
+                                               static_cast<uint32_t>(block_n), TmaSwizzle::swizzle_128b);
+  const int64_t scale_ld = fp8_row_scale_ld(M);
+  const CUtensorMap map_sa = make_tensor_map_2d(what, rows.scales, TmaElem::f32, static_cast<uint64_t>(scale_ld),
+                                                static_cast<uint64_t>(R / kBlockK),
+                                                static_cast<uint64_t>(scale_ld * sizeof(float)), kBlockM, 1,
+                                                TmaSwizzle::none);
+  const Params p{offsets,
+                 static_cast<int32_t>(G),
+                 static_cast<int32_t>(M),
+                 static_cast<int32_t>(P),
+                 static_cast<int32_t>(R / kBlockK),
+                 w.scales,
+                 fp8_block_scale_count(P, R),
+                 static_cast<int32_t>(fp8_block_scale_ld(R)),
+                 out};
+  if (block_n == 256) launch<2>(map_a, map_b, map_sa, p, stream);
+  else launch<1>(map_a, map_b, map_sa, p, stream);
+}
+
+}  // namespace
+
+std::string grouped_gemm_sm90_unsupported(int64_t N, int64_t K, int64_t G) {
+  const std::string shape = shape_problem(N, K, G);
+  return shape.empty() ? device_problem() : shape;
+}
+
+void grouped_fprop_fp8_sm90(Fp8RowOperand x, Fp8BlockStack w, int64_t M, int64_t N, int64_t K, const int32_t* offsets,
+                            int64_t G, bf16* y, cudaStream_t stream, Sm90GemmConfig config) {
+  row_times_blocks("grouped_fprop_fp8_sm90", x, w, M, N, K, N, K, offsets, G, y, stream, config);
+}
+
+void grouped_dgrad_fp8_sm90(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t M, int64_t N, int64_t K,
+                            const int32_t* offsets, int64_t G, bf16* dx, cudaStream_t stream, Sm90GemmConfig config) {
+  row_times_blocks("grouped_dgrad_fp8_sm90", dy, w_t, M, K, N, N, K, offsets, G, dx, stream, config);
+}
+
+}  // namespace fp4moe

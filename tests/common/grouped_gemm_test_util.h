@@ -1,0 +1,160 @@
+// Host operands of the grouped GEMM tests (tests/gemm/test_grouped_gemm*_gpu.cpp): seeded random E4M3 codes and
+// scales built directly in the layouts of kernels/quant/layouts.h with their exact dequantized values, device
+// uploads, poisoned output buffers and the checks the tests share.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/common/check.h"
+#include "kernels/common/types.h"
+#include "kernels/formats/formats.h"
+#include "kernels/gemm/grouped_gemm.h"
+#include "kernels/quant/layouts.h"
+#include "tests/common/gpu_test_util.h"
+
+namespace fp4moe::test {
+
+inline const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+enum class ScaleKind { pow2, fp32 };
+
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t seed) : state(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() { return mix64(state += 0x9E3779B97F4A7C15ull); }
+  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
+  // Any finite E4M3 code (NaN codes 0x7F/0xFF become zeros).
+  uint8_t code() {
+    uint8_t c = static_cast<uint8_t>(next() >> 56);
+    return (c & 0x7F) == 0x7F ? 0 : c;
+  }
+  float scale(ScaleKind kind) {
+    if (kind == ScaleKind::pow2) return exp2_exact(static_cast<int>(below(9)) - 6);  // 2^-6 .. 2^2
+    return static_cast<float>(0.001 + 0.2 * static_cast<double>(next() >> 11) * 0x1.0p-53);
+  }
+};
+
+inline float e4m3(uint8_t c) { return e4m3_to_f32(c); }
+
+struct HostFp8 {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  std::vector<float> deq;  // dense fp32, the exact dequantized values
+};
+
+// FP8 1x128 row tensor [R, C]; padding rows of the scales are NaN (a GEMM may read them only for rows it never
+// stores).
+inline HostFp8 make_row_tensor(int64_t R, int64_t C, ScaleKind kind, Rng& rng) {
+  HostFp8 t;
+  t.codes.resize(R * C);
+  t.scales.assign(fp8_row_scale_count(R, C), kNaN);
+  t.deq.resize(R * C);
+  for (auto& c : t.codes) c = rng.code();
+  for (int64_t b = 0; b < ceil_div(C, kFp8Block); ++b)
+    for (int64_t r = 0; r < R; ++r) t.scales[fp8_row_scale_index(r, b, R)] = rng.scale(kind);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c)
+      t.deq[r * C + c] = e4m3(t.codes[r * C + c]) * t.scales[fp8_row_scale_index(r, c / kFp8Block, R)];
+  return t;
+}
+
+// G stacked FP8 128x128 block tensors [R, C]; padding k-blocks of the scales hold 1.0 (layouts.h).
+inline HostFp8 make_block_stack(int64_t G, int64_t R, int64_t C, ScaleKind kind, Rng& rng) {
+  HostFp8 t;
+  const int64_t count = fp8_block_scale_count(R, C), ld = fp8_block_scale_ld(C);
+  t.codes.resize(G * R * C);
+  t.scales.assign(G * count, 1.0f);
+  t.deq.resize(G * R * C);
+  for (auto& c : t.codes) c = rng.code();
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t rb = 0; rb < ceil_div(R, kFp8Block); ++rb)
+      for (int64_t cb = 0; cb < ceil_div(C, kFp8Block); ++cb) t.scales[g * count + rb * ld + cb] = rng.scale(kind);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c)
+        t.deq[(g * R + r) * C + c] =
+            e4m3(t.codes[(g * R + r) * C + c]) * t.scales[g * count + (r / kFp8Block) * ld + c / kFp8Block];
+  return t;
+}
+
+// The same experts transposed: [R, C] blocks -> [C, R] blocks (what bf16_to_fp8_block128 with transpose = true
+// writes for Dgrad). deq is not filled (it is the transpose of the input's).
+inline HostFp8 transpose_block_stack(const HostFp8& w, int64_t G, int64_t R, int64_t C) {
+  HostFp8 t;
+  const int64_t count = fp8_block_scale_count(R, C), ld = fp8_block_scale_ld(C);
+  const int64_t count_t = fp8_block_scale_count(C, R), ld_t = fp8_block_scale_ld(R);
+  t.codes.resize(G * R * C);
+  t.scales.assign(G * count_t, 1.0f);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) t.codes[(g * C + c) * R + r] = w.codes[(g * R + r) * C + c];
+    for (int64_t rb = 0; rb < ceil_div(R, kFp8Block); ++rb)
+      for (int64_t cb = 0; cb < ceil_div(C, kFp8Block); ++cb)
+        t.scales[g * count_t + cb * ld_t + rb] = w.scales[g * count + rb * ld + cb];
+  }
+  return t;
+}
+
+template <typename T>
+std::unique_ptr<DeviceBuffer<T>> upload(const std::vector<T>& h) {
+  auto d = std::make_unique<DeviceBuffer<T>>(h.size());
+  d->upload(h);
+  return d;
+}
+
+// An output buffer of `count` elements of either type, poisoned with 0xFF bytes (NaN in bf16 and fp32).
+struct OutBuffer {
+  DeviceBuffer<float> buf;  // fp32-sized storage serves both types
+  int64_t count;
+  GemmOutType type;
+  OutBuffer(int64_t n, GemmOutType t) : buf(static_cast<size_t>(std::max<int64_t>(n, 1))), count(n), type(t) {
+    buf.poison(0xFF);
+  }
+  GemmOutput output(bool accumulate = false) { return GemmOutput{buf.ptr, type, accumulate}; }
+  std::vector<float> download() const {
+    std::vector<float> all = buf.download();
+    std::vector<float> out(static_cast<size_t>(count));
+    if (type == GemmOutType::fp32) {
+      std::copy(all.begin(), all.begin() + count, out.begin());
+    } else {
+      const auto* b = reinterpret_cast<const uint16_t*>(all.data());
+      for (int64_t i = 0; i < count; ++i) out[i] = bf16_bits_to_f32(b[i]);
+    }
+    return out;
+  }
+};
+
+// Index of the first NaN/Inf in v (the poison of an unwritten element), or -1.
+inline int64_t first_non_finite(const std::vector<float>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i])) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// Runs `body`, turning an fp4moe::Error into a test failure that names the case (other cases still run).
+template <typename F>
+bool run_case(const std::string& what, F&& body) {
+  try {
+    body();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return true;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": threw " << e.what();
+    return false;
+  }
+}
+
+// Offsets [G+1] of consecutive groups of the given sizes.
+inline std::vector<int32_t> offsets_of(const std::vector<int32_t>& sizes) {
+  std::vector<int32_t> o(sizes.size() + 1, 0);
+  for (size_t g = 0; g < sizes.size(); ++g) o[g + 1] = o[g] + sizes[g];
+  return o;
+}
+
+}  // namespace fp4moe::test

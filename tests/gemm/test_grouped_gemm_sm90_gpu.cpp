@@ -1,0 +1,290 @@
+// The Hopper grouped FP8 GEMM (kernels/gemm/grouped_gemm_sm90.h), Fprop and Dgrad, against the CPU reference
+// (FP64 sums of the exactly dequantized operands, grouped_gemm_ref.h) and against the cuBLASLt path
+// (GroupedGemm::fprop_fp8 / dgrad_fp8) on the same operands.
+//
+// Operands are built on the host in the layouts of kernels/quant/layouts.h (random E4M3 codes, random block scales:
+// grouped_gemm_test_util.h). Outputs are poisoned (NaN bf16) before every run; afterwards every row of a group must
+// be finite and every row outside the groups (before o[0], at or past o[G]) still poisoned, bit for bit.
+// Tolerance: relative L2 error per expert group 1e-2, and every compared element within 1e-2 of the largest
+// reference value (BF16 output rounds to 2^-9 relative; an indexing or layout defect gives errors of order 1, a
+// few wrong columns or rows fail the elementwise bound). Every case prints its worst group's relative L2 error and max |error| / max |reference| for the
+// reference and for cuBLASLt, so that one run tells where a failure lies.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "kernels/common/check.h"
+#include "kernels/gemm/grouped_gemm.h"
+#include "kernels/gemm/grouped_gemm_ref.h"
+#include "kernels/gemm/grouped_gemm_sm90.h"
+#include "tests/common/grouped_gemm_test_util.h"
+
+namespace fp4moe {
+namespace {
+
+using namespace test;
+
+constexpr double kTol = 1e-2;
+
+// The kernel runs on compute capability 9.0 only (sm_90a code); elsewhere its tests are skipped with the reason.
+#define REQUIRE_SM90()                                                                              \
+  do {                                                                                              \
+    FP4MOE_REQUIRE_DEVICE();                                                                        \
+    const std::string why = grouped_gemm_sm90_unsupported(128, 128, 1);                             \
+    if (!why.empty()) GTEST_SKIP() << why;                                                          \
+  } while (0)
+
+// Worst expert group of an output [rows, P] over the compared rows.
+struct Errors {
+  double rel_l2 = 0;     // the worst group's relative L2 error
+  int64_t group = -1;    // that group
+  double max_abs = 0;    // max |got - want| over all compared elements
+  double max_ref = 0;    // max |want|
+  double max_rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+  std::string str() const {
+    return fmt::format("worst group {} rel L2 {:.3e}, max |err| / max |ref| {:.3e}", group, rel_l2,
+                       max_ref > 0 ? max_abs / max_ref : max_abs);
+  }
+};
+
+Errors errors_of(const std::vector<float>& got, const std::vector<float>& want, int64_t P,
+                 const std::vector<int32_t>& offsets, const std::vector<int64_t>& rows) {
+  Errors e;
+  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
+  for (int64_t g = 0; g < G; ++g) {
+    std::vector<float> gg, ww;
+    for (int64_t r : rows)
+      if (r >= offsets[g] && r < offsets[g + 1]) {
+        gg.insert(gg.end(), got.begin() + r * P, got.begin() + (r + 1) * P);
+        ww.insert(ww.end(), want.begin() + r * P, want.begin() + (r + 1) * P);
+      }
+    if (gg.empty()) continue;
+    const double err = relative_l2_error(gg.data(), ww.data(), static_cast<int64_t>(gg.size()));
+    if (e.group < 0 || !(err <= e.rel_l2)) {
+      e.rel_l2 = err;
+      e.group = g;
+    }
+    for (size_t i = 0; i < gg.size(); ++i) {
+      e.max_abs = std::max(e.max_abs, std::fabs(static_cast<double>(gg[i]) - ww[i]));
+      e.max_ref = std::max(e.max_ref, std::fabs(static_cast<double>(ww[i])));
+    }
+  }
+  return e;
+}
+
+// Rows to compare: all when the problem is small, else the first and last 4 rows of every group (where tiles end
+// and the next group's rows are loaded) and 8 random rows of each.
+std::vector<int64_t> rows_to_compare(const std::vector<int32_t>& offsets, int64_t work, Rng& rng) {
+  std::vector<int64_t> rows;
+  const bool all = work <= (int64_t{1} << 31);
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    const int64_t off = offsets[g], Mg = offsets[g + 1] - off;
+    for (int64_t t = 0; t < Mg; ++t)
+      if (all || t < 4 || t >= Mg - 4) rows.push_back(off + t);
+    if (!all && Mg > 8)
+      for (int i = 0; i < 8; ++i) rows.push_back(off + 4 + rng.below(Mg - 8));
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+// Every row of a group finite; every other row of the M-row output still NaN (the poison).
+void expect_written_rows(const std::string& what, const std::vector<float>& got, int64_t M, int64_t P,
+                         const std::vector<int32_t>& offsets) {
+  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
+  for (int64_t r = 0; r < M; ++r) {
+    const bool in_group = r >= offsets[0] && r < offsets[G];
+    for (int64_t c = 0; c < P; ++c) {
+      const float v = got[r * P + c];
+      if (in_group && !std::isfinite(v)) {
+        const auto g = std::upper_bound(offsets.begin(), offsets.end(), r) - offsets.begin() - 1;
+        ADD_FAILURE() << what << ": element (" << r << ", " << c << ") of expert group " << g
+                      << " is NaN/Inf (poison left unwritten, or a NaN read): " << v;
+        return;
+      }
+      if (!in_group && !std::isnan(v)) {
+        ADD_FAILURE() << what << ": element (" << r << ", " << c << ") outside every group was written: " << v;
+        return;
+      }
+    }
+  }
+}
+
+struct Case {
+  std::string name;
+  int64_t N, K;
+  std::vector<int32_t> sizes;
+  int64_t rows_after = 0;  // rows of the tensors past o[G], in no group (must stay untouched)
+  ScaleKind scales = ScaleKind::pow2;
+  int block_n = 0;         // Sm90GemmConfig
+  int64_t rows_before = 0; // rows before o[0] (o[0] = rows_before), in no group (must stay untouched)
+};
+
+// One case: Fprop and Dgrad of the kernel against the reference and (when the split ends at M) cuBLASLt; the
+// second Fprop run must give the same bits as the first.
+void check_case(const Case& c, uint64_t seed) {
+  std::vector<int32_t> offsets = offsets_of(c.sizes);
+  for (auto& o : offsets) o += static_cast<int32_t>(c.rows_before);
+  const int64_t G = static_cast<int64_t>(c.sizes.size()), Mg = offsets[G], M = Mg + c.rows_after;
+  const int64_t N = c.N, K = c.K;
+  const std::string shape = fmt::format("{}: M={} ({} in groups) N={} K={} G={} block_n={}", c.name, M, Mg, N, K, G,
+                                        c.block_n);
+  SCOPED_TRACE(shape);
+  Rng rng(seed);
+  const HostFp8 x = make_row_tensor(M, K, c.scales, rng);
+  const HostFp8 dy = make_row_tensor(M, N, c.scales, rng);
+  const HostFp8 w = make_block_stack(G, N, K, c.scales, rng);
+  const HostFp8 w_t = transpose_block_stack(w, G, N, K);
+  const std::vector<int64_t> rows = rows_to_compare(offsets, Mg * N * K, rng);
+  std::vector<float> y_ref(M * N, 0.0f), dx_ref(M * K, 0.0f);
+  {  // the reference takes a split of [0, rows in groups): the tensors from row o[0] on
+    const int64_t r0 = c.rows_before;
+    std::vector<int32_t> ref_offsets(offsets);
+    for (auto& o : ref_offsets) o -= static_cast<int32_t>(r0);
+    std::vector<int64_t> ref_rows(rows);
+    for (auto& r : ref_rows) r -= r0;
+    grouped_fprop_ref(x.deq.data() + r0 * K, w.deq.data(), Mg - r0, N, K, ref_offsets.data(), G,
+                      y_ref.data() + r0 * N, ref_rows);
+    grouped_dgrad_ref(dy.deq.data() + r0 * N, w.deq.data(), Mg - r0, N, K, ref_offsets.data(), G,
+                      dx_ref.data() + r0 * K, ref_rows);
+  }
+
+  auto d_offsets = upload(offsets);
+  auto d_x = upload(x.codes);
+  auto d_xs = upload(x.scales);
+  auto d_dy = upload(dy.codes);
+  auto d_dys = upload(dy.scales);
+  auto d_w = upload(w.codes);
+  auto d_ws = upload(w.scales);
+  auto d_wt = upload(w_t.codes);
+  auto d_wts = upload(w_t.scales);
+  const Sm90GemmConfig config{c.block_n};
+  const bool lt_comparable = c.rows_after == 0 && c.rows_before == 0;  // GroupedGemm takes splits of [0, M) only
+  GroupedGemm lt_gemm;
+  const GroupSplit split{d_offsets->ptr, offsets.data(), G};
+
+  for (bool dgrad : {false, true}) {
+    const int64_t P = dgrad ? K : N;
+    const std::string op = dgrad ? "Dgrad" : "Fprop";
+    const std::vector<float>& ref = dgrad ? dx_ref : y_ref;
+    OutBuffer out(M * P, GemmOutType::bf16);
+    auto run_sm90 = [&](OutBuffer& o) {
+      auto* p = reinterpret_cast<bf16*>(o.buf.ptr);
+      if (dgrad)
+        grouped_dgrad_fp8_sm90({d_dy->ptr, d_dys->ptr}, {d_wt->ptr, d_wts->ptr}, M, N, K, d_offsets->ptr, G, p,
+                               nullptr, config);
+      else
+        grouped_fprop_fp8_sm90({d_x->ptr, d_xs->ptr}, {d_w->ptr, d_ws->ptr}, M, N, K, d_offsets->ptr, G, p, nullptr,
+                               config);
+    };
+    if (!run_case(op + " sm90", [&] { run_sm90(out); })) continue;
+    const std::vector<float> got = out.download();
+    expect_written_rows(op + " sm90", got, M, P, offsets);
+    const Errors e = errors_of(got, ref, P, offsets, rows);
+    std::cout << "[ sm90     ] " << shape << ": " << op << " vs reference: " << e.str() << "\n";
+    EXPECT_LT(e.rel_l2, kTol) << op << " sm90 vs reference, " << e.str();
+    EXPECT_LT(e.max_rel(), kTol) << op << " sm90 vs reference, elementwise, " << e.str();
+
+    if (!dgrad) {  // deterministic: the same bits again
+      OutBuffer again(M * P, GemmOutType::bf16);
+      if (run_case(op + " sm90 (again)", [&] { run_sm90(again); })) {
+        const std::vector<float> got2 = again.download();
+        EXPECT_EQ(std::memcmp(got.data(), got2.data(), got.size() * sizeof(float)), 0)
+            << op << ": a second run gave other bits";
+      }
+    }
+    if (lt_comparable) {
+      OutBuffer lt_out(M * P, GemmOutType::bf16);
+      if (run_case(op + " cuBLASLt", [&] {
+            if (dgrad)
+              lt_gemm.dgrad_fp8({d_dy->ptr, d_dys->ptr}, {d_wt->ptr, d_wts->ptr}, N, K, split, lt_out.output(),
+                                nullptr);
+            else
+              lt_gemm.fprop_fp8({d_x->ptr, d_xs->ptr}, {d_w->ptr, d_ws->ptr}, N, K, split, lt_out.output(), nullptr);
+          })) {
+        const std::vector<float> lt = lt_out.download();
+        const Errors lt_ref = errors_of(lt, ref, P, offsets, rows);
+        const Errors vs_lt = errors_of(got, lt, P, offsets, rows);
+        std::cout << "[ sm90     ] " << shape << ": " << op << " cuBLASLt vs reference: " << lt_ref.str()
+                  << "; sm90 vs cuBLASLt: " << vs_lt.str() << "\n";
+        EXPECT_LT(vs_lt.rel_l2, kTol) << op << " sm90 vs cuBLASLt, " << vs_lt.str();
+      }
+    }
+  }
+}
+
+std::vector<int32_t> random_sizes(int64_t G, int32_t max_size, int empty_one_in, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> sizes(static_cast<size_t>(G));
+  for (auto& s : sizes)
+    s = rng.below(empty_one_in) == 0 ? 0 : static_cast<int32_t>(1 + rng.below(max_size));
+  return sizes;
+}
+
+// 8 ragged groups of a few hundred rows: an empty group, a one-row group, sizes not multiples of 128 (and 128).
+const std::vector<int32_t> kRagged8 = {300, 129, 0, 1, 517, 128, 64, 255};
+
+TEST(GroupedGemmSm90, RaggedEightExperts) {
+  REQUIRE_SM90();
+  check_case({"ragged8", 512, 1024, kRagged8}, 1);
+  check_case({"ragged8 block_n 128", 512, 1024, kRagged8, 0, ScaleKind::pow2, 128}, 2);
+  check_case({"ragged8 block_n 256", 512, 1024, kRagged8, 0, ScaleKind::pow2, 256}, 3);
+}
+
+TEST(GroupedGemmSm90, EmptyAndOneRowGroups) {
+  REQUIRE_SM90();
+  check_case({"empty first and last", 256, 256, {0, 0, 190, 0, 1, 0}}, 4);
+  check_case({"one-row groups", 384, 512, {1, 1, 0, 1, 2, 1}}, 5);
+  check_case({"one group", 128, 7168, {333}}, 6);
+}
+
+TEST(GroupedGemmSm90, ManyExperts) {
+  REQUIRE_SM90();
+  check_case({"32 experts", 256, 512, random_sizes(32, 200, 5, 7)}, 7);
+  check_case({"256 experts", 256, 384, random_sizes(256, 40, 3, 8)}, 8);
+  // K 512: Dgrad's output width is K, and a 256-wide tile needs it to be a multiple of 256.
+  check_case({"256 experts block_n 256", 256, 512, random_sizes(256, 40, 3, 9), 0, ScaleKind::pow2, 256}, 9);
+}
+
+TEST(GroupedGemmSm90, DeepSeekV3ShapesSmallM) {
+  REQUIRE_SM90();
+  check_case({"V3 gate/up small M", 4096, 7168, {37, 0, 129, 64, 1, 90, 200, 13}}, 10);
+  check_case({"V3 down small M", 7168, 2048, {5, 140, 0, 77, 256, 3, 0, 61}}, 11);
+}
+
+TEST(GroupedGemmSm90, DeepSeekV3GateUpEightByTwoThousand) {
+  REQUIRE_SM90();
+  check_case({"V3 gate/up 8 x ~2048", 4096, 7168, {2011, 2300, 1790, 2048, 1999, 2203, 1877, 2156}}, 12);
+}
+
+TEST(GroupedGemmSm90, Fp32Scales) {
+  REQUIRE_SM90();
+  check_case({"fp32 scales", 384, 640, {130, 0, 259, 7, 2}, 0, ScaleKind::fp32}, 13);
+}
+
+TEST(GroupedGemmSm90, RowsOutsideTheGroupsAreUntouched) {
+  REQUIRE_SM90();
+  check_case({"70 rows past o[G]", 256, 256, {100, 0, 57}, 70}, 14);
+  check_case({"45 rows before o[0], 20 past o[G]", 256, 384, {0, 150, 3}, 20, ScaleKind::pow2, 0, 45}, 15);
+}
+
+TEST(GroupedGemmSm90, RejectsShapesItDoesNotTile) {
+  REQUIRE_SM90();
+  EXPECT_NE(grouped_gemm_sm90_unsupported(576, 2048, 8).find("multiples of 128"), std::string::npos);
+  EXPECT_EQ(grouped_gemm_sm90_unsupported(4096, 7168, 8), "") << "the V3 shapes run on this device";
+  EXPECT_THROW(grouped_fprop_fp8_sm90({nullptr, nullptr}, {nullptr, nullptr}, 64, 576, 2048, nullptr, 8, nullptr,
+                                      nullptr),
+               Error);
+}
+
+}  // namespace
+}  // namespace fp4moe
