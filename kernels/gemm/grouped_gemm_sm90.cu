@@ -35,19 +35,26 @@ struct Layout {
   static constexpr int kStages = kNSub == 1 ? 6 : 4;
   static constexpr uint32_t kABytes = kBlockM * kBlockK;  // 16 KiB, 1024-aligned atoms
   static constexpr uint32_t kBBytes = kBlockN * kBlockK;
-  static constexpr uint32_t kSaBytes = kBlockM * 4;  // x_scale[row0 .. row0 + 127, kb]
+  // The rows' X scales of a stage: x_scale[row0 & ~3 .. + kSaBox - 1, kb]. A tiled copy's innermost start must lie
+  // on 16 bytes (the engine raises an illegal instruction otherwise), and a group's first row is any row, so the box
+  // starts at row0 rounded down to 4 scales and is 4 longer; its stage slot is padded to the 128 bytes a copy's
+  // shared-memory destination needs.
+  static constexpr uint32_t kSaBox = kBlockM + 4;
+  static constexpr uint32_t kSaBytes = kSaBox * 4;
+  static constexpr uint32_t kSaSlot = (kSaBytes + 127) / 128 * 128;
   static constexpr uint32_t kSbBytes = 16 * kNSub;   // per column block: w_scale[nb, kb & ~3 .. + 3]
   static constexpr uint32_t kTxBytes = kABytes + kBBytes + kSaBytes + kSbBytes;
   static constexpr uint32_t kOffA = 0;
   static constexpr uint32_t kOffB = kOffA + kStages * kABytes;
   static constexpr uint32_t kOffSa = kOffB + kStages * kBBytes;
-  static constexpr uint32_t kOffSb = kOffSa + kStages * kSaBytes;
+  static constexpr uint32_t kOffSb = kOffSa + kStages * kSaSlot;
   static constexpr uint32_t kOffBars = kOffSb + kStages * kSbBytes;
   static constexpr uint32_t kOffGroups = kOffBars + 2 * kStages * sizeof(uint64_t);
   static size_t bytes(int64_t G) { return 1024 + kOffGroups + 2 * sizeof(int32_t) * static_cast<size_t>(G + 1); }
   static_assert(kOffB % 1024 == 0 && kOffSa % 1024 == 0 && kABytes % 1024 == 0 && kBBytes % 1024 == 0,
                 "WGMMA tiles start on 1024-byte swizzle atoms");
-  static_assert(kSaBytes % 128 == 0 && kOffSb % 16 == 0 && kOffBars % 8 == 0, "TMA and mbarrier alignment");
+  static_assert(kSaBytes % 16 == 0 && kSaSlot % 128 == 0 && kOffSb % 16 == 0 && kOffBars % 8 == 0,
+                "TMA and mbarrier alignment");
 };
 
 struct Params {
@@ -142,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::mbar_arrive_expect_tx(bar, L::kTxBytes);
         sm90::tma_load_2d(smem + L::kOffA + stage * L::kABytes, &map_a, kb * kBlockK, tile.row0, bar);
         sm90::tma_load_2d(smem + L::kOffB + stage * L::kBBytes, &map_b, kb * kBlockK, b_row, bar);
-        sm90::tma_load_2d(smem + L::kOffSa + stage * L::kSaBytes, &map_sa, tile.row0, kb, bar);
+        sm90::tma_load_2d(smem + L::kOffSa + stage * L::kSaSlot, &map_sa, tile.row0 & ~3, kb, bar);
 #pragma unroll
         for (int j = 0; j < kNSub; ++j)
           sm90::bulk_load(smem + L::kOffSb + stage * L::kSbBytes + 16 * j, w_scales + j * p.w_scale_ld + (kb & ~3),
@@ -174,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
       sm90::mbar_wait(&full[stage], phase);
-      const float* sa = reinterpret_cast<const float*>(smem + L::kOffSa + stage * L::kSaBytes);
+      const float* sa = reinterpret_cast<const float*>(smem + L::kOffSa + stage * L::kSaSlot) + (tile.row0 & 3);
       const float* sb = reinterpret_cast<const float*>(smem + L::kOffSb + stage * L::kSbBytes);
       const float x_lo = sa[row_in_tile], x_hi = sa[row_in_tile + 8];
       float w[kNSub];
@@ -324,7 +331,7 @@ void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int
   const int64_t scale_ld = fp8_row_scale_ld(M);
   const CUtensorMap map_sa = make_tensor_map_2d(what, rows.scales, TmaElem::f32, static_cast<uint64_t>(scale_ld),
                                                 static_cast<uint64_t>(R / kBlockK),
-                                                static_cast<uint64_t>(scale_ld * sizeof(float)), kBlockM, 1,
+                                                static_cast<uint64_t>(scale_ld * sizeof(float)), Layout<1>::kSaBox, 1,
                                                 TmaSwizzle::none);
   const Params p{offsets,
                  static_cast<int32_t>(G),
