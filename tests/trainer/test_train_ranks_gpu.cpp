@@ -316,6 +316,34 @@ TEST(TrainRanksStop, ASignalOnOneRankStopsEveryRankAfterTheSameStep) {
   EXPECT_EQ(latest_checkpoint(dir.file("ckpt")), dir.file("ckpt") + "/" + checkpoint_file_name(2));
 }
 
+// A signal that arrives on one rank after the last step's loss all-reduce (inject_stop_step = steps + 1) is agreed
+// once more before the final evaluation: every rank reports it, skips the final evaluation and writes the final
+// checkpoint, as one GPU does with a signal read after its last step.
+TEST(TrainRanksStop, ASignalAfterTheLastStepsAllReduceStopsEveryRankBeforeTheFinalEvaluation) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  TrainerConfig cfg = tiny_config(dir.file("ckpt"), 4);  // checkpoints every 3 and the final one at 4
+  cfg.train.eval_interval = 2;
+  cfg.train.eval_steps = 1;
+  cfg.train.final_eval_steps = 1;
+  const std::vector<TrainResult> r = test::run_simulated_ranks<TrainResult>(kRanks, [&](EpTransport& t) {
+    TrainerOptions o = test::quiet_options();
+    o.transport = &t;
+    o.inject_stop_step = cfg.train.steps + 1;
+    o.inject_stop_rank = 1;
+    Trainer trainer(cfg, o);
+    return trainer.run();
+  });
+  for (int rank = 0; rank < kRanks; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(r[rank].stop_signal, SIGTERM);
+    EXPECT_EQ(r[rank].step, 4);
+    ASSERT_EQ(r[rank].evals.size(), 1u);  // the periodic one at step 2; no final evaluation
+    EXPECT_EQ(r[rank].evals[0].step, 2);
+    EXPECT_EQ(r[rank].last_checkpoint, dir.file("ckpt") + "/" + checkpoint_file_name(4));
+  }
+}
+
 // Every step's all-to-all columns (metrics.h StepRecord) count the step's exchanges on each rank: over the two
 // ranks, what every MoE layer's exchanges moved (sent between the ranks plus each rank's copy to itself) is the
 // formats' arithmetic of its forward and backward (ep_step_bytes_by_formats) for the group's routed rows; what one

@@ -57,6 +57,7 @@ struct TrainerOptions {
   int64_t inject_nonfinite_step = 0;
   // Test hook: from this 1-based step on (0: never) rank inject_stop_rank (0 on one GPU) acts as if it had received
   // SIGTERM (stop_signals.h) before the step's loss all-reduce; the run then stops after that step on every rank.
+  // train.steps + 1: the signal arrives after the last step's all-reduce (Trainer::State::agree_final_stop_signal).
   // Not set by the command line; needs no signal handlers.
   int64_t inject_stop_step = 0;
   int inject_stop_rank = 0;

@@ -217,6 +217,16 @@ void Trainer::State::sum_over_ranks(std::span<double> values) {
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(f[i]);
 }
 
+namespace {
+// The stop signal every rank takes from an all-reduce of (signalled 0 or 1, signal number) over the ranks: none when
+// no rank was signalled; a signalled rank keeps its own; the others take the signalled ranks' mean (exact when they
+// received the same one).
+int agreed_signal(int local, double signalled_ranks, double signal_sum) {
+  if (signalled_ranks < 0.5) return 0;
+  return local != 0 ? local : static_cast<int>(std::lround(signal_sum / signalled_ranks));
+}
+}  // namespace
+
 int Trainer::State::local_stop_signal(int64_t s) const {
   if (opts.inject_stop_step > 0 && s >= opts.inject_stop_step && rank == opts.inject_stop_rank) return SIGTERM;
   return StopSignals::pending();
@@ -230,8 +240,16 @@ double Trainer::State::reduce_step_loss(double loss, int64_t s) {
   const int local = local_stop_signal(s);
   double v[3] = {loss, local != 0 ? 1.0 : 0.0, static_cast<double>(local)};
   sum_over_ranks(v);
-  step_stop_signal = v[1] < 0.5 ? 0 : local != 0 ? local : static_cast<int>(std::lround(v[2] / v[1]));
+  step_stop_signal = agreed_signal(local, v[1], v[2]);
   return v[0] / world;
+}
+
+int Trainer::State::agree_final_stop_signal(int64_t steps) {
+  if (!transport) return 0;
+  const int local = local_stop_signal(steps + 1);
+  double v[2] = {local != 0 ? 1.0 : 0.0, static_cast<double>(local)};
+  sum_over_ranks(v);
+  return agreed_signal(local, v[0], v[1]);
 }
 
 int Trainer::State::stop_after_step() const { return transport ? step_stop_signal : local_stop_signal(step); }
@@ -316,6 +334,13 @@ TrainResult Trainer::run() {
       s.progress->message(fmt::format("{} received: stopping after step {}", stop_signal_name(s.result.stop_signal),
                                       s.step));
       break;
+    }
+  }
+  if (s.result.stop_signal == 0 && s.step == t.steps) {
+    if (const int signal = s.agree_final_stop_signal(t.steps); signal != 0) {
+      s.result.stop_signal = signal;
+      s.progress->message(fmt::format("{} received after the last step: no final evaluation",
+                                      stop_signal_name(signal)));
     }
   }
   if (s.result.stop_signal == 0 && t.eval_interval > 0 && s.last_eval_step != s.step) s.evaluate(true);

@@ -81,6 +81,10 @@ struct Trainer::State {
   // any rank's signal received by then is agreed by every rank into step_stop_signal (the signalled ranks' own; the
   // others the signalled ranks' mean, exact when they received the same one). One GPU: the loss, unchanged.
   double reduce_step_loss(double loss, int64_t s);
+  // Over ranks, after the last step: one all-reduce of the signals received since that step's loss all-reduce
+  // (local_stop_signal(steps + 1)), so that a late signal stops every rank before the final evaluation, as it does on
+  // one GPU; the agreed signal or 0. One GPU: 0 (stop_after_step already read the signal after the last step).
+  int agree_final_stop_signal(int64_t steps);
   // After a step: the signal that stops the run now, or 0. Over ranks step_stop_signal (the same on every rank, so
   // every rank stops after the same step and the final checkpoint's collectives meet); one GPU local_stop_signal now.
   int stop_after_step() const;
