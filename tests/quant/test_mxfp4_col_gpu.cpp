@@ -63,6 +63,21 @@ ColRun run_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const std::vect
                 codes.guards_intact() && scales.guards_intact()};
 }
 
+// Every column kernel on dense X [M, K] with `cfg` equals the CPU reference bit for bit (codes, scales, the
+// non-finite count), guards intact.
+void expect_every_kernel_matches_ref(const std::vector<bf16>& x, int64_t M, int64_t K, const MxQuantConfig& cfg) {
+  std::vector<uint8_t> codes(M * K / 2), scales(M * K / 32);
+  const int64_t nonfinite = bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
+  for (detail::MxColKernel kernel : kAllKernels) {
+    SCOPED_TRACE(testing::Message() << "kernel " << int(kernel));
+    const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg, true, kernel);
+    EXPECT_EQ(got.codes, codes);
+    EXPECT_EQ(got.scales, scales);
+    EXPECT_EQ(got.nonfinite, nonfinite);
+    EXPECT_TRUE(got.guards_intact);
+  }
+}
+
 MxQuantConfig config(Rounding r, HadamardTransform t, MxScaleMode mode, uint64_t seed) {
   MxQuantConfig cfg;
   cfg.rounding = r;
@@ -86,16 +101,7 @@ TEST(Bf16ToMxfp4ColGpu, DenseMatchesReferenceBitForBit) {
         const MxQuantConfig cfg = config(r, t, seed % 3 == 0 ? MxScaleMode::ceil : MxScaleMode::floor, seed);
         SCOPED_TRACE(testing::Message() << "M=" << M << " K=" << K << " transform=" << int(t) << " rounding="
                                         << int(r));
-        std::vector<uint8_t> codes(M * K / 2), scales(M * K / 32);
-        const int64_t nonfinite = bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
-        for (detail::MxColKernel kernel : kAllKernels) {
-          SCOPED_TRACE(testing::Message() << "kernel " << int(kernel));
-          const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg, true, kernel);
-          EXPECT_EQ(got.codes, codes);
-          EXPECT_EQ(got.scales, scales);
-          EXPECT_EQ(got.nonfinite, nonfinite);
-          EXPECT_TRUE(got.guards_intact);
-        }
+        expect_every_kernel_matches_ref(x, M, K, cfg);
       }
     ++seed;
   }
@@ -167,16 +173,7 @@ TEST(Bf16ToMxfp4ColGpu, MoreTokenBlocksThanOneGridDimensionHolds) {
   const int64_t M = 65536 * 128 + 96, K = 8;  // 65537 token blocks, the last one partial
   const std::vector<bf16> x = test::mx_random_bf16(M, K, 11);
   const MxQuantConfig cfg = config(Rounding::stochastic, HadamardTransform::none, MxScaleMode::floor, 11);
-  std::vector<uint8_t> codes(M * K / 2), scales(M * K / 32);
-  const int64_t nonfinite = bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
-  for (detail::MxColKernel kernel : kAllKernels) {
-    SCOPED_TRACE(testing::Message() << "kernel " << int(kernel));
-    const ColRun got = run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg, true, kernel);
-    EXPECT_EQ(got.codes, codes);
-    EXPECT_EQ(got.scales, scales);
-    EXPECT_EQ(got.nonfinite, nonfinite);
-    EXPECT_TRUE(got.guards_intact);
-  }
+  expect_every_kernel_matches_ref(x, M, K, cfg);
 }
 
 // The block rule's edge cases along tokens, X [M, K] with M % 32 == 0, block n = (k, b) holding rows 32 b ..
