@@ -587,9 +587,9 @@ class RunWithFakeTrainer(Tmp):
         self.assertIn("[2/5] memory_per_policy: cell 3/15 v3 bf16 mla_up_proj: oom", r.stdout)
         self.assertIn("[5/5] throughput_per_policy: cell 3/15 v3 bf16 mla_up_proj: oom", r.stdout)
         calls = self.train_calls()
-        # loss 3 x 4 seeds + memory 15 + ladder 8 arms x 3 seeds + step breakdown 3 + throughput 15 (the same cells
+        # loss 3 x 4 seeds + memory 15 + ladder 8 arms x 3 seeds + step breakdown 6 + throughput 15 (the same cells
         # at stage 12: runs of their own), each with the retries of the two cells over 80 GiB.
-        self.assertEqual(len(calls), 3 * 4 + 15 + 2 + 8 * 3 + 3 + 15 + 2)
+        self.assertEqual(len(calls), 3 * 4 + 15 + 2 + 8 * 3 + 6 + 15 + 2)
         retries = [c for c in calls if "--memory-budget" not in c and "configs/v3_671b.toml" in c
                    and "--recompute.modules" in c]
         self.assertEqual(len(retries), 4)
@@ -600,8 +600,8 @@ class RunWithFakeTrainer(Tmp):
             self.assertEqual(sorted(f["bench"]),
                              ["train_ladder", "train_loss", "train_memory", "train_profile", "train_throughput"])
             self.assertEqual(sorted(f["repro"]), sorted(TRAIN))
-            self.assertEqual(len(f["train"]), 3 * 4 + 15 + 8 * 3 + 3 + 15)
-            self.assertEqual(len(f["memory"]), 3 * 4 + 15 + 8 * 3 + 3 + 15)
+            self.assertEqual(len(f["train"]), 3 * 4 + 15 + 8 * 3 + 6 + 15)
+            self.assertEqual(len(f["memory"]), 3 * 4 + 15 + 8 * 3 + 6 + 15)
             run = f["train/memory_per_policy-v3-mxfp4-mla_up_proj"]
             self.assertEqual(result_file.text(run.attrs["repro_scenarios"]), "memory_per_policy")
             self.assertIn("--run memory_per_policy-v3-mxfp4-mla_up_proj", result_file.text(run.attrs["command"]))
