@@ -8,6 +8,8 @@
 #include "kernels/common/check.h"
 #include "kernels/common/offsets.h"
 #include "kernels/gemm/group_row_scales.h"
+#include "kernels/gemm/grouped_gemm_heuristics.h"
+#include "kernels/gemm/grouped_gemm_sm90.h"
 #include "kernels/gemm/grouped_runs.h"
 #include "kernels/quant/layouts.h"
 
@@ -318,11 +320,20 @@ void GroupedGemm::row_times_weights_fp8(const char* what, Fp8RowOperand rows, co
     }
 }
 
+bool GroupedGemm::runs_sm90(int64_t M, int64_t P, int64_t R, int64_t G, const GemmOutput& out) const {
+  if (tuning_.sm90 == Sm90Path::never || out.type != GemmOutType::bf16 || out.accumulate) return false;
+  if (tuning_.sm90 == Sm90Path::automatic && !grouped_gemm_prefers_sm90(M, G)) return false;
+  return grouped_gemm_sm90_unsupported(P, R, G).empty();
+}
+
 void GroupedGemm::fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8";
-  check_common(what, N, K, split, y, false);
-  row_times_weights_fp8(what, x, w.codes, w.scales, false, N, K, split, y, stream);
+  const int64_t M = check_common(what, N, K, split, y, false);
+  if (runs_sm90(M, N, K, split.G, y))
+    grouped_fprop_fp8_sm90(x, w, M, N, K, split.offsets, split.G, static_cast<bf16*>(y.data), stream);
+  else
+    row_times_weights_fp8(what, x, w.codes, w.scales, false, N, K, split, y, stream);
 }
 
 void GroupedGemm::fprop_fp8_row_weights(Fp8RowOperand x, Fp8RowStack w, int64_t N, int64_t K,
@@ -335,8 +346,11 @@ void GroupedGemm::fprop_fp8_row_weights(Fp8RowOperand x, Fp8RowStack w, int64_t 
 void GroupedGemm::dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_fp8";
-  check_common(what, N, K, split, dx, false);
-  row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, false, K, N, split, dx, stream);
+  const int64_t M = check_common(what, N, K, split, dx, false);
+  if (runs_sm90(M, K, N, split.G, dx))
+    grouped_dgrad_fp8_sm90(dy, w_t, M, N, K, split.offsets, split.G, static_cast<bf16*>(dx.data), stream);
+  else
+    row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, false, K, N, split, dx, stream);
 }
 
 void GroupedGemm::dgrad_fp8_row_weights(Fp8RowOperand dy, Fp8RowStack w_t, int64_t N, int64_t K,
