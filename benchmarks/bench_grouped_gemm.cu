@@ -18,10 +18,13 @@
 // converted before timing); FLOPs count the GEMM only.
 // Hopper grouped FP8 kernel (kernels/gemm/grouped_gemm_sm90.h, recipe fp8_sm90), Fprop and Dgrad: one launch per
 // call from the device offsets (no host copy), beside the cuBLASLt path (recipe fp8) on the same shapes and splits;
-// its tile width chosen automatically (tuning none) and forced to 128 and 256 columns (tunings n128, n256).
+// its tile width chosen automatically (tuning none) and forced to 128 and 256 columns (tunings n128, n256), and its
+// variants (Sm90GemmConfig): overlapped promotion (n128o), coalesced epilogue at the automatic width (epi), both
+// (n128oe).
 // After the run: `case | shape | us | TFLOP/s | x dense | x bf16 | x none | x fp8` (x dense: TFLOP/s over the dense
 // GEMM's of the same recipe, op and shape measured in the same run; x bf16: the BF16 time of the same op and shape
-// over this row's time; x fp8: the cuBLASLt FP8 time over this row's time, MXFP4 and fp8_sm90 rows) with
+// over this row's time; x fp8: the cuBLASLt FP8 time over this row's time, MXFP4 and fp8_sm90 rows, the latter of
+// every tuning against the one-stream FP8 row) with
 // geometric-mean summaries, and
 // with --h5 the table /bench/grouped_gemm of an HDF5 result file
 // (bench_util.cuh's columns, then fraction_of_dense, experts, n, k; gbps and fraction_of_copy_bw are NaN).
@@ -125,9 +128,14 @@ struct Case {
   bool dense = false;
   bool even = false;  // G groups of exactly kTokens / G tokens (else ragged +-25 %)
   GroupedGemmTuning tuning{};
-  int sm90_block_n = 0;  // fp8_sm90: Sm90GemmConfig::block_n (0: automatic)
+  Sm90GemmConfig sm90{};  // fp8_sm90: the kernel's variant (default: automatic width, today's path)
   std::string tuning_label() const {
-    return sm90_block_n != 0 ? fmt::format("n{}", sm90_block_n) : label_of(tuning);
+    if (recipe != "fp8_sm90") return label_of(tuning);
+    // nW: width forced to W columns; o: overlapped promotion; e (epi alone): coalesced epilogue
+    std::string label = sm90.block_n != 0 ? fmt::format("n{}", sm90.block_n) : std::string();
+    if (sm90.overlap_promotion) label += "o";
+    if (sm90.coalesced_epilogue) label += label.empty() ? "epi" : "e";
+    return label.empty() ? std::string("none") : label;
   }
   std::string name() const {
     return fmt::format("{}/{}/{}{}{}", op, recipe, shape, dense ? "/dense" : "",
@@ -228,7 +236,7 @@ std::unique_ptr<Workload> build(const Case& c) {
     }
   } else if (c.recipe == "fp8_sm90") {  // the same operands as the fp8 rows, through the Hopper kernel
     const int32_t* offsets = split.offsets;
-    const Sm90GemmConfig config{c.sm90_block_n};
+    const Sm90GemmConfig config = c.sm90;
     if (c.op == "fprop") {
       Fp8RowOperand x{p.codes(M * K, 4), p.scales(fp8_row_scale_count(M, K), 5)};
       Fp8BlockStack wt{p.codes(G * N * K, 6), p.scales(G * fp8_block_scale_count(N, K), 7)};
@@ -294,13 +302,15 @@ void define_cases() {
                 Case{op, recipe, fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, t});
         }
   // The Hopper grouped FP8 kernel, Fprop and Dgrad, beside the fp8 (cuBLASLt) rows of the same shapes: tile width
-  // automatic, then forced to 128 and 256 columns.
-  for (int block_n : {0, 128, 256})
+  // automatic, forced to 128 and 256 columns; the variants: overlapped promotion (n128o), coalesced epilogue at the
+  // automatic width (epi), both (n128oe).
+  const Sm90GemmConfig sm90_variants[] = {{0}, {128}, {256}, {128, true}, {0, false, true}, {128, true, true}};
+  for (const Sm90GemmConfig& variant : sm90_variants)
     for (const char* op : {"fprop", "dgrad"})
       for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
         auto add = [&](std::string shape, int64_t G, bool dense, bool even) {
           Case c{op, "fp8_sm90", std::move(shape), s.N, s.K, G, dense, even, {}};
-          c.sm90_block_n = block_n;
+          c.sm90 = variant;
           g_cases.push_back(c);
         };
         for (int64_t G : {8, 32}) add(fmt::format("{} {}x{}", s.name, G, kTokens / G), G, false, false);
@@ -362,7 +372,8 @@ struct Row {
   double us = 0, tflops = 0;
   double fraction_of_dense = NAN;  // TFLOP/s over the dense GEMM's of the same op, recipe, N and K (grouped rows)
   double speedup = NAN;            // BF16 time over this row's time, same op and shape (FP8, fp8_sm90 and MXFP4 rows)
-  double vs_fp8 = NAN;             // FP8 time over this row's time, same op and shape (MXFP4, fp8_sm90 rows)
+  double vs_fp8 = NAN;             // FP8 time over this row's time, same op and shape (MXFP4, fp8_sm90 rows; the
+                                   // latter of every tuning against the one-stream FP8 row)
 };
 
 // One row per measured case, in definition order, with the ratios to the cases measured beside it.
@@ -384,10 +395,12 @@ std::vector<Row> summarize() {
       if (!c.dense && d.dense && d.op == c.op && d.recipe == c.recipe && d.N == c.N && d.K == c.K &&
           (c.recipe != "fp8_sm90" || d.tuning_label() == c.tuning_label()))
         r.fraction_of_dense = r.tflops / o.tflops;
-      const bool same = d.op == c.op && d.shape == c.shape && d.dense == c.dense &&
-                        d.tuning_label() == c.tuning_label();
+      const bool same_case = d.op == c.op && d.shape == c.shape && d.dense == c.dense;
+      const bool same = same_case && d.tuning_label() == c.tuning_label();
       if (c.recipe != "bf16" && d.recipe == "bf16" && same) r.speedup = o.us / r.us;
-      if (c.recipe != "bf16" && c.recipe != "fp8" && d.recipe == "fp8" && same) r.vs_fp8 = o.us / r.us;
+      // fp8_sm90 rows of every tile width and variant against the one-stream cuBLASLt row
+      const bool fp8_peer = c.recipe == "fp8_sm90" ? same_case && d.tuning_label() == "none" : same;
+      if (c.recipe != "bf16" && c.recipe != "fp8" && d.recipe == "fp8" && fp8_peer) r.vs_fp8 = o.us / r.us;
     }
   return rows;
 }
@@ -402,7 +415,7 @@ void print_table(const std::vector<Row>& rows) {
   fmt::print("{:-<22}-+-{:-<14}-+-{:-<7}-+-{:->9}-+-{:->8}-+-{:->7}-+-{:->7}-+-{:->7}-+-{:->7}\n", "", "", "", "", "",
              "", "", "", "");
   std::map<std::string, std::vector<double>> fractions, speedups, over_none;  // by tuning label
-  std::map<std::string, std::vector<double>> vs_fp8;                          // by recipe (MXFP4, fp8_sm90 rows)
+  std::map<std::string, std::vector<double>> vs_fp8;  // by recipe (MXFP4 rows), recipe@tuning (fp8_sm90 rows)
   for (const Row& r : rows) {
     double vs_none = NAN;  // the untuned time of the same case over this one's
     for (const Row& o : rows)
@@ -414,7 +427,8 @@ void print_table(const std::vector<Row>& rows) {
                fmt::format("{} {}", r.c->op, r.c->recipe), r.c->shape, label, r.us, r.tflops,
                r.c->dense ? std::string("ceiling") : ratio_cell(r.fraction_of_dense, ""), ratio_cell(r.speedup, "x"),
                label == "none" ? std::string("-") : ratio_cell(vs_none, "x"), ratio_cell(r.vs_fp8, "x"));
-    if (!std::isnan(r.vs_fp8)) vs_fp8[r.c->recipe].push_back(r.vs_fp8);
+    if (!std::isnan(r.vs_fp8))
+      vs_fp8[r.c->recipe == "fp8_sm90" ? r.c->recipe + "@" + label : r.c->recipe].push_back(r.vs_fp8);
     if (!std::isnan(r.fraction_of_dense)) fractions[label].push_back(r.fraction_of_dense);
     if (!std::isnan(r.speedup) && !r.c->dense && r.c->recipe == "fp8") speedups[label].push_back(r.speedup);
     if (!std::isnan(vs_none) && label != "none") over_none[label].push_back(vs_none);
@@ -455,7 +469,8 @@ Table result_table(const std::vector<Row>& rows) {
                            "of about M tokens each (ragged +-25 %), 'even': exactly M each");
   t.set_attribute("tuning", "GroupedGemmTuning: none (one stream: the default, what the trainer runs), sS (S "
                             "concurrent runs of groups); fp8_sm90 rows: none (tile width chosen by the kernel's "
-                            "launcher), nW (tile width forced to W columns); speedup compares rows of the same tuning, "
+                            "launcher), nW (tile width forced to W columns), suffix o (overlapped promotion), e or "
+                            "epi alone (coalesced epilogue): Sm90GemmConfig; speedup compares rows of the same tuning, "
                             "fraction_of_dense divides by the dense (one-group) row");
   t.set_attribute("gbps", "not measured for GEMMs (NaN)");
   t.set_attribute("min_time_s", kMinTimeS);

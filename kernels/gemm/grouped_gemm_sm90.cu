@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 
 #include "kernels/common/check.h"
 #include "kernels/gemm/grouped_tiles.h"
@@ -103,10 +104,236 @@ __device__ void group_tiles_warp(const Params& p, int32_t col_blocks, int32_t* s
   if (lane == 31) s_start[p.G] = incl;
 }
 
+// A position in the stage ring: the stage and the parity of its current use (producer and consumers walk the same
+// sequence, one stage per K block of every tile).
+template <int kStages>
+struct RingPos {
+  uint32_t stage = 0, phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// What a consumer thread needs to address its stages and rows.
 template <int kNSub>
+struct ConsumerCtx {
+  uint8_t* smem;      // 1024-aligned base of Layout<kNSub>
+  uint64_t* full;     // [kStages]
+  uint64_t* empty;    // [kStages]
+  int wg, lane;       // consumer warpgroup 0/1, lane in the warp
+  int row_in_tile;    // this thread's first fragment row (the second is + 8)
+};
+
+// Promotion factors of K block kb for this thread's two fragment rows, read from `stage` (before it is released):
+// s_lo[j] = x_scale[row, kb] * w_scale[column sub-tile j, kb], s_hi[j] the same for row + 8.
+template <int kNSub>
+__device__ __forceinline__ void block_scales(const ConsumerCtx<kNSub>& c, uint32_t stage, int32_t row0, int32_t kb,
+                                             float (&s_lo)[kNSub], float (&s_hi)[kNSub]) {
+  using L = Layout<kNSub>;
+  const float* sa = reinterpret_cast<const float*>(c.smem + L::kOffSa + stage * L::kSaSlot) + (row0 & 3);
+  const float* sb = reinterpret_cast<const float*>(c.smem + L::kOffSb + stage * L::kSbBytes);
+  const float x_lo = sa[c.row_in_tile], x_hi = sa[c.row_in_tile + 8];
+#pragma unroll
+  for (int j = 0; j < kNSub; ++j) {
+    const float w = sb[4 * j + (kb & 3)];
+    s_lo[j] = x_lo * w;
+    s_hi[j] = x_hi * w;
+  }
+}
+
+__device__ __forceinline__ void fence_fragment(float (&f)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sm90::fence_operand(f[i]);
+}
+
+// partial = A B over the 128 of K in `stage`, column sub-tile j: four m64n128k32 WGMMAs, committed as one group
+// (asynchronous: wait for the group before reading partial).
+template <int kNSub>
+__device__ __forceinline__ void issue_block(const ConsumerCtx<kNSub>& c, uint32_t stage, int j, float (&partial)[64]) {
+  using L = Layout<kNSub>;
+  const uint64_t desc_a = sm90::smem_desc_k_major_sw128(c.smem + L::kOffA + stage * L::kABytes + 64 * c.wg * kBlockK);
+  const uint64_t desc_b = sm90::smem_desc_k_major_sw128(c.smem + L::kOffB + stage * L::kBBytes + 128 * j * kBlockK);
+  fence_fragment(partial);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kBlockK / kWgmmaK; ++k)  // + 32 bytes along K = + 2 in the descriptor's address field
+    sm90::wgmma_m64n128k32_e4m3(partial, desc_a + 2 * k, desc_b + 2 * k, k > 0 ? 1u : 0u);
+  sm90::wgmma_commit();
+}
+
+// This warp is done with `stage` (its WGMMAs that read it complete, its scales in registers): one of the
+// kConsumerWarps arrivals that let the producer refill it.
+template <int kNSub>
+__device__ __forceinline__ void release_stage(const ConsumerCtx<kNSub>& c, uint32_t stage) {
+  __syncwarp();
+  if (c.lane == 0) sm90::mbar_arrive(&c.empty[stage]);
+}
+
+// Promotion (DeepSeek-V3): a K block's partial sums, scaled, into the FP32 accumulator, one FMA each.
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&partial)[64], float s_lo, float s_hi) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = __fmaf_rn(partial[i], (i & 2) ? s_hi : s_lo, acc[i]);
+}
+
+// Main loop, serial: per K block and column sub-tile, the WGMMAs into `partial`, wait for them, promote.
+template <int kNSub>
+__device__ __forceinline__ void mainloop_serial(const ConsumerCtx<kNSub>& c, const GroupedTile& tile,
+                                                int32_t k_blocks, RingPos<Layout<kNSub>::kStages>& pos,
+                                                float (&acc)[kNSub][64], float (&partial)[64]) {
+  for (int32_t kb = 0; kb < k_blocks; ++kb) {
+    sm90::mbar_wait(&c.full[pos.stage], pos.phase);
+    float s_lo[kNSub], s_hi[kNSub];
+    block_scales(c, pos.stage, tile.row0, kb, s_lo, s_hi);
+#pragma unroll
+    for (int j = 0; j < kNSub; ++j) {
+      issue_block(c, pos.stage, j, partial);
+      sm90::wgmma_wait<0>();
+      fence_fragment(partial);
+      if (j == kNSub - 1) release_stage(c, pos.stage);
+      promote(acc[j], partial, s_lo[j], s_hi[j]);
+    }
+    pos.advance();
+  }
+}
+
+// The K-block state of the overlapped main loop: the stage of the block whose WGMMAs are in flight or being
+// promoted (held until they complete) and its promotion factors.
+struct HeldBlock {
+  uint32_t stage;
+  float s_lo, s_hi;
+};
+
+// One step of the overlapped main loop: block kb's WGMMAs (into `cur`) are in flight; issue block kb + 1's into
+// `next` from the stage at `pos`, wait until only those are pending, release kb's stage, promote `cur` while kb + 1
+// runs on the tensor cores.
+__device__ __forceinline__ void overlapped_step(const ConsumerCtx<1>& c, const GroupedTile& tile, int32_t kb,
+                                                RingPos<Layout<1>::kStages>& pos, HeldBlock& held, float (&acc)[64],
+                                                float (&cur)[64], float (&next)[64]) {
+  sm90::mbar_wait(&c.full[pos.stage], pos.phase);
+  float s_lo[1], s_hi[1];
+  block_scales(c, pos.stage, tile.row0, kb + 1, s_lo, s_hi);
+  issue_block(c, pos.stage, 0, next);
+  sm90::wgmma_wait<1>();  // groups complete in order: kb's is done, kb + 1's may run
+  fence_fragment(cur);
+  release_stage(c, held.stage);
+  promote(acc, cur, held.s_lo, held.s_hi);
+  held = HeldBlock{pos.stage, s_lo[0], s_hi[0]};
+  pos.advance();
+}
+
+// The last K block of a tile, in `cur`: wait for it, release its stage, promote.
+__device__ __forceinline__ void overlapped_finish(const ConsumerCtx<1>& c, const HeldBlock& held, float (&acc)[64],
+                                                  float (&cur)[64]) {
+  sm90::wgmma_wait<0>();
+  fence_fragment(cur);
+  release_stage(c, held.stage);
+  promote(acc, cur, held.s_lo, held.s_hi);
+}
+
+// Main loop, overlapped (128-wide tile): two partials used alternately over the K blocks, so that block kb + 1's
+// WGMMAs run while block kb is promoted. The same products, promotions and order as mainloop_serial: the same bits.
+__device__ __forceinline__ void mainloop_overlapped(const ConsumerCtx<1>& c, const GroupedTile& tile,
+                                                    int32_t k_blocks, RingPos<Layout<1>::kStages>& pos,
+                                                    float (&acc)[64], float (&p0)[64], float (&p1)[64]) {
+  sm90::mbar_wait(&c.full[pos.stage], pos.phase);
+  float s_lo[1], s_hi[1];
+  block_scales(c, pos.stage, tile.row0, 0, s_lo, s_hi);
+  issue_block(c, pos.stage, 0, p0);
+  HeldBlock held{pos.stage, s_lo[0], s_hi[0]};
+  pos.advance();
+  // Block kb is in p0 for even kb, in p1 for odd kb (two calls per turn keep every register index static).
+  for (int32_t kb = 0;; kb += 2) {
+    if (kb + 1 == k_blocks) {
+      overlapped_finish(c, held, acc, p0);
+      break;
+    }
+    overlapped_step(c, tile, kb, pos, held, acc, p0, p1);
+    if (kb + 2 == k_blocks) {
+      overlapped_finish(c, held, acc, p1);
+      break;
+    }
+    overlapped_step(c, tile, kb + 1, pos, held, acc, p1, p0);
+  }
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (the lower address) from lo
+  uint32_t u;
+  memcpy(&u, &v, sizeof(u));
+  return u;
+}
+
+// 4 x 4 transpose of 32-bit words over the 4 lanes of a quad: lane q's v[i] becomes lane i's v[q]. Two butterfly
+// rounds (lane bit 0, then bit 1), in each the two words whose slot bit differs from the lane bit cross over.
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int lane) {
+#pragma unroll
+  for (int m = 1; m <= 2; m *= 2) {
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if (s & m) continue;  // pairs (s, s + m)
+      const uint32_t send = upper ? v[s] : v[s + m];
+      const uint32_t got = __shfl_xor_sync(0xFFFFFFFFu, send, m);
+      if (upper) v[s] = got;
+      else v[s + m] = got;
+    }
+  }
+}
+
+// Epilogue: this thread's rows of the group as BF16 (round to nearest even), rows past the group's end not stored.
+// Direct: each lane stores its BF16 pairs (4 bytes; a quad covers 16 bytes of a row per store). Coalesced: per 4
+// consecutive 8-column groups a quad transposes its pairs so that each lane holds 8 consecutive columns and stores
+// them as 16 bytes (a quad covers 64 bytes of a row per store). The same values either way.
+template <int kNSub, bool kCoalesced>
+__device__ __forceinline__ void store_tile(const ConsumerCtx<kNSub>& c, const Params& p, const GroupedTile& tile,
+                                           const float (&acc)[kNSub][64]) {
+  const int32_t r_lo = tile.row0 + c.row_in_tile, r_hi = r_lo + 8;
+  bf16* out_lo = p.out + static_cast<int64_t>(r_lo) * p.P + tile.col0;
+  bf16* out_hi = out_lo + 8 * static_cast<int64_t>(p.P);
+  const bool lo_ok = r_lo < tile.row_end, hi_ok = r_hi < tile.row_end;
+  const int q = c.lane % 4;
+#pragma unroll
+  for (int j = 0; j < kNSub; ++j) {
+    if constexpr (kCoalesced) {
+#pragma unroll
+      for (int c4 = 0; c4 < 16; c4 += 4) {  // 8-column groups c4 .. c4 + 3
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          lo[i] = bf16x2_bits(acc[j][4 * (c4 + i)], acc[j][4 * (c4 + i) + 1]);
+          hi[i] = bf16x2_bits(acc[j][4 * (c4 + i) + 2], acc[j][4 * (c4 + i) + 3]);
+        }
+        quad_transpose(lo, c.lane);  // lane q now holds columns 8 (c4 + q) .. + 7
+        quad_transpose(hi, c.lane);
+        const int col = 128 * j + 8 * (c4 + q);
+        if (lo_ok) sm90::st_global_v4(out_lo + col, lo[0], lo[1], lo[2], lo[3]);
+        if (hi_ok) sm90::st_global_v4(out_hi + col, hi[0], hi[1], hi[2], hi[3]);
+      }
+    } else {
+#pragma unroll
+      for (int c8 = 0; c8 < 16; ++c8) {
+        const int col = 128 * j + 8 * c8 + 2 * q;
+        if (lo_ok)
+          *reinterpret_cast<__nv_bfloat162*>(out_lo + col) =
+              __floats2bfloat162_rn(acc[j][4 * c8], acc[j][4 * c8 + 1]);
+        if (hi_ok)
+          *reinterpret_cast<__nv_bfloat162*>(out_hi + col) =
+              __floats2bfloat162_rn(acc[j][4 * c8 + 2], acc[j][4 * c8 + 3]);
+      }
+    }
+  }
+}
+
+// kNSub column sub-tiles of 128; kOverlap: mainloop_overlapped (kNSub = 1 only), else mainloop_serial; kCoalesced:
+// store_tile's coalesced epilogue.
+template <int kNSub, bool kOverlap, bool kCoalesced>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                              const __grid_constant__ CUtensorMap map_sa, const Params p) {
+  static_assert(!kOverlap || kNSub == 1, "the overlapped main loop's two partials fit the 128-wide tile only");
   using L = Layout<kNSub>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023);
@@ -138,26 +365,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- producer warpgroup: one thread issues every copy -------------------------------------------------------
     sm90::warpgroup_regs_dec<kProducerRegs>();
     if (threadIdx.x != kConsumerThreads) return;
-    uint32_t stage = 0, phase = 0;
+    RingPos<L::kStages> pos;
     for (int32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
       const GroupedTile tile = grouped_tile(t, s_o, s_start, p.G, kBlockM, L::kBlockN, col_blocks);
       const int32_t b_row = tile.group * p.P + tile.col0;  // row of W's stacked [G * P, R] view
       const float* w_scales = p.w_scales + tile.group * p.w_scales_per_group + (tile.col0 / 128) * p.w_scale_ld;
       for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
-        sm90::mbar_wait(&empty[stage], phase ^ 1);
-        uint64_t* bar = &full[stage];
+        sm90::mbar_wait(&empty[pos.stage], pos.phase ^ 1);
+        uint64_t* bar = &full[pos.stage];
         sm90::mbar_arrive_expect_tx(bar, L::kTxBytes);
-        sm90::tma_load_2d(smem + L::kOffA + stage * L::kABytes, &map_a, kb * kBlockK, tile.row0, bar);
-        sm90::tma_load_2d(smem + L::kOffB + stage * L::kBBytes, &map_b, kb * kBlockK, b_row, bar);
-        sm90::tma_load_2d(smem + L::kOffSa + stage * L::kSaSlot, &map_sa, tile.row0 & ~3, kb, bar);
+        sm90::tma_load_2d(smem + L::kOffA + pos.stage * L::kABytes, &map_a, kb * kBlockK, tile.row0, bar);
+        sm90::tma_load_2d(smem + L::kOffB + pos.stage * L::kBBytes, &map_b, kb * kBlockK, b_row, bar);
+        sm90::tma_load_2d(smem + L::kOffSa + pos.stage * L::kSaSlot, &map_sa, tile.row0 & ~3, kb, bar);
 #pragma unroll
         for (int j = 0; j < kNSub; ++j)
-          sm90::bulk_load(smem + L::kOffSb + stage * L::kSbBytes + 16 * j, w_scales + j * p.w_scale_ld + (kb & ~3),
-                          16, bar);
-        if (++stage == L::kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+          sm90::bulk_load(smem + L::kOffSb + pos.stage * L::kSbBytes + 16 * j,
+                          w_scales + j * p.w_scale_ld + (kb & ~3), 16, bar);
+        pos.advance();
       }
     }
     return;
@@ -166,11 +390,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumer warpgroups: rows 64 wg .. 64 wg + 63 of each tile -------------------------------------------------
   sm90::warpgroup_regs_inc<kConsumerRegs>();
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int row_in_tile = 64 * wg + 16 * warp + lane / 4;  // fragment rows: this and + 8
-  float partial[64];
+  const ConsumerCtx<kNSub> c{smem, full, empty, wg, lane, 64 * wg + 16 * warp + lane / 4};
+  float partial[kOverlap ? 2 : 1][64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) partial[i] = 0.0f;
-  uint32_t stage = 0, phase = 0;
+  for (int b = 0; b < (kOverlap ? 2 : 1); ++b)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) partial[b][i] = 0.0f;
+  RingPos<L::kStages> pos;
   for (int32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const GroupedTile tile = grouped_tile(t, s_o, s_start, p.G, kBlockM, L::kBlockN, col_blocks);
     float acc[kNSub][64];
@@ -178,60 +404,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < kNSub; ++j)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
-
-    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
-      sm90::mbar_wait(&full[stage], phase);
-      const float* sa = reinterpret_cast<const float*>(smem + L::kOffSa + stage * L::kSaSlot) + (tile.row0 & 3);
-      const float* sb = reinterpret_cast<const float*>(smem + L::kOffSb + stage * L::kSbBytes);
-      const float x_lo = sa[row_in_tile], x_hi = sa[row_in_tile + 8];
-      float w[kNSub];
-#pragma unroll
-      for (int j = 0; j < kNSub; ++j) w[j] = sb[4 * j + (kb & 3)];
-      const uint64_t desc_a = sm90::smem_desc_k_major_sw128(smem + L::kOffA + stage * L::kABytes + 64 * wg * kBlockK);
-#pragma unroll
-      for (int j = 0; j < kNSub; ++j) {
-        const uint64_t desc_b =
-            sm90::smem_desc_k_major_sw128(smem + L::kOffB + stage * L::kBBytes + 128 * j * kBlockK);
-#pragma unroll
-        for (int i = 0; i < 64; ++i) sm90::fence_operand(partial[i]);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kBlockK / kWgmmaK; ++k)  // + 32 bytes along K = + 2 in the descriptor's address field
-          sm90::wgmma_m64n128k32_e4m3(partial, desc_a + 2 * k, desc_b + 2 * k, k > 0 ? 1u : 0u);
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) sm90::fence_operand(partial[i]);
-        if (j == kNSub - 1) {  // every read of this stage is done: scales in registers, WGMMA complete
-          __syncwarp();
-          if (lane == 0) sm90::mbar_arrive(&empty[stage]);
-        }
-        // Promotion (DeepSeek-V3): the block's partial sums, scaled, into the FP32 accumulator.
-        const float s_lo = x_lo * w[j], s_hi = x_hi * w[j];
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[j][i] = __fmaf_rn(partial[i], (i & 2) ? s_hi : s_lo, acc[j][i]);
-      }
-      if (++stage == L::kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-
-    // Epilogue: this thread's rows of the group, BF16 pairs of adjacent columns.
-    const int32_t r_lo = tile.row0 + row_in_tile, r_hi = r_lo + 8;
-    bf16* out_lo = p.out + static_cast<int64_t>(r_lo) * p.P + tile.col0 + 2 * (lane % 4);
-    bf16* out_hi = out_lo + 8 * static_cast<int64_t>(p.P);
-#pragma unroll
-    for (int j = 0; j < kNSub; ++j)
-#pragma unroll
-      for (int c = 0; c < 16; ++c) {
-        const int col = 128 * j + 8 * c;
-        if (r_lo < tile.row_end)
-          *reinterpret_cast<__nv_bfloat162*>(out_lo + col) = __floats2bfloat162_rn(acc[j][4 * c], acc[j][4 * c + 1]);
-        if (r_hi < tile.row_end)
-          *reinterpret_cast<__nv_bfloat162*>(out_hi + col) =
-              __floats2bfloat162_rn(acc[j][4 * c + 2], acc[j][4 * c + 3]);
-      }
+    if constexpr (kOverlap) mainloop_overlapped(c, tile, p.k_blocks, pos, acc[0], partial[0], partial[1]);
+    else mainloop_serial(c, tile, p.k_blocks, pos, acc, partial[0]);
+    store_tile<kNSub, kCoalesced>(c, p, tile, acc);
   }
 }
 
@@ -245,22 +420,29 @@ int current_device_attribute(cudaDeviceAttr attr) {
 }
 
 // Row operand [M, R] times each expert's block tensor [P, R]^T into out [M, P] (Fprop: P = N, R = K; Dgrad: P = K,
-// R = N).
-template <int kNSub>
+// R = N), with the kernel of the template arguments.
+template <int kNSub, bool kOverlap, bool kCoalesced>
 void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_sa, const Params& p,
             cudaStream_t stream) {
   using L = Layout<kNSub>;
+  const auto kernel = grouped_gemm_sm90_kernel<kNSub, kOverlap, kCoalesced>;
   const size_t smem = L::bytes(p.G);
   FP4MOE_CHECK(smem <= static_cast<size_t>(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)),
                "grouped GEMM (sm90): the kernel needs {} bytes of shared memory per block, the device offers {}",
                smem, current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
-  CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_sm90_kernel<kNSub>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   // At most ceil(M / 128) + G row blocks over all groups: no CTA beyond the tiles.
   const int64_t max_tiles = (ceil_div(p.M, kBlockM) + p.G) * (p.P / L::kBlockN);
   const int64_t grid = std::min<int64_t>(current_device_attribute(cudaDevAttrMultiProcessorCount), max_tiles);
-  grouped_gemm_sm90_kernel<kNSub><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(map_a, map_b, map_sa, p);
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(map_a, map_b, map_sa, p);
   CUDA_CHECK_LAUNCH();
+}
+
+template <int kNSub, bool kOverlap>
+void launch_with_epilogue(bool coalesced, const CUtensorMap& map_a, const CUtensorMap& map_b,
+                          const CUtensorMap& map_sa, const Params& p, cudaStream_t stream) {
+  if (coalesced) launch<kNSub, kOverlap, true>(map_a, map_b, map_sa, p, stream);
+  else launch<kNSub, kOverlap, false>(map_a, map_b, map_sa, p, stream);
 }
 
 // Shape rules of the kernel (no CUDA call): empty when (N, K, G) is taken.
@@ -303,6 +485,8 @@ void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int
   FP4MOE_CHECK(config.block_n == 0 || config.block_n == 128 || (config.block_n == 256 && P % 256 == 0),
                "{}: block_n must be 0 (automatic), 128, or 256 with an output width that is a multiple of 256, got "
                "block_n={} for width {}", what, config.block_n, P);
+  FP4MOE_CHECK(!config.overlap_promotion || config.block_n != 256,
+               "{}: overlap_promotion runs the 128-wide tile only; expected block_n 0 or 128, got 256", what);
   FP4MOE_CHECK(offsets != nullptr && reinterpret_cast<uintptr_t>(offsets) % 4 == 0,
                "{}: device group offsets must be a non-null int32 pointer, got {}", what,
                static_cast<const void*>(offsets));
@@ -316,7 +500,7 @@ void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int
   const std::string device = device_problem();
   FP4MOE_CHECK(device.empty(), "{}: {}", what, device);
 
-  int block_n = config.block_n;
+  int block_n = config.overlap_promotion ? 128 : config.block_n;
   if (block_n == 0)
     block_n = P % 256 == 0 &&
                       ceil_div(M, kBlockM) * (P / 256) >= current_device_attribute(cudaDevAttrMultiProcessorCount)
@@ -342,8 +526,10 @@ void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int
                  fp8_block_scale_count(P, R),
                  static_cast<int32_t>(fp8_block_scale_ld(R)),
                  out};
-  if (block_n == 256) launch<2>(map_a, map_b, map_sa, p, stream);
-  else launch<1>(map_a, map_b, map_sa, p, stream);
+  const bool coalesced = config.coalesced_epilogue;
+  if (block_n == 256) launch_with_epilogue<2, false>(coalesced, map_a, map_b, map_sa, p, stream);
+  else if (config.overlap_promotion) launch_with_epilogue<1, true>(coalesced, map_a, map_b, map_sa, p, stream);
+  else launch_with_epilogue<1, false>(coalesced, map_a, map_b, map_sa, p, stream);
 }
 
 }  // namespace

@@ -21,8 +21,9 @@
 // (128 or 256) columns walked in the order of grouped_tiles.h from the device offsets; a producer warpgroup loads
 // X, W and both scales of each 128-wide K block with the bulk tensor copy engine (TMA, 128-byte swizzle) into a
 // 4-6 stage shared-memory ring guarded by mbarriers; two consumer warpgroups of 64 rows each run WGMMA
-// (m64n128k32, E4M3 x E4M3 -> FP32), promote as above and store their rows of the group as BF16. Rows of a tile
-// past its group's end are computed from the next group's (or zero-filled) rows and never stored. Sources: PTX ISA
+// (m64n128k32, E4M3 x E4M3 -> FP32), promote as above (optionally with the next block's WGMMAs in flight:
+// Sm90GemmConfig) and store their rows of the group as BF16. Rows of a tile past its group's end are computed from
+// the next group's (or zero-filled) rows and never stored. Sources: PTX ISA
 // 8.x (wgmma.mma_async, its shared-memory matrix descriptor and 128-byte swizzle; cp.async.bulk.tensor; mbarrier;
 // setmaxnreg), CUDA Driver API (cuTensorMapEncodeTiled).
 //
@@ -33,9 +34,10 @@
 // Rejected with fp4moe::Error before anything is launched (the caller falls back to GroupedGemm's cuBLASLt path),
 // first the arguments, with no CUDA call: N or K not a positive multiple of 128, G outside [1, 1024] or G * max(N,
 // K) beyond int32, M < 0 or beyond int32 tile coordinates, a block_n other than 0, 128, 256 (256: the output width
-// a multiple of 256), null offsets; then, unless M = 0 (which launches nothing), a null or not 16-byte aligned
-// operand or output pointer, no usable device or one of compute capability other than 9.0 (the kernel is built for
-// sm_90a only), too little shared memory per block. Asynchronous on `stream`; never synchronises.
+// a multiple of 256; 256 with overlap_promotion), null offsets; then, unless M = 0 (which launches nothing), a null
+// or not 16-byte aligned operand or output pointer, no usable device or one of compute capability other than 9.0
+// (the kernel is built for sm_90a only), too little shared memory per block. Asynchronous on `stream`; never
+// synchronises.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -48,10 +50,20 @@
 
 namespace fp4moe {
 
-// Tile width of the kernel: 0 (default) picks 256 columns when the output width is a multiple of 256 and the
-// tiles of 256 columns still fill every SM at least once (ceil(M/128) * width/256 >= SM count), else 128.
+// Variants of the kernel; every combination gives the same output bits for the same tile width (the same
+// products, promotion order and rounding).
 struct Sm90GemmConfig {
+  // Tile width: 0 (default) picks 256 columns when the output width is a multiple of 256 and the tiles of 256
+  // columns still fill every SM at least once (ceil(M/128) * width/256 >= SM count), else 128.
   int block_n = 0;
+  // WGMMAs in flight across the promotion: two partial accumulators used alternately over the K blocks, so that
+  // block kb + 1's WGMMAs run while block kb's partial is promoted (otherwise each block's WGMMAs are waited for
+  // before its promotion). Runs the 128-wide tile (block_n 0 means 128 here; 256 is rejected): 64 accumulator and
+  // 2 x 64 partial registers per consumer thread.
+  bool overlap_promotion = false;
+  // Coalesced BF16 epilogue: the 4 lanes holding a row's columns exchange their pairs by shuffles so that each lane
+  // stores 8 consecutive columns as 16 bytes (otherwise each lane stores its 4-byte pairs).
+  bool coalesced_epilogue = false;
 };
 
 // Empty when the kernel takes an (N, K, G) problem on the current device, else why not (the shape rules above, or

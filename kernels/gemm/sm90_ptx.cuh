@@ -1,9 +1,9 @@
 // Inline PTX for Hopper (sm_90a) kernels: mbarriers, the bulk tensor copy engine (TMA), warpgroup matrix multiply
-// (WGMMA) and warpgroup register reallocation. Device code only; each wrapper is one PTX instruction (or a spin
-// on one) as the PTX ISA 8.x describes it (sections "Parallel Synchronization and Communication Instructions:
-// mbarrier", "Data Movement: cp.async.bulk / cp.async.bulk.tensor", "Asynchronous Warpgroup Level Matrix
-// Multiply-Accumulate Instructions", "setmaxnreg"). Shared-memory addresses are 32-bit `.shared::cta` addresses
-// (smem_addr); global addresses and tensor maps are generic pointers.
+// (WGMMA), warpgroup register reallocation, a 16-byte global store. Device code only; each wrapper is one PTX
+// instruction (or a spin on one) as the PTX ISA 8.x describes it (sections "Parallel Synchronization and
+// Communication Instructions: mbarrier", "Data Movement: cp.async.bulk / cp.async.bulk.tensor", "Asynchronous
+// Warpgroup Level Matrix Multiply-Accumulate Instructions", "setmaxnreg", "st"). Shared-memory addresses are 32-bit
+// `.shared::cta` addresses (smem_addr); global addresses and tensor maps are generic pointers.
 #pragma once
 
 #include <cuda.h>
@@ -76,6 +76,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// ---- global stores ------------------------------------------------------------------------------------------------
+
+// 16 bytes to a 16-byte aligned global address as one vector store (the compiler may otherwise split a uint4 store).
+__device__ __forceinline__ void st_global_v4(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)), "r"(a), "r"(b),
+               "r"(c), "r"(d)
                : "memory");
 }
 

@@ -7,8 +7,10 @@
 // be finite and every row outside the groups (before o[0], at or past o[G]) still poisoned, bit for bit.
 // Tolerance: relative L2 error per expert group 1e-2, and every compared element within 1e-2 of the largest
 // reference value (BF16 output rounds to 2^-9 relative; an indexing or layout defect gives errors of order 1, a
-// few wrong columns or rows fail the elementwise bound). Every case prints its worst group's relative L2 error and max |error| / max |reference| for the
-// reference and for cuBLASLt, so that one run tells where a failure lies.
+// few wrong columns or rows fail the elementwise bound). Every case prints its worst group's relative L2 error and
+// max |error| / max |reference| for the reference and for cuBLASLt, so that one run tells where a failure lies.
+// The kernel's variants (Sm90GemmConfig: overlapped promotion, coalesced epilogue) run on every case beside the
+// case's tile width: the same checks, and bit for bit the output of today's path (neither) at the same width.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -119,6 +121,29 @@ void expect_written_rows(const std::string& what, const std::vector<float>& got,
   }
 }
 
+// Index of the first element whose bits differ between two outputs of the same size, or -1.
+int64_t first_bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// The kernel's variants (Sm90GemmConfig) checked beside a case's block_n: the coalesced epilogue at that width and,
+// unless it is 256, the overlapped promotion (the 128-wide tile) with either epilogue.
+std::vector<Sm90GemmConfig> variants_of(int block_n) {
+  std::vector<Sm90GemmConfig> v{{block_n, false, true}};
+  if (block_n != 256) {
+    v.push_back({block_n, true, false});
+    v.push_back({block_n, true, true});
+  }
+  return v;
+}
+
+std::string variant_name(const Sm90GemmConfig& v) {
+  return fmt::format("block_n {}{}{}", v.block_n, v.overlap_promotion ? " overlap" : "",
+                     v.coalesced_epilogue ? " coalesced epilogue" : "");
+}
+
 struct Case {
   std::string name;
   int64_t N, K;
@@ -130,7 +155,8 @@ struct Case {
 };
 
 // One case: Fprop and Dgrad of the kernel against the reference and (when the split ends at M) cuBLASLt; the
-// second Fprop run must give the same bits as the first.
+// second Fprop run must give the same bits as the first; each variant of variants_of(block_n) passes the same checks
+// and gives the bits of today's path at its tile width.
 void check_case(const Case& c, uint64_t seed) {
   std::vector<int32_t> offsets = offsets_of(c.sizes);
   for (auto& o : offsets) o += static_cast<int32_t>(c.rows_before);
@@ -167,7 +193,6 @@ void check_case(const Case& c, uint64_t seed) {
   auto d_ws = upload(w.scales);
   auto d_wt = upload(w_t.codes);
   auto d_wts = upload(w_t.scales);
-  const Sm90GemmConfig config{c.block_n};
   const bool lt_comparable = c.rows_after == 0 && c.rows_before == 0;  // GroupedGemm takes splits of [0, M) only
   GroupedGemm lt_gemm;
   const GroupSplit split{d_offsets->ptr, offsets.data(), G};
@@ -176,32 +201,23 @@ void check_case(const Case& c, uint64_t seed) {
     const int64_t P = dgrad ? K : N;
     const std::string op = dgrad ? "Dgrad" : "Fprop";
     const std::vector<float>& ref = dgrad ? dx_ref : y_ref;
-    OutBuffer out(M * P, GemmOutType::bf16);
-    auto run_sm90 = [&](OutBuffer& o) {
-      auto* p = reinterpret_cast<bf16*>(o.buf.ptr);
-      if (dgrad)
-        grouped_dgrad_fp8_sm90({d_dy->ptr, d_dys->ptr}, {d_wt->ptr, d_wts->ptr}, M, N, K, d_offsets->ptr, G, p,
-                               nullptr, config);
-      else
-        grouped_fprop_fp8_sm90({d_x->ptr, d_xs->ptr}, {d_w->ptr, d_ws->ptr}, M, N, K, d_offsets->ptr, G, p, nullptr,
-                               config);
+    // The kernel's output with `config` into a freshly poisoned buffer; false (a failure added) if it threw.
+    auto run_sm90 = [&](const std::string& what, Sm90GemmConfig config, std::vector<float>& got) {
+      OutBuffer out(M * P, GemmOutType::bf16);
+      auto* y = reinterpret_cast<bf16*>(out.buf.ptr);
+      if (!run_case(what, [&] {
+            if (dgrad)
+              grouped_dgrad_fp8_sm90({d_dy->ptr, d_dys->ptr}, {d_wt->ptr, d_wts->ptr}, M, N, K, d_offsets->ptr, G, y,
+                                     nullptr, config);
+            else
+              grouped_fprop_fp8_sm90({d_x->ptr, d_xs->ptr}, {d_w->ptr, d_ws->ptr}, M, N, K, d_offsets->ptr, G, y,
+                                     nullptr, config);
+          }))
+        return false;
+      got = out.download();
+      return true;
     };
-    if (!run_case(op + " sm90", [&] { run_sm90(out); })) continue;
-    const std::vector<float> got = out.download();
-    expect_written_rows(op + " sm90", got, M, P, offsets);
-    const Errors e = errors_of(got, ref, P, offsets, rows);
-    std::cout << "[ sm90     ] " << shape << ": " << op << " vs reference: " << e.str() << "\n";
-    EXPECT_LT(e.rel_l2, kTol) << op << " sm90 vs reference, " << e.str();
-    EXPECT_LT(e.max_rel(), kTol) << op << " sm90 vs reference, elementwise, " << e.str();
-
-    if (!dgrad) {  // deterministic: the same bits again
-      OutBuffer again(M * P, GemmOutType::bf16);
-      if (run_case(op + " sm90 (again)", [&] { run_sm90(again); })) {
-        const std::vector<float> got2 = again.download();
-        EXPECT_EQ(std::memcmp(got.data(), got2.data(), got.size() * sizeof(float)), 0)
-            << op << ": a second run gave other bits";
-      }
-    }
+    std::vector<float> lt;  // cuBLASLt's output, when comparable
     if (lt_comparable) {
       OutBuffer lt_out(M * P, GemmOutType::bf16);
       if (run_case(op + " cuBLASLt", [&] {
@@ -211,13 +227,47 @@ void check_case(const Case& c, uint64_t seed) {
             else
               lt_gemm.fprop_fp8({d_x->ptr, d_xs->ptr}, {d_w->ptr, d_ws->ptr}, N, K, split, lt_out.output(), nullptr);
           })) {
-        const std::vector<float> lt = lt_out.download();
-        const Errors lt_ref = errors_of(lt, ref, P, offsets, rows);
-        const Errors vs_lt = errors_of(got, lt, P, offsets, rows);
-        std::cout << "[ sm90     ] " << shape << ": " << op << " cuBLASLt vs reference: " << lt_ref.str()
-                  << "; sm90 vs cuBLASLt: " << vs_lt.str() << "\n";
-        EXPECT_LT(vs_lt.rel_l2, kTol) << op << " sm90 vs cuBLASLt, " << vs_lt.str();
+        lt = lt_out.download();
+        std::cout << "[ sm90     ] " << shape << ": " << op
+                  << " cuBLASLt vs reference: " << errors_of(lt, ref, P, offsets, rows).str() << "\n";
       }
+    }
+    // One output of the kernel: its rows written (and only those), against the reference and cuBLASLt.
+    auto check_output = [&](const std::string& what, const std::vector<float>& got) {
+      expect_written_rows(what, got, M, P, offsets);
+      const Errors e = errors_of(got, ref, P, offsets, rows);
+      std::cout << "[ sm90     ] " << shape << ": " << what << " vs reference: " << e.str() << "\n";
+      EXPECT_LT(e.rel_l2, kTol) << what << " vs reference, " << e.str();
+      EXPECT_LT(e.max_rel(), kTol) << what << " vs reference, elementwise, " << e.str();
+      if (!lt.empty()) {
+        const Errors vs_lt = errors_of(got, lt, P, offsets, rows);
+        std::cout << "[ sm90     ] " << shape << ": " << what << " vs cuBLASLt: " << vs_lt.str() << "\n";
+        EXPECT_LT(vs_lt.rel_l2, kTol) << what << " vs cuBLASLt, " << vs_lt.str();
+      }
+    };
+
+    const std::string base_what = op + " sm90";
+    std::vector<float> got;
+    if (!run_sm90(base_what, Sm90GemmConfig{c.block_n}, got)) continue;
+    check_output(base_what, got);
+    if (!dgrad) {  // deterministic: the same bits again
+      std::vector<float> again;
+      if (run_sm90(base_what + " (again)", Sm90GemmConfig{c.block_n}, again)) {
+        EXPECT_EQ(first_bit_difference(got, again), -1) << op << ": a second run gave other bits";
+      }
+    }
+    // The variants: checked as above, and bit for bit today's path (no overlap, direct epilogue) at their width.
+    std::vector<float> got128;  // today's path at 128 columns, for the overlapped variants of other widths
+    for (const Sm90GemmConfig& v : variants_of(c.block_n)) {
+      const std::string what = fmt::format("{} sm90 {}", op, variant_name(v));
+      std::vector<float> vgot;
+      if (!run_sm90(what, v, vgot)) continue;
+      check_output(what, vgot);
+      const bool own_width = !v.overlap_promotion || c.block_n == 128;
+      if (!own_width && got128.empty() && !run_sm90(base_what + " block_n 128", Sm90GemmConfig{128}, got128)) continue;
+      const int64_t at = first_bit_difference(own_width ? got : got128, vgot);
+      EXPECT_EQ(at, -1) << what << ": other bits than today's path at the same tile width, first at element " << at
+                        << " (row " << at / P << ", column " << at % P << ")";
     }
   }
 }

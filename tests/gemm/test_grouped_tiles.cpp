@@ -141,6 +141,8 @@ TEST(GroupedGemmSm90Checks, RejectsBeforeAnyCudaCall) {
   expect_rejected([&] { fprop(-1, 4096, 7168, 8); }, "0 <= M");
   expect_rejected([&] { fprop(256, 4096 + 128, 7168, 8, Sm90GemmConfig{256}); }, "block_n");
   expect_rejected([&] { fprop(256, 4096, 7168, 8, Sm90GemmConfig{64}); }, "block_n");
+  expect_rejected([&] { fprop(256, 4096, 7168, 8, Sm90GemmConfig{256, true}); },
+                  "overlap_promotion runs the 128-wide tile only");
   expect_rejected([&] { grouped_fprop_fp8_sm90(x, w, 256, 4096, 7168, nullptr, 8, y, nullptr); }, "offsets");
   expect_rejected([&] {
     grouped_fprop_fp8_sm90(Fp8RowOperand{x.codes + 8, x.scales}, w, 256, 4096, 7168, offsets, 8, y, nullptr);
