@@ -4,8 +4,8 @@
 //   bench_grouped_gemm [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=fp8]
 //
 // Shapes: DeepSeek-V3 routed experts, fused gate/up (N = 4096, K = 7168) and down (N = 7168, K = 2048), 16384
-// routed tokens per GPU split over 8 experts (about 2048 each) or 32 experts (about 512 each); the split is
-// seeded, ragged (+-25 %, sizes not multiples of 4) and never empty; "8x2048 even": exactly 2048 each. Every
+// routed tokens per GPU split over 8, 16 or 32 experts (about 2048, 1024 or 512 each: they place the threshold of
+// grouped_gemm_heuristics.h); the split is seeded, ragged (+-25 %, sizes not multiples of 4) and never empty; "8x2048 even": exactly 2048 each. Every
 // grouped case runs on one stream (case names without '@') and on 2 and 4 concurrent streams (suffix @s2, @s4;
 // GroupedGemmTuning). Operands: seeded random codes and power-of-two
 // scales (FP8), seeded random values (BF16), never zeros; weights alone exceed twice the 60 MB L2 except for the
@@ -286,13 +286,14 @@ void define_cases() {
     const char* name;
     int64_t N, K;
   };
-  // Tunings beside the default: concurrent runs of groups (GroupedGemmTuning).
-  const GroupedGemmTuning tunings[] = {{1}, {2}, {4}};
+  // Tunings beside the default: concurrent runs of groups (GroupedGemmTuning), always the per-expert cuBLASLt
+  // calls (the Hopper kernel has rows of its own below).
+  const GroupedGemmTuning tunings[] = {{1, Sm90Path::never}, {2, Sm90Path::never}, {4, Sm90Path::never}};
   for (const GroupedGemmTuning& t : tunings)
     for (const char* op : {"fprop", "dgrad", "wgrad"})
       for (const char* recipe : {"bf16", "fp8"})
         for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
-          for (int64_t G : {8, 32})
+          for (int64_t G : {8, 16, 32})
             g_cases.push_back(
                 Case{op, recipe, fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false, false, t});
           g_cases.push_back(
@@ -313,7 +314,7 @@ void define_cases() {
           c.sm90 = variant;
           g_cases.push_back(c);
         };
-        for (int64_t G : {8, 32}) add(fmt::format("{} {}x{}", s.name, G, kTokens / G), G, false, false);
+        for (int64_t G : {8, 16, 32}) add(fmt::format("{} {}x{}", s.name, G, kTokens / G), G, false, false);
         add(fmt::format("{} 8x{} even", s.name, kTokens / 8), 8, false, true);
         add(fmt::format("{} 1x{}", s.name, kTokens), 1, true, false);
       }

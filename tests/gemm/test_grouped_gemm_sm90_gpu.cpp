@@ -25,6 +25,7 @@
 
 #include "kernels/common/check.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "kernels/gemm/grouped_gemm_heuristics.h"
 #include "kernels/gemm/grouped_gemm_ref.h"
 #include "kernels/gemm/grouped_gemm_sm90.h"
 #include "tests/common/grouped_gemm_test_util.h"
@@ -195,6 +196,7 @@ void check_case(const Case& c, uint64_t seed) {
   auto d_wts = upload(w_t.scales);
   const bool lt_comparable = c.rows_after == 0 && c.rows_before == 0;  // GroupedGemm takes splits of [0, M) only
   GroupedGemm lt_gemm;
+  lt_gemm.set_tuning({1, Sm90Path::never});  // the per-expert cuBLASLt calls, never this kernel
   const GroupSplit split{d_offsets->ptr, offsets.data(), G};
 
   for (bool dgrad : {false, true}) {
@@ -325,6 +327,41 @@ TEST(GroupedGemmSm90, RowsOutsideTheGroupsAreUntouched) {
   REQUIRE_SM90();
   check_case({"70 rows past o[G]", 256, 256, {100, 0, 57}, 70}, 14);
   check_case({"45 rows before o[0], 20 past o[G]", 256, 384, {0, 150, 3}, 20, ScaleKind::pow2, 0, 45}, 15);
+}
+
+// GroupedGemm::fprop_fp8 runs this kernel by GroupedGemmTuning::sm90: always and automatic (a mean group at or below
+// kSm90MaxMeanGroupRows) give this kernel's bits, never and automatic above the threshold cuBLASLt's. One group,
+// K 7168, where the two paths' bits differ (asserted, else the test could not tell them apart).
+TEST(GroupedGemmSm90, GroupedGemmChoosesThePathByItsRule) {
+  REQUIRE_SM90();
+  const int64_t N = 128, K = 7168;
+  for (int64_t M : {int64_t{333}, kSm90MaxMeanGroupRows + 200}) {
+    SCOPED_TRACE(fmt::format("M={} N={} K={} G=1", M, N, K));
+    Rng rng(20 + M);
+    const HostFp8 x = make_row_tensor(M, K, ScaleKind::pow2, rng);
+    const HostFp8 w = make_block_stack(1, N, K, ScaleKind::pow2, rng);
+    const std::vector<int32_t> offsets{0, static_cast<int32_t>(M)};
+    auto d_offsets = upload(offsets);
+    auto d_x = upload(x.codes);
+    auto d_xs = upload(x.scales);
+    auto d_w = upload(w.codes);
+    auto d_ws = upload(w.scales);
+    const GroupSplit split{d_offsets->ptr, offsets.data(), 1};
+    auto through = [&](Sm90Path path) {
+      GroupedGemm gemm;
+      gemm.set_tuning({1, path});
+      OutBuffer out(M * N, GemmOutType::bf16);
+      gemm.fprop_fp8({d_x->ptr, d_xs->ptr}, {d_w->ptr, d_ws->ptr}, N, K, split, out.output(), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      return out.download();
+    };
+    const std::vector<float> sm90 = through(Sm90Path::always), lt = through(Sm90Path::never);
+    ASSERT_NE(first_bit_difference(sm90, lt), -1) << "the two paths agree bit for bit here: the test cannot tell";
+    const bool prefers = grouped_gemm_prefers_sm90(M, 1);
+    EXPECT_EQ(prefers, M <= kSm90MaxMeanGroupRows);
+    EXPECT_EQ(first_bit_difference(through(Sm90Path::automatic), prefers ? sm90 : lt), -1)
+        << "automatic did not run the path " << (prefers ? "this kernel" : "cuBLASLt") << " the rule names";
+  }
 }
 
 TEST(GroupedGemmSm90, RejectsShapesItDoesNotTile) {
