@@ -9,8 +9,9 @@
 // reference value (BF16 output rounds to 2^-9 relative; an indexing or layout defect gives errors of order 1, a
 // few wrong columns or rows fail the elementwise bound). Every case prints its worst group's relative L2 error and
 // max |error| / max |reference| for the reference and for cuBLASLt, so that one run tells where a failure lies.
-// The kernel's variants (Sm90GemmConfig: overlapped promotion, coalesced epilogue) run on every case beside the
-// case's tile width: the same checks, and bit for bit the output of today's path (neither) at the same width.
+// The kernel's variants (Sm90GemmConfig: overlapped promotion, direct epilogue) run on every case beside the case's
+// tile width: the same checks, and bit for bit the output of the default path (coalesced epilogue, no overlap) at
+// the same width.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -129,10 +130,10 @@ int64_t first_bit_difference(const std::vector<float>& a, const std::vector<floa
   return -1;
 }
 
-// The kernel's variants (Sm90GemmConfig) checked beside a case's block_n: the coalesced epilogue at that width and,
+// The kernel's variants (Sm90GemmConfig) checked beside a case's block_n: the direct epilogue at that width and,
 // unless it is 256, the overlapped promotion (the 128-wide tile) with either epilogue.
 std::vector<Sm90GemmConfig> variants_of(int block_n) {
-  std::vector<Sm90GemmConfig> v{{block_n, false, true}};
+  std::vector<Sm90GemmConfig> v{{block_n, false, false}};
   if (block_n != 256) {
     v.push_back({block_n, true, false});
     v.push_back({block_n, true, true});
@@ -157,7 +158,7 @@ struct Case {
 
 // One case: Fprop and Dgrad of the kernel against the reference and (when the split ends at M) cuBLASLt; the
 // second Fprop run must give the same bits as the first; each variant of variants_of(block_n) passes the same checks
-// and gives the bits of today's path at its tile width.
+// and gives the bits of the default path at its tile width.
 void check_case(const Case& c, uint64_t seed) {
   std::vector<int32_t> offsets = offsets_of(c.sizes);
   for (auto& o : offsets) o += static_cast<int32_t>(c.rows_before);
@@ -258,8 +259,8 @@ void check_case(const Case& c, uint64_t seed) {
         EXPECT_EQ(first_bit_difference(got, again), -1) << op << ": a second run gave other bits";
       }
     }
-    // The variants: checked as above, and bit for bit today's path (no overlap, direct epilogue) at their width.
-    std::vector<float> got128;  // today's path at 128 columns, for the overlapped variants of other widths
+    // The variants: checked as above, and bit for bit the default path (no overlap, coalesced epilogue) at their width.
+    std::vector<float> got128;  // the default path at 128 columns, for the overlapped variants of other widths
     for (const Sm90GemmConfig& v : variants_of(c.block_n)) {
       const std::string what = fmt::format("{} sm90 {}", op, variant_name(v));
       std::vector<float> vgot;
@@ -268,7 +269,7 @@ void check_case(const Case& c, uint64_t seed) {
       const bool own_width = !v.overlap_promotion || c.block_n == 128;
       if (!own_width && got128.empty() && !run_sm90(base_what + " block_n 128", Sm90GemmConfig{128}, got128)) continue;
       const int64_t at = first_bit_difference(own_width ? got : got128, vgot);
-      EXPECT_EQ(at, -1) << what << ": other bits than today's path at the same tile width, first at element " << at
+      EXPECT_EQ(at, -1) << what << ": other bits than the default path at the same tile width, first at element " << at
                         << " (row " << at / P << ", column " << at % P << ")";
     }
   }
@@ -329,38 +330,57 @@ TEST(GroupedGemmSm90, RowsOutsideTheGroupsAreUntouched) {
   check_case({"45 rows before o[0], 20 past o[G]", 256, 384, {0, 150, 3}, 20, ScaleKind::pow2, 0, 45}, 15);
 }
 
-// GroupedGemm::fprop_fp8 runs this kernel by GroupedGemmTuning::sm90: always and automatic (a mean group at or below
-// kSm90MaxMeanGroupRows) give this kernel's bits, never and automatic above the threshold cuBLASLt's. One group,
-// K 7168, where the two paths' bits differ (asserted, else the test could not tell them apart).
+// GroupedGemm::fprop_fp8 and dgrad_fp8 run this kernel by GroupedGemmTuning::sm90: always, and automatic with a mean
+// group at or below kSm90MaxMeanGroupRows, give this kernel's bits and ask cuBLASLt nothing (a fresh GroupedGemm's
+// cuBLASLt object then answered no heuristic query); never, and automatic above the threshold, run the cuBLASLt
+// calls (queries > 0). Both outputs against the FP64 reference.
 TEST(GroupedGemmSm90, GroupedGemmChoosesThePathByItsRule) {
   REQUIRE_SM90();
-  const int64_t N = 128, K = 7168;
+  const int64_t N = 256, K = 512;
   for (int64_t M : {int64_t{333}, kSm90MaxMeanGroupRows + 200}) {
-    SCOPED_TRACE(fmt::format("M={} N={} K={} G=1", M, N, K));
+    const std::string shape = fmt::format("M={} N={} K={} G=1", M, N, K);
+    SCOPED_TRACE(shape);
     Rng rng(20 + M);
     const HostFp8 x = make_row_tensor(M, K, ScaleKind::pow2, rng);
     const HostFp8 w = make_block_stack(1, N, K, ScaleKind::pow2, rng);
     const std::vector<int32_t> offsets{0, static_cast<int32_t>(M)};
+    std::vector<int64_t> rows(static_cast<size_t>(M));
+    for (int64_t r = 0; r < M; ++r) rows[static_cast<size_t>(r)] = r;
+    std::vector<float> ref(static_cast<size_t>(M * N), 0.0f);
+    grouped_fprop_ref(x.deq.data(), w.deq.data(), M, N, K, offsets.data(), 1, ref.data(), rows);
     auto d_offsets = upload(offsets);
     auto d_x = upload(x.codes);
     auto d_xs = upload(x.scales);
     auto d_w = upload(w.codes);
     auto d_ws = upload(w.scales);
     const GroupSplit split{d_offsets->ptr, offsets.data(), 1};
-    auto through = [&](Sm90Path path) {
+    const std::vector<float> direct = [&] {  // the kernel called directly
+      OutBuffer out(M * N, GemmOutType::bf16);
+      grouped_fprop_fp8_sm90({d_x->ptr, d_xs->ptr}, {d_w->ptr, d_ws->ptr}, M, N, K, d_offsets->ptr, 1,
+                             reinterpret_cast<bf16*>(out.buf.ptr), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      return out.download();
+    }();
+    const bool prefers = grouped_gemm_prefers_sm90(M, 1);
+    EXPECT_EQ(prefers, M <= kSm90MaxMeanGroupRows);
+    for (Sm90Path path : {Sm90Path::always, Sm90Path::automatic, Sm90Path::never}) {
+      const bool sm90 = path == Sm90Path::always || (path == Sm90Path::automatic && prefers);
+      const std::string what = fmt::format("{} path {}", shape, static_cast<int>(path));
       GroupedGemm gemm;
       gemm.set_tuning({1, path});
       OutBuffer out(M * N, GemmOutType::bf16);
       gemm.fprop_fp8({d_x->ptr, d_xs->ptr}, {d_w->ptr, d_ws->ptr}, N, K, split, out.output(), nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
-      return out.download();
-    };
-    const std::vector<float> sm90 = through(Sm90Path::always), lt = through(Sm90Path::never);
-    ASSERT_NE(first_bit_difference(sm90, lt), -1) << "the two paths agree bit for bit here: the test cannot tell";
-    const bool prefers = grouped_gemm_prefers_sm90(M, 1);
-    EXPECT_EQ(prefers, M <= kSm90MaxMeanGroupRows);
-    EXPECT_EQ(first_bit_difference(through(Sm90Path::automatic), prefers ? sm90 : lt), -1)
-        << "automatic did not run the path " << (prefers ? "this kernel" : "cuBLASLt") << " the rule names";
+      const std::vector<float> got = out.download();
+      EXPECT_EQ(gemm.lt().heuristic_queries() == 0, sm90) << what << ": expected the "
+                                                          << (sm90 ? "Hopper kernel" : "cuBLASLt calls");
+      if (sm90) {
+        EXPECT_EQ(first_bit_difference(got, direct), -1) << what << ": not the kernel's bits";
+      }
+      const Errors e = errors_of(got, ref, N, offsets, rows);
+      EXPECT_LT(e.rel_l2, kTol) << what << ": " << e.str();
+      EXPECT_LT(e.max_rel(), kTol) << what << ": " << e.str();
+    }
   }
 }
 
