@@ -88,8 +88,8 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("model.rope_theta", m.rope_theta, "RoPE base");
   add("model.norm_eps", m.norm_eps, "RMSNorm epsilon");
   add("model.attention_backend", attention_backend_,
-      "attention core: own (our flash attention kernels), cudnn (cuDNN's fused attention) or auto (cudnn where built "
-      "and supported, else own)");
+      "attention core: own (our flash attention kernels), cudnn (cuDNN's fused attention) or auto (the faster of the "
+      "two, timed at micro_batch x seq_len; own where cuDNN cannot run)");
   add("model.attention_deterministic", m.attention_deterministic,
       "true or false: deterministic backward of the cuDNN attention backend (more workspace; our kernels always are)");
   add("moe.routed_experts", e.routed_experts, "routed experts per MoE layer");

@@ -75,9 +75,10 @@ struct ModelConfig {
   double rope_theta = 10000.0;     // RoPE base
   double norm_eps = 1e-6;          // RMSNorm epsilon
   // Which implementation runs the attention core (kernels/attention/attention_backend.h): own (our flash attention
-  // kernels, deterministic; the default), cudnn (cuDNN's fused attention; an error where it is not built or has no
-  // plan) or auto (cudnn where built and supported, else own); "own", "cudnn" or "auto" in the file and on the
-  // command line. Not part of the model's identity (model_config_text): a checkpoint resumes under any backend.
+  // kernels, deterministic; the default), cudnn (cuDNN's fused attention; an error where it is not built or cannot
+  // run a shape) or auto (the faster of the two, timed at construction at micro_batch x seq_len tokens; own where
+  // cuDNN cannot run); "own", "cudnn" or "auto" in the file and on the command line. Not part of the model's
+  // identity (model_config_text): a checkpoint resumes under any backend.
   AttentionBackend attention_backend = AttentionBackend::own;
   // The cuDNN backend's backward: deterministic (true: the same bits on every run, more workspace) or not (false,
   // the default, as cuDNN and PyTorch run it: dQ summed with atomics). Our kernels are deterministic either way.

@@ -28,6 +28,21 @@ SdpaLayout SdpaLayout::dense(const AttentionShape& s) {
   return SdpaLayout{qk, qk, v, v, v, qk, qk, v};
 }
 
+SdpaLayout SdpaLayout::of_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o) {
+  SdpaLayout l = dense(s);
+  l.q = strides_of(q);
+  l.k = strides_of(k);
+  l.v = strides_of(v);
+  l.o = strides_of(o);
+  return l;
+}
+
+SdpaLayout SdpaLayout::of_backward(AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout, AttnOut dq, AttnOut dk,
+                                   AttnOut dv) {
+  return SdpaLayout{strides_of(q),    strides_of(k),  strides_of(v),  strides_of(o),
+                    strides_of(dout), strides_of(dq), strides_of(dk), strides_of(dv)};
+}
+
 #if !FP4MOE_WITH_CUDNN
 
 namespace {
@@ -538,12 +553,7 @@ void CudnnSdpa::forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, A
   const char* what = "CudnnSdpa::forward";
   if (!attn_detail::check_forward_call(what, s, q, k, v, o, lse)) return;
   check_lse_alignment(what, lse);
-  SdpaLayout layout = SdpaLayout::dense(s);
-  layout.q = strides_of(q);
-  layout.k = strides_of(k);
-  layout.v = strides_of(v);
-  layout.o = strides_of(o);
-  const Plan& p = impl_->plan_for(Pass::forward, s, layout, false);
+  const Plan& p = impl_->plan_for(Pass::forward, s, SdpaLayout::of_forward(s, q, k, v, o), false);
   check_workspace(what, workspace, workspace_bytes, p.workspace_bytes);
   float scale = s.scale, masked = impl_->masked_value();  // host scalars, read by cudnnBackendExecute
   impl_->execute(p,
@@ -558,9 +568,8 @@ void CudnnSdpa::backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, 
   const char* what = "CudnnSdpa::backward";
   if (!attn_detail::check_backward_call(what, s, q, k, v, o, dout, lse, dq, dk, dv, workspace)) return;
   check_lse_alignment(what, lse);
-  const SdpaLayout layout{strides_of(q),    strides_of(k),  strides_of(v),  strides_of(o),
-                          strides_of(dout), strides_of(dq), strides_of(dk), strides_of(dv)};
-  const Plan& p = impl_->plan_for(Pass::backward, s, layout, deterministic);
+  const Plan& p =
+      impl_->plan_for(Pass::backward, s, SdpaLayout::of_backward(q, k, v, o, dout, dq, dk, dv), deterministic);
   check_workspace(what, workspace, workspace_bytes, p.workspace_bytes);
   auto* base = static_cast<unsigned char*>(workspace);
   std::vector<std::pair<int64_t, void*>> bindings = {

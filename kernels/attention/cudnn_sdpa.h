@@ -68,6 +68,11 @@ struct SdpaLayout {
   AttnStrides q, k, v, o, dout, dq, dk, dv;
   // Every tensor dense: token stride H * D, head stride D.
   static SdpaLayout dense(const AttentionShape& s);
+  // The strides of a forward call's tensors (dense(s) for the backward-only ones, which a forward plan ignores).
+  static SdpaLayout of_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o);
+  // The strides of a backward call's tensors.
+  static SdpaLayout of_backward(AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout, AttnOut dq, AttnOut dk,
+                                AttnOut dv);
 };
 
 class CudnnSdpa {

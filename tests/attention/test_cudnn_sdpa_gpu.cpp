@@ -31,25 +31,13 @@ using test::AttnDevTensor;
 using test::dense_layout;
 using test::Guarded;
 
-// First statement of every test here: a usable device and a build with cuDNN, else the test skips with the reason.
-#define FP4MOE_REQUIRE_CUDNN()                                            \
-  do {                                                                    \
-    FP4MOE_REQUIRE_DEVICE();                                              \
-    if (!cudnn_sdpa_built()) GTEST_SKIP() << cudnn_sdpa_version_text();   \
-  } while (0)
-
 // The backend through CudnnSdpa, its workspaces sized by its own queries and NaN-poisoned before each run.
 test::AttentionImpl cudnn_backend(CudnnSdpa& sdpa, bool deterministic) {
   test::AttentionImpl impl;
   impl.name = deterministic ? "cudnn, deterministic backward" : "cudnn, non-deterministic backward";
   impl.deterministic_backward = deterministic;
   impl.forward = [&sdpa](const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o, float* lse) {
-    SdpaLayout layout = SdpaLayout::dense(s);
-    layout.q = strides_of(q);
-    layout.k = strides_of(k);
-    layout.v = strides_of(v);
-    layout.o = strides_of(o);
-    const int64_t bytes = sdpa.forward_workspace_bytes(s, layout);
+    const int64_t bytes = sdpa.forward_workspace_bytes(s, SdpaLayout::of_forward(s, q, k, v, o));
     test::DeviceBuffer<unsigned char> ws(static_cast<size_t>(bytes));
     ws.poison(test::kNanPoison);
     sdpa.forward(s, q, k, v, o, lse, ws.ptr, bytes, nullptr);
@@ -57,9 +45,8 @@ test::AttentionImpl cudnn_backend(CudnnSdpa& sdpa, bool deterministic) {
   };
   impl.backward = [&sdpa, deterministic](const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o,
                                          AttnIn dout, const float* lse, AttnOut dq, AttnOut dk, AttnOut dv) {
-    const SdpaLayout layout{strides_of(q),    strides_of(k),  strides_of(v),  strides_of(o),
-                            strides_of(dout), strides_of(dq), strides_of(dk), strides_of(dv)};
-    const int64_t bytes = sdpa.backward_workspace_bytes(s, layout, deterministic);
+    const int64_t bytes =
+        sdpa.backward_workspace_bytes(s, SdpaLayout::of_backward(q, k, v, o, dout, dq, dk, dv), deterministic);
     test::DeviceBuffer<unsigned char> ws(static_cast<size_t>(bytes));
     ws.poison(test::kNanPoison);
     sdpa.backward(s, q, k, v, o, dout, lse, dq, dk, dv, deterministic, ws.ptr, bytes, nullptr);

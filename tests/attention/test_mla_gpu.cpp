@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tests/common/nn_test_util.h"
+#include "kernels/attention/attention_core.h"
 #include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/attention/flash_attention.h"
 #include "kernels/gemm/cublaslt_matmul.h"
@@ -105,8 +106,8 @@ Vec mla_f64(const ModelConfig& c, int64_t T, const std::map<std::string, Vec>& w
   return linear(o, w.at("out"), M, H * dv, d);
 }
 
-// The layer with its attention core on our kernels, or on cuDNN (kernels/attention/cudnn_sdpa.h: `cudnn`, its
-// non-deterministic backward, the workspace MlaAttention::cudnn_workspace_bytes states) as the model sets it up.
+// The layer with its attention core on our kernels, or on cuDNN (kernels/attention/attention_core.h: `cudnn`, its
+// non-deterministic backward, the workspace it asks at M tokens) as the model sets it up.
 struct Fixture {
   explicit Fixture(int64_t q_lora, bool cudnn = false) : cfg(tiny_mla(q_lora)) {
     CUDA_CHECK(cudaStreamCreate(&stream));
@@ -116,10 +117,13 @@ struct Fixture {
     store.init(7, stream);
     ctx = ModelContext{stream, &lt, &mem, scratch.get()};
     if (cudnn) {
-      sdpa = std::make_unique<CudnnSdpa>();
-      const int64_t bytes = MlaAttention::cudnn_workspace_bytes(*sdpa, false, cfg, M, cfg.heads, T);
+      core = std::make_unique<AttentionCore>(AttentionBackend::cudnn, false,
+                                             MlaAttention::core_shape(cfg, M, cfg.heads, T),
+                                             MlaAttention::core_layout(cfg, cfg.heads), 0, stream);
+      const int64_t bytes = core->workspace_bytes();
       sdpa_ws = std::make_unique<test::DeviceBuffer<unsigned char>>(static_cast<size_t>(bytes));
-      ctx.attention = AttentionCoreContext{sdpa.get(), false, sdpa_ws->ptr, bytes};
+      core->set_workspace(sdpa_ws->ptr, bytes);
+      ctx.attention = core.get();
     }
     // Weights N(0, 1 / in) (norms 1 + N(0, 0.01)), rounded to BF16; master = param exactly.
     std::mt19937 rng(11);
@@ -141,7 +145,7 @@ struct Fixture {
     }
   }
   ~Fixture() {
-    sdpa.reset();  // its handle uses the stream
+    core.reset();  // its cuDNN handle uses the stream
     cudaStreamDestroy(stream);
   }
 
@@ -154,7 +158,7 @@ struct Fixture {
   ModelContext ctx;
   std::unique_ptr<MlaAttention> mla;
   std::unique_ptr<ScratchArena> scratch;
-  std::unique_ptr<CudnnSdpa> sdpa;
+  std::unique_ptr<AttentionCore> core;
   std::unique_ptr<test::DeviceBuffer<unsigned char>> sdpa_ws;
   std::map<std::string, Vec> weights;
   std::map<std::string, Param*> names;

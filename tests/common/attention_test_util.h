@@ -1,7 +1,9 @@
 // Helpers of the attention core's GPU tests (tests/attention/test_attention_gpu.cpp: our kernels,
-// test_cudnn_sdpa_gpu.cpp: the cuDNN backend), one code for both backends: tensors in dense or strided layouts inside
-// NaN-poisoned buffers, the FP64 CPU reference (kernels/attention/attention_ref.cpp) and the tolerances
-// flash_attention.h states, a forward + backward check against it, and the repeatability check of a backward.
+// test_cudnn_sdpa_gpu.cpp: the cuDNN backend, test_attention_core_gpu.cpp: the choice between them), one code for
+// both backends: tensors in dense or strided layouts inside NaN-poisoned buffers, the FP64 CPU reference
+// (kernels/attention/attention_ref.cpp) and the tolerances flash_attention.h states, a forward + backward check
+// against it, the repeatability check of a backward, and the first statement of the cuDNN backend's tests
+// (FP4MOE_REQUIRE_CUDNN).
 //
 // Tolerances, relative L2 per tensor: O < 1e-2 (BF16 rounding of P and O), dQ, dK, dV < 2e-2 (BF16 rounding of P
 // and dS, D from the BF16 O); the reference norm is floored at an RMS of 1e-3 (T = 1 has dQ = dK = 0 exactly).
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/attention/flash_attention.h"
 #include "tests/common/nn_test_util.h"
 
@@ -282,3 +285,11 @@ inline void check_backward_repeatable(const AttnCase& c, const AttentionImpl& im
 }
 
 }  // namespace fp4moe::test
+
+// First statement of a test of the cuDNN backend: a usable device and a build with cuDNN, else the test skips with
+// the reason.
+#define FP4MOE_REQUIRE_CUDNN()                                                                \
+  do {                                                                                        \
+    FP4MOE_REQUIRE_DEVICE();                                                                  \
+    if (!::fp4moe::cudnn_sdpa_built()) GTEST_SKIP() << ::fp4moe::cudnn_sdpa_version_text();   \
+  } while (0)

@@ -18,8 +18,9 @@
 //     (std 0.02; at 1/64 the attention's curvature left 6% third-order error in q_down and kv_down), 1/256 for
 //     the embedding, 1/32 for the LM head. Tensors whose predicted change is below 1e-4 are skipped and
 //     printed (at init the query path and the router are nearly dead), and at least 8 of the 15 must be checked.
-// Also: the top-k ids per MoE layer, forced routing's argument check, the host-side token and target checks, and the
-// attention core on the cuDNN backend against our kernels (skipped where this build has no cuDNN).
+// Also: the top-k ids per MoE layer, forced routing's argument check, the host-side token and target checks, the
+// attention core on the cuDNN backend against our kernels, and the auto backend (timed, other row counts; both
+// skipped where this build has no cuDNN).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "tests/common/gpu_test_util.h"
+#include "kernels/attention/attention_backend.h"
 #include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/formats/formats.h"
 #include "kernels/nn/adamw.h"
@@ -149,11 +151,51 @@ TEST(ModelTiny, BackwardIsDeterministicReachesEveryParameterAndAccumulates) {
   }
 }
 
-// The attention core on cuDNN (model.attention_backend = cudnn with either backward, and auto), against the same
-// model on our kernels (same weights and batch): the model resolved cuDNN, the loss within 1e-4 relative, every
-// parameter's gradient within 5e-2 relative L2 of ours (each backend is within 1e-2 / 2e-2 of the FP64 attention,
-// tests/attention/test_cudnn_sdpa_gpu.cpp; the gradients of the layers before the attention carry that difference),
-// and, with the deterministic backward, the same bits from a second backward.
+// One AdamW step over every parameter (step counts from 1), then the model's end of step.
+void adamw_step_all(TinyModel& t, int64_t step) {
+  for (Param& p : t.store().params()) {
+    const AdamWConfig opt{2e-3f, 0.9f, 0.95f, 1e-8f, p.decay ? 0.1f : 0.0f, step};
+    adamw_step(AdamWTensor{p.master, p.param, p.grad, p.m, p.v, p.n}, opt, nullptr, t.stream);
+  }
+  t.model->end_step();
+}
+
+// A forward_backward of `t` from zeroed grads against `own`'s (the same weights and batch on our kernels): the loss
+// within 1e-4 relative and every parameter's gradient within 5e-2 relative L2. Returns the gradients.
+std::vector<std::vector<float>> expect_step_near(TinyModel& t, float own_loss,
+                                                 const std::vector<std::vector<float>>& own_grads) {
+  t.store().zero_grads(t.stream);
+  const float loss = t.forward_backward().loss;
+  EXPECT_NEAR(loss, own_loss, 1e-4 * own_loss);
+  auto grads = t.grads();
+  double worst = 0;
+  size_t i = 0;
+  for (const Param& p : t.store().params()) {
+    const auto &a = grads[i], &b = own_grads[i];
+    ++i;
+    double num = 0, den = 0;
+    for (size_t j = 0; j < a.size(); ++j) {
+      num += (static_cast<double>(a[j]) - b[j]) * (static_cast<double>(a[j]) - b[j]);
+      den += static_cast<double>(b[j]) * b[j];
+    }
+    const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 5e-2) << p.name << ": gradient against our kernels', relative L2";
+  }
+  std::printf("%s: loss %.7g (ours %.7g), largest gradient difference %.3g relative L2\n",
+              t.model->attention_backend_note().c_str(), loss, own_loss, worst);
+  return grads;
+}
+
+// The evaluation loss of the first `rows` sequences of the batch (fewer than micro_batch: a shape the attention
+// backend resolves at its first call).
+float loss_of_rows(TinyModel& t, int64_t rows) { return t.model->forward(t.tokens.ptr, t.targets.ptr, rows).loss; }
+
+// The attention core on cuDNN (model.attention_backend = cudnn with either backward), against the same model on our
+// kernels (same weights and batch): the model resolved cuDNN, the loss and gradients as expect_step_near checks
+// (each backend is within 1e-2 / 2e-2 of the FP64 attention, tests/attention/test_cudnn_sdpa_gpu.cpp; the gradients
+// of the layers before the attention carry that difference), with the deterministic backward the same bits from a
+// second backward, and an evaluation of 2 of the 4 sequences within 1e-4 relative of ours.
 TEST(ModelTiny, CudnnAttentionBackendMatchesOurKernels) {
   FP4MOE_REQUIRE_DEVICE();
   if (!cudnn_sdpa_built()) GTEST_SKIP() << cudnn_sdpa_version_text();
@@ -161,34 +203,15 @@ TEST(ModelTiny, CudnnAttentionBackendMatchesOurKernels) {
   own.store().zero_grads(own.stream);
   const float own_loss = own.forward_backward().loss;
   const auto own_grads = own.grads();
+  const float own_eval = loss_of_rows(own, 2);
   const std::vector<std::vector<std::string>> variants = {
       {"--model.attention_backend", "cudnn"},
-      {"--model.attention_backend", "cudnn", "--model.attention_deterministic", "true"},
-      {"--model.attention_backend", "auto"}};
+      {"--model.attention_backend", "cudnn", "--model.attention_deterministic", "true"}};
   for (const auto& extra : variants) {
     TinyModel t(extra);
     SCOPED_TRACE(t.model->attention_backend_note());
     EXPECT_EQ(t.model->attention_backend(), AttentionBackend::cudnn);
-    t.store().zero_grads(t.stream);
-    const float loss = t.forward_backward().loss;
-    EXPECT_NEAR(loss, own_loss, 1e-4 * own_loss);
-    const auto grads = t.grads();
-    double worst = 0;
-    size_t i = 0;
-    for (const Param& p : t.store().params()) {
-      const auto &a = grads[i], &b = own_grads[i];
-      ++i;
-      double num = 0, den = 0;
-      for (size_t j = 0; j < a.size(); ++j) {
-        num += (static_cast<double>(a[j]) - b[j]) * (static_cast<double>(a[j]) - b[j]);
-        den += static_cast<double>(b[j]) * b[j];
-      }
-      const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-      worst = std::max(worst, rel);
-      EXPECT_LT(rel, 5e-2) << p.name << ": gradient on cuDNN against ours, relative L2";
-    }
-    std::printf("%s: loss %.7g (ours %.7g), largest gradient difference %.3g relative L2\n",
-                t.model->attention_backend_note().c_str(), loss, own_loss, worst);
+    const auto grads = expect_step_near(t, own_loss, own_grads);
     if (t.cfg.model.attention_deterministic) {
       t.store().zero_grads(t.stream);
       t.forward_backward();
@@ -197,7 +220,35 @@ TEST(ModelTiny, CudnnAttentionBackendMatchesOurKernels) {
         EXPECT_EQ(std::memcmp(again[k].data(), grads[k].data(), grads[k].size() * sizeof(float)), 0)
             << t.store().params()[k].name << ": a second deterministic backward differs";
     }
+    EXPECT_NEAR(loss_of_rows(t, 2), own_eval, 1e-4 * own_eval) << "evaluation of 2 sequences";
   }
+}
+
+// model.attention_backend = auto: both backends timed at construction at micro_batch x seq_len (B=4 T=64 H=4 32/16),
+// the note one line with both times and the choice, which is the model's backend; then an evaluation at fewer rows
+// (2 and 1 sequences, resolved at their first call), a train step (loss and gradients as expect_step_near checks
+// against our kernels), an AdamW step and the evaluations again (finite), all without error.
+TEST(ModelTiny, AutoAttentionBackendIsTimedAndRunsOtherRowCounts) {
+  FP4MOE_REQUIRE_DEVICE();
+  if (!cudnn_sdpa_built()) GTEST_SKIP() << cudnn_sdpa_version_text();
+  TinyModel own, t({"--model.attention_backend", "auto"});
+  const std::string note = t.model->attention_backend_note();
+  std::printf("%s\n", note.c_str());
+  const std::string chosen = attention_backend_name(t.model->attention_backend());
+  EXPECT_EQ(note.rfind("attention backend: " + chosen + " (auto, forward + backward at B=4 T=64 H=4 32/16: own ", 0),
+            0u)
+      << note;
+  EXPECT_NE(note.find(" ms, cudnn "), std::string::npos) << note;
+  EXPECT_EQ(note.find('\n'), std::string::npos) << note;
+  for (int64_t rows : {2, 1}) {
+    const float ours = loss_of_rows(own, rows);
+    EXPECT_NEAR(loss_of_rows(t, rows), ours, 1e-4 * ours) << rows << " sequences";
+  }
+  own.store().zero_grads(own.stream);
+  const float own_loss = own.forward_backward().loss;
+  expect_step_near(t, own_loss, own.grads());
+  adamw_step_all(t, 1);
+  for (int64_t rows : {1, 2, 4}) EXPECT_TRUE(std::isfinite(loss_of_rows(t, rows))) << rows << " sequences";
 }
 
 TEST(ModelTiny, AdamWStepsLowerTheLossOfAFixedBatch) {
@@ -207,11 +258,7 @@ TEST(ModelTiny, AdamWStepsLowerTheLossOfAFixedBatch) {
   for (int64_t step = 1; step <= 8; ++step) {
     t.store().zero_grads(t.stream);
     losses.push_back(t.forward_backward().loss);
-    for (Param& p : t.store().params()) {
-      const AdamWConfig opt{2e-3f, 0.9f, 0.95f, 1e-8f, p.decay ? 0.1f : 0.0f, step};
-      adamw_step(AdamWTensor{p.master, p.param, p.grad, p.m, p.v, p.n}, opt, nullptr, t.stream);
-    }
-    t.model->end_step();
+    adamw_step_all(t, step);
   }
   const float final_loss = t.forward().loss;
   for (float l : losses) EXPECT_TRUE(std::isfinite(l));

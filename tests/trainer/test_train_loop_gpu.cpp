@@ -7,12 +7,15 @@
 //   - the non-finite policy through TrainerOptions::inject_nonfinite_step: `skip` counts the step, applies no
 //     update (the next losses stay finite) and continues; `stop` writes the checkpoint of the step before and
 //     throws naming the step;
-//   - a memory budget below what the model needs fails with the allocator's report.
+//   - a memory budget below what the model needs fails with the allocator's report;
+//   - the final evaluation covers the whole validation split (a last group of fewer windows), also with the attention
+//     backend auto.
 // Each test writes under its own temporary folder (TempDir, under the system temporary folder).
 // Run: fp4moe_tests_gpu --gtest_filter='TrainLoop*'
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -21,6 +24,7 @@
 #include "tests/common/trainer_options_test_util.h"
 #include "tests/common/trainer_test_util.h"
 #include "tests/common/gpu_test_util.h"
+#include "kernels/attention/cudnn_sdpa.h"
 #include "results/h5_read.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -269,7 +273,8 @@ TEST(TrainLoop, MemoryBudgetFailsWithTheAllocatorsReport) {
 }
 
 // Token shards: the final evaluation reads every validation window once (11 windows of T = 64 with B = 4: groups of
-// 4, 4 and 3), the periodic ones the first eval_steps batches; train.final_eval_steps = N reads N batches instead.
+// 4, 4 and 3), the periodic ones the first eval_steps batches; train.final_eval_steps = N reads N batches instead;
+// the same under model.attention_backend = auto.
 TEST(TrainLoop, FinalEvaluationCoversTheWholeValidationSplit) {
   FP4MOE_REQUIRE_DEVICE();
   TempDir dir;
@@ -306,6 +311,19 @@ TEST(TrainLoop, FinalEvaluationCoversTheWholeValidationSplit) {
   EXPECT_EQ(first.evals[1].val_tokens, 2 * 4 * 64);
   EXPECT_TRUE(same_bits(first.evals[0].val_loss, whole.evals[0].val_loss));  // same seed: same run up to here
   EXPECT_NE(first.evals[1].val_loss, whole.evals[1].val_loss);
+
+  // model.attention_backend = auto (where this build has cuDNN): timed at B = 4, the note (one line, both times) in
+  // the result file; the final evaluation's group of 3 windows runs at a row count resolved at its first call.
+  if (!cudnn_sdpa_built()) return;
+  const TrainResult timed = run({"--model.attention_backend", "auto"}, "auto.h5");
+  ASSERT_EQ(timed.evals.size(), 2u);
+  EXPECT_EQ(timed.evals[1].val_tokens, 11 * 64);
+  for (const EvalRecord& e : timed.evals) EXPECT_TRUE(std::isfinite(e.val_loss)) << "step " << e.step;
+  const std::string note =
+      H5Reader(dir.file("auto.h5")).string_attribute("train/tiny", "attention_backend").value_or("(none)");
+  std::printf("%s\n", note.c_str());
+  EXPECT_NE(note.find("(auto, forward + backward at B=4 T=64 H=4 32/16: own "), std::string::npos) << note;
+  EXPECT_NE(note.find(" ms, cudnn "), std::string::npos) << note;
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 
 #include <string>
 
-#include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/common/check.h"
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "trainer/memory/device_memory.h"
@@ -16,18 +15,8 @@
 
 namespace fp4moe {
 
-class StepProfiler;  // trainer/model/profile.h
-
-// The backend of the layers' attention core (model.attention_backend, resolved by the model at construction;
-// kernels/attention/attention_backend.h): sdpa null runs our kernels (flash_attention.h), else cuDNN's fused attention
-// through `sdpa` (kernels/attention/cudnn_sdpa.h) with `workspace` (device, workspace_bytes: the most any layer's
-// attention forward or backward plan asks at the model's max_tokens; the model's, DeviceMemory's workspace category).
-struct AttentionCoreContext {
-  CudnnSdpa* sdpa = nullptr;
-  bool deterministic = false;  // model.attention_deterministic: the cuDNN backward's mode
-  void* workspace = nullptr;
-  int64_t workspace_bytes = 0;
-};
+class StepProfiler;   // trainer/model/profile.h
+class AttentionCore;  // kernels/attention/attention_core.h
 
 struct ModelContext {
   cudaStream_t stream = nullptr;
@@ -43,8 +32,10 @@ struct ModelContext {
   // The step profile (`fp4moe train --profile`, trainer/model/profile.h): the layers' ProfileScopes record on it
   // while a step is open; null (the default) records nothing.
   StepProfiler* profiler = nullptr;
-  // The attention core's backend (above); the default runs our kernels.
-  AttentionCoreContext attention = {};
+  // The layers' attention core on model.attention_backend, resolved per shape (kernels/attention/attention_core.h;
+  // the model's, with its cuDNN workspace from DeviceMemory's workspace category); null (the default) runs our
+  // kernels (flash_attention.h).
+  AttentionCore* attention = nullptr;
 };
 
 // ctx.scratch, or fp4moe::Error naming `who` when the context has none.

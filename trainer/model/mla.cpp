@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kernels/attention/attention_checks.h"
+#include "kernels/attention/attention_core.h"
 #include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
 #include "kernels/nn/elementwise.h"
@@ -174,22 +175,15 @@ SdpaLayout MlaAttention::core_layout(const ModelConfig& cfg, int64_t heads) {
   return SdpaLayout{qk, qk, kv, o, o, qk, qk, kv};  // q, k, v, o, d o, d q, d k, d v
 }
 
-int64_t MlaAttention::cudnn_workspace_bytes(CudnnSdpa& sdpa, bool deterministic, const ModelConfig& cfg,
-                                            int64_t tokens, int64_t heads, int64_t seq_len) {
-  const AttentionShape s = core_shape(cfg, tokens, heads, seq_len);
-  const SdpaLayout layout = core_layout(cfg, heads);
-  return std::max(sdpa.forward_workspace_bytes(s, layout), sdpa.backward_workspace_bytes(s, layout, deterministic));
-}
-
 void MlaAttention::core_forward(ModelContext& ctx, int64_t M, const Acts& t) {
   const AttentionShape s = core_shape(model_, M, H_, T_);
   const SdpaLayout& l = core_layout_;
   const AttnIn q = attn_in(t.q, l.q), k = attn_in(t.k, l.k), v = attn_in(t.kv + nope_, l.v);
   const AttnOut o = attn_out(t.o, l.o);
   ProfileScope core(ctx, ProfileModule::core_attn);
-  const AttentionCoreContext& a = ctx.attention;
-  if (a.sdpa) a.sdpa->forward(s, q, k, v, o, t.lse, a.workspace, a.workspace_bytes, ctx.stream);
-  else flash_attention_forward(s, q, k, v, o, t.lse, ctx.stream);  // o [M, H, dv], lse [B, H, T]
+  // o [M, H, dv], lse [B, H, T]
+  if (ctx.attention) ctx.attention->forward(s, q, k, v, o, t.lse, ctx.stream);
+  else flash_attention_forward(s, q, k, v, o, t.lse, ctx.stream);
 }
 
 MlaAttention::Acts MlaAttention::take_acts(ScratchArena& a, const BufferPlan& p, const MlaRecompute& policy,

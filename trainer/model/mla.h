@@ -19,7 +19,7 @@
 //            k    [M, H, dqk]      = [k_nope_h | k_pe]         (kernels/nn/mla_ops.h)
 //   core     o    [M, H, dv]       = causal softmax(q k^T / sqrt(dqk)) v  per row of T tokens
 //                                                              (kernels/attention/flash_attention.h, or cuDNN's:
-//                                                              model.attention_backend, cudnn_sdpa.h)
+//                                                              model.attention_backend, attention_core.h)
 //   out      y    [M, d]           = o W_o^T                   "<prefix>.out"     [d, H * dv]
 //
 // Backward runs the same graph in reverse: dk_pe = sum over heads of dk's rope part (fixed head order,
@@ -46,7 +46,7 @@
 // mla_up_proj drops 163,840 (and keeps 128 of k_pe), core_attn 33,280, layernorm 4,104.
 // Scratch (ModelContext::scratch, per call): forward: the tensors not kept, kvd [M, r_kv + rope] and k_pe when not
 // kept; backward: the tensors not kept (recomputed), and d o, d q, d k, d kv, d kvd, d latent, dx FP32 [M, d] and the
-// attention backward workspace (our kernels'; the cuDNN backend works in the model's workspace instead,
+// attention backward workspace (our kernels'; where the cuDNN backend runs, it works in the model's workspace instead,
 // ModelContext::attention). scratch() states the most each call takes; scratch_bytes() the most at max_tokens.
 // In-flight micro-batches (trainer/memory/device_memory.h): the kept tensors and the token count have one copy per
 // slot; backward binds the active slot's (the pointers a forward bound belong to its slot).
@@ -127,11 +127,6 @@ class MlaAttention {
   // [M, heads, dqk]; v and dv the v parts of kv and d kv [M, heads, nope + dv] (head stride nope + dv); o, d o
   // dense [M, heads, dv].
   static SdpaLayout core_layout(const ModelConfig& cfg, int64_t heads);
-  // The largest workspace the cuDNN attention backend's forward and backward plans (`deterministic` backward) ask
-  // for `tokens` rows on `heads` heads (kernels/attention/cudnn_sdpa.h; builds the plans). Throws fp4moe::Error
-  // where cuDNN has no plan.
-  static int64_t cudnn_workspace_bytes(CudnnSdpa& sdpa, bool deterministic, const ModelConfig& cfg, int64_t tokens,
-                                       int64_t heads, int64_t seq_len);
   // scratch() for M = max_tokens; scratch_bytes() its high_water().
   size_t forward_bytes() const { return scratch_.forward; }
   size_t recompute_bytes() const { return scratch_.recompute; }
@@ -171,7 +166,8 @@ class MlaAttention {
   void run_backward(ModelContext& ctx, const bf16* dy, const bf16* x, int64_t M, const Acts& t, const Grads& g,
                     bf16* dx);
   // The attention core, o and lse from q, k and kv's v parts, and its backward into d q, d k and d kv's v parts, on
-  // the context's backend (ModelContext::attention: our kernels, or cuDNN with the model's workspace).
+  // the context's backend (ModelContext::attention, which picks per shape: our kernels, or cuDNN with the model's
+  // workspace; null: our kernels).
   void core_forward(ModelContext& ctx, int64_t M, const Acts& t);
   void core_backward(ModelContext& ctx, int64_t M, const Acts& t, const Grads& g);
 

@@ -2,6 +2,7 @@
 // then the graph runs in reverse.
 #include <algorithm>
 
+#include "kernels/attention/attention_core.h"
 #include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
 #include "kernels/nn/elementwise.h"
@@ -61,10 +62,8 @@ void MlaAttention::core_backward(ModelContext& ctx, int64_t M, const Acts& t, co
   const AttnIn dout = attn_in(g.d_o, l.dout);
   const AttnOut dq = attn_out(g.d_q, l.dq), dk = attn_out(g.d_k, l.dk), dv = attn_out(g.d_kv + nope_, l.dv);
   ProfileScope core(ctx, ProfileModule::core_attn);
-  const AttentionCoreContext& a = ctx.attention;
-  if (a.sdpa)
-    a.sdpa->backward(s, q, k, v, o, dout, t.lse, dq, dk, dv, a.deterministic, a.workspace, a.workspace_bytes,
-                     ctx.stream);
+  if (ctx.attention)
+    ctx.attention->backward(s, q, k, v, o, dout, t.lse, dq, dk, dv, g.attn_ws, ctx.stream);
   else
     flash_attention_backward(s, q, k, v, o, dout, t.lse, dq, dk, dv, g.attn_ws, ctx.stream);
 }

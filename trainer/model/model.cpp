@@ -46,8 +46,7 @@
 #include <optional>
 #include <string>
 
-#include "kernels/attention/attention_backend.h"
-#include "kernels/attention/cudnn_sdpa.h"
+#include "kernels/attention/attention_core.h"
 #include "kernels/common/check.h"
 #include "kernels/gemm/cublaslt_matmul.h"
 #include "kernels/nn/cross_entropy.h"
@@ -77,7 +76,8 @@ struct Model::Impl {
   static constexpr const char* kPipelineSend = Model::kPipelineSend;
   static constexpr const char* kPipelineReceive = Model::kPipelineReceive;
 
-  Impl(const TrainerConfig& cfg, const PipelineStage& st, ParamStore& store, DeviceMemory& mem, EpTransport* t)
+  Impl(const TrainerConfig& cfg, const PipelineStage& st, ParamStore& store, DeviceMemory& mem, cudaStream_t stream,
+       EpTransport* t)
       : stage(st),
         transport(t),
         V(cfg.model.vocab_size),
@@ -117,7 +117,7 @@ struct Model::Impl {
                                        : LayerShape::one_gpu(cfg, max_tokens);
     arena.emplace(mem, Model::scratch_arena_bytes(cfg, stage, shape, embedding_sort_bytes(max_tokens)),
                   "model scratch arena (shared by the layers)");
-    setup_attention(cfg, mem);
+    setup_attention(cfg, mem, stream);
     // The communication buffers of the emulated layout (none on one GPU): allocated and counted, never transferred.
     bool has_moe = false;
     for (const auto& layer : layers) has_moe = has_moe || layer->has_moe();
@@ -130,26 +130,20 @@ struct Model::Impl {
         comm.push_back(comm_plan.allocate<unsigned char>(mem, b.tensor, "comm"));
   }
 
-  // model.attention_backend resolved for the MLA shape at max_tokens (kernels/attention/attention_backend.h); with
-  // cuDNN, its object (plans shared by the layers) and the workspace the largest of its plans asks, from DeviceMemory.
-  void setup_attention(const TrainerConfig& cfg, DeviceMemory& mem) {
+  // model.attention_backend resolved for the MLA shape at max_tokens (kernels/attention/attention_core.h: under
+  // auto both backends timed there on temporary buffers, within the budget's room, freed before the parameters are
+  // allocated); with cuDNN chosen, the workspace its plans ask there, from DeviceMemory.
+  void setup_attention(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream) {
     const ModelConfig& m = cfg.model;
-    if (m.attention_backend != AttentionBackend::own && cudnn_sdpa_built()) sdpa = std::make_unique<CudnnSdpa>();
-    attention_backend = resolve_attention_backend(m.attention_backend, sdpa.get(),
-                                                  MlaAttention::core_shape(m, max_tokens, m.heads, T),
-                                                  MlaAttention::core_layout(m, m.heads), m.attention_deterministic,
-                                                  &attention_note);
-    if (attention_backend != AttentionBackend::cudnn) {
-      sdpa.reset();
-      return;
-    }
-    const int64_t bytes =
-        MlaAttention::cudnn_workspace_bytes(*sdpa, m.attention_deterministic, m, max_tokens, m.heads, T);
-    sdpa_workspace = DeviceArray<unsigned char>(mem, bytes, MemCategory::workspace, "cuDNN attention workspace");
-  }
-  AttentionCoreContext attention_context(const TrainerConfig& cfg) const {
-    if (!sdpa) return {};
-    return {sdpa.get(), cfg.model.attention_deterministic, sdpa_workspace.data(), sdpa_workspace.size()};
+    const size_t budget = mem.budget(), used = std::min(budget, mem.current_total());
+    const int64_t room = budget == 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(budget - used);
+    attention.emplace(m.attention_backend, m.attention_deterministic,
+                      MlaAttention::core_shape(m, max_tokens, m.heads, T), MlaAttention::core_layout(m, m.heads),
+                      room, stream);
+    if (attention->workspace_bytes() == 0) return;
+    sdpa_workspace = DeviceArray<unsigned char>(mem, attention->workspace_bytes(), MemCategory::workspace,
+                                                "cuDNN attention workspace");
+    attention->set_workspace(sdpa_workspace.data(), sdpa_workspace.size());
   }
 
   // ---- pipeline stage boundaries (trainer/model/layout_emulation.h) ------------------------------------------
@@ -324,10 +318,8 @@ struct Model::Impl {
   DeviceArray<bf16> d_res;                          // [max_tokens, d] residual-stream grad
   DeviceArray<float> loss;                          // [1] mean cross-entropy
   std::optional<ScratchArena> arena;                // the shared scratch (ModelContext::scratch)
-  AttentionBackend attention_backend = AttentionBackend::own;  // model.attention_backend, resolved
-  std::string attention_note;                       // resolve_attention_backend's line
-  std::unique_ptr<CudnnSdpa> sdpa;                  // the cuDNN backend (attention_backend == cudnn)
-  DeviceArray<unsigned char> sdpa_workspace;        // its workspace (ModelContext::attention)
+  std::optional<AttentionCore> attention;           // model.attention_backend, resolved (ModelContext::attention)
+  DeviceArray<unsigned char> sdpa_workspace;        // its cuDNN workspace (where cuDNN was chosen)
   BufferPlan comm_plan{"comm"};                     // Model::comm_buffers of this GPU
   DeviceArray<bf16> pp_send, pp_receive;            // [max_tokens, d] pipeline buffers (pp > 1)
   std::vector<DeviceArray<unsigned char>> comm;     // the expert-parallel buffers (ep > 1, a stage with MoE layers)
@@ -354,17 +346,17 @@ Model::Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream, E
   const PipelineStage stage = pipeline_stage(cfg_);
   position_ = PipelinePosition{layout.pp, stage.stage, layout.in_flight(stage.stage)};
   mem.slots().set_count(position_.in_flight);  // before the layers allocate their held activations
-  impl_ = std::make_unique<Impl>(cfg_, stage, store_, mem, transport);
+  impl_ = std::make_unique<Impl>(cfg_, stage, store_, mem, stream, transport);
   ctx_ = ModelContext{stream, &impl_->lt, &mem, &*impl_->arena};
-  ctx_.attention = impl_->attention_context(cfg_);
+  ctx_.attention = &*impl_->attention;
   store_.set_shard(layout_of(cfg_).zero1_parts());  // ZeRO-1: this GPU's optimizer shard (params.h)
   store_.allocate(mem);
 }
 
 Model::~Model() = default;
 
-AttentionBackend Model::attention_backend() const { return impl_->attention_backend; }
-const std::string& Model::attention_backend_note() const { return impl_->attention_note; }
+AttentionBackend Model::attention_backend() const { return impl_->attention->backend(); }
+const std::string& Model::attention_backend_note() const { return impl_->attention->note(); }
 
 void Model::init_weights(uint64_t seed) { store_.init(seed, ctx_.stream); }
 

@@ -16,12 +16,16 @@
 // under every recompute policy, with the attention core on our kernels (model.attention_backend = own, the default)
 // or on cuDNN with model.attention_deterministic = true.
 //
-// Attention core backend (model.attention_backend, kernels/attention/attention_backend.h): resolved once, at
-// construction, for the MLA shape at micro_batch x seq_len tokens (attention_backend_note says what and why). With
-// cuDNN, the model owns the CudnnSdpa (plans shared by all layers) and one workspace, sized to the largest its
-// forward and backward plans ask there (MlaAttention::cudnn_workspace_bytes) and taken from DeviceMemory's workspace
-// category ("cuDNN attention workspace"); the layers reach both through ModelContext::attention. That workspace is
-// queried from the device and is not in the memory estimator's plans (like cub's sort storage).
+// Attention core backend (model.attention_backend, kernels/attention/attention_backend.h): the model owns one
+// AttentionCore (kernels/attention/attention_core.h), which resolves the backend at construction for the MLA shape
+// at micro_batch x seq_len tokens (auto: both backends timed there on the model's stream, on temporary buffers within
+// the budget's room, freed before the parameters are allocated; attention_backend_note says what was chosen and
+// why) and at its first call for any other row count (a forward with fewer sequences: cuDNN where it was chosen and
+// can run that shape, else our kernels under auto, an error naming the shape under cudnn). With cuDNN chosen, its
+// plans are shared by all layers and one workspace, sized to the larger its forward and backward plans ask at
+// micro_batch x seq_len, comes from DeviceMemory's workspace category ("cuDNN attention workspace"); the layers
+// reach both through ModelContext::attention. That workspace is queried from the device and is not in the memory
+// estimator's plans (like cub's sort storage); neither are the timing buffers, outside DeviceMemory.
 //
 // Emulated layout (cfg's [parallel] section, DESIGN.md "Trainer"): the model builds ONE GPU of that layout, run for
 // real on the local GPU, with no other rank and no transfer:
@@ -291,8 +295,9 @@ class Model {
   ParamStore& params() { return store_; }
   const TrainerConfig& config() const { return cfg_; }
   ModelContext& context() { return ctx_; }
-  // The attention core's backend as resolved at construction (own or cudnn), and one line saying which, with the
-  // cuDNN version and backward mode, or why auto fell back to own.
+  // The attention core's backend as resolved at construction for micro_batch x seq_len tokens (own or cudnn), and
+  // one line saying which: with the cuDNN version and backward mode, under auto both times in ms (or why untimed),
+  // or why cuDNN could not run it.
   AttentionBackend attention_backend() const;
   const std::string& attention_backend_note() const;
 
