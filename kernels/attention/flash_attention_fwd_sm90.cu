@@ -276,6 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     forward_online_softmax(acc_s, row_max, row_sum, p.scale_log2, keep_alpha);
     sm90::wgmma_wait<0>();
     fence_fragments(o64);
+    fence_fragments(pf);  // P_{j-1}'s registers stay untouched until its product is done
     release_stage(&bars.v_empty[sp], lane);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) rescale_output_row(acc_o[0], hr, alpha[0][hr]);
