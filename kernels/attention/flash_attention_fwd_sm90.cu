@@ -298,16 +298,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---- host -----------------------------------------------------------------------------------------------------------
 
 // The 4-D tensor map (d, head, token, sequence) of one [B*T, H, D] BF16 input, boxes of 64 x 1 x box_rows x 1 with the
-// 128-byte swizzle. A dimension of extent 1 (H or B) is never stepped along; it gets a stride the copy engine takes
-// (one that a zero head_stride, which the contract allows at H = 1, would not be).
+// 128-byte swizzle. At H = 1 the head dimension is never stepped along; it gets the stride D (the contract allows any
+// head_stride there, 0 included, which the copy engine would not take).
 CUtensorMap attention_tensor_map(const char* what, AttnIn t, int64_t B, int64_t T, int64_t H, int64_t D,
                                  uint32_t box_rows) {
   const uint64_t e = sizeof(bf16);
   const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(H), static_cast<uint64_t>(T),
                             static_cast<uint64_t>(B)};
   const uint64_t token_bytes = static_cast<uint64_t>(t.token_stride) * e;
-  const uint64_t strides[3] = {H > 1 ? static_cast<uint64_t>(t.head_stride) * e : static_cast<uint64_t>(D) * e,
-                               token_bytes, B > 1 ? static_cast<uint64_t>(T) * token_bytes : token_bytes};
+  const uint64_t strides[3] = {static_cast<uint64_t>(H > 1 ? t.head_stride : D) * e, token_bytes,
+                               static_cast<uint64_t>(T) * token_bytes};
   const uint32_t box[4] = {kBox, 1, box_rows, 1};
   return make_tensor_map(what, t.data, TmaElem::bf16, 4, dims, strides, box, TmaSwizzle::swizzle_128b);
 }
