@@ -6,12 +6,15 @@
 //   bench_attention [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=mla]
 //
 // Shapes: `mla` B=1 T=4096 H=128, Dqk/Dv = 192/128 (DeepSeek-V2/V3 attention at their 4096-token sequences, the v2,
-// v3 and v3_layer configs; the key32 forward and role_split backward of attention_heuristics.h); `small` B=8 T=1024
-// H=12, 96/64 (the small and dense_small configs; the key64 forward and column_split backward); `tiny` B=4 T=64 H=4,
-// 32/16 (the tiny config). Case names [<backend>/]<pass>/<shape>: pass fwd, bwd or fwd+bwd; no prefix for our kernels,
-// cudnn/ for the cuDNN backend with its non-deterministic backward, cudnn_det/ with its deterministic backward (bwd and
-// fwd+bwd only: the forward is the same); the ceiling is gemm_bf16/8192x8192x8192 (cuBLASLt, BF16 in and out, FP32
-// accumulation). Without cuDNN in the build the cuDNN cases are left out (the program says so).
+// v3 and v3_layer configs; on an H200 the sm90 forward and the role_split backward of attention_heuristics.h);
+// `small` B=8 T=1024 H=12, 96/64 (the small and dense_small configs; the key64 forward and column_split backward);
+// `tiny` B=4 T=64 H=4, 32/16 (the tiny config). Case names [<backend>/]<pass>/<shape>: pass fwd, bwd or fwd+bwd; no
+// prefix for our kernels as flash_attention_forward picks them (the program prints the forward it picks per shape),
+// key32/ for our key32 forward named through flash_attention_forward_with (fwd only, at the shapes it is built for:
+// the mma.sync kernel beside the rule's), cudnn/ for the cuDNN backend with its non-deterministic backward, cudnn_det/
+// with its deterministic backward (bwd and fwd+bwd only: the forward is the same); the ceiling is
+// gemm_bf16/8192x8192x8192 (cuBLASLt, BF16 in and out, FP32 accumulation). Without cuDNN in the build the cuDNN cases
+// are left out (the program says so).
 // FLOPs (causal, the convention of FlashAttention's benchmarks): forward 2 B H T (T+1)/2 (Dqk + Dv) (the two
 // products over the visible half of the score matrix), backward 2.5x forward, forward+backward 3.5x forward. Our
 // backward actually runs 7 products instead of 5 (the scores and dP are recomputed for dQ: no atomics), which the
@@ -62,9 +65,13 @@ constexpr Shape kShapes[] = {
     {"mla", 1, 4096, 128, 192, 128}, {"small", 8, 1024, 12, 96, 64}, {"tiny", 4, 64, 4, 32, 16}};
 constexpr const char* kPasses[] = {"fwd", "bwd", "fwd+bwd"};
 
-// Who runs the attention: our kernels, or the cuDNN backend with its non-deterministic or deterministic backward.
-enum class Backend { own, cudnn, cudnn_det };
-const char* backend_name(Backend b) { return b == Backend::own ? "own" : b == Backend::cudnn ? "cudnn" : "cudnn_det"; }
+// Who runs the attention: our kernels (the forward by the rule, or the key32 forward named), or the cuDNN backend with
+// its non-deterministic or deterministic backward.
+enum class Backend { own, key32, cudnn, cudnn_det };
+const char* backend_name(Backend b) {
+  return b == Backend::own ? "own" : b == Backend::key32 ? "key32" : b == Backend::cudnn ? "cudnn" : "cudnn_det";
+}
+bool is_cudnn(Backend b) { return b == Backend::cudnn || b == Backend::cudnn_det; }
 
 struct Case {
   std::string pass;  // fwd, bwd, fwd+bwd; "gemm_bf16" for the ceiling
@@ -91,10 +98,14 @@ std::vector<Case> g_cases;
 
 void define_cases() {
   for (const Shape& s : kShapes)
-    for (Backend b : {Backend::own, Backend::cudnn, Backend::cudnn_det}) {
-      if (b != Backend::own && !cudnn_sdpa_built()) continue;
-      for (const char* pass : kPasses)
-        if (b != Backend::cudnn_det || std::string(pass) != "fwd") g_cases.push_back(Case{pass, s, b, false});
+    for (Backend b : {Backend::own, Backend::key32, Backend::cudnn, Backend::cudnn_det}) {
+      if (is_cudnn(b) && !cudnn_sdpa_built()) continue;
+      if (b == Backend::key32 && !attn::forward_kernel_builds(attn::FwdKernel::key32, s.Dqk, s.Dv)) continue;
+      for (const char* pass : kPasses) {
+        const bool fwd = std::string(pass) == "fwd";
+        if ((b == Backend::cudnn_det && fwd) || (b == Backend::key32 && !fwd)) continue;
+        g_cases.push_back(Case{pass, s, b, false});
+      }
     }
   g_cases.push_back(Case{"gemm_bf16", Shape{}, Backend::own, true});
 }
@@ -172,9 +183,11 @@ std::unique_ptr<Workload> build_attention(const Shape& sh, Backend backend) {
   const AttnOut oo{o, sh.H * sh.Dv, sh.Dv}, dqo{dq, sh.H * sh.Dqk, sh.Dqk}, dko{dk, sh.H * sh.Dqk, sh.Dqk},
       dvo{dv, sh.H * sh.Dv, sh.Dv};
   std::function<void()> fwd, bwd;
-  if (backend == Backend::own) {
+  if (!is_cudnn(backend)) {
     void* ws = p.alloc<unsigned char>(flash_attention_backward_workspace_bytes(s));
-    fwd = [=] { flash_attention_forward(s, qi, ki, vi, oo, lse, nullptr); };
+    if (backend == Backend::key32)
+      fwd = [=] { flash_attention_forward_with(attn::FwdKernel::key32, s, qi, ki, vi, oo, lse, nullptr); };
+    else fwd = [=] { flash_attention_forward(s, qi, ki, vi, oo, lse, nullptr); };
     bwd = [=] { flash_attention_backward(s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws, nullptr); };
   } else {
     const bool det = backend == Backend::cudnn_det;
@@ -294,7 +307,7 @@ void print_table(const std::vector<Row>& rows) {
   fmt::print("{:-<20}-+-{:-<30}-+-{:->10}-+-{:->8}-+-{:->6}-+-{:->7}-+-{:->8}\n", "", "", "", "", "", "", "");
   std::vector<double> fractions, own_vs_cudnn;
   for (const Row& r : rows) {
-    const bool cudnn = !r.c->gemm && r.c->backend != Backend::own;
+    const bool cudnn = !r.c->gemm && is_cudnn(r.c->backend);
     fmt::print("{:<20} | {:<30} | {:>10.1f} | {:>8.1f} | {:>6} | {:>7} | {:>8}\n", r.c->label(), r.c->shape_text(),
                r.us, r.tflops, r.c->gemm ? std::string("ceil.") : ratio_text(r.fraction_of_gemm),
                ratio_text(r.fraction_of_cudnn),
@@ -340,8 +353,10 @@ Table result_table(const std::vector<Row>& rows) {
   t.set_attribute("fraction_of_cudnn", "tflops over the cuDNN backend's (non-deterministic backward) for the same "
                                        "pass and shape in the same run; NaN for that backend's own rows and without "
                                        "cuDNN");
-  t.set_attribute("backend", "own: our kernels (flash_attention.h); cudnn, cudnn_det: cuDNN's fused attention "
-                             "(cudnn_sdpa.h), non-deterministic or deterministic backward; cublaslt: the ceiling");
+  t.set_attribute("backend", "own: our kernels as flash_attention_forward/backward pick them (flash_attention.h); "
+                             "key32: our key32 forward named (flash_attention_forward_with); cudnn, cudnn_det: "
+                             "cuDNN's fused attention (cudnn_sdpa.h), non-deterministic or deterministic backward; "
+                             "cublaslt: the ceiling");
   t.set_attribute("workspace_bytes", "the cuDNN backend's workspace (the larger of its forward and backward plans'); "
                                      "0 for our kernels");
   t.set_attribute("cudnn", cudnn_sdpa_version_text());
@@ -375,6 +390,9 @@ int main(int argc, char** argv) {
   program.on_device = [](int, const cudaDeviceProp& p) {
     fmt::print("bench_attention on {}: min time {} s per case; cuDNN backend: {}\n", p.name, kMinTimeS,
                cudnn_sdpa_built() ? cudnn_sdpa_version_text() : "left out (" + cudnn_sdpa_version_text() + ")");
+    for (const Shape& s : kShapes)
+      fmt::print("  {}: our forward is the {} kernel\n", s.name,
+                 attn::forward_kernel_name(flash_attention_forward_kernel(s.Dqk, s.Dv)));
   };
   program.report = [](const std::string& h5_path, const std::string& command) {
     g_workload.reset();

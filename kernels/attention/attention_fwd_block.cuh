@@ -1,7 +1,9 @@
 // The per-warp arithmetic of the causal forward kernels (flash_attention_fwd_key64.cu, flash_attention_fwd_key32.cu),
 // which differ only in their tiles, copies and block order: the running state of the online softmax, one key
 // block (S = Q K^T, causal mask, online softmax, O += P V) and the final O and lse. One copy, so that both kernels do
-// the same products, roundings and operation order.
+// the same products, roundings and operation order. The sm90 forward (flash_attention_fwd_sm90.cu) takes the mask,
+// the online softmax, the rescale and the final O and lse from here: its warpgroup products leave in each warp the
+// same fragments as a warp's m16n8 products (16 rows, n-tiles of 8 columns), only its products differ.
 //
 // C is the kernel's configuration: kMTiles (m-tiles of 16 query rows per warp), kBlockN (keys per block), kBlockM,
 // kPitchQK and kPitchV (shared-memory pitches of the Q/K and V tiles), kSmemBytes; forward_key_block checks them. lane
@@ -33,6 +35,66 @@ __device__ __forceinline__ void forward_rows_init(float (&acc_o)[C::kMTiles][Dv 
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) row_max[mt][hr] = -INFINITY, row_sum[mt][hr] = 0.0f;
   }
+}
+
+// Causal mask of a block of kNT * 8 keys from key n0 on the warp's kMTiles * 16 rows (query warp_q_first onwards):
+// key after query -> -inf (keys at or past T are after every valid query). Nothing to do, and nothing done, when the
+// block's last key is at or before the warp's first row.
+template <int kMTiles, int kNT>
+__device__ __forceinline__ void forward_causal_mask(float (&acc_s)[kMTiles][kNT][4], int warp_q_first, int n0, int g,
+                                                    int c) {
+  if (n0 + kNT * 8 - 1 > warp_q_first) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int q = warp_q_first + mt * 16 + g + (r >= 2 ? 8 : 0);
+          const int key = n0 + j * 8 + 2 * c + (r & 1);
+          if (key > q) acc_s[mt][j][r] = -INFINITY;
+        }
+  }
+}
+
+// Rows g (hr = 0) or g + 8 (hr = 1) of an m-tile's output accumulator times alpha.
+template <int kVT>
+__device__ __forceinline__ void rescale_output_row(float (&acc)[kVT][4], int hr, float alpha) {
+#pragma unroll
+  for (int j = 0; j < kVT; ++j) acc[j][2 * hr] *= alpha, acc[j][2 * hr + 1] *= alpha;
+}
+
+// Online softmax over a key block's scores (raw, masked), per row: the new row max, alpha = 2^((old max - new max)
+// scale log2e), the running sum times alpha, then on_rescale(mt, hr, alpha) (the caller rescales its output rows
+// by alpha there, or keeps alpha for later), then P = 2^(S scale log2e - max scale log2e) in place of the scores,
+// added to the running sum.
+template <int kMTiles, int kNT, typename OnRescale>
+__device__ __forceinline__ void forward_online_softmax(float (&acc_s)[kMTiles][kNT][4], float (&row_max)[kMTiles][2],
+                                                       float (&row_sum)[kMTiles][2], float scale_log2,
+                                                       OnRescale&& on_rescale) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = row_max[mt][hr];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * hr], acc_s[mt][j][2 * hr + 1]));
+      mx = quad_max(mx);
+      // A row with no visible key yet keeps max -inf; subtracting 0 then gives P = 0, never NaN.
+      const float max_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+      const float alpha = fast_exp2(fmaf(row_max[mt][hr], scale_log2, -max_scaled));
+      row_max[mt][hr] = mx;
+      row_sum[mt][hr] *= alpha;
+      on_rescale(mt, hr, alpha);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& s = acc_s[mt][j][2 * hr + e];
+          s = fast_exp2(fmaf(s, scale_log2, -max_scaled));
+          row_sum[mt][hr] += s;
+        }
+    }
 }
 
 // Adds the key block n0 .. n0 + kBlockN - 1 to the warp's rows: sQ the Q tile (the warp's rows from warp_row0, query
@@ -75,45 +137,9 @@ __device__ __forceinline__ void forward_key_block(const FwdParams& p, float (&ac
     }
   }
 
-  // Causal mask: key n0 + col after query m0 + row -> -inf (keys at or past T are after every valid query).
-  if (n0 + C::kBlockN - 1 > warp_q_first) {
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int q = warp_q_first + mt * 16 + g + (r >= 2 ? 8 : 0);
-          const int key = n0 + j * 8 + 2 * c + (r & 1);
-          if (key > q) acc_s[mt][j][r] = -INFINITY;
-        }
-  }
-
-  // Online softmax: new row max, rescale the running sum and output, P = 2^(S scale log2e - max scale log2e).
-#pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float mx = row_max[mt][hr];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * hr], acc_s[mt][j][2 * hr + 1]));
-      mx = quad_max(mx);
-      // A row with no visible key yet keeps max -inf; subtracting 0 then gives P = 0, never NaN.
-      const float max_scaled = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
-      const float alpha = fast_exp2(fmaf(row_max[mt][hr], p.scale_log2, -max_scaled));
-      row_max[mt][hr] = mx;
-      row_sum[mt][hr] *= alpha;
-#pragma unroll
-      for (int j = 0; j < kVT; ++j) acc_o[mt][j][2 * hr] *= alpha, acc_o[mt][j][2 * hr + 1] *= alpha;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& s = acc_s[mt][j][2 * hr + e];
-          s = fast_exp2(fmaf(s, p.scale_log2, -max_scaled));
-          row_sum[mt][hr] += s;
-        }
-    }
+  forward_causal_mask(acc_s, warp_q_first, n0, g, c);
+  forward_online_softmax(acc_s, row_max, row_sum, p.scale_log2,
+                         [&](int mt, int hr, float alpha) { rescale_output_row(acc_o[mt], hr, alpha); });
 
   // O += P V, P rounded to BF16 straight from the score fragments.
 #pragma unroll

@@ -1,9 +1,16 @@
 // Which kernels flash_attention_forward and flash_attention_backward (flash_attention.h) run for a (Dqk, Dv) pair:
 // one rule, kept apart from the launchers so that a new measurement changes this file only.
 //
-// The rule: Dqk >= 128 -> key32 forward and role_split backward; smaller Dqk -> key64 forward and column_split
-// backward. Chosen from timings on an H200 of five forward and five backward kernels on the same inputs, at the MLA
-// shape (Dqk/Dv 192/128) and a small one (96/64); the runs and their results are listed in
+// The rule: forward on a device of compute capability 9.0 at (Dqk, Dv) = (192, 128) or (128, 128) -> the sm90
+// forward (WGMMA, TMA and warp specialisation, FlashAttention-3's structure); elsewhere Dqk >= 128 -> key32 forward,
+// smaller Dqk -> key64 forward. Backward: Dqk >= 128 -> role_split, smaller Dqk -> column_split.
+// The sm90 forward runs Hopper's asynchronous tensor-core product (wgmma) from tiles the copy engine (TMA) streams,
+// which the mma.sync kernels cannot use; it is built for Dv = 128 (its P V product is one m64n128 instruction per
+// 16 keys) and Dqk a multiple of 64 (its tiles are 64-element boxes of the 128-byte swizzle). Its speed against
+// key32 and cuDNN at the MLA shape is bench_attention's (`key32/fwd/mla` beside `fwd/mla`); until that run is listed
+// in reports/results/h200/README.md the choice rests on the structure, and (128, 128) on the same code untimed.
+// The mma.sync rule was chosen from timings on an H200 of five forward and five backward kernels on the same inputs,
+// at the MLA shape (Dqk/Dv 192/128) and a small one (96/64); the runs and their results are listed in
 // reports/results/h200/README.md. Why each side wins:
 //   forward, Dqk >= 128: the key64 kernel drops to 16 query rows per warp there (so that its 64-key score fragments
 //     and output accumulator fit in registers without spilling), so every K and V fragment it reads from shared
@@ -33,6 +40,10 @@ enum class FwdKernel {
   // flash_attention_fwd_key32.cu: 32 query rows per warp (4 warps; 16 rows and 8 warps at Dv = 192) against 32-key
   // blocks, two thread blocks per SM, head-grouped block order (block_tile in attention_tile.cuh).
   key32,
+  // flash_attention_fwd_sm90.cu: sm_90a only; one thread block per 128-query tile (two consumer warpgroups of 64
+  // rows, one producer warpgroup issuing TMA copies of 128-key K and V blocks, two stages), wgmma for both products,
+  // the two consumers' products taking turns on the tensor cores; head-grouped block order (block_tile).
+  sm90,
 };
 
 enum class BwdKernels {
@@ -46,9 +57,28 @@ enum class BwdKernels {
   role_split,
 };
 
-// The forward kernel for (Dqk, Dv), for the pairs of kAttentionPairs (flash_attention.h).
-constexpr FwdKernel forward_kernel_for(int64_t Dqk, int64_t /*Dv*/) {
-  return Dqk >= 128 ? FwdKernel::key32 : FwdKernel::key64;
+// Compute capability of the devices the sm90 forward runs on (major * 10 + minor): 9.0, the sm_90a build.
+constexpr int kSm90ComputeCapability = 90;
+
+// Whether `kernel` is built for (Dqk, Dv), for the pairs of kAttentionPairs (flash_attention.h): key32 for Dqk >= 128,
+// key64 below (each pair has one of the two), sm90 for (128, 128) and (192, 128).
+constexpr bool forward_kernel_builds(FwdKernel kernel, int64_t Dqk, int64_t Dv) {
+  switch (kernel) {
+    case FwdKernel::key64: return Dqk < 128;
+    case FwdKernel::key32: return Dqk >= 128;
+    case FwdKernel::sm90: return Dv == 128 && (Dqk == 128 || Dqk == 192);
+  }
+  return false;
+}
+
+// The forward kernel for (Dqk, Dv) of kAttentionPairs on a device of compute capability `cc` (major * 10 + minor).
+constexpr FwdKernel forward_kernel_for(int64_t Dqk, int64_t Dv, int cc) {
+  if (cc == kSm90ComputeCapability && forward_kernel_builds(FwdKernel::sm90, Dqk, Dv)) return FwdKernel::sm90;
+  return forward_kernel_builds(FwdKernel::key32, Dqk, Dv) ? FwdKernel::key32 : FwdKernel::key64;
+}
+
+constexpr const char* forward_kernel_name(FwdKernel kernel) {
+  return kernel == FwdKernel::key64 ? "key64" : kernel == FwdKernel::key32 ? "key32" : "sm90";
 }
 
 // The backward kernels for (Dqk, Dv), for the pairs of kAttentionPairs; after the D = rowsum(dO * O) kernel.

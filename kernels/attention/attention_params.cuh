@@ -54,19 +54,19 @@ void with_head_dims(const char* what, int64_t Dqk, int64_t Dv, F&& f) {
   }
 }
 
-// The forward or backward family of (Dqk, Dv) (attention_heuristics.h), by the type of the last argument.
-constexpr FwdKernel family_of(int64_t Dqk, int64_t Dv, FwdKernel) { return forward_kernel_for(Dqk, Dv); }
-constexpr BwdKernels family_of(int64_t Dqk, int64_t Dv, BwdKernels) { return backward_kernels_for(Dqk, Dv); }
+// Whether the forward kernel or backward family `k` is built for (Dqk, Dv) (attention_heuristics.h).
+constexpr bool family_builds(int64_t Dqk, int64_t Dv, FwdKernel k) { return forward_kernel_builds(k, Dqk, Dv); }
+constexpr bool family_builds(int64_t Dqk, int64_t Dv, BwdKernels k) { return backward_kernels_for(Dqk, Dv) == k; }
 
-// f(Dqk, Dv) as in with_head_dims for the pairs that attention_heuristics.h gives kFamily (a FwdKernel or a
-// BwdKernels); an Error naming `launcher` for a pair of another family. Each family's launcher instantiates its
-// kernels for its own pairs only.
+// f(Dqk, Dv) as in with_head_dims for the pairs attention_heuristics.h builds kFamily (a FwdKernel or a BwdKernels)
+// for; an Error naming `launcher` for another pair. Each family's launcher instantiates its kernels for its own
+// pairs only.
 template <auto kFamily, typename F>
 void with_family_head_dims(const char* what, const char* launcher, int64_t Dqk, int64_t Dv, F&& f) {
   with_head_dims(what, Dqk, Dv, [&](auto dqk, auto dv) {
     constexpr int kDqk = decltype(dqk)::value, kDv = decltype(dv)::value;
-    if constexpr (family_of(kDqk, kDv, kFamily) == kFamily) f(dqk, dv);
-    else FP4MOE_CHECK(false, "{}: (Dqk, Dv) = ({},{}) takes another kernel family", launcher, kDqk, kDv);
+    if constexpr (family_builds(kDqk, kDv, kFamily)) f(dqk, dv);
+    else FP4MOE_CHECK(false, "{}: no kernel of this family for (Dqk, Dv) = ({},{})", launcher, kDqk, kDv);
   });
 }
 
@@ -81,14 +81,19 @@ void launch_with_smem(void (*kernel)(Params), dim3 grid, int threads, int smem_b
 }
 
 // ---- launchers (asynchronous on `stream`; arguments checked by the caller) ---------------------------------------
-// Each takes the pairs that forward_kernel_for / backward_kernels_for (attention_heuristics.h) give its family and
-// is instantiated for those only; another pair is an Error.
+// Each takes the pairs that forward_kernel_builds / backward_kernels_for (attention_heuristics.h) give its family
+// and is instantiated for those only; another pair is an Error.
 
 // flash_attention_fwd_key64.cu: the key64 forward kernel, grid (B*H, query tiles).
 void launch_forward_key64(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
 // flash_attention_fwd_key32.cu: the key32 forward kernel, in block_tile's order with p.group_heads over p.bh_count.
 void launch_forward_key32(const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+
+// flash_attention_fwd_sm90.cu: the sm90 forward kernel, in block_tile's order with p.group_heads over p.bh_count
+// (B * H); its tensor maps made here from p's q, k, v and (B, p.T, p.H). The caller checks the device (compute
+// capability 9.0).
+void launch_forward_sm90(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
 // flash_attention_bwd.cu: D = rowsum(dO * O) into p.delta for the B*T rows (every pair); the dQ kernel of the
 // column_split family (all heads side by side, grid (B*H, tiles)) and of the role_split family (the same kernel with

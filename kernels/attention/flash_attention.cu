@@ -9,19 +9,59 @@
 #include "kernels/common/check.h"
 
 namespace fp4moe {
+namespace {
+
+// Compute capability of the current device, major * 10 + minor.
+int current_compute_capability() {
+  int device = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor;
+}
+
+// The launch of forward kernel `kernel` on a checked call.
+void run_forward(attn::FwdKernel kernel, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o, float* lse,
+                 cudaStream_t stream) {
+  attn::FwdParams p{q, k, v, o, lse, static_cast<int>(s.T), static_cast<int>(s.H), s.scale * attn::kLog2e};
+  p.bh_count = s.B * s.H;
+  p.group_heads = attn::group_heads_for(p.bh_count);
+  switch (kernel) {
+    case attn::FwdKernel::key64: attn::launch_forward_key64(p, s.B, s.Dqk, s.Dv, stream); break;
+    case attn::FwdKernel::key32: attn::launch_forward_key32(p, s.Dqk, s.Dv, stream); break;
+    case attn::FwdKernel::sm90: attn::launch_forward_sm90(p, s.B, s.Dqk, s.Dv, stream); break;
+  }
+}
+
+}  // namespace
 
 void flash_attention_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o, float* lse,
                              cudaStream_t stream) {
   if (!attn_detail::check_forward_call("flash_attention_forward", s, q, k, v, o, lse)) return;
-  attn::FwdParams p{q, k, v, o, lse, static_cast<int>(s.T), static_cast<int>(s.H), s.scale * attn::kLog2e};
-  switch (attn::forward_kernel_for(s.Dqk, s.Dv)) {
-    case attn::FwdKernel::key64: attn::launch_forward_key64(p, s.B, s.Dqk, s.Dv, stream); break;
-    case attn::FwdKernel::key32:
-      p.bh_count = s.B * s.H;
-      p.group_heads = attn::group_heads_for(p.bh_count);
-      attn::launch_forward_key32(p, s.Dqk, s.Dv, stream);
-      break;
+  run_forward(attn::forward_kernel_for(s.Dqk, s.Dv, current_compute_capability()), s, q, k, v, o, lse, stream);
+}
+
+attn::FwdKernel flash_attention_forward_kernel(int64_t Dqk, int64_t Dv) {
+  FP4MOE_CHECK(attn_detail::is_supported_pair(Dqk, Dv),
+               "flash_attention_forward_kernel: (Dqk, Dv) = ({},{}) is not supported; supported pairs: {}", Dqk, Dv,
+               attn_detail::supported_pairs_text());
+  return attn::forward_kernel_for(Dqk, Dv, current_compute_capability());
+}
+
+void flash_attention_forward_with(attn::FwdKernel kernel, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v,
+                                  AttnOut o, float* lse, cudaStream_t stream) {
+  const char* what = "flash_attention_forward_with";
+  if (!attn_detail::check_forward_call(what, s, q, k, v, o, lse)) return;
+  FP4MOE_CHECK(attn::forward_kernel_builds(kernel, s.Dqk, s.Dv),
+               "{}: the {} forward kernel is not built for (Dqk, Dv) = ({},{})", what,
+               attn::forward_kernel_name(kernel), s.Dqk, s.Dv);
+  if (kernel == attn::FwdKernel::sm90) {
+    const int cc = current_compute_capability();
+    FP4MOE_CHECK(cc == attn::kSm90ComputeCapability,
+                 "{}: the sm90 forward kernel needs a device of compute capability 9.0 (sm_90a), got {}.{}", what,
+                 cc / 10, cc % 10);
   }
+  run_forward(kernel, s, q, k, v, o, lse, stream);
 }
 
 int64_t flash_attention_backward_workspace_bytes(const AttentionShape& s) {

@@ -12,7 +12,8 @@
 // (AttnIn/AttnOut below): row r = b*T + t is token t of sequence b, and rows attend only to the rows 0..t of
 // their own sequence. lse is [B, H, T] FP32 (element (b, h, t) at (b*H + h)*T + t), natural log.
 //
-// Arithmetic: BF16 inputs, FP32 accumulation in mma.sync.m16n8k16; online softmax in FP32 in the base-2 domain
+// Arithmetic: BF16 inputs, FP32 accumulation in mma.sync.m16n8k16 (the sm90 forward: wgmma.m64n128k16); online
+// softmax in FP32 in the base-2 domain
 // (scores times scale*log2(e), ex2.approx); P (and dS in backward) rounded to BF16 for the products with V
 // (dO, K, Q), as FlashAttention-2 does; D is computed from the BF16 O that forward stored; outputs rounded once to
 // BF16 (RNE). Expected accuracy against an FP64 reference on the same BF16 inputs
@@ -20,18 +21,21 @@
 // below 2e-2; lse to ~1e-6 relative.
 // Deterministic: no atomics, a fixed summation order for a given shape, so the same inputs give the same bits.
 //
-// Kernels per (Dqk, Dv) pair, picked by one rule (attention_heuristics.h, where the reasons are): Dqk >= 128 -> the
-// 32-key forward (flash_attention_fwd_key32.cu) and the role-split backward, smaller Dqk -> the 64-key forward and
-// the column-split backward. The rule comes from H200 timings of two shapes (runs listed in
-// reports/results/h200/README.md); (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured, and (32, 16),
-// (32, 32) and (64, 64) the small-Dqk rule. The two families sum in different orders: results differ between them
-// by FP32 rounding only.
+// Kernels per (Dqk, Dv) pair and device, picked by one rule (attention_heuristics.h, where the reasons are): on a
+// device of compute capability 9.0, (192, 128) and (128, 128) -> the sm90 forward (flash_attention_fwd_sm90.cu:
+// WGMMA, TMA, warp specialisation, FlashAttention-3's structure); otherwise Dqk >= 128 -> the 32-key forward
+// (flash_attention_fwd_key32.cu), smaller Dqk -> the 64-key forward. Backward: Dqk >= 128 -> the role-split
+// kernels, smaller Dqk -> the column-split ones. The mma.sync rule comes from H200 timings of two shapes (runs listed
+// in reports/results/h200/README.md); (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured, and (32, 16),
+// (32, 32) and (64, 64) the small-Dqk rule. The kernels sum in different orders: results differ between them by
+// FP32 rounding only (flash_attention_forward_with runs a named forward kernel, for such comparisons).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/attention/attention_heuristics.h"
 #include "kernels/common/types.h"
 
 namespace fp4moe {
@@ -72,6 +76,18 @@ constexpr int64_t kAttentionMaxT = int64_t{1} << 21;
 // smaller than one token's heads ((H - 1) * head_stride + D); lse not 4-byte aligned. o must not overlap q, k, v.
 void flash_attention_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o, float* lse,
                              cudaStream_t stream);
+
+// The forward kernel flash_attention_forward runs for (Dqk, Dv) on the current device (attention_heuristics.h's
+// forward_kernel_for with its compute capability). Rejects a pair outside kAttentionPairs and a failing CUDA device
+// query.
+attn::FwdKernel flash_attention_forward_kernel(int64_t Dqk, int64_t Dv);
+
+// flash_attention_forward on the named kernel instead of the rule's (comparisons between kernels: tests,
+// benchmarks); the same contract and results within FP32 rounding. Rejects, after flash_attention_forward's checks:
+// a kernel not built for (Dqk, Dv) (attention_heuristics.h's forward_kernel_builds), and sm90 on a device whose
+// compute capability is not 9.0.
+void flash_attention_forward_with(attn::FwdKernel kernel, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v,
+                                  AttnOut o, float* lse, cudaStream_t stream);
 
 // Bytes of device workspace flash_attention_backward needs: D = rowsum(dO * O), B*H*T FP32 (0 for an empty
 // shape). Rejects negative B, T, H.

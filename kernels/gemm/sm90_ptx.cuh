@@ -79,6 +79,17 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// The box of a 4-D tiled tensor map at coordinates (c0 innermost, c1, c2, c3) into shared memory at `dst`, as
+// tma_load_2d (elements outside the tensor arrive as zeros and count towards the transaction bytes).
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2,
+                                            int32_t c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(smem_addr(bar))
+      : "memory");
+}
+
 // ---- global stores ------------------------------------------------------------------------------------------------
 
 // 16 bytes to a 16-byte aligned global address as one vector store (the compiler may otherwise split a uint4 store).
@@ -113,6 +124,17 @@ __device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* tile) {
   return start | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
+// Shared-memory matrix descriptor of an MN-major operand (B of D = A B stored as rows of K, N contiguous: wgmma's
+// transpose bit set) written by the 128-byte swizzle: each 8-row atom (8 values of K, 1024 bytes) holds 64 BF16 of N
+// per 128-byte row; the atoms of the next 8 values of K follow 1024 bytes on (stride byte offset), the next 64 of N
+// lie `n_block_bytes` on (leading byte offset: PTX ISA, "Leading Dimension Byte Offset", MN-major swizzled layouts).
+// The tile's start is 1024-byte aligned; a step of 16 along K adds 2048 bytes (two atoms), keeping it so.
+__device__ __forceinline__ uint64_t smem_desc_mn_major_sw128(const void* tile, uint32_t n_block_bytes) {
+  const uint64_t start = (smem_addr(tile) & 0x3FFFFu) >> 4;
+  return start | (uint64_t{(n_block_bytes & 0x3FFFFu) >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending>
@@ -123,6 +145,7 @@ __device__ __forceinline__ void wgmma_wait() {
 // Keeps the compiler from moving accesses of an accumulator register across a wgmma fence or wait (the registers
 // are written asynchronously, which the compiler cannot see).
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // D[64 x 128] (+)= A[64 x 32] B[32 x 128]: E4M3 x E4M3 with FP32 accumulation, both operands K-major in shared
 // memory (descriptors above), D = A B when `accumulate` is 0. Fragment of D in thread t of the warpgroup (warp
@@ -150,5 +173,51 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
+
+// The 64 FP32 accumulator registers of an m64n128 product as asm operands %0..%63 (read and written).
+#define FP4MOE_SM90_D64_TEXT                                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                 \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FP4MOE_SM90_D64_OPERANDS(d)                                                                                 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),      \
+      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),      \
+      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),      \
+      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),      \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// D[64 x 128] (+)= A[64 x 16] B[16 x 128]: BF16 x BF16 with FP32 accumulation, both operands K-major in shared
+// memory (smem_desc_k_major_sw128), D = A B when `accumulate` is 0. D's fragment as in wgmma_m64n128k32_e4m3.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                      uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FP4MOE_SM90_D64_TEXT ", %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : FP4MOE_SM90_D64_OPERANDS(d)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64 x 128] += A[64 x 16] B[16 x 128]: BF16 x BF16 with FP32 accumulation, A from registers, B MN-major in shared
+// memory (smem_desc_mn_major_sw128; the instruction's transpose bit for B). A's fragment in thread t of the
+// warpgroup (warp w = t / 32, lane l = t % 32, g = l / 4, c = l % 4), two BF16 per register, the lower column in the
+// low half: a[0] = row 16 w + g, columns 2c, 2c + 1; a[1] = row 16 w + g + 8, the same columns; a[2], a[3] = the
+// same rows, columns 2c + 8, 2c + 9. That is D's fragment of an m64n16 product, rounded to BF16 in pairs.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FP4MOE_SM90_D64_TEXT
+      ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+      : FP4MOE_SM90_D64_OPERANDS(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+#undef FP4MOE_SM90_D64_OPERANDS
+#undef FP4MOE_SM90_D64_TEXT
 
 }  // namespace fp4moe::sm90

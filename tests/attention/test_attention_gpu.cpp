@@ -1,9 +1,15 @@
 // GPU causal flash attention (kernels/attention/flash_attention.h) against the FP64 CPU reference on the same BF16
 // inputs: forward (O, lse) and backward (dQ, dK, dV, from the kernel's own O and lse) through the public functions,
 // every instantiated (Dqk, Dv) pair at (B, T, H) = (1, 1, 1), (2, 37, 3), (1, 128, 2), (2, 200, 4), (2, 100, 9),
-// plus (1, 1024, 2) for (192, 128). The pairs cover both kernel families of attention_heuristics.h: Dqk < 128 runs
-// the key64 forward and the column_split backward, Dqk >= 128 the key32 forward and the role_split backward (whose
-// head-grouped block order (2, 100, 9) exercises with 18 sequence-heads: three groups, the last one partial).
+// plus (1, 1024, 2) for (192, 128). The pairs cover the kernels of attention_heuristics.h: Dqk < 128 runs the key64
+// forward and the column_split backward, Dqk >= 128 the role_split backward and, on a device of compute capability
+// 9.0, the sm90 forward at (128, 128) and (192, 128), the key32 forward at (192, 192) (head-grouped block orders,
+// which (2, 100, 9) exercises with 18 sequence-heads: three groups, the last one partial).
+// The sm90 and key32 forwards of (128, 128) and (192, 128) also run on the same inputs through
+// flash_attention_forward_with and are compared with each other (O within 5e-3 relative L2: both round P to BF16 and
+// O once, in different FP32 orders; lse within the tolerance below), and with the reference where the shape allows
+// it: T not a multiple of the 128-row tiles, B > 1, H = 1 and 128, the strided views below and the model's (v the
+// value half of the kv up-projection output), large scores, and T = 4096 over more thread blocks than SMs.
 // Inputs N(0, 1) (seeded); the large-score case adds 150 / scale on dim 0 of every query and 1 (keys from token 64
 // on) or 2/3 (earlier keys) on dim 0 of the keys: scores around 100 and 150 (e^150 overflows FP32, so the running
 // max must be subtracted), and a jump of 50 in the row max between key blocks (the rescaling of the online softmax).
@@ -32,6 +38,7 @@ namespace {
 
 using test::AttnCase;
 using test::AttnDevTensor;
+using test::AttnLayout;
 using test::AttnOutputs;
 using test::dense_layout;
 using test::Guarded;
@@ -62,11 +69,11 @@ test::AttentionImpl own_kernels() {
   return impl;
 }
 
-// The kernels the public functions run for (Dqk, Dv) (attention_heuristics.h), for traces.
+// The kernels the public functions run for (Dqk, Dv) on this device (attention_heuristics.h), for traces.
 std::string kernels_of(int Dqk, int Dv) {
-  const bool key32 = attn::forward_kernel_for(Dqk, Dv) == attn::FwdKernel::key32;
   const bool role_split = attn::backward_kernels_for(Dqk, Dv) == attn::BwdKernels::role_split;
-  return fmt::format("forward {}, backward {}", key32 ? "key32" : "key64", role_split ? "role_split" : "column_split");
+  return fmt::format("forward {}, backward {}", attn::forward_kernel_name(flash_attention_forward_kernel(Dqk, Dv)),
+                     role_split ? "role_split" : "column_split");
 }
 
 // run_and_check (tests/common/attention_test_util.h) on our kernels, the kernel family in the trace.
@@ -113,6 +120,103 @@ TEST(AttentionGpu, BackwardIsDeterministicWithManyBlocksInFlight) {
   for (const AttnCase& c : {AttnCase{192, 128, 2, 1536, 24}, AttnCase{32, 16, 2, 333, 96}}) {
     SCOPED_TRACE(kernels_of(c.Dqk, c.Dv));
     test::check_backward_repeatable(c, own_kernels());
+  }
+}
+
+// ---- the sm90 and key32 forwards on the same inputs ------------------------------------------------------------------
+
+// Where the inputs of a comparison lie: dense; run_and_check's strided views (q inside [B*T, H, Dqk + 8], v shifted
+// by 8 with token stride H * Dv + 16, o inside [B*T, H, Dv + 8]); or the model's (MLA, trainer/model/mla.cpp: v the
+// value half of the kv up-projection output [B*T, H, qk_nope + Dv], qk_nope = 128, at offset 128).
+enum class InputLayout { dense, strided, model };
+
+struct FwdCompareCase {
+  int Dqk, Dv;
+  int64_t B, T, H;
+  InputLayout layout;
+  bool reference;  // also against the FP64 reference (shapes small enough for the CPU)
+  bool large_scores = false;
+};
+
+constexpr double kKernelVsKernelOutTol = 5e-3;
+
+struct FwdResult {
+  std::vector<bf16> o;
+  std::vector<float> lse;
+};
+
+void compare_forward_kernels(const FwdCompareCase& fc) {
+  const AttnCase c{fc.Dqk, fc.Dv, fc.B, fc.T, fc.H, false, fc.large_scores};
+  const char* layout_name = fc.layout == InputLayout::dense ? "dense" : fc.layout == InputLayout::strided ? "strided"
+                                                                                                           : "model";
+  SCOPED_TRACE(fmt::format("{}, {} layout", c.name(), layout_name));
+  const int64_t rows = c.B * c.T, H = c.H;
+  const AttentionShape s = c.shape();
+  const bool strided = fc.layout == InputLayout::strided;
+  const int64_t kv_width = 128 + c.Dv;
+  const AttnLayout v_layout = fc.layout == InputLayout::model ? AttnLayout{rows, H, c.Dv, H * kv_width, kv_width, 128}
+                              : strided                      ? test::shifted(rows, H, c.Dv)
+                                                             : dense_layout(rows, H, c.Dv);
+  AttnDevTensor q_d(strided ? test::wide_heads(rows, H, c.Dqk) : dense_layout(rows, H, c.Dqk));
+  AttnDevTensor k_d(dense_layout(rows, H, c.Dqk)), v_d(v_layout);
+  AttnDevTensor o_d(strided ? test::wide_heads(rows, H, c.Dv) : dense_layout(rows, H, c.Dv));
+  Guarded<float> lse_d(static_cast<size_t>(c.B * H * c.T));
+  const test::AttnInputs in(c);
+  q_d.upload(in.q);
+  k_d.upload(in.k);
+  v_d.upload(in.v);
+
+  // One forward on NaN-poisoned outputs: nothing written outside O and lse.
+  const auto run = [&](const auto& launch) {
+    o_d.buf.poison();
+    lse_d.poison();
+    launch();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(o_d.untouched_outside()) << "the forward wrote outside O's elements";
+    EXPECT_TRUE(lse_d.guards_intact()) << "lse guard";
+    return FwdResult{o_d.download(), lse_d.download()};
+  };
+  const auto with = [&](attn::FwdKernel kernel) {
+    SCOPED_TRACE(attn::forward_kernel_name(kernel));
+    return run([&] { flash_attention_forward_with(kernel, s, q_d.in(), k_d.in(), v_d.in(), o_d.out(), lse_d.ptr(),
+                                                  nullptr); });
+  };
+  const FwdResult sm90 = with(attn::FwdKernel::sm90), sm90_again = with(attn::FwdKernel::sm90);
+  const FwdResult key32 = with(attn::FwdKernel::key32);
+  const FwdResult rule = run([&] {
+    flash_attention_forward(s, q_d.in(), k_d.in(), v_d.in(), o_d.out(), lse_d.ptr(), nullptr);
+  });
+  for (AttnDevTensor* t : {&q_d, &k_d, &v_d}) EXPECT_TRUE(t->untouched_outside()) << "a forward wrote into an input";
+
+  EXPECT_EQ(test::bits_of(sm90_again.o), test::bits_of(sm90.o)) << "sm90: O differs between identical runs";
+  EXPECT_EQ(test::f32_bits_of(sm90_again.lse), test::f32_bits_of(sm90.lse)) << "sm90: lse differs between runs";
+  EXPECT_EQ(test::bits_of(rule.o), test::bits_of(sm90.o)) << "flash_attention_forward did not run the sm90 kernel";
+  EXPECT_EQ(test::f32_bits_of(rule.lse), test::f32_bits_of(sm90.lse)) << "flash_attention_forward's lse";
+  const std::vector<double> key32_o = test::to_f64(key32.o), key32_lse(key32.lse.begin(), key32.lse.end());
+  EXPECT_LT(test::attn_rel_l2(sm90.o, key32_o), kKernelVsKernelOutTol) << "O: sm90 against key32";
+  EXPECT_EQ(test::count_lse_errors(sm90.lse, key32_lse), 0u) << "lse: sm90 against key32";
+  if (!fc.reference) return;
+  const std::vector<double> qr = test::to_f64(in.q), kr = test::to_f64(in.k), vr = test::to_f64(in.v);
+  std::vector<double> o_ref(vr.size()), lse_ref(lse_d.n);
+  attention_forward_ref<double>(s, qr.data(), kr.data(), vr.data(), o_ref.data(), lse_ref.data());
+  for (const FwdResult* r : {&sm90, &key32}) {
+    SCOPED_TRACE(r == &sm90 ? "sm90 against the reference" : "key32 against the reference");
+    EXPECT_LT(test::attn_rel_l2(r->o, o_ref), test::kAttnOutTol) << "O";
+    EXPECT_EQ(test::count_lse_errors(r->lse, lse_ref), 0u) << "lse";
+  }
+}
+
+TEST(AttentionGpu, Sm90ForwardMatchesKey32AndTheReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  if (flash_attention_forward_kernel(192, 128) != attn::FwdKernel::sm90)
+    GTEST_SKIP() << "the sm90 forward needs a device of compute capability 9.0";
+  for (const int Dqk : {192, 128}) {
+    compare_forward_kernels({Dqk, 128, 3, 333, 5, InputLayout::strided, true});
+    compare_forward_kernels({Dqk, 128, 2, 129, 1, InputLayout::dense, true});
+    compare_forward_kernels({Dqk, 128, 1, 160, 128, InputLayout::model, true});
+    compare_forward_kernels({Dqk, 128, 2, 1, 2, InputLayout::model, true});
+    compare_forward_kernels({Dqk, 128, 2, 300, 2, InputLayout::dense, true, true});
+    compare_forward_kernels({Dqk, 128, 1, 4096, 8, InputLayout::model, false});
   }
 }
 

@@ -1,7 +1,7 @@
 // CPU reference of causal attention (kernels/attention/flash_attention.h): backward against central finite
 // differences of forward (double), causality within each sequence, lse against a direct log-sum-exp, float against
 // double, large scores; the GPU launchers' argument checks, which run before any CUDA call (no GPU needed: the
-// fake device pointers below are never dereferenced); and the kernel choice per (Dqk, Dv) pair.
+// fake device pointers below are never dereferenced); and the kernel choice per (Dqk, Dv) pair and device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -266,19 +266,48 @@ TEST(AttentionLaunchChecks, BadShapesAreRejectedAndEmptyShapesLaunchNothing) {
 
 // ---- the kernel choice (attention_heuristics.h) ----------------------------------------------------------------
 
-TEST(AttentionHeuristics, DqkFrom128TakesTheKey32ForwardAndTheRoleSplitBackward) {
+TEST(AttentionHeuristics, Sm90ForwardOnHopperElseKey32FromDqk128AndTheRoleSplitBackward) {
   for (const auto& pair : kAttentionPairs) {
     SCOPED_TRACE(testing::Message() << "(Dqk, Dv) = (" << pair[0] << ", " << pair[1] << ")");
     const bool large = pair[0] >= 128;
-    EXPECT_EQ(attn::forward_kernel_for(pair[0], pair[1]), large ? attn::FwdKernel::key32 : attn::FwdKernel::key64);
+    const bool sm90 = pair[1] == 128 && (pair[0] == 128 || pair[0] == 192);
+    const attn::FwdKernel mma_sync = large ? attn::FwdKernel::key32 : attn::FwdKernel::key64;
+    EXPECT_EQ(attn::forward_kernel_builds(attn::FwdKernel::sm90, pair[0], pair[1]), sm90);
+    EXPECT_EQ(attn::forward_kernel_builds(attn::FwdKernel::key32, pair[0], pair[1]), large);
+    EXPECT_EQ(attn::forward_kernel_builds(attn::FwdKernel::key64, pair[0], pair[1]), !large);
+    EXPECT_EQ(attn::forward_kernel_for(pair[0], pair[1], 90), sm90 ? attn::FwdKernel::sm90 : mma_sync);
+    for (int cc : {80, 89, 100}) EXPECT_EQ(attn::forward_kernel_for(pair[0], pair[1], cc), mma_sync) << "cc " << cc;
+    EXPECT_TRUE(attn::forward_kernel_builds(attn::forward_kernel_for(pair[0], pair[1], 90), pair[0], pair[1]));
     EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1]),
               large ? attn::BwdKernels::role_split : attn::BwdKernels::column_split);
   }
   // The measured shapes: MLA's (192, 128) and `small`'s (96, 64).
-  static_assert(attn::forward_kernel_for(192, 128) == attn::FwdKernel::key32);
+  static_assert(attn::forward_kernel_for(192, 128, 90) == attn::FwdKernel::sm90);
+  static_assert(attn::forward_kernel_for(192, 128, 80) == attn::FwdKernel::key32);
   static_assert(attn::backward_kernels_for(192, 128) == attn::BwdKernels::role_split);
-  static_assert(attn::forward_kernel_for(96, 64) == attn::FwdKernel::key64);
+  static_assert(attn::forward_kernel_for(96, 64, 90) == attn::FwdKernel::key64);
   static_assert(attn::backward_kernels_for(96, 64) == attn::BwdKernels::column_split);
+}
+
+// A named forward kernel that is not built for the pair is rejected after the contract's checks and before any CUDA
+// call (the pointers are fake).
+TEST(AttentionLaunchChecks, NamedForwardKernelMustBeBuiltForThePair) {
+  Launch l;
+  l.s.Dqk = 192;
+  l.s.Dv = 192;
+  l.v.token_stride = l.o.token_stride = 3 * 192;
+  l.v.head_stride = l.o.head_stride = 192;
+  expect_error_mentions(
+      [&] { flash_attention_forward_with(attn::FwdKernel::sm90, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
+      {"flash_attention_forward_with", "sm90", "(192,192)"});
+  expect_error_mentions(
+      [&] { flash_attention_forward_with(attn::FwdKernel::key64, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
+      {"key64", "(192,192)"});
+  l.lse = nullptr;  // the contract's checks come first
+  expect_error_mentions(
+      [&] { flash_attention_forward_with(attn::FwdKernel::sm90, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
+      {"flash_attention_forward_with", "lse is null"});
+  expect_error_mentions([] { flash_attention_forward_kernel(160, 128); }, {"(160,128)", "(192,128)"});
 }
 
 }  // namespace
