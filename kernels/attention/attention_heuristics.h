@@ -6,9 +6,9 @@
 // smaller Dqk -> key64 forward. Backward: Dqk >= 128 -> role_split, smaller Dqk -> column_split.
 // The sm90 forward runs Hopper's asynchronous tensor-core product (wgmma) from tiles the copy engine (TMA) streams,
 // which the mma.sync kernels cannot use; it is built for Dv = 128 (its P V product is one m64n128 instruction per
-// 16 keys) and Dqk a multiple of 64 (its tiles are 64-element boxes of the 128-byte swizzle). Its speed against
-// key32 and cuDNN at the MLA shape is bench_attention's (`key32/fwd/mla` beside `fwd/mla`); until that run is listed
-// in reports/results/h200/README.md the choice rests on the structure, and (128, 128) on the same code untimed.
+// 16 keys) and Dqk a multiple of 64 (its tiles are 64-element boxes of the 128-byte swizzle). At the MLA shape it
+// ran faster than key32 on the H200 (bench_attention's `fwd/mla` beside `key32/fwd/mla`; the run is listed in
+// reports/results/h200/README.md); (128, 128) takes the same code untimed.
 // The mma.sync rule was chosen from timings on an H200 of five forward and five backward kernels on the same inputs,
 // at the MLA shape (Dqk/Dv 192/128) and a small one (96/64); the runs and their results are listed in
 // reports/results/h200/README.md. Why each side wins:
