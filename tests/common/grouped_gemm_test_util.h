@@ -150,6 +150,20 @@ bool run_case(const std::string& what, F&& body) {
   }
 }
 
+// The compared rows of expert group g (rows in [offsets[g], offsets[g+1])) of two outputs [.., P], concatenated:
+// got into gg, want into ww (both emptied first).
+inline void group_rows(const std::vector<float>& got, const std::vector<float>& want, int64_t P,
+                       const std::vector<int32_t>& offsets, const std::vector<int64_t>& rows, int64_t g,
+                       std::vector<float>& gg, std::vector<float>& ww) {
+  gg.clear();
+  ww.clear();
+  for (int64_t r : rows)
+    if (r >= offsets[g] && r < offsets[g + 1]) {
+      gg.insert(gg.end(), got.begin() + r * P, got.begin() + (r + 1) * P);
+      ww.insert(ww.end(), want.begin() + r * P, want.begin() + (r + 1) * P);
+    }
+}
+
 // Offsets [G+1] of consecutive groups of the given sizes.
 inline std::vector<int32_t> offsets_of(const std::vector<int32_t>& sizes) {
   std::vector<int32_t> o(sizes.size() + 1, 0);

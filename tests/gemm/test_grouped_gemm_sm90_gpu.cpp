@@ -65,11 +65,7 @@ Errors errors_of(const std::vector<float>& got, const std::vector<float>& want, 
   const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
   for (int64_t g = 0; g < G; ++g) {
     std::vector<float> gg, ww;
-    for (int64_t r : rows)
-      if (r >= offsets[g] && r < offsets[g + 1]) {
-        gg.insert(gg.end(), got.begin() + r * P, got.begin() + (r + 1) * P);
-        ww.insert(ww.end(), want.begin() + r * P, want.begin() + (r + 1) * P);
-      }
+    group_rows(got, want, P, offsets, rows, g, gg, ww);
     if (gg.empty()) continue;
     const double err = relative_l2_error(gg.data(), ww.data(), static_cast<int64_t>(gg.size()));
     if (e.group < 0 || !(err <= e.rel_l2)) {

@@ -291,6 +291,19 @@ TEST(TrainRanksEval, WholeSplitOverTwoRanksEqualsOneGpu) {
   }
 }
 
+// Trains `cfg` over kRanks simulated ranks where rank 1 acts as if it had received SIGTERM from step `stop_step` on
+// (TrainerOptions::inject_stop_step).
+std::vector<TrainResult> train_with_stop_on_rank_1(const TrainerConfig& cfg, int64_t stop_step) {
+  return test::run_simulated_ranks<TrainResult>(kRanks, [&](EpTransport& t) {
+    TrainerOptions o = test::quiet_options();
+    o.transport = &t;
+    o.inject_stop_step = stop_step;
+    o.inject_stop_rank = 1;
+    Trainer trainer(cfg, o);
+    return trainer.run();
+  });
+}
+
 // A stop signal on one rank stops every rank after the same step: from step 2 on rank 1 "has received" SIGTERM
 // (TrainerOptions::inject_stop_step; the signal rides on the step's loss all-reduce); both ranks end after step 2,
 // report SIGTERM and write the final checkpoint of step 2 together (its collectives meet); rank 0 never received it.
@@ -298,14 +311,7 @@ TEST(TrainRanksStop, ASignalOnOneRankStopsEveryRankAfterTheSameStep) {
   FP4MOE_REQUIRE_DEVICE();
   TempDir dir;
   const TrainerConfig cfg = tiny_config(dir.file("ckpt"));  // 6 steps, checkpoints every 3
-  const std::vector<TrainResult> r = test::run_simulated_ranks<TrainResult>(kRanks, [&](EpTransport& t) {
-    TrainerOptions o = test::quiet_options();
-    o.transport = &t;
-    o.inject_stop_step = 2;
-    o.inject_stop_rank = 1;
-    Trainer trainer(cfg, o);
-    return trainer.run();
-  });
+  const std::vector<TrainResult> r = train_with_stop_on_rank_1(cfg, 2);
   for (int rank = 0; rank < kRanks; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     EXPECT_EQ(r[rank].stop_signal, SIGTERM);
@@ -326,14 +332,7 @@ TEST(TrainRanksStop, ASignalAfterTheLastStepsAllReduceStopsEveryRankBeforeTheFin
   cfg.train.eval_interval = 2;
   cfg.train.eval_steps = 1;
   cfg.train.final_eval_steps = 1;
-  const std::vector<TrainResult> r = test::run_simulated_ranks<TrainResult>(kRanks, [&](EpTransport& t) {
-    TrainerOptions o = test::quiet_options();
-    o.transport = &t;
-    o.inject_stop_step = cfg.train.steps + 1;
-    o.inject_stop_rank = 1;
-    Trainer trainer(cfg, o);
-    return trainer.run();
-  });
+  const std::vector<TrainResult> r = train_with_stop_on_rank_1(cfg, cfg.train.steps + 1);
   for (int rank = 0; rank < kRanks; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     EXPECT_EQ(r[rank].stop_signal, SIGTERM);
