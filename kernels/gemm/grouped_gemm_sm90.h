@@ -47,6 +47,7 @@
 
 #include "kernels/common/types.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "kernels/gemm/mxfp4_gemm.h"
 
 namespace fp4moe {
 
@@ -80,5 +81,17 @@ void grouped_fprop_fp8_sm90(Fp8RowOperand x, Fp8BlockStack w, int64_t M, int64_t
 void grouped_dgrad_fp8_sm90(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t M, int64_t N, int64_t K,
                             const int32_t* offsets, int64_t G, bf16* dx, cudaStream_t stream,
                             Sm90GemmConfig config = {});
+
+// Fprop with the MXFP4 row operand read directly: y [M, N] bf16 = X_g W_g^T per group, x the MXFP4 row tensor
+// [M, K] (layouts.h: codes packed E2M1 [M, K/2], 16-byte aligned; scales UE8M0 [M, K/32], 4-byte aligned), w as in
+// grouped_fprop_fp8_sm90. The producer warpgroup stages each K block's packed codes and scale bytes (cp.async) and
+// converts them in shared memory into the WGMMA operand with the direct rule of mxfp4_row_to_fp8_row.h (the
+// 1x128 group scale becomes the row's operand scale), so that the output is bit for bit that of
+// mxfp4_row_to_fp8_row followed by grouped_fprop_fp8_sm90 with the same config (NaN MX blocks included: codes
+// 0x7F, their rows' outputs NaN), without the FP8 copy of X in memory. Same rules, rejections and asynchrony as
+// grouped_fprop_fp8_sm90 (K a multiple of 128 among them), the scales' alignment 4 bytes.
+void grouped_fprop_mxfp4_sm90(Mxfp4RowOperand x, Fp8BlockStack w, int64_t M, int64_t N, int64_t K,
+                              const int32_t* offsets, int64_t G, bf16* y, cudaStream_t stream,
+                              Sm90GemmConfig config = {});
 
 }  // namespace fp4moe
