@@ -76,7 +76,10 @@ struct Layout {
                 "TMA, cp.async and mbarrier alignment");
   static_assert(1024 + kOffGroups + 2 * sizeof(int32_t) * (kMaxGroups + 1) <= kMaxSmemPerBlock,
                 "the ring, the staging slots and the largest group table fit one block's shared memory");
-  static_assert(kStages > kLookahead, "a stage for every block being converted or staged, and one to refill");
+  // The producer converts block i after waiting for block i + kLookahead's stage, which the consumers free once
+  // block i + kLookahead - kStages is done, in the overlapped main loop only when block i + kLookahead - kStages + 1
+  // has arrived: that must be block i at the latest.
+  static_assert(kStages >= kLookahead + 2, "the converter never waits for a stage held for the block it converts");
 };
 
 struct Params {

@@ -5,6 +5,8 @@
 //   Fprop  Y_g  = X_g  W_g^T    X [M, K] FP8 1x128 row tensor, W [G, N, K] stacked 128x128 block tensors, Y  [M, N]
 //   Dgrad  dX_g = dY_g W_g      dY [M, N] FP8 1x128 row tensor, W^T [G, K, N] stacked 128x128 block tensors
 //                               (bf16_to_fp8_block128 with transpose = true), dX [M, K]
+//   Fprop with X an MXFP4 row tensor (grouped_fprop_mxfp4_sm90): X converted in shared memory by the direct rule
+//                               of mxfp4_row_to_fp8_row.h into the FP8 operand above
 // Layouts: kernels/quant/layouts.h (codes E4M3 row-major; row scales fp32 [R/128, round_up(M, 4)]; block scales fp32
 // [rows/128, round_up(R/128, 4)], expert g's at g * fp8_block_scale_count); the operand types of grouped_gemm.h.
 // Output BF16 [M, N] (Fprop) or [M, K] (Dgrad), row-major, round-to-nearest-even from FP32.
@@ -23,9 +25,10 @@
 // 4-6 stage shared-memory ring guarded by mbarriers; two consumer warpgroups of 64 rows each run WGMMA
 // (m64n128k32, E4M3 x E4M3 -> FP32), promote as above (optionally with the next block's WGMMAs in flight:
 // Sm90GemmConfig) and store their rows of the group as BF16. Rows of a tile past its group's end are computed from
-// the next group's (or zero-filled) rows and never stored. Sources: PTX ISA
-// 8.x (wgmma.mma_async, its shared-memory matrix descriptor and 128-byte swizzle; cp.async.bulk.tensor; mbarrier;
-// setmaxnreg), CUDA Driver API (cuTensorMapEncodeTiled).
+// the next group's (or zero-filled) rows and never stored. With an MXFP4 X the producer warpgroup's 128 threads
+// stage its packed codes and scale bytes (cp.async) and write the converted A tile and row scales themselves.
+// Sources: PTX ISA 8.x (wgmma.mma_async, its shared-memory matrix descriptor and 128-byte swizzle;
+// cp.async.bulk.tensor; cp.async; mbarrier; fence.proxy.async; setmaxnreg), CUDA Driver API (cuTensorMapEncodeTiled).
 //
 // Groups: any sizes, empty groups included; offsets need not end at M: rows at or past o[G] (and before o[0]) are
 // left untouched. The offsets are read on the device and made safe there (grouped_tiles.h: clamped to [0, M],
