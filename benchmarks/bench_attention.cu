@@ -6,12 +6,14 @@
 //   bench_attention [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=mla]
 //
 // Shapes: `mla` B=1 T=4096 H=128, Dqk/Dv = 192/128 (DeepSeek-V2/V3 attention at their 4096-token sequences, the v2,
-// v3 and v3_layer configs; on an H200 the sm90 forward and the role_split backward of attention_heuristics.h);
+// v3 and v3_layer configs; on an H200 the sm90 forward and the sm90_dq backward of attention_heuristics.h);
 // `small` B=8 T=1024 H=12, 96/64 (the small and dense_small configs; the key64 forward and column_split backward);
 // `tiny` B=4 T=64 H=4, 32/16 (the tiny config). Case names [<backend>/]<pass>/<shape>: pass fwd, bwd or fwd+bwd; no
 // prefix for our kernels as flash_attention_forward picks them (the program prints the forward it picks per shape),
 // key32/ for our key32 forward named through flash_attention_forward_with (fwd only, at the shapes it is built for:
-// the mma.sync kernel beside the rule's), cudnn/ for the cuDNN backend with its non-deterministic backward, cudnn_det/
+// the mma.sync kernel beside the rule's), role_split/ for the rule's forward with the role_split backward named through
+// flash_attention_backward_with (bwd and fwd+bwd, at the shapes it is built for: on an H200 the mma.sync dQ kernel
+// beside the sm90 one), cudnn/ for the cuDNN backend with its non-deterministic backward, cudnn_det/
 // with its deterministic backward (bwd and fwd+bwd only: the forward is the same); the ceiling is
 // gemm_bf16/8192x8192x8192 (cuBLASLt, BF16 in and out, FP32 accumulation). Without cuDNN in the build the cuDNN cases
 // are left out (the program says so).
@@ -65,11 +67,15 @@ constexpr Shape kShapes[] = {
     {"mla", 1, 4096, 128, 192, 128}, {"small", 8, 1024, 12, 96, 64}, {"tiny", 4, 64, 4, 32, 16}};
 constexpr const char* kPasses[] = {"fwd", "bwd", "fwd+bwd"};
 
-// Who runs the attention: our kernels (the forward by the rule, or the key32 forward named), or the cuDNN backend with
-// its non-deterministic or deterministic backward.
-enum class Backend { own, key32, cudnn, cudnn_det };
+// Who runs the attention: our kernels (both passes by the rule; the key32 forward named; the rule's forward and the
+// role_split backward named), or the cuDNN backend with its non-deterministic or deterministic backward.
+enum class Backend { own, key32, role_split, cudnn, cudnn_det };
 const char* backend_name(Backend b) {
-  return b == Backend::own ? "own" : b == Backend::key32 ? "key32" : b == Backend::cudnn ? "cudnn" : "cudnn_det";
+  return b == Backend::own          ? "own"
+         : b == Backend::key32      ? "key32"
+         : b == Backend::role_split ? "role_split"
+         : b == Backend::cudnn      ? "cudnn"
+                                    : "cudnn_det";
 }
 bool is_cudnn(Backend b) { return b == Backend::cudnn || b == Backend::cudnn_det; }
 
@@ -98,12 +104,13 @@ std::vector<Case> g_cases;
 
 void define_cases() {
   for (const Shape& s : kShapes)
-    for (Backend b : {Backend::own, Backend::key32, Backend::cudnn, Backend::cudnn_det}) {
+    for (Backend b : {Backend::own, Backend::key32, Backend::role_split, Backend::cudnn, Backend::cudnn_det}) {
       if (is_cudnn(b) && !cudnn_sdpa_built()) continue;
       if (b == Backend::key32 && !attn::forward_kernel_builds(attn::FwdKernel::key32, s.Dqk, s.Dv)) continue;
+      if (b == Backend::role_split && !attn::backward_kernels_build(attn::BwdKernels::role_split, s.Dqk, s.Dv)) continue;
       for (const char* pass : kPasses) {
         const bool fwd = std::string(pass) == "fwd";
-        if ((b == Backend::cudnn_det && fwd) || (b == Backend::key32 && !fwd)) continue;
+        if (((b == Backend::cudnn_det || b == Backend::role_split) && fwd) || (b == Backend::key32 && !fwd)) continue;
         g_cases.push_back(Case{pass, s, b, false});
       }
     }
@@ -188,7 +195,12 @@ std::unique_ptr<Workload> build_attention(const Shape& sh, Backend backend) {
     if (backend == Backend::key32)
       fwd = [=] { flash_attention_forward_with(attn::FwdKernel::key32, s, qi, ki, vi, oo, lse, nullptr); };
     else fwd = [=] { flash_attention_forward(s, qi, ki, vi, oo, lse, nullptr); };
-    bwd = [=] { flash_attention_backward(s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws, nullptr); };
+    if (backend == Backend::role_split)
+      bwd = [=] {
+        flash_attention_backward_with(attn::BwdKernels::role_split, s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws,
+                                      nullptr);
+      };
+    else bwd = [=] { flash_attention_backward(s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws, nullptr); };
   } else {
     const bool det = backend == Backend::cudnn_det;
     w->sdpa = std::make_unique<CudnnSdpa>();
@@ -354,7 +366,8 @@ Table result_table(const std::vector<Row>& rows) {
                                        "pass and shape in the same run; NaN for that backend's own rows and without "
                                        "cuDNN");
   t.set_attribute("backend", "own: our kernels as flash_attention_forward/backward pick them (flash_attention.h); "
-                             "key32: our key32 forward named (flash_attention_forward_with); cudnn, cudnn_det: "
+                             "key32: our key32 forward named (flash_attention_forward_with); role_split: the rule's forward and "
+                             "the role_split backward named (flash_attention_backward_with); cudnn, cudnn_det: "
                              "cuDNN's fused attention (cudnn_sdpa.h), non-deterministic or deterministic backward; "
                              "cublaslt: the ceiling");
   t.set_attribute("workspace_bytes", "the cuDNN backend's workspace (the larger of its forward and backward plans'); "
@@ -391,8 +404,9 @@ int main(int argc, char** argv) {
     fmt::print("bench_attention on {}: min time {} s per case; cuDNN backend: {}\n", p.name, kMinTimeS,
                cudnn_sdpa_built() ? cudnn_sdpa_version_text() : "left out (" + cudnn_sdpa_version_text() + ")");
     for (const Shape& s : kShapes)
-      fmt::print("  {}: our forward is the {} kernel\n", s.name,
-                 attn::forward_kernel_name(flash_attention_forward_kernel(s.Dqk, s.Dv)));
+      fmt::print("  {}: our forward is the {} kernel, our backward the {} kernels\n", s.name,
+                 attn::forward_kernel_name(flash_attention_forward_kernel(s.Dqk, s.Dv)),
+                 attn::backward_kernels_name(flash_attention_backward_kernels(s.Dqk, s.Dv)));
   };
   program.report = [](const std::string& h5_path, const std::string& command) {
     g_workload.reset();

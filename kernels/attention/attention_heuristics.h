@@ -3,7 +3,10 @@
 //
 // The rule: forward on a device of compute capability 9.0 at (Dqk, Dv) = (192, 128) or (128, 128) -> the sm90
 // forward (WGMMA, TMA and warp specialisation, FlashAttention-3's structure); elsewhere Dqk >= 128 -> key32 forward,
-// smaller Dqk -> key64 forward. Backward: Dqk >= 128 -> role_split, smaller Dqk -> column_split.
+// smaller Dqk -> key64 forward. Backward on a device of compute capability 9.0 at (192, 128) or (128, 128) -> sm90_dq
+// (role_split's dK/dV kernel, then a dQ kernel on WGMMA and TMA); elsewhere Dqk >= 128 -> role_split, smaller Dqk ->
+// column_split. sm90_dq is the rule there by design, not yet by measurement: bench_attention times it (`bwd/mla`)
+// beside role_split (`role_split/bwd/mla`), and this rule changes if it loses.
 // The sm90 forward runs Hopper's asynchronous tensor-core product (wgmma) from tiles the copy engine (TMA) streams,
 // which the mma.sync kernels cannot use; it is built for Dv = 128 (its P V product is one m64n128 instruction per
 // 16 keys) and Dqk a multiple of 64 (its tiles are 64-element boxes of the 128-byte swizzle). At the MLA shape it
@@ -55,6 +58,10 @@ enum class BwdKernels {
   // dP^T, dS^T, dK), then flash_attention_bwd.cu's dQ kernel with row-stepping copies; both in the head-grouped
   // block order.
   role_split,
+  // role_split's dK/dV kernel, then flash_attention_bwd_sm90.cu's dQ kernel: sm_90a only; one thread block per
+  // 128-query tile (two consumer warpgroups of 64 rows, one producer warpgroup issuing TMA copies of Q and dO once
+  // and of 64-key K and V blocks, two stages), wgmma for S, dP and dQ; head-grouped block order (block_tile).
+  sm90_dq,
 };
 
 // Compute capability of the devices the sm90 forward runs on (major * 10 + minor): 9.0, the sm_90a build.
@@ -81,9 +88,29 @@ constexpr const char* forward_kernel_name(FwdKernel kernel) {
   return kernel == FwdKernel::key64 ? "key64" : kernel == FwdKernel::key32 ? "key32" : "sm90";
 }
 
-// The backward kernels for (Dqk, Dv), for the pairs of kAttentionPairs; after the D = rowsum(dO * O) kernel.
-constexpr BwdKernels backward_kernels_for(int64_t Dqk, int64_t /*Dv*/) {
-  return Dqk >= 128 ? BwdKernels::role_split : BwdKernels::column_split;
+// Whether the backward variant `kernels` is built for (Dqk, Dv), for the pairs of kAttentionPairs: column_split for
+// Dqk < 128, role_split for Dqk >= 128 (each pair has one of the two), sm90_dq for (128, 128) and (192, 128) (its dQ
+// product is whole 64-column boxes of Dqk; its dP product whole 64-element boxes of Dv).
+constexpr bool backward_kernels_build(BwdKernels kernels, int64_t Dqk, int64_t Dv) {
+  switch (kernels) {
+    case BwdKernels::column_split: return Dqk < 128;
+    case BwdKernels::role_split: return Dqk >= 128;
+    case BwdKernels::sm90_dq: return Dv == 128 && (Dqk == 128 || Dqk == 192);
+  }
+  return false;
+}
+
+// The backward kernels for (Dqk, Dv) of kAttentionPairs on a device of compute capability `cc` (major * 10 + minor);
+// after the D = rowsum(dO * O) kernel.
+constexpr BwdKernels backward_kernels_for(int64_t Dqk, int64_t Dv, int cc) {
+  if (cc == kSm90ComputeCapability && backward_kernels_build(BwdKernels::sm90_dq, Dqk, Dv)) return BwdKernels::sm90_dq;
+  return backward_kernels_build(BwdKernels::role_split, Dqk, Dv) ? BwdKernels::role_split : BwdKernels::column_split;
+}
+
+constexpr const char* backward_kernels_name(BwdKernels kernels) {
+  return kernels == BwdKernels::column_split ? "column_split"
+         : kernels == BwdKernels::role_split ? "role_split"
+                                             : "sm90_dq";
 }
 
 }  // namespace fp4moe::attn

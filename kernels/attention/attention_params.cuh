@@ -3,6 +3,7 @@
 // launchers of each kernel family. Not part of the public API (flash_attention.h).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -56,7 +57,7 @@ void with_head_dims(const char* what, int64_t Dqk, int64_t Dv, F&& f) {
 
 // Whether the forward kernel or backward family `k` is built for (Dqk, Dv) (attention_heuristics.h).
 constexpr bool family_builds(int64_t Dqk, int64_t Dv, FwdKernel k) { return forward_kernel_builds(k, Dqk, Dv); }
-constexpr bool family_builds(int64_t Dqk, int64_t Dv, BwdKernels k) { return backward_kernels_for(Dqk, Dv) == k; }
+constexpr bool family_builds(int64_t Dqk, int64_t Dv, BwdKernels k) { return backward_kernels_build(k, Dqk, Dv); }
 
 // f(Dqk, Dv) as in with_head_dims for the pairs attention_heuristics.h builds kFamily (a FwdKernel or a BwdKernels)
 // for; an Error naming `launcher` for another pair. Each family's launcher instantiates its kernels for its own
@@ -81,7 +82,7 @@ void launch_with_smem(void (*kernel)(Params), dim3 grid, int threads, int smem_b
 }
 
 // ---- launchers (asynchronous on `stream`; arguments checked by the caller) ---------------------------------------
-// Each takes the pairs that forward_kernel_builds / backward_kernels_for (attention_heuristics.h) give its family
+// Each takes the pairs that forward_kernel_builds / backward_kernels_build (attention_heuristics.h) give its family
 // and is instantiated for those only; another pair is an Error.
 
 // flash_attention_fwd_key64.cu: the key64 forward kernel, grid (B*H, query tiles).
@@ -94,6 +95,17 @@ void launch_forward_key32(const FwdParams& p, int64_t Dqk, int64_t Dv, cudaStrea
 // (B * H); its tensor maps made here from p's q, k, v and (B, p.T, p.H). The caller checks the device (compute
 // capability 9.0).
 void launch_forward_sm90(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+
+// flash_attention_bwd_sm90.cu: the sm90 dQ kernel, in block_tile's order with p.group_heads over p.bh_count
+// (B * H); its tensor maps made here from p's q, k, v, dout and (B, p.T, p.H). The caller checks the device (compute
+// capability 9.0). Runs after launch_backward_delta (reads p.delta).
+void launch_backward_dq_sm90(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+
+// flash_attention_fwd_sm90.cu: the 4-D tensor map (d, head, token, sequence) of one [B*T, H, D] BF16 input of the
+// sm90 kernels, boxes of 64 x 1 x box_rows x 1 (64 BF16: one 128-byte row) with the 128-byte swizzle, so that rows
+// past a sequence's end arrive as zeros. `what` names the tensor in errors (make_tensor_map's checks).
+CUtensorMap attention_tensor_map(const char* what, AttnIn t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 uint32_t box_rows);
 
 // flash_attention_bwd.cu: D = rowsum(dO * O) into p.delta for the B*T rows (every pair); the dQ kernel of the
 // column_split family (all heads side by side, grid (B*H, tiles)) and of the role_split family (the same kernel with

@@ -12,7 +12,7 @@
 // (AttnIn/AttnOut below): row r = b*T + t is token t of sequence b, and rows attend only to the rows 0..t of
 // their own sequence. lse is [B, H, T] FP32 (element (b, h, t) at (b*H + h)*T + t), natural log.
 //
-// Arithmetic: BF16 inputs, FP32 accumulation in mma.sync.m16n8k16 (the sm90 forward: wgmma.m64n128k16); online
+// Arithmetic: BF16 inputs, FP32 accumulation in mma.sync.m16n8k16 (the sm90 kernels: wgmma); online
 // softmax in FP32 in the base-2 domain
 // (scores times scale*log2(e), ex2.approx); P (and dS in backward) rounded to BF16 for the products with V
 // (dO, K, Q), as FlashAttention-2 does; D is computed from the BF16 O that forward stored; outputs rounded once to
@@ -24,11 +24,14 @@
 // Kernels per (Dqk, Dv) pair and device, picked by one rule (attention_heuristics.h, where the reasons are): on a
 // device of compute capability 9.0, (192, 128) and (128, 128) -> the sm90 forward (flash_attention_fwd_sm90.cu:
 // WGMMA, TMA, warp specialisation, FlashAttention-3's structure); otherwise Dqk >= 128 -> the 32-key forward
-// (flash_attention_fwd_key32.cu), smaller Dqk -> the 64-key forward. Backward: Dqk >= 128 -> the role-split
-// kernels, smaller Dqk -> the column-split ones. The mma.sync rule comes from H200 timings of two shapes (runs listed
+// (flash_attention_fwd_key32.cu), smaller Dqk -> the 64-key forward. Backward: on a device of compute capability
+// 9.0, (192, 128) and (128, 128) -> the role-split dK/dV kernel and the sm90 dQ kernel (flash_attention_bwd_sm90.cu:
+// WGMMA, TMA, warp specialisation); otherwise Dqk >= 128 -> the role-split kernels, smaller Dqk -> the column-split
+// ones. The mma.sync rule comes from H200 timings of two shapes (runs listed
 // in reports/results/h200/README.md); (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured, and (32, 16),
 // (32, 32) and (64, 64) the small-Dqk rule. The kernels sum in different orders: results differ between them by
-// FP32 rounding only (flash_attention_forward_with runs a named forward kernel, for such comparisons).
+// FP32 rounding only (flash_attention_forward_with and flash_attention_backward_with run named kernels, for such
+// comparisons).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -104,6 +107,19 @@ int64_t flash_attention_backward_workspace_bytes(const AttentionShape& s);
 void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout,
                               const float* lse, AttnOut dq, AttnOut dk, AttnOut dv, void* workspace,
                               cudaStream_t stream);
+
+// The backward kernels flash_attention_backward runs for (Dqk, Dv) on the current device (attention_heuristics.h's
+// backward_kernels_for with its compute capability). Rejects a pair outside kAttentionPairs and a failing CUDA device
+// query.
+attn::BwdKernels flash_attention_backward_kernels(int64_t Dqk, int64_t Dv);
+
+// flash_attention_backward on the named backward variant instead of the rule's (comparisons between kernels: tests,
+// benchmarks); the same contract and results within FP32 rounding. Rejects, after flash_attention_backward's checks:
+// a variant not built for (Dqk, Dv) (attention_heuristics.h's backward_kernels_build), and sm90_dq on a device whose
+// compute capability is not 9.0.
+void flash_attention_backward_with(attn::BwdKernels kernels, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v,
+                                   AttnIn o, AttnIn dout, const float* lse, AttnOut dq, AttnOut dk, AttnOut dv,
+                                   void* workspace, cudaStream_t stream);
 
 // ---- CPU references (attention_ref.cpp) ------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention/attention_bwd_block.cuh"
 #include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
@@ -118,14 +119,8 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
   copy_tile_async<kGrouped, C::kBlockN, Dv, C::kThreads>(sV, gV, p.v.token_stride, 0, T, tid);
   cp_async_commit();
 
-  // lse * log2e and D of this thread's rows g and g + 8; rows past T: lse = +inf (P = 0), D = 0.
   float lse2[2], delta[2];
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int q = warp_q_first + g + 8 * hr;
-    lse2[hr] = q < T ? p.lse[bh * T + q] * kLog2e : INFINITY;
-    delta[hr] = q < T ? p.delta[bh * T + q] : 0.0f;
-  }
+  dq_row_stats(p, bh, warp_q_first, g, lse2, delta);
 
   float acc_dq[kQT][4];
   zero_fragments(acc_dq);
@@ -165,17 +160,8 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
         mma_b_rows_n(acc_dp, a, sVs, C::kPitchV, 0, kk * 16, lane);
       }
 
-      // dS = P (dP - D), P = 2^(S scale log2e - lse log2e), 0 where the key is after the query; kept in acc_s.
-      const bool need_mask = n0 + C::kBlockN - 1 > warp_q_first;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int hr = r / 2;
-          const bool masked = need_mask && n0 + j * 8 + 2 * c + (r & 1) > warp_q_first + g + 8 * hr;
-          const float pv = masked ? 0.0f : fast_exp2(fmaf(acc_s[j][r], p.scale_log2, -lse2[hr]));
-          acc_s[j][r] = pv * (acc_dp[j][r] - delta[hr]);
-        }
+      // dS = P (dP - D), kept in acc_s.
+      dq_scores_to_ds(acc_s, acc_dp, lse2, delta, p.scale_log2, warp_q_first, n0, g, c);
 
       // dQ += dS K, dS rounded to BF16 straight from the fragments.
 #pragma unroll
@@ -188,17 +174,7 @@ __global__ void __launch_bounds__(BwdQConfig<Dqk, Dv>::kThreads) flash_attention
     __syncthreads();  // every warp is done with this stage before the next prefetch overwrites it
   }
 
-  // dQ = scale dS K, rows past T dropped.
-  bf16* gdQ = p.dq.data + b * T * p.dq.token_stride + h * p.dq.head_stride;
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int q = warp_q_first + g + 8 * hr;
-    if (q >= T) continue;
-    bf16* row = gdQ + static_cast<int64_t>(q) * p.dq.token_stride;
-#pragma unroll
-    for (int j = 0; j < kQT; ++j)
-      store_bf16x2(row + j * 8 + 2 * c, acc_dq[j][2 * hr] * p.scale, acc_dq[j][2 * hr + 1] * p.scale);
-  }
+  dq_rows_store(p, acc_dq, b, h, warp_q_first, g, c);  // dQ = scale dS K
 }
 
 // ---- launchers ----------------------------------------------------------------------------------------------------

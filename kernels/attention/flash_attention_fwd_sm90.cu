@@ -34,6 +34,7 @@
 #include "kernels/attention/attention_fwd_block.cuh"
 #include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.cuh"
+#include "kernels/attention/attention_sm90.cuh"
 #include "kernels/attention/attention_tile.cuh"
 #include "kernels/common/check.h"
 #include "kernels/gemm/sm90_ptx.cuh"
@@ -94,8 +95,8 @@ struct Bars {
 };
 
 // Stage and phase parity of key block j in the ring.
-__device__ __forceinline__ int stage_of(int j) { return j % kStages; }
-__device__ __forceinline__ uint32_t phase_of(int j) { return static_cast<uint32_t>(j / kStages) & 1u; }
+__device__ __forceinline__ int stage_of(int j) { return ring_stage<kStages>(j); }
+__device__ __forceinline__ uint32_t phase_of(int j) { return ring_phase<kStages>(j); }
 
 // ---- producer -------------------------------------------------------------------------------------------------------
 
@@ -127,19 +128,6 @@ __device__ void produce(const CUtensorMap* map_q, const CUtensorMap* map_k, cons
 }
 
 // ---- consumer products ----------------------------------------------------------------------------------------------
-
-template <int N>
-__device__ __forceinline__ void fence_fragments(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) sm90::fence_operand(r[i]);
-}
-template <int N>
-__device__ __forceinline__ void fence_fragments(uint32_t (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) sm90::fence_operand(r[i][k]);
-}
 
 // Issues S = Q K^T (Dqk / 16 steps: kQBoxes boxes of four) as one wgmma group: desc_q this warpgroup's 64 Q rows,
 // desc_k the stage's 128 keys, both K-major.
@@ -173,12 +161,6 @@ __device__ __forceinline__ void round_probabilities(uint32_t (&pf)[kBlockN / 16]
                                                     const float (&acc_s)[1][kBlockN / 8][4]) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) a_from_acc(pf[kk], acc_s[0][2 * kk], acc_s[0][2 * kk + 1]);
-}
-
-// One arrival per consumer warp (lane 0) on an empty barrier: the warp's products reading the stage are complete.
-__device__ __forceinline__ void release_stage(uint64_t* bar, int lane) {
-  __syncwarp();
-  if (lane == 0) sm90::mbar_arrive(bar);
 }
 
 // The turns of the two consumer warpgroups (named barriers 1 and 2 over their 256 threads).
@@ -297,21 +279,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- host -----------------------------------------------------------------------------------------------------------
 
-// The 4-D tensor map (d, head, token, sequence) of one [B*T, H, D] BF16 input, boxes of 64 x 1 x box_rows x 1 with the
-// 128-byte swizzle. At H = 1 the head dimension is never stepped along; it gets the stride D (the contract allows any
-// head_stride there, 0 included, which the copy engine would not take).
-CUtensorMap attention_tensor_map(const char* what, AttnIn t, int64_t B, int64_t T, int64_t H, int64_t D,
-                                 uint32_t box_rows) {
-  const uint64_t e = sizeof(bf16);
-  const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(H), static_cast<uint64_t>(T),
-                            static_cast<uint64_t>(B)};
-  const uint64_t token_bytes = static_cast<uint64_t>(t.token_stride) * e;
-  const uint64_t strides[3] = {static_cast<uint64_t>(H > 1 ? t.head_stride : D) * e, token_bytes,
-                               static_cast<uint64_t>(T) * token_bytes};
-  const uint32_t box[4] = {kBox, 1, box_rows, 1};
-  return make_tensor_map(what, t.data, TmaElem::bf16, 4, dims, strides, box, TmaSwizzle::swizzle_128b);
-}
-
 template <int Dqk, int Dv>
 void launch_forward(const FwdParams& p, int64_t B, cudaStream_t stream) {
   using L = Sm90FwdLayout<Dqk, Dv>;
@@ -326,6 +293,20 @@ void launch_forward(const FwdParams& p, int64_t B, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// attention_tensor_map (attention_params.cuh). At H = 1 the head dimension is never stepped along; it gets the stride D (the contract allows
+// any head_stride there, 0 included, which the copy engine would not take).
+CUtensorMap attention_tensor_map(const char* what, AttnIn t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 uint32_t box_rows) {
+  const uint64_t e = sizeof(bf16);
+  const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(H), static_cast<uint64_t>(T),
+                            static_cast<uint64_t>(B)};
+  const uint64_t token_bytes = static_cast<uint64_t>(t.token_stride) * e;
+  const uint64_t strides[3] = {static_cast<uint64_t>(H > 1 ? t.head_stride : D) * e, token_bytes,
+                               static_cast<uint64_t>(T) * token_bytes};
+  const uint32_t box[4] = {kBox, 1, box_rows, 1};
+  return make_tensor_map(what, t.data, TmaElem::bf16, 4, dims, strides, box, TmaSwizzle::swizzle_128b);
+}
 
 void launch_forward_sm90(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream) {
   with_family_head_dims<FwdKernel::sm90>(

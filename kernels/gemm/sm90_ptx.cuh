@@ -227,4 +227,41 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_tb(float (&d)[64], cons
 #undef FP4MOE_SM90_D64_OPERANDS
 #undef FP4MOE_SM90_D64_TEXT
 
+// The 32 FP32 accumulator registers of an m64n64 product as asm operands %0..%31 (read and written).
+#define FP4MOE_SM90_D32_TEXT                                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FP4MOE_SM90_D32_OPERANDS(d)                                                                                 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64]: as wgmma_m64n128k16_bf16 with N = 64 (B's descriptor spans 64 rows of N).
+// D's fragment: d[i] is row 16 w + l / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4) + i % 2.
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                     uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FP4MOE_SM90_D32_TEXT ", %32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : FP4MOE_SM90_D32_OPERANDS(d)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64 x 64] += A[64 x 16] B[16 x 64]: as wgmma_m64n128k16_bf16_rs_tb with N = 64 (A from registers in the same
+// fragment, B MN-major in shared memory); D's fragment as in wgmma_m64n64k16_bf16.
+__device__ __forceinline__ void wgmma_m64n64k16_bf16_rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FP4MOE_SM90_D32_TEXT
+      ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+      : FP4MOE_SM90_D32_OPERANDS(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+#undef FP4MOE_SM90_D32_OPERANDS
+#undef FP4MOE_SM90_D32_TEXT
+
 }  // namespace fp4moe::sm90

@@ -3,13 +3,18 @@
 // every instantiated (Dqk, Dv) pair at (B, T, H) = (1, 1, 1), (2, 37, 3), (1, 128, 2), (2, 200, 4), (2, 100, 9),
 // plus (1, 1024, 2) for (192, 128). The pairs cover the kernels of attention_heuristics.h: Dqk < 128 runs the key64
 // forward and the column_split backward, Dqk >= 128 the role_split backward and, on a device of compute capability
-// 9.0, the sm90 forward at (128, 128) and (192, 128), the key32 forward at (192, 192) (head-grouped block orders,
+// 9.0, the sm90 forward and the sm90_dq backward (role_split's dK/dV, the sm90 dQ kernel) at (128, 128) and
+// (192, 128), the key32 forward at (192, 192) (head-grouped block orders,
 // which (2, 100, 9) exercises with 18 sequence-heads: three groups, the last one partial).
 // The sm90 and key32 forwards of (128, 128) and (192, 128) also run on the same inputs through
 // flash_attention_forward_with and are compared with each other (O within 5e-3 relative L2: both round P to BF16 and
 // O once, in different FP32 orders; lse within the tolerance below), and with the reference where the shape allows
 // it: T not a multiple of the 128-row tiles, B > 1, H = 1 and 128, the strided views below and the model's (v the
 // value half of the kv up-projection output), large scores, and T = 4096 over more thread blocks than SMs.
+// Likewise the sm90_dq and role_split backward variants through flash_attention_backward_with (the same inputs, the
+// same shapes plus T = 65, one row past a 64-key block): dK and dV bit-identical (one dK/dV kernel), dQ within 5e-3
+// relative L2 of each other and each within the gradient tolerance of the reference; role_split also runs by name
+// through the reference shapes above.
 // Inputs N(0, 1) (seeded); the large-score case adds 150 / scale on dim 0 of every query and 1 (keys from token 64
 // on) or 2/3 (earlier keys) on dim 0 of the keys: scores around 100 and 150 (e^150 overflows FP32, so the running
 // max must be subtracted), and a jump of 50 in the row max between key blocks (the rescaling of the online softmax).
@@ -71,9 +76,8 @@ test::AttentionImpl own_kernels() {
 
 // The kernels the public functions run for (Dqk, Dv) on this device (attention_heuristics.h), for traces.
 std::string kernels_of(int Dqk, int Dv) {
-  const bool role_split = attn::backward_kernels_for(Dqk, Dv) == attn::BwdKernels::role_split;
   return fmt::format("forward {}, backward {}", attn::forward_kernel_name(flash_attention_forward_kernel(Dqk, Dv)),
-                     role_split ? "role_split" : "column_split");
+                     attn::backward_kernels_name(flash_attention_backward_kernels(Dqk, Dv)));
 }
 
 // run_and_check (tests/common/attention_test_util.h) on our kernels, the kernel family in the trace.
@@ -130,7 +134,7 @@ TEST(AttentionGpu, BackwardIsDeterministicWithManyBlocksInFlight) {
 // value half of the kv up-projection output [B*T, H, qk_nope + Dv], qk_nope = 128, at offset 128).
 enum class InputLayout { dense, strided, model };
 
-struct FwdCompareCase {
+struct KernelCompareCase {
   int Dqk, Dv;
   int64_t B, T, H;
   InputLayout layout;
@@ -145,7 +149,7 @@ struct FwdResult {
   std::vector<float> lse;
 };
 
-void compare_forward_kernels(const FwdCompareCase& fc) {
+void compare_forward_kernels(const KernelCompareCase& fc) {
   const AttnCase c{fc.Dqk, fc.Dv, fc.B, fc.T, fc.H, false, fc.large_scores};
   const char* layout_name = fc.layout == InputLayout::dense ? "dense" : fc.layout == InputLayout::strided ? "strided"
                                                                                                            : "model";
@@ -218,6 +222,119 @@ TEST(AttentionGpu, Sm90ForwardMatchesKey32AndTheReference) {
     compare_forward_kernels({Dqk, 128, 2, 300, 2, InputLayout::dense, true, true});
     compare_forward_kernels({Dqk, 128, 1, 4096, 8, InputLayout::model, false});
   }
+}
+
+// ---- the sm90_dq and role_split backward variants on the same inputs -----------------------------------------------
+
+struct BwdOutputs {
+  std::vector<bf16> dq, dk, dv;
+};
+
+// One forward (the rule's kernel), then backward through sm90_dq (twice), role_split and the rule, on NaN-poisoned
+// outputs and workspace: sm90_dq deterministic; the rule runs sm90_dq; dK and dV bit-identical between the variants
+// (the same role_split kernel); dQ within kKernelVsKernelOutTol of role_split's (the same arithmetic in another FP32
+// order) and, where `reference`, both within the gradient tolerance of the FP64 reference. Layouts as in
+// compare_forward_kernels (strided: q and dq inside [B*T, H, Dqk + 8], v and dk shifted, o inside [B*T, H, Dv + 8];
+// model: v the value half of the kv up-projection output).
+void compare_backward_kernels(const KernelCompareCase& fc) {
+  const AttnCase c{fc.Dqk, fc.Dv, fc.B, fc.T, fc.H, false, fc.large_scores};
+  const char* layout_name = fc.layout == InputLayout::dense ? "dense" : fc.layout == InputLayout::strided ? "strided"
+                                                                                                           : "model";
+  SCOPED_TRACE(fmt::format("backward {}, {} layout", c.name(), layout_name));
+  const int64_t rows = c.B * c.T, H = c.H;
+  const AttentionShape s = c.shape();
+  const bool strided = fc.layout == InputLayout::strided;
+  const int64_t kv_width = 128 + c.Dv;
+  const AttnLayout v_layout = fc.layout == InputLayout::model ? AttnLayout{rows, H, c.Dv, H * kv_width, kv_width, 128}
+                              : strided                      ? test::shifted(rows, H, c.Dv)
+                                                             : dense_layout(rows, H, c.Dv);
+  const AttnLayout qk_wide = strided ? test::wide_heads(rows, H, c.Dqk) : dense_layout(rows, H, c.Dqk);
+  AttnDevTensor q_d(qk_wide), k_d(dense_layout(rows, H, c.Dqk)), v_d(v_layout), dout_d(dense_layout(rows, H, c.Dv));
+  AttnDevTensor o_d(strided ? test::wide_heads(rows, H, c.Dv) : dense_layout(rows, H, c.Dv));
+  AttnDevTensor dq_d(qk_wide), dk_d(strided ? test::shifted(rows, H, c.Dqk) : dense_layout(rows, H, c.Dqk));
+  AttnDevTensor dv_d(dense_layout(rows, H, c.Dv));
+  Guarded<float> lse_d(static_cast<size_t>(c.B * H * c.T));
+  test::DeviceBuffer<unsigned char> ws(static_cast<size_t>(flash_attention_backward_workspace_bytes(s)));
+  const test::AttnInputs in(c);
+  q_d.upload(in.q);
+  k_d.upload(in.k);
+  v_d.upload(in.v);
+  dout_d.upload(in.dout);
+  flash_attention_forward(s, q_d.in(), k_d.in(), v_d.in(), o_d.out(), lse_d.ptr(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  const auto run = [&](const auto& launch) {
+    for (AttnDevTensor* t : {&dq_d, &dk_d, &dv_d}) t->buf.poison();
+    ws.poison(test::kNanPoison);
+    launch();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (AttnDevTensor* t : {&dq_d, &dk_d, &dv_d}) EXPECT_TRUE(t->untouched_outside()) << "a write outside a gradient";
+    return BwdOutputs{dq_d.download(), dk_d.download(), dv_d.download()};
+  };
+  const auto with = [&](attn::BwdKernels kernels) {
+    SCOPED_TRACE(attn::backward_kernels_name(kernels));
+    return run([&] {
+      flash_attention_backward_with(kernels, s, q_d.in(), k_d.in(), v_d.in(), o_d.in(), dout_d.in(), lse_d.ptr(),
+                                    dq_d.out(), dk_d.out(), dv_d.out(), ws.ptr, nullptr);
+    });
+  };
+  const BwdOutputs sm90 = with(attn::BwdKernels::sm90_dq), sm90_again = with(attn::BwdKernels::sm90_dq);
+  const BwdOutputs role = with(attn::BwdKernels::role_split);
+  const BwdOutputs rule = run([&] {
+    flash_attention_backward(s, q_d.in(), k_d.in(), v_d.in(), o_d.in(), dout_d.in(), lse_d.ptr(), dq_d.out(),
+                             dk_d.out(), dv_d.out(), ws.ptr, nullptr);
+  });
+  for (AttnDevTensor* t : {&q_d, &k_d, &v_d, &o_d, &dout_d})
+    EXPECT_TRUE(t->untouched_outside()) << "a backward wrote into an input";
+
+  EXPECT_EQ(test::bits_of(sm90_again.dq), test::bits_of(sm90.dq)) << "sm90_dq: dQ differs between identical runs";
+  EXPECT_EQ(test::bits_of(rule.dq), test::bits_of(sm90.dq)) << "flash_attention_backward did not run sm90_dq";
+  EXPECT_EQ(test::bits_of(role.dk), test::bits_of(sm90.dk)) << "dK: the same dK/dV kernel";
+  EXPECT_EQ(test::bits_of(role.dv), test::bits_of(sm90.dv)) << "dV: the same dK/dV kernel";
+  EXPECT_LT(test::attn_rel_l2(sm90.dq, test::to_f64(role.dq)), kKernelVsKernelOutTol) << "dQ: sm90_dq against role_split";
+  if (!fc.reference) return;
+  const std::vector<double> qr = test::to_f64(in.q), kr = test::to_f64(in.k), vr = test::to_f64(in.v);
+  const std::vector<double> gr = test::to_f64(in.dout);
+  std::vector<double> dq_ref(qr.size()), dk_ref(kr.size()), dv_ref(vr.size());
+  attention_backward_ref<double>(s, qr.data(), kr.data(), vr.data(), gr.data(), dq_ref.data(), dk_ref.data(),
+                                 dv_ref.data());
+  for (const BwdOutputs* r : {&sm90, &role}) {
+    SCOPED_TRACE(r == &sm90 ? "sm90_dq against the reference" : "role_split against the reference");
+    EXPECT_LT(test::attn_rel_l2(r->dq, dq_ref), test::kAttnGradTol) << "dQ";
+  }
+  EXPECT_LT(test::attn_rel_l2(sm90.dk, dk_ref), test::kAttnGradTol) << "dK";
+  EXPECT_LT(test::attn_rel_l2(sm90.dv, dv_ref), test::kAttnGradTol) << "dV";
+}
+
+TEST(AttentionGpu, Sm90DqBackwardMatchesRoleSplitAndTheReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  if (flash_attention_backward_kernels(192, 128) != attn::BwdKernels::sm90_dq)
+    GTEST_SKIP() << "the sm90 dQ kernel needs a device of compute capability 9.0";
+  for (const int Dqk : {192, 128}) {
+    compare_backward_kernels({Dqk, 128, 3, 333, 5, InputLayout::strided, true});
+    compare_backward_kernels({Dqk, 128, 2, 129, 1, InputLayout::dense, true});
+    compare_backward_kernels({Dqk, 128, 2, 65, 3, InputLayout::dense, true});
+    compare_backward_kernels({Dqk, 128, 1, 160, 128, InputLayout::model, true});
+    compare_backward_kernels({Dqk, 128, 2, 1, 2, InputLayout::model, true});
+    compare_backward_kernels({Dqk, 128, 2, 300, 2, InputLayout::dense, true, true});
+    compare_backward_kernels({Dqk, 128, 1, 4096, 8, InputLayout::model, false});
+  }
+}
+
+// role_split on Hopper too (the rule runs sm90_dq there): against the reference through the named variant.
+TEST(AttentionGpu, RoleSplitBackwardByNameMatchesReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  test::AttentionImpl impl = own_kernels();
+  impl.name = "role_split by name";
+  impl.backward = [](const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout, const float* lse,
+                     AttnOut dq, AttnOut dk, AttnOut dv) {
+    test::DeviceBuffer<unsigned char> ws(static_cast<size_t>(flash_attention_backward_workspace_bytes(s)));
+    ws.poison(test::kNanPoison);
+    flash_attention_backward_with(attn::BwdKernels::role_split, s, q, k, v, o, dout, lse, dq, dk, dv, ws.ptr, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  for (const int Dqk : {192, 128})
+    for (const Btth& sh : kShapes) test::run_and_check({Dqk, 128, sh.B, sh.T, sh.H}, impl);
 }
 
 TEST(AttentionGpu, BadInputsAreRejectedBeforeAnyLaunch) {

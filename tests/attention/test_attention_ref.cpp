@@ -266,7 +266,7 @@ TEST(AttentionLaunchChecks, BadShapesAreRejectedAndEmptyShapesLaunchNothing) {
 
 // ---- the kernel choice (attention_heuristics.h) ----------------------------------------------------------------
 
-TEST(AttentionHeuristics, Sm90ForwardOnHopperElseKey32FromDqk128AndTheRoleSplitBackward) {
+TEST(AttentionHeuristics, Sm90KernelsOnHopperElseKey32AndRoleSplitFromDqk128) {
   for (const auto& pair : kAttentionPairs) {
     SCOPED_TRACE(testing::Message() << "(Dqk, Dv) = (" << pair[0] << ", " << pair[1] << ")");
     const bool large = pair[0] >= 128;
@@ -278,15 +278,21 @@ TEST(AttentionHeuristics, Sm90ForwardOnHopperElseKey32FromDqk128AndTheRoleSplitB
     EXPECT_EQ(attn::forward_kernel_for(pair[0], pair[1], 90), sm90 ? attn::FwdKernel::sm90 : mma_sync);
     for (int cc : {80, 89, 100}) EXPECT_EQ(attn::forward_kernel_for(pair[0], pair[1], cc), mma_sync) << "cc " << cc;
     EXPECT_TRUE(attn::forward_kernel_builds(attn::forward_kernel_for(pair[0], pair[1], 90), pair[0], pair[1]));
-    EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1]),
-              large ? attn::BwdKernels::role_split : attn::BwdKernels::column_split);
+    const attn::BwdKernels mma_sync_bwd = large ? attn::BwdKernels::role_split : attn::BwdKernels::column_split;
+    EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::sm90_dq, pair[0], pair[1]), sm90);
+    EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::role_split, pair[0], pair[1]), large);
+    EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::column_split, pair[0], pair[1]), !large);
+    EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1], 90), sm90 ? attn::BwdKernels::sm90_dq : mma_sync_bwd);
+    for (int cc : {80, 89, 100})
+      EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1], cc), mma_sync_bwd) << "cc " << cc;
   }
   // The measured shapes: MLA's (192, 128) and `small`'s (96, 64).
   static_assert(attn::forward_kernel_for(192, 128, 90) == attn::FwdKernel::sm90);
   static_assert(attn::forward_kernel_for(192, 128, 80) == attn::FwdKernel::key32);
-  static_assert(attn::backward_kernels_for(192, 128) == attn::BwdKernels::role_split);
+  static_assert(attn::backward_kernels_for(192, 128, 90) == attn::BwdKernels::sm90_dq);
+  static_assert(attn::backward_kernels_for(192, 128, 80) == attn::BwdKernels::role_split);
   static_assert(attn::forward_kernel_for(96, 64, 90) == attn::FwdKernel::key64);
-  static_assert(attn::backward_kernels_for(96, 64) == attn::BwdKernels::column_split);
+  static_assert(attn::backward_kernels_for(96, 64, 90) == attn::BwdKernels::column_split);
 }
 
 // A named forward kernel that is not built for the pair is rejected after the contract's checks and before any CUDA
@@ -308,6 +314,29 @@ TEST(AttentionLaunchChecks, NamedForwardKernelMustBeBuiltForThePair) {
       [&] { flash_attention_forward_with(attn::FwdKernel::sm90, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
       {"flash_attention_forward_with", "lse is null"});
   expect_error_mentions([] { flash_attention_forward_kernel(160, 128); }, {"(160,128)", "(192,128)"});
+}
+
+// The same for a named backward variant: sm90_dq and column_split are not built for (192, 192).
+TEST(AttentionLaunchChecks, NamedBackwardKernelsMustBeBuiltForThePair) {
+  Launch l;
+  l.s.Dqk = 192;
+  l.s.Dv = 192;
+  l.v.token_stride = l.o.token_stride = 3 * 192;
+  l.v.head_stride = l.o.head_stride = 192;
+  const auto backward_with = [&](attn::BwdKernels kernels) {
+    const AttnIn oi{l.o.data, l.o.token_stride, l.o.head_stride};
+    const AttnOut dq{fake_device_pointer<bf16>(0x600000), l.q.token_stride, l.q.head_stride};
+    const AttnOut dk{fake_device_pointer<bf16>(0x700000), l.k.token_stride, l.k.head_stride};
+    const AttnOut dv{fake_device_pointer<bf16>(0x800000), l.o.token_stride, l.o.head_stride};
+    flash_attention_backward_with(kernels, l.s, l.q, l.k, l.v, oi, oi, l.lse, dq, dk, dv, l.workspace, nullptr);
+  };
+  expect_error_mentions([&] { backward_with(attn::BwdKernels::sm90_dq); },
+                        {"flash_attention_backward_with", "sm90_dq", "(192,192)"});
+  expect_error_mentions([&] { backward_with(attn::BwdKernels::column_split); }, {"column_split", "(192,192)"});
+  l.workspace = nullptr;  // the contract's checks come first
+  expect_error_mentions([&] { backward_with(attn::BwdKernels::sm90_dq); },
+                        {"flash_attention_backward_with", "workspace"});
+  expect_error_mentions([] { flash_attention_backward_kernels(160, 128); }, {"(160,128)", "(192,128)"});
 }
 
 }  // namespace
