@@ -40,7 +40,7 @@ FP4MOE_HD uint64_t mx_sr_hash64(uint64_t seed, uint64_t n) { return mx_sr_mix(mx
 // 2^-e: its p is then a multiple of 2^-8 wherever |v| 2^-e >= 0.25 (ulp over step: 2^-9 / 0.5 in [0.25, 0.5), down
 // to 2^-6 above 1), so stochastic rounding is exactly unbiased there; below 0.25 (elements under 1/16 of the
 // block's amax) it rounds to 0.5 with probability ceil(512 |v| 2^-e) / 256 instead of 2 |v| 2^-e: a bias under
-// 2^(e-9) in value. (Before, 16-bit draws, four per hash: a bias under 2^-16 of a step, twice the hashing.)
+// 2^(e-9) in value (tests/quant/test_mx_fast_codecs.cpp counts the draws that round up for every BF16 below 6).
 FP4MOE_HD uint32_t mx_sr_bits8(uint64_t seed, uint64_t index) {
   return static_cast<uint32_t>(mx_sr_hash64(seed, index / 8) >> (8 * (index % 8))) & 0xFFu;
 }
