@@ -56,13 +56,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-// Orders this thread's earlier ordinary (generic proxy) shared-memory writes before later accesses of the async
-// proxy (WGMMA operand reads, bulk copies): a thread that fills an operand tile with st.shared runs it before the
-// mbarrier arrival that hands the tile to WGMMA (PTX ISA, "Memory Consistency Model: proxies"; fence.proxy.async).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
 // ---- bulk copies (TMA), completing on an mbarrier -----------------------------------------------------------------
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
