@@ -5,8 +5,8 @@
 // forward (WGMMA, TMA and warp specialisation, FlashAttention-3's structure); elsewhere Dqk >= 128 -> key32 forward,
 // smaller Dqk -> key64 forward. Backward on a device of compute capability 9.0 at (192, 128) or (128, 128) -> sm90_dq
 // (role_split's dK/dV kernel, then a dQ kernel on WGMMA and TMA); elsewhere Dqk >= 128 -> role_split, smaller Dqk ->
-// column_split. sm90_dq is the rule there by design, not yet by measurement: bench_attention times it (`bwd/mla`)
-// beside role_split (`role_split/bwd/mla`), and this rule changes if it loses.
+// column_split. At the MLA shape sm90_dq ran faster than role_split on the H200 (bench_attention's `bwd/mla` beside
+// `role_split/bwd/mla`; the run is listed in reports/results/h200/README.md); (128, 128) takes it untimed.
 // The sm90 forward runs Hopper's asynchronous tensor-core product (wgmma) from tiles the copy engine (TMA) streams,
 // which the mma.sync kernels cannot use; it is built for Dv = 128 (its P V product is one m64n128 instruction per
 // 16 keys) and Dqk a multiple of 64 (its tiles are 64-element boxes of the 128-byte swizzle). At the MLA shape it
