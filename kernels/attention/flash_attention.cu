@@ -66,6 +66,12 @@ void run_backward(attn::BwdKernels kernels, const AttentionShape& s, AttnIn q, A
   }
 }
 
+// Rejects (fp4moe::Error naming `what`) a (Dqk, Dv) pair the GPU kernels are not instantiated for.
+void require_supported_pair(const char* what, int64_t Dqk, int64_t Dv) {
+  FP4MOE_CHECK(attn_detail::is_supported_pair(Dqk, Dv), "{}: (Dqk, Dv) = ({},{}) is not supported; supported pairs: {}",
+               what, Dqk, Dv, attn_detail::supported_pairs_text());
+}
+
 }  // namespace
 
 void flash_attention_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnOut o, float* lse,
@@ -75,9 +81,7 @@ void flash_attention_forward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn
 }
 
 attn::FwdKernel flash_attention_forward_kernel(int64_t Dqk, int64_t Dv) {
-  FP4MOE_CHECK(attn_detail::is_supported_pair(Dqk, Dv),
-               "flash_attention_forward_kernel: (Dqk, Dv) = ({},{}) is not supported; supported pairs: {}", Dqk, Dv,
-               attn_detail::supported_pairs_text());
+  require_supported_pair("flash_attention_forward_kernel", Dqk, Dv);
   return attn::forward_kernel_for(Dqk, Dv, current_compute_capability());
 }
 
@@ -108,9 +112,7 @@ void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnI
 }
 
 attn::BwdKernels flash_attention_backward_kernels(int64_t Dqk, int64_t Dv) {
-  FP4MOE_CHECK(attn_detail::is_supported_pair(Dqk, Dv),
-               "flash_attention_backward_kernels: (Dqk, Dv) = ({},{}) is not supported; supported pairs: {}", Dqk, Dv,
-               attn_detail::supported_pairs_text());
+  require_supported_pair("flash_attention_backward_kernels", Dqk, Dv);
   return attn::backward_kernels_for(Dqk, Dv, current_compute_capability());
 }
 

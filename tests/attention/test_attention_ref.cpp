@@ -13,9 +13,12 @@
 #include "kernels/attention/flash_attention.h"
 #include "kernels/common/check.h"
 #include "tests/common/nn_ref_test_util.h"
+#include "tests/common/launch_check_util.h"
 
 namespace fp4moe {
 namespace {
+
+using test::fake_device_pointer;
 
 using test::expect_error_mentions;
 using test::normal_values;
@@ -166,11 +169,6 @@ TEST(AttentionRef, EmptyShapesDoNothingAndBadShapesAreRejected) {
 
 // ---- the GPU launchers' checks (no CUDA call happens before them) ------------------------------------------------
 
-template <typename T>
-T* fake_device_pointer(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
-
 struct Launch {
   AttentionShape s{2, 37, 3, 192, 128, 0.0721688f};
   AttnIn q{fake_device_pointer<const bf16>(0x100000), 3 * 192, 192};
@@ -295,14 +293,20 @@ TEST(AttentionHeuristics, Sm90KernelsOnHopperElseKey32AndRoleSplitFromDqk128) {
   static_assert(attn::backward_kernels_for(96, 64, 90) == attn::BwdKernels::column_split);
 }
 
-// A named forward kernel that is not built for the pair is rejected after the contract's checks and before any CUDA
-// call (the pointers are fake).
-TEST(AttentionLaunchChecks, NamedForwardKernelMustBeBuiltForThePair) {
+// Launch at (Dqk, Dv) = (192, 192): a pair the sm90 kernels and the small-Dqk ones are not built for.
+Launch launch_at_192_192() {
   Launch l;
   l.s.Dqk = 192;
   l.s.Dv = 192;
   l.v.token_stride = l.o.token_stride = 3 * 192;
   l.v.head_stride = l.o.head_stride = 192;
+  return l;
+}
+
+// A named forward kernel that is not built for the pair is rejected after the contract's checks and before any CUDA
+// call (the pointers are fake).
+TEST(AttentionLaunchChecks, NamedForwardKernelMustBeBuiltForThePair) {
+  Launch l = launch_at_192_192();
   expect_error_mentions(
       [&] { flash_attention_forward_with(attn::FwdKernel::sm90, l.s, l.q, l.k, l.v, l.o, l.lse, nullptr); },
       {"flash_attention_forward_with", "sm90", "(192,192)"});
@@ -318,11 +322,7 @@ TEST(AttentionLaunchChecks, NamedForwardKernelMustBeBuiltForThePair) {
 
 // The same for a named backward variant: sm90_dq and column_split are not built for (192, 192).
 TEST(AttentionLaunchChecks, NamedBackwardKernelsMustBeBuiltForThePair) {
-  Launch l;
-  l.s.Dqk = 192;
-  l.s.Dv = 192;
-  l.v.token_stride = l.o.token_stride = 3 * 192;
-  l.v.head_stride = l.o.head_stride = 192;
+  Launch l = launch_at_192_192();
   const auto backward_with = [&](attn::BwdKernels kernels) {
     const AttnIn oi{l.o.data, l.o.token_stride, l.o.head_stride};
     const AttnOut dq{fake_device_pointer<bf16>(0x600000), l.q.token_stride, l.q.head_stride};

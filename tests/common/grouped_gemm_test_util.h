@@ -164,6 +164,25 @@ inline void group_rows(const std::vector<float>& got, const std::vector<float>& 
     }
 }
 
+// Rows of an [M, P] grouped output to compare with a reference: every row when the problem's work (M N K) is at most
+// `all_up_to`, else the first and last 4 rows of every group (where tiles and padded GEMMs end and the next group's
+// rows are loaded) and 8 random rows of each; sorted, unique.
+inline std::vector<int64_t> rows_to_compare(const std::vector<int32_t>& offsets, int64_t work, int64_t all_up_to,
+                                            Rng& rng) {
+  std::vector<int64_t> rows;
+  const bool all = work <= all_up_to;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    const int64_t off = offsets[g], Mg = offsets[g + 1] - off;
+    for (int64_t t = 0; t < Mg; ++t)
+      if (all || t < 4 || t >= Mg - 4) rows.push_back(off + t);
+    if (!all && Mg > 8)
+      for (int i = 0; i < 8; ++i) rows.push_back(off + 4 + rng.below(Mg - 8));
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
 // Offsets [G+1] of consecutive groups of the given sizes.
 inline std::vector<int32_t> offsets_of(const std::vector<int32_t>& sizes) {
   std::vector<int32_t> o(sizes.size() + 1, 0);

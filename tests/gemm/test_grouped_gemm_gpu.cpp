@@ -83,24 +83,6 @@ double tolerance(GemmOutType t) { return t == GemmOutType::fp32 ? kTolFp32Out : 
 
 // ---- checks -------------------------------------------------------------------------------------------------------
 
-// Token rows to compare: the first and last 4 rows of every group (where neighbouring groups' padded GEMMs and the
-// tail scratch write) and 8 random rows; every row when the problem is small.
-std::vector<int64_t> sample_token_rows(const std::vector<int32_t>& offsets, int64_t work, Rng& rng) {
-  std::vector<int64_t> rows;
-  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
-  const bool all = work <= (int64_t{1} << 27);
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t off = offsets[g], Mg = offsets[g + 1] - off;
-    for (int64_t t = 0; t < Mg; ++t)
-      if (all || t < 4 || t >= Mg - 4) rows.push_back(off + t);
-    if (!all && Mg > 8)
-      for (int i = 0; i < 8; ++i) rows.push_back(off + 4 + rng.below(Mg - 8));
-  }
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  return rows;
-}
-
 // Rows n of every dW_g to compare: the first and last 4, rows at 128-block edges, 8 random; all when small.
 std::vector<int64_t> sample_wgrad_rows(int64_t N, int64_t work, Rng& rng) {
   std::vector<int64_t> rows;
@@ -222,7 +204,7 @@ int64_t check_grouped_gemms(int64_t N, int64_t K, const std::vector<int32_t>& si
   const HostFp8 dy_col = make_col_tensor(M, N, offsets, ScaleKind::pow2, rng);
 
   // References (sampled rows).
-  const std::vector<int64_t> token_rows = sample_token_rows(offsets, M * N * K, rng);
+  const std::vector<int64_t> token_rows = rows_to_compare(offsets, M * N * K, int64_t{1} << 27, rng);
   const std::vector<int64_t> wrows = sample_wgrad_rows(N, M * N * K, rng);
   std::vector<float> y_ref(M * N, 0.0f), dx_ref(M * K, 0.0f), dw_ref(G * N * K, 0.0f), dw_col_ref(G * N * K, 0.0f);
   grouped_fprop_ref(x.deq.data(), w.deq.data(), M, N, K, offsets.data(), G, y_ref.data(), token_rows);

@@ -13,9 +13,13 @@
 #include "kernels/common/check.h"
 #include "kernels/gemm/grouped_gemm_sm90.h"
 #include "kernels/gemm/grouped_tiles.h"
+#include "tests/common/launch_check_util.h"
 
 namespace fp4moe {
 namespace {
+
+using test::expect_rejected;
+using test::fake_device_pointer;
 
 constexpr int32_t kBlockM = 128;
 
@@ -107,20 +111,6 @@ TEST(GroupedTiles, TileStartsCountRowBlocksTimesColumnBlocks) {
 }
 
 // ---- the launchers' argument checks (no CUDA call before them) ----------------------------------------------------
-
-template <typename T>
-T* fake_device_pointer(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
-
-void expect_rejected(const std::function<void()>& launch, const std::string& part) {
-  try {
-    launch();
-    FAIL() << "accepted; expected an error mentioning '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
 
 TEST(GroupedGemmSm90Checks, RejectsBeforeAnyCudaCall) {
   const Fp8RowOperand x{fake_device_pointer<const uint8_t>(0x20000), fake_device_pointer<const float>(0x30000)};

@@ -9,23 +9,13 @@
 #include "kernels/common/check.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/gemm/mxfp4_gemm.h"
+#include "tests/common/launch_check_util.h"
 
 namespace fp4moe {
 namespace {
 
-template <typename T>
-T* fake_device_pointer(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
-
-void expect_rejected(const std::function<void()>& launch, const std::string& part) {
-  try {
-    launch();
-    FAIL() << "accepted; expected an error mentioning '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using test::expect_rejected;
+using test::fake_device_pointer;
 
 TEST(Mxfp4GemmLaunchChecks, GroupedWgradRejectsBeforeAnyConversion) {
   GroupedGemm gg;

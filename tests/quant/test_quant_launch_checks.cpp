@@ -8,14 +8,13 @@
 #include "kernels/common/check.h"
 #include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/bf16_to_mxfp4_col.h"
+#include "tests/common/launch_check_util.h"
 
 namespace fp4moe {
 namespace {
 
-template <typename T>
-T* fake_device_pointer(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
+using test::expect_rejected;
+using test::fake_device_pointer;
 
 void expect_counter_rejected(const std::function<void()>& launch, const std::string& what) {
   try {
@@ -45,16 +44,6 @@ TEST(QuantLaunchChecks, Fp8QuantizersRejectAMisalignedNonfiniteCounterBeforeLaun
   expect_counter_rejected(
       [&] { bf16_to_fp8_block128(x, 128, 256, Fp8ScaleMode::pow2, false, codes, scales, counter, nullptr); },
       "bf16_to_fp8_block128");
-}
-
-// Runs `launch`, expects fp4moe::Error whose message holds `part`.
-void expect_rejected(const std::function<void()>& launch, const std::string& part) {
-  try {
-    launch();
-    FAIL() << "accepted; expected an error mentioning '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
 }
 
 TEST(QuantLaunchChecks, Mxfp4ColumnQuantizersRejectBeforeLaunch) {
