@@ -356,6 +356,7 @@ void define_cases() {
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::h16, "floor_rne_h16");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::h32, "floor_rne_h32");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
+      add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::rht, "floor_sr_rht");
       for (detail::MxColKernel kc : {detail::MxColKernel::block_per_thread, detail::MxColKernel::register_tile,
                                      detail::MxColKernel::shared_tile})

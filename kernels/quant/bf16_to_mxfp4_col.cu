@@ -7,8 +7,8 @@
 // One thread block per tile of 128 rows (one token block of a group, or of the dense tensor) x 32 columns of X:
 // grid (token-block slots, column tiles). The block loads the tile with 16-byte loads (four per row) into shared
 // memory, rows padded to 34 BF16 so that the transposed reads below meet no bank conflicts; for stochastic
-// rounding it also draws the tile's random bits there, one 64-bit hash per four consecutive elements of a row of
-// X (mx_sr_bits16 of the element's index in X, as the row quantizer draws them). Then each thread gathers chunks of
+// rounding it also draws the tile's random bits there, one 64-bit hash per eight consecutive elements of a row of
+// X (mx_sr_bits8 of the element's index in X, as the row quantizer draws them). Then each thread gathers chunks of
 // 8 consecutive rows of one column (a chunk of a row of X^T): lane = 4 a + q holds rows 8q .. 8q + 7 of the
 // warp's 32-row MX block in column 8 (warp mod 4) + a, so four consecutive lanes hold one MX block as in the row
 // quantizer, and quantize_chunk (mx_quant_device.cuh) applies the same rule with the same instructions. Each lane
@@ -37,8 +37,9 @@ constexpr int kTileCols = 32;   // columns of X per tile
 constexpr int kLd = kTileCols + 2;  // shared row length in BF16: 17 words, so 8-row strides fall on distinct banks
 constexpr int kLoadsPerThread = kTileRows * kTileCols / 8 / kThreads;
 constexpr int kChunksPerThread = kTileRows * kTileCols / detail::kMxChunk / kThreads;
-constexpr int kHashesPerThread = kTileRows * kTileCols / 4 / kThreads;
-static_assert(kLoadsPerThread == 2 && kChunksPerThread == 2 && kHashesPerThread == 4, "tile shape");
+constexpr int kHashesPerThread = kTileRows * kTileCols / 8 / kThreads;
+constexpr int kDrawLd = kTileCols + 4;  // shared row length of the draws in bytes (a multiple of 4)
+static_assert(kLoadsPerThread == 2 && kChunksPerThread == 2 && kHashesPerThread == 2, "tile shape");
 static_assert(kThreads / 32 * kChunksPerThread == (kTileRows / kMxBlock) * (kTileCols / 8),
               "one warp-iteration per (MX block, 8 columns) of the tile");
 
@@ -73,7 +74,7 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __r
   const int padded_rows = detail::padded_tile_rows(tb);
 
   __shared__ __align__(4) uint16_t tile[kTileRows][kLd];
-  __shared__ __align__(4) uint16_t draws[kRounding == Rounding::stochastic ? kTileRows : 1][kLd];
+  __shared__ __align__(4) uint8_t draws[kRounding == Rounding::stochastic ? kTileRows : 1][kDrawLd];
 #pragma unroll
   for (int j = 0; j < kLoadsPerThread; ++j) {
     const int l = j * kThreads + static_cast<int>(threadIdx.x);
@@ -93,12 +94,12 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __r
 #pragma unroll
     for (int j = 0; j < kHashesPerThread; ++j) {
       const int h = j * kThreads + static_cast<int>(threadIdx.x);
-      const int r = h / 8, c = 4 * (h % 8);
-      // (row, c .. c + 3) are four consecutive flat indices starting at a multiple of 4 (K % 8 == 0): one hash.
+      const int r = h / 4, c = 8 * (h % 4);
+      // (row, c .. c + 7) are eight consecutive flat indices starting at a multiple of 8 (K % 8 == 0): one hash.
       const uint64_t index = (p.row_offset + static_cast<uint64_t>(tb.row0 + r)) * static_cast<uint64_t>(p.K) +
                              static_cast<uint64_t>(k_tile + c);
-      const uint64_t word = mx_sr_hash64(p.seed, index / 4);  // element c + i: bits 16 i .. 16 i + 15
-      auto* row_words = reinterpret_cast<uint32_t*>(&draws[r][0]) + c / 2;
+      const uint64_t word = mx_sr_hash64(p.seed, index / 8);  // element c + i: byte i
+      auto* row_words = reinterpret_cast<uint32_t*>(&draws[r][0]) + c / 4;
       row_words[0] = static_cast<uint32_t>(word);
       row_words[1] = static_cast<uint32_t>(word >> 32);
     }
@@ -120,9 +121,9 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __r
     const uint32_t t0 = static_cast<uint32_t>(tb.col0 + r0);  // position along the group's tokens (rht signs)
     const detail::ChunkCodes out = detail::quantize_chunk<kRounding, kTransform>(
         make_uint4(w[0], w[1], w[2], w[3]), t0, p.rht_seed, p.mode, [&] {
-          detail::ChunkDraws d{{0, 0, 0, 0}};
+          detail::ChunkDraws d{{0, 0}};
 #pragma unroll
-          for (int i = 0; i < detail::kMxChunk; ++i) d.pair[i / 2] |= uint32_t{draws[r0 + i][col]} << (16 * (i % 2));
+          for (int i = 0; i < detail::kMxChunk; ++i) d.word[i / 4] |= uint32_t{draws[r0 + i][col]} << (8 * (i % 4));
           return d;
         });
     store_col_chunk(in, out, p, tb, k_tile + col, r0, codes, scales, counted);
@@ -136,8 +137,8 @@ bf16_to_mxfp4_col_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __r
 // 8 rows x 64 contiguous bytes. The 8 x 8 BF16 tile is transposed in registers (one byte permutation per pair of
 // elements): chunk c = column k0 + c, rows r0 .. r0 + 7, the four lanes q = 0..3 holding one MX block as
 // quantize_chunk needs. A store instruction writes 4 rows of X^T x 32 contiguous bytes. Stochastic rounding draws
-// the same hashes as the shared-tile kernel: row r0 + i's flat index over 4 for columns k0 + 4 h .. k0 + 4 h + 3,
-// h = 0, 1 (sixteen per thread: one per four elements), its 16-bit slices handed to the chunks of those columns.
+// the same hashes as the shared-tile kernel: row r0 + i's flat index over 8 for columns k0 .. k0 + 7 (eight per
+// thread: one per eight elements), byte c of each handed to the chunk of column k0 + c.
 // Grid: (column tiles, token-block slots over y and z): consecutive thread blocks take adjacent column tiles of the
 // same 128 rows, so that the blocks resident at once read whole rows of X (long DRAM bursts) rather than one
 // narrow column strip of many rows, as the shared-tile kernel's grid (slots, column tiles) does.
@@ -172,10 +173,17 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t
   // Whole MX blocks only: the four lanes of a block share r0 - 8 q and k0, so `in` is the same for them.
   const bool in = cols_in && r0 < padded_rows;
   const uint32_t t0 = static_cast<uint32_t>(tb.col0 + r0);  // position along the group's tokens (rht signs)
-  // Stochastic rounding: element (r0 + i, k0 + c) has flat index 4 (n0 + i K / 4) + c (K % 8 == 0, k0 % 8 == 0).
-  const uint64_t n0 = ((p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
-                       static_cast<uint64_t>(k0)) / 4;
-  const uint64_t row_step = static_cast<uint64_t>(p.K) / 4;
+  // Stochastic rounding: element (r0 + i, k0 + c) has flat index 8 (n0 + i K / 8) + c (K % 8 == 0, k0 % 8 == 0):
+  // byte c of mx_sr_hash64(p.seed, n0 + i K / 8), its counter advanced by one addition per row.
+  uint64_t word[kRows] = {};
+  if constexpr (kRounding == Rounding::stochastic) {
+    const uint64_t n0 = ((p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
+                         static_cast<uint64_t>(k0)) / 8;
+    uint64_t counter = mx_sr_counter(p.seed, n0);
+    const uint64_t row_counter_step = static_cast<uint64_t>(p.K) / 8 * kMxSrWeyl;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i, counter += row_counter_step) word[i] = detail::sr_hash_once(counter);
+  }
   // Chunk c (column k0 + c) is c rows of X^T past the thread's first chunk: its codes ld / 8 words and its scale
   // ld / 32 bytes further per column (ld = L_g or M: a multiple of 32 below 2^31).
   const int64_t e0 = detail::col_layout_offset(tb, k0, r0);
@@ -185,14 +193,6 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t
   unsigned long long counted = 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint64_t word[kRows] = {};  // row i's hash of columns k0 + 4 h .. k0 + 4 h + 3 (element 4 h + c: bits 16 c ..)
-    if constexpr (kRounding == Rounding::stochastic) {
-      // mx_sr_hash64(p.seed, n0 + i row_step + h), its counter advanced by one addition per row.
-      uint64_t counter = mx_sr_counter(p.seed, n0 + h);
-      const uint64_t row_counter_step = row_step * kMxSrWeyl;
-#pragma unroll
-      for (int i = 0; i < kRows; ++i, counter += row_counter_step) word[i] = detail::sr_hash_once(counter);
-    }
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {
       const int c = 4 * h + cc;
@@ -202,14 +202,16 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t
       for (int j = 0; j < 4; ++j) w[j] = __byte_perm(v[2 * j][c / 2], v[2 * j + 1][c / 2], halves);
       const detail::ChunkCodes out = detail::quantize_chunk<kRounding, kTransform>(
           make_uint4(w[0], w[1], w[2], w[3]), t0, p.rht_seed, p.mode, [&] {
-            // Rows 2 j and 2 j + 1: slice cc of their hashes (the low or high half of a 32-bit half), one byte
-            // permutation per pair.
+            // Rows 4 j .. 4 j + 3: byte cc of the 32-bit half h of their hashes, three byte permutations per word.
             detail::ChunkDraws d;
 #pragma unroll
-            for (int j = 0; j < kRows / 2; ++j)
-              d.pair[j] = __byte_perm(static_cast<uint32_t>(word[2 * j] >> (32 * (cc / 2))),
-                                      static_cast<uint32_t>(word[2 * j + 1] >> (32 * (cc / 2))),
-                                      (cc % 2) != 0 ? 0x7632u : 0x5410u);
+            for (int j = 0; j < kRows / 4; ++j) {
+              uint32_t r[4];
+#pragma unroll
+              for (int t = 0; t < 4; ++t) r[t] = static_cast<uint32_t>(word[4 * j + t] >> (32 * h));
+              const uint32_t pick = static_cast<uint32_t>(cc | (4 + cc) << 4);  // byte cc of both operands
+              d.word[j] = __byte_perm(__byte_perm(r[0], r[1], pick), __byte_perm(r[2], r[3], pick), 0x5410);
+            }
             return d;
           });
       store_chunk_at(in, out, p, code0 + c * ld_words, scale0 + c * ld_scales, counted);

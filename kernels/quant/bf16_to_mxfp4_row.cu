@@ -18,7 +18,7 @@
 // instruction (encode_chunk_rne in mx_quant_device.cuh, which holds the per-chunk steps shared with the column
 // quantizer); stochastic rounding
 // scales each element by one exact FP32 product and rounds it with the integer formulation of mx_fast_codecs.h
-// (encode_chunk_stochastic), drawing one 64-bit hash per four elements (mx_sr_bits16). The NaN/Inf blocks are
+// (encode_chunk_stochastic), drawing one 64-bit hash per chunk of eight elements (mx_sr_bits8). The NaN/Inf blocks are
 // counted per warp and added with one atomic per warp at the end.
 #include <cuda_bf16.h>
 
@@ -90,7 +90,7 @@ __device__ __forceinline__ void quantize_tile(const uint4* __restrict__ xt, int 
       k_chunk += kThreads * kChunk;
       if (k_chunk >= p.K) k_chunk = k_chunk - p.K < p.K ? k_chunk - p.K : k_chunk % p.K;
     }
-    // Stochastic rounding: the chunk's 8 consecutive flat indices start at a multiple of 8 (two hashes).
+    // Stochastic rounding: the chunk's 8 consecutive flat indices start at a multiple of 8 (one hash).
     const uint64_t first_index = p.index_base + (first_chunk + static_cast<uint64_t>(c)) * kChunk;
     const detail::ChunkCodes q =
         detail::quantize_chunk<kRounding, kTransform>(v[j], k0, p.rht_seed, p.mode,
@@ -185,9 +185,9 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
         if constexpr (kRounding == Rounding::rne) {
           packed[j] = detail::encode_chunk_rne(v[j], e);
         } else {
-          // Chunk j's 8 consecutive flat indices start at a multiple of 8 (two hashes, as mx_sr_bits16 packs them).
-          const uint64_t n2 = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 8;
-          packed[j] = detail::encode_chunk_stochastic(v[j], inv_scale, detail::chunk_draws(p.seed, n2));
+          // Chunk j's 8 consecutive flat indices start at a multiple of 8 (one hash, as mx_sr_bits8 packs them).
+          const uint64_t n = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 8;
+          packed[j] = detail::encode_chunk_stochastic(v[j], inv_scale, detail::chunk_draws(p.seed, n));
         }
       }
     }

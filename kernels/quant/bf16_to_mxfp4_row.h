@@ -26,8 +26,8 @@ namespace fp4moe {
 enum class Rounding : int {
   rne = 0,         // round to nearest, ties to even
   // Up with probability proportional to proximity: f32_to_e2m1_stochastic(v_i * 2^-e, u) with u =
-  // mx_sr_uniform(seed, m * K + k) (mx_random.h: 16 bits per element, four elements per 64-bit hash). Stochastic
-  // rounding for MXFP4 training: Tseng et al. 2025.
+  // mx_sr_uniform(seed, m * K + k) (mx_random.h: 8 bits per element, eight elements per 64-bit hash; unbiased for
+  // |v_i| 2^-e >= 0.25, biased by under 2^(e-9) below). Stochastic rounding for MXFP4 training: Tseng et al. 2025.
   stochastic = 1,
 };
 

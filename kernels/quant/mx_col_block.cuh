@@ -1,7 +1,7 @@
 // The block-per-thread kernel of the BF16 -> MXFP4 column quantizers (bf16_to_mxfp4_col.h,
 // detail::MxColKernel::block_per_thread): one thread quantizes 4 adjacent columns x 32 rows of X, one MX block of
 // each of 4 rows of X^T, as the row quantizer's block-per-thread kernel does one block of a row: the block rule once
-// per block, the transform in registers with constant indices, one stochastic-rounding hash per 4 elements.
+// per block, the transform in registers with constant indices, one stochastic-rounding hash per 8 elements.
 //
 // Registers: row i of the thread's block is one 8-byte load, two 32-bit words, word i of column pair 0 (columns
 // k0, k0 + 1 in its low and high halves) and of pair 1 (k0 + 2, k0 + 3). Every step works on a pair's words as
@@ -9,8 +9,9 @@
 //   - amax: 16-bit maxima of the magnitudes over the 32 words (one three-input DPX maximum per two words) give both
 //     columns' amax, one per half;
 //   - RNE: e2m1_pair_magnitude_rne_bf16x2 with each half's own 2^-e (the two columns' scales in one BF16x2);
-//   - SR: the row quantizer's FP32 path per element; row i's hash mx_sr_hash64(seed, (m K + k0) / 4) holds the
-//     draws of the thread's 4 columns (k0 % 4 == 0), pair 0 in its low 32 bits and pair 1 in its high 32 bits;
+//   - SR: the row quantizer's FP32 path per element; row i's hash mx_sr_hash64(seed, (m K + k0) / 8) holds the
+//     draws of the 8 columns k0 - k0 % 8 .. + 7, the thread's 4 in one 32-bit half (one byte per column): the two
+//     lanes holding those 8 columns share the hashes of their 32 rows, half each, by one shuffle per row pair;
 //   - transforms: a pair's two columns unpacked to FP32 (2 x 32 values), the row kernel's butterflies along the
 //     rows, rounded back into the pair's words; rht's sign of row i flips both halves of word i of both pairs (one
 //     shift shared by the pairs and one masked XOR per word);
@@ -204,26 +205,37 @@ __device__ __forceinline__ void encode_col_block_rne(const PairWords (&w)[2], co
   }
 }
 
-// Stochastic-rounding codes of the 4 columns: row i draws hash `counter` + i row_step (mx_sr_counter of its first
-// element's index over 4), column k0 + c bits 16 c .. 16 c + 15 of it (mx_sr_bits16).
+// Stochastic-rounding codes of the 4 columns (k0 % 4 == 0). Row i's draws are the 32-bit half `half` = (k0 / 4) % 2
+// of mx_sr_hash64(seed, n0 + i K / 8), n0 = (flat index of element (r0, k0)) / 8, column k0 + c byte c of that half
+// (mx_sr_bits8). The lane 2 apart (lane ^ 2) holds the other 4 columns of the same 8 and the same rows, so it needs
+// the same hashes: each lane of the pair computes those of the rows with i % 2 == half (`counter`: the counter of
+// row `half`'s hash; `pair_step`: the counter's step over two rows) and hands the other half to its partner with one
+// shuffle. `lanes`: the lanes running this (partners come in pairs).
 __device__ __forceinline__ void encode_col_block_sr(const PairWords (&w)[2], const ColBlockScale (&s)[4],
-                                                    uint64_t counter, uint64_t row_step, uint32_t (&codes)[4][4]) {
+                                                    uint64_t counter, uint64_t pair_step, uint32_t half,
+                                                    unsigned lanes, uint32_t (&codes)[4][4]) {
   float inv[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) inv[c] = inv_block_scale(s[c].e);
   uint32_t y[2][kMxBlock / 2];  // [pair][row pair p]: pack_row_pair words
 #pragma unroll
-  for (int p = 0; p < kMxBlock / 2; ++p) {
+  for (int p = 0; p < kMxBlock / 2; ++p, counter += pair_step) {
+    const uint64_t h = sr_hash_once(counter);  // the hash of row 2 p + half
+    const uint32_t lo = static_cast<uint32_t>(h), hi = static_cast<uint32_t>(h >> 32);
+    const uint32_t own = half != 0 ? hi : lo;
+    const uint32_t other = __shfl_xor_sync(lanes, half != 0 ? lo : hi, 2);  // the partner's row's half
+    const uint32_t draws[2] = {half != 0 ? other : own, half != 0 ? own : other};  // rows 2 p, 2 p + 1
     uint32_t c[2][2];  // [pair][row 2p + r]: magnitude codes, first column in bits 0..2, second in 16..18
 #pragma unroll
-    for (int r = 0; r < 2; ++r, counter += row_step) {
-      const uint64_t h = sr_hash_once(counter);
+    for (int r = 0; r < 2; ++r) {
+      uint32_t offset[4];  // column k0 + c's draw offset
+      sr_draw_offsets(draws[r], offset);
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        const uint32_t word = w[q][2 * p + r], draws = static_cast<uint32_t>(h >> (32 * q));
-        const uint32_t first = sr_magnitude_code(__uint_as_float(word << 16), inv[2 * q], sr_draw_offset<false>(draws));
+        const uint32_t word = w[q][2 * p + r];
+        const uint32_t first = sr_magnitude_code(__uint_as_float(word << 16), inv[2 * q], offset[2 * q]);
         const uint32_t second =
-            sr_magnitude_code(__uint_as_float(word & 0xFFFF0000u), inv[2 * q + 1], sr_draw_offset<true>(draws));
+            sr_magnitude_code(__uint_as_float(word & 0xFFFF0000u), inv[2 * q + 1], offset[2 * q + 1]);
         c[q][r] = first | (second << 16);
       }
     }
@@ -251,6 +263,8 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
   // K % 8 == 0: the 4 columns are all in or all out. r0 < padded rows: at least one of the block's rows exists.
   const bool in = k0 < p.K && r0 < padded_tile_rows(tb);
   unsigned nonfinite = 0;
+  // The lanes with work: the stochastic-rounding partners (lane ^ 2) are in or out together.
+  const unsigned lanes = kRounding == Rounding::stochastic ? __ballot_sync(0xFFFFFFFFu, in) : 0u;
   if (in) {
     PairWords w[2];
     load_col_block(x + (tb.row0 + r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - r0, kMxBlock), w);
@@ -267,10 +281,14 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
     if constexpr (kRounding == Rounding::rne) {
       encode_col_block_rne(w, s, out);
     } else {
-      // Element (r0, k0) has flat index (row_offset + row0 + r0) K + k0, a multiple of 4; row i is K / 4 hashes on.
+      // Element (r0, k0) has flat index (row_offset + row0 + r0) K + k0, 4 half past a multiple of 8; row i is
+      // K / 8 hashes on.
       const uint64_t first = (p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
                              static_cast<uint64_t>(k0);
-      encode_col_block_sr(w, s, mx_sr_counter(p.seed, first / 4), static_cast<uint64_t>(p.K / 4) * kMxSrWeyl, out);
+      const uint32_t half = static_cast<uint32_t>(k0 >> 2) & 1u;
+      const uint64_t row_hashes = static_cast<uint64_t>(p.K) / 8;
+      encode_col_block_sr(w, s, mx_sr_counter(p.seed, first / 8 + half * row_hashes), 2 * row_hashes * kMxSrWeyl,
+                          half, lanes, out);
     }
     nonfinite = s[0].nonfinite + s[1].nonfinite + s[2].nonfinite + s[3].nonfinite;
     if (nonfinite != 0) {

@@ -55,24 +55,24 @@ FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
   return e2m1_pair_magnitude_rne_bf16x2(w, inv2) | ((w >> 12) & 0x00080008u);  // sign bits 15, 31 -> 3, 19
 }
 
-// E2M1 magnitude code (0..7) of f32_to_e2m1_stochastic(a, s * 2^-16) for a finite a >= 0 and 16 random bits s,
-// in integers: X = a's FP32 bit pattern for a >= 1, where bits 22.. hold 252 + the lower E2M1 neighbour's code and
-// bits 0..21 the exact position of a within the step; for a < 1 the same fixed point built from
-// ceil(a * 2^23) (a + 1 rounded up, exact in FP32, minus one binade). a rounds up iff s < position * 2^16 / 2^22,
-// i.e. iff ceil(position / 64) + (0xFFFF - s) carries into bit 16; codes past 7 saturate.
+// E2M1 magnitude code (0..7) of f32_to_e2m1_stochastic(a, s * 2^-8) for a finite a >= 0 and 8 random bits s
+// (mx_random.h mx_sr_bits8), in integers: X = a's FP32 bit pattern for a >= 1, where bits 22.. hold 252 + the lower
+// E2M1 neighbour's code and bits 0..21 the exact position of a within the step; for a < 1 the same fixed point built
+// from ceil(a * 2^23) (a + 1 rounded up, exact in FP32, minus one binade). a rounds up iff s < position * 2^8 / 2^22,
+// i.e. iff ceil(position / 2^14) + (0xFF - s) carries into bit 8; codes past 7 saturate.
 // In few instructions (the kernels' form, split so that the per-element work is one maximum with a fused addition,
 // the draw's offset (a mask, and a shift folded into the addition) and one shift):
 //   - X = max(bits(a), bits(a + 1 rounded up) - 2^23) as integers, without a comparison and a select: for a >= 1
 //     the second is (a + 1) / 2 rounded up, which is <= a; for a < 1 it is >= (a + 1) / 2 > a;
-//   - floor((floor((X + 63) / 64) + 0xFFFF - s) / 2^16) = floor((X + 63 + 64 (0xFFFF - s)) / 2^22) (nested floor
-//     division) = floor((G + e2m1_sr_offset(s)) / 2^22) + 252 with G = X + 63 - 252 * 2^22: e2m1_sr_fixed(a) gives
-//     G (the constants added to both operands of the maximum, as signed integers: no operand wraps), e2m1_sr_step
-//     the code;
+//   - floor((floor((X + 2^14 - 1) / 2^14) + 0xFF - s) / 2^8) = floor((X + 2^14 - 1 + 2^14 (0xFF - s)) / 2^22)
+//     (nested floor division) = floor((G + e2m1_sr_offset(s)) / 2^22) + 252 with G = X + 2^14 - 1 - 252 * 2^22:
+//     e2m1_sr_fixed(a) gives G (the constants added to both operands of the maximum, as signed integers: no operand
+//     wraps), e2m1_sr_step the code;
 //   - a is clamped at 6 first (E2M1's largest: G + offset < 8 * 2^22, code 7 whatever the draw), so that codes need
 //     no saturation, and G >= 0 for every a >= 0.
 FP4MOE_HD uint32_t e2m1_sr_fixed(float a) {
   constexpr int32_t kBias = 252 << 22;
-  constexpr int32_t kRound = 63;
+  constexpr int32_t kRound = (1 << 14) - 1;
 #if defined(__CUDA_ARCH__)
   const int32_t below_one = static_cast<int32_t>(f32_bits(__fadd_ru(a, 1.0f))) + (kRound - kBias - 0x00800000);
   return static_cast<uint32_t>(__viaddmax_s32(static_cast<int32_t>(f32_bits(a)), kRound - kBias, below_one));
@@ -87,10 +87,10 @@ FP4MOE_HD uint32_t e2m1_sr_fixed(float a) {
 #endif
 }
 
-// The draw's offset 64 (0xFFFF - s) for 16 random bits s (bits above 15 ignored). The kernels take it from a 32-bit
-// word w holding the draws of two elements (bits 0..15 and 16..31) as (~w & 0xFFFF) << 6 and
-// (~w & 0xFFFF0000) >> 10: a mask, and a shift that the addition of e2m1_sr_step absorbs (LEA).
-FP4MOE_HD uint32_t e2m1_sr_offset(uint32_t s) { return ((s ^ 0xFFFFu) & 0xFFFFu) << 6; }
+// The draw's offset 2^14 (0xFF - s) for 8 random bits s (bits above 7 ignored). The kernels take it from byte j of
+// a 32-bit word w holding the draws of four elements as (~w & (0xFF << 8 j)) shifted by 14 - 8 j: a mask, and a
+// shift that the addition of e2m1_sr_step absorbs (LEA, LEA.HI).
+FP4MOE_HD uint32_t e2m1_sr_offset(uint32_t s) { return ((s ^ 0xFFu) & 0xFFu) << 14; }
 
 // The magnitude code 0..7 from e2m1_sr_fixed(min(a, 6)) and the draw's e2m1_sr_offset.
 FP4MOE_HD uint32_t e2m1_sr_step(uint32_t fixed, uint32_t offset) { return (fixed + offset) >> 22; }

@@ -11,11 +11,12 @@
 // instructions/s (132 SMs x 4 schedulers x 32 lanes x 1.98 GHz), so about 20 instructions per element at full
 // issue, about 16 for 0.80 of copy at a realistic issue efficiency.
 //   - RNE: about 7 (the BF16x2 encoder, two elements per instruction, plus the amax): memory-bound.
-//   - SR: one hash per four elements (mx_random.h mx_sr_hash64), about 14 instructions (two 64-bit multiplies
-//     between three folds by 32 bits, the counter one 64-bit addition), 3.4 per element; the encoder
+//   - SR: one hash per eight elements (mx_random.h mx_sr_hash64, 8-bit draws), about 14 instructions (two 64-bit
+//     multiplies between three folds by 32 bits, the counter one 64-bit addition), 1.7 per element; the encoder
 //     (encode_chunk_stochastic) about 11.6 per element with its loads and store (a product, a minimum, a sum
 //     rounded up, one DPX maximum with a fused addition, the draw's mask and a shift-add, a shift and a shift-add
-//     into the chunk's word, the signs by byte permutations per chunk). About 16 in all: at the budget's edge.
+//     into the chunk's word, the signs by byte permutations per chunk). About 14.5 in all. The column
+//     block-per-thread kernel shares each row's hash between the two lanes that hold its 8 columns (one shuffle).
 //   - H16 / H32: unpack 1, in-chunk butterflies 3, per stage across lanes one shuffle and one fused multiply-add
 //     (a sign flip and an addition before), scale 1, BF16 pack 0.5: about 7 (H16) and 8 (H32) on top of RNE, plus
 //     the shuffles' latency (8 per chunk for H16, 16 for H32, 2 for the amax). The row quantizer's block-per-thread
@@ -160,36 +161,58 @@ __device__ __forceinline__ uint4 transform_chunk(const uint4& v, uint32_t k0, ui
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The 16 random bits of stochastic rounding of a chunk's 8 elements: element i's are bits 16 (i % 2) ..
-// 16 (i % 2) + 15 of pair[i / 2]. When the 8 flat indices are consecutive and the first is a multiple of 8 (the
-// row quantizer), pairs 0, 1 are the low and high halves of mx_sr_hash64(seed, first / 4) and pairs 2, 3 those of
-// the next hash, as mx_sr_bits16 packs them; the column quantizer gathers each pair from two rows' hashes.
+// The 8 random bits of stochastic rounding of a chunk's 8 elements: element i's are byte i % 4 of word[i / 4]. When
+// the 8 flat indices are consecutive and the first is a multiple of 8 (the row quantizer), the words are the low and
+// high halves of mx_sr_hash64(seed, first / 8), as mx_sr_bits8 packs them; the column quantizers gather each word
+// from four rows' hashes.
 struct ChunkDraws {
-  uint32_t pair[4];
+  uint32_t word[2];
 };
 
 // The 64 bits of mx_sr_hash64, computed once: the empty asm hides them from the compiler, which would otherwise
-// recompute the hash for each 16-bit slice taken from it (narrowing each use to the bits it needs).
+// recompute the hash for each slice taken from it (narrowing each use to the bits it needs).
 __device__ __forceinline__ uint64_t sr_hash_once(uint64_t counter) {
   uint64_t h = mx_sr_mix(counter);
   asm("" : "+l"(h));
   return h;
 }
 
-// The ChunkDraws of a chunk whose first flat index is 8 n2 (hashes 2 n2 and 2 n2 + 1).
-__device__ __forceinline__ ChunkDraws chunk_draws(uint64_t seed, uint64_t n2) {
-  const uint64_t counter = mx_sr_counter(seed, 2 * n2);
-  const uint64_t h0 = sr_hash_once(counter), h1 = sr_hash_once(counter + kMxSrWeyl);
-  return ChunkDraws{{static_cast<uint32_t>(h0), static_cast<uint32_t>(h0 >> 32), static_cast<uint32_t>(h1),
-                     static_cast<uint32_t>(h1 >> 32)}};
+// The ChunkDraws of a chunk whose first flat index is 8 n (hash n).
+__device__ __forceinline__ ChunkDraws chunk_draws(uint64_t seed, uint64_t n) {
+  const uint64_t h = sr_hash_once(mx_sr_counter(seed, n));
+  return ChunkDraws{{static_cast<uint32_t>(h), static_cast<uint32_t>(h >> 32)}};
 }
 
-// ~w & 0xFFFF as one PTX and.b32 (one LOP3), so that the compiler keeps the mask before the shift that follows and
-// folds that shift into the next addition (LEA) rather than shifting first and masking after.
-__device__ __forceinline__ uint32_t low_half_complement(uint32_t w) {
+// ~w & mask as one PTX and.b32 (one LOP3), so that the compiler keeps the mask before the shift that follows and
+// folds that shift into the next addition (LEA, LEA.HI) rather than shifting first and masking after.
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t masked_complement(uint32_t w) {
   uint32_t r;
-  asm("and.b32 %0, %1, 0xFFFF;" : "=r"(r) : "r"(~w));
+  asm("and.b32 %0, %1, %2;" : "=r"(r) : "r"(~w), "n"(kMask));
   return r;
+}
+
+// e2m1_sr_offset of the draw in byte kByte of a 32-bit word w holding four draws: that byte's complement moved to
+// bits 14..21.
+template <int kByte>
+__device__ __forceinline__ uint32_t sr_draw_offset(uint32_t w) {
+  static_assert(kByte >= 0 && kByte < 4, "a byte of a 32-bit word");
+  constexpr int kShift = 14 - 8 * kByte;
+  const uint32_t m = masked_complement<(0xFFu << (8 * kByte))>(w);
+  return kShift >= 0 ? m << (kShift >= 0 ? kShift : 0) : m >> (kShift < 0 ? -kShift : 0);
+}
+
+// The offsets of the four draws of a word, byte j's in o[j].
+__device__ __forceinline__ void sr_draw_offsets(uint32_t w, uint32_t (&o)[4]) {
+  o[0] = sr_draw_offset<0>(w);
+  o[1] = sr_draw_offset<1>(w);
+  o[2] = sr_draw_offset<2>(w);
+  o[3] = sr_draw_offset<3>(w);
+}
+
+// The E2M1 magnitude code (0..7) of y * inv_scale under stochastic rounding with a draw's offset (sr_draw_offset).
+__device__ __forceinline__ uint32_t sr_magnitude_code(float y, float inv_scale, uint32_t offset) {
+  return e2m1_sr_step(e2m1_sr_fixed(fminf(fabsf(__fmul_rn(y, inv_scale)), 6.0f)), offset);
 }
 
 // Stochastic rounding of 8 BF16 (one chunk) of a finite block with inv_scale = 2^-e: element i's code in bits
@@ -198,26 +221,19 @@ __device__ __forceinline__ uint32_t low_half_complement(uint32_t w) {
 // the minimum, a sum rounded up, one maximum with a fused addition (sm_90 DPX), the draw's offset (a mask, its
 // shift folded into the addition that follows), one shift and one shift-add into the chunk's word; the signs
 // gathered apart.
-// e2m1_sr_offset of the draw in the low (kHigh false) or the high half of a 32-bit word w holding two draws.
-template <bool kHigh>
-__device__ __forceinline__ uint32_t sr_draw_offset(uint32_t w) {
-  return kHigh ? (~w & 0xFFFF0000u) >> 10 : low_half_complement(w) << 6;
-}
-
-// The E2M1 magnitude code (0..7) of y * inv_scale under stochastic rounding with a draw's offset (sr_draw_offset).
-__device__ __forceinline__ uint32_t sr_magnitude_code(float y, float inv_scale, uint32_t offset) {
-  return e2m1_sr_step(e2m1_sr_fixed(fminf(fabsf(__fmul_rn(y, inv_scale)), 6.0f)), offset);
-}
-
 __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, float inv_scale, const ChunkDraws& d) {
   float y[kMxChunk];
   unpack_chunk(v, y);
+  uint32_t offset[2][4];  // element i's draw offset in offset[i / 4][i % 4]
+  sr_draw_offsets(d.word[0], offset[0]);
+  sr_draw_offsets(d.word[1], offset[1]);
+  // Horner's rule from the last element: codes = 16 codes + code_i, one multiply-add (LEA) per element after the
+  // code's shift, pinned in PTX (left to itself the compiler masks each shifted code and sums pairs: 2.5 per element).
   uint32_t codes = 0;
 #pragma unroll
-  for (int i = 0; i < kMxChunk; ++i) {
-    const uint32_t w = d.pair[i / 2];  // the draws of elements i and i ^ 1
-    const uint32_t offset = (i % 2) != 0 ? sr_draw_offset<true>(w) : sr_draw_offset<false>(w);
-    codes += sr_magnitude_code(y[i], inv_scale, offset) << (4 * i);
+  for (int i = kMxChunk - 1; i >= 0; --i) {
+    const uint32_t code = sr_magnitude_code(y[i], inv_scale, offset[i / 4][i % 4]);
+    asm("mad.lo.u32 %0, %0, 16, %1;" : "+r"(codes) : "r"(code));
   }
   return codes | chunk_sign_bits(v);
 }

@@ -31,17 +31,24 @@ constexpr uint64_t kMxSrWeyl = 0x9E3779B97F4A7C15ull;
 FP4MOE_HD uint64_t mx_sr_counter(uint64_t seed, uint64_t n) { return seed + (n + 1) * kMxSrWeyl; }
 FP4MOE_HD uint64_t mx_sr_hash64(uint64_t seed, uint64_t n) { return mx_sr_mix(mx_sr_counter(seed, n)); }
 
-// The 16 random bits of stochastic rounding for the element with flat index `index` (m * K + k of the full
-// tensor): bits 16 (index mod 4) .. 16 (index mod 4) + 15 of mx_sr_hash64(seed, index / 4), so that one 64-bit
-// hash serves four consecutive elements. The element rounds up with probability ceil(p 2^16) / 2^16 for an exact
-// fraction p of the step (f32_to_e2m1_stochastic with u = bits * 2^-16): biased by less than 2^-16 of a step.
-FP4MOE_HD uint32_t mx_sr_bits16(uint64_t seed, uint64_t index) {
-  return static_cast<uint32_t>(mx_sr_hash64(seed, index / 4) >> (16 * (index % 4))) & 0xFFFFu;
+// The 8 random bits of stochastic rounding for the element with flat index `index` (m * K + k of the full tensor):
+// byte (index mod 8) of mx_sr_hash64(seed, index / 8), so that one 64-bit hash serves eight consecutive elements
+// (Blackwell's stochastic-rounding conversion to E2M1, cvt.rs...e2m1x4.f32, likewise takes one 32-bit random
+// operand for four values).
+// The rule on 8-bit draws: with u = bits * 2^-8 (f32_to_e2m1_stochastic) an element rounds up with probability
+// ceil(256 p) / 256 for an exact fraction p of the step, so it is biased by less than 2^-8 of a step, and by none
+// where 256 p is an integer. Every value the MXFP4 quantizers round is a BF16 (8 significant bits) scaled exactly by
+// 2^-e: its p is then a multiple of 2^-8 wherever |v| 2^-e >= 0.25 (ulp over step: 2^-9 / 0.5 in [0.25, 0.5), down
+// to 2^-6 above 1), so stochastic rounding is exactly unbiased there; below 0.25 (elements under 1/16 of the
+// block's amax) it rounds to 0.5 with probability ceil(512 |v| 2^-e) / 256 instead of 2 |v| 2^-e: a bias under
+// 2^(e-9) in value (tests/quant/test_mx_fast_codecs.cpp counts the draws that round up for every BF16 below 6).
+FP4MOE_HD uint32_t mx_sr_bits8(uint64_t seed, uint64_t index) {
+  return static_cast<uint32_t>(mx_sr_hash64(seed, index / 8) >> (8 * (index % 8))) & 0xFFu;
 }
 
-// The uniform in [0, 1) of those bits: bits * 2^-16 (exact).
+// The uniform in [0, 1) of those bits: bits * 2^-8 (exact).
 FP4MOE_HD float mx_sr_uniform(uint64_t seed, uint64_t index) {
-  return static_cast<float>(mx_sr_bits16(seed, index)) * (1.0f / 65536.0f);
+  return static_cast<float>(mx_sr_bits8(seed, index)) * (1.0f / 256.0f);
 }
 
 }  // namespace fp4moe

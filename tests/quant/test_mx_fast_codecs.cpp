@@ -45,17 +45,17 @@ TEST(MxFastCodecs, StochasticF32MatchesFormatsOnEveryDecision) {
   std::mt19937 rng(11);
   int64_t checked = 0, mismatches = 0;
   for (float a : test_magnitudes()) {
-    // The draw where the decision flips: s < p * 2^16 rounds up (p the exact fraction of the step).
+    // The draw where the decision flips: s < p * 2^8 rounds up (p the exact fraction of the step).
     const double grid[] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
     int lo = 0;
     while (lo < 7 && grid[lo + 1] <= a) ++lo;
     const double p = lo == 7 ? 0 : (a - grid[lo]) / (grid[lo + 1] - grid[lo]);
-    const int64_t flip = static_cast<int64_t>(std::ceil(p * 65536.0));
-    std::vector<int64_t> draws = {0, 1, 65534, 65535, static_cast<int64_t>(rng() & 0xFFFF)};
+    const int64_t flip = static_cast<int64_t>(std::ceil(p * 256.0));
+    std::vector<int64_t> draws = {0, 1, 254, 255, static_cast<int64_t>(rng() & 0xFF)};
     for (int64_t d = -2; d <= 2; ++d) draws.push_back(flip + d);
     for (int64_t s : draws) {
-      if (s < 0 || s > 65535) continue;
-      const uint32_t want = f32_to_e2m1_stochastic(a, static_cast<float>(s) * (1.0f / 65536.0f));
+      if (s < 0 || s > 255) continue;
+      const uint32_t want = f32_to_e2m1_stochastic(a, static_cast<float>(s) * (1.0f / 256.0f));
       const uint32_t got = detail::e2m1_magnitude_sr_f32(a, static_cast<uint32_t>(s));
       ++checked;
       if (got != want && ++mismatches < 10) ADD_FAILURE() << "a = " << a << " s = " << s << " got " << got;
@@ -64,29 +64,61 @@ TEST(MxFastCodecs, StochasticF32MatchesFormatsOnEveryDecision) {
   EXPECT_EQ(mismatches, 0) << "of " << checked;
   // Saturation: 6 and beyond give 7 whatever the draw.
   for (float a : {6.0f, 6.5f, 7.99f})
-    for (uint32_t s : {0u, 65535u}) EXPECT_EQ(detail::e2m1_magnitude_sr_f32(a, s), 7u) << a;
+    for (uint32_t s : {0u, 255u}) EXPECT_EQ(detail::e2m1_magnitude_sr_f32(a, s), 7u) << a;
 }
 
-TEST(MxRandom, DrawsAreFourPerHashAndKeyedBySeedAndIndex) {
+// 8-bit draws (mx_random.h): over the 256 draws, a BF16 magnitude a in [0.25, 8) (every value the quantizers round
+// there is one, scaled exactly) rounds up exactly 256 p times, p its fraction of the step: no bias; below 0.25 the
+// count is ceil(256 p), a bias under 1/256 of the step. The integer encoder agrees with formats.h on every draw.
+TEST(MxFastCodecs, StochasticRoundingOnEightBitDrawsIsUnbiasedForBf16AboveAQuarter) {
+  const double grid[] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  int64_t exact = 0, biased = 0;
+  for (uint32_t bits = 0; bits < 0x4100u; ++bits) {  // every BF16 from +0 to 8
+    const float a = bf16_bits_to_f32(static_cast<uint16_t>(bits));
+    if (!(a < 6.0f)) continue;
+    int lo = 0;
+    while (grid[lo + 1] <= a) ++lo;
+    const double p = (a - grid[lo]) / (grid[lo + 1] - grid[lo]);
+    int ups = 0;
+    for (uint32_t s = 0; s < 256; ++s) {
+      const uint32_t want = f32_to_e2m1_stochastic(a, static_cast<float>(s) * (1.0f / 256.0f));
+      ASSERT_EQ(detail::e2m1_magnitude_sr_f32(a, s), want) << "a = " << a << " s = " << s;
+      ASSERT_TRUE(want == static_cast<uint32_t>(lo) || want == static_cast<uint32_t>(lo) + 1) << a;
+      ups += want != static_cast<uint32_t>(lo);
+    }
+    if (a >= 0.25f) {
+      EXPECT_EQ(ups, 256.0 * p) << "a = " << a;
+      ++exact;
+    } else {
+      EXPECT_EQ(ups, std::ceil(256.0 * p)) << "a = " << a;
+      EXPECT_GT(256.0 * p, ups - 1.0) << "a = " << a;  // up by less than 1/256 too often
+      biased += ups != 256.0 * p;
+    }
+  }
+  EXPECT_EQ(exact, 4 * 128 + 64);  // the BF16 in [0.25, 6): four binades of 128 and half of [4, 8)
+  EXPECT_GT(biased, 0);   // the bound is reached below 0.25, not an empty statement
+}
+
+TEST(MxRandom, DrawsAreEightPerHashAndKeyedBySeedAndIndex) {
   const uint64_t seed = 0x1234;
   for (uint64_t g = 0; g < 100; ++g) {
     const uint64_t h = mx_sr_hash64(seed, g);
     EXPECT_EQ(h, mx_sr_mix(mx_sr_counter(seed, g)));
     EXPECT_EQ(mx_sr_counter(seed, g + 1), mx_sr_counter(seed, g) + kMxSrWeyl);
-    for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(mx_sr_bits16(seed, 4 * g + i), (h >> (16 * i)) & 0xFFFF);
+    for (uint64_t i = 0; i < 8; ++i) EXPECT_EQ(mx_sr_bits8(seed, 8 * g + i), (h >> (8 * i)) & 0xFF);
   }
   // The mixer's rule, on values computed apart from it (fold, multiply, fold, multiply, fold, modulo 2^64).
   EXPECT_EQ(mx_sr_hash64(0, 0), 0x5C76A454C81BDD84ull);
   EXPECT_EQ(mx_sr_hash64(0x1234, 4), 0xD0B47E0745A89B1Cull);
   // splitmix64 (the RHT signs and the trainer's seeds): output 0 of seed 0 is the published first value.
   EXPECT_EQ(splitmix64_at(0, 0), 0xE220A8397B1DCDAFull);
-  EXPECT_NE(mx_sr_bits16(1, 5), mx_sr_bits16(2, 5));
-  EXPECT_EQ(mx_sr_uniform(3, 9), static_cast<float>(mx_sr_bits16(3, 9)) / 65536.0f);
-  // Roughly uniform: the mean of many draws is near 1/2 and every 16-bit value is reachable in principle.
+  EXPECT_NE(mx_sr_hash64(1, 5), mx_sr_hash64(2, 5));
+  EXPECT_EQ(mx_sr_uniform(3, 9), static_cast<float>(mx_sr_bits8(3, 9)) / 256.0f);
+  // Roughly uniform: the mean of many draws is near 1/2 and every 8-bit value is reachable in principle.
   double sum = 0;
   const int n = 400000;
   for (int i = 0; i < n; ++i) sum += mx_sr_uniform(77, static_cast<uint64_t>(i));
-  EXPECT_NEAR(sum / n, 0.5 - 0.5 / 65536.0, 5 * std::sqrt(1.0 / 12 / n));
+  EXPECT_NEAR(sum / n, 0.5 - 0.5 / 256.0, 5 * std::sqrt(1.0 / 12 / n));
 }
 
 // Pearson's chi-square of counts against equal expectations, as a z-score ((X - df) / sqrt(2 df)).
@@ -100,9 +132,9 @@ double chi_square_z(const std::vector<double>& counts) {
   return (x - df) / std::sqrt(2 * df);
 }
 
-// The draws of stochastic rounding are uniform and independent where the quantizers' elements meet: the top and
-// low 8 bits of each draw; the top 4 bits of pairs of draws at distances 1..5 (within and across hashes), 8, 16,
-// one row of 7168 and 2048 x 4, and of the same element under seeds s and s + 1; every bit balanced. A draw
+// The draws of stochastic rounding are uniform and independent where the quantizers' elements meet: the 8 bits of
+// each draw; the top 4 bits of pairs of draws at distances 1..9 (within and across hashes), 16, one row of 7168
+// and 2048 x 4, and of the same element under seeds s and s + 1; every bit balanced. A draw
 // function with a weak spot (a constant bit, draws of one hash tied together, a stride that repeats) fails by far
 // (z-scores in the hundreds); |z| < 6 holds for a good one with probability far above 0.999 per statistic.
 TEST(MxRandom, DrawsAreUniformAndIndependentAcrossNeighboursRowsAndSeeds) {
@@ -111,25 +143,23 @@ TEST(MxRandom, DrawsAreUniformAndIndependentAcrossNeighboursRowsAndSeeds) {
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     std::vector<uint32_t> d(n), e(n);
     for (int64_t i = 0; i < n; ++i) {
-      d[i] = mx_sr_bits16(seed, static_cast<uint64_t>(i));
-      e[i] = mx_sr_bits16(seed + 1, static_cast<uint64_t>(i));
+      d[i] = mx_sr_bits8(seed, static_cast<uint64_t>(i));
+      e[i] = mx_sr_bits8(seed + 1, static_cast<uint64_t>(i));
     }
-    std::vector<double> top(256), low(256), bits(16);
+    std::vector<double> all(256), bits(8);
     for (int64_t i = 0; i < n; ++i) {
-      top[d[i] >> 8] += 1;
-      low[d[i] & 0xFF] += 1;
-      for (int b = 0; b < 16; ++b) bits[b] += (d[i] >> b) & 1;
+      all[d[i]] += 1;
+      for (int b = 0; b < 8; ++b) bits[b] += (d[i] >> b) & 1;
     }
-    EXPECT_LT(std::fabs(chi_square_z(top)), 6.0);
-    EXPECT_LT(std::fabs(chi_square_z(low)), 6.0);
-    for (int b = 0; b < 16; ++b) EXPECT_NEAR(bits[b] / n, 0.5, 6 * 0.5 / std::sqrt(static_cast<double>(n))) << b;
-    for (int64_t lag : {1, 2, 3, 4, 5, 8, 16, 7168, 8192}) {
+    EXPECT_LT(std::fabs(chi_square_z(all)), 6.0);
+    for (int b = 0; b < 8; ++b) EXPECT_NEAR(bits[b] / n, 0.5, 6 * 0.5 / std::sqrt(static_cast<double>(n))) << b;
+    for (int64_t lag : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 7168, 8192}) {
       std::vector<double> joint(256);
-      for (int64_t i = 0; i + lag < n; ++i) joint[(d[i] >> 12) * 16 + (d[i + lag] >> 12)] += 1;
+      for (int64_t i = 0; i + lag < n; ++i) joint[(d[i] >> 4) * 16 + (d[i + lag] >> 4)] += 1;
       EXPECT_LT(std::fabs(chi_square_z(joint)), 6.0) << "lag " << lag;
     }
     std::vector<double> seeds(256);
-    for (int64_t i = 0; i < n; ++i) seeds[(d[i] >> 12) * 16 + (e[i] >> 12)] += 1;
+    for (int64_t i = 0; i < n; ++i) seeds[(d[i] >> 4) * 16 + (e[i] >> 4)] += 1;
     EXPECT_LT(std::fabs(chi_square_z(seeds)), 6.0) << "seed and seed + 1";
   }
 }
