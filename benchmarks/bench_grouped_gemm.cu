@@ -21,6 +21,10 @@
 // its tile width chosen automatically (tuning none) and forced to 128 and 256 columns (tunings n128, n256), and its
 // variants (Sm90GemmConfig): overlapped promotion (n128o) and the direct epilogue instead of the coalesced one at
 // the automatic width (direct).
+// MXFP4 Fprop through the Hopper kernel, one stream, default config: recipe mxfp4_sm90 reads the MXFP4 row operand
+// directly (grouped_fprop_mxfp4_sm90: the conversion in shared memory), recipe mxfp4_cvt_sm90 converts first
+// (mxfp4_row_to_fp8_row into an FP8 copy of X, then grouped_fprop_fp8_sm90; both in the timed call), on the
+// grouped shapes 8x2048, 16x1024, 32x512; the summary prints mxfp4_sm90's speed over mxfp4_cvt_sm90's.
 // After the run: `case | shape | us | TFLOP/s | x dense | x bf16 | x none | x fp8` (x dense: TFLOP/s over the dense
 // GEMM's of the same recipe, op and shape measured in the same run; x bf16: the BF16 time of the same op and shape
 // over this row's time; x fp8: the cuBLASLt FP8 time over this row's time, MXFP4 and fp8_sm90 rows, the latter of
@@ -47,6 +51,7 @@
 #include "kernels/gemm/grouped_gemm_sm90.h"
 #include "kernels/gemm/mxfp4_gemm.h"
 #include "kernels/quant/layouts.h"
+#include "kernels/quant/mxfp4_row_to_fp8_row.h"
 
 namespace fp4moe::bench_gemm {
 namespace {
@@ -123,7 +128,8 @@ class Pool {
 // ---- cases --------------------------------------------------------------------------------------------------------
 
 struct Case {
-  std::string op, recipe, shape;  // op: fprop/dgrad/wgrad; recipe: bf16/fp8/fp8_sm90/mxfp4/mxfp4_gemm; shape: "up 8x2048"
+  // op: fprop/dgrad/wgrad; recipe: bf16/fp8/fp8_sm90/mxfp4/mxfp4_gemm/mxfp4_sm90/mxfp4_cvt_sm90; shape: "up 8x2048"
+  std::string op, recipe, shape;
   int64_t N = 0, K = 0, G = 0;
   bool dense = false;
   bool even = false;  // G groups of exactly kTokens / G tokens (else ragged +-25 %)
@@ -234,6 +240,21 @@ std::unique_ptr<Workload> build(const Case& c) {
       else
         w->launch = [=, &gemm] { gemm.wgrad_fp8(f.dy, f.x, N, K, split, dw, nullptr, kMxBlock); };
     }
+  } else if (c.recipe == "mxfp4_sm90" || c.recipe == "mxfp4_cvt_sm90") {  // Fprop, MXFP4 X, FP8 block weights
+    const int32_t* offsets = split.offsets;
+    const Mxfp4RowOperand x{p.codes(M * K / 2, 4), p.mx_scales(M * K / kMxBlock, 5)};
+    Fp8BlockStack wt{p.codes(G * N * K, 6), p.scales(G * fp8_block_scale_count(N, K), 7)};
+    bf16* y = p.alloc<bf16>(M * N);
+    if (c.recipe == "mxfp4_sm90") {
+      w->launch = [=] { grouped_fprop_mxfp4_sm90(x, wt, M, N, K, offsets, G, y, nullptr); };
+    } else {
+      uint8_t* x8 = p.alloc<uint8_t>(M * K);
+      float* x8_scales = p.alloc<float>(fp8_row_scale_count(M, K));
+      w->launch = [=] {
+        mxfp4_row_to_fp8_row(x.codes, x.scales, M, K, x8, x8_scales, nullptr);
+        grouped_fprop_fp8_sm90({x8, x8_scales}, wt, M, N, K, offsets, G, y, nullptr);
+      };
+    }
   } else if (c.recipe == "fp8_sm90") {  // the same operands as the fp8 rows, through the Hopper kernel
     const int32_t* offsets = split.offsets;
     const Sm90GemmConfig config = c.sm90;
@@ -318,6 +339,12 @@ void define_cases() {
         add(fmt::format("{} 8x{} even", s.name, kTokens / 8), 8, false, true);
         add(fmt::format("{} 1x{}", s.name, kTokens), 1, true, false);
       }
+  // MXFP4 Fprop through the Hopper kernel: the operand read directly, and converted first.
+  for (const char* recipe : {"mxfp4_sm90", "mxfp4_cvt_sm90"})
+    for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}})
+      for (int64_t G : {8, 16, 32})
+        g_cases.push_back(
+            Case{"fprop", recipe, fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false, false, {}});
   // MXFP4 on FP8 tensor cores (mxfp4_gemm.h), one stream: the dense Fprop GEMM and the grouped Wgrad, with and
   // without the MXFP4 -> FP8 conversions, beside the FP8 rows of the same op and shape.
   for (const char* recipe : {"mxfp4", "mxfp4_gemm"})
@@ -352,7 +379,7 @@ void run_case(benchmark::State& state, const Case* c) {
       ++m.calls;
     }
     m.flops = w->flops;
-    if (c->recipe != "fp8_sm90") {  // no cuBLASLt call there (lt() would make a handle)
+    if (c->recipe.find("sm90") == std::string::npos) {  // no cuBLASLt call there (lt() would make a handle)
       m.heuristic_queries = w->gemm.lt().heuristic_queries();
       m.fallbacks = w->gemm.lt().exact_shape_fallbacks();
     }
@@ -442,6 +469,15 @@ void print_table(const std::vector<Row>& rows) {
   for (const auto& [recipe, v] : vs_fp8)
     fmt::print("geomean, {}: {:.3f} x the FP8 speed over {} cases (FP8 time over its time)\n", recipe,
                bench::geomean(v), v.size());
+  std::vector<double> direct_over_converted;  // mxfp4_cvt_sm90 time over mxfp4_sm90 time, same op and shape
+  for (const Row& r : rows)
+    for (const Row& o : rows)
+      if (r.c->recipe == "mxfp4_sm90" && o.c->recipe == "mxfp4_cvt_sm90" && o.c->op == r.c->op &&
+          o.c->shape == r.c->shape)
+        direct_over_converted.push_back(o.us / r.us);
+  if (!direct_over_converted.empty())
+    fmt::print("geomean, mxfp4_sm90: {:.3f} x the speed of mxfp4_cvt_sm90 over {} cases (converted first)\n",
+               bench::geomean(direct_over_converted), direct_over_converted.size());
 }
 
 // The /bench/grouped_gemm table: case = op ("fprop", "dgrad", "wgrad"; "_dense" appended for the one-group
@@ -465,7 +501,9 @@ Table result_table(const std::vector<Row>& rows) {
                   "TFLOP/s over the dense GEMM's (one group of all tokens) of the same op, recipe, N and K measured "
                   "in the same run (NaN on dense rows)");
   t.set_attribute("recipe", "bf16, fp8 (cuBLASLt through GroupedGemm), fp8_sm90 (the Hopper grouped kernel, "
-                            "grouped_gemm_sm90.h: same operands as fp8), mxfp4, mxfp4_gemm");
+                            "grouped_gemm_sm90.h: same operands as fp8), mxfp4, mxfp4_gemm, mxfp4_sm90 (Fprop "
+                            "reading MXFP4 X in the Hopper kernel), mxfp4_cvt_sm90 (mxfp4_row_to_fp8_row, then "
+                            "fp8_sm90)");
   t.set_attribute("shape", "up: N=4096, K=7168 (DeepSeek-V3 fused gate/up); down: N=7168, K=2048; GxM: G experts "
                            "of about M tokens each (ragged +-25 %), 'even': exactly M each");
   t.set_attribute("tuning", "GroupedGemmTuning: none (one stream: the default, what the trainer runs), sS (S "

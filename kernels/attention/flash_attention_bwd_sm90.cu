@@ -49,15 +49,15 @@ constexpr int kStages = 2;
 constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
 constexpr int kThreads = 384;          // + warpgroup 2, the producer
 constexpr int kConsumerWarps = kConsumerThreads / 32;
-constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 64K registers
+constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // sm90_ptx.cuh setmaxnreg_fits
 constexpr int kNT = kBlockN / 8;                             // n-tiles of S and dP per warp
 constexpr uint32_t kRowBoxBytes = kBlockM * kBox * 2;        // one box of the Q or dO tile: 128 rows of 128 bytes
 constexpr uint32_t kKeyBoxBytes = kBlockN * kBox * 2;        // one box of a K or V block: 64 rows of 128 bytes
 constexpr uint32_t kDescPerKStep = (16 * 2) >> 4;            // 16 BF16 along a K-major row (32 bytes)
 constexpr uint32_t kDescPerKeyStep = (16 * kBox * 2) >> 4;   // 16 keys of an N-major K box (two 1024-byte atoms)
 static_assert(kBlockM == 2 * kWgRows && kBlockN == kBox, "two consumer warpgroups; S, dP and each dQ box are m64n64");
-static_assert(kConsumerThreads * kConsumerRegs + (kThreads - kConsumerThreads) * kProducerRegs <= 65536,
-              "register budget of one thread block per SM");
+static_assert(sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegs, kConsumerRegs),
+              "setmaxnreg asks for more registers than the thread block holds");
 
 // Shared memory from a 1024-byte aligned base: Q [Dqk / 64 boxes][128 rows][64], dO [Dv / 64][128][64],
 // K [stage][Dqk / 64][64][64], V [stage][Dv / 64][64][64] (BF16, each 128-byte row swizzled), then the barriers.

@@ -53,14 +53,14 @@ constexpr int kStages = 2;
 constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
 constexpr int kThreads = 384;          // + warpgroup 2, the producer
 constexpr int kConsumerWarps = kConsumerThreads / 32;
-constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 64K registers
+constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // sm90_ptx.cuh setmaxnreg_fits
 constexpr uint32_t kTileBoxBytes = 128 * kBox * 2;         // one box of a 128-row tile: 128 rows of 128 bytes
 constexpr uint32_t kDescPerBox = kTileBoxBytes >> 4;       // the same in a descriptor's address field
 constexpr uint32_t kDescPerKStep = (16 * 2) >> 4;          // 16 BF16 along a K-major row (32 bytes)
 constexpr uint32_t kDescPerVStep = (16 * kBox * 2) >> 4;   // 16 rows of V (two 1024-byte swizzle atoms)
 static_assert(kBlockM == 2 * kWgRows && kBlockN == 128, "two consumer warpgroups; S is one m64n128 product per k-step");
-static_assert(kConsumerThreads * kConsumerRegs + (kThreads - kConsumerThreads) * kProducerRegs <= 65536,
-              "register budget of one thread block per SM");
+static_assert(sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegs, kConsumerRegs),
+              "setmaxnreg asks for more registers than the thread block holds");
 
 // Shared memory from a 1024-byte aligned base: Q [Dqk / 64 boxes][128 rows][64], K [stage][Dqk / 64][128][64],
 // V [stage][Dv / 64][128][64] (BF16, each 128-byte row swizzled), then the barriers. C::kMTiles is the view of

@@ -10,7 +10,9 @@
 #include "kernels/gemm/grouped_tiles.h"
 #include "kernels/gemm/sm90_ptx.cuh"
 #include "kernels/gemm/tensor_map.h"
+#include "kernels/quant/cp_async.cuh"
 #include "kernels/quant/layouts.h"
+#include "kernels/quant/mxfp4_fp8_direct.cuh"
 
 namespace fp4moe {
 
@@ -23,39 +25,66 @@ constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
 constexpr int kThreads = 384;          // + warpgroup 2, the producer
 constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr int kMaxGroups = 1024;
-constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64K registers
+// Registers per thread after setmaxnreg (sm90_ptx.cuh setmaxnreg_fits: at most the 64512 the block holds).
+constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+// With the MXFP4 operand the producer converts codes as well and needs more registers.
+constexpr uint32_t kProducerRegsMx = 56, kConsumerRegsMx = 224;
+static_assert(sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegs, kConsumerRegs) &&
+                  sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegsMx, kConsumerRegsMx),
+              "setmaxnreg asks for more registers than the thread block holds");
+constexpr int kProducerThreads = kThreads - kConsumerThreads;
+constexpr size_t kMaxSmemPerBlock = 232448;  // sm_90's opt-in maximum of dynamic shared memory per block (227 KiB)
 static_assert(kBlockK == 128, "one 128-byte swizzle row of E4M3 per stage and per row");
 static_assert(kBlockK % kWgmmaK == 0, "whole WGMMA steps per K block");
 
 // Shared memory of the kernel with kNSub column sub-tiles of 128 (BLOCK_N = 128 kNSub), from a 1024-byte aligned
-// base: the stage ring (A tiles, B tiles, the rows' X scales, the W scales), the full and empty barriers of each
-// stage, the safe group offsets and tile starts [G+1] each.
-template <int kNSub>
+// base: the stage ring (A tiles, B tiles, the rows' X scales, the W scales), with an MXFP4 row operand (kMx) the
+// staging slots of its packed codes and scale bytes, the full and empty barriers of each stage, the safe group
+// offsets and tile starts [G+1] each.
+template <int kNSub, bool kMx = false>
 struct Layout {
+  static constexpr int kNSubTiles = kNSub;
+  static constexpr bool kMxOperand = kMx;
   static constexpr int kBlockN = 128 * kNSub;
-  static constexpr int kStages = kNSub == 1 ? 6 : 4;
+  // kMx: the producer converts K block i while the copies of blocks i + 1 .. i + kLookahead are in flight, in
+  // kLookahead + 1 staging slots; the ring gives up a stage where the slots would not fit (kMaxSmemPerBlock).
+  static constexpr int kLookahead = kMx ? (kNSub == 1 ? 2 : 1) : 0;
+  static constexpr int kStagingSlots = kMx ? kLookahead + 1 : 0;
+  static constexpr int kStages = kNSub == 1 ? (kMx ? 5 : 6) : 4;
   static constexpr uint32_t kABytes = kBlockM * kBlockK;  // 16 KiB, 1024-aligned atoms
   static constexpr uint32_t kBBytes = kBlockN * kBlockK;
   // The rows' X scales of a stage: x_scale[row0 & ~3 .. + kSaBox - 1, kb]. A tiled copy's innermost start must lie
   // on 16 bytes (the engine raises an illegal instruction otherwise), and a group's first row is any row, so the box
   // starts at row0 rounded down to 4 scales and is 4 longer; its stage slot is padded to the 128 bytes a copy's
-  // shared-memory destination needs.
+  // shared-memory destination needs. kMx: the converted rows' scales, tile row i at float i.
   static constexpr uint32_t kSaBox = kBlockM + 4;
   static constexpr uint32_t kSaBytes = kSaBox * 4;
   static constexpr uint32_t kSaSlot = (kSaBytes + 127) / 128 * 128;
   static constexpr uint32_t kSbBytes = 16 * kNSub;   // per column block: w_scale[nb, kb & ~3 .. + 3]
-  static constexpr uint32_t kTxBytes = kABytes + kBBytes + kSaBytes + kSbBytes;
+  static constexpr uint32_t kTxBytes = kMx ? kBBytes + kSbBytes : kABytes + kBBytes + kSaBytes + kSbBytes;
+  // A staging slot (kMx): the tile's packed E2M1 codes of one K block, 16 bytes (one MX block) per producer thread
+  // and pass, [kMxPasses][128 threads][16 bytes]; then each row's four UE8M0 scale bytes as one word, [128].
+  static constexpr uint32_t kStagedCodeBytes = kBlockM * kBlockK / 2;
+  static constexpr uint32_t kSlotBytes = kStagedCodeBytes + kBlockM * 4;
   static constexpr uint32_t kOffA = 0;
   static constexpr uint32_t kOffB = kOffA + kStages * kABytes;
   static constexpr uint32_t kOffSa = kOffB + kStages * kBBytes;
   static constexpr uint32_t kOffSb = kOffSa + kStages * kSaSlot;
-  static constexpr uint32_t kOffBars = kOffSb + kStages * kSbBytes;
+  static constexpr uint32_t kOffStaging = kOffSb + kStages * kSbBytes;
+  static constexpr uint32_t kOffBars = kOffStaging + kStagingSlots * kSlotBytes;
   static constexpr uint32_t kOffGroups = kOffBars + 2 * kStages * sizeof(uint64_t);
   static size_t bytes(int64_t G) { return 1024 + kOffGroups + 2 * sizeof(int32_t) * static_cast<size_t>(G + 1); }
   static_assert(kOffB % 1024 == 0 && kOffSa % 1024 == 0 && kABytes % 1024 == 0 && kBBytes % 1024 == 0,
                 "WGMMA tiles start on 1024-byte swizzle atoms");
-  static_assert(kSaBytes % 16 == 0 && kSaSlot % 128 == 0 && kOffSb % 16 == 0 && kOffBars % 8 == 0,
-                "TMA and mbarrier alignment");
+  static_assert(kSaBytes % 16 == 0 && kSaSlot % 128 == 0 && kOffSb % 16 == 0 && kOffStaging % 16 == 0 &&
+                    kOffBars % 8 == 0,
+                "TMA, cp.async and mbarrier alignment");
+  static_assert(1024 + kOffGroups + 2 * sizeof(int32_t) * (kMaxGroups + 1) <= kMaxSmemPerBlock,
+                "the ring, the staging slots and the largest group table fit one block's shared memory");
+  // The producer converts block i after waiting for block i + kLookahead's stage, which the consumers free once
+  // block i + kLookahead - kStages is done, in the overlapped main loop only when block i + kLookahead - kStages + 1
+  // has arrived: that must be block i at the latest.
+  static_assert(kStages >= kLookahead + 2, "the converter never waits for a stage held for the block it converts");
 };
 
 struct Params {
@@ -68,6 +97,8 @@ struct Params {
   int64_t w_scales_per_group;  // fp8_block_scale_count(P, R)
   int32_t w_scale_ld;          // fp8_block_scale_ld(R)
   bf16* out;
+  const uint8_t* mx_codes;     // MXFP4 row operand (kMx only): packed E2M1 [M, R/2] and UE8M0 [M, R/32]
+  const uint8_t* mx_scales;
 };
 
 // Warp 0: the raw offsets in s_o [G+1] become the safe offsets, and s_start [G+1] the tile starts, of
@@ -117,10 +148,10 @@ struct RingPos {
   }
 };
 
-// What a consumer thread needs to address its stages and rows.
-template <int kNSub>
+// What a consumer thread needs to address its stages and rows (L: the kernel's Layout).
+template <class L>
 struct ConsumerCtx {
-  uint8_t* smem;      // 1024-aligned base of Layout<kNSub>
+  uint8_t* smem;      // 1024-aligned base of L
   uint64_t* full;     // [kStages]
   uint64_t* empty;    // [kStages]
   int wg, lane;       // consumer warpgroup 0/1, lane in the warp
@@ -129,11 +160,11 @@ struct ConsumerCtx {
 
 // Promotion factors of K block kb for this thread's two fragment rows, read from `stage` (before it is released):
 // s_lo[j] = x_scale[row, kb] * w_scale[column sub-tile j, kb], s_hi[j] the same for row + 8.
-template <int kNSub>
-__device__ __forceinline__ void block_scales(const ConsumerCtx<kNSub>& c, uint32_t stage, int32_t row0, int32_t kb,
+template <class L, int kNSub = L::kNSubTiles>
+__device__ __forceinline__ void block_scales(const ConsumerCtx<L>& c, uint32_t stage, int32_t row0, int32_t kb,
                                              float (&s_lo)[kNSub], float (&s_hi)[kNSub]) {
-  using L = Layout<kNSub>;
-  const float* sa = reinterpret_cast<const float*>(c.smem + L::kOffSa + stage * L::kSaSlot) + (row0 & 3);
+  const float* sa =
+      reinterpret_cast<const float*>(c.smem + L::kOffSa + stage * L::kSaSlot) + (L::kMxOperand ? 0 : (row0 & 3));
   const float* sb = reinterpret_cast<const float*>(c.smem + L::kOffSb + stage * L::kSbBytes);
   const float x_lo = sa[c.row_in_tile], x_hi = sa[c.row_in_tile + 8];
 #pragma unroll
@@ -151,9 +182,8 @@ __device__ __forceinline__ void fence_fragment(float (&f)[64]) {
 
 // partial = A B over the 128 of K in `stage`, column sub-tile j: four m64n128k32 WGMMAs, committed as one group
 // (asynchronous: wait for the group before reading partial).
-template <int kNSub>
-__device__ __forceinline__ void issue_block(const ConsumerCtx<kNSub>& c, uint32_t stage, int j, float (&partial)[64]) {
-  using L = Layout<kNSub>;
+template <class L>
+__device__ __forceinline__ void issue_block(const ConsumerCtx<L>& c, uint32_t stage, int j, float (&partial)[64]) {
   const uint64_t desc_a = sm90::smem_desc_k_major_sw128(c.smem + L::kOffA + stage * L::kABytes + 64 * c.wg * kBlockK);
   const uint64_t desc_b = sm90::smem_desc_k_major_sw128(c.smem + L::kOffB + stage * L::kBBytes + 128 * j * kBlockK);
   fence_fragment(partial);
@@ -166,8 +196,8 @@ __device__ __forceinline__ void issue_block(const ConsumerCtx<kNSub>& c, uint32_
 
 // This warp is done with `stage` (its WGMMAs that read it complete, its scales in registers): one of the
 // kConsumerWarps arrivals that let the producer refill it.
-template <int kNSub>
-__device__ __forceinline__ void release_stage(const ConsumerCtx<kNSub>& c, uint32_t stage) {
+template <class L>
+__device__ __forceinline__ void release_stage(const ConsumerCtx<L>& c, uint32_t stage) {
   __syncwarp();
   if (c.lane == 0) sm90::mbar_arrive(&c.empty[stage]);
 }
@@ -179,10 +209,10 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&partial)
 }
 
 // Main loop, serial: per K block and column sub-tile, the WGMMAs into `partial`, wait for them, promote.
-template <int kNSub>
-__device__ __forceinline__ void mainloop_serial(const ConsumerCtx<kNSub>& c, const GroupedTile& tile,
-                                                int32_t k_blocks, RingPos<Layout<kNSub>::kStages>& pos,
-                                                float (&acc)[kNSub][64], float (&partial)[64]) {
+template <class L, int kNSub = L::kNSubTiles>
+__device__ __forceinline__ void mainloop_serial(const ConsumerCtx<L>& c, const GroupedTile& tile, int32_t k_blocks,
+                                                RingPos<L::kStages>& pos, float (&acc)[kNSub][64],
+                                                float (&partial)[64]) {
   for (int32_t kb = 0; kb < k_blocks; ++kb) {
     sm90::mbar_wait(&c.full[pos.stage], pos.phase);
     float s_lo[kNSub], s_hi[kNSub];
@@ -209,8 +239,9 @@ struct HeldBlock {
 // One step of the overlapped main loop: block kb's WGMMAs (into `cur`) are in flight; issue block kb + 1's into
 // `next` from the stage at `pos`, wait until only those are pending, release kb's stage, promote `cur` while kb + 1
 // runs on the tensor cores.
-__device__ __forceinline__ void overlapped_step(const ConsumerCtx<1>& c, const GroupedTile& tile, int32_t kb,
-                                                RingPos<Layout<1>::kStages>& pos, HeldBlock& held, float (&acc)[64],
+template <class L>
+__device__ __forceinline__ void overlapped_step(const ConsumerCtx<L>& c, const GroupedTile& tile, int32_t kb,
+                                                RingPos<L::kStages>& pos, HeldBlock& held, float (&acc)[64],
                                                 float (&cur)[64], float (&next)[64]) {
   sm90::mbar_wait(&c.full[pos.stage], pos.phase);
   float s_lo[1], s_hi[1];
@@ -225,7 +256,8 @@ __device__ __forceinline__ void overlapped_step(const ConsumerCtx<1>& c, const G
 }
 
 // The last K block of a tile, in `cur`: wait for it, release its stage, promote.
-__device__ __forceinline__ void overlapped_finish(const ConsumerCtx<1>& c, const HeldBlock& held, float (&acc)[64],
+template <class L>
+__device__ __forceinline__ void overlapped_finish(const ConsumerCtx<L>& c, const HeldBlock& held, float (&acc)[64],
                                                   float (&cur)[64]) {
   sm90::wgmma_wait<0>();
   fence_fragment(cur);
@@ -235,9 +267,11 @@ __device__ __forceinline__ void overlapped_finish(const ConsumerCtx<1>& c, const
 
 // Main loop, overlapped (128-wide tile): two partials used alternately over the K blocks, so that block kb + 1's
 // WGMMAs run while block kb is promoted. The same products, promotions and order as mainloop_serial: the same bits.
-__device__ __forceinline__ void mainloop_overlapped(const ConsumerCtx<1>& c, const GroupedTile& tile,
-                                                    int32_t k_blocks, RingPos<Layout<1>::kStages>& pos,
-                                                    float (&acc)[64], float (&p0)[64], float (&p1)[64]) {
+template <class L>
+__device__ __forceinline__ void mainloop_overlapped(const ConsumerCtx<L>& c, const GroupedTile& tile,
+                                                    int32_t k_blocks, RingPos<L::kStages>& pos, float (&acc)[64],
+                                                    float (&p0)[64], float (&p1)[64]) {
+  static_assert(L::kNSubTiles == 1, "the overlapped main loop's two partials fit the 128-wide tile only");
   sm90::mbar_wait(&c.full[pos.stage], pos.phase);
   float s_lo[1], s_hi[1];
   block_scales(c, pos.stage, tile.row0, 0, s_lo, s_hi);
@@ -287,8 +321,8 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int lane) {
 // Direct: each lane stores its BF16 pairs (4 bytes; a quad covers 16 bytes of a row per store). Coalesced: per 4
 // consecutive 8-column groups a quad transposes its pairs so that each lane holds 8 consecutive columns and stores
 // them as 16 bytes (a quad covers 64 bytes of a row per store). The same values either way.
-template <int kNSub, bool kCoalesced>
-__device__ __forceinline__ void store_tile(const ConsumerCtx<kNSub>& c, const Params& p, const GroupedTile& tile,
+template <bool kCoalesced, class L, int kNSub = L::kNSubTiles>
+__device__ __forceinline__ void store_tile(const ConsumerCtx<L>& c, const Params& p, const GroupedTile& tile,
                                            const float (&acc)[kNSub][64]) {
   const int32_t r_lo = tile.row0 + c.row_in_tile, r_hi = r_lo + 8;
   bf16* out_lo = p.out + static_cast<int64_t>(r_lo) * p.P + tile.col0;
@@ -327,14 +361,169 @@ __device__ __forceinline__ void store_tile(const ConsumerCtx<kNSub>& c, const Pa
   }
 }
 
+// What the producer warpgroup needs to fill the stage ring (L: the kernel's Layout).
+template <class L>
+struct ProducerCtx {
+  uint8_t* smem;             // 1024-aligned base of L
+  uint64_t* full;            // [kStages]
+  uint64_t* empty;           // [kStages]
+  const int32_t* s_o;        // safe group offsets [G+1]
+  const int32_t* s_start;    // tile starts [G+1]
+  int32_t tiles, col_blocks;
+};
+
+// The copies of the B tile (W's rows b_row .. + BLOCK_N - 1 of the stacked [G * P, R] view, K block kb) and of its
+// W scales into `stage`, completing on the stage's full barrier (after the arrive.expect_tx of the stage's
+// transaction bytes, L::kTxBytes).
+template <class L>
+__device__ __forceinline__ void load_b(const ProducerCtx<L>& c, const Params& p, const CUtensorMap* map_b,
+                                       const GroupedTile& tile, int32_t kb, uint32_t stage) {
+  const int32_t b_row = tile.group * p.P + tile.col0;  // row of W's stacked [G * P, R] view
+  const float* w_scales = p.w_scales + tile.group * p.w_scales_per_group + (tile.col0 / 128) * p.w_scale_ld;
+  uint64_t* bar = &c.full[stage];
+  sm90::tma_load_2d(c.smem + L::kOffB + stage * L::kBBytes, map_b, kb * kBlockK, b_row, bar);
+#pragma unroll
+  for (int j = 0; j < L::kNSubTiles; ++j)
+    sm90::bulk_load(c.smem + L::kOffSb + stage * L::kSbBytes + 16 * j, w_scales + j * p.w_scale_ld + (kb & ~3), 16,
+                    bar);
+}
+
+// Producer with an FP8 row operand: one thread issues every copy (A, B and both scales by the copy engine).
+template <class L>
+__device__ __forceinline__ void produce_fp8(const ProducerCtx<L>& c, const Params& p, const CUtensorMap* map_a,
+                                            const CUtensorMap* map_b, const CUtensorMap* map_sa) {
+  RingPos<L::kStages> pos;
+  for (int32_t t = blockIdx.x; t < c.tiles; t += gridDim.x) {
+    const GroupedTile tile = grouped_tile(t, c.s_o, c.s_start, p.G, kBlockM, L::kBlockN, c.col_blocks);
+    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+      sm90::mbar_wait(&c.empty[pos.stage], pos.phase ^ 1);
+      uint64_t* bar = &c.full[pos.stage];
+      sm90::mbar_arrive_expect_tx(bar, L::kTxBytes);
+      sm90::tma_load_2d(c.smem + L::kOffA + pos.stage * L::kABytes, map_a, kb * kBlockK, tile.row0, bar);
+      load_b(c, p, map_b, tile, kb, pos.stage);
+      sm90::tma_load_2d(c.smem + L::kOffSa + pos.stage * L::kSaSlot, map_sa, tile.row0 & ~3, kb, bar);
+      pos.advance();
+    }
+  }
+}
+
+// MXFP4 row operand, the producer warpgroup's thread pt (0..127) in each of kMxPasses passes: tile row
+// 32 pass + pt / 4, MX block pt % 4 of the K block (16 code bytes; the four threads of a row read its 64
+// contiguous bytes).
+constexpr int kMxPasses = kBlockM * kBlockK / 32 / kProducerThreads;
+static_assert(kMxPasses == 4 && kBlockK / kMxBlock == 4, "four MX blocks per K block, one per thread of a quad");
+
+// Stages K block kb of the tile's rows from row0 into staging `slot` with cp.async (one commit group): this
+// thread's 16 code bytes per pass, and, for the first thread of a row, the row's four scale bytes (one word: the
+// row's K/32 scale bytes are a multiple of 4). Rows at or past M are zero-filled (never stored).
+template <class L>
+__device__ __forceinline__ void stage_mx_block(const ProducerCtx<L>& c, const Params& p, int pt, int32_t row0,
+                                               int32_t kb, int slot) {
+  uint8_t* staged = c.smem + L::kOffStaging + slot * L::kSlotBytes;
+  uint32_t* words = reinterpret_cast<uint32_t*>(staged + L::kStagedCodeBytes);
+  const int64_t code_ld = int64_t{p.k_blocks} * (kBlockK / 2), scale_ld = int64_t{p.k_blocks} * (kBlockK / kMxBlock);
+  const int b = pt % 4;
+#pragma unroll 1  // a pass at a time: the producer's register budget
+  for (int pass = 0; pass < kMxPasses; ++pass) {
+    const int row = 32 * pass + pt / 4;
+    const int64_t r = int64_t{row0} + row;
+    const bool valid = r < p.M;
+    const uint8_t* codes = valid ? p.mx_codes + r * code_ld + kb * (kBlockK / 2) + 16 * b : p.mx_codes;
+    detail::cp_async_16(staged + (pass * kProducerThreads + pt) * 16, codes, valid);
+    if (b == 0)
+      detail::cp_async_4(words + row, valid ? p.mx_scales + r * scale_ld + kb * (kBlockK / kMxBlock) : p.mx_scales,
+                         valid);
+  }
+  detail::cp_async_commit();
+}
+
+// Converts staging `slot` (complete and visible to this warp) into `stage`'s A tile and X scales with the direct
+// rule (mxfp4_fp8_direct.cuh: the bytes of mxfp4_row_to_fp8_row), then hands them to WGMMA: this thread's ordinary
+// shared-memory writes ordered before the async proxy's reads, and one of the 128 converter arrivals on the
+// stage's full barrier. A tile: K-major, 128 bytes per row, as the copy engine's 128-byte swizzle writes it
+// (16-byte chunk c of row r at chunk c ^ (r % 8), the tile 1024-byte aligned); X scale of tile row i at float i.
+template <class L>
+__device__ __forceinline__ void convert_mx_block(const ProducerCtx<L>& c, int pt, int slot, uint32_t stage) {
+  const uint8_t* staged = c.smem + L::kOffStaging + slot * L::kSlotBytes;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(staged + L::kStagedCodeBytes);
+  uint8_t* a = c.smem + L::kOffA + stage * L::kABytes;
+  float* sa = reinterpret_cast<float*>(c.smem + L::kOffSa + stage * L::kSaSlot);
+  const int b = pt % 4;
+#pragma unroll 1  // a pass at a time: the producer's register budget
+  for (int pass = 0; pass < kMxPasses; ++pass) {
+    const int row = 32 * pass + pt / 4;
+    const uint4 q = *reinterpret_cast<const uint4*>(staged + (pass * kProducerThreads + pt) * 16);
+    const uint32_t word = words[row];
+    const int s = detail::group_scale_exponent(word);
+    const uint32_t own = (word >> (8 * b)) & 0xFFu;
+    uint8_t* a_row = a + row * kBlockK;
+    *reinterpret_cast<uint4*>(a_row + ((2 * b) ^ (row % 8)) * 16) = detail::convert16_block(q.x, q.y, own, s);
+    *reinterpret_cast<uint4*>(a_row + ((2 * b + 1) ^ (row % 8)) * 16) = detail::convert16_block(q.z, q.w, own, s);
+    if (b == 0) sa[row] = exp2_exact(s);
+  }
+  sm90::fence_proxy_async_shared();
+  sm90::mbar_arrive(&c.full[stage]);
+}
+
+// Producer with an MXFP4 row operand: all 128 threads. Per K block of every tile (in the consumers' order): wait
+// for the stage to be free, the first thread copies B and its scales in, every thread stages its share of the
+// packed codes and scale bytes (cp.async), and then converts the block staged kLookahead blocks earlier (its
+// copies awaited) into that block's stage; the last blocks are converted after the walk. The stage's full barrier
+// completes when the B copies have landed and the 128 converters have arrived.
+// A position in the MXFP4 producer's sequence of K blocks: the stage and its use's parity, and the staging slot.
+template <class L>
+struct MxPos {
+  RingPos<L::kStages> ring;
+  int slot = 0;
+  __device__ __forceinline__ void advance() {
+    ring.advance();
+    slot = slot + 1 == L::kStagingSlots ? 0 : slot + 1;
+  }
+};
+
+template <class L>
+__device__ __forceinline__ void produce_mx(const ProducerCtx<L>& c, const Params& p, const CUtensorMap* map_b) {
+  const int pt = static_cast<int>(threadIdx.x) - kConsumerThreads;
+  MxPos<L> load_pos, convert_pos;
+  int staged = 0;  // blocks staged and not yet converted
+  for (int32_t t = blockIdx.x; t < c.tiles; t += gridDim.x) {
+    const GroupedTile tile = grouped_tile(t, c.s_o, c.s_start, p.G, kBlockM, L::kBlockN, c.col_blocks);
+    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+      const uint32_t stage = load_pos.ring.stage;
+      sm90::mbar_wait(&c.empty[stage], load_pos.ring.phase ^ 1);  // its A tile and scales are ours to write
+      if (pt == 0) {
+        sm90::mbar_arrive_expect_tx(&c.full[stage], L::kTxBytes);
+        load_b(c, p, map_b, tile, kb, stage);
+      }
+      __syncwarp();  // the row's threads have read the slot's scale word (its previous conversion) before it refills
+      stage_mx_block(c, p, pt, tile.row0, kb, load_pos.slot);
+      load_pos.advance();
+      if (++staged > L::kLookahead) {
+        detail::cp_async_wait<L::kLookahead>();  // the oldest staged block has landed
+        __syncwarp();                            // and is visible to the other threads of its rows
+        convert_mx_block(c, pt, convert_pos.slot, convert_pos.ring.stage);
+        convert_pos.advance();
+        --staged;
+      }
+    }
+  }
+  detail::cp_async_wait<0>();
+  __syncwarp();
+  for (; staged > 0; --staged) {
+    convert_mx_block(c, pt, convert_pos.slot, convert_pos.ring.stage);
+    convert_pos.advance();
+  }
+}
+
 // kNSub column sub-tiles of 128; kOverlap: mainloop_overlapped (kNSub = 1 only), else mainloop_serial; kCoalesced:
-// store_tile's coalesced epilogue.
-template <int kNSub, bool kOverlap, bool kCoalesced>
+// store_tile's coalesced epilogue; kMx: the row operand is MXFP4 (p.mx_codes, p.mx_scales), converted by the
+// producer warpgroup (produce_mx; map_a and map_sa unused), else FP8 (map_a, map_sa).
+template <int kNSub, bool kOverlap, bool kCoalesced, bool kMx>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                              const __grid_constant__ CUtensorMap map_sa, const Params p) {
   static_assert(!kOverlap || kNSub == 1, "the overlapped main loop's two partials fit the 128-wide tile only");
-  using L = Layout<kNSub>;
+  using L = Layout<kNSub, kMx>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBars);
@@ -344,16 +533,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t col_blocks = p.P / L::kBlockN;
 
   if (threadIdx.x == 0) {
+    // full: the producer's arrive.expect_tx, completed by the copies (and, kMx, the 128 converters' arrivals)
     for (int s = 0; s < L::kStages; ++s) {
-      sm90::mbar_init(&full[s], 1);                 // the producer's arrive.expect_tx; the copies complete it
+      sm90::mbar_init(&full[s], kMx ? 1 + kProducerThreads : 1);
       sm90::mbar_init(&empty[s], kConsumerWarps);   // one arrival per consumer warp
     }
     sm90::mbar_init_fence();
   }
   if (threadIdx.x == kConsumerThreads) {
-    sm90::prefetch_tensor_map(&map_a);
+    if constexpr (!kMx) sm90::prefetch_tensor_map(&map_a);
     sm90::prefetch_tensor_map(&map_b);
-    sm90::prefetch_tensor_map(&map_sa);
+    if constexpr (!kMx) sm90::prefetch_tensor_map(&map_sa);
   }
   for (int i = threadIdx.x; i <= p.G; i += kThreads) s_o[i] = p.offsets[i];  // one load in flight per thread
   __syncthreads();
@@ -362,35 +552,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t tiles = s_start[p.G];
 
   if (threadIdx.x >= kConsumerThreads) {
-    // ---- producer warpgroup: one thread issues every copy -------------------------------------------------------
-    sm90::warpgroup_regs_dec<kProducerRegs>();
-    if (threadIdx.x != kConsumerThreads) return;
-    RingPos<L::kStages> pos;
-    for (int32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const GroupedTile tile = grouped_tile(t, s_o, s_start, p.G, kBlockM, L::kBlockN, col_blocks);
-      const int32_t b_row = tile.group * p.P + tile.col0;  // row of W's stacked [G * P, R] view
-      const float* w_scales = p.w_scales + tile.group * p.w_scales_per_group + (tile.col0 / 128) * p.w_scale_ld;
-      for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
-        sm90::mbar_wait(&empty[pos.stage], pos.phase ^ 1);
-        uint64_t* bar = &full[pos.stage];
-        sm90::mbar_arrive_expect_tx(bar, L::kTxBytes);
-        sm90::tma_load_2d(smem + L::kOffA + pos.stage * L::kABytes, &map_a, kb * kBlockK, tile.row0, bar);
-        sm90::tma_load_2d(smem + L::kOffB + pos.stage * L::kBBytes, &map_b, kb * kBlockK, b_row, bar);
-        sm90::tma_load_2d(smem + L::kOffSa + pos.stage * L::kSaSlot, &map_sa, tile.row0 & ~3, kb, bar);
-#pragma unroll
-        for (int j = 0; j < kNSub; ++j)
-          sm90::bulk_load(smem + L::kOffSb + pos.stage * L::kSbBytes + 16 * j,
-                          w_scales + j * p.w_scale_ld + (kb & ~3), 16, bar);
-        pos.advance();
-      }
+    // ---- producer warpgroup ------------------------------------------------------------------------------------
+    const ProducerCtx<L> pc{smem, full, empty, s_o, s_start, tiles, col_blocks};
+    if constexpr (kMx) {
+      sm90::warpgroup_regs_dec<kProducerRegsMx>();
+      produce_mx(pc, p, &map_b);
+    } else {
+      sm90::warpgroup_regs_dec<kProducerRegs>();
+      if (threadIdx.x == kConsumerThreads) produce_fp8(pc, p, &map_a, &map_b, &map_sa);
     }
     return;
   }
 
   // ---- consumer warpgroups: rows 64 wg .. 64 wg + 63 of each tile -------------------------------------------------
-  sm90::warpgroup_regs_inc<kConsumerRegs>();
+  sm90::warpgroup_regs_inc<kMx ? kConsumerRegsMx : kConsumerRegs>();
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const ConsumerCtx<kNSub> c{smem, full, empty, wg, lane, 64 * wg + 16 * warp + lane / 4};
+  const ConsumerCtx<L> c{smem, full, empty, wg, lane, 64 * wg + 16 * warp + lane / 4};
   float partial[kOverlap ? 2 : 1][64];
 #pragma unroll
   for (int b = 0; b < (kOverlap ? 2 : 1); ++b)
@@ -406,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
     if constexpr (kOverlap) mainloop_overlapped(c, tile, p.k_blocks, pos, acc[0], partial[0], partial[1]);
     else mainloop_serial(c, tile, p.k_blocks, pos, acc, partial[0]);
-    store_tile<kNSub, kCoalesced>(c, p, tile, acc);
+    store_tile<kCoalesced>(c, p, tile, acc);
   }
 }
 
@@ -421,11 +598,11 @@ int current_device_attribute(cudaDeviceAttr attr) {
 
 // Row operand [M, R] times each expert's block tensor [P, R]^T into out [M, P] (Fprop: P = N, R = K; Dgrad: P = K,
 // R = N), with the kernel of the template arguments.
-template <int kNSub, bool kOverlap, bool kCoalesced>
+template <int kNSub, bool kOverlap, bool kCoalesced, bool kMx>
 void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_sa, const Params& p,
             cudaStream_t stream) {
-  using L = Layout<kNSub>;
-  const auto kernel = grouped_gemm_sm90_kernel<kNSub, kOverlap, kCoalesced>;
+  using L = Layout<kNSub, kMx>;
+  const auto kernel = grouped_gemm_sm90_kernel<kNSub, kOverlap, kCoalesced, kMx>;
   const size_t smem = L::bytes(p.G);
   FP4MOE_CHECK(smem <= static_cast<size_t>(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)),
                "grouped GEMM (sm90): the kernel needs {} bytes of shared memory per block, the device offers {}",
@@ -438,11 +615,21 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMa
   CUDA_CHECK_LAUNCH();
 }
 
-template <int kNSub, bool kOverlap>
-void launch_with_epilogue(bool coalesced, const CUtensorMap& map_a, const CUtensorMap& map_b,
-                          const CUtensorMap& map_sa, const Params& p, cudaStream_t stream) {
-  if (coalesced) launch<kNSub, kOverlap, true>(map_a, map_b, map_sa, p, stream);
-  else launch<kNSub, kOverlap, false>(map_a, map_b, map_sa, p, stream);
+// The kernel of a tile width (128 or 256) and config's variant.
+template <bool kMx>
+void launch_variant(int block_n, Sm90GemmConfig config, const CUtensorMap& map_a, const CUtensorMap& map_b,
+                    const CUtensorMap& map_sa, const Params& p, cudaStream_t stream) {
+  const bool coalesced = config.coalesced_epilogue;
+  if (block_n == 256) {
+    if (coalesced) launch<2, false, true, kMx>(map_a, map_b, map_sa, p, stream);
+    else launch<2, false, false, kMx>(map_a, map_b, map_sa, p, stream);
+  } else if (config.overlap_promotion) {
+    if (coalesced) launch<1, true, true, kMx>(map_a, map_b, map_sa, p, stream);
+    else launch<1, true, false, kMx>(map_a, map_b, map_sa, p, stream);
+  } else {
+    if (coalesced) launch<1, false, true, kMx>(map_a, map_b, map_sa, p, stream);
+    else launch<1, false, false, kMx>(map_a, map_b, map_sa, p, stream);
+  }
 }
 
 // Shape rules of the kernel (no CUDA call): empty when (N, K, G) is taken.
@@ -472,10 +659,10 @@ std::string device_problem() {
   return {};
 }
 
-void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int64_t M, int64_t P, int64_t R,
-                      int64_t N, int64_t K, const int32_t* offsets, int64_t G, bf16* out, cudaStream_t stream,
-                      Sm90GemmConfig config) {
-  // Every argument check before the first CUDA call.
+// The argument checks every entry shares, before any CUDA call (output [M, P], reduction R; (N, K) the problem's
+// shape): false when M = 0, which reads and writes nothing.
+bool check_arguments(const char* what, int64_t M, int64_t P, int64_t N, int64_t K, const int32_t* offsets, int64_t G,
+                     Sm90GemmConfig config) {
   const std::string shape = shape_problem(N, K, G);
   FP4MOE_CHECK(shape.empty(), "{}: {}", what, shape);
   FP4MOE_CHECK(M >= 0 && M <= INT32_MAX - kBlockM, "{}: expected 0 <= M <= {} rows, got M={}", what,
@@ -490,46 +677,64 @@ void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int
   FP4MOE_CHECK(offsets != nullptr && reinterpret_cast<uintptr_t>(offsets) % 4 == 0,
                "{}: device group offsets must be a non-null int32 pointer, got {}", what,
                static_cast<const void*>(offsets));
-  if (M == 0) return;  // no rows: nothing to read or write
+  return M > 0;
+}
+
+// After the pointer checks: the device's, then the tile width of `config` for an output [M, P] (Sm90GemmConfig's
+// automatic rule for block_n 0).
+int checked_tile_width(const char* what, int64_t M, int64_t P, Sm90GemmConfig config) {
+  const std::string device = device_problem();
+  FP4MOE_CHECK(device.empty(), "{}: {}", what, device);
+  if (config.overlap_promotion) return 128;
+  if (config.block_n != 0) return config.block_n;
+  return P % 256 == 0 && ceil_div(M, kBlockM) * (P / 256) >= current_device_attribute(cudaDevAttrMultiProcessorCount)
+             ? 256
+             : 128;
+}
+
+// The tensor map of G stacked [P, R] E4M3 block tensors, boxes of block_n rows x one 128-wide K block.
+CUtensorMap block_stack_map(const char* what, Fp8BlockStack w, int64_t P, int64_t R, int64_t G, int block_n) {
+  return make_tensor_map_2d(what, w.codes, TmaElem::u8, static_cast<uint64_t>(R), static_cast<uint64_t>(G * P),
+                            static_cast<uint64_t>(R), kBlockK, static_cast<uint32_t>(block_n),
+                            TmaSwizzle::swizzle_128b);
+}
+
+Params params_of(const int32_t* offsets, int64_t G, int64_t M, int64_t P, int64_t R, Fp8BlockStack w, bf16* out) {
+  return Params{offsets,
+                static_cast<int32_t>(G),
+                static_cast<int32_t>(M),
+                static_cast<int32_t>(P),
+                static_cast<int32_t>(R / kBlockK),
+                w.scales,
+                fp8_block_scale_count(P, R),
+                static_cast<int32_t>(fp8_block_scale_ld(R)),
+                out,
+                nullptr,
+                nullptr};
+}
+
+void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int64_t M, int64_t P, int64_t R,
+                      int64_t N, int64_t K, const int32_t* offsets, int64_t G, bf16* out, cudaStream_t stream,
+                      Sm90GemmConfig config) {
+  // Every argument check before the first CUDA call.
+  if (!check_arguments(what, M, P, N, K, offsets, G, config)) return;
   FP4MOE_CHECK(aligned16(rows.codes) && aligned16(rows.scales) && aligned16(w.codes) && aligned16(w.scales) &&
                    aligned16(out),
                "{}: operands and output must be non-null 16-byte aligned device pointers, got codes {} scales {}, "
                "weights {} scales {}, output {}", what, static_cast<const void*>(rows.codes),
                static_cast<const void*>(rows.scales), static_cast<const void*>(w.codes),
                static_cast<const void*>(w.scales), static_cast<const void*>(out));
-  const std::string device = device_problem();
-  FP4MOE_CHECK(device.empty(), "{}: {}", what, device);
-
-  int block_n = config.overlap_promotion ? 128 : config.block_n;
-  if (block_n == 0)
-    block_n = P % 256 == 0 &&
-                      ceil_div(M, kBlockM) * (P / 256) >= current_device_attribute(cudaDevAttrMultiProcessorCount)
-                  ? 256
-                  : 128;
+  const int block_n = checked_tile_width(what, M, P, config);
   const CUtensorMap map_a = make_tensor_map_2d(what, rows.codes, TmaElem::u8, static_cast<uint64_t>(R),
                                                static_cast<uint64_t>(M), static_cast<uint64_t>(R), kBlockK, kBlockM,
                                                TmaSwizzle::swizzle_128b);
-  const CUtensorMap map_b = make_tensor_map_2d(what, w.codes, TmaElem::u8, static_cast<uint64_t>(R),
-                                               static_cast<uint64_t>(G * P), static_cast<uint64_t>(R), kBlockK,
-                                               static_cast<uint32_t>(block_n), TmaSwizzle::swizzle_128b);
+  const CUtensorMap map_b = block_stack_map(what, w, P, R, G, block_n);
   const int64_t scale_ld = fp8_row_scale_ld(M);
   const CUtensorMap map_sa = make_tensor_map_2d(what, rows.scales, TmaElem::f32, static_cast<uint64_t>(scale_ld),
                                                 static_cast<uint64_t>(R / kBlockK),
                                                 static_cast<uint64_t>(scale_ld * sizeof(float)), Layout<1>::kSaBox, 1,
                                                 TmaSwizzle::none);
-  const Params p{offsets,
-                 static_cast<int32_t>(G),
-                 static_cast<int32_t>(M),
-                 static_cast<int32_t>(P),
-                 static_cast<int32_t>(R / kBlockK),
-                 w.scales,
-                 fp8_block_scale_count(P, R),
-                 static_cast<int32_t>(fp8_block_scale_ld(R)),
-                 out};
-  const bool coalesced = config.coalesced_epilogue;
-  if (block_n == 256) launch_with_epilogue<2, false>(coalesced, map_a, map_b, map_sa, p, stream);
-  else if (config.overlap_promotion) launch_with_epilogue<1, true>(coalesced, map_a, map_b, map_sa, p, stream);
-  else launch_with_epilogue<1, false>(coalesced, map_a, map_b, map_sa, p, stream);
+  launch_variant<false>(block_n, config, map_a, map_b, map_sa, params_of(offsets, G, M, P, R, w, out), stream);
 }
 
 }  // namespace
@@ -547,6 +752,24 @@ void grouped_fprop_fp8_sm90(Fp8RowOperand x, Fp8BlockStack w, int64_t M, int64_t
 void grouped_dgrad_fp8_sm90(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t M, int64_t N, int64_t K,
                             const int32_t* offsets, int64_t G, bf16* dx, cudaStream_t stream, Sm90GemmConfig config) {
   row_times_blocks("grouped_dgrad_fp8_sm90", dy, w_t, M, K, N, N, K, offsets, G, dx, stream, config);
+}
+
+void grouped_fprop_mxfp4_sm90(Mxfp4RowOperand x, Fp8BlockStack w, int64_t M, int64_t N, int64_t K,
+                              const int32_t* offsets, int64_t G, bf16* y, cudaStream_t stream, Sm90GemmConfig config) {
+  const char* what = "grouped_fprop_mxfp4_sm90";
+  if (!check_arguments(what, M, N, N, K, offsets, G, config)) return;
+  FP4MOE_CHECK(aligned16(x.codes) && x.scales != nullptr && reinterpret_cast<uintptr_t>(x.scales) % 4 == 0 &&
+                   aligned16(w.codes) && aligned16(w.scales) && aligned16(y),
+               "{}: expected non-null device pointers, MXFP4 codes 16-byte and scales 4-byte aligned, weights, their "
+               "scales and the output 16-byte aligned; got codes {} scales {}, weights {} scales {}, output {}",
+               what, static_cast<const void*>(x.codes), static_cast<const void*>(x.scales),
+               static_cast<const void*>(w.codes), static_cast<const void*>(w.scales), static_cast<const void*>(y));
+  const int block_n = checked_tile_width(what, M, N, config);
+  const CUtensorMap map_b = block_stack_map(what, w, N, K, G, block_n);
+  Params p = params_of(offsets, G, M, N, K, w, y);
+  p.mx_codes = x.codes;
+  p.mx_scales = x.scales;
+  launch_variant<true>(block_n, config, map_b, map_b, map_b, p, stream);  // the kernel reads only map_b
 }
 
 }  // namespace fp4moe

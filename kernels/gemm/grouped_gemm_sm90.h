@@ -5,6 +5,8 @@
 //   Fprop  Y_g  = X_g  W_g^T    X [M, K] FP8 1x128 row tensor, W [G, N, K] stacked 128x128 block tensors, Y  [M, N]
 //   Dgrad  dX_g = dY_g W_g      dY [M, N] FP8 1x128 row tensor, W^T [G, K, N] stacked 128x128 block tensors
 //                               (bf16_to_fp8_block128 with transpose = true), dX [M, K]
+//   Fprop with X an MXFP4 row tensor (grouped_fprop_mxfp4_sm90): X converted in shared memory by the direct rule
+//                               of mxfp4_row_to_fp8_row.h into the FP8 operand above
 // Layouts: kernels/quant/layouts.h (codes E4M3 row-major; row scales fp32 [R/128, round_up(M, 4)]; block scales fp32
 // [rows/128, round_up(R/128, 4)], expert g's at g * fp8_block_scale_count); the operand types of grouped_gemm.h.
 // Output BF16 [M, N] (Fprop) or [M, K] (Dgrad), row-major, round-to-nearest-even from FP32.
@@ -23,9 +25,10 @@
 // 4-6 stage shared-memory ring guarded by mbarriers; two consumer warpgroups of 64 rows each run WGMMA
 // (m64n128k32, E4M3 x E4M3 -> FP32), promote as above (optionally with the next block's WGMMAs in flight:
 // Sm90GemmConfig) and store their rows of the group as BF16. Rows of a tile past its group's end are computed from
-// the next group's (or zero-filled) rows and never stored. Sources: PTX ISA
-// 8.x (wgmma.mma_async, its shared-memory matrix descriptor and 128-byte swizzle; cp.async.bulk.tensor; mbarrier;
-// setmaxnreg), CUDA Driver API (cuTensorMapEncodeTiled).
+// the next group's (or zero-filled) rows and never stored. With an MXFP4 X the producer warpgroup's 128 threads
+// stage its packed codes and scale bytes (cp.async) and write the converted A tile and row scales themselves.
+// Sources: PTX ISA 8.x (wgmma.mma_async, its shared-memory matrix descriptor and 128-byte swizzle;
+// cp.async.bulk.tensor; cp.async; mbarrier; fence.proxy.async; setmaxnreg), CUDA Driver API (cuTensorMapEncodeTiled).
 //
 // Groups: any sizes, empty groups included; offsets need not end at M: rows at or past o[G] (and before o[0]) are
 // left untouched. The offsets are read on the device and made safe there (grouped_tiles.h: clamped to [0, M],
@@ -47,6 +50,7 @@
 
 #include "kernels/common/types.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "kernels/gemm/mxfp4_gemm.h"
 
 namespace fp4moe {
 
@@ -80,5 +84,17 @@ void grouped_fprop_fp8_sm90(Fp8RowOperand x, Fp8BlockStack w, int64_t M, int64_t
 void grouped_dgrad_fp8_sm90(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t M, int64_t N, int64_t K,
                             const int32_t* offsets, int64_t G, bf16* dx, cudaStream_t stream,
                             Sm90GemmConfig config = {});
+
+// Fprop with the MXFP4 row operand read directly: y [M, N] bf16 = X_g W_g^T per group, x the MXFP4 row tensor
+// [M, K] (layouts.h: codes packed E2M1 [M, K/2], 16-byte aligned; scales UE8M0 [M, K/32], 4-byte aligned), w as in
+// grouped_fprop_fp8_sm90. The producer warpgroup stages each K block's packed codes and scale bytes (cp.async) and
+// converts them in shared memory into the WGMMA operand with the direct rule of mxfp4_row_to_fp8_row.h (the
+// 1x128 group scale becomes the row's operand scale), so that the output is bit for bit that of
+// mxfp4_row_to_fp8_row followed by grouped_fprop_fp8_sm90 with the same config (NaN MX blocks included: codes
+// 0x7F, their rows' outputs NaN), without the FP8 copy of X in memory. Same rules, rejections and asynchrony as
+// grouped_fprop_fp8_sm90 (K a multiple of 128 among them), the scales' alignment 4 bytes.
+void grouped_fprop_mxfp4_sm90(Mxfp4RowOperand x, Fp8BlockStack w, int64_t M, int64_t N, int64_t K,
+                              const int32_t* offsets, int64_t G, bf16* y, cudaStream_t stream,
+                              Sm90GemmConfig config = {});
 
 }  // namespace fp4moe

@@ -56,6 +56,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Orders this thread's earlier ordinary (generic proxy) shared-memory writes before later accesses of the async
+// proxy (WGMMA operand reads, bulk copies): a thread that fills an operand tile with st.shared runs it before the
+// mbarrier arrival that hands the tile to WGMMA (PTX ISA, "Memory Consistency Model: proxies"; fence.proxy.async).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // ---- bulk copies (TMA), completing on an mbarrier -----------------------------------------------------------------
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
@@ -100,6 +107,15 @@ __device__ __forceinline__ void st_global_v4(void* p, uint32_t a, uint32_t b, ui
 }
 
 // ---- warpgroup register reallocation ------------------------------------------------------------------------------
+// A thread block of `threads` launched with one block per SM holds threads x (65536 / threads rounded down to the
+// allocation granularity of 8) registers (384 threads: 168 each, 64512 in all). setmaxnreg.dec gives registers back
+// to that pool and setmaxnreg.inc waits until the pool has what it asks for (PTX ISA, setmaxnreg): if the counts
+// after reallocation sum to more than the pool, the increasing warpgroups wait forever.
+constexpr bool setmaxnreg_fits(uint32_t threads, uint32_t producer_threads, uint32_t producer_regs,
+                               uint32_t consumer_regs) {
+  return producer_threads * producer_regs + (threads - producer_threads) * consumer_regs <=
+         threads * (65536 / threads / 8 * 8);
+}
 
 template <uint32_t kRegs>
 __device__ __forceinline__ void warpgroup_regs_dec() {

@@ -1,4 +1,4 @@
-// Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), so that a thread block can load its next tile
+// Asynchronous 16- and 4-byte global -> shared copies (cp.async, sm_80+), so that a thread block can load its next tile
 // while it converts the current one without staging the data in registers.
 #pragma once
 
@@ -12,6 +12,14 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes) : "memory");
+}
+
+// Copies 4 bytes from gmem to smem through L1 (.ca: the only cache mode of copies under 16 bytes), or writes 4 zero
+// bytes when !valid (gmem then not read, but a valid address). Both addresses 4-byte aligned.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
+  unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
