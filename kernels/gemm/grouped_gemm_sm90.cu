@@ -38,21 +38,19 @@ static_assert(kBlockK == 128, "one 128-byte swizzle row of E4M3 per stage and pe
 static_assert(kBlockK % kWgmmaK == 0, "whole WGMMA steps per K block");
 
 // Shared memory of the kernel with kNSub column sub-tiles of 128 (BLOCK_N = 128 kNSub), from a 1024-byte aligned
-// base: the stage ring (A tiles, B tiles, the rows' X scales, the W scales; with an MXFP4 row operand (kMx) also
-// each stage's packed codes and raw scale bytes), the full and empty barriers of each stage (kMx: and its codes
-// barrier), the safe group offsets and tile starts [G+1] each.
+// base: the stage ring (A tiles, B tiles, the rows' X scales, the W scales), with an MXFP4 row operand (kMx) the
+// staging slots of its packed codes and scale bytes, the full and empty barriers of each stage, the safe group
+// offsets and tile starts [G+1] each.
 template <int kNSub, bool kMx = false>
 struct Layout {
   static constexpr int kNSubTiles = kNSub;
   static constexpr bool kMxOperand = kMx;
   static constexpr int kBlockN = 128 * kNSub;
-  // kMx: the ring gives up stages to hold each stage's codes (kMaxSmemPerBlock).
-  static constexpr int kStages = kNSub == 1 ? (kMx ? 5 : 6) : (kMx ? 3 : 4);
-  // kMx: how many K blocks ahead of the one being converted the producer issues the copies of codes, scales and B.
-  // Block i + kLead's stage was last used by block i + kLead - kStages = i - 2, which the consumers release while the
-  // producer converts block i - 1 or i: the copies never wait for the block being converted (no deadlock), nor for
-  // the one just before it in the serial main loop.
-  static constexpr int kLead = kMx ? kStages - 2 : 0;
+  // kMx: the producer converts K block i while the copies of blocks i + 1 .. i + kLookahead are in flight, in
+  // kLookahead + 1 staging slots; the ring gives up a stage where the slots would not fit (kMaxSmemPerBlock).
+  static constexpr int kLookahead = kMx ? (kNSub == 1 ? 2 : 1) : 0;
+  static constexpr int kStagingSlots = kMx ? kLookahead + 1 : 0;
+  static constexpr int kStages = kNSub == 1 ? (kMx ? 5 : 6) : 4;
   static constexpr uint32_t kABytes = kBlockM * kBlockK;  // 16 KiB, 1024-aligned atoms
   static constexpr uint32_t kBBytes = kBlockN * kBlockK;
   // The rows' X scales of a stage: x_scale[row0 & ~3 .. + kSaBox - 1, kb]. A tiled copy's innermost start must lie
@@ -64,29 +62,29 @@ struct Layout {
   static constexpr uint32_t kSaSlot = (kSaBytes + 127) / 128 * 128;
   static constexpr uint32_t kSbBytes = 16 * kNSub;   // per column block: w_scale[nb, kb & ~3 .. + 3]
   static constexpr uint32_t kTxBytes = kMx ? kBBytes + kSbBytes : kABytes + kBBytes + kSaBytes + kSbBytes;
-  // kMx, per stage: the tile's packed E2M1 codes of one K block as the copy engine writes them (row r's 64 bytes at
-  // 64 r, no swizzle), and each row's four UE8M0 scale bytes as one word (row r at word r, by cp.async).
-  static constexpr uint32_t kCodeBytes = kMx ? kBlockM * kBlockK / 2 : 0;
-  static constexpr uint32_t kRawScaleBytes = kMx ? kBlockM * 4 : 0;
+  // A staging slot (kMx): the tile's packed E2M1 codes of one K block, 16 bytes (one MX block) per producer thread
+  // and pass, [kMxPasses][128 threads][16 bytes]; then each row's four UE8M0 scale bytes as one word, [128].
+  static constexpr uint32_t kStagedCodeBytes = kBlockM * kBlockK / 2;
+  static constexpr uint32_t kSlotBytes = kStagedCodeBytes + kBlockM * 4;
   static constexpr uint32_t kOffA = 0;
   static constexpr uint32_t kOffB = kOffA + kStages * kABytes;
   static constexpr uint32_t kOffSa = kOffB + kStages * kBBytes;
   static constexpr uint32_t kOffSb = kOffSa + kStages * kSaSlot;
-  static constexpr uint32_t kOffCodes = (kOffSb + kStages * kSbBytes + 1023) / 1024 * 1024;
-  static constexpr uint32_t kOffRawScales = kOffCodes + kStages * kCodeBytes;
-  static constexpr uint32_t kOffBars = kOffRawScales + kStages * kRawScaleBytes;
-  static constexpr int kBarsPerStage = kMx ? 3 : 2;  // full, empty (, codes)
-  static constexpr uint32_t kOffGroups = kOffBars + kBarsPerStage * kStages * sizeof(uint64_t);
+  static constexpr uint32_t kOffStaging = kOffSb + kStages * kSbBytes;
+  static constexpr uint32_t kOffBars = kOffStaging + kStagingSlots * kSlotBytes;
+  static constexpr uint32_t kOffGroups = kOffBars + 2 * kStages * sizeof(uint64_t);
   static size_t bytes(int64_t G) { return 1024 + kOffGroups + 2 * sizeof(int32_t) * static_cast<size_t>(G + 1); }
-  static_assert(kOffB % 1024 == 0 && kOffSa % 1024 == 0 && kABytes % 1024 == 0 && kBBytes % 1024 == 0 &&
-                    kOffCodes % 1024 == 0 && kCodeBytes % 1024 == 0,
-                "WGMMA tiles and the copies' destinations start on 1024-byte swizzle atoms");
-  static_assert(kSaBytes % 16 == 0 && kSaSlot % 128 == 0 && kOffSb % 16 == 0 && kOffRawScales % 16 == 0 &&
+  static_assert(kOffB % 1024 == 0 && kOffSa % 1024 == 0 && kABytes % 1024 == 0 && kBBytes % 1024 == 0,
+                "WGMMA tiles start on 1024-byte swizzle atoms");
+  static_assert(kSaBytes % 16 == 0 && kSaSlot % 128 == 0 && kOffSb % 16 == 0 && kOffStaging % 16 == 0 &&
                     kOffBars % 8 == 0,
                 "TMA, cp.async and mbarrier alignment");
   static_assert(1024 + kOffGroups + 2 * sizeof(int32_t) * (kMaxGroups + 1) <= kMaxSmemPerBlock,
-                "the ring and the largest group table fit one block's shared memory");
-  static_assert(!kMx || kLead >= 1, "the MXFP4 producer copies at least one block ahead");
+                "the ring, the staging slots and the largest group table fit one block's shared memory");
+  // The producer converts block i after waiting for block i + kLookahead's stage, which the consumers free once
+  // block i + kLookahead - kStages is done, in the overlapped main loop only when block i + kLookahead - kStages + 1
+  // has arrived: that must be block i at the latest.
+  static_assert(kStages >= kLookahead + 2, "the converter never waits for a stage held for the block it converts");
 };
 
 struct Params {
@@ -99,7 +97,8 @@ struct Params {
   int64_t w_scales_per_group;  // fp8_block_scale_count(P, R)
   int32_t w_scale_ld;          // fp8_block_scale_ld(R)
   bf16* out;
-  const uint8_t* mx_scales;  // MXFP4 row operand (kMx only): UE8M0 [M, R/32] (its codes: the kernel's map_a)
+  const uint8_t* mx_codes;     // MXFP4 row operand (kMx only): packed E2M1 [M, R/2] and UE8M0 [M, R/32]
+  const uint8_t* mx_scales;
 };
 
 // Warp 0: the raw offsets in s_o [G+1] become the safe offsets, and s_start [G+1] the tile starts, of
@@ -368,7 +367,6 @@ struct ProducerCtx {
   uint8_t* smem;             // 1024-aligned base of L
   uint64_t* full;            // [kStages]
   uint64_t* empty;           // [kStages]
-  uint64_t* codes_full;      // [kStages], kMx: the stage's codes have landed
   const int32_t* s_o;        // safe group offsets [G+1]
   const int32_t* s_start;    // tile starts [G+1]
   int32_t tiles, col_blocks;
@@ -415,77 +413,46 @@ __device__ __forceinline__ void produce_fp8(const ProducerCtx<L>& c, const Param
 constexpr int kMxPasses = kBlockM * kBlockK / 32 / kProducerThreads;
 static_assert(kMxPasses == 4 && kBlockK / kMxBlock == 4, "four MX blocks per K block, one per thread of a quad");
 
-// The producer's walk over its K blocks (those of every tile of this CTA, in the consumers' order), one position
-// per K block: the tile, the K block and the stage ring's position.
+// Stages K block kb of the tile's rows from row0 into staging `slot` with cp.async (one commit group): this
+// thread's 16 code bytes per pass, and, for the first thread of a row, the row's four scale bytes (one word: the
+// row's K/32 scale bytes are a multiple of 4). Rows at or past M are zero-filled (never stored).
 template <class L>
-struct MxWalk {
-  int32_t t = 0, kb = 0;
-  GroupedTile tile{};
-  RingPos<L::kStages> ring;
-  __device__ __forceinline__ bool valid(const ProducerCtx<L>& c) const { return t < c.tiles; }
-  __device__ __forceinline__ void start(const ProducerCtx<L>& c, const Params& p) {
-    t = blockIdx.x;
-    kb = 0;
-    if (t < c.tiles) tile = grouped_tile(t, c.s_o, c.s_start, p.G, kBlockM, L::kBlockN, c.col_blocks);
-  }
-  __device__ __forceinline__ void advance(const ProducerCtx<L>& c, const Params& p) {
-    ring.advance();
-    if (++kb < p.k_blocks) return;
-    kb = 0;
-    t += gridDim.x;
-    if (t < c.tiles) tile = grouped_tile(t, c.s_o, c.s_start, p.G, kBlockM, L::kBlockN, c.col_blocks);
-  }
-};
-
-// The copies of K block `at` of the walk, kLead blocks ahead of the conversion: thread pt 0 waits until the
-// consumers have released the block's stage, then the copy engine brings B, the W scales (full barrier) and the
-// tile's packed codes (codes barrier; rows at or past M arrive as zeros); every thread copies its rows' scale words
-// with cp.async into the stage's raw scales (rows at or past M: zeros), one commit group per block. The raw scales
-// are read only by these threads (no consumer reads them), so they need no wait for the stage.
-template <class L>
-__device__ __forceinline__ void issue_mx_block(const ProducerCtx<L>& c, const Params& p, const CUtensorMap* map_codes,
-                                               const CUtensorMap* map_b, const MxWalk<L>& at, int pt) {
-  const uint32_t stage = at.ring.stage;
-  if (pt == 0) {
-    sm90::mbar_wait(&c.empty[stage], at.ring.phase ^ 1);
-    sm90::mbar_arrive_expect_tx(&c.full[stage], L::kTxBytes);
-    load_b(c, p, map_b, at.tile, at.kb, stage);
-    sm90::mbar_arrive_expect_tx(&c.codes_full[stage], L::kCodeBytes);
-    sm90::tma_load_2d(c.smem + L::kOffCodes + stage * L::kCodeBytes, map_codes, at.kb * (kBlockK / 2), at.tile.row0,
-                      &c.codes_full[stage]);
-  }
-  if (pt % 4 == 0) {
-    uint32_t* words = reinterpret_cast<uint32_t*>(c.smem + L::kOffRawScales + stage * L::kRawScaleBytes);
-    const int64_t scale_ld = int64_t{p.k_blocks} * (kBlockK / kMxBlock);
-#pragma unroll
-    for (int pass = 0; pass < kMxPasses; ++pass) {
-      const int row = 32 * pass + pt / 4;
-      const int64_t r = int64_t{at.tile.row0} + row;
-      const bool valid = r < p.M;
-      detail::cp_async_4(words + row, valid ? p.mx_scales + r * scale_ld + at.kb * (kBlockK / kMxBlock) : p.mx_scales,
+__device__ __forceinline__ void stage_mx_block(const ProducerCtx<L>& c, const Params& p, int pt, int32_t row0,
+                                               int32_t kb, int slot) {
+  uint8_t* staged = c.smem + L::kOffStaging + slot * L::kSlotBytes;
+  uint32_t* words = reinterpret_cast<uint32_t*>(staged + L::kStagedCodeBytes);
+  const int64_t code_ld = int64_t{p.k_blocks} * (kBlockK / 2), scale_ld = int64_t{p.k_blocks} * (kBlockK / kMxBlock);
+  const int b = pt % 4;
+#pragma unroll 1  // a pass at a time: the producer's register budget
+  for (int pass = 0; pass < kMxPasses; ++pass) {
+    const int row = 32 * pass + pt / 4;
+    const int64_t r = int64_t{row0} + row;
+    const bool valid = r < p.M;
+    const uint8_t* codes = valid ? p.mx_codes + r * code_ld + kb * (kBlockK / 2) + 16 * b : p.mx_codes;
+    detail::cp_async_16(staged + (pass * kProducerThreads + pt) * 16, codes, valid);
+    if (b == 0)
+      detail::cp_async_4(words + row, valid ? p.mx_scales + r * scale_ld + kb * (kBlockK / kMxBlock) : p.mx_scales,
                          valid);
-    }
   }
   detail::cp_async_commit();
 }
 
-// Converts the codes and raw scales of `stage` (landed and visible to this thread) into its A tile and X scales with
-// the direct rule (mxfp4_fp8_direct.cuh: the bytes of mxfp4_row_to_fp8_row), then hands them to WGMMA: this
-// thread's ordinary shared-memory writes ordered before the async proxy's reads, and one of the 128 converter
-// arrivals on the stage's full barrier. A tile: K-major, 128 bytes per row, as the copy engine's 128-byte swizzle
-// writes it (16-byte chunk c of row r at chunk c ^ (r % 8), the tile 1024-byte aligned); X scale of tile row i at
-// float i.
+// Converts staging `slot` (complete and visible to this warp) into `stage`'s A tile and X scales with the direct
+// rule (mxfp4_fp8_direct.cuh: the bytes of mxfp4_row_to_fp8_row), then hands them to WGMMA: this thread's ordinary
+// shared-memory writes ordered before the async proxy's reads, and one of the 128 converter arrivals on the
+// stage's full barrier. A tile: K-major, 128 bytes per row, as the copy engine's 128-byte swizzle writes it
+// (16-byte chunk c of row r at chunk c ^ (r % 8), the tile 1024-byte aligned); X scale of tile row i at float i.
 template <class L>
-__device__ __forceinline__ void convert_mx_block(const ProducerCtx<L>& c, int pt, uint32_t stage) {
-  const uint8_t* codes = c.smem + L::kOffCodes + stage * L::kCodeBytes;
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(c.smem + L::kOffRawScales + stage * L::kRawScaleBytes);
+__device__ __forceinline__ void convert_mx_block(const ProducerCtx<L>& c, int pt, int slot, uint32_t stage) {
+  const uint8_t* staged = c.smem + L::kOffStaging + slot * L::kSlotBytes;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(staged + L::kStagedCodeBytes);
   uint8_t* a = c.smem + L::kOffA + stage * L::kABytes;
   float* sa = reinterpret_cast<float*>(c.smem + L::kOffSa + stage * L::kSaSlot);
   const int b = pt % 4;
 #pragma unroll 1  // a pass at a time: the producer's register budget
   for (int pass = 0; pass < kMxPasses; ++pass) {
     const int row = 32 * pass + pt / 4;
-    const uint4 q = *reinterpret_cast<const uint4*>(codes + row * (kBlockK / 2) + 16 * b);
+    const uint4 q = *reinterpret_cast<const uint4*>(staged + (pass * kProducerThreads + pt) * 16);
     const uint32_t word = words[row];
     const int s = detail::group_scale_exponent(word);
     const uint32_t own = (word >> (8 * b)) & 0xFFu;
@@ -498,51 +465,59 @@ __device__ __forceinline__ void convert_mx_block(const ProducerCtx<L>& c, int pt
   sm90::mbar_arrive(&c.full[stage]);
 }
 
-// Producer with an MXFP4 row operand: all 128 threads walk the K blocks twice over, kLead blocks apart: the lead
-// issues each block's copies (issue_mx_block), the trail waits for a block's codes (codes barrier) and scale words
-// (its cp.async group), converts it and completes its full barrier (1 + 128 arrivals: thread 0's expected bytes of
-// B, then the converters). Waits, in order: thread 0 for the consumers' release of block i + kLead's stage (block
-// i - 2, converted before), then every thread for the copies of block i, issued kLead blocks earlier: none waits
-// for a block that is not yet converted.
+// Producer with an MXFP4 row operand: all 128 threads. Per K block of every tile (in the consumers' order): wait
+// for the stage to be free, the first thread copies B and its scales in, every thread stages its share of the
+// packed codes and scale bytes (cp.async), and then converts the block staged kLookahead blocks earlier (its
+// copies awaited) into that block's stage; the last blocks are converted after the walk. The stage's full barrier
+// completes when the B copies have landed and the 128 converters have arrived.
+// A position in the MXFP4 producer's sequence of K blocks: the stage and its use's parity, and the staging slot.
 template <class L>
-__device__ __forceinline__ void produce_mx(const ProducerCtx<L>& c, const Params& p, const CUtensorMap* map_codes,
-                                           const CUtensorMap* map_b) {
-  const int pt = static_cast<int>(threadIdx.x) - kConsumerThreads;
-  MxWalk<L> lead, trail;
-  lead.start(c, p);
-  trail.start(c, p);
-#pragma unroll 1
-  for (int i = 0; i < L::kLead; ++i) {
-    if (lead.valid(c)) {
-      issue_mx_block(c, p, map_codes, map_b, lead, pt);
-      lead.advance(c, p);
-    } else {
-      detail::cp_async_commit();  // one group per walk position, so that the waits below count blocks
-    }
+struct MxPos {
+  RingPos<L::kStages> ring;
+  int slot = 0;
+  __device__ __forceinline__ void advance() {
+    ring.advance();
+    slot = slot + 1 == L::kStagingSlots ? 0 : slot + 1;
   }
-  for (; trail.valid(c); trail.advance(c, p)) {
-    if (lead.valid(c)) {
-      issue_mx_block(c, p, map_codes, map_b, lead, pt);
-      lead.advance(c, p);
-    } else {
-      detail::cp_async_commit();
+};
+
+template <class L>
+__device__ __forceinline__ void produce_mx(const ProducerCtx<L>& c, const Params& p, const CUtensorMap* map_b) {
+  const int pt = static_cast<int>(threadIdx.x) - kConsumerThreads;
+  MxPos<L> load_pos, convert_pos;
+  int staged = 0;  // blocks staged and not yet converted
+  for (int32_t t = blockIdx.x; t < c.tiles; t += gridDim.x) {
+    const GroupedTile tile = grouped_tile(t, c.s_o, c.s_start, p.G, kBlockM, L::kBlockN, c.col_blocks);
+    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+      const uint32_t stage = load_pos.ring.stage;
+      sm90::mbar_wait(&c.empty[stage], load_pos.ring.phase ^ 1);  // its A tile and scales are ours to write
+      if (pt == 0) {
+        sm90::mbar_arrive_expect_tx(&c.full[stage], L::kTxBytes);
+        load_b(c, p, map_b, tile, kb, stage);
+      }
+      __syncwarp();  // the row's threads have read the slot's scale word (its previous conversion) before it refills
+      stage_mx_block(c, p, pt, tile.row0, kb, load_pos.slot);
+      load_pos.advance();
+      if (++staged > L::kLookahead) {
+        detail::cp_async_wait<L::kLookahead>();  // the oldest staged block has landed
+        __syncwarp();                            // and is visible to the other threads of its rows
+        convert_mx_block(c, pt, convert_pos.slot, convert_pos.ring.stage);
+        convert_pos.advance();
+        --staged;
+      }
     }
-    detail::cp_async_wait<L::kLead>();  // this thread's scale words of the trail's block have landed
-    __syncwarp();                       // and those of the other threads of its rows
-    // The stage is free (thread 0 waited for it before its copies; the parity stays complete until this block is
-    // released), and its codes have landed.
-    sm90::mbar_wait(&c.empty[trail.ring.stage], trail.ring.phase ^ 1);
-    sm90::mbar_wait(&c.codes_full[trail.ring.stage], trail.ring.phase);
-    convert_mx_block(c, pt, trail.ring.stage);
-    __syncwarp();  // the row's threads have read its raw scale word before a later block's copy refills it
   }
   detail::cp_async_wait<0>();
+  __syncwarp();
+  for (; staged > 0; --staged) {
+    convert_mx_block(c, pt, convert_pos.slot, convert_pos.ring.stage);
+    convert_pos.advance();
+  }
 }
 
 // kNSub column sub-tiles of 128; kOverlap: mainloop_overlapped (kNSub = 1 only), else mainloop_serial; kCoalesced:
-// store_tile's coalesced epilogue; kMx: the row operand is MXFP4 (map_a's codes, p.mx_scales), converted by the
-// producer warpgroup (produce_mx; map_a: the packed codes [M, R/2] in boxes of 64 bytes x 128 rows; map_sa
-// unused), else FP8 (map_a, map_sa).
+// store_tile's coalesced epilogue; kMx: the row operand is MXFP4 (p.mx_codes, p.mx_scales), converted by the
+// producer warpgroup (produce_mx; map_a and map_sa unused), else FP8 (map_a, map_sa).
 template <int kNSub, bool kOverlap, bool kCoalesced, bool kMx>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -553,7 +528,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBars);
   uint64_t* empty = full + L::kStages;
-  uint64_t* codes_full = empty + L::kStages;  // kMx only
   int32_t* s_o = reinterpret_cast<int32_t*>(smem + L::kOffGroups);
   int32_t* s_start = s_o + p.G + 1;
   const int32_t col_blocks = p.P / L::kBlockN;
@@ -563,12 +537,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < L::kStages; ++s) {
       sm90::mbar_init(&full[s], kMx ? 1 + kProducerThreads : 1);
       sm90::mbar_init(&empty[s], kConsumerWarps);   // one arrival per consumer warp
-      if constexpr (kMx) sm90::mbar_init(&codes_full[s], 1);  // thread 0's arrive.expect_tx, then the codes' bytes
     }
     sm90::mbar_init_fence();
   }
   if (threadIdx.x == kConsumerThreads) {
-    sm90::prefetch_tensor_map(&map_a);
+    if constexpr (!kMx) sm90::prefetch_tensor_map(&map_a);
     sm90::prefetch_tensor_map(&map_b);
     if constexpr (!kMx) sm90::prefetch_tensor_map(&map_sa);
   }
@@ -580,10 +553,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x >= kConsumerThreads) {
     // ---- producer warpgroup ------------------------------------------------------------------------------------
-    const ProducerCtx<L> pc{smem, full, empty, codes_full, s_o, s_start, tiles, col_blocks};
+    const ProducerCtx<L> pc{smem, full, empty, s_o, s_start, tiles, col_blocks};
     if constexpr (kMx) {
       sm90::warpgroup_regs_dec<kProducerRegsMx>();
-      produce_mx(pc, p, &map_a, &map_b);
+      produce_mx(pc, p, &map_b);
     } else {
       sm90::warpgroup_regs_dec<kProducerRegs>();
       if (threadIdx.x == kConsumerThreads) produce_fp8(pc, p, &map_a, &map_b, &map_sa);
@@ -709,12 +682,11 @@ bool check_arguments(const char* what, int64_t M, int64_t P, int64_t N, int64_t 
 
 // After the pointer checks: the device's, then the tile width of `config` for an output [M, P] (Sm90GemmConfig's
 // automatic rule for block_n 0).
-int checked_tile_width(const char* what, int64_t M, int64_t P, Sm90GemmConfig config, bool mx = false) {
+int checked_tile_width(const char* what, int64_t M, int64_t P, Sm90GemmConfig config) {
   const std::string device = device_problem();
   FP4MOE_CHECK(device.empty(), "{}: {}", what, device);
   if (config.overlap_promotion) return 128;
   if (config.block_n != 0) return config.block_n;
-  if (mx) return 128;  // the MXFP4 operand's ring: 5 stages, copies 3 blocks ahead (Layout), against 3 and 1 at 256
   return P % 256 == 0 && ceil_div(M, kBlockM) * (P / 256) >= current_device_attribute(cudaDevAttrMultiProcessorCount)
              ? 256
              : 128;
@@ -737,6 +709,7 @@ Params params_of(const int32_t* offsets, int64_t G, int64_t M, int64_t P, int64_
                 fp8_block_scale_count(P, R),
                 static_cast<int32_t>(fp8_block_scale_ld(R)),
                 out,
+                nullptr,
                 nullptr};
 }
 
@@ -791,15 +764,12 @@ void grouped_fprop_mxfp4_sm90(Mxfp4RowOperand x, Fp8BlockStack w, int64_t M, int
                "scales and the output 16-byte aligned; got codes {} scales {}, weights {} scales {}, output {}",
                what, static_cast<const void*>(x.codes), static_cast<const void*>(x.scales),
                static_cast<const void*>(w.codes), static_cast<const void*>(w.scales), static_cast<const void*>(y));
-  const int block_n = checked_tile_width(what, M, N, config, /*mx=*/true);
+  const int block_n = checked_tile_width(what, M, N, config);
   const CUtensorMap map_b = block_stack_map(what, w, N, K, G, block_n);
-  // The packed codes [M, K/2] bytes, boxes of one K block's 64 bytes x 128 rows, unswizzled (rows past M: zeros).
-  const CUtensorMap map_codes = make_tensor_map_2d(what, x.codes, TmaElem::u8, static_cast<uint64_t>(K / 2),
-                                                   static_cast<uint64_t>(M), static_cast<uint64_t>(K / 2), kBlockK / 2,
-                                                   kBlockM, TmaSwizzle::none);
   Params p = params_of(offsets, G, M, N, K, w, y);
+  p.mx_codes = x.codes;
   p.mx_scales = x.scales;
-  launch_variant<true>(block_n, config, map_codes, map_b, map_b, p, stream);  // map_sa unused
+  launch_variant<true>(block_n, config, map_b, map_b, map_b, p, stream);  // the kernel reads only map_b
 }
 
 }  // namespace fp4moe

@@ -25,9 +25,8 @@
 // 4-6 stage shared-memory ring guarded by mbarriers; two consumer warpgroups of 64 rows each run WGMMA
 // (m64n128k32, E4M3 x E4M3 -> FP32), promote as above (optionally with the next block's WGMMAs in flight:
 // Sm90GemmConfig) and store their rows of the group as BF16. Rows of a tile past its group's end are computed from
-// the next group's (or zero-filled) rows and never stored. With an MXFP4 X the copy engine brings its packed codes
-// and the producer warpgroup's 128 threads its scale bytes (cp.async), several K blocks ahead, and the same threads
-// write the converted A tile and row scales.
+// the next group's (or zero-filled) rows and never stored. With an MXFP4 X the producer warpgroup's 128 threads
+// stage its packed codes and scale bytes (cp.async) and write the converted A tile and row scales themselves.
 // Sources: PTX ISA 8.x (wgmma.mma_async, its shared-memory matrix descriptor and 128-byte swizzle;
 // cp.async.bulk.tensor; cp.async; mbarrier; fence.proxy.async; setmaxnreg), CUDA Driver API (cuTensorMapEncodeTiled).
 //
@@ -88,13 +87,12 @@ void grouped_dgrad_fp8_sm90(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t M, int6
 
 // Fprop with the MXFP4 row operand read directly: y [M, N] bf16 = X_g W_g^T per group, x the MXFP4 row tensor
 // [M, K] (layouts.h: codes packed E2M1 [M, K/2], 16-byte aligned; scales UE8M0 [M, K/32], 4-byte aligned), w as in
-// grouped_fprop_fp8_sm90. The producer warpgroup copies each K block's packed codes (TMA) and scale bytes
-// (cp.async) into the block's stage a few blocks ahead and converts them in shared memory into the WGMMA operand with the direct rule of mxfp4_row_to_fp8_row.h (the
+// grouped_fprop_fp8_sm90. The producer warpgroup stages each K block's packed codes and scale bytes (cp.async) and
+// converts them in shared memory into the WGMMA operand with the direct rule of mxfp4_row_to_fp8_row.h (the
 // 1x128 group scale becomes the row's operand scale), so that the output is bit for bit that of
 // mxfp4_row_to_fp8_row followed by grouped_fprop_fp8_sm90 with the same config (NaN MX blocks included: codes
 // 0x7F, their rows' outputs NaN), without the FP8 copy of X in memory. Same rules, rejections and asynchrony as
-// grouped_fprop_fp8_sm90 (K a multiple of 128 among them), the scales' alignment 4 bytes; block_n 0 picks 128
-// columns here (the ring then holds 5 stages and copies 3 K blocks ahead; at 256 columns 3 and 1).
+// grouped_fprop_fp8_sm90 (K a multiple of 128 among them), the scales' alignment 4 bytes.
 void grouped_fprop_mxfp4_sm90(Mxfp4RowOperand x, Fp8BlockStack w, int64_t M, int64_t N, int64_t K,
                               const int32_t* offsets, int64_t G, bf16* y, cudaStream_t stream,
                               Sm90GemmConfig config = {});
