@@ -6,7 +6,9 @@
 // smaller Dqk -> key64 forward. Backward on a device of compute capability 9.0 at (192, 128) or (128, 128) -> sm90_dq
 // (role_split's dK/dV kernel, then a dQ kernel on WGMMA and TMA); elsewhere Dqk >= 128 -> role_split, smaller Dqk ->
 // column_split. At the MLA shape sm90_dq ran faster than role_split on the H200 (bench_attention's `bwd/mla` beside
-// `role_split/bwd/mla`; the run is listed in reports/results/h200/README.md); (128, 128) takes it untimed.
+// `role_split/bwd/mla`; the run is listed in reports/results/h200/README.md); (128, 128) takes it untimed. The sm90
+// variant (the sm90 dK/dV kernel, then sm90_dq's dQ kernel) is built for the same pairs and runs by name
+// (flash_attention_backward_with; bench_attention's `sm90_bwd/bwd/mla`) until it is timed against sm90_dq.
 // The sm90 forward runs Hopper's asynchronous tensor-core product (wgmma) from tiles the copy engine (TMA) streams,
 // which the mma.sync kernels cannot use; it is built for Dv = 128 (its P V product is one m64n128 instruction per
 // 16 keys) and Dqk a multiple of 64 (its tiles are 64-element boxes of the 128-byte swizzle). At the MLA shape it

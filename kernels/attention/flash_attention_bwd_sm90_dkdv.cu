@@ -15,18 +15,23 @@
 //   arrive as zeros. mbarriers: K/V full; per stage full (the 32 lanes' arrivals, lane 0's carrying the copies'
 //   bytes) and empty (one arrival per consumer warp once its products reading the stage are done);
 // - consumers (warpgroups 0 and 1: keys 0-63 and 64-127 of the tile), per query block:
-//   S^T = K Q^T and dP^T = V dO^T by wgmma m64n64k16 (all operands K-major in shared memory, two groups: S^T first),
-//   P^T = 2^(S^T scale log2e - lse log2e) with the causal mask once S^T is done (dP^T still running),
-//   dS^T = P^T (dP^T - D) once dP^T is done, then P^T and dS^T rounded to BF16 in registers and
-//   dV += P^T dO, dK += dS^T Q by the register-A wgmma m64n64k16, one product per 64-column box of Dv or Dqk (dO and
-//   Q as B, N-major: the transpose bit). A warpgroup whose keys all lie after a block's queries releases it unread.
-//   dK scaled by `scale`, dK and dV rounded to BF16 once at the end and stored from registers (keys past T dropped).
+//   S^T = K Q^T by wgmma m64n64k16 (both operands K-major in shared memory); P^T = 2^(S^T scale log2e - lse log2e)
+//   with the causal mask, kept in FP32 in this thread's slots of a shared-memory stash and rounded to BF16 in
+//   registers; then dP^T = V dO^T (K-major) and dV += P^T dO (register A, dO as B N-major: the transpose bit) as two
+//   wgmma groups; once dP^T is done (dV still running) dS^T = P^T (dP^T - D) from the stash, rounded to BF16 in
+//   registers; dK += dS^T Q (register A, Q as B N-major). The register-A products run one m64n64k16 per 64-column box
+//   of Dv or Dqk. A warpgroup whose keys all lie after a block's queries releases the block unread. dK scaled by
+//   `scale`, dK and dV rounded to BF16 once at the end and stored from registers (keys past T dropped).
 // Registers: setmaxnreg leaves the producer warpgroup 24 per thread and gives each consumer thread 240. A consumer
-// thread holds dK (Dqk / 2 FP32) and dV (Dv / 2 FP32) for the whole sweep: 160 at (192, 128). S^T and dP^T (32 FP32
-// each) are live together while dS^T is formed, so the products of one block run one after the other inside a
-// warpgroup (issuing the next block's S^T and dP^T under this block's dV and dK products would need 256); the two
-// consumer warpgroups overlap each other instead. The alternative of the brief, one consumer warpgroup of 64 keys per
-// thread block, has the same per-thread need and streams each Q and dO block for half as many keys.
+// thread holds dK (Dqk / 2 FP32) and dV (Dv / 2 FP32) for the whole sweep: 160 at (192, 128), so only one 64 x 64 FP32
+// score tile fits beside them with the BF16 fragments of P^T and dS^T (16 each) and the products' operands: S^T,
+// P^T, dP^T and dS^T take turns in it, and P^T waits for dS^T in the stash (32 KiB: 64 x 64 FP32 per warpgroup; each
+// thread reads back only what it wrote, so no barrier). With S^T and dP^T in registers together (224 of 240) ptxas
+// serialises the wgmma instructions or spills. The products of one block therefore run in sequence inside a
+// warpgroup (S^T; dP^T with dV; dK), the exponentials and dS^T between them, and the two consumer warpgroups overlap
+// each other. The alternative of one consumer warpgroup of 64 keys per thread block has the same per-thread need and
+// streams each Q and dO block for half as many keys; 64-query blocks keep the score products at m64n64 (a 32-query
+// block would halve the score tile but read K and V from shared memory twice as often per product).
 // Arithmetic: role_split's (FP32 accumulation, P^T and dS^T from FP32 scores, rounded to BF16 before their products,
 // one rounding of dK and dV); the sums over queries run in another order: dK and dV differ from role_split's by FP32
 // rounding only. Deterministic (fixed order, no atomics).
