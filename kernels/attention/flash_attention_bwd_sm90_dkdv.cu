@@ -326,14 +326,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_key_first = wg_key_first + warp * 16;  // keys warp_key_first + g and + g + 8 in this thread
   const uint64_t desc_k = sm90::smem_desc_k_major_sw128(smem + L::kOffK + wg * kWgKeys * 128);
   const uint64_t desc_v = sm90::smem_desc_k_major_sw128(smem + L::kOffV + wg * kWgKeys * 128);
-  const auto desc_q = [&](int s) { return sm90::smem_desc_k_major_sw128(smem + L::kOffQ + s * L::kQBytes); };
-  const auto desc_do = [&](int s) { return sm90::smem_desc_k_major_sw128(smem + L::kOffdO + s * L::kdOBytes); };
-  const auto desc_q_n = [&](int s) {
-    return sm90::smem_desc_mn_major_sw128(smem + L::kOffQ + s * L::kQBytes, kRowBoxBytes);
-  };
-  const auto desc_do_n = [&](int s) {
-    return sm90::smem_desc_mn_major_sw128(smem + L::kOffdO + s * L::kdOBytes, kRowBoxBytes);
-  };
+  // Descriptors of stage 0; a stage's start address field lies s * (stage bytes >> 4) further (shared addresses stay
+  // below 2^18 bytes: the 14-bit field does not overflow).
+  const uint64_t desc_q0 = sm90::smem_desc_k_major_sw128(smem + L::kOffQ);
+  const uint64_t desc_do0 = sm90::smem_desc_k_major_sw128(smem + L::kOffdO);
+  const uint64_t desc_q0_n = sm90::smem_desc_mn_major_sw128(smem + L::kOffQ, kRowBoxBytes);
+  const uint64_t desc_do0_n = sm90::smem_desc_mn_major_sw128(smem + L::kOffdO, kRowBoxBytes);
+  const auto desc_q = [&](int s) { return desc_q0 + s * (L::kQBytes >> 4); };
+  const auto desc_do = [&](int s) { return desc_do0 + s * (L::kdOBytes >> 4); };
+  const auto desc_q_n = [&](int s) { return desc_q0_n + s * (L::kQBytes >> 4); };
+  const auto desc_do_n = [&](int s) { return desc_do0_n + s * (L::kdOBytes >> 4); };
   const float* s_lse = reinterpret_cast<const float*>(smem + L::kOffLse);
   const float* s_delta = reinterpret_cast<const float*>(smem + L::kOffDelta);
   float4* stash = reinterpret_cast<float4*>(smem + L::kOffStash) + (threadIdx.x / 32) * kNT * 32;  // this warp's
