@@ -13,7 +13,8 @@
 // key32/ for our key32 forward named through flash_attention_forward_with (fwd only, at the shapes it is built for:
 // the mma.sync kernel beside the rule's), role_split/ for the rule's forward with the role_split backward named through
 // flash_attention_backward_with (bwd and fwd+bwd, at the shapes it is built for: on an H200 the mma.sync dQ kernel
-// beside the sm90 one), cudnn/ for the cuDNN backend with its non-deterministic backward, cudnn_det/
+// beside the sm90 one), sm90_bwd/ for the rule's forward with the sm90 backward named (its dK/dV kernel and the sm90
+// dQ kernel; bwd and fwd+bwd, at the shapes it is built for, on a device of compute capability 9.0), cudnn/ for the cuDNN backend with its non-deterministic backward, cudnn_det/
 // with its deterministic backward (bwd and fwd+bwd only: the forward is the same); the ceiling is
 // gemm_bf16/8192x8192x8192 (cuBLASLt, BF16 in and out, FP32 accumulation). Without cuDNN in the build the cuDNN cases
 // are left out (the program says so).
@@ -68,15 +69,21 @@ constexpr Shape kShapes[] = {
 constexpr const char* kPasses[] = {"fwd", "bwd", "fwd+bwd"};
 
 // Who runs the attention: our kernels (both passes by the rule; the key32 forward named; the rule's forward and the
-// role_split backward named), or the cuDNN backend with its non-deterministic or deterministic backward.
-enum class Backend { own, key32, role_split, cudnn, cudnn_det };
+// role_split or the sm90 backward named), or the cuDNN backend with its non-deterministic or deterministic backward.
+enum class Backend { own, key32, role_split, sm90_bwd, cudnn, cudnn_det };
 const char* backend_name(Backend b) {
   return b == Backend::own          ? "own"
          : b == Backend::key32      ? "key32"
          : b == Backend::role_split ? "role_split"
+         : b == Backend::sm90_bwd   ? "sm90_bwd"
          : b == Backend::cudnn      ? "cudnn"
                                     : "cudnn_det";
 }
+// The backward variant a backend names (flash_attention_backward_with), for those that name one.
+attn::BwdKernels named_backward(Backend b) {
+  return b == Backend::sm90_bwd ? attn::BwdKernels::sm90 : attn::BwdKernels::role_split;
+}
+bool names_backward(Backend b) { return b == Backend::role_split || b == Backend::sm90_bwd; }
 bool is_cudnn(Backend b) { return b == Backend::cudnn || b == Backend::cudnn_det; }
 
 struct Case {
@@ -104,13 +111,14 @@ std::vector<Case> g_cases;
 
 void define_cases() {
   for (const Shape& s : kShapes)
-    for (Backend b : {Backend::own, Backend::key32, Backend::role_split, Backend::cudnn, Backend::cudnn_det}) {
+    for (Backend b : {Backend::own, Backend::key32, Backend::role_split, Backend::sm90_bwd, Backend::cudnn,
+                      Backend::cudnn_det}) {
       if (is_cudnn(b) && !cudnn_sdpa_built()) continue;
       if (b == Backend::key32 && !attn::forward_kernel_builds(attn::FwdKernel::key32, s.Dqk, s.Dv)) continue;
-      if (b == Backend::role_split && !attn::backward_kernels_build(attn::BwdKernels::role_split, s.Dqk, s.Dv)) continue;
+      if (names_backward(b) && !attn::backward_kernels_build(named_backward(b), s.Dqk, s.Dv)) continue;
       for (const char* pass : kPasses) {
         const bool fwd = std::string(pass) == "fwd";
-        if (((b == Backend::cudnn_det || b == Backend::role_split) && fwd) || (b == Backend::key32 && !fwd)) continue;
+        if (((b == Backend::cudnn_det || names_backward(b)) && fwd) || (b == Backend::key32 && !fwd)) continue;
         g_cases.push_back(Case{pass, s, b, false});
       }
     }
@@ -195,10 +203,9 @@ std::unique_ptr<Workload> build_attention(const Shape& sh, Backend backend) {
     if (backend == Backend::key32)
       fwd = [=] { flash_attention_forward_with(attn::FwdKernel::key32, s, qi, ki, vi, oo, lse, nullptr); };
     else fwd = [=] { flash_attention_forward(s, qi, ki, vi, oo, lse, nullptr); };
-    if (backend == Backend::role_split)
-      bwd = [=] {
-        flash_attention_backward_with(attn::BwdKernels::role_split, s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws,
-                                      nullptr);
+    if (names_backward(backend))
+      bwd = [=, kernels = named_backward(backend)] {
+        flash_attention_backward_with(kernels, s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws, nullptr);
       };
     else bwd = [=] { flash_attention_backward(s, qi, ki, vi, oi, gi, lse, dqo, dko, dvo, ws, nullptr); };
   } else {
@@ -367,7 +374,8 @@ Table result_table(const std::vector<Row>& rows) {
                                        "cuDNN");
   t.set_attribute("backend", "own: our kernels as flash_attention_forward/backward pick them (flash_attention.h); "
                              "key32: our key32 forward named (flash_attention_forward_with); role_split: the rule's forward and "
-                             "the role_split backward named (flash_attention_backward_with); cudnn, cudnn_det: "
+                             "the role_split backward named (flash_attention_backward_with); sm90_bwd: the rule's "
+                             "forward and the sm90 backward named; cudnn, cudnn_det: "
                              "cuDNN's fused attention (cudnn_sdpa.h), non-deterministic or deterministic backward; "
                              "cublaslt: the ceiling");
   t.set_attribute("workspace_bytes", "the cuDNN backend's workspace (the larger of its forward and backward plans'); "

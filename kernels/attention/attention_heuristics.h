@@ -6,7 +6,9 @@
 // smaller Dqk -> key64 forward. Backward on a device of compute capability 9.0 at (192, 128) or (128, 128) -> sm90_dq
 // (role_split's dK/dV kernel, then a dQ kernel on WGMMA and TMA); elsewhere Dqk >= 128 -> role_split, smaller Dqk ->
 // column_split. At the MLA shape sm90_dq ran faster than role_split on the H200 (bench_attention's `bwd/mla` beside
-// `role_split/bwd/mla`; the run is listed in reports/results/h200/README.md); (128, 128) takes it untimed.
+// `role_split/bwd/mla`; the run is listed in reports/results/h200/README.md); (128, 128) takes it untimed. The sm90
+// variant (the sm90 dK/dV kernel, then sm90_dq's dQ kernel) is built for the same pairs and runs by name
+// (flash_attention_backward_with; bench_attention's `sm90_bwd/bwd/mla`) until it is timed against sm90_dq.
 // The sm90 forward runs Hopper's asynchronous tensor-core product (wgmma) from tiles the copy engine (TMA) streams,
 // which the mma.sync kernels cannot use; it is built for Dv = 128 (its P V product is one m64n128 instruction per
 // 16 keys) and Dqk a multiple of 64 (its tiles are 64-element boxes of the 128-byte swizzle). At the MLA shape it
@@ -62,6 +64,12 @@ enum class BwdKernels {
   // 128-query tile (two consumer warpgroups of 64 rows, one producer warpgroup issuing TMA copies of Q and dO once
   // and of 64-key K and V blocks, two stages), wgmma for S, dP and dQ; head-grouped block order (block_tile).
   sm90_dq,
+  // flash_attention_bwd_sm90_dkdv.cu's dK/dV kernel, then the sm90 dQ kernel of sm90_dq: sm_90a only; one thread
+  // block per 128-key tile (two consumer warpgroups of 64 keys, one producer warpgroup issuing TMA copies of K and V
+  // once and of 64-query Q and dO blocks, two stages), wgmma for S^T, dP^T, dV and dK (P^T and dS^T from registers);
+  // head-grouped block order (block_tile). Reachable by name (flash_attention_backward_with); the rule does not pick
+  // it yet.
+  sm90,
 };
 
 // Compute capability of the devices the sm90 forward runs on (major * 10 + minor): 9.0, the sm_90a build.
@@ -89,13 +97,15 @@ constexpr const char* forward_kernel_name(FwdKernel kernel) {
 }
 
 // Whether the backward variant `kernels` is built for (Dqk, Dv), for the pairs of kAttentionPairs: column_split for
-// Dqk < 128, role_split for Dqk >= 128 (each pair has one of the two), sm90_dq for (128, 128) and (192, 128) (its dQ
-// product is whole 64-column boxes of Dqk; its dP product whole 64-element boxes of Dv).
+// Dqk < 128, role_split for Dqk >= 128 (each pair has one of the two), sm90_dq and sm90 for (128, 128) and (192, 128)
+// (their dQ and dK products are whole 64-column boxes of Dqk, their dP and dV products whole 64-element boxes of Dv;
+// sm90's dK and dV accumulators, Dqk / 2 + Dv / 2 FP32 per thread, fit beside S^T and dP^T up to Dqk + Dv = 320).
 constexpr bool backward_kernels_build(BwdKernels kernels, int64_t Dqk, int64_t Dv) {
   switch (kernels) {
     case BwdKernels::column_split: return Dqk < 128;
     case BwdKernels::role_split: return Dqk >= 128;
-    case BwdKernels::sm90_dq: return Dv == 128 && (Dqk == 128 || Dqk == 192);
+    case BwdKernels::sm90_dq:
+    case BwdKernels::sm90: return Dv == 128 && (Dqk == 128 || Dqk == 192);
   }
   return false;
 }
@@ -110,7 +120,8 @@ constexpr BwdKernels backward_kernels_for(int64_t Dqk, int64_t Dv, int cc) {
 constexpr const char* backward_kernels_name(BwdKernels kernels) {
   return kernels == BwdKernels::column_split ? "column_split"
          : kernels == BwdKernels::role_split ? "role_split"
-                                             : "sm90_dq";
+         : kernels == BwdKernels::sm90_dq    ? "sm90_dq"
+                                             : "sm90";
 }
 
 }  // namespace fp4moe::attn

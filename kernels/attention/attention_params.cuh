@@ -101,6 +101,11 @@ void launch_forward_sm90(const FwdParams& p, int64_t B, int64_t Dqk, int64_t Dv,
 // capability 9.0). Runs after launch_backward_delta (reads p.delta).
 void launch_backward_dq_sm90(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
 
+// flash_attention_bwd_sm90_dkdv.cu: the sm90 dK/dV kernel, in block_tile's order with p.group_heads over p.bh_count
+// (B * H), one thread block per 128-key tile; its tensor maps made here from p's q, k, v, dout and (B, p.T, p.H). The
+// caller checks the device (compute capability 9.0). Runs after launch_backward_delta (reads p.delta).
+void launch_backward_dkdv_sm90(const BwdParams& p, int64_t B, int64_t Dqk, int64_t Dv, cudaStream_t stream);
+
 // flash_attention_fwd_sm90.cu: the 4-D tensor map (d, head, token, sequence) of one [B*T, H, D] BF16 input of the
 // sm90 kernels, boxes of 64 x 1 x box_rows x 1 (64 BF16: one 128-byte row) with the 128-byte swizzle, so that rows
 // past a sequence's end arrive as zeros. `what` names the tensor in errors (make_tensor_map's checks).

@@ -1,4 +1,4 @@
-// Device helpers of the sm90 attention kernels (flash_attention_fwd_sm90.cu, flash_attention_bwd_sm90.cu): fences that
+// Device helpers of the sm90 attention kernels (flash_attention_fwd_sm90.cu, flash_attention_bwd_sm90*.cu): fences that
 // pin the registers of an asynchronous warpgroup product (wgmma) in place around its issue and wait, and the release
 // of a ring stage by the warps that read it, and the stage and phase of a block in the ring. sm_90a only; built on kernels/gemm/sm90_ptx.cuh.
 #pragma once

@@ -63,6 +63,10 @@ void run_backward(attn::BwdKernels kernels, const AttentionShape& s, AttnIn q, A
       attn::launch_backward_role_split_dkdv(p, s.Dqk, s.Dv, stream);
       attn::launch_backward_dq_sm90(p, s.B, s.Dqk, s.Dv, stream);
       break;
+    case attn::BwdKernels::sm90:
+      attn::launch_backward_dkdv_sm90(p, s.B, s.Dqk, s.Dv, stream);
+      attn::launch_backward_dq_sm90(p, s.B, s.Dqk, s.Dv, stream);
+      break;
   }
 }
 
@@ -125,6 +129,7 @@ void flash_attention_backward_with(attn::BwdKernels kernels, const AttentionShap
                "{}: the {} backward kernels are not built for (Dqk, Dv) = ({},{})", what,
                attn::backward_kernels_name(kernels), s.Dqk, s.Dv);
   if (kernels == attn::BwdKernels::sm90_dq) require_sm90(what, "the sm90 dQ kernel of sm90_dq");
+  if (kernels == attn::BwdKernels::sm90) require_sm90(what, "the sm90 backward (dK/dV and dQ kernels)");
   run_backward(kernels, s, q, k, v, o, dout, lse, dq, dk, dv, workspace, stream);
 }
 

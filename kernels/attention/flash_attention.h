@@ -27,7 +27,8 @@
 // (flash_attention_fwd_key32.cu), smaller Dqk -> the 64-key forward. Backward: on a device of compute capability
 // 9.0, (192, 128) and (128, 128) -> the role-split dK/dV kernel and the sm90 dQ kernel (flash_attention_bwd_sm90.cu:
 // WGMMA, TMA, warp specialisation); otherwise Dqk >= 128 -> the role-split kernels, smaller Dqk -> the column-split
-// ones. The mma.sync rule comes from H200 timings of two shapes (runs listed
+// ones. A further Hopper variant, sm90 (a WGMMA/TMA dK/dV kernel, flash_attention_bwd_sm90_dkdv.cu, then the sm90 dQ
+// kernel), runs at (192, 128) and (128, 128) by name only. The mma.sync rule comes from H200 timings of two shapes (runs listed
 // in reports/results/h200/README.md); (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured, and (32, 16),
 // (32, 32) and (64, 64) the small-Dqk rule. The kernels sum in different orders: results differ between them by
 // FP32 rounding only (flash_attention_forward_with and flash_attention_backward_with run named kernels, for such
@@ -101,7 +102,7 @@ int64_t flash_attention_backward_workspace_bytes(const AttentionShape& s);
 // bytes of device memory, 4-byte aligned, contents ignored. Three launches on `stream`: D into the workspace,
 // then dK and dV (one thread block per key block, looping over the query blocks at or after it), then dQ (one
 // thread block per query block, looping over the key blocks up to it); deterministic, no atomics. The dK/dV kernel
-// is the column-split or the role-split one by the rule above.
+// is the column-split or the role-split one by the rule above (the sm90 one in the named variant sm90).
 // Rejects: as flash_attention_forward for every tensor, plus a null or misaligned workspace. Outputs must not
 // overlap the inputs or each other.
 void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout,
@@ -115,8 +116,8 @@ attn::BwdKernels flash_attention_backward_kernels(int64_t Dqk, int64_t Dv);
 
 // flash_attention_backward on the named backward variant instead of the rule's (comparisons between kernels: tests,
 // benchmarks); the same contract and results within FP32 rounding. Rejects, after flash_attention_backward's checks:
-// a variant not built for (Dqk, Dv) (attention_heuristics.h's backward_kernels_build), and sm90_dq on a device whose
-// compute capability is not 9.0.
+// a variant not built for (Dqk, Dv) (attention_heuristics.h's backward_kernels_build), and sm90_dq or sm90 on a
+// device whose compute capability is not 9.0.
 void flash_attention_backward_with(attn::BwdKernels kernels, const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v,
                                    AttnIn o, AttnIn dout, const float* lse, AttnOut dq, AttnOut dk, AttnOut dv,
                                    void* workspace, cudaStream_t stream);

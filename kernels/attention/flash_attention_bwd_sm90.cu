@@ -1,6 +1,6 @@
-// Causal flash attention, backward (flash_attention.h): the sm90 dQ kernel of the sm90_dq backward variant
+// Causal flash attention, backward (flash_attention.h): the sm90 dQ kernel of the sm90_dq and sm90 backward variants
 // (attention_heuristics.h: (Dqk, Dv) = (128, 128) and (192, 128) on devices of compute capability 9.0), run after the
-// D = rowsum(dO * O) kernel and role_split's dK/dV kernel. It recomputes S and dP from Q, K, V, dO and the forward's
+// D = rowsum(dO * O) kernel and a dK/dV kernel (role_split's, or flash_attention_bwd_sm90_dkdv.cu's). It recomputes S and dP from Q, K, V, dO and the forward's
 // lse (FlashAttention-2, Dao 2023, Algorithm 2, dQ part), with the structure of the sm90 forward
 // (flash_attention_fwd_sm90.cu; FlashAttention-3, Shah et al. 2024, sec. 3.1): warp specialisation, wgmma products
 // from tiles the copy engine (TMA) streams.

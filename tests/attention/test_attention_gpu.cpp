@@ -11,10 +11,11 @@
 // O once, in different FP32 orders; lse within the tolerance below), and with the reference where the shape allows
 // it: T not a multiple of the 128-row tiles, B > 1, H = 1 and 128, the strided views below and the model's (v the
 // value half of the kv up-projection output), large scores, and T = 4096 over more thread blocks than SMs.
-// Likewise the sm90_dq and role_split backward variants through flash_attention_backward_with (the same inputs, the
-// same shapes plus T = 65, one row past a 64-key block): dK and dV bit-identical (one dK/dV kernel), dQ within 5e-3
-// relative L2 of each other and each within the gradient tolerance of the reference; role_split also runs by name
-// through the reference shapes above.
+// Likewise the sm90, sm90_dq and role_split backward variants through flash_attention_backward_with (the same inputs,
+// the same shapes plus T = 64, 65, 191 and 256 around the 64-query blocks and 128-key tiles): sm90_dq's dK and dV
+// bit-identical to role_split's (one dK/dV kernel), sm90's dQ to sm90_dq's (one dQ kernel), sm90's dK and dV and
+// sm90_dq's dQ within 5e-3 relative L2 of role_split's, and each within the gradient tolerance of the reference;
+// role_split also runs by name through the reference shapes above.
 // Inputs N(0, 1) (seeded); the large-score case adds 150 / scale on dim 0 of every query and 1 (keys from token 64
 // on) or 2/3 (earlier keys) on dim 0 of the keys: scores around 100 and 150 (e^150 overflows FP32, so the running
 // max must be subtracted), and a jump of 50 in the row max between key blocks (the rescaling of the online softmax).
@@ -224,18 +225,19 @@ TEST(AttentionGpu, Sm90ForwardMatchesKey32AndTheReference) {
   }
 }
 
-// ---- the sm90_dq and role_split backward variants on the same inputs -----------------------------------------------
+// ---- the sm90, sm90_dq and role_split backward variants on the same inputs -----------------------------------------
 
 struct BwdOutputs {
   std::vector<bf16> dq, dk, dv;
 };
 
-// One forward (the rule's kernel), then backward through sm90_dq (twice), role_split and the rule, on NaN-poisoned
-// outputs and workspace: sm90_dq deterministic; the rule runs sm90_dq; dK and dV bit-identical between the variants
-// (the same role_split kernel); dQ within kKernelVsKernelOutTol of role_split's (the same arithmetic in another FP32
-// order) and, where `reference`, both within the gradient tolerance of the FP64 reference. Layouts as in
-// compare_forward_kernels (strided: q and dq inside [B*T, H, Dqk + 8], v and dk shifted, o inside [B*T, H, Dv + 8];
-// model: v the value half of the kv up-projection output).
+// One forward (the rule's kernel), then backward through sm90 (twice), sm90_dq (twice), role_split and the rule, on
+// NaN-poisoned outputs and workspace: sm90 and sm90_dq deterministic; the rule runs sm90_dq; dK and dV bit-identical
+// between sm90_dq and role_split (the same role_split kernel), dQ bit-identical between sm90 and sm90_dq (the same
+// sm90 dQ kernel); sm90's dK and dV, and sm90_dq's dQ, within kKernelVsKernelOutTol of role_split's (the same
+// arithmetic in another FP32 order) and, where `reference`, every variant within the gradient tolerance of the FP64
+// reference. Layouts as in compare_forward_kernels (strided: q and dq inside [B*T, H, Dqk + 8], v and dk shifted,
+// o inside [B*T, H, Dv + 8]; model: v the value half of the kv up-projection output).
 void compare_backward_kernels(const KernelCompareCase& fc) {
   const AttnCase c{fc.Dqk, fc.Dv, fc.B, fc.T, fc.H, false, fc.large_scores};
   const char* layout_name = fc.layout == InputLayout::dense ? "dense" : fc.layout == InputLayout::strided ? "strided"
@@ -278,7 +280,8 @@ void compare_backward_kernels(const KernelCompareCase& fc) {
                                     dq_d.out(), dk_d.out(), dv_d.out(), ws.ptr, nullptr);
     });
   };
-  const BwdOutputs sm90 = with(attn::BwdKernels::sm90_dq), sm90_again = with(attn::BwdKernels::sm90_dq);
+  const BwdOutputs sm90 = with(attn::BwdKernels::sm90), sm90_again = with(attn::BwdKernels::sm90);
+  const BwdOutputs dq90 = with(attn::BwdKernels::sm90_dq), dq90_again = with(attn::BwdKernels::sm90_dq);
   const BwdOutputs role = with(attn::BwdKernels::role_split);
   const BwdOutputs rule = run([&] {
     flash_attention_backward(s, q_d.in(), k_d.in(), v_d.in(), o_d.in(), dout_d.in(), lse_d.ptr(), dq_d.out(),
@@ -287,33 +290,46 @@ void compare_backward_kernels(const KernelCompareCase& fc) {
   for (AttnDevTensor* t : {&q_d, &k_d, &v_d, &o_d, &dout_d})
     EXPECT_TRUE(t->untouched_outside()) << "a backward wrote into an input";
 
-  EXPECT_EQ(test::bits_of(sm90_again.dq), test::bits_of(sm90.dq)) << "sm90_dq: dQ differs between identical runs";
-  EXPECT_EQ(test::bits_of(rule.dq), test::bits_of(sm90.dq)) << "flash_attention_backward did not run sm90_dq";
-  EXPECT_EQ(test::bits_of(role.dk), test::bits_of(sm90.dk)) << "dK: the same dK/dV kernel";
-  EXPECT_EQ(test::bits_of(role.dv), test::bits_of(sm90.dv)) << "dV: the same dK/dV kernel";
-  EXPECT_LT(test::attn_rel_l2(sm90.dq, test::to_f64(role.dq)), kKernelVsKernelOutTol) << "dQ: sm90_dq against role_split";
+  EXPECT_EQ(test::bits_of(sm90_again.dq), test::bits_of(sm90.dq)) << "sm90: dQ differs between identical runs";
+  EXPECT_EQ(test::bits_of(sm90_again.dk), test::bits_of(sm90.dk)) << "sm90: dK differs between identical runs";
+  EXPECT_EQ(test::bits_of(sm90_again.dv), test::bits_of(sm90.dv)) << "sm90: dV differs between identical runs";
+  EXPECT_EQ(test::bits_of(dq90_again.dq), test::bits_of(dq90.dq)) << "sm90_dq: dQ differs between identical runs";
+  EXPECT_EQ(test::bits_of(rule.dq), test::bits_of(dq90.dq)) << "flash_attention_backward did not run sm90_dq";
+  EXPECT_EQ(test::bits_of(rule.dk), test::bits_of(dq90.dk)) << "flash_attention_backward did not run sm90_dq";
+  EXPECT_EQ(test::bits_of(role.dk), test::bits_of(dq90.dk)) << "dK: sm90_dq and role_split share the dK/dV kernel";
+  EXPECT_EQ(test::bits_of(role.dv), test::bits_of(dq90.dv)) << "dV: sm90_dq and role_split share the dK/dV kernel";
+  EXPECT_EQ(test::bits_of(sm90.dq), test::bits_of(dq90.dq)) << "dQ: sm90 and sm90_dq share the dQ kernel";
+  EXPECT_LT(test::attn_rel_l2(dq90.dq, test::to_f64(role.dq)), kKernelVsKernelOutTol) << "dQ: sm90_dq against role_split";
+  EXPECT_LT(test::attn_rel_l2(sm90.dk, test::to_f64(role.dk)), kKernelVsKernelOutTol) << "dK: sm90 against role_split";
+  EXPECT_LT(test::attn_rel_l2(sm90.dv, test::to_f64(role.dv)), kKernelVsKernelOutTol) << "dV: sm90 against role_split";
   if (!fc.reference) return;
   const std::vector<double> qr = test::to_f64(in.q), kr = test::to_f64(in.k), vr = test::to_f64(in.v);
   const std::vector<double> gr = test::to_f64(in.dout);
   std::vector<double> dq_ref(qr.size()), dk_ref(kr.size()), dv_ref(vr.size());
   attention_backward_ref<double>(s, qr.data(), kr.data(), vr.data(), gr.data(), dq_ref.data(), dk_ref.data(),
                                  dv_ref.data());
-  for (const BwdOutputs* r : {&sm90, &role}) {
-    SCOPED_TRACE(r == &sm90 ? "sm90_dq against the reference" : "role_split against the reference");
+  for (const BwdOutputs* r : {&sm90, &dq90, &role}) {
+    SCOPED_TRACE(r == &sm90 ? "sm90 against the reference" : r == &dq90 ? "sm90_dq against the reference"
+                                                                         : "role_split against the reference");
     EXPECT_LT(test::attn_rel_l2(r->dq, dq_ref), test::kAttnGradTol) << "dQ";
+    EXPECT_LT(test::attn_rel_l2(r->dk, dk_ref), test::kAttnGradTol) << "dK";
+    EXPECT_LT(test::attn_rel_l2(r->dv, dv_ref), test::kAttnGradTol) << "dV";
   }
-  EXPECT_LT(test::attn_rel_l2(sm90.dk, dk_ref), test::kAttnGradTol) << "dK";
-  EXPECT_LT(test::attn_rel_l2(sm90.dv, dv_ref), test::kAttnGradTol) << "dV";
 }
 
-TEST(AttentionGpu, Sm90DqBackwardMatchesRoleSplitAndTheReference) {
+// T: 1, 64 (one query block, half a key tile), 65 (one row past it), 129, 160, 191, 256 (two whole key tiles),
+// 300, 333 and 4096 (more thread blocks than SMs; no reference); B 1-3; H 1-128.
+TEST(AttentionGpu, Sm90BackwardsMatchRoleSplitAndTheReference) {
   FP4MOE_REQUIRE_DEVICE();
   if (flash_attention_backward_kernels(192, 128) != attn::BwdKernels::sm90_dq)
-    GTEST_SKIP() << "the sm90 dQ kernel needs a device of compute capability 9.0";
+    GTEST_SKIP() << "the sm90 backward kernels need a device of compute capability 9.0";
   for (const int Dqk : {192, 128}) {
     compare_backward_kernels({Dqk, 128, 3, 333, 5, InputLayout::strided, true});
     compare_backward_kernels({Dqk, 128, 2, 129, 1, InputLayout::dense, true});
     compare_backward_kernels({Dqk, 128, 2, 65, 3, InputLayout::dense, true});
+    compare_backward_kernels({Dqk, 128, 1, 64, 4, InputLayout::dense, true});
+    compare_backward_kernels({Dqk, 128, 3, 191, 2, InputLayout::strided, true});
+    compare_backward_kernels({Dqk, 128, 1, 256, 3, InputLayout::model, true});
     compare_backward_kernels({Dqk, 128, 1, 160, 128, InputLayout::model, true});
     compare_backward_kernels({Dqk, 128, 2, 1, 2, InputLayout::model, true});
     compare_backward_kernels({Dqk, 128, 2, 300, 2, InputLayout::dense, true, true});

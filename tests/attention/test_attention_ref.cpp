@@ -278,6 +278,7 @@ TEST(AttentionHeuristics, Sm90KernelsOnHopperElseKey32AndRoleSplitFromDqk128) {
     EXPECT_TRUE(attn::forward_kernel_builds(attn::forward_kernel_for(pair[0], pair[1], 90), pair[0], pair[1]));
     const attn::BwdKernels mma_sync_bwd = large ? attn::BwdKernels::role_split : attn::BwdKernels::column_split;
     EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::sm90_dq, pair[0], pair[1]), sm90);
+    EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::sm90, pair[0], pair[1]), sm90);
     EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::role_split, pair[0], pair[1]), large);
     EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::column_split, pair[0], pair[1]), !large);
     EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1], 90), sm90 ? attn::BwdKernels::sm90_dq : mma_sync_bwd);
@@ -320,7 +321,7 @@ TEST(AttentionLaunchChecks, NamedForwardKernelMustBeBuiltForThePair) {
   expect_error_mentions([] { flash_attention_forward_kernel(160, 128); }, {"(160,128)", "(192,128)"});
 }
 
-// The same for a named backward variant: sm90_dq and column_split are not built for (192, 192).
+// The same for a named backward variant: sm90, sm90_dq and column_split are not built for (192, 192).
 TEST(AttentionLaunchChecks, NamedBackwardKernelsMustBeBuiltForThePair) {
   Launch l = launch_at_192_192();
   const auto backward_with = [&](attn::BwdKernels kernels) {
@@ -332,6 +333,8 @@ TEST(AttentionLaunchChecks, NamedBackwardKernelsMustBeBuiltForThePair) {
   };
   expect_error_mentions([&] { backward_with(attn::BwdKernels::sm90_dq); },
                         {"flash_attention_backward_with", "sm90_dq", "(192,192)"});
+  expect_error_mentions([&] { backward_with(attn::BwdKernels::sm90); },
+                        {"flash_attention_backward_with", "the sm90 backward", "(192,192)"});
   expect_error_mentions([&] { backward_with(attn::BwdKernels::column_split); }, {"column_split", "(192,192)"});
   l.workspace = nullptr;  // the contract's checks come first
   expect_error_mentions([&] { backward_with(attn::BwdKernels::sm90_dq); },
