@@ -61,7 +61,7 @@ constexpr int kStages = 2;
 constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
 constexpr int kThreads = 384;          // + warpgroup 2, the producer
 constexpr int kConsumerWarps = kConsumerThreads / 32;
-constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 64K registers
+constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // sm90_ptx.cuh setmaxnreg_fits
 constexpr int kNT = kBlockM / 8;                             // n-tiles of S^T and dP^T per warp
 constexpr uint32_t kKeyBoxBytes = kBlockN * kBox * 2;        // one box of the K or V tile: 128 rows of 128 bytes
 constexpr uint32_t kRowBoxBytes = kBlockM * kBox * 2;        // one box of a Q or dO block: 64 rows of 128 bytes
@@ -69,8 +69,8 @@ constexpr uint32_t kDescPerKStep = (16 * 2) >> 4;            // 16 BF16 along a 
 constexpr uint32_t kDescPerRowStep = (16 * kBox * 2) >> 4;   // 16 rows of an N-major box (two 1024-byte atoms)
 static_assert(kBlockN == 2 * kWgKeys && kBlockM == kBox, "two consumer warpgroups; S^T, dP^T, each box m64n64");
 static_assert(kBlockN % kBlockM == 0, "the first query block of a key tile starts at its first key (the diagonal)");
-static_assert(kConsumerThreads * kConsumerRegs + (kThreads - kConsumerThreads) * kProducerRegs <= 65536,
-              "register budget of one thread block per SM");
+static_assert(sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegs, kConsumerRegs),
+              "setmaxnreg asks for more registers than the thread block holds");
 
 // Shared memory from a 1024-byte aligned base: K [Dqk / 64 boxes][128 rows][64], V [Dv / 64][128][64],
 // Q [stage][Dqk / 64][64][64], dO [stage][Dv / 64][64][64] (BF16, each 128-byte row swizzled), lse * log2e and D
