@@ -6,15 +6,16 @@
 //   bench_attention [--h5 PATH] [Google Benchmark flags, e.g. --benchmark_filter=mla]
 //
 // Shapes: `mla` B=1 T=4096 H=128, Dqk/Dv = 192/128 (DeepSeek-V2/V3 attention at their 4096-token sequences, the v2,
-// v3 and v3_layer configs; on an H200 the sm90 forward and the sm90_dq backward of attention_heuristics.h);
+// v3 and v3_layer configs; on an H200 the sm90 forward and the sm90 backward of attention_heuristics.h);
 // `small` B=8 T=1024 H=12, 96/64 (the small and dense_small configs; the key64 forward and column_split backward);
 // `tiny` B=4 T=64 H=4, 32/16 (the tiny config). Case names [<backend>/]<pass>/<shape>: pass fwd, bwd or fwd+bwd; no
 // prefix for our kernels as flash_attention_forward picks them (the program prints the forward it picks per shape),
 // key32/ for our key32 forward named through flash_attention_forward_with (fwd only, at the shapes it is built for:
 // the mma.sync kernel beside the rule's), role_split/ for the rule's forward with the role_split backward named through
 // flash_attention_backward_with (bwd and fwd+bwd, at the shapes it is built for: on an H200 the mma.sync dQ kernel
-// beside the sm90 one), sm90_bwd/ for the rule's forward with the sm90 backward named (its dK/dV kernel and the sm90
-// dQ kernel; bwd and fwd+bwd, at the shapes it is built for, on a device of compute capability 9.0), cudnn/ for the cuDNN backend with its non-deterministic backward, cudnn_det/
+// beside the sm90 ones), sm90_dq/ for the rule's forward with the sm90_dq backward named (role_split's dK/dV kernel and
+// the sm90 dQ kernel: the previous rule; bwd and fwd+bwd, at the shapes it is built for, on a device of compute
+// capability 9.0), cudnn/ for the cuDNN backend with its non-deterministic backward, cudnn_det/
 // with its deterministic backward (bwd and fwd+bwd only: the forward is the same); the ceiling is
 // gemm_bf16/8192x8192x8192 (cuBLASLt, BF16 in and out, FP32 accumulation). Without cuDNN in the build the cuDNN cases
 // are left out (the program says so).
@@ -69,21 +70,21 @@ constexpr Shape kShapes[] = {
 constexpr const char* kPasses[] = {"fwd", "bwd", "fwd+bwd"};
 
 // Who runs the attention: our kernels (both passes by the rule; the key32 forward named; the rule's forward and the
-// role_split or the sm90 backward named), or the cuDNN backend with its non-deterministic or deterministic backward.
-enum class Backend { own, key32, role_split, sm90_bwd, cudnn, cudnn_det };
+// role_split or the sm90_dq backward named), or the cuDNN backend with its non-deterministic or deterministic backward.
+enum class Backend { own, key32, role_split, sm90_dq, cudnn, cudnn_det };
 const char* backend_name(Backend b) {
   return b == Backend::own          ? "own"
          : b == Backend::key32      ? "key32"
          : b == Backend::role_split ? "role_split"
-         : b == Backend::sm90_bwd   ? "sm90_bwd"
+         : b == Backend::sm90_dq    ? "sm90_dq"
          : b == Backend::cudnn      ? "cudnn"
                                     : "cudnn_det";
 }
 // The backward variant a backend names (flash_attention_backward_with), for those that name one.
 attn::BwdKernels named_backward(Backend b) {
-  return b == Backend::sm90_bwd ? attn::BwdKernels::sm90 : attn::BwdKernels::role_split;
+  return b == Backend::sm90_dq ? attn::BwdKernels::sm90_dq : attn::BwdKernels::role_split;
 }
-bool names_backward(Backend b) { return b == Backend::role_split || b == Backend::sm90_bwd; }
+bool names_backward(Backend b) { return b == Backend::role_split || b == Backend::sm90_dq; }
 bool is_cudnn(Backend b) { return b == Backend::cudnn || b == Backend::cudnn_det; }
 
 struct Case {
@@ -111,7 +112,7 @@ std::vector<Case> g_cases;
 
 void define_cases() {
   for (const Shape& s : kShapes)
-    for (Backend b : {Backend::own, Backend::key32, Backend::role_split, Backend::sm90_bwd, Backend::cudnn,
+    for (Backend b : {Backend::own, Backend::key32, Backend::role_split, Backend::sm90_dq, Backend::cudnn,
                       Backend::cudnn_det}) {
       if (is_cudnn(b) && !cudnn_sdpa_built()) continue;
       if (b == Backend::key32 && !attn::forward_kernel_builds(attn::FwdKernel::key32, s.Dqk, s.Dv)) continue;
@@ -374,8 +375,8 @@ Table result_table(const std::vector<Row>& rows) {
                                        "cuDNN");
   t.set_attribute("backend", "own: our kernels as flash_attention_forward/backward pick them (flash_attention.h); "
                              "key32: our key32 forward named (flash_attention_forward_with); role_split: the rule's forward and "
-                             "the role_split backward named (flash_attention_backward_with); sm90_bwd: the rule's "
-                             "forward and the sm90 backward named; cudnn, cudnn_det: "
+                             "the role_split backward named (flash_attention_backward_with); sm90_dq: the rule's "
+                             "forward and the sm90_dq backward named; cudnn, cudnn_det: "
                              "cuDNN's fused attention (cudnn_sdpa.h), non-deterministic or deterministic backward; "
                              "cublaslt: the ceiling");
   t.set_attribute("workspace_bytes", "the cuDNN backend's workspace (the larger of its forward and backward plans'); "

@@ -3,12 +3,11 @@
 //
 // The rule: forward on a device of compute capability 9.0 at (Dqk, Dv) = (192, 128) or (128, 128) -> the sm90
 // forward (WGMMA, TMA and warp specialisation, FlashAttention-3's structure); elsewhere Dqk >= 128 -> key32 forward,
-// smaller Dqk -> key64 forward. Backward on a device of compute capability 9.0 at (192, 128) or (128, 128) -> sm90_dq
-// (role_split's dK/dV kernel, then a dQ kernel on WGMMA and TMA); elsewhere Dqk >= 128 -> role_split, smaller Dqk ->
-// column_split. At the MLA shape sm90_dq ran faster than role_split on the H200 (bench_attention's `bwd/mla` beside
-// `role_split/bwd/mla`; the run is listed in reports/results/h200/README.md); (128, 128) takes it untimed. The sm90
-// variant (the sm90 dK/dV kernel, then sm90_dq's dQ kernel) is built for the same pairs and runs by name
-// (flash_attention_backward_with; bench_attention's `sm90_bwd/bwd/mla`) until it is timed against sm90_dq.
+// smaller Dqk -> key64 forward. Backward on a device of compute capability 9.0 at (192, 128) or (128, 128) -> sm90
+// (a dK/dV kernel and a dQ kernel, both on WGMMA and TMA); elsewhere Dqk >= 128 -> role_split, smaller Dqk ->
+// column_split. At the MLA shape sm90 ran faster than sm90_dq (role_split's dK/dV kernel with the sm90 dQ kernel),
+// which ran faster than role_split, on the H200 (bench_attention's `bwd/mla` beside `sm90_dq/bwd/mla` and
+// `role_split/bwd/mla`; the runs are listed in reports/results/h200/README.md); (128, 128) takes it untimed.
 // The sm90 forward runs Hopper's asynchronous tensor-core product (wgmma) from tiles the copy engine (TMA) streams,
 // which the mma.sync kernels cannot use; it is built for Dv = 128 (its P V product is one m64n128 instruction per
 // 16 keys) and Dqk a multiple of 64 (its tiles are 64-element boxes of the 128-byte swizzle). At the MLA shape it
@@ -67,8 +66,7 @@ enum class BwdKernels {
   // flash_attention_bwd_sm90_dkdv.cu's dK/dV kernel, then the sm90 dQ kernel of sm90_dq: sm_90a only; one thread
   // block per 128-key tile (two consumer warpgroups of 64 keys, one producer warpgroup issuing TMA copies of K and V
   // once and of 64-query Q and dO blocks, two stages), wgmma for S^T, dP^T, dV and dK (P^T and dS^T from registers);
-  // head-grouped block order (block_tile). Reachable by name (flash_attention_backward_with); the rule does not pick
-  // it yet.
+  // head-grouped block order (block_tile).
   sm90,
 };
 
@@ -113,7 +111,7 @@ constexpr bool backward_kernels_build(BwdKernels kernels, int64_t Dqk, int64_t D
 // The backward kernels for (Dqk, Dv) of kAttentionPairs on a device of compute capability `cc` (major * 10 + minor);
 // after the D = rowsum(dO * O) kernel.
 constexpr BwdKernels backward_kernels_for(int64_t Dqk, int64_t Dv, int cc) {
-  if (cc == kSm90ComputeCapability && backward_kernels_build(BwdKernels::sm90_dq, Dqk, Dv)) return BwdKernels::sm90_dq;
+  if (cc == kSm90ComputeCapability && backward_kernels_build(BwdKernels::sm90, Dqk, Dv)) return BwdKernels::sm90;
   return backward_kernels_build(BwdKernels::role_split, Dqk, Dv) ? BwdKernels::role_split : BwdKernels::column_split;
 }
 

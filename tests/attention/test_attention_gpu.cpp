@@ -3,7 +3,7 @@
 // every instantiated (Dqk, Dv) pair at (B, T, H) = (1, 1, 1), (2, 37, 3), (1, 128, 2), (2, 200, 4), (2, 100, 9),
 // plus (1, 1024, 2) for (192, 128). The pairs cover the kernels of attention_heuristics.h: Dqk < 128 runs the key64
 // forward and the column_split backward, Dqk >= 128 the role_split backward and, on a device of compute capability
-// 9.0, the sm90 forward and the sm90_dq backward (role_split's dK/dV, the sm90 dQ kernel) at (128, 128) and
+// 9.0, the sm90 forward and the sm90 backward (the sm90 dK/dV and dQ kernels) at (128, 128) and
 // (192, 128), the key32 forward at (192, 192) (head-grouped block orders,
 // which (2, 100, 9) exercises with 18 sequence-heads: three groups, the last one partial).
 // The sm90 and key32 forwards of (128, 128) and (192, 128) also run on the same inputs through
@@ -232,7 +232,7 @@ struct BwdOutputs {
 };
 
 // One forward (the rule's kernel), then backward through sm90 (twice), sm90_dq (twice), role_split and the rule, on
-// NaN-poisoned outputs and workspace: sm90 and sm90_dq deterministic; the rule runs sm90_dq; dK and dV bit-identical
+// NaN-poisoned outputs and workspace: sm90 and sm90_dq deterministic; the rule runs sm90; dK and dV bit-identical
 // between sm90_dq and role_split (the same role_split kernel), dQ bit-identical between sm90 and sm90_dq (the same
 // sm90 dQ kernel); sm90's dK and dV, and sm90_dq's dQ, within kKernelVsKernelOutTol of role_split's (the same
 // arithmetic in another FP32 order) and, where `reference`, every variant within the gradient tolerance of the FP64
@@ -294,8 +294,9 @@ void compare_backward_kernels(const KernelCompareCase& fc) {
   EXPECT_EQ(test::bits_of(sm90_again.dk), test::bits_of(sm90.dk)) << "sm90: dK differs between identical runs";
   EXPECT_EQ(test::bits_of(sm90_again.dv), test::bits_of(sm90.dv)) << "sm90: dV differs between identical runs";
   EXPECT_EQ(test::bits_of(dq90_again.dq), test::bits_of(dq90.dq)) << "sm90_dq: dQ differs between identical runs";
-  EXPECT_EQ(test::bits_of(rule.dq), test::bits_of(dq90.dq)) << "flash_attention_backward did not run sm90_dq";
-  EXPECT_EQ(test::bits_of(rule.dk), test::bits_of(dq90.dk)) << "flash_attention_backward did not run sm90_dq";
+  EXPECT_EQ(test::bits_of(rule.dq), test::bits_of(sm90.dq)) << "flash_attention_backward did not run sm90";
+  EXPECT_EQ(test::bits_of(rule.dk), test::bits_of(sm90.dk)) << "flash_attention_backward did not run sm90";
+  EXPECT_EQ(test::bits_of(rule.dv), test::bits_of(sm90.dv)) << "flash_attention_backward did not run sm90";
   EXPECT_EQ(test::bits_of(role.dk), test::bits_of(dq90.dk)) << "dK: sm90_dq and role_split share the dK/dV kernel";
   EXPECT_EQ(test::bits_of(role.dv), test::bits_of(dq90.dv)) << "dV: sm90_dq and role_split share the dK/dV kernel";
   EXPECT_EQ(test::bits_of(sm90.dq), test::bits_of(dq90.dq)) << "dQ: sm90 and sm90_dq share the dQ kernel";

@@ -281,14 +281,14 @@ TEST(AttentionHeuristics, Sm90KernelsOnHopperElseKey32AndRoleSplitFromDqk128) {
     EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::sm90, pair[0], pair[1]), sm90);
     EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::role_split, pair[0], pair[1]), large);
     EXPECT_EQ(attn::backward_kernels_build(attn::BwdKernels::column_split, pair[0], pair[1]), !large);
-    EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1], 90), sm90 ? attn::BwdKernels::sm90_dq : mma_sync_bwd);
+    EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1], 90), sm90 ? attn::BwdKernels::sm90 : mma_sync_bwd);
     for (int cc : {80, 89, 100})
       EXPECT_EQ(attn::backward_kernels_for(pair[0], pair[1], cc), mma_sync_bwd) << "cc " << cc;
   }
   // The measured shapes: MLA's (192, 128) and `small`'s (96, 64).
   static_assert(attn::forward_kernel_for(192, 128, 90) == attn::FwdKernel::sm90);
   static_assert(attn::forward_kernel_for(192, 128, 80) == attn::FwdKernel::key32);
-  static_assert(attn::backward_kernels_for(192, 128, 90) == attn::BwdKernels::sm90_dq);
+  static_assert(attn::backward_kernels_for(192, 128, 90) == attn::BwdKernels::sm90);
   static_assert(attn::backward_kernels_for(192, 128, 80) == attn::BwdKernels::role_split);
   static_assert(attn::forward_kernel_for(96, 64, 90) == attn::FwdKernel::key64);
   static_assert(attn::backward_kernels_for(96, 64, 90) == attn::BwdKernels::column_split);
