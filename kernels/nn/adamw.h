@@ -44,8 +44,8 @@ struct AdamWConfig {
 
 // How AdamW's m and v are stored: FP32 (4 bytes per element each) or BF16 (2 bytes, DeepSeek-V3 sec. 3.3.3).
 enum class MomentDtype { fp32, bf16 };
-const char* moment_dtype_name(MomentDtype d);   // "fp32", "bf16": the values of the trainer's train.moments
-int64_t moment_dtype_bytes(MomentDtype d);      // 4, 2
+const char* moment_dtype_name(MomentDtype d);  // "fp32", "bf16": the values of the trainer's train.moments
+int64_t moment_dtype_bytes(MomentDtype d);     // 4, 2
 
 // One parameter tensor of n elements: FP32 master [n], BF16 param [n] (written), FP32 grad [n], moments m, v [n] of
 // type Moment (float: FP32, bf16: BF16; updated in place). Device pointers with their element's alignment (4 bytes
@@ -60,15 +60,16 @@ struct AdamWTensorOf {
   Moment* v = nullptr;
   int64_t n = 0;
 };
-using AdamWTensor = AdamWTensorOf<float>;                // FP32 moments
-using AdamWTensorBf16Moments = AdamWTensorOf<bf16>;     // BF16 moments (DeepSeek-V3 sec. 3.3.3)
+using AdamWTensor = AdamWTensorOf<float>;             // FP32 moments
+using AdamWTensorBf16Moments = AdamWTensorOf<bf16>;  // BF16 moments (DeepSeek-V3 sec. 3.3.3)
 
 // One AdamW step on `t`. grad_scale: device pointer to one FP32 value multiplying the gradient (the clip scale from
 // grad_global_norm), or null for 1. Asynchronous on `stream`.
 // Rejects (fp4moe::Error, before any launch): n < 0, lr < 0 or not finite, beta1/beta2 outside [0, 1), eps <= 0
-// or not finite, weight_decay < 0 or not finite, step < 1, and for n > 0 null or misaligned pointers. n = 0
-// launches nothing.
-// Both overloads run the same kernel (the moment type a template parameter).
+// or not finite, weight_decay < 0 or not finite, step < 1, and for n > 0 null pointers or pointers without their
+// element's alignment (FP32 4 bytes, BF16 param and moments 2 bytes). n = 0 launches nothing. Both overloads run
+// the same kernel (the moment type a template parameter); with FP32 moments the results are those of the kernel
+// before BF16 moments existed, bit for bit (the same per-element arithmetic).
 void adamw_step(const AdamWTensor& t, const AdamWConfig& cfg, const float* grad_scale, cudaStream_t stream);
 void adamw_step(const AdamWTensorBf16Moments& t, const AdamWConfig& cfg, const float* grad_scale,
                 cudaStream_t stream);
