@@ -19,7 +19,7 @@
 // integer (64 = ok, 64.0 is not) for the sizes, steps and seed; a boolean (true, false; on the command line also
 // 1, 0, yes, no) for parallel.zero1 and model.attention_deterministic; a float or an integer (3e-4, 1, inf and nan
 // parse, validation rejects the last two) for the rates and coefficients; a string for names, paths, recipes,
-// router, policy and the attention backend; an array of strings for recompute.modules (`[]`: none).
+// router, policy, the attention backend and train.moments; an array of strings for recompute.modules (`[]`: none).
 //
 // Loading rejects (fp4moe::Error, one line naming the file, with the line and column): a file that is not TOML
 // (an unterminated string, a key or section given twice, ...), a key no option has, a value of the wrong type;
