@@ -36,12 +36,15 @@
 //                      finalize; the running max, sum and target logit are not counted)
 //   cross_entropy_bwd  logits 4TV + targets, lse 8T + n_valid 4 -> dlogits 2TV (one launch per chunk)
 //   adamw              master, grad, m, v 16n -> master, m, v 12n + param 2n
+//   adamw_bf16_moments the same update with BF16 m and v (DeepSeek-V3 sec. 3.3.3): master, grad 8n + m, v 4n ->
+//                      master 4n + m, v 4n + param 2n
 // The LM head's GEMMs around the cross-entropy kernels are not included (they are GEMMs: bench_grouped_gemm).
 //
 // Inputs: seeded random, never zeros: BF16 activations with a realistic spread (bench_util.cuh's Spread), FP32
 // router logits N(0, 1) and bias N(0, 0.01^2), cross-entropy logits N(0, 2^2), targets and token ids uniform over
 // the vocabulary (the embedding's U counted on the host), routing from the router on random logits (so the
-// permutation maps are a real top-k's), AdamW state N(0, 1) master, N(0, 1e-3) grad and m, |N(0, 1e-6)| v.
+// permutation maps are a real top-k's), AdamW state N(0, 1) master, N(0, 1e-3) grad and m, |N(0, 1e-6)| v (BF16
+// moments: those values rounded to BF16).
 // Timing (benchmarks/bench_rotated.cuh): CUDA events around a batch of one call per rotated input copy (enough
 // copies that together they exceed twice the L2, so each call reads from HBM), after a warm-up call on each copy;
 // Google Benchmark's manual time, at least 0.05 s per case; time_us is the median per call over the iterations.
@@ -104,23 +107,33 @@ uint64_t seed_of(int copy, uint64_t salt) {
   return 0xB0BAull + 7919ull * static_cast<uint64_t>(copy) + 104729ull * salt;
 }
 
-__global__ void fill_f32_random_kernel(float* x, int64_t n, uint64_t seed, float sigma, bool magnitude) {
+__device__ __forceinline__ void store_value(float* p, float z) { *p = z; }
+__device__ __forceinline__ void store_value(bf16* p, float z) { *p = __float2bfloat16_rn(z); }
+
+template <typename T>
+__global__ void fill_random_kernel(T* x, int64_t n, uint64_t seed, float sigma, bool magnitude) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     // Box-Muller on two counter-based uniforms: the values depend on (seed, index) only.
     const float u1 = uniform_from_counter(seed, 2 * static_cast<uint64_t>(i)) + 0x1p-25f;
     const float u2 = uniform_from_counter(seed, 2 * static_cast<uint64_t>(i) + 1);
     const float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2) * sigma;
-    x[i] = magnitude ? fabsf(z) : z;
+    store_value(x + i, magnitude ? fabsf(z) : z);
   }
 }
 
-// n FP32 values on the device: N(0, sigma^2), or their magnitudes when `magnitude` (never all zeros for sigma > 0).
-float* random_f32(DevicePool& pool, int64_t n, uint64_t seed, float sigma, bool magnitude = false) {
-  float* x = pool.alloc<float>(n);
+// n values on the device: N(0, sigma^2), or their magnitudes when `magnitude` (never all zeros for sigma > 0); FP32,
+// or BF16 (the FP32 values rounded to nearest even).
+template <typename T>
+T* random_values(DevicePool& pool, int64_t n, uint64_t seed, float sigma, bool magnitude = false) {
+  T* x = pool.alloc<T>(n);
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
-  fill_f32_random_kernel<<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), 256>>>(x, n, seed, sigma, magnitude);
+  fill_random_kernel<T><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), 256>>>(x, n, seed, sigma, magnitude);
   CUDA_CHECK_LAUNCH();
   return x;
+}
+
+float* random_f32(DevicePool& pool, int64_t n, uint64_t seed, float sigma, bool magnitude = false) {
+  return random_values<float>(pool, n, seed, sigma, magnitude);
 }
 
 bf16* random_bf16(DevicePool& pool, int64_t M, int64_t K, uint64_t seed, const Spread& s) {
@@ -478,6 +491,26 @@ void add_adamw(const Scale& s) {
           x.grad = random_f32(w.pool, n, seed_of(c, 34), 1e-3f);
           x.m = random_f32(w.pool, n, seed_of(c, 35), 1e-3f);
           x.v = random_f32(w.pool, n, seed_of(c, 36), 1e-6f, true);
+          t.push_back(x);
+        }
+        AdamWConfig cfg;
+        cfg.lr = 1e-4f;
+        cfg.step = 10;
+        w.launch = [=](int c, cudaStream_t st) { adamw_step(t[c], cfg, nullptr, st); };
+      });
+  // The same update with the moments stored in BF16 (DeepSeek-V3 sec. 3.3.3), same n: the row beside the FP32 one.
+  const int64_t bf16_bytes = 12 * n + 10 * n;
+  add("adamw_bf16_moments", s, fmt::format("{}", n), "bf16", bf16_bytes, bf16_bytes,
+      "master, grad 8n + m, v 4n -> master 4n + m, v 4n + param 2n", [=](RotatedWorkload& w, int copies) {
+        std::vector<AdamWTensorBf16Moments> t;
+        for (int c = 0; c < copies; ++c) {
+          AdamWTensorBf16Moments x;
+          x.n = n;
+          x.master = random_f32(w.pool, n, seed_of(c, 33), 1.0f);
+          x.param = w.pool.alloc<bf16>(n);
+          x.grad = random_f32(w.pool, n, seed_of(c, 34), 1e-3f);
+          x.m = random_values<bf16>(w.pool, n, seed_of(c, 35), 1e-3f);
+          x.v = random_values<bf16>(w.pool, n, seed_of(c, 36), 1e-6f, true);
           t.push_back(x);
         }
         AdamWConfig cfg;

@@ -62,6 +62,7 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   recipe_shared_ = recipe_name(cfg.recipe.shared_experts);
   recipe_routed_ = recipe_name(cfg.recipe.routed_experts);
   attention_backend_ = attention_backend_name(m.attention_backend);
+  moments_ = moment_dtype_name(t.moments);
 
   app.add_option("--config", config_path_, "TOML configuration file (configs/*.toml); options given here win");
   seed_ = static_cast<int64_t>(t.seed);
@@ -112,6 +113,7 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("train.beta1", t.beta1, "AdamW beta1");
   add("train.beta2", t.beta2, "AdamW beta2");
   add("train.eps", t.eps, "AdamW epsilon");
+  add("train.moments", moments_, "AdamW m and v storage: fp32 or bf16 (DeepSeek-V3's, round to nearest even)");
   add("train.grad_clip", t.grad_clip, "global gradient-norm clip (0: none)");
   add("train.seed", seed_, "seed of weights, data order and stochastic rounding");
   add("train.eval_interval", t.eval_interval, "steps between evaluations (0: none)");
@@ -183,6 +185,9 @@ void ConfigOptions::load_config_file() {
                non_finite_, where);
   cfg_.train.non_finite = non_finite_ == "stop" ? NonFinitePolicy::stop : NonFinitePolicy::skip;
   cfg_.model.attention_backend = parse_attention_backend(attention_backend_, "model.attention_backend");
+  FP4MOE_CHECK(moments_ == "fp32" || moments_ == "bf16",
+               "train.moments = '{}'{}: expected fp32 or bf16 (the storage of AdamW's m and v)", moments_, where);
+  cfg_.train.moments = moments_ == "bf16" ? MomentDtype::bf16 : MomentDtype::fp32;
   cfg_.recipe.attention = parse_recipe(recipe_attention_, "recipe.attention");
   cfg_.recipe.dense_mlp = parse_recipe(recipe_dense_, "recipe.dense_mlp");
   cfg_.recipe.shared_experts = parse_recipe(recipe_shared_, "recipe.shared_experts");

@@ -19,7 +19,7 @@
 // integer (64 = ok, 64.0 is not) for the sizes, steps and seed; a boolean (true, false; on the command line also
 // 1, 0, yes, no) for parallel.zero1 and model.attention_deterministic; a float or an integer (3e-4, 1, inf and nan
 // parse, validation rejects the last two) for the rates and coefficients; a string for names, paths, recipes,
-// router, policy and the attention backend; an array of strings for recompute.modules (`[]`: none).
+// router, policy, the attention backend and train.moments; an array of strings for recompute.modules (`[]`: none).
 //
 // Loading rejects (fp4moe::Error, one line naming the file, with the line and column): a file that is not TOML
 // (an unterminated string, a key or section given twice, ...), a key no option has, a value of the wrong type;
@@ -40,6 +40,7 @@
 #include <CLI/CLI.hpp>
 
 #include "kernels/attention/attention_backend.h"
+#include "kernels/nn/adamw.h"
 #include "kernels/nn/router.h"
 #include "trainer/config_file.h"
 #include "trainer/model/recipe.h"
@@ -110,6 +111,10 @@ struct TrainingConfig {
   double min_lr = 0;             // cosine decay from lr to min_lr at `steps`
   double weight_decay = 0;       // AdamW decoupled weight decay
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  // AdamW m and v storage (kernels/nn/adamw.h): fp32 (the default) or bf16, as DeepSeek-V3 trains (sec. 3.3.3);
+  // "fp32" or "bf16" in the file and on the command line. Not part of the model's identity (model_config_text), but
+  // a checkpoint's moments must be in this dtype to resume (trainer/train/param_checkpoint.h).
+  MomentDtype moments = MomentDtype::fp32;
   double grad_clip = 1.0;        // global gradient-norm clip (0: none)
   uint64_t seed = 0;             // weights, data order, stochastic rounding (set as a signed value >= 0)
   int64_t eval_interval = 0;     // steps between evaluations (0: none)
@@ -208,6 +213,7 @@ class ConfigOptions {
   int64_t seed_ = 0;                   // train.seed, read signed so that a negative value is rejected, not wrapped
   std::string router_, non_finite_, recipe_attention_, recipe_dense_, recipe_shared_, recipe_routed_;
   std::string attention_backend_;  // model.attention_backend as text
+  std::string moments_;            // train.moments as text
 };
 
 // Parses `args` (without a program name: {"--config", "configs/tiny.toml", "--train.lr", "1e-3"}) into a config

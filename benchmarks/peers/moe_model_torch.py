@@ -184,6 +184,9 @@ def check_config(cfg, where):
         raise BadInput(f"{where}: needs layers >= 1 and 0 <= n_dense_layers <= layers")
     if m["qk_rope_head_dim"] % 2:
         raise BadInput(f"{where}: model.qk_rope_head_dim must be even (RoPE rotates pairs)")
+    moments = cfg.get("train", {}).get("moments", "fp32")
+    if moments != "fp32":  # torch's fused AdamW here keeps its state in the FP32 masters' dtype
+        raise BadInput(f"{where}: train.moments = {moments!r}: this peer keeps AdamW's moments in FP32 only")
     if m["layers"] > m["n_dense_layers"]:
         check_keys(cfg, "moe", MOE_KEYS, where)
         e = cfg["moe"]

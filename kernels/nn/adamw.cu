@@ -1,5 +1,6 @@
-// AdamW step and global gradient norm kernels (adamw.h). Memory-bound, grid-stride: four FP32 elements per 16-byte
-// access when every pointer allows it (param: 8 bytes), a scalar tail (and scalar path otherwise). The norm adds
+// AdamW step and global gradient norm kernels (adamw.h). Memory-bound, grid-stride: four elements per thread and
+// access when every pointer allows it (FP32: 16 bytes; param and BF16 moments: 8 bytes), a scalar tail (and scalar
+// path otherwise). One AdamW kernel for FP32 and BF16 moments: MomentIo below is the only difference. The norm adds
 // squares in double: per thread, then per block (warp shuffles, then the 8 warp sums in order) into one of
 // kGradNormSlots workspace slots owned by that block (launches of one stream run in order, so each slot sees a
 // fixed sequence of additions), then one block adds the slots in order: deterministic, no atomics.
@@ -38,34 +39,67 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
          (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
+// Loads and stores of the moments: 4 consecutive elements (one aligned vector access) or 1, as FP32. BF16 values
+// widen exactly (the 16 bits on top of an FP32) and are stored rounded to nearest even.
+template <typename Moment>
+struct MomentIo;
+
+template <>
+struct MomentIo<float> {
+  static __device__ __forceinline__ float4 load4(const float* p, int64_t i) {
+    return reinterpret_cast<const float4*>(p)[i];
+  }
+  static __device__ __forceinline__ void store4(float* p, int64_t i, float4 x) {
+    reinterpret_cast<float4*>(p)[i] = x;
+  }
+  static __device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
+  static __device__ __forceinline__ void store(float* p, int64_t i, float x) { p[i] = x; }
+};
+
+template <>
+struct MomentIo<bf16> {
+  static __device__ __forceinline__ float4 load4(const bf16* p, int64_t i) {
+    const uint2 u = reinterpret_cast<const uint2*>(p)[i];
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xFFFF0000u));
+  }
+  static __device__ __forceinline__ void store4(bf16* p, int64_t i, float4 x) {
+    reinterpret_cast<uint2*>(p)[i] = make_uint2(bf16x2_bits(x.x, x.y), bf16x2_bits(x.z, x.w));
+  }
+  static __device__ __forceinline__ float load(const bf16* p, int64_t i) { return __bfloat162float(p[i]); }
+  static __device__ __forceinline__ void store(bf16* p, int64_t i, float x) { p[i] = __float2bfloat16_rn(x); }
+};
+
+template <typename Moment>
 __global__ void __launch_bounds__(kThreads)
 adamw_kernel(float* __restrict__ master, bf16* __restrict__ param, const float* __restrict__ grad,
-             float* __restrict__ m_buf, float* __restrict__ v_buf, int64_t n, bool vec,
+             Moment* __restrict__ m_buf, Moment* __restrict__ v_buf, int64_t n, bool vec,
              const float* __restrict__ grad_scale, AdamWConstants k) {
+  using Io = MomentIo<Moment>;
   const float scale = grad_scale != nullptr ? *grad_scale : 1.0f;
   const int64_t stride = int64_t{gridDim.x} * kThreads;
   const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
   const int64_t n4 = vec ? n / 4 : 0;
   for (int64_t i = first; i < n4; i += stride) {
     float4 w = reinterpret_cast<const float4*>(master)[i];
-    float4 m = reinterpret_cast<const float4*>(m_buf)[i];
-    float4 v = reinterpret_cast<const float4*>(v_buf)[i];
+    float4 m = Io::load4(m_buf, i);
+    float4 v = Io::load4(v_buf, i);
     const float4 g = reinterpret_cast<const float4*>(grad)[i];
     adamw_element(w.x, m.x, v.x, g.x * scale, k);
     adamw_element(w.y, m.y, v.y, g.y * scale, k);
     adamw_element(w.z, m.z, v.z, g.z * scale, k);
     adamw_element(w.w, m.w, v.w, g.w * scale, k);
     reinterpret_cast<float4*>(master)[i] = w;
-    reinterpret_cast<float4*>(m_buf)[i] = m;
-    reinterpret_cast<float4*>(v_buf)[i] = v;
+    Io::store4(m_buf, i, m);
+    Io::store4(v_buf, i, v);
     reinterpret_cast<uint2*>(param)[i] = make_uint2(bf16x2_bits(w.x, w.y), bf16x2_bits(w.z, w.w));
   }
   for (int64_t i = n4 * 4 + first; i < n; i += stride) {
-    float w = master[i], m = m_buf[i], v = v_buf[i];
+    float w = master[i], m = Io::load(m_buf, i), v = Io::load(v_buf, i);
     adamw_element(w, m, v, grad[i] * scale, k);
     master[i] = w;
-    m_buf[i] = m;
-    v_buf[i] = v;
+    Io::store(m_buf, i, m);
+    Io::store(v_buf, i, v);
     param[i] = __float2bfloat16_rn(w);
   }
 }
@@ -130,7 +164,11 @@ unsigned grid_for(int64_t items, int64_t cap) {
 
 }  // namespace
 
-void adamw_step(const AdamWTensor& t, const AdamWConfig& cfg, const float* grad_scale, cudaStream_t stream) {
+namespace {
+
+template <typename Moment>
+void launch_adamw(const AdamWTensorOf<Moment>& t, const AdamWConfig& cfg, const float* grad_scale,
+                  cudaStream_t stream) {
   const char* what = "adamw_step";
   nn_detail::check_adamw(what, t, cfg, /*device=*/true);
   if (grad_scale != nullptr) nn_detail::check_aligned(what, "grad_scale", grad_scale, 4);
@@ -146,12 +184,24 @@ void adamw_step(const AdamWTensor& t, const AdamWConfig& cfg, const float* grad_
                          static_cast<float>(static_cast<double>(cfg.lr) * cfg.weight_decay),
                          static_cast<float>(cfg.lr / bc1),
                          static_cast<float>(std::sqrt(bc2))};
+  constexpr int64_t kMomentVecBytes = 4 * sizeof(Moment);  // 16 (FP32) or 8 (BF16)
   const bool vec = nn_detail::is_aligned(t.master, 16) && nn_detail::is_aligned(t.grad, 16) &&
-                   nn_detail::is_aligned(t.m, 16) && nn_detail::is_aligned(t.v, 16) &&
+                   nn_detail::is_aligned(t.m, kMomentVecBytes) && nn_detail::is_aligned(t.v, kMomentVecBytes) &&
                    nn_detail::is_aligned(t.param, 8);
-  adamw_kernel<<<grid_for(vec ? ceil_div(t.n, 4) : t.n, 132 * 16), kThreads, 0, stream>>>(
+  adamw_kernel<Moment><<<grid_for(vec ? ceil_div(t.n, 4) : t.n, 132 * 16), kThreads, 0, stream>>>(
       t.master, t.param, t.grad, t.m, t.v, t.n, vec, grad_scale, k);
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void adamw_step(const AdamWTensor& t, const AdamWConfig& cfg, const float* grad_scale, cudaStream_t stream) {
+  launch_adamw(t, cfg, grad_scale, stream);
+}
+
+void adamw_step(const AdamWTensorBf16Moments& t, const AdamWConfig& cfg, const float* grad_scale,
+                cudaStream_t stream) {
+  launch_adamw(t, cfg, grad_scale, stream);
 }
 
 void grad_global_norm(const GradTensor* tensors, int count, float max_norm, double* workspace, float* norm_out,

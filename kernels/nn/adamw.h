@@ -13,6 +13,13 @@
 // The bias corrections are computed on the host in double from the 1-based step. All per-element math is FP32 on
 // the GPU (the CPU reference uses double and agrees within FP32 rounding).
 //
+// Moment storage (MomentDtype): FP32, or BF16 as DeepSeek-V3 tracks them (technical report sec. 3.3.3,
+// "Low-precision storage and communication": AdamW's first and second moments in BF16, master weights and
+// gradients kept in FP32). With BF16 moments each element loads m and v exactly into FP32, runs the same FP32 math
+// as above (this step's master update uses those FP32 m and v), and stores m and v rounded to BF16, round to
+// nearest even (__float2bfloat16_rn; kernels/formats/formats.h's f32_to_bf16_bits on the host). One kernel serves
+// both storages (a template on the moment type); only the loads and stores differ.
+//
 // Global norm (torch.nn.utils.clip_grad_norm_): norm = sqrt(sum over all tensors and elements of grad^2), summed in
 // double in a fixed order (deterministic); clip scale = min(1, max_norm / (norm + 1e-6)), or NaN when the norm is
 // not finite (the caller reads the norm and skips the step).
@@ -35,24 +42,37 @@ struct AdamWConfig {
   int64_t step = 1;            // 1-based step count, for the bias corrections
 };
 
-// One parameter tensor of n elements: FP32 master [n], BF16 param [n] (written), FP32 grad [n], FP32 moments m, v
-// [n] (updated in place). Device pointers, 4-byte (param: 2-byte) aligned; 16-byte aligned FP32 pointers with an
-// 8-byte aligned param take the 4-element vector path. The tensors must not overlap.
-struct AdamWTensor {
+// How AdamW's m and v are stored: FP32 (4 bytes per element each) or BF16 (2 bytes, DeepSeek-V3 sec. 3.3.3).
+enum class MomentDtype { fp32, bf16 };
+const char* moment_dtype_name(MomentDtype d);  // "fp32", "bf16": the values of the trainer's train.moments
+int64_t moment_dtype_bytes(MomentDtype d);     // 4, 2
+
+// One parameter tensor of n elements: FP32 master [n], BF16 param [n] (written), FP32 grad [n], moments m, v [n] of
+// type Moment (float: FP32, bf16: BF16; updated in place). Device pointers with their element's alignment (4 bytes
+// FP32, 2 bytes BF16); the 4-element vector path needs 16-byte aligned FP32 pointers and 8-byte aligned BF16 ones
+// (param and BF16 moments), the scalar path takes the rest. The tensors must not overlap.
+template <typename Moment>
+struct AdamWTensorOf {
   float* master = nullptr;
   bf16* param = nullptr;
   const float* grad = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
+  Moment* m = nullptr;
+  Moment* v = nullptr;
   int64_t n = 0;
 };
+using AdamWTensor = AdamWTensorOf<float>;             // FP32 moments
+using AdamWTensorBf16Moments = AdamWTensorOf<bf16>;  // BF16 moments (DeepSeek-V3 sec. 3.3.3)
 
 // One AdamW step on `t`. grad_scale: device pointer to one FP32 value multiplying the gradient (the clip scale from
 // grad_global_norm), or null for 1. Asynchronous on `stream`.
 // Rejects (fp4moe::Error, before any launch): n < 0, lr < 0 or not finite, beta1/beta2 outside [0, 1), eps <= 0
-// or not finite, weight_decay < 0 or not finite, step < 1, and for n > 0 null or misaligned pointers. n = 0
-// launches nothing.
+// or not finite, weight_decay < 0 or not finite, step < 1, and for n > 0 null pointers or pointers without their
+// element's alignment (FP32 4 bytes, BF16 param and moments 2 bytes). n = 0 launches nothing. Both overloads run
+// the same kernel (the moment type a template parameter); with FP32 moments the results are those of the kernel
+// before BF16 moments existed, bit for bit (the same per-element arithmetic).
 void adamw_step(const AdamWTensor& t, const AdamWConfig& cfg, const float* grad_scale, cudaStream_t stream);
+void adamw_step(const AdamWTensorBf16Moments& t, const AdamWConfig& cfg, const float* grad_scale,
+                cudaStream_t stream);
 
 // One FP32 gradient tensor [n] (device pointer, 4-byte aligned) of the global norm.
 struct GradTensor {
@@ -73,9 +93,11 @@ void grad_global_norm(const GradTensor* tensors, int count, float max_norm, doub
 
 // ---- CPU references (adamw_ref.cpp) --------------------------------------------------------------------------
 
-// adamw_step on host memory in double (each stored value rounded once: FP32 master/m/v, BF16 param); grad_scale is
-// the value itself. Same rejections (alignment aside).
+// adamw_step on host memory in double (each stored value rounded once: FP32 master, m and v or BF16 m and v, BF16
+// param; the master update uses the unrounded double m and v); grad_scale is the value itself. Same rejections
+// (alignment aside).
 void adamw_step_ref(const AdamWTensor& t, const AdamWConfig& cfg, float grad_scale);
+void adamw_step_ref(const AdamWTensorBf16Moments& t, const AdamWConfig& cfg, float grad_scale);
 
 // Global norm (double) of host tensors, and the clip scale of `max_norm` by the rule above.
 double grad_global_norm_ref(const GradTensor* tensors, int count);
@@ -83,7 +105,8 @@ float grad_clip_scale(double norm, float max_norm);
 
 namespace nn_detail {
 // Shared argument checks (adamw_ref.cpp).
-void check_adamw(const char* what, const AdamWTensor& t, const AdamWConfig& cfg, bool device);
+template <typename Moment>
+void check_adamw(const char* what, const AdamWTensorOf<Moment>& t, const AdamWConfig& cfg, bool device);
 void check_grad_tensors(const char* what, const GradTensor* tensors, int count, float max_norm, bool device);
 }  // namespace nn_detail
 

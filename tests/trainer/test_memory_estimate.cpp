@@ -13,6 +13,8 @@
 //     activations below fp8's by 5-20% on DeepSeek-V3's layout under moe_act + mla_up_proj and under mla_up_proj (the estimate gives 9.9% and 8.0%),
 //     and below under attention + layernorm + experts, by exactly the routed experts' kept dispatched input
 //     (MXFP4 xs against fp8's FP8 row and column copies; the numbers are printed);
+//   - BF16 AdamW moments (train.moments = "bf16"): 2 B per moment element, on one GPU and under ZeRO-1, the rest
+//     unchanged;
 //   - the layout checks.
 #include <gtest/gtest.h>
 
@@ -407,6 +409,33 @@ TEST(MemoryEstimate, GradBytesSetsTheGradientPrecision) {
   bf16.grad_bytes = 3;
   expect_error_with([&] { estimate_memory(v3.config, bf16); },
                     {"grad_bytes must be 4 (FP32 gradients) or 2 (BF16), got 3"});
+}
+
+TEST(MemoryEstimate, Bf16MomentsTakeTwoBytesPerMomentElement) {
+  const TrainerConfig cfg = tiny({"--train.moments", "bf16"});
+  const MemoryEstimate e = estimate_memory(cfg, single_gpu_layout(cfg));
+  const MemoryEstimate f = estimate_memory(tiny(), single_gpu_layout(tiny()));
+  const int64_t P = 4310080;  // padded elements (TinyWeightsGradsOptimizerToTheByte)
+  EXPECT_EQ(e.category(MemCategory::optimizer), 4 * P);
+  // m and v each 2P = 8620160 bytes, each rounded by DeviceMemory to 8620288.
+  EXPECT_EQ(device(e, MemCategory::optimizer), 2 * 8620288);
+  for (MemCategory c : {MemCategory::weights, MemCategory::grads, MemCategory::activations, MemCategory::workspace,
+                        MemCategory::comm})
+    EXPECT_EQ(e.category(c), f.category(c)) << mem_category_name(c);
+  std::vector<std::string> names;
+  for (const MemoryTerm& t : e.terms)
+    if (t.category == MemCategory::optimizer) names.push_back(t.tensor);
+  EXPECT_EQ(names, (std::vector<std::string>{"AdamW m (BF16)", "AdamW v (BF16)"}));
+
+  // ZeRO-1 on the V3 production layout's stage 1: the shard at 4 B per element instead of 8.
+  ProductionPreset v3 = production_preset("v3");
+  const MemoryEstimate fp32 = estimate_memory_stage(v3.config, v3.layout, 1);
+  v3.config.train.moments = MomentDtype::bf16;
+  const MemoryEstimate bf16 = estimate_memory_stage(v3.config, v3.layout, 1);
+  EXPECT_TRUE(v3.layout.zero1);
+  EXPECT_EQ(2 * bf16.category(MemCategory::optimizer), fp32.category(MemCategory::optimizer));
+  EXPECT_EQ(bf16.category(MemCategory::weights), fp32.category(MemCategory::weights));
+  EXPECT_EQ(bf16.category(MemCategory::grads), fp32.category(MemCategory::grads));
 }
 
 TEST(MemoryEstimate, OneFOneBKeepsPipelineDepthMinusStageMicroBatches) {

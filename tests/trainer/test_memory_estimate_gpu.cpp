@@ -14,7 +14,8 @@
 //     only when that workspace is its largest call: not on these models), and the arena's high water stays within
 //     it; DeviceMemory's workspace peak equals the estimate's workspace without the Trainer's own buffers (module
 //     "trainer": the batch and the gradient-norm partials, which a Model alone does not allocate);
-//   - comm is printed beside the estimate, not checked (no layout here: none).
+//   - comm is printed beside the estimate, not checked (no layout here: none);
+//   - tiny with BF16 AdamW moments (train.moments = "bf16"): the optimizer category at 2 B per moment element.
 // Each case prints a line per category: estimate, DeviceMemory, difference.
 #include <gtest/gtest.h>
 
@@ -172,6 +173,11 @@ void expect_estimate_matches(const std::string& name, const TrainerConfig& cfg) 
 TEST(MemoryEstimateModel, TinyBf16) {
   FP4MOE_REQUIRE_DEVICE();
   expect_estimate_matches("tiny bf16", load("tiny", {}));
+}
+
+TEST(MemoryEstimateModel, TinyBf16Moments) {
+  FP4MOE_REQUIRE_DEVICE();
+  expect_estimate_matches("tiny bf16, BF16 moments", load("tiny", {"--train.moments", "bf16"}));
 }
 
 TEST(MemoryEstimateModel, TinyRoutedMxfp4AndFp8) {

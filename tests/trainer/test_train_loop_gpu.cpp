@@ -7,6 +7,11 @@
 //   - the non-finite policy through TrainerOptions::inject_nonfinite_step: `skip` counts the step, applies no
 //     update (the next losses stay finite) and continues; `stop` writes the checkpoint of the step before and
 //     throws naming the step;
+//   - BF16 AdamW moments (train.moments = "bf16", DeepSeek-V3 sec. 3.3.3): 20 steps lower the loss; steps 1 and 2
+//     are bit for bit the FP32-moment run's (the moments start at zero and step 1's update reads them unrounded),
+//     later ones not (the stored moments are BF16); the checkpoint holds the moments as BF16, and resuming it gives
+//     steps 11..20 and the tensors at step 20 bit for bit; a checkpoint's moments in the other dtype are refused,
+//     naming train.moments;
 //   - a memory budget below what the model needs fails with the allocator's report;
 //   - the final evaluation covers the whole validation split (a last group of fewer windows), also with the attention
 //     backend auto.
@@ -187,6 +192,114 @@ TEST(TrainLoop, ResumeIsBitwise) {
   EXPECT_EQ(h5.read_f64("train/tiny/steps/step"), (std::vector<double>{1, 2, 3, 4, 5, 6}));
   const std::vector<double> loss = h5.read_f64("train/tiny/steps/loss");
   for (size_t i = 0; i < 6; ++i) EXPECT_TRUE(same_bits(loss[i], a.steps[i].loss)) << "row " << i;
+}
+
+double mean_of_last_three(const TrainResult& r) {
+  const size_t n = r.steps.size();
+  return (r.steps[n - 3].loss + r.steps[n - 2].loss + r.steps[n - 1].loss) / 3;
+}
+
+TEST(TrainLoop, Bf16MomentsTrainAndResumeBitwise) {
+  FP4MOE_REQUIRE_DEVICE();
+  TempDir dir;
+  const std::string a_dir = dir.file("a"), b_dir = dir.file("b"), f_dir = dir.file("f");
+  const std::vector<std::string> common = {"--train.eval_interval", "0", "--train.checkpoint_interval", "10"};
+  auto config = [&](const char* moments, const std::string& ckpt_dir) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), {"--train.moments", moments, "--train.checkpoint_dir", ckpt_dir});
+    return tiny_config(args);
+  };
+  const TrainerConfig a_cfg = config("bf16", a_dir), f_cfg = config("fp32", f_dir);
+  ASSERT_EQ(a_cfg.train.steps, 20);
+  ASSERT_EQ(a_cfg.train.moments, MomentDtype::bf16);
+  TrainResult a, f;
+  {
+    Trainer trainer(a_cfg, test::quiet_options(dir.file("a.h5")));
+    a = trainer.run();
+  }
+  {
+    Trainer trainer(f_cfg, test::quiet_options(dir.file("f.h5")));
+    f = trainer.run();
+  }
+  ASSERT_EQ(a.steps.size(), 20u);
+  ASSERT_EQ(f.steps.size(), 20u);
+  EXPECT_EQ(a.optimizer_steps, 20);
+  EXPECT_EQ(a.skipped, 0);
+  for (const StepRecord& s : a.steps) EXPECT_TRUE(std::isfinite(s.loss) && std::isfinite(s.grad_norm)) << s.step;
+  EXPECT_NEAR(a.steps[0].loss, std::log(32768.0), 0.5);
+  EXPECT_LT(mean_of_last_three(a), a.steps[0].loss - 0.25)
+      << "first loss " << a.steps[0].loss << ", mean of the last three " << mean_of_last_three(a);
+  std::printf("  mean loss of steps 18-20: BF16 moments %.6f, FP32 moments %.6f\n", mean_of_last_three(a),
+              mean_of_last_three(f));
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(same_bits(a.steps[i].loss, f.steps[i].loss)) << "step " << i + 1;
+    EXPECT_TRUE(same_bits(a.steps[i].grad_norm, f.steps[i].grad_norm)) << "step " << i + 1;
+  }
+  int differ = 0;
+  for (size_t i = 2; i < 20; ++i) differ += !same_bits(a.steps[i].loss, f.steps[i].loss);
+  EXPECT_GT(differ, 0) << "BF16 moments changed no loss: are they stored as BF16?";
+
+  // The checkpoint: masters FP32, moments BF16 (2 bytes per element), beside the FP32-moment run's.
+  const std::string a10 = a_dir + "/" + checkpoint_file_name(10), f10 = f_dir + "/" + checkpoint_file_name(10);
+  {
+    const CheckpointReader ra(a10, model_config_hash(a_cfg)), rf(f10, model_config_hash(f_cfg));
+    int moments = 0;
+    for (const CheckpointEntry& e : ra.entries()) {
+      int64_t n = 1;
+      for (int64_t d : e.shape) n *= d;
+      const bool moment = e.section == CheckpointSection::optimizer;
+      moments += moment;
+      EXPECT_EQ(e.dtype, moment ? CheckpointDtype::bf16 : CheckpointDtype::f32) << e.name;
+      EXPECT_EQ(e.bytes, static_cast<uint64_t>(n) * (moment ? 2 : 4)) << e.name;
+      const CheckpointEntry* g = rf.find(e.section, e.name);
+      ASSERT_NE(g, nullptr) << e.name;
+      EXPECT_EQ(g->dtype, CheckpointDtype::f32) << e.name;
+    }
+    EXPECT_GT(moments, 0);
+    EXPECT_EQ(ra.entries().size(), rf.entries().size());
+  }
+
+  // Resumed from step 10 with BF16 moments: steps 11..20 and every tensor at step 20 bit for bit.
+  TrainerConfig b_cfg = a_cfg;
+  b_cfg.train.checkpoint_dir = b_dir;
+  TrainerOptions b_opts = test::quiet_options(dir.file("b.h5"));
+  b_opts.resume_path = a10;
+  TrainResult b;
+  {
+    Trainer trainer(b_cfg, b_opts);
+    EXPECT_EQ(trainer.step(), 10);
+    b = trainer.run();
+  }
+  ASSERT_EQ(b.steps.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    const StepRecord &x = a.steps[10 + i], &y = b.steps[i];
+    SCOPED_TRACE("step " + std::to_string(x.step));
+    EXPECT_EQ(y.step, x.step);
+    EXPECT_TRUE(same_bits(y.loss, x.loss)) << y.loss << " vs " << x.loss;
+    EXPECT_TRUE(same_bits(y.grad_norm, x.grad_norm)) << y.grad_norm << " vs " << x.grad_norm;
+  }
+  const CheckpointReader ra(a_dir + "/" + checkpoint_file_name(20), 0), rb(b_dir + "/" + checkpoint_file_name(20), 0);
+  ASSERT_EQ(ra.entries().size(), rb.entries().size());
+  for (const CheckpointEntry& e : ra.entries()) {
+    const CheckpointEntry* g = rb.find(e.section, e.name);
+    ASSERT_NE(g, nullptr) << e.name;
+    EXPECT_EQ(g->dtype, e.dtype) << e.name;
+    EXPECT_EQ(g->crc32, e.crc32) << e.name;
+  }
+
+  // Moments of the other dtype are refused, not converted, before anything is restored.
+  TrainerConfig wrong = f_cfg;
+  wrong.train.checkpoint_dir = dir.file("w");
+  TrainerOptions w_opts = test::quiet_options(dir.file("w.h5"));
+  w_opts.resume_path = a10;
+  test::expect_error_with([&] { Trainer trainer(wrong, w_opts); },
+                          {"stored as bf16", "train.moments = fp32", "--train.moments bf16"});
+  TrainerConfig wrong2 = a_cfg;
+  wrong2.train.checkpoint_dir = dir.file("w2");
+  TrainerOptions w2_opts = test::quiet_options(dir.file("w2.h5"));
+  w2_opts.resume_path = f10;
+  test::expect_error_with([&] { Trainer trainer(wrong2, w2_opts); },
+                          {"stored as f32", "train.moments = bf16", "--train.moments fp32"});
 }
 
 TEST(TrainLoop, NonFiniteStepIsSkippedAndCounted) {

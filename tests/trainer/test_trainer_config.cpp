@@ -502,5 +502,33 @@ TEST(TrainerConfig, AttentionBackendOptions) {
   expect_error_with([] { tiny_with({"--model.attention_deterministic", "1"}); }, {"not a boolean"});
 }
 
+// train.moments: fp32 by default (every preset), bf16 accepted from the file and the command line; anything else
+// rejected naming the key and the accepted values; not part of the model's identity; in the train settings' text.
+TEST(TrainerConfig, AdamWMomentsOption) {
+  for (const char* name : {"tiny", "small", "dense_small", "v3", "v2", "v3_layer", "v3_671b", "v2_236b"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(parse_config_args({"--config", preset(name)}).train.moments, MomentDtype::fp32);
+  }
+  const TrainerConfig base = tiny_with({});
+  const TrainerConfig bf16 = tiny_with({"--train.moments", "bf16"});
+  EXPECT_EQ(bf16.train.moments, MomentDtype::bf16);
+  EXPECT_EQ(tiny_with({"--train.moments", "fp32"}).train.moments, MomentDtype::fp32);
+  EXPECT_EQ(model_config_hash(bf16), model_config_hash(base));
+  EXPECT_NE(train_config_text(base).find("train.moments = fp32\n"), std::string::npos);
+  EXPECT_NE(train_config_text(bf16).find("train.moments = bf16\n"), std::string::npos);
+  for (const char* bad : {"fp16", "BF16", "float32", "", "fp8"})
+    expect_error_with([&] { tiny_with({"--train.moments", bad}); },
+                      {fmt::format("train.moments = '{}'", bad).c_str(), "expected fp32 or bf16"});
+
+  // From a file: a string, checked as on the command line.
+  const test::TempDir dir;
+  auto file_with = [&](const std::string& line) { return dir.write("c.toml", tiny_text_with({{"moments = ", line}})); };
+  EXPECT_EQ(parse_config_args({"--config", file_with("moments = \"bf16\"  # DeepSeek-V3's")}).train.moments,
+            MomentDtype::bf16);
+  expect_error_with([&] { parse_config_args({"--config", file_with("moments = \"half\"")}); },
+                    {"train.moments = 'half'", "expected fp32 or bf16"});
+  expect_error_with([&] { parse_config_args({"--config", file_with("moments = 2")}); }, {"train.moments"});
+}
+
 }  // namespace
 }  // namespace fp4moe

@@ -11,9 +11,11 @@
 //   - The Model of tiny under [parallel] dp = 3, zero1 (parts 3 and 3) against the plain model: one
 //     forward_backward each (the sharded model runs with its partial masters), the plain model's grads copied into
 //     the sharded one, one step on each: the same shard values bit for bit, the rest of the BF16 params as init.
+//   - The same store comparison with BF16 moments (ParamStore::set_moments, train.moments = "bf16"): the shard's
+//     BF16 m and v bit for bit as the whole store's.
 //   - DeviceMemory's weights, grads and optimizer after the Model's construction equal the estimate's (trainer/
 //     memory/estimate.h, the layout of the config's [parallel]) under zero1, to the byte (ep = 1: the model holds
-//     every expert here).
+//     every expert here), with FP32 and with BF16 moments.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -83,8 +85,15 @@ void expect_shard_equal(ParamStore& whole, ParamStore& sharded, const std::vecto
     SCOPED_TRACE(b.name + " shard [" + std::to_string(b.shard_begin) + ", " + std::to_string(b.shard_end) + ")");
     const size_t lo = static_cast<size_t>(b.shard_begin), n = static_cast<size_t>(b.shard_size());
     EXPECT_TRUE(same_bits(download(a.master, a.n), lo, download(b.master, b.shard_size()), 0, n)) << "master";
-    EXPECT_TRUE(same_bits(download(a.m, a.n), lo, download(b.m, b.shard_size()), 0, n)) << "m";
-    EXPECT_TRUE(same_bits(download(a.v, a.n), lo, download(b.v, b.shard_size()), 0, n)) << "v";
+    if (sharded.moments() == MomentDtype::bf16) {
+      EXPECT_EQ(a.m, nullptr);
+      EXPECT_TRUE(same_bits(download(a.m_bf16, a.n), lo, download(b.m_bf16, b.shard_size()), 0, n)) << "m (BF16)";
+      EXPECT_TRUE(same_bits(download(a.v_bf16, a.n), lo, download(b.v_bf16, b.shard_size()), 0, n)) << "v (BF16)";
+    } else {
+      EXPECT_EQ(a.m_bf16, nullptr);
+      EXPECT_TRUE(same_bits(download(a.m, a.n), lo, download(b.m, b.shard_size()), 0, n)) << "m";
+      EXPECT_TRUE(same_bits(download(a.v, a.n), lo, download(b.v, b.shard_size()), 0, n)) << "v";
+    }
     const std::vector<bf16> pa = download(a.param, a.n), pb = download(b.param, b.n);
     EXPECT_TRUE(same_bits(pa, lo, pb, lo, n)) << "BF16 params on the shard";
     EXPECT_TRUE(same_bits(outside[i], 0, pb, 0, lo)) << "BF16 params before the shard";
@@ -100,13 +109,16 @@ std::vector<std::vector<bf16>> bf16_params(ParamStore& store) {
   return out;
 }
 
-void sharded_steps_equal_the_whole_steps(const std::string& what, const TrainerConfig& cfg, Zero1Parts parts) {
+void sharded_steps_equal_the_whole_steps(const std::string& what, const TrainerConfig& cfg, Zero1Parts parts,
+                                         MomentDtype moments = MomentDtype::fp32) {
   SCOPED_TRACE(what);
   DeviceMemory mem;
   ParamStore whole, sharded;
   add_tensors(whole, cfg);
   add_tensors(sharded, cfg);
   sharded.set_shard(parts);
+  whole.set_moments(moments);
+  sharded.set_moments(moments);
   whole.allocate(mem);
   sharded.allocate(mem);
   whole.init(cfg.train.seed, nullptr);
@@ -176,6 +188,12 @@ void sharded_steps_equal_the_whole_steps(const std::string& what, const TrainerC
 TEST(Zero1Gpu, ShardedStepsEqualTheWholeStepsOnTheShardTiny) {
   FP4MOE_REQUIRE_DEVICE();
   sharded_steps_equal_the_whole_steps("tiny, parts 2 and 3", load("tiny"), Zero1Parts{2, 3});
+}
+
+TEST(Zero1Gpu, ShardedBf16MomentsEqualTheWholeStepsOnTheShardTiny) {
+  FP4MOE_REQUIRE_DEVICE();
+  sharded_steps_equal_the_whole_steps("tiny, parts 2 and 3, BF16 moments", load("tiny"), Zero1Parts{2, 3},
+                                      MomentDtype::bf16);
 }
 
 TEST(Zero1Gpu, ShardedStepsEqualTheWholeStepsOnTheShardSmallMoe) {
@@ -257,8 +275,10 @@ void expect_memory_matches_estimate(const TrainerConfig& cfg) {
     std::printf("  %-10s estimate %12lld B  DeviceMemory %12zu B\n", mem_category_name(c),
                 static_cast<long long>(expected[static_cast<int>(c)]), b.mem.current(c));
   }
-  // The optimizer holds the shard: less than the whole store's 8 B per (padded) element, twice the FP32 grads.
-  EXPECT_LT(b.mem.current(MemCategory::optimizer), 2 * b.mem.current(MemCategory::grads));
+  // The optimizer holds the shard: less than the whole store's 8 B (BF16 moments: 4 B) per (padded) element,
+  // twice (once) the FP32 grads.
+  const size_t moment_share = cfg.train.moments == MomentDtype::bf16 ? 1 : 2;
+  EXPECT_LT(b.mem.current(MemCategory::optimizer), moment_share * b.mem.current(MemCategory::grads));
 }
 
 TEST(Zero1Gpu, DeviceMemoryEqualsTheEstimateUnderZero1) {
@@ -268,6 +288,8 @@ TEST(Zero1Gpu, DeviceMemoryEqualsTheEstimateUnderZero1) {
                                                "--recipe.routed_experts", "mxfp4"}));
   expect_memory_matches_estimate(load("small", {"--model.layers", "2", "--parallel.dp", "8", "--parallel.zero1",
                                                 "true"}));
+  expect_memory_matches_estimate(load("tiny", {"--parallel.dp", "3", "--parallel.zero1", "true", "--train.moments",
+                                               "bf16"}));
 }
 
 }  // namespace

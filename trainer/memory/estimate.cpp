@@ -105,7 +105,9 @@ void add_parameter_terms(const TrainerConfig& cfg, const ParallelLayout& lay, in
     sizes.push_back(t.n);
     experts.push_back(t.expert);
   }
-  const int64_t fp32 = 4 * zero1_layout(sizes, experts, lay.zero1_parts()).storage();  // masters, m, v: the shard
+  const int64_t shard = zero1_layout(sizes, experts, lay.zero1_parts()).storage();  // masters, m, v: the shard
+  const int64_t fp32 = 4 * shard, moment = moment_dtype_bytes(cfg.train.moments) * shard;
+  const bool bf16_moments = cfg.train.moments == MomentDtype::bf16;
   // The Linears' and Group Linears' FP8 weight copies (their buffer plans), from DeviceMemory at the first forward.
   int64_t routed_copies = 0, dense_copies = 0;
   const StageRange r = stage_range(cfg, lay, stage);
@@ -122,8 +124,8 @@ void add_parameter_terms(const TrainerConfig& cfg, const ParallelLayout& lay, in
   add(MemCategory::weights, "FP8 weight copies, routed experts", routed_copies, true);
   add(MemCategory::weights, "FP8 weight copies, dense linears", dense_copies, true);
   add(MemCategory::grads, lay.grad_bytes == 2 ? "BF16 gradients" : "FP32 gradients", lay.grad_bytes * params);
-  add(MemCategory::optimizer, "AdamW m (FP32)", fp32);
-  add(MemCategory::optimizer, "AdamW v (FP32)", fp32);
+  add(MemCategory::optimizer, bf16_moments ? "AdamW m (BF16)" : "AdamW m (FP32)", moment);
+  add(MemCategory::optimizer, bf16_moments ? "AdamW v (BF16)" : "AdamW v (FP32)", moment);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 //              FP32 masters: 4 B per element of this GPU's shard; FP32 state (v3 router bias, E per MoE layer);
 //              FP8 weight copies of each fp8/mxfp4 linear (the layers' buffer plans, below)
 // grads        FP32: 4 B per element (ZeRO-1 does not shard them); layout.grad_bytes = 2: BF16, 2 B per element
-// optimizer    AdamW m and v FP32: 8 B per element of this GPU's shard
+// optimizer    AdamW m and v in train.moments' dtype: FP32 8 B, BF16 4 B per element of this GPU's shard
 //              shard (zero1): the shard rule of trainer/model/param_shard.h (zero1_layout, as ParamStore
 //              allocates it): each kind's padded tensors as one flat block of B elements, of which a GPU holds
 //              round_up(ceil(B / parts), 64); parts = dp for the non-expert tensors, expert_dp = dp t / ep for the

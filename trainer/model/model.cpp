@@ -350,6 +350,7 @@ Model::Model(const TrainerConfig& cfg, DeviceMemory& mem, cudaStream_t stream, E
   ctx_ = ModelContext{stream, &impl_->lt, &mem, &*impl_->arena};
   ctx_.attention = &*impl_->attention;
   store_.set_shard(layout_of(cfg_).zero1_parts());  // ZeRO-1: this GPU's optimizer shard (params.h)
+  store_.set_moments(cfg_.train.moments);              // AdamW m and v in FP32 or BF16
   store_.allocate(mem);
 }
 

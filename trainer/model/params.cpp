@@ -98,6 +98,11 @@ void ParamStore::set_shard(Zero1Parts parts) {
   shard_parts_ = parts;
 }
 
+void ParamStore::set_moments(MomentDtype dtype) {
+  FP4MOE_CHECK(!allocated_, "ParamStore::set_moments: the moment dtype must be set before allocate()");
+  moments_ = dtype;
+}
+
 void ParamStore::allocate(DeviceMemory& mem) {
   FP4MOE_CHECK(!allocated_, "ParamStore::allocate: called twice");
   std::vector<int64_t> sizes;
@@ -113,8 +118,14 @@ void ParamStore::allocate(DeviceMemory& mem) {
   param_block_ = DeviceArray<bf16>(mem, total, MemCategory::weights, "parameters (BF16)");
   master_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::weights, "master weights (FP32)");
   grad_block_ = DeviceArray<float>(mem, total, MemCategory::grads, "gradients (FP32)");
-  m_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::optimizer, "AdamW m (FP32)");
-  v_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::optimizer, "AdamW v (FP32)");
+  const bool bf16_moments = moments_ == MomentDtype::bf16;
+  if (bf16_moments) {
+    m_block_bf16_ = DeviceArray<bf16>(mem, shard.storage(), MemCategory::optimizer, "AdamW m (BF16)");
+    v_block_bf16_ = DeviceArray<bf16>(mem, shard.storage(), MemCategory::optimizer, "AdamW v (BF16)");
+  } else {
+    m_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::optimizer, "AdamW m (FP32)");
+    v_block_ = DeviceArray<float>(mem, shard.storage(), MemCategory::optimizer, "AdamW v (FP32)");
+  }
   state_block_ = DeviceArray<float>(mem, state_total, MemCategory::weights, "model state (FP32)");
   // The grad block: the tensors that are not routed experts' first, then the routed experts' (replicated_grads).
   replicated_grad_elems_ = 0;
@@ -131,8 +142,10 @@ void ParamStore::allocate(DeviceMemory& mem) {
     p.shard_end = slot.range.end;
     const bool owned = !slot.range.empty();
     p.master = owned ? master_block_.data() + slot.storage_offset : nullptr;
-    p.m = owned ? m_block_.data() + slot.storage_offset : nullptr;
-    p.v = owned ? v_block_.data() + slot.storage_offset : nullptr;
+    p.m = owned && !bf16_moments ? m_block_.data() + slot.storage_offset : nullptr;
+    p.v = owned && !bf16_moments ? v_block_.data() + slot.storage_offset : nullptr;
+    p.m_bf16 = owned && bf16_moments ? m_block_bf16_.data() + slot.storage_offset : nullptr;
+    p.v_bf16 = owned && bf16_moments ? v_block_bf16_.data() + slot.storage_offset : nullptr;
     off += param_padded(p.n);
   }
   off = 0;
@@ -155,6 +168,8 @@ void ParamStore::init(uint64_t seed, cudaStream_t stream) {
   CUDA_CHECK(cudaMemsetAsync(grad_block_.data(), 0, grad_block_.bytes(), stream));
   if (m_block_.data()) CUDA_CHECK(cudaMemsetAsync(m_block_.data(), 0, m_block_.bytes(), stream));
   if (v_block_.data()) CUDA_CHECK(cudaMemsetAsync(v_block_.data(), 0, v_block_.bytes(), stream));
+  for (const DeviceArray<bf16>* b : {&m_block_bf16_, &v_block_bf16_})  // BF16 zero: every bit 0
+    if (b->data()) CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream));
   if (state_block_.data()) CUDA_CHECK(cudaMemsetAsync(state_block_.data(), 0, state_block_.bytes(), stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }

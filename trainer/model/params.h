@@ -2,7 +2,8 @@
 //
 // Each parameter is a row-major tensor (linear weights [out, in] as in PyTorch's nn.Linear; routed experts
 // [E, out, in]) with four device copies: `param` BF16 (what forward and backward read), `master` FP32 (what the
-// optimizer updates), `grad` FP32 (what backward accumulates into, +=), and the AdamW moments `m`, `v` FP32.
+// optimizer updates), `grad` FP32 (what backward accumulates into, +=), and the AdamW moments `m`, `v`: FP32, or
+// `m_bf16`, `v_bf16` BF16 when the store keeps them in BF16 (set_moments; DeepSeek-V3 sec. 3.3.3).
 // Names follow one scheme, e.g. "embed", "layers.0.attn.q_down", "layers.1.moe.experts.fc1", "lm_head", so that
 // checkpoints and the PyTorch parity check can match tensors by name.
 //
@@ -15,7 +16,7 @@
 //
 // Use: layers call add()/add_state() in their constructors and keep the returned pointers (stable: the store is a
 // deque); allocate() then gives every tensor its device memory (weights under MemCategory::weights, grads under
-// grads, m and v under optimizer) in one block per kind, so a tensor's pointers are views into those blocks;
+// grads, m and v under optimizer, in the moment dtype) in one block per kind, so a tensor's pointers are views into those blocks;
 // init() fills them. Adding after allocate() throws. The grad block holds the tensors that are not routed experts'
 // first, then the routed experts' (each kind in registration order), so that the gradients a data-parallel group
 // all-reduces lie in one contiguous range (replicated_grads; the routed experts' are local to their rank under
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "kernels/common/types.h"
+#include "kernels/nn/adamw.h"
 #include "trainer/memory/device_memory.h"
 #include "trainer/model/param_shard.h"
 
@@ -53,8 +55,10 @@ struct Param {
   float* master = nullptr;     // device [shard_end - shard_begin]: element i of the tensor at master[i - shard_begin];
                                // null when the shard is empty
   float* grad = nullptr;       // device [n], accumulated by backward
-  float* m = nullptr;          // device [shard_end - shard_begin], as master
+  float* m = nullptr;          // device [shard_end - shard_begin], as master: FP32 moments (null under BF16 ones)
   float* v = nullptr;          // device [shard_end - shard_begin], as master
+  bf16* m_bf16 = nullptr;      // device [shard_end - shard_begin], as master: BF16 moments (null under FP32 ones)
+  bf16* v_bf16 = nullptr;      // device [shard_end - shard_begin], as master
 
   int64_t shard_size() const { return shard_end - shard_begin; }
 };
@@ -84,10 +88,16 @@ class ParamStore {
   const Zero1Parts& shard_parts() const { return shard_parts_; }
   bool sharded() const { return shard_parts_.sharded(); }
 
-  // Device memory for everything registered (pointers are 256-byte aligned per tensor): param and grad blocks of
-  // every tensor padded to kParamAlignElems, the params in registration order, the grads in registration order with
-  // the routed experts' last (replicated_grads); master, m and v blocks of zero1_layout's storage (the non-expert
-  // shard, then the routed experts'); the state block.
+  // The AdamW moments' storage (train.moments): FP32 (the default; Param::m, v) or BF16 (Param::m_bf16, v_bf16).
+  // Before allocate(); rejects a call after it.
+  void set_moments(MomentDtype dtype);
+  MomentDtype moments() const { return moments_; }
+
+  // Device memory for everything registered (every tensor starts at a multiple of kParamAlignElems elements of its
+  // block: 256 bytes for FP32, 128 for BF16): param and grad blocks of every tensor padded to kParamAlignElems, the
+  // params in registration order, the grads in registration order with the routed experts' last
+  // (replicated_grads); master, m and v blocks of zero1_layout's storage (the non-expert shard, then the routed
+  // experts'; m and v in the moment dtype, "AdamW m (FP32)" or "AdamW m (BF16)"); the state block.
   void allocate(DeviceMemory& mem);
   bool allocated() const { return allocated_; }
 
@@ -120,9 +130,11 @@ class ParamStore {
   std::deque<Param> params_;
   std::deque<StateTensor> states_;
   Zero1Parts shard_parts_;
+  MomentDtype moments_ = MomentDtype::fp32;
   bool allocated_ = false;
   DeviceArray<bf16> param_block_;
   DeviceArray<float> master_block_, grad_block_, m_block_, v_block_, state_block_;
+  DeviceArray<bf16> m_block_bf16_, v_block_bf16_;  // the moments under MomentDtype::bf16 (m_block_, v_block_ empty)
   int64_t replicated_grad_elems_ = 0;  // the grad block's first part (replicated_grads)
 };
 

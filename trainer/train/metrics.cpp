@@ -36,6 +36,7 @@ Attributes train_settings(const TrainerConfig& cfg) {
   add("train.beta1", t.beta1);
   add("train.beta2", t.beta2);
   add("train.eps", t.eps);
+  add("train.moments", std::string(moment_dtype_name(t.moments)));
   add("train.grad_clip", t.grad_clip);
   if (t.seed <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
     add("train.seed", static_cast<int64_t>(t.seed));

@@ -13,7 +13,11 @@ void adamw_step_shards(ParamStore& store, AdamWConfig cfg, float weight_decay, c
   for (Param& p : store.params()) {
     cfg.weight_decay = p.decay ? weight_decay : 0.0f;
     const int64_t b = p.shard_begin;
-    adamw_step({p.master, p.param + b, p.grad + b, p.m, p.v, p.shard_size()}, cfg, grad_scale, stream);
+    if (store.moments() == MomentDtype::bf16)
+      adamw_step(AdamWTensorBf16Moments{p.master, p.param + b, p.grad + b, p.m_bf16, p.v_bf16, p.shard_size()}, cfg,
+                 grad_scale, stream);
+    else
+      adamw_step(AdamWTensor{p.master, p.param + b, p.grad + b, p.m, p.v, p.shard_size()}, cfg, grad_scale, stream);
   }
 }
 

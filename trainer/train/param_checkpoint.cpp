@@ -19,13 +19,15 @@ namespace {
 
 constexpr const char* kShardCrcs = "shard_header_crc32";  // the replicated file's ranks-section tensor, u64 [W]
 
-// One device FP32 tensor of the checkpoint.
+// One device tensor of the checkpoint: FP32, or BF16 (the moments under MomentDtype::bf16).
 struct Slot {
   CheckpointSection section;
   std::string name;
   std::vector<int64_t> shape;
-  float* device;
+  void* device;
   int64_t n;
+  CheckpointDtype dtype = CheckpointDtype::f32;
+  size_t bytes() const { return static_cast<size_t>(n) * checkpoint_dtype_bytes(dtype); }
 };
 
 // The tensors of `part`: every one (whole), those that are not routed experts' (replicated: the state tensors
@@ -34,11 +36,15 @@ std::vector<Slot> slots_of(ParamStore& params, const std::string& path, Checkpoi
   require_whole_optimizer_state(params.shard_parts(), fmt::format("checkpoint '{}'", path));
   FP4MOE_CHECK(params.allocated(), "checkpoint: the parameter store is not allocated");
   std::vector<Slot> slots;
+  const bool bf16_moments = params.moments() == MomentDtype::bf16;
+  const CheckpointDtype moment = bf16_moments ? CheckpointDtype::bf16 : CheckpointDtype::f32;
   for (Param& p : params.params()) {
     if (part != CheckpointPart::whole && p.expert != (part == CheckpointPart::expert_shard)) continue;
     slots.push_back({CheckpointSection::model, p.name, p.shape, p.master, p.n});
-    slots.push_back({CheckpointSection::optimizer, p.name + ".m", p.shape, p.m, p.n});
-    slots.push_back({CheckpointSection::optimizer, p.name + ".v", p.shape, p.v, p.n});
+    slots.push_back({CheckpointSection::optimizer, p.name + ".m", p.shape,
+                     bf16_moments ? static_cast<void*>(p.m_bf16) : static_cast<void*>(p.m), p.n, moment});
+    slots.push_back({CheckpointSection::optimizer, p.name + ".v", p.shape,
+                     bf16_moments ? static_cast<void*>(p.v_bf16) : static_cast<void*>(p.v), p.n, moment});
   }
   if (part != CheckpointPart::expert_shard)
     for (StateTensor& s : params.states()) slots.push_back({CheckpointSection::model, s.name, s.shape, s.data, s.n});
@@ -53,15 +59,14 @@ const char* section_text(CheckpointSection s) {
 uint32_t write_slots(const std::string& path, const std::vector<Slot>& slots, const CheckpointState& state,
                      const std::vector<CheckpointTensorView>& extra, cudaStream_t stream) {
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<std::vector<float>> host(slots.size());
+  std::vector<std::vector<unsigned char>> host(slots.size());
   std::vector<CheckpointTensorView> views;
   views.reserve(slots.size() + extra.size());
   for (size_t i = 0; i < slots.size(); ++i) {
-    host[i].resize(static_cast<size_t>(slots[i].n));
+    host[i].resize(slots[i].bytes());
     if (slots[i].n > 0)
-      CUDA_CHECK(cudaMemcpyAsync(host[i].data(), slots[i].device, host[i].size() * sizeof(float),
-                                 cudaMemcpyDeviceToHost, stream));
-    views.push_back({slots[i].section, slots[i].name, CheckpointDtype::f32, slots[i].shape, host[i].data()});
+      CUDA_CHECK(cudaMemcpyAsync(host[i].data(), slots[i].device, host[i].size(), cudaMemcpyDeviceToHost, stream));
+    views.push_back({slots[i].section, slots[i].name, slots[i].dtype, slots[i].shape, host[i].data()});
   }
   views.insert(views.end(), extra.begin(), extra.end());
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -76,19 +81,30 @@ void check_tensor_set(const CheckpointReader& reader, const std::vector<Slot>& s
     FP4MOE_CHECK(e.section == CheckpointSection::ranks || wanted.count({static_cast<int>(e.section), e.name}) == 1,
                  "checkpoint '{}': tensor '{}' ({} section) is not a tensor of this model", reader.path(), e.name,
                  section_text(e.section));
-  for (const Slot& s : slots)
-    FP4MOE_CHECK(reader.find(s.section, s.name) != nullptr, "checkpoint '{}': no tensor '{}' in the {} section",
-                 reader.path(), s.name, section_text(s.section));
+  for (const Slot& s : slots) {
+    const CheckpointEntry* e = reader.find(s.section, s.name);
+    FP4MOE_CHECK(e != nullptr, "checkpoint '{}': no tensor '{}' in the {} section", reader.path(), s.name,
+                 section_text(s.section));
+    // The moments resume in the dtype they were saved in (no conversion): name the option that decides it.
+    const bool moment = s.section == CheckpointSection::optimizer;
+    auto option = [](CheckpointDtype d) {
+      return d == CheckpointDtype::bf16 ? "bf16" : d == CheckpointDtype::f32 ? "fp32" : "(none: not a moment dtype)";
+    };
+    FP4MOE_CHECK(!moment || e->dtype == s.dtype,
+                 "checkpoint '{}': AdamW moment '{}' is stored as {}, but this run keeps the moments in {} "
+                 "(train.moments = {}); moments are not converted: resume with --train.moments {}",
+                 reader.path(), s.name, checkpoint_dtype_name(e->dtype), checkpoint_dtype_name(s.dtype),
+                 option(s.dtype), option(e->dtype));
+  }
 }
 
 // Reads every slot from the file (dtype, shape and CRC checked) into its device tensor.
 void read_slots(const CheckpointReader& reader, const std::vector<Slot>& slots, cudaStream_t stream) {
-  std::vector<float> host;
+  std::vector<unsigned char> host;
   for (const Slot& s : slots) {
-    host.resize(static_cast<size_t>(s.n));
-    reader.read(s.section, s.name, CheckpointDtype::f32, s.shape, host.data(), host.size() * sizeof(float));
-    if (s.n > 0)
-      CUDA_CHECK(cudaMemcpyAsync(s.device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    host.resize(s.bytes());
+    reader.read(s.section, s.name, s.dtype, s.shape, host.data(), host.size());
+    if (s.n > 0) CUDA_CHECK(cudaMemcpyAsync(s.device, host.data(), host.size(), cudaMemcpyHostToDevice, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` is reused for the next tensor
   }
 }

@@ -3,7 +3,9 @@
 // Contents, for a ParamStore (trainer/model/params.h):
 //   model section      every Param's FP32 master, named as the Param ("layers.0.attn.q_down"), shape Param::shape;
 //                      every StateTensor, FP32, named as it ("layers.1.moe.router.bias")
-//   optimizer section  every Param's AdamW moments, FP32: "<name>.m" and "<name>.v", shape Param::shape
+//   optimizer section  every Param's AdamW moments in the store's moment dtype (ParamStore::moments, recorded as
+//                      each tensor's dtype: f32, or bf16 under train.moments = "bf16"): "<name>.m" and "<name>.v",
+//                      shape Param::shape
 // BF16 params and grads are not saved: params are BF16(master) (refresh_bf16_from_master), grads are zeroed at the
 // start of every step.
 // Over W >= 2 expert-parallel ranks (trainer/model/model.h) the same tensors are split in two parts
@@ -39,8 +41,9 @@ void save_param_checkpoint(const std::string& path, ParamStore& params, const Ch
 // expected_config_hash unless that is 0), reads every tensor above into the store's device tensors, checking
 // dtype, shape and CRC, then sets every BF16 param from its master (refresh_bf16_from_master) and synchronizes.
 // Throws fp4moe::Error for a sharded or unallocated store, a part of a checkpoint over ranks, and naming the file
-// and the tensor for a tensor the file lacks or has with another shape, and for tensors in the file that this
-// store does not have. Returns the file's state (step, counters, RNG, loader).
+// and the tensor for a tensor the file lacks or has with another shape, for tensors in the file that this
+// store does not have, and, before any tensor is read, for moments stored in another dtype than the store's
+// (train.moments; they are not converted: resume with the checkpoint's dtype). Returns the file's state (step, counters, RNG, loader).
 CheckpointState load_param_checkpoint(const std::string& path, ParamStore& params, uint64_t expected_config_hash,
                                       cudaStream_t stream);
 
