@@ -97,7 +97,8 @@ constexpr const char* forward_kernel_name(FwdKernel kernel) {
 // Whether the backward variant `kernels` is built for (Dqk, Dv), for the pairs of kAttentionPairs: column_split for
 // Dqk < 128, role_split for Dqk >= 128 (each pair has one of the two), sm90_dq and sm90 for (128, 128) and (192, 128)
 // (their dQ and dK products are whole 64-column boxes of Dqk, their dP and dV products whole 64-element boxes of Dv;
-// sm90's dK and dV accumulators, Dqk / 2 + Dv / 2 FP32 per thread, fit beside S^T and dP^T up to Dqk + Dv = 320).
+// sm90's dK and dV accumulators, Dqk / 2 + Dv / 2 FP32 per thread, fit beside one 64 x 64 score tile, which S^T,
+// P^T, dP^T and dS^T share in turn, up to Dqk + Dv = 320).
 constexpr bool backward_kernels_build(BwdKernels kernels, int64_t Dqk, int64_t Dv) {
   switch (kernels) {
     case BwdKernels::column_split: return Dqk < 128;

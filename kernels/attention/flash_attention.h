@@ -25,11 +25,11 @@
 // device of compute capability 9.0, (192, 128) and (128, 128) -> the sm90 forward (flash_attention_fwd_sm90.cu:
 // WGMMA, TMA, warp specialisation, FlashAttention-3's structure); otherwise Dqk >= 128 -> the 32-key forward
 // (flash_attention_fwd_key32.cu), smaller Dqk -> the 64-key forward. Backward: on a device of compute capability
-// 9.0, (192, 128) and (128, 128) -> the role-split dK/dV kernel and the sm90 dQ kernel (flash_attention_bwd_sm90.cu:
-// WGMMA, TMA, warp specialisation); otherwise Dqk >= 128 -> the role-split kernels, smaller Dqk -> the column-split
-// ones. A further Hopper variant, sm90 (a WGMMA/TMA dK/dV kernel, flash_attention_bwd_sm90_dkdv.cu, then the sm90 dQ
-// kernel), runs at (192, 128) and (128, 128) by name only. The mma.sync rule comes from H200 timings of two shapes (runs listed
-// in reports/results/h200/README.md); (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured, and (32, 16),
+// 9.0, (192, 128) and (128, 128) -> variant sm90: the sm90 dK/dV kernel (flash_attention_bwd_sm90_dkdv.cu) and the
+// sm90 dQ kernel (flash_attention_bwd_sm90.cu), both WGMMA, TMA, warp specialisation; otherwise Dqk >= 128 -> the
+// role-split kernels, smaller Dqk -> the column-split ones. Variant sm90_dq (the role-split dK/dV kernel with the
+// sm90 dQ kernel) and role_split run on Hopper by name only. The mma.sync rule comes from H200 timings of two shapes
+// (runs listed in reports/results/h200/README.md); (128, 128) and (192, 192) follow the Dqk >= 128 rule unmeasured, and (32, 16),
 // (32, 32) and (64, 64) the small-Dqk rule. The kernels sum in different orders: results differ between them by
 // FP32 rounding only (flash_attention_forward_with and flash_attention_backward_with run named kernels, for such
 // comparisons).
@@ -102,7 +102,7 @@ int64_t flash_attention_backward_workspace_bytes(const AttentionShape& s);
 // bytes of device memory, 4-byte aligned, contents ignored. Three launches on `stream`: D into the workspace,
 // then dK and dV (one thread block per key block, looping over the query blocks at or after it), then dQ (one
 // thread block per query block, looping over the key blocks up to it); deterministic, no atomics. The dK/dV kernel
-// is the column-split or the role-split one by the rule above (the sm90 one in the named variant sm90).
+// is the sm90, the column-split or the role-split one by the rule above.
 // Rejects: as flash_attention_forward for every tensor, plus a null or misaligned workspace. Outputs must not
 // overlap the inputs or each other.
 void flash_attention_backward(const AttentionShape& s, AttnIn q, AttnIn k, AttnIn v, AttnIn o, AttnIn dout,

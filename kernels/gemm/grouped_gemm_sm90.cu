@@ -465,11 +465,6 @@ __device__ __forceinline__ void convert_mx_block(const ProducerCtx<L>& c, int pt
   sm90::mbar_arrive(&c.full[stage]);
 }
 
-// Producer with an MXFP4 row operand: all 128 threads. Per K block of every tile (in the consumers' order): wait
-// for the stage to be free, the first thread copies B and its scales in, every thread stages its share of the
-// packed codes and scale bytes (cp.async), and then converts the block staged kLookahead blocks earlier (its
-// copies awaited) into that block's stage; the last blocks are converted after the walk. The stage's full barrier
-// completes when the B copies have landed and the 128 converters have arrived.
 // A position in the MXFP4 producer's sequence of K blocks: the stage and its use's parity, and the staging slot.
 template <class L>
 struct MxPos {
@@ -481,6 +476,11 @@ struct MxPos {
   }
 };
 
+// Producer with an MXFP4 row operand: all 128 threads. Per K block of every tile (in the consumers' order): wait
+// for the stage to be free, the first thread copies B and its scales in, every thread stages its share of the
+// packed codes and scale bytes (cp.async), and then converts the block staged kLookahead blocks earlier (its
+// copies awaited) into that block's stage; the last blocks are converted after the walk. The stage's full barrier
+// completes when the B copies have landed and the 128 converters have arrived.
 template <class L>
 __device__ __forceinline__ void produce_mx(const ProducerCtx<L>& c, const Params& p, const CUtensorMap* map_b) {
   const int pt = static_cast<int>(threadIdx.x) - kConsumerThreads;

@@ -110,11 +110,15 @@ __device__ __forceinline__ void st_global_v4(void* p, uint32_t a, uint32_t b, ui
 // A thread block of `threads` launched with one block per SM holds threads x (65536 / threads rounded down to the
 // allocation granularity of 8) registers (384 threads: 168 each, 64512 in all). setmaxnreg.dec gives registers back
 // to that pool and setmaxnreg.inc waits until the pool has what it asks for (PTX ISA, setmaxnreg): if the counts
-// after reallocation sum to more than the pool, the increasing warpgroups wait forever.
+// after reallocation sum to more than the pool, the increasing warpgroups wait forever. Each count must also be a
+// multiple of 8 in [24, 256] (setmaxnreg's operand). The pool assumes the kernel is compiled to that count per
+// thread (ptxas -v: "Used 168 registers" for 384 threads); a kernel compiled to fewer holds fewer.
 constexpr bool setmaxnreg_fits(uint32_t threads, uint32_t producer_threads, uint32_t producer_regs,
                                uint32_t consumer_regs) {
-  return producer_threads * producer_regs + (threads - producer_threads) * consumer_regs <=
-         threads * (65536 / threads / 8 * 8);
+  const auto valid = [](uint32_t r) { return r % 8 == 0 && r >= 24 && r <= 256; };
+  return valid(producer_regs) && valid(consumer_regs) &&
+         producer_threads * producer_regs + (threads - producer_threads) * consumer_regs <=
+             threads * (65536 / threads / 8 * 8);
 }
 
 template <uint32_t kRegs>

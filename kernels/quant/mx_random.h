@@ -39,8 +39,9 @@ FP4MOE_HD uint64_t mx_sr_hash64(uint64_t seed, uint64_t n) { return mx_sr_mix(mx
 // ceil(256 p) / 256 for an exact fraction p of the step, so it is biased by less than 2^-8 of a step, and by none
 // where 256 p is an integer. Every value the MXFP4 quantizers round is a BF16 (8 significant bits) scaled exactly by
 // 2^-e: its p is then a multiple of 2^-8 wherever |v| 2^-e >= 0.25 (ulp over step: 2^-9 / 0.5 in [0.25, 0.5), down
-// to 2^-6 above 1), so stochastic rounding is exactly unbiased there; below 0.25 (elements under 1/16 of the
-// block's amax) it rounds to 0.5 with probability ceil(512 |v| 2^-e) / 256 instead of 2 |v| 2^-e: a bias under
+// to 2^-6 above 1), so stochastic rounding is exactly unbiased for 0.25 <= |v| 2^-e <= 6 (above 6, in the floor
+// scale mode, values clamp to 6); below 0.25 (elements under 2^(e-2): between 1/32 and 1/16 of the block's amax in
+// the floor mode, 1/24 to 1/12 in the ceil mode) it rounds to 0.5 with probability ceil(512 |v| 2^-e) / 256 instead of 2 |v| 2^-e: a bias under
 // 2^(e-9) in value (tests/quant/test_mx_fast_codecs.cpp counts the draws that round up for every BF16 below 6).
 FP4MOE_HD uint32_t mx_sr_bits8(uint64_t seed, uint64_t index) {
   return static_cast<uint32_t>(mx_sr_hash64(seed, index / 8) >> (8 * (index % 8))) & 0xFFu;

@@ -191,7 +191,7 @@ TEST(NnAdamW, Bf16MomentsStepsMatchReferenceAndTheFp32MomentKernel) {
     size_t shift, moment_shift;
   };
   // Vector path: the first six (the sixth with its moments 8-byte but not 16-byte aligned); scalar path: the last
-  // two (everything at odd addresses; only the moments 4-byte aligned). Case 4 has the larger gradients.
+  // two (pointers one or two elements off their vector alignment; the moments 4-byte aligned only). Case 4 has the larger gradients.
   const Case cases[] = {{1, 0, 0},          {7, 0, 0},    {4099, 0, 0}, {TinyShapes::hidden * TinyShapes::ffn, 0, 0},
                         {7168 * 257, 0, 0}, {4099, 0, 4}, {13, 1, 1},   {7168 + 3, 0, 2}};
   const int count = static_cast<int>(std::size(cases));

@@ -299,7 +299,7 @@ TEST(TrainLoop, Bf16MomentsTrainAndResumeBitwise) {
   TrainerOptions w2_opts = test::quiet_options(dir.file("w2.h5"));
   w2_opts.resume_path = f10;
   test::expect_error_with([&] { Trainer trainer(wrong2, w2_opts); },
-                          {"stored as f32", "train.moments = bf16", "--train.moments fp32"});
+                          {"stored as fp32", "train.moments = bf16", "--train.moments fp32"});
 }
 
 TEST(TrainLoop, NonFiniteStepIsSkippedAndCounted) {

@@ -90,7 +90,7 @@ struct ParallelLayout {
   std::vector<int64_t> stage_layers;  // decoder layers per stage, pp entries >= 1 summing to model.layers; empty:
                                       // floor(L / pp) each, the last L % pp stages one more
   int64_t micro_batches = 1;   // micro-batches per optimizer step per pipeline (1F1B)
-  bool zero1 = false;          // FP32 masters, m and v sharded over dp (non-expert) and expert_dp (routed experts)
+  bool zero1 = false;          // masters, m and v sharded over dp (non-expert) and expert_dp (routed experts)
   double routed_load = 1.0;    // routed rows a GPU receives over the balanced N k / tp (>= 1; 1 on one GPU)
   int64_t grad_bytes = 4;      // bytes per gradient element: 4 FP32 (the trainer as built), 2 BF16 (an assumption
                                // for frameworks that keep BF16 gradients, e.g. the P1 calibration's knob)

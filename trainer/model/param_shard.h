@@ -13,7 +13,7 @@
 // [r S, min((r + 1) S, B)); so S = B for parts = 1, later ranks own fewer (or none) when parts does not divide B,
 // and a tensor may lie in one rank's shard, straddle two or more, or (smaller than S) belong to one rank wholly.
 // A tensor at block offset o with n elements has on rank r its elements zero1_tensor_shard(o, n, S, r). A rank
-// stores S elements of FP32 master, m and v per kind (the last ranks' tails are padding, as in Megatron-Core).
+// stores S elements of FP32 master, m and v (m and v BF16 under train.moments = bf16) per kind (the last ranks' tails are padding, as in Megatron-Core).
 //
 // The trainer emulates rank 0 of both groups (zero1_layout): one GPU of the run, the other ranks' shards absent.
 #pragma once
@@ -60,7 +60,7 @@ struct ShardRange {
 ShardRange zero1_tensor_shard(int64_t offset, int64_t n, int64_t shard_elems, int64_t rank);
 
 // Rank 0's part of a whole store, the tensors (n elements each, `expert` by is_routed_expert_param) in registration
-// order. Its FP32 storage (per copy: master, m, v) is [the non-expert shard: dense_shard elements | the routed
+// order. Its storage (per copy: master, m, v; FP32, m and v BF16 under train.moments = bf16) is [the non-expert shard: dense_shard elements | the routed
 // experts' shard: expert_shard elements]; a tensor's owned elements [range.begin, range.end) lie at
 // storage_offset.. (a multiple of kParamAlignElems; -1 when the range is empty).
 struct Zero1Slot {

@@ -1,7 +1,7 @@
 // The optimizer step over a ParamStore (trainer/model/params.h): AdamW (kernels/nn/adamw.h) on every Param's
 // shard, with the store's moment dtype (ParamStore::moments: FP32, or BF16 as DeepSeek-V3 sec. 3.3.3). Without
 // ZeRO-1 the shard is the whole tensor; with it (ParamStore::set_shard) this GPU, rank 0 of its data-parallel
-// group, updates the elements [shard_begin, shard_end) of each tensor: its FP32 master, m and v shards from
+// group, updates the elements [shard_begin, shard_end) of each tensor: its FP32 master and its m and v (FP32 or BF16) shards from
 // grad[shard_begin, shard_end), and param[shard_begin, shard_end) := BF16(master). The other BF16 elements belong
 // to the other ranks' shards (their all-gather is not emulated) and are left as they are.
 // The clip scale comes from the global gradient norm over the whole gradients, as ZeRO-1's norm of the

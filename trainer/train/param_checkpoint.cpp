@@ -93,8 +93,7 @@ void check_tensor_set(const CheckpointReader& reader, const std::vector<Slot>& s
     FP4MOE_CHECK(!moment || e->dtype == s.dtype,
                  "checkpoint '{}': AdamW moment '{}' is stored as {}, but this run keeps the moments in {} "
                  "(train.moments = {}); moments are not converted: resume with --train.moments {}",
-                 reader.path(), s.name, checkpoint_dtype_name(e->dtype), checkpoint_dtype_name(s.dtype),
-                 option(s.dtype), option(e->dtype));
+                 reader.path(), s.name, option(e->dtype), option(s.dtype), option(s.dtype), option(e->dtype));
   }
 }
 

@@ -29,7 +29,7 @@
 namespace fp4moe {
 
 // Throws fp4moe::Error "<what>: ..." when `parts` shards the optimizer state (Zero1Parts::sharded): checkpoints
-// hold whole FP32 masters and moments, one GPU of a ZeRO-1 layout only its shard of them.
+// hold whole masters and moments, one GPU of a ZeRO-1 layout only its shard of them.
 void require_whole_optimizer_state(const Zero1Parts& parts, const std::string& what);
 
 // Synchronizes `stream`, copies every tensor above to the host and writes them with `state` atomically
