@@ -16,6 +16,8 @@
 // (mxfp4_gemm, "fprop mxfp4 up 1x16384") and the grouped Wgrad from MXFP4 column tensors (mxfp4_wgrad_grouped), as
 // recipe mxfp4 (the MXFP4 -> FP8 conversions included) and mxfp4_gemm (the cuBLASLt step alone, on operands
 // converted before timing); FLOPs count the GEMM only.
+// Hopper grouped FP8 Wgrad (kernels/gemm/grouped_wgrad_sm90.h, recipe fp8_sm90, op wgrad): GroupedGemm::wgrad_fp8
+// with Sm90Path::always, one launch from the device offsets, FP32 accumulated output, beside the wgrad fp8 rows.
 // Hopper grouped FP8 kernel (kernels/gemm/grouped_gemm_sm90.h, recipe fp8_sm90), Fprop and Dgrad: one launch per
 // call from the device offsets (no host copy), beside the cuBLASLt path (recipe fp8) on the same shapes and splits;
 // its tile width chosen automatically (tuning none) and forced to 128 and 256 columns (tunings n128, n256), and its
@@ -49,6 +51,7 @@
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/gemm/grouped_gemm_sm90.h"
+#include "kernels/gemm/grouped_wgrad_sm90.h"
 #include "kernels/gemm/mxfp4_gemm.h"
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mxfp4_row_to_fp8_row.h"
@@ -258,7 +261,16 @@ std::unique_ptr<Workload> build(const Case& c) {
   } else if (c.recipe == "fp8_sm90") {  // the same operands as the fp8 rows, through the Hopper kernel
     const int32_t* offsets = split.offsets;
     const Sm90GemmConfig config = c.sm90;
-    if (c.op == "fprop") {
+    if (c.op == "wgrad") {  // through GroupedGemm (Sm90Path::always: the Wgrad kernel), the fp8 rows' output
+      Fp8ColOperand dy{p.codes(fp8_col_codes_capacity(M, N, G), 10), p.scales(fp8_col_scales_capacity(M, N, G), 11)};
+      Fp8ColOperand x{p.codes(fp8_col_codes_capacity(M, K, G), 12), p.scales(fp8_col_scales_capacity(M, K, G), 13)};
+      GemmOutput dw{p.alloc<float>(G * N * K), GemmOutType::fp32, true};
+      CUDA_CHECK(cudaMemset(dw.data, 0, sizeof(float) * G * N * K));
+      gemm.set_tuning({1, Sm90Path::always});
+      FP4MOE_CHECK(grouped_wgrad_sm90_unsupported(N, K, G, kColAlign).empty(), "wgrad fp8_sm90: {}",
+                   grouped_wgrad_sm90_unsupported(N, K, G, kColAlign));
+      w->launch = [=, &gemm] { gemm.wgrad_fp8(dy, x, N, K, split, dw, nullptr); };
+    } else if (c.op == "fprop") {
       Fp8RowOperand x{p.codes(M * K, 4), p.scales(fp8_row_scale_count(M, K), 5)};
       Fp8BlockStack wt{p.codes(G * N * K, 6), p.scales(G * fp8_block_scale_count(N, K), 7)};
       bf16* y = p.alloc<bf16>(M * N);
@@ -339,6 +351,17 @@ void define_cases() {
         add(fmt::format("{} 8x{} even", s.name, kTokens / 8), 8, false, true);
         add(fmt::format("{} 1x{}", s.name, kTokens), 1, true, false);
       }
+  // The Hopper grouped Wgrad (grouped_wgrad_sm90.h, through GroupedGemm with Sm90Path::always) beside the fp8
+  // (cuBLASLt) wgrad rows of the same shapes and splits; FP32 accumulated output as those.
+  for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
+    for (int64_t G : {8, 16, 32})
+      g_cases.push_back(
+          Case{"wgrad", "fp8_sm90", fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false, false, {}});
+    g_cases.push_back(
+        Case{"wgrad", "fp8_sm90", fmt::format("{} 8x{} even", s.name, kTokens / 8), s.N, s.K, 8, false, true, {}});
+    g_cases.push_back(
+        Case{"wgrad", "fp8_sm90", fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, {}});
+  }
   // MXFP4 Fprop through the Hopper kernel: the operand read directly, and converted first.
   for (const char* recipe : {"mxfp4_sm90", "mxfp4_cvt_sm90"})
     for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}})

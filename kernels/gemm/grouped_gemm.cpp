@@ -10,6 +10,7 @@
 #include "kernels/gemm/group_row_scales.h"
 #include "kernels/gemm/grouped_gemm_heuristics.h"
 #include "kernels/gemm/grouped_gemm_sm90.h"
+#include "kernels/gemm/grouped_wgrad_sm90.h"
 #include "kernels/gemm/grouped_runs.h"
 #include "kernels/quant/layouts.h"
 
@@ -326,6 +327,12 @@ bool GroupedGemm::runs_sm90(int64_t M, int64_t P, int64_t R, int64_t G, const Ge
   return grouped_gemm_sm90_unsupported(P, R, G).empty();
 }
 
+bool GroupedGemm::runs_sm90_wgrad(int64_t N, int64_t K, int64_t G, int64_t token_pad) const {
+  if (tuning_.sm90 == Sm90Path::never) return false;
+  if (tuning_.sm90 == Sm90Path::automatic && !grouped_wgrad_prefers_sm90(N, K, G)) return false;
+  return grouped_wgrad_sm90_unsupported(N, K, G, token_pad).empty();
+}
+
 void GroupedGemm::fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8";
@@ -363,6 +370,12 @@ void GroupedGemm::dgrad_fp8_row_weights(Fp8RowOperand dy, Fp8RowStack w_t, int64
 void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput dw, cudaStream_t stream, int64_t token_pad) {
   const char* what = "grouped wgrad_fp8";
+  if (runs_sm90_wgrad(N, K, split.G, token_pad)) {
+    // One launch from the device offsets: the host copy is not read here, so the token bound is the kernel's
+    // largest (the split must be valid, as everywhere); the kernel checks the arguments itself.
+    grouped_wgrad_fp8_sm90(dy, x, kWgradSm90MaxTokens, N, K, split.offsets, split.G, dw, stream, token_pad);
+    return;
+  }
   check_common(what, N, K, split, dw, true);
   FP4MOE_CHECK(token_pad == kColAlign || token_pad == kMxBlock,
                "{}: token_pad must be {} (FP8 column tensor) or {} (converted MXFP4 column tensor), got {}", what,

@@ -29,6 +29,10 @@
 // Hopper path: fprop_fp8 and dgrad_fp8 into a BF16 output run as one launch of our kernel (grouped_gemm_sm90.h,
 // which reads the device offsets) instead of the per-expert calls where tuning().sm90 and the rule of
 // grouped_gemm_heuristics.h choose it and the kernel takes the shape (N, K multiples of 128, compute capability 9.0).
+// wgrad_fp8 (any output: BF16, FP32, FP32 accumulated) runs as one launch of the Hopper Wgrad kernel
+// (grouped_wgrad_sm90.h: tokens grouped by expert, offsets read on the device, the host copy not read) where
+// tuning().sm90 is always and the kernel takes the problem (N, K multiples of 128, G <= 1024, compute capability
+// 9.0); automatic keeps cuBLASLt for Wgrad until measured (grouped_gemm_heuristics.h grouped_wgrad_prefers_sm90).
 //
 // Shape rules: N % 16 == 0 and K % 16 == 0 (FP8 tensor cores read 16-byte rows; the quantizers impose the same);
 // any M_g >= 0. All device pointers 16-byte aligned. Rejected with fp4moe::Error before anything is launched:
@@ -114,8 +118,9 @@ struct Fp8RowStack {
 // Throughput options of a GroupedGemm. Any of them gives the same bits run after run; with S > 1 streams the
 // recomputed rows (a 4-row GEMM instead of their group's) may differ in the last bits from a one-stream run.
 // FP8 Fprop/Dgrad with 128x128 block weights into a BF16 output (fprop_fp8, dgrad_fp8) through the Hopper kernel
-// (grouped_gemm_sm90.h) instead of one cuBLASLt call per expert: automatic = where grouped_gemm_heuristics.h
-// prefers it; always = wherever it takes the problem; never = cuBLASLt only. It takes N and K multiples of 128
+// (grouped_gemm_sm90.h), and FP8 Wgrad (wgrad_fp8, any output) through grouped_wgrad_sm90.h, instead of one
+// cuBLASLt call per expert: automatic = where grouped_gemm_heuristics.h prefers it (never yet for Wgrad);
+// always = wherever it takes the problem; never = cuBLASLt only. It takes N and K multiples of 128
 // on a device of compute capability 9.0 (else cuBLASLt runs); its output is deterministic but may differ from
 // cuBLASLt's in the last bits (another summation order inside a 128-block).
 enum class Sm90Path { automatic, always, never };
@@ -183,6 +188,9 @@ class GroupedGemm {
   // Whether fprop_fp8 / dgrad_fp8 of M rows, output width P, reduction R over G groups into `out` run on the
   // Hopper kernel (tuning().sm90, the heuristic, the kernel's rules).
   bool runs_sm90(int64_t M, int64_t P, int64_t R, int64_t G, const GemmOutput& out) const;
+  // Whether wgrad_fp8 of (N, K, G, token_pad) runs on the Hopper Wgrad kernel (tuning().sm90, the rule of
+  // grouped_gemm_heuristics.h, the kernel's rules); reads no host offsets.
+  bool runs_sm90_wgrad(int64_t N, int64_t K, int64_t G, int64_t token_pad) const;
   // FP8 row operand [M, R] times each expert's weight tensor [P, R]^T into out [M, P] (Fprop and Dgrad): the
   // experts' 128x128 block tensors (Fp8BlockStack) or 1x128 row tensors (Fp8RowStack).
   void row_times_weights_fp8(const char* what, Fp8RowOperand rows, const uint8_t* w_codes, const float* w_scales,

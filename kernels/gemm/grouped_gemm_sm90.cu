@@ -8,6 +8,7 @@
 
 #include "kernels/common/check.h"
 #include "kernels/gemm/grouped_tiles.h"
+#include "kernels/gemm/sm90_grouped_device.cuh"
 #include "kernels/gemm/sm90_ptx.cuh"
 #include "kernels/gemm/tensor_map.h"
 #include "kernels/quant/cp_async.cuh"
@@ -102,51 +103,15 @@ struct Params {
 };
 
 // Warp 0: the raw offsets in s_o [G+1] become the safe offsets, and s_start [G+1] the tile starts, of
-// grouped_tiles.h (the same values as grouped_tile_starts), each lane over a contiguous chunk, chunks joined by warp
-// scans (max, then sum).
+// grouped_tiles.h (the same values as grouped_tile_starts).
 __device__ void group_tiles_warp(const Params& p, int32_t col_blocks, int32_t* s_o, int32_t* s_start) {
-  const int lane = threadIdx.x % 32;
-  const int n = p.G + 1, chunk = (n + 31) / 32;
-  const int begin = min(lane * chunk, n), end = min(begin + chunk, n);
-  int32_t run = 0;
-  for (int i = begin; i < end; ++i) run = max(run, safe_group_offset(s_o[i], 0, p.M));
-  for (int d = 1; d < 32; d *= 2) {
-    const int32_t v = __shfl_up_sync(0xFFFFFFFFu, run, d);
-    if (lane >= d) run = max(run, v);
-  }
-  int32_t before = __shfl_up_sync(0xFFFFFFFFu, run, 1);
-  if (lane == 0) before = 0;
-  for (int i = begin; i < end; ++i) s_o[i] = before = safe_group_offset(s_o[i], before, p.M);
-  __syncwarp();
-  const int gchunk = (p.G + 31) / 32;
-  const int gbegin = min(lane * gchunk, p.G), gend = min(gbegin + gchunk, p.G);
-  int32_t sum = 0;
-  for (int g = gbegin; g < gend; ++g) sum += group_tile_count(s_o[g + 1] - s_o[g], kBlockM, col_blocks);
-  int32_t incl = sum;
-  for (int d = 1; d < 32; d *= 2) {
-    const int32_t v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  int32_t at = incl - sum;
-  for (int g = gbegin; g < gend; ++g) {
-    s_start[g] = at;
-    at += group_tile_count(s_o[g + 1] - s_o[g], kBlockM, col_blocks);
-  }
-  if (lane == 31) s_start[p.G] = incl;
+  sm90::safe_offsets_warp(s_o, p.G, p.M);
+  sm90::exclusive_sum_warp(
+      p.G, [&](int g) { return group_tile_count(s_o[g + 1] - s_o[g], kBlockM, col_blocks); }, s_start);
 }
 
-// A position in the stage ring: the stage and the parity of its current use (producer and consumers walk the same
-// sequence, one stage per K block of every tile).
 template <int kStages>
-struct RingPos {
-  uint32_t stage = 0, phase = 0;
-  __device__ __forceinline__ void advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
+using RingPos = sm90::RingPos<kStages>;
 
 // What a consumer thread needs to address its stages and rows (L: the kernel's Layout).
 template <class L>
@@ -738,6 +703,8 @@ void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int
 }
 
 }  // namespace
+
+std::string sm90_device_unsupported() { return device_problem(); }
 
 std::string grouped_gemm_sm90_unsupported(int64_t N, int64_t K, int64_t G) {
   const std::string shape = shape_problem(N, K, G);

@@ -75,6 +75,9 @@ struct Sm90GemmConfig {
 // no usable device, or not compute capability 9.0). For callers choosing between this kernel and GroupedGemm.
 std::string grouped_gemm_sm90_unsupported(int64_t N, int64_t K, int64_t G);
 
+// Empty when the current device runs the sm_90a kernels (a usable device of compute capability 9.0), else why not.
+std::string sm90_device_unsupported();
+
 // Fprop: y [M, N] bf16 = X_g W_g^T per group (x: [M, K] row tensor; w: G stacked [N, K] block tensors).
 // offsets: device int32 [G+1].
 void grouped_fprop_fp8_sm90(Fp8RowOperand x, Fp8BlockStack w, int64_t M, int64_t N, int64_t K, const int32_t* offsets,

@@ -15,6 +15,7 @@
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "kernels/gemm/grouped_gemm_ref.h"
 #include "kernels/quant/layouts.h"
 #include "tests/common/gpu_test_util.h"
 
@@ -188,6 +189,90 @@ inline std::vector<int32_t> offsets_of(const std::vector<int32_t>& sizes) {
   std::vector<int32_t> o(sizes.size() + 1, 0);
   for (size_t g = 0; g < sizes.size(); ++g) o[g + 1] = o[g] + sizes[g];
   return o;
+}
+
+// FP8 column tensor over ragged groups of an [M, C] tensor (layouts.h): group g is [C, L_g] with 1x128 blocks
+// along tokens and zero columns up to L_g = round_up(M_g, pad) (16: the FP8 column tensor; 32: the FP8 conversion
+// of an MXFP4 column tensor, mxfp4_gemm.h; capacity C * (M + (pad - 1) G) codes). The unused end of the capacity
+// holds NaN codes and NaN scales, so a read outside the groups' extents shows up in the result. deq is [M, C]
+// row-major.
+inline HostFp8 make_col_tensor(int64_t M, int64_t C, const std::vector<int32_t>& offsets, ScaleKind kind, Rng& rng,
+                               int64_t pad = kColAlign) {
+  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
+  HostFp8 t;
+  t.codes.assign(static_cast<size_t>(C * (M + (pad - 1) * G)), kE4M3NaN);
+  t.scales.assign(fp8_col_scales_capacity(M, C, G), kNaN);
+  t.deq.resize(M * C);
+  int64_t P = 0, Q = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t off = offsets[g], Mg = offsets[g + 1] - off, L = ceil_div(Mg, pad) * pad, blocks = ceil_div(Mg, 128);
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t tok = 0; tok < L; ++tok) t.codes[C * P + c * L + tok] = tok < Mg ? rng.code() : 0;
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t c = 0; c < C; ++c) t.scales[C * Q + b * C + c] = rng.scale(kind);
+    for (int64_t tok = 0; tok < Mg; ++tok)
+      for (int64_t c = 0; c < C; ++c)
+        t.deq[(off + tok) * C + c] = e4m3(t.codes[C * P + c * L + tok]) * t.scales[C * Q + (tok / 128) * C + c];
+    P += L;
+    Q += blocks;
+  }
+  return t;
+}
+
+// Rows n of every dW_g to compare: the first and last 4, rows at 128-block edges, 8 random; all when small.
+inline std::vector<int64_t> sample_wgrad_rows(int64_t N, int64_t work, Rng& rng) {
+  std::vector<int64_t> rows;
+  if (work <= (int64_t{1} << 27)) {
+    for (int64_t n = 0; n < N; ++n) rows.push_back(n);
+    return rows;
+  }
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, N - 4, N - 3, N - 2, N - 1, int64_t{127},
+                    int64_t{128}})
+    if (n >= 0 && n < N) rows.push_back(n);
+  for (int i = 0; i < 8; ++i) rows.push_back(rng.below(N));
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+// dW [G, N, K]: all finite; empty groups exactly `init` (accumulate) or zero; others within the tolerance of
+// init + reference over the sampled rows n.
+inline void expect_wgrad_close(const std::string& what, const std::vector<float>& got,
+                               const std::vector<float>& want, const std::vector<float>* init, int64_t N, int64_t K,
+                               const std::vector<int32_t>& offsets, const std::vector<int64_t>& rows, double tol) {
+  const int64_t bad = first_non_finite(got);
+  if (bad >= 0) {
+    ADD_FAILURE() << what << ": dW element (group " << bad / (N * K) << ", " << (bad / K) % N << ", " << bad % K
+                  << ") is NaN/Inf (poison left unwritten, or a NaN read): " << got[bad];
+    return;
+  }
+  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t base = g * N * K;
+    if (offsets[g + 1] == offsets[g]) {
+      for (int64_t i = 0; i < N * K; ++i) {
+        const float expect = init ? (*init)[base + i] : 0.0f;
+        if (got[base + i] != expect) {
+          ADD_FAILURE() << what << ": empty expert group " << g << " must give " << (init ? "an unchanged" : "a zero")
+                        << " dW, element (" << i / K << ", " << i % K << ") is " << got[base + i] << ", expected "
+                        << expect;
+          break;
+        }
+      }
+      continue;
+    }
+    std::vector<float> gg, ww;
+    for (int64_t n : rows)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t i = base + n * K + k;
+        gg.push_back(got[i]);
+        ww.push_back(init ? (*init)[i] + want[i] : want[i]);
+      }
+    const double err = relative_l2_error(gg.data(), ww.data(), static_cast<int64_t>(gg.size()));
+    EXPECT_LT(err, tol) << what << ": expert group " << g << " (" << offsets[g + 1] - offsets[g]
+                        << " tokens): relative L2 error " << err << " over " << rows.size() << " rows of dW, tolerance "
+                        << tol;
+  }
 }
 
 }  // namespace fp4moe::test
