@@ -3,7 +3,12 @@
 //
 // Two kernels with the same bits (bf16_to_mxfp4_row.h detail::MxRowKernel): the chunk-per-lane kernel described
 // here, and the block-per-thread kernel described above its definition below, which bf16_to_mxfp4_row runs for
-// every option (no warp shuffles; one hash for rht's 32 signs of a block; detail::mx_row_default_kernel).
+// every option (no warp shuffles; one hash for rht's 32 signs of a block; detail::mx_row_default_kernel). The
+// block-per-thread kernel also takes two shortcuts with the same bits, each with a fallback to the rule as
+// written for the blocks where it would not hold: RNE with h16 or rht leaves the transform's 1/4 out of the values
+// and takes it from the block exponent (mx_h16_fold_exact below: one FP32 product fewer per element), and
+// stochastic rounding scales two elements per BF16x2 product and minimum (encode_chunk_stochastic_bf16x2 in
+// mx_quant_device.cuh: fewer instructions per element).
 // The [M, K] tensor is walked as one flat sequence of 8-element chunks (16 bytes of BF16): K % 32 == 0, so every
 // MX block is four consecutive chunks of one row, and its codes (16 bytes) and scale (1 byte) sit at the flat
 // block index in [M, K/2] and [M, K/32]. One thread block per tile of kThreads x kChunksPerThread chunks (the
@@ -122,8 +127,10 @@ bf16_to_mxfp4_row_kernel(const uint4* __restrict__ x, int64_t num_chunks, QuantP
 // runs in the thread's registers (every butterfly stage, h = 16 included, without a shuffle; rht: one hash for the
 // 32 signs, flipped on the BF16 words two at a time), the block amax needs no shuffle, and the thread writes its
 // 16 bytes of codes with one store and its scale byte. Same bits as the chunk-per-lane kernel above: the same
-// operations in the same order per element.
-template <HadamardTransform kTransform>
+// operations in the same order per element, but for the two shortcuts that give the same bits (the file's head).
+// kScaled = false leaves out the final product by hadamard_scale (the folded path below): the values are then
+// bf16(y) instead of bf16(y * c).
+template <HadamardTransform kTransform, bool kScaled = true>
 __device__ __forceinline__ void transform_block(uint4 (&v)[4], uint32_t k0, uint64_t rht_seed) {
   // A sign flip is exact, so flipping the BF16 inputs gives the FP32 values of the rule.
   if constexpr (kTransform == HadamardTransform::rht) detail::flip_block_signs(v, rht_sign_bits32(rht_seed, k0));
@@ -143,11 +150,46 @@ __device__ __forceinline__ void transform_block(uint4 (&v)[4], uint32_t k0, uint
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int e = kChunk * j + 2 * i;
-      w[i] = detail::bits_of_bf162(__floats2bfloat162_rn(__fmul_rn(y[e], c), __fmul_rn(y[e + 1], c)));
+      w[i] = kScaled ? detail::bits_of_bf162(__floats2bfloat162_rn(__fmul_rn(y[e], c), __fmul_rn(y[e + 1], c)))
+                     : detail::bits_of_bf162(__floats2bfloat162_rn(y[e], y[e + 1]));
     }
     v[j] = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
+
+// Largest BF16 magnitude bits of one MX block held by one thread (>= kBf16AbsNonFinite: NaN or Inf).
+__device__ __forceinline__ uint32_t block_amax_bits(const uint4 (&v)[4]) {
+  uint32_t amax_bits = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) amax_bits = max(amax_bits, detail::chunk_amax_bits(v[j]));
+  return amax_bits;
+}
+
+// RNE with a 16-point transform (h16, rht): the scale 1/4 folded into the block exponent. The rule's values are
+// v_i = bf16(y_i / 4) (the FP32 product by 1/4 is exact, see below); the folded path rounds u_i = bf16(y_i)
+// instead (no product), takes the block exponent of amax(u) and encodes u with it, and writes that exponent less
+// 2 as the scale. It is used where this gives the rule's bits, i.e. where amax(u) is 0 or in [2^-100, 2^126)
+// (mx_h16_fold_exact); any other block (NaN/Inf, an FP32 value past BF16's range, tiny blocks) reloads its
+// inputs and runs the rule as written. Why the bits agree there:
+//  - every y_i is a multiple of 2^-133 (BF16's smallest subnormal): the inputs are, sign flips keep it, and an
+//    FP32 sum of two multiples is exact below 2^-109 and otherwise rounded to a multiple of its ulp >= 2^-132.
+//    So y_i / 4 is a multiple of 2^-135, exact in FP32 (grid 2^-149), and u_i = 0 iff y_i = 0.
+//  - amax(u) = 0: every y_i = +-0, so every v_i = +-0: an all-zero block (scale 0, codes 0) either way.
+//  - amax(u) in [2^-100, 2^126): every |y_i| < 2^126 (RNE is monotone and 2^126 a BF16), so no u_i overflows.
+//    Where |y_i| >= 2^-124, y_i / 4 and u_i / 4 are normal and rounding commutes with the power of two:
+//    v_i = u_i / 4, sign included. Where |y_i| < 2^-124: |u_i| <= 2^-124 and |v_i| <= 2^-126. The largest |u_i|
+//    (>= 2^-100) has |y_i| >= 2^-124, so amax(v) = amax(u) / 4: the same fraction, the exponent field 2 less
+//    (>= 25, a normal), hence block_exponent(amax(v)) = block_exponent(amax(u)) - 2 =: e (no clamp at -127:
+//    e >= -104), and e + 2 <= 124 is in encode_chunk_rne's range. Codes: |u_i| 2^-(e+2) = |v_i| 2^-e exactly
+//    for |y_i| >= 2^-124 (the same BF16 product); for smaller |y_i| both products are <= 2^-22 < 0.25, magnitude
+//    code 0, and the sign bits of u_i and v_i are both y_i's.
+constexpr uint32_t kFoldAmaxLo = 27u << 7;   // 2^-100 (biased exponent 27)
+constexpr uint32_t kFoldAmaxHi = 253u << 7;  // 2^126 (biased exponent 253)
+__device__ __forceinline__ bool mx_h16_fold_exact(uint32_t amax_bits) {
+  return amax_bits == 0 || amax_bits - kFoldAmaxLo < kFoldAmaxHi - kFoldAmaxLo;
+}
+template <Rounding kRounding, HadamardTransform kTransform>
+constexpr bool kFoldH16Scale = kRounding == Rounding::rne && hadamard_block_size(kTransform) == 16;
 
 template <Rounding kRounding, HadamardTransform kTransform>
 __global__ void __launch_bounds__(kThreads)
@@ -164,30 +206,54 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] = __ldg(xb + j);
     }
-    if constexpr (kTransform != HadamardTransform::none) {
+    uint32_t amax_bits;
+    int folded = 0;  // log2 of the factor left out of the values (kFoldH16Scale): the scale is 2^(e - folded)
+    if constexpr (kTransform == HadamardTransform::none) {
+      amax_bits = block_amax_bits(v);
+    } else {
       uint32_t k0 = 0;  // rht: the block's first column (K <= 2^30)
       if constexpr (kTransform == HadamardTransform::rht)
         k0 = mod_by_inverse(static_cast<uint64_t>(b), p.k_blocks, p.k_blocks_inverse) * kMxBlock;
-      transform_block<kTransform>(v, k0, p.rht_seed);
-    }
-    uint32_t amax_bits = 0;
+      if constexpr (kFoldH16Scale<kRounding, kTransform>) {
+        transform_block<kTransform, false>(v, k0, p.rht_seed);
+        amax_bits = block_amax_bits(v);
+        folded = 2;
+        if (in && !mx_h16_fold_exact(amax_bits)) {  // rare: the rule as written on the reloaded inputs
+          folded = 0;  // (an out-of-range thread's zeros are an all-zero block, exact: it never reloads)
+          const uint4* xb = x + 4 * b;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) amax_bits = max(amax_bits, detail::chunk_amax_bits(v[j]));
+          for (int j = 0; j < 4; ++j) v[j] = __ldg(xb + j);
+          transform_block<kTransform>(v, k0, p.rht_seed);
+          amax_bits = block_amax_bits(v);
+        }
+      } else {
+        transform_block<kTransform>(v, k0, p.rht_seed);
+        amax_bits = block_amax_bits(v);
+      }
+    }
     const bool nonfinite = amax_bits >= detail::kBf16AbsNonFinite;
     uint32_t packed[4] = {0, 0, 0, 0};  // NaN/Inf block and all-zero block: codes 0
     uint8_t scale = nonfinite ? kUE8M0NaN : 0;
     if (!nonfinite && amax_bits != 0) {
       const int e = detail::block_exponent(amax_bits, p.mode);
-      scale = static_cast<uint8_t>(e + kUE8M0Bias);
-      const float inv_scale = detail::inv_block_scale(e);
+      scale = static_cast<uint8_t>(e - folded + kUE8M0Bias);
+      if constexpr (kRounding == Rounding::rne) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (kRounding == Rounding::rne) {
-          packed[j] = detail::encode_chunk_rne(v[j], e);
+        for (int j = 0; j < 4; ++j) packed[j] = detail::encode_chunk_rne(v[j], e);
+      } else {
+        // Chunk j's 8 consecutive flat indices start at a multiple of 8 (one hash, as mx_sr_bits8 packs them):
+        // hash n0 + j.
+        const uint64_t n0 = (p.index_base + static_cast<uint64_t>(b) * kMxBlock) / 8;
+        if (e >= detail::kSrBf16x2MinExponent) {  // every block but those of amax < 2^-108
+          const __nv_bfloat162 inv2 = detail::sr_bf16x2_scale(e);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            packed[j] = detail::encode_chunk_stochastic_bf16x2(v[j], inv2, detail::chunk_draws(p.seed, n0 + j));
         } else {
-          // Chunk j's 8 consecutive flat indices start at a multiple of 8 (one hash, as mx_sr_bits8 packs them).
-          const uint64_t n = (p.index_base + (static_cast<uint64_t>(b) * 4 + j) * kChunk) / 8;
-          packed[j] = detail::encode_chunk_stochastic(v[j], inv_scale, detail::chunk_draws(p.seed, n));
+          const float inv_scale = detail::inv_block_scale(e);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            packed[j] = detail::encode_chunk_stochastic(v[j], inv_scale, detail::chunk_draws(p.seed, n0 + j));
         }
       }
     }

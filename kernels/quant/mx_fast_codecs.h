@@ -95,6 +95,43 @@ FP4MOE_HD uint32_t e2m1_sr_offset(uint32_t s) { return ((s ^ 0xFFu) & 0xFFu) << 
 // The magnitude code 0..7 from e2m1_sr_fixed(min(a, 6)) and the draw's e2m1_sr_offset.
 FP4MOE_HD uint32_t e2m1_sr_step(uint32_t fixed, uint32_t offset) { return (fixed + offset) >> 22; }
 
+// e2m1_sr_fixed(a) from a' = a 2^16 (the row quantizer's BF16x2 scaling, encode_chunk_stochastic_bf16x2, forms
+// the scaled magnitudes 2^16 too large so that the BF16 products vanish exactly where the FP32 ones do), for
+// a' = bf16(p 2^16), p >= 0 the exact scaled magnitude, clamped at 6 2^16. Same value as e2m1_sr_fixed(fl32(p))
+// clamped at 6:
+//   - p 2^16 >= 2^-126 (BF16 normal): a' = p 2^16 exactly. For a >= 2^-126, bits(a') - 16 2^23 = bits(a) and
+//     a' + 2^16 rounded up is 2^16 (a + 1 rounded up) (scaling by a power of two commutes with the rounding in the
+//     normal range), so both operands of the maximum are those of e2m1_sr_fixed, shifted by the constants below.
+//     For a < 2^-126 the first operand is below 0x00800000 + the constant, the maximum is the second, and a + 1
+//     rounded up is 1 + 2^-23 for every 0 < a <= 2^-23: the same as for fl32(p) > 0, which holds (p >= 2^-142).
+//   - p 2^16 < 2^-126: a' > 0 iff p 2^16 > 2^-134 (half of BF16's smallest subnormal, the tie to 0) iff
+//     p > 2^-150 iff fl32(p) > 0 (the same tie one FP32 subnormal step lower); either way the result depends only
+//     on whether it is 0 (1 + 2^-23 or 1 for a + 1 rounded up), and is the same.
+// No signed overflow: the operands are those of e2m1_sr_fixed less 16 2^23, or (a < 2^-126) at least
+// -16 2^23 plus the constant.
+FP4MOE_HD uint32_t e2m1_sr_fixed_x65536(float a_x65536) {
+  constexpr int32_t kScaleBits = 16 << 23;  // the exponent field of 2^16
+  constexpr int32_t kBias = 252 << 22;
+  constexpr int32_t kRound = (1 << 14) - 1;
+#if defined(__CUDA_ARCH__)
+  const int32_t below_one =
+      static_cast<int32_t>(f32_bits(__fadd_ru(a_x65536, 65536.0f))) + (kRound - kBias - 0x00800000 - kScaleBits);
+  return static_cast<uint32_t>(
+      __viaddmax_s32(static_cast<int32_t>(f32_bits(a_x65536)), kRound - kBias - kScaleBits, below_one));
+#else
+  const float a = a_x65536 * (1.0f / 65536.0f);  // exact for a' >= 2^-110; below only a > 0 matters
+  const int32_t below_one =
+      a_x65536 < 65536.0f
+          ? static_cast<int32_t>(0x3F800000u + (a_x65536 > 0.0f ? (a < 0x1p-23f ? 1u : static_cast<uint32_t>(
+                                                                                          std::ceil(a * 8388608.0f)))
+                                                                 : 0u)) +
+                (kRound - kBias - 0x00800000)
+          : INT32_MIN;
+  const int32_t above = static_cast<int32_t>(f32_bits(a_x65536)) + (kRound - kBias - kScaleBits);
+  return static_cast<uint32_t>(above > below_one ? above : below_one);
+#endif
+}
+
 FP4MOE_HD uint32_t e2m1_magnitude_sr_f32(float a, uint32_t s) {
   return e2m1_sr_step(e2m1_sr_fixed(a < 6.0f ? a : 6.0f), e2m1_sr_offset(s));
 }

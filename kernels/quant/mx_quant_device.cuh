@@ -15,7 +15,9 @@
 //     multiplies between three folds by 32 bits, the counter one 64-bit addition), 1.7 per element; the encoder
 //     (encode_chunk_stochastic) about 11.6 per element with its loads and store (a product, a minimum, a sum
 //     rounded up, one DPX maximum with a fused addition, the draw's mask and a shift-add, a shift and a shift-add
-//     into the chunk's word, the signs by byte permutations per chunk). About 14.5 in all. The column
+//     into the chunk's word, the signs by byte permutations per chunk). About 14.5 in all. The row quantizer's
+//     block-per-thread kernel scales and clamps two elements per BF16x2 instruction instead
+//     (encode_chunk_stochastic_bf16x2), 1.5 fewer per element in its static count. The column
 //     block-per-thread kernel shares each row's hash between the two lanes that hold its 8 columns (one shuffle).
 //   - H16 / H32: unpack 1, in-chunk butterflies 3, per stage across lanes one shuffle and one fused multiply-add
 //     (a sign flip and an addition before), scale 1, BF16 pack 0.5: about 7 (H16) and 8 (H32) on top of RNE, plus
@@ -233,6 +235,46 @@ __device__ __forceinline__ uint32_t encode_chunk_stochastic(const uint4& v, floa
 #pragma unroll
   for (int i = kMxChunk - 1; i >= 0; --i) {
     const uint32_t code = sr_magnitude_code(y[i], inv_scale, offset[i / 4][i % 4]);
+    asm("mad.lo.u32 %0, %0, 16, %1;" : "+r"(codes) : "r"(code));
+  }
+  return codes | chunk_sign_bits(v);
+}
+
+// Smallest block exponent encode_chunk_stochastic_bf16x2 takes: 2^(16 - e) must be a BF16 normal (e <= 126 holds
+// for every finite block, block_exponent).
+constexpr int kSrBf16x2MinExponent = -111;
+
+// 2^(16 - e) in both BF16 halves, for a block exponent e in [kSrBf16x2MinExponent, 126] (exponent field 143 - e
+// in [17, 254]).
+__device__ __forceinline__ __nv_bfloat162 sr_bf16x2_scale(int e) {
+  return bf162_from_bits((static_cast<uint32_t>(143 - e) << 7) * 0x00010001u);
+}
+
+// encode_chunk_stochastic with the same bits, the magnitudes scaled two at a time: min(|v| 2^(16 - e), 6 2^16)
+// in BF16x2 (one product and one minimum per pair instead of an FP32 product and minimum per element), each half
+// moved to FP32 by a shift or a mask, then e2m1_sr_fixed_x65536 (mx_fast_codecs.h: why the factor 2^16 keeps the
+// bits, products that vanish or turn subnormal included). inv2_x65536 = sr_bf16x2_scale(e), e the block exponent
+// in [kSrBf16x2MinExponent, 126] of a finite block (so |v| 2^-e < 8: the products are finite and exact above
+// 2^-126 2^-16). Rounding and draws as encode_chunk_stochastic.
+__device__ __forceinline__ uint32_t encode_chunk_stochastic_bf16x2(const uint4& v, __nv_bfloat162 inv2_x65536,
+                                                                   const ChunkDraws& d) {
+  constexpr uint32_t kSixes = 0x48C048C0u;  // 6 2^16 in both halves
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float a[kMxChunk];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t m = bits_of_bf162(
+        __hmin2(__hmul2_rn(bf162_from_bits(w[i] & 0x7FFF7FFFu), inv2_x65536), bf162_from_bits(kSixes)));
+    a[2 * i] = __uint_as_float(m << 16);
+    a[2 * i + 1] = __uint_as_float(m & 0xFFFF0000u);
+  }
+  uint32_t offset[2][4];  // element i's draw offset in offset[i / 4][i % 4]
+  sr_draw_offsets(d.word[0], offset[0]);
+  sr_draw_offsets(d.word[1], offset[1]);
+  uint32_t codes = 0;  // Horner's rule from the last element, as encode_chunk_stochastic
+#pragma unroll
+  for (int i = kMxChunk - 1; i >= 0; --i) {
+    const uint32_t code = e2m1_sr_step(e2m1_sr_fixed_x65536(a[i]), offset[i / 4][i % 4]);
     asm("mad.lo.u32 %0, %0, 16, %1;" : "+r"(codes) : "r"(code));
   }
   return codes | chunk_sign_bits(v);

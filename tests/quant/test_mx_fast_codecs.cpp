@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -65,6 +66,40 @@ TEST(MxFastCodecs, StochasticF32MatchesFormatsOnEveryDecision) {
   // Saturation: 6 and beyond give 7 whatever the draw.
   for (float a : {6.0f, 6.5f, 7.99f})
     for (uint32_t s : {0u, 255u}) EXPECT_EQ(detail::e2m1_magnitude_sr_f32(a, s), 7u) << a;
+}
+
+// BF16 round to nearest even of x >= 0 given in double (exact for every product below), subnormals included.
+uint32_t bf16_bits_of_double(double x) {
+  if (x < 0x1p-126) return static_cast<uint32_t>(std::nearbyint(x * 0x1p133));  // grid 2^-133; 128 = 2^-126
+  return f32_to_bf16_bits(static_cast<float>(x));  // x has at most 8 significant bits here: exact in FP32
+}
+
+// The BF16x2 scaling of stochastic rounding (mx_quant_device.cuh encode_chunk_stochastic_bf16x2): for every block
+// exponent it takes (e >= -111) and every BF16 magnitude m with m 2^-e < 8 (a finite block's), the fixed point of
+// min(bf16(m 2^(16 - e)), 6 2^16) (e2m1_sr_fixed_x65536) equals that of min(fl32(m 2^-e), 6) (e2m1_sr_fixed),
+// products that are FP32 or BF16 subnormals or vanish included; and so the code, on every draw.
+TEST(MxFastCodecs, StochasticBf16x2ScalingMatchesFp32ScalingAtEveryExponent) {
+  int64_t checked = 0, mismatches = 0;
+  for (int e = -111; e <= 126; ++e) {
+    for (uint32_t m = 0; m < 0x7F80u; ++m) {
+      const float v = bf16_bits_to_f32(static_cast<uint16_t>(m));
+      const double p = static_cast<double>(v) * std::ldexp(1.0, -e);  // exact
+      if (p >= 8.0) break;
+      const float a32 = std::fmin(v * exp2_exact(-e), 6.0f);  // the FP32 product, as encode_chunk_stochastic
+      const uint32_t b = std::min(bf16_bits_of_double(std::ldexp(p, 16)), 0x48C0u);  // BF16 product, min 6 2^16
+      const float a16 = bf16_bits_to_f32(static_cast<uint16_t>(b));
+      const uint32_t want = detail::e2m1_sr_fixed(a32), got = detail::e2m1_sr_fixed_x65536(a16);
+      ++checked;
+      if (got != want && ++mismatches < 10)
+        ADD_FAILURE() << "e = " << e << " m = 0x" << std::hex << m << " got 0x" << got << " want 0x" << want;
+      for (uint32_t s : {0u, 1u, 128u, 255u})
+        if (detail::e2m1_sr_step(got, detail::e2m1_sr_offset(s)) != detail::e2m1_magnitude_sr_f32(a32, s) &&
+            ++mismatches < 10)
+          ADD_FAILURE() << "e = " << e << " m = 0x" << std::hex << m << " s = " << s;
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << checked;
+  EXPECT_GT(checked, 1000000);
 }
 
 // 8-bit draws (mx_random.h): over the 256 draws, a BF16 magnitude a in [0.25, 8) (every value the quantizers round
