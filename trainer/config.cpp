@@ -163,35 +163,64 @@ void ConfigOptions::check_required(const std::set<std::string>& set) const {
                  config_path_.empty() ? "" : fmt::format(" '{}'", config_path_), key);
 }
 
+std::string ConfigOptions::origin(const std::string& key) const {
+  if (from_command_line_.count(key)) return fmt::format("command line --{}", key);
+  if (from_file_.count(key)) return fmt::format("config file '{}'", config_path_);
+  return fmt::format("default of {}", key);
+}
+
 void ConfigOptions::load_config_file() {
-  std::set<std::string> set;  // the keys given on the command line or in the file
+  from_command_line_.clear();
+  from_file_.clear();
   for (size_t i = 0; i < fields_.size(); ++i)
-    if (options_[i]->count() > 0) set.insert(fields_[i].key);
+    if (options_[i]->count() > 0) from_command_line_.insert(fields_[i].key);
   if (!config_path_.empty()) {
     std::error_code ec;
     FP4MOE_CHECK(std::filesystem::is_regular_file(config_path_, ec), "config file '{}' does not exist or is not a file",
                  config_path_);
-    const std::set<std::string> from_file = read_config_file(config_path_, fields_, set);
-    set.insert(from_file.begin(), from_file.end());
+    from_file_ = read_config_file(config_path_, fields_, from_command_line_);
   }
+  std::set<std::string> set = from_command_line_;  // the keys given on the command line or in the file
+  set.insert(from_file_.begin(), from_file_.end());
   check_required(set);
-  FP4MOE_CHECK(seed_ >= 0, "train.seed must be >= 0, got {}", seed_);
-  cfg_.train.seed = static_cast<uint64_t>(seed_);
-  const std::string where = config_path_.empty() ? "" : fmt::format(" (config '{}')", config_path_);
-  FP4MOE_CHECK(router_ == "v3" || router_ == "v2", "moe.router = '{}'{}: expected v3 (sigmoid) or v2 (softmax)",
-               router_, where);
-  cfg_.moe.router = router_ == "v2" ? RouterStyle::v2_softmax : RouterStyle::v3_sigmoid;
-  FP4MOE_CHECK(non_finite_ == "skip" || non_finite_ == "stop", "train.non_finite = '{}'{}: expected skip or stop",
-               non_finite_, where);
-  cfg_.train.non_finite = non_finite_ == "stop" ? NonFinitePolicy::stop : NonFinitePolicy::skip;
-  cfg_.model.attention_backend = parse_attention_backend(attention_backend_, "model.attention_backend");
-  FP4MOE_CHECK(moments_ == "fp32" || moments_ == "bf16",
-               "train.moments = '{}'{}: expected fp32 or bf16 (the storage of AdamW's m and v)", moments_, where);
-  cfg_.train.moments = moments_ == "bf16" ? MomentDtype::bf16 : MomentDtype::fp32;
-  cfg_.recipe.attention = parse_recipe(recipe_attention_, "recipe.attention");
-  cfg_.recipe.dense_mlp = parse_recipe(recipe_dense_, "recipe.dense_mlp");
-  cfg_.recipe.shared_experts = parse_recipe(recipe_shared_, "recipe.shared_experts");
-  cfg_.recipe.routed_experts = parse_recipe(recipe_routed_, "recipe.routed_experts");
+  // Converts the text of option `key` with `convert`; an fp4moe::Error it throws is thrown again starting with where
+  // the value came from (origin).
+  auto from = [&](const char* key, auto&& convert) {
+    try {
+      return convert();
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", origin(key), e.what()));
+    }
+  };
+  cfg_.train.seed = from("train.seed", [&] {
+    FP4MOE_CHECK(seed_ >= 0, "train.seed must be >= 0, got {}", seed_);
+    return static_cast<uint64_t>(seed_);
+  });
+  cfg_.moe.router = from("moe.router", [&] {
+    FP4MOE_CHECK(router_ == "v3" || router_ == "v2", "moe.router = '{}': expected v3 (sigmoid) or v2 (softmax)",
+                 router_);
+    return router_ == "v2" ? RouterStyle::v2_softmax : RouterStyle::v3_sigmoid;
+  });
+  cfg_.train.non_finite = from("train.non_finite", [&] {
+    FP4MOE_CHECK(non_finite_ == "skip" || non_finite_ == "stop", "train.non_finite = '{}': expected skip or stop",
+                 non_finite_);
+    return non_finite_ == "stop" ? NonFinitePolicy::stop : NonFinitePolicy::skip;
+  });
+  cfg_.model.attention_backend = from("model.attention_backend", [&] {
+    return parse_attention_backend(attention_backend_, "model.attention_backend");
+  });
+  cfg_.train.moments = from("train.moments", [&] {
+    FP4MOE_CHECK(moments_ == "fp32" || moments_ == "bf16",
+                 "train.moments = '{}': expected fp32 or bf16 (the storage of AdamW's m and v)", moments_);
+    return moments_ == "bf16" ? MomentDtype::bf16 : MomentDtype::fp32;
+  });
+  auto recipe = [&](const char* key, const std::string& text) {
+    return from(key, [&] { return parse_recipe(text, key); });
+  };
+  cfg_.recipe.attention = recipe("recipe.attention", recipe_attention_);
+  cfg_.recipe.dense_mlp = recipe("recipe.dense_mlp", recipe_dense_);
+  cfg_.recipe.shared_experts = recipe("recipe.shared_experts", recipe_shared_);
+  cfg_.recipe.routed_experts = recipe("recipe.routed_experts", recipe_routed_);
   // `modules = []` or `--recompute.modules none`: nothing recomputed.
   auto& mods = cfg_.recompute.modules;
   mods.erase(std::remove_if(mods.begin(), mods.end(), [](const std::string& s) { return s.empty() || s == "none"; }),

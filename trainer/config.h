@@ -23,7 +23,10 @@
 //
 // Loading rejects (fp4moe::Error, one line naming the file, with the line and column): a file that is not TOML
 // (an unterminated string, a key or section given twice, ...), a key no option has, a value of the wrong type;
-// then a required key set neither in the file nor on the command line ("model.hidden is missing"). Required are
+// then a required key set neither in the file nor on the command line ("model.hidden is missing"); then a value
+// that names no choice or does not parse (moe.router, train.non_finite, model.attention_backend, train.moments, the
+// recipes) and a negative train.seed, the message starting with where the value came from: "command line
+// --train.moments: train.moments = 'fp16': ..." or "config file 'PATH': train.moments = 'half': ...". Required are
 // the keys whose default cannot run: the shape (model.vocab_size, hidden, layers, heads, kv_lora_rank,
 // qk_nope_head_dim, qk_rope_head_dim, v_head_dim; model.dense_ffn when n_dense_layers > 0; moe.routed_experts,
 // top_k and expert_ffn when some layer is MoE) and train.seq_len, micro_batch, steps and lr. The other keys have
@@ -197,10 +200,13 @@ class ConfigOptions {
   ConfigOptions(CLI::App& app, TrainerConfig& cfg);
   // Reads the file named by --config, if any (read_config_file), assigning every key not given on the command
   // line, checks that every required key was set in one of them and that train.seed >= 0, then converts the text
-  // options (recipes, router, policy, recompute) into `cfg`. Throws fp4moe::Error as described at the top of this
-  // file.
+  // options (recipes, router, policy, attention backend, moments, recompute) into `cfg`. Throws fp4moe::Error as
+  // described at the top of this file; a rejected value's message starts with origin(key).
   void load_config_file();
   const std::string& config_path() const { return config_path_; }
+  // Where the value of option `key` (`section.key`) came from, after load_config_file: "command line --KEY",
+  // "config file 'PATH'" or, for a key given in neither, "default of KEY".
+  std::string origin(const std::string& key) const;
 
  private:
   // Throws "KEY is missing (...)" for the first required key (top of this file) not in `set`.
@@ -210,6 +216,7 @@ class ConfigOptions {
   std::string config_path_;
   std::vector<ConfigField> fields_;
   std::vector<CLI::Option*> options_;  // options_[i] is the --fields_[i].key option
+  std::set<std::string> from_command_line_, from_file_;  // the keys each sets (the command line wins)
   int64_t seed_ = 0;                   // train.seed, read signed so that a negative value is rejected, not wrapped
   std::string router_, non_finite_, recipe_attention_, recipe_dense_, recipe_shared_, recipe_routed_;
   std::string attention_backend_;  // model.attention_backend as text

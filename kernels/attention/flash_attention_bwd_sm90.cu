@@ -44,20 +44,11 @@ namespace {
 constexpr int kBlockM = 128;  // query rows per thread block: two consumer warpgroups of 64
 constexpr int kBlockN = 64;   // keys per block: the N of the S and dP products, the K (4 steps of 16) of dQ's
 constexpr int kWgRows = 64;   // query rows per consumer warpgroup (the M of wgmma)
-constexpr int kBox = 64;      // BF16 per 128-byte swizzled row: the inner side of every TMA box
-constexpr int kStages = 2;
-constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
-constexpr int kThreads = 384;          // + warpgroup 2, the producer
-constexpr int kConsumerWarps = kConsumerThreads / 32;
-constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // sm90_ptx.cuh setmaxnreg_fits
 constexpr int kNT = kBlockN / 8;                             // n-tiles of S and dP per warp
 constexpr uint32_t kRowBoxBytes = kBlockM * kBox * 2;        // one box of the Q or dO tile: 128 rows of 128 bytes
 constexpr uint32_t kKeyBoxBytes = kBlockN * kBox * 2;        // one box of a K or V block: 64 rows of 128 bytes
-constexpr uint32_t kDescPerKStep = (16 * 2) >> 4;            // 16 BF16 along a K-major row (32 bytes)
 constexpr uint32_t kDescPerKeyStep = (16 * kBox * 2) >> 4;   // 16 keys of an N-major K box (two 1024-byte atoms)
 static_assert(kBlockM == 2 * kWgRows && kBlockN == kBox, "two consumer warpgroups; S, dP and each dQ box are m64n64");
-static_assert(sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegs, kConsumerRegs),
-              "setmaxnreg asks for more registers than the thread block holds");
 
 // Shared memory from a 1024-byte aligned base: Q [Dqk / 64 boxes][128 rows][64], dO [Dv / 64][128][64],
 // K [stage][Dqk / 64][64][64], V [stage][Dv / 64][64][64] (BF16, each 128-byte row swizzled), then the barriers.
@@ -88,29 +79,12 @@ struct Bars {
   explicit __device__ Bars(uint64_t* b) : q_full(b), kv_full(b + 1), kv_empty(b + 1 + kStages) {}
 };
 
-// Stage and phase parity of key block j in the ring.
-__device__ __forceinline__ int stage_of(int j) { return ring_stage<kStages>(j); }
-__device__ __forceinline__ uint32_t phase_of(int j) { return ring_phase<kStages>(j); }
-
 // ---- producer -------------------------------------------------------------------------------------------------------
-
-struct DqMaps {
-  const CUtensorMap* q;
-  const CUtensorMap* k;
-  const CUtensorMap* v;
-  const CUtensorMap* dout;
-};
-
-// The boxes of one tile: `boxes` copies of 64 columns each, rows from `row0`, box i at dst + i * box_bytes.
-__device__ __forceinline__ void load_boxes(uint8_t* dst, const CUtensorMap* map, int boxes, uint32_t box_bytes, int h,
-                                           int row0, int b, uint64_t* bar) {
-  for (int i = 0; i < boxes; ++i) sm90::tma_load_4d(dst + i * box_bytes, map, i * kBox, h, row0, b, bar);
-}
 
 // One thread: Q and dO once, then K and V of key blocks 0 .. n_blocks - 1, each into its stage once the consumers
 // have released the block two before it there (a fresh empty barrier lets the first two through).
 template <typename L>
-__device__ void produce(const DqMaps& maps, uint8_t* smem, const Bars& bars, int b, int h, int m0, int n_blocks) {
+__device__ void produce(const Sm90BwdMaps& maps, uint8_t* smem, const Bars& bars, int b, int h, int m0, int n_blocks) {
   sm90::prefetch_tensor_map(maps.q);
   sm90::prefetch_tensor_map(maps.k);
   sm90::prefetch_tensor_map(maps.v);
@@ -182,14 +156,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                                             const __grid_constant__ CUtensorMap map_v,
                                             const __grid_constant__ CUtensorMap map_do, const BwdParams p) {
   using L = Sm90DqLayout<Dqk, Dv>;
-  int64_t bh = 0;
-  int tile = 0;
-  if (!block_tile(p.group_heads, p.bh_count, bh, tile)) return;
-  uint8_t* raw = dynamic_smem<uint8_t>();
-  uint8_t* smem = raw + ((1024 - (sm90::smem_addr(raw) & 1023)) & 1023);
+  Sm90Block blk;
+  if (!sm90_block_start(p, blk)) return;
+  const int64_t bh = blk.bh;
+  const int tile = blk.tile, b = blk.b, h = blk.h;
+  uint8_t* smem = blk.smem;
   const Bars bars(reinterpret_cast<uint64_t*>(smem + L::kOffBars));
   const int T = p.T;
-  const int b = static_cast<int>(bh / p.H), h = static_cast<int>(bh % p.H);
   const int m0 = ((T + kBlockM - 1) / kBlockM - 1 - tile) * kBlockM;
   const int n_blocks = (std::min(m0 + kBlockM, T) + kBlockN - 1) / kBlockN;  // key blocks up to the tile's last row
 
@@ -203,14 +176,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (threadIdx.x >= kConsumerThreads) {
-    sm90::warpgroup_regs_dec<kProducerRegs>();
+  if (sm90_producer_role()) {
     if (threadIdx.x == kConsumerThreads)
-      produce<L>(DqMaps{&map_q, &map_k, &map_v, &map_do}, smem, bars, b, h, m0, n_blocks);
+      produce<L>(Sm90BwdMaps{&map_q, &map_k, &map_v, &map_do}, smem, bars, b, h, m0, n_blocks);
     return;
   }
 
-  sm90::warpgroup_regs_inc<kConsumerRegs>();
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int wg_q_first = m0 + wg * kWgRows;
@@ -265,16 +236,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int Dqk, int Dv>
 void launch_dq(const BwdParams& p, int64_t B, cudaStream_t stream) {
   using L = Sm90DqLayout<Dqk, Dv>;
-  const char* what = "flash_attention_backward (sm90 dQ)";
-  const CUtensorMap map_q = attention_tensor_map(what, p.q, B, p.T, p.H, Dqk, kBlockM);
-  const CUtensorMap map_k = attention_tensor_map(what, p.k, B, p.T, p.H, Dqk, kBlockN);
-  const CUtensorMap map_v = attention_tensor_map(what, p.v, B, p.T, p.H, Dv, kBlockN);
-  const CUtensorMap map_do = attention_tensor_map(what, p.dout, B, p.T, p.H, Dv, kBlockM);
+  const Sm90BwdTensorMaps maps =
+      sm90_bwd_tensor_maps("flash_attention_backward (sm90 dQ)", p, B, Dqk, Dv, kBlockM, kBlockN);
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + kBlockM - 1) / kBlockM);
-  const auto kernel = flash_attention_backward_dq_sm90_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
-  kernel<<<grid, kThreads, L::kBytes, stream>>>(map_q, map_k, map_v, map_do, p);
-  CUDA_CHECK_LAUNCH();
+  launch_sm90_attention(flash_attention_backward_dq_sm90_kernel<Dqk, Dv>, "flash_attention_backward_dq_sm90_kernel",
+                        grid, L::kBytes, stream, maps.q, maps.k, maps.v, maps.dout, p);
 }
 
 }  // namespace

@@ -56,21 +56,12 @@ namespace {
 constexpr int kBlockN = 128;  // keys per thread block: two consumer warpgroups of 64
 constexpr int kBlockM = 64;   // queries per block: the N of S^T and dP^T, the K (4 steps of 16) of dV's and dK's
 constexpr int kWgKeys = 64;   // keys per consumer warpgroup (the M of wgmma)
-constexpr int kBox = 64;      // BF16 per 128-byte swizzled row: the inner side of every TMA box
-constexpr int kStages = 2;
-constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
-constexpr int kThreads = 384;          // + warpgroup 2, the producer
-constexpr int kConsumerWarps = kConsumerThreads / 32;
-constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // sm90_ptx.cuh setmaxnreg_fits
 constexpr int kNT = kBlockM / 8;                             // n-tiles of S^T and dP^T per warp
 constexpr uint32_t kKeyBoxBytes = kBlockN * kBox * 2;        // one box of the K or V tile: 128 rows of 128 bytes
 constexpr uint32_t kRowBoxBytes = kBlockM * kBox * 2;        // one box of a Q or dO block: 64 rows of 128 bytes
-constexpr uint32_t kDescPerKStep = (16 * 2) >> 4;            // 16 BF16 along a K-major row (32 bytes)
 constexpr uint32_t kDescPerRowStep = (16 * kBox * 2) >> 4;   // 16 rows of an N-major box (two 1024-byte atoms)
 static_assert(kBlockN == 2 * kWgKeys && kBlockM == kBox, "two consumer warpgroups; S^T, dP^T, each box m64n64");
 static_assert(kBlockN % kBlockM == 0, "the first query block of a key tile starts at its first key (the diagonal)");
-static_assert(sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegs, kConsumerRegs),
-              "setmaxnreg asks for more registers than the thread block holds");
 
 // Shared memory from a 1024-byte aligned base: K [Dqk / 64 boxes][128 rows][64], V [Dv / 64][128][64],
 // Q [stage][Dqk / 64][64][64], dO [stage][Dv / 64][64][64] (BF16, each 128-byte row swizzled), lse * log2e and D
@@ -108,31 +99,14 @@ struct Bars {
   explicit __device__ Bars(uint64_t* b) : kv_full(b), full(b + 1), empty(b + 1 + kStages) {}
 };
 
-// Stage and phase parity of query block j (counted from the diagonal) in the ring.
-__device__ __forceinline__ int stage_of(int j) { return ring_stage<kStages>(j); }
-__device__ __forceinline__ uint32_t phase_of(int j) { return ring_phase<kStages>(j); }
-
 // ---- producer -------------------------------------------------------------------------------------------------------
-
-struct DkdvMaps {
-  const CUtensorMap* q;
-  const CUtensorMap* k;
-  const CUtensorMap* v;
-  const CUtensorMap* dout;
-};
-
-// The boxes of one tile: `boxes` copies of 64 columns each, rows from `row0`, box i at dst + i * box_bytes.
-__device__ __forceinline__ void load_boxes(uint8_t* dst, const CUtensorMap* map, int boxes, uint32_t box_bytes, int h,
-                                           int row0, int b, uint64_t* bar) {
-  for (int i = 0; i < boxes; ++i) sm90::tma_load_4d(dst + i * box_bytes, map, i * kBox, h, row0, b, bar);
-}
 
 // One warp (lane = its lane): lane 0 copies K and V once; then, for query blocks j = 0 .. n_blocks - 1 (queries
 // m_first + 64 j ..), once the consumers have released the block two before it in its stage (a fresh empty barrier
 // lets the first two through), every lane writes lse * log2e and D of queries `lane` and `lane + 32` of the block
 // and arrives on the stage's full barrier, lane 0 with the bytes of the Q and dO copies it then issues.
 template <typename L>
-__device__ void produce(const DkdvMaps& maps, const BwdParams& p, uint8_t* smem, const Bars& bars, int64_t bh, int b,
+__device__ void produce(const Sm90BwdMaps& maps, const BwdParams& p, uint8_t* smem, const Bars& bars, int64_t bh, int b,
                         int h, int n0, int m_first, int n_blocks, int lane) {
   if (lane == 0) {
     sm90::prefetch_tensor_map(maps.q);
@@ -289,14 +263,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                                               const __grid_constant__ CUtensorMap map_v,
                                               const __grid_constant__ CUtensorMap map_do, const BwdParams p) {
   using L = Sm90DkdvLayout<Dqk, Dv>;
-  int64_t bh = 0;
-  int tile = 0;
-  if (!block_tile(p.group_heads, p.bh_count, bh, tile)) return;
-  uint8_t* raw = dynamic_smem<uint8_t>();
-  uint8_t* smem = raw + ((1024 - (sm90::smem_addr(raw) & 1023)) & 1023);
+  Sm90Block blk;
+  if (!sm90_block_start(p, blk)) return;
+  const int64_t bh = blk.bh;
+  const int tile = blk.tile, b = blk.b, h = blk.h;
+  uint8_t* smem = blk.smem;
   const Bars bars(reinterpret_cast<uint64_t*>(smem + L::kOffBars));
   const int T = p.T;
-  const int b = static_cast<int>(bh / p.H), h = static_cast<int>(bh % p.H);
   const int n0 = tile * kBlockN;  // tile 0 first: its keys are seen by every query
   const int m_first = n0;         // the diagonal query block
   const int n_blocks = (T + kBlockM - 1) / kBlockM - m_first / kBlockM;  // >= 1: n0 < T
@@ -311,15 +284,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (threadIdx.x >= kConsumerThreads) {
-    sm90::warpgroup_regs_dec<kProducerRegs>();
+  if (sm90_producer_role()) {
     if (threadIdx.x < kConsumerThreads + 32)
-      produce<L>(DkdvMaps{&map_q, &map_k, &map_v, &map_do}, p, smem, bars, bh, b, h, n0, m_first, n_blocks,
+      produce<L>(Sm90BwdMaps{&map_q, &map_k, &map_v, &map_do}, p, smem, bars, bh, b, h, n0, m_first, n_blocks,
                  threadIdx.x % 32);
     return;
   }
 
-  sm90::warpgroup_regs_inc<kConsumerRegs>();
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int wg_key_first = n0 + wg * kWgKeys;
@@ -398,16 +369,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int Dqk, int Dv>
 void launch_dkdv(const BwdParams& p, int64_t B, cudaStream_t stream) {
   using L = Sm90DkdvLayout<Dqk, Dv>;
-  const char* what = "flash_attention_backward (sm90 dK/dV)";
-  const CUtensorMap map_q = attention_tensor_map(what, p.q, B, p.T, p.H, Dqk, kBlockM);
-  const CUtensorMap map_k = attention_tensor_map(what, p.k, B, p.T, p.H, Dqk, kBlockN);
-  const CUtensorMap map_v = attention_tensor_map(what, p.v, B, p.T, p.H, Dv, kBlockN);
-  const CUtensorMap map_do = attention_tensor_map(what, p.dout, B, p.T, p.H, Dv, kBlockM);
+  const Sm90BwdTensorMaps maps =
+      sm90_bwd_tensor_maps("flash_attention_backward (sm90 dK/dV)", p, B, Dqk, Dv, kBlockM, kBlockN);
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + kBlockN - 1) / kBlockN);
-  const auto kernel = flash_attention_backward_dkdv_sm90_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
-  kernel<<<grid, kThreads, L::kBytes, stream>>>(map_q, map_k, map_v, map_do, p);
-  CUDA_CHECK_LAUNCH();
+  launch_sm90_attention(flash_attention_backward_dkdv_sm90_kernel<Dqk, Dv>,
+                        "flash_attention_backward_dkdv_sm90_kernel", grid, L::kBytes, stream, maps.q, maps.k, maps.v,
+                        maps.dout, p);
 }
 
 }  // namespace

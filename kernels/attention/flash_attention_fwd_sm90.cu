@@ -48,19 +48,10 @@ namespace {
 constexpr int kBlockM = 128;  // query rows per thread block: two consumer warpgroups of 64
 constexpr int kBlockN = 128;  // keys per block: the N of the S product, the K (8 steps of 16) of the P V product
 constexpr int kWgRows = 64;   // query rows per consumer warpgroup (the M of wgmma)
-constexpr int kBox = 64;      // BF16 per 128-byte swizzled row: the inner side of every TMA box
-constexpr int kStages = 2;
-constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
-constexpr int kThreads = 384;          // + warpgroup 2, the producer
-constexpr int kConsumerWarps = kConsumerThreads / 32;
-constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;  // sm90_ptx.cuh setmaxnreg_fits
 constexpr uint32_t kTileBoxBytes = 128 * kBox * 2;         // one box of a 128-row tile: 128 rows of 128 bytes
 constexpr uint32_t kDescPerBox = kTileBoxBytes >> 4;       // the same in a descriptor's address field
-constexpr uint32_t kDescPerKStep = (16 * 2) >> 4;          // 16 BF16 along a K-major row (32 bytes)
 constexpr uint32_t kDescPerVStep = (16 * kBox * 2) >> 4;   // 16 rows of V (two 1024-byte swizzle atoms)
 static_assert(kBlockM == 2 * kWgRows && kBlockN == 128, "two consumer warpgroups; S is one m64n128 product per k-step");
-static_assert(sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegs, kConsumerRegs),
-              "setmaxnreg asks for more registers than the thread block holds");
 
 // Shared memory from a 1024-byte aligned base: Q [Dqk / 64 boxes][128 rows][64], K [stage][Dqk / 64][128][64],
 // V [stage][Dv / 64][128][64] (BF16, each 128-byte row swizzled), then the barriers. C::kMTiles is the view of
@@ -93,10 +84,6 @@ struct Bars {
       : q_full(b), k_full(b + 1), v_full(b + 1 + kStages), k_empty(b + 1 + 2 * kStages),
         v_empty(b + 1 + 3 * kStages) {}
 };
-
-// Stage and phase parity of key block j in the ring.
-__device__ __forceinline__ int stage_of(int j) { return ring_stage<kStages>(j); }
-__device__ __forceinline__ uint32_t phase_of(int j) { return ring_phase<kStages>(j); }
 
 // ---- producer -------------------------------------------------------------------------------------------------------
 
@@ -181,14 +168,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                                         const __grid_constant__ CUtensorMap map_k,
                                         const __grid_constant__ CUtensorMap map_v, const FwdParams p) {
   using L = Sm90FwdLayout<Dqk, Dv>;
-  int64_t bh = 0;
-  int tile = 0;
-  if (!block_tile(p.group_heads, p.bh_count, bh, tile)) return;
-  uint8_t* raw = dynamic_smem<uint8_t>();
-  uint8_t* smem = raw + ((1024 - (sm90::smem_addr(raw) & 1023)) & 1023);
+  Sm90Block blk;
+  if (!sm90_block_start(p, blk)) return;
+  const int64_t bh = blk.bh;
+  const int tile = blk.tile, b = blk.b, h = blk.h;
+  uint8_t* smem = blk.smem;
   const Bars bars(reinterpret_cast<uint64_t*>(smem + L::kOffBars));
   const int T = p.T;
-  const int b = static_cast<int>(bh / p.H), h = static_cast<int>(bh % p.H);
   const int m0 = ((T + kBlockM - 1) / kBlockM - 1 - tile) * kBlockM;
   const int n_blocks = m0 / kBlockN + 1;  // key blocks 0 .. the diagonal one (m0 < T)
 
@@ -204,13 +190,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (threadIdx.x >= kConsumerThreads) {
-    sm90::warpgroup_regs_dec<kProducerRegs>();
+  if (sm90_producer_role()) {
     if (threadIdx.x == kConsumerThreads) produce<L>(&map_q, &map_k, &map_v, smem, bars, b, h, m0, n_blocks);
     return;
   }
 
-  sm90::warpgroup_regs_inc<kConsumerRegs>();
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int warp_q_first = m0 + wg * kWgRows + warp * 16;  // rows warp_q_first + g and + g + 8 in this thread
@@ -286,10 +270,8 @@ void launch_forward(const FwdParams& p, int64_t B, cudaStream_t stream) {
   const CUtensorMap map_k = attention_tensor_map("flash_attention_forward (sm90): k", p.k, B, p.T, p.H, Dqk, kBlockN);
   const CUtensorMap map_v = attention_tensor_map("flash_attention_forward (sm90): v", p.v, B, p.T, p.H, Dv, kBlockN);
   const dim3 grid = tile_grid(p.group_heads, p.bh_count, (p.T + kBlockM - 1) / kBlockM);
-  const auto kernel = flash_attention_forward_sm90_kernel<Dqk, Dv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
-  kernel<<<grid, kThreads, L::kBytes, stream>>>(map_q, map_k, map_v, p);
-  CUDA_CHECK_LAUNCH();
+  launch_sm90_attention(flash_attention_forward_sm90_kernel<Dqk, Dv>, "flash_attention_forward_sm90_kernel", grid,
+                        L::kBytes, stream, map_q, map_k, map_v, p);
 }
 
 }  // namespace

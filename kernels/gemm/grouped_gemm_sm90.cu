@@ -8,6 +8,7 @@
 
 #include "kernels/common/check.h"
 #include "kernels/gemm/grouped_tiles.h"
+#include "kernels/gemm/setmaxnreg_check.h"
 #include "kernels/gemm/sm90_grouped_device.cuh"
 #include "kernels/gemm/sm90_ptx.cuh"
 #include "kernels/gemm/tensor_map.h"
@@ -572,6 +573,10 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMa
   FP4MOE_CHECK(smem <= static_cast<size_t>(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)),
                "grouped GEMM (sm90): the kernel needs {} bytes of shared memory per block, the device offers {}",
                smem, current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  check_setmaxnreg_pool(reinterpret_cast<const void*>(kernel),
+                        kMx ? "grouped_gemm_sm90_kernel (MXFP4 operand)" : "grouped_gemm_sm90_kernel (FP8)", kThreads,
+                        {kMx ? kConsumerRegsMx : kConsumerRegs, kMx ? kConsumerRegsMx : kConsumerRegs,
+                         kMx ? kProducerRegsMx : kProducerRegs});
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   // At most ceil(M / 128) + G row blocks over all groups: no CTA beyond the tiles.
   const int64_t max_tiles = (ceil_div(p.M, kBlockM) + p.G) * (p.P / L::kBlockN);

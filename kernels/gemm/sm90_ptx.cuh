@@ -112,7 +112,8 @@ __device__ __forceinline__ void st_global_v4(void* p, uint32_t a, uint32_t b, ui
 // to that pool and setmaxnreg.inc waits until the pool has what it asks for (PTX ISA, setmaxnreg): if the counts
 // after reallocation sum to more than the pool, the increasing warpgroups wait forever. Each count must also be a
 // multiple of 8 in [24, 256] (setmaxnreg's operand). The pool assumes the kernel is compiled to that count per
-// thread (ptxas -v: "Used 168 registers" for 384 threads); a kernel compiled to fewer holds fewer.
+// thread (ptxas -v: "Used 168 registers" for 384 threads); a kernel compiled to fewer holds fewer, which
+// check_setmaxnreg_pool (kernels/gemm/setmaxnreg_check.h) refuses before the launch.
 constexpr bool setmaxnreg_fits(uint32_t threads, uint32_t producer_threads, uint32_t producer_regs,
                                uint32_t consumer_regs) {
   const auto valid = [](uint32_t r) { return r % 8 == 0 && r >= 24 && r <= 256; };

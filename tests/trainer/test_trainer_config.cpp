@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -528,6 +529,67 @@ TEST(TrainerConfig, AdamWMomentsOption) {
   expect_error_with([&] { parse_config_args({"--config", file_with("moments = \"half\"")}); },
                     {"train.moments = 'half'", "expected fp32 or bf16"});
   expect_error_with([&] { parse_config_args({"--config", file_with("moments = 2")}); }, {"train.moments"});
+}
+
+// A value rejected while the options are converted (text choices, recipes, the seed) is reported with where it came
+// from: the flag when given on the command line (also over a config file, whose value it overrides), the file when
+// read from it; never the file for a command-line value.
+TEST(TrainerConfig, RejectedValuesNameTheirOrigin) {
+  const test::TempDir dir;
+  const std::string tiny = preset("tiny");
+  struct Case {
+    const char* key;   // section.key
+    const char* line;  // the start of the key's line in configs/tiny.toml
+    const char* bad;   // a value it rejects, as the command line gives it
+    const char* good;  // a value it takes
+  };
+  const Case cases[] = {{"train.moments", "moments = ", "fp16", "bf16"},
+                        {"moe.router", "router = ", "v4", "v2"},
+                        {"train.non_finite", "non_finite = ", "ignore", "skip"},
+                        {"model.attention_backend", "attention_backend = ", "flash", "auto"},
+                        {"recipe.attention", "attention = \"", "fp4", "bf16"},
+                        {"recipe.dense_mlp", "dense_mlp = \"", "fp8 fprop=fp4", "bf16"},
+                        {"recipe.shared_experts", "shared_experts = \"", "mxfp4 input=mxfp4", "bf16"},
+                        {"recipe.routed_experts", "routed_experts = \"", "bf16 fprop=fp8", "bf16"},
+                        {"train.seed", "seed = ", "-3", "7"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    const std::string key = c.key, flag = "--" + key, name = key.substr(key.find('.') + 1);
+    // On the command line, over the file's good value: the flag, not the file.
+    std::vector<std::vector<std::string>> command_lines = {{"--config", tiny, flag + "=" + c.bad}};
+    if (c.bad[0] != '-') command_lines.push_back({"--config", tiny, flag, c.bad});
+    for (const std::vector<std::string>& args : command_lines) {
+      const std::string msg = test::error_message([&] { parse_config_args(args); });
+      EXPECT_EQ(msg.rfind("command line " + flag + ": " + key, 0), 0u) << msg;
+      EXPECT_EQ(msg.find(tiny), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("config file"), std::string::npos) << msg;
+    }
+    // In the file: the file, not a flag.
+    const std::string value = key == "train.seed" ? c.bad : fmt::format("\"{}\"", c.bad);
+    const std::string text = tiny_text_with({{c.line, fmt::format("{} = {}", name, value)}});
+    ASSERT_NE(text.find(fmt::format("\n{} = {}\n", name, value)), std::string::npos);
+    const std::string path = dir.write(name + ".toml", text);
+    const std::string msg = test::error_message([&] { parse_config_args({"--config", path}); });
+    EXPECT_EQ(msg.rfind(fmt::format("config file '{}': {}", path, key), 0), 0u) << msg;
+    EXPECT_EQ(msg.find(flag), std::string::npos) << msg;
+    // A good value on the command line wins over the file's bad one.
+    EXPECT_NO_THROW(parse_config_args({"--config", path, flag, c.good}));
+  }
+}
+
+TEST(TrainerConfig, OriginNamesTheFlagTheFileOrTheDefault) {
+  const test::TempDir dir;
+  const std::string path = dir.write("c.toml", tiny_text_with({{"moments = ", "moments = \"bf16\""}}));
+  TrainerConfig cfg;
+  CLI::App app{"test"};
+  ConfigOptions options(app, cfg);
+  std::vector<std::string> args = {"--config", path, "--train.lr", "1e-3"};
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  options.load_config_file();
+  EXPECT_EQ(options.origin("train.lr"), "command line --train.lr");
+  EXPECT_EQ(options.origin("train.moments"), fmt::format("config file '{}'", path));
+  EXPECT_EQ(options.origin("train.grad_clip"), "default of train.grad_clip");
 }
 
 }  // namespace
