@@ -8,6 +8,7 @@
 
 #include "kernels/common/check.h"
 #include "kernels/gemm/grouped_gemm_sm90.h"
+#include "kernels/gemm/setmaxnreg_check.h"
 #include "kernels/gemm/sm90_grouped_device.cuh"
 #include "kernels/gemm/sm90_ptx.cuh"
 #include "kernels/quant/cp_async.cuh"
@@ -287,6 +288,8 @@ void launch(const WgradParams& p, cudaStream_t stream) {
   FP4MOE_CHECK(smem <= static_cast<size_t>(optin),
                "grouped Wgrad (sm90): the kernel needs {} bytes of shared memory per block, the device offers {}", smem,
                optin);
+  check_setmaxnreg_pool(reinterpret_cast<const void*>(kernel), "grouped_wgrad_sm90_kernel", kThreads,
+                        {kConsumerRegs, kConsumerRegs, kProducerRegs});
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int64_t tiles = int64_t{p.G} * (p.N / kTile) * (p.K / kTile);
   const int64_t grid = std::min<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount), tiles);
