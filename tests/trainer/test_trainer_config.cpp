@@ -549,7 +549,7 @@ TEST(TrainerConfig, RejectedValuesNameTheirOrigin) {
                         {"model.attention_backend", "attention_backend = ", "flash", "auto"},
                         {"recipe.attention", "attention = \"", "fp4", "bf16"},
                         {"recipe.dense_mlp", "dense_mlp = \"", "fp8 fprop=fp4", "bf16"},
-                        {"recipe.shared_experts", "shared_experts = \"", "mxfp4 input=mxfp4", "bf16"},
+                        {"recipe.shared_experts", "shared_experts = \"", "mxfp4 rounding=up", "bf16"},
                         {"recipe.routed_experts", "routed_experts = \"", "bf16 fprop=fp8", "bf16"},
                         {"train.seed", "seed = ", "-3", "7"}};
   for (const Case& c : cases) {
@@ -589,7 +589,7 @@ TEST(TrainerConfig, OriginNamesTheFlagTheFileOrTheDefault) {
   options.load_config_file();
   EXPECT_EQ(options.origin("train.lr"), "command line --train.lr");
   EXPECT_EQ(options.origin("train.moments"), fmt::format("config file '{}'", path));
-  EXPECT_EQ(options.origin("train.grad_clip"), "default of train.grad_clip");
+  EXPECT_EQ(options.origin("parallel.routed_load"), "default of parallel.routed_load");
 }
 
 }  // namespace
