@@ -52,10 +52,13 @@ std::vector<int64_t> group_of_rows(const int32_t* offsets, int64_t G, int64_t M)
   return group;
 }
 
+// The operands may be null when there are no tokens (M = 0: nothing is read); the output only where it is then
+// empty too (Fprop, Dgrad: [0, N]), not for Wgrad ([G, N, K] zeros).
 void check_args(const char* what, const void* a, const void* b, const void* out, int64_t M, int64_t N, int64_t K,
-                const int32_t* offsets, int64_t G) {
+                const int32_t* offsets, int64_t G, bool out_empty_without_tokens) {
   FP4MOE_CHECK(M >= 0 && N >= 1 && K >= 1, "{}: expected M >= 0, N >= 1, K >= 1, got M={} N={} K={}", what, M, N, K);
-  FP4MOE_CHECK(a && b && out, "{}: null operand or output", what);
+  FP4MOE_CHECK(M == 0 || (a && b), "{}: null operand with M = {} tokens", what, M);
+  FP4MOE_CHECK(out || (M == 0 && out_empty_without_tokens), "{}: null output", what);
   validate_group_offsets(offsets, G, M, what);
 }
 
@@ -64,7 +67,7 @@ void check_args(const char* what, const void* a, const void* b, const void* out,
 void grouped_fprop_ref(const float* x, const float* w, int64_t M, int64_t N, int64_t K, const int32_t* offsets,
                        int64_t G, float* y, std::span<const int64_t> rows) {
   const char* what = "grouped_fprop_ref";
-  check_args(what, x, w, y, M, N, K, offsets, G);
+  check_args(what, x, w, y, M, N, K, offsets, G, true);
   const auto todo = rows_to_compute(rows, M, what);
   const auto group = group_of_rows(offsets, G, M);
   parallel_for(static_cast<int64_t>(todo.size()), [&](int64_t i) {
@@ -82,7 +85,7 @@ void grouped_fprop_ref(const float* x, const float* w, int64_t M, int64_t N, int
 void grouped_dgrad_ref(const float* dy, const float* w, int64_t M, int64_t N, int64_t K, const int32_t* offsets,
                        int64_t G, float* dx, std::span<const int64_t> rows) {
   const char* what = "grouped_dgrad_ref";
-  check_args(what, dy, w, dx, M, N, K, offsets, G);
+  check_args(what, dy, w, dx, M, N, K, offsets, G, true);
   const auto todo = rows_to_compute(rows, M, what);
   const auto group = group_of_rows(offsets, G, M);
   parallel_for(static_cast<int64_t>(todo.size()), [&](int64_t i) {
@@ -101,7 +104,7 @@ void grouped_dgrad_ref(const float* dy, const float* w, int64_t M, int64_t N, in
 void grouped_wgrad_ref(const float* dy, const float* x, int64_t M, int64_t N, int64_t K, const int32_t* offsets,
                        int64_t G, float* dw, std::span<const int64_t> rows) {
   const char* what = "grouped_wgrad_ref";
-  check_args(what, dy, x, dw, M, N, K, offsets, G);
+  check_args(what, dy, x, dw, M, N, K, offsets, G, false);
   const auto todo = rows_to_compute(rows, N, what);
   const int64_t items = G * static_cast<int64_t>(todo.size());
   parallel_for(items, [&](int64_t i) {
