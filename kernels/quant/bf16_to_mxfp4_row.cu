@@ -244,7 +244,7 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
         // Chunk j's 8 consecutive flat indices start at a multiple of 8 (one hash, as mx_sr_bits8 packs them):
         // hash n0 + j.
         const uint64_t n0 = (p.index_base + static_cast<uint64_t>(b) * kMxBlock) / 8;
-        if (e >= detail::kSrBf16x2MinExponent) {  // every block but those of amax < 2^-108
+        if (e >= detail::kSrBf16x2MinExponent) {  // all but tiny blocks (amax below about 2^-108)
           const __nv_bfloat162 inv2 = detail::sr_bf16x2_scale(e);
 #pragma unroll
           for (int j = 0; j < 4; ++j)

@@ -260,22 +260,19 @@ __device__ __forceinline__ uint32_t encode_chunk_stochastic_bf16x2(const uint4& 
                                                                    const ChunkDraws& d) {
   constexpr uint32_t kSixes = 0x48C048C0u;  // 6 2^16 in both halves
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  float a[kMxChunk];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t m = bits_of_bf162(
-        __hmin2(__hmul2_rn(bf162_from_bits(w[i] & 0x7FFF7FFFu), inv2_x65536), bf162_from_bits(kSixes)));
-    a[2 * i] = __uint_as_float(m << 16);
-    a[2 * i + 1] = __uint_as_float(m & 0xFFFF0000u);
-  }
   uint32_t offset[2][4];  // element i's draw offset in offset[i / 4][i % 4]
   sr_draw_offsets(d.word[0], offset[0]);
   sr_draw_offsets(d.word[1], offset[1]);
-  uint32_t codes = 0;  // Horner's rule from the last element, as encode_chunk_stochastic
+  uint32_t codes = 0;  // Horner's rule from the last element, as encode_chunk_stochastic; a pair at a time
 #pragma unroll
-  for (int i = kMxChunk - 1; i >= 0; --i) {
-    const uint32_t code = e2m1_sr_step(e2m1_sr_fixed_x65536(a[i]), offset[i / 4][i % 4]);
-    asm("mad.lo.u32 %0, %0, 16, %1;" : "+r"(codes) : "r"(code));
+  for (int i = 3; i >= 0; --i) {
+    const uint32_t m = bits_of_bf162(
+        __hmin2(__hmul2_rn(bf162_from_bits(w[i] & 0x7FFF7FFFu), inv2_x65536), bf162_from_bits(kSixes)));
+    const uint32_t hi = e2m1_sr_step(e2m1_sr_fixed_x65536(__uint_as_float(m & 0xFFFF0000u)),
+                                     offset[(2 * i + 1) / 4][(2 * i + 1) % 4]);
+    asm("mad.lo.u32 %0, %0, 16, %1;" : "+r"(codes) : "r"(hi));
+    const uint32_t lo = e2m1_sr_step(e2m1_sr_fixed_x65536(__uint_as_float(m << 16)), offset[(2 * i) / 4][(2 * i) % 4]);
+    asm("mad.lo.u32 %0, %0, 16, %1;" : "+r"(codes) : "r"(lo));
   }
   return codes | chunk_sign_bits(v);
 }
