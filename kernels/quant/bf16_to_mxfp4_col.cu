@@ -1,10 +1,9 @@
 // BF16 -> MXFP4 column quantization (bf16_to_mxfp4_col.h).
 // bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
-// Four kernels with the same bits (detail::MxColKernel): the staged kernel, which the quantizers run
-// (mx_col_staged.cuh), the block-per-thread kernel whose thread work it shares (mx_col_block.cuh), and two earlier
-// ones kept to be timed beside them: the register-tile kernel, described above its definition below, and the
-// shared-tile kernel, which works as follows.
+// Three kernels with the same bits (detail::MxColKernel): the block-per-thread kernel, which the quantizers run
+// (mx_col_block.cuh), and two earlier ones kept to be timed beside it: the register-tile kernel, described above
+// its definition below, and the shared-tile kernel, which works as follows.
 // One thread block per tile of 128 rows (one token block of a group, or of the dense tensor) x 32 columns of X:
 // grid (token-block slots, column tiles). The block loads the tile with 16-byte loads (four per row) into shared
 // memory, rows padded to 34 BF16 so that the transposed reads below meet no bank conflicts; for stochastic
@@ -23,7 +22,6 @@
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mx_col_block.cuh"
 #include "kernels/quant/mx_col_device.cuh"
-#include "kernels/quant/mx_col_staged.cuh"
 #include "kernels/quant/mx_quant_device.cuh"
 #include "kernels/quant/mx_row_checks.h"
 
@@ -224,7 +222,6 @@ bf16_to_mxfp4_col_regs_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t
 
 using ColKernelFn = void (*)(const bf16*, MxColParams, uint8_t*, uint8_t*);
 
-// The non-staged kernels (staged: launch_staged).
 template <bool kRagged, Rounding kRounding, HadamardTransform kTransform>
 ColKernelFn col_kernel(detail::MxColKernel kernel) {
   switch (kernel) {
@@ -268,49 +265,11 @@ ColKernelFn col_kernel(detail::MxColKernel kernel, HadamardTransform t) {
   }
 }
 
-using StagedKernelFn = void (*)(const bf16*, MxColParams, uint8_t*, uint8_t*, long long, int);
-
-template <bool kRagged, Rounding kRounding>
-StagedKernelFn staged_kernel(HadamardTransform t) {
-  switch (t) {
-    case HadamardTransform::h16:
-      return detail::bf16_to_mxfp4_col_staged_kernel<kRounding, HadamardTransform::h16, kRagged>;
-    case HadamardTransform::h32:
-      return detail::bf16_to_mxfp4_col_staged_kernel<kRounding, HadamardTransform::h32, kRagged>;
-    case HadamardTransform::rht:
-      return detail::bf16_to_mxfp4_col_staged_kernel<kRounding, HadamardTransform::rht, kRagged>;
-    default:
-      return detail::bf16_to_mxfp4_col_staged_kernel<kRounding, HadamardTransform::none, kRagged>;
-  }
-}
-
-// The staged kernel's persistent grid over `slots` token-block slots x ceil(K / 128) column tiles: as many blocks
-// as are resident at once on the current device (cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs), at most one
-// per tile, at most max_blocks when max_blocks > 0.
-template <bool kRagged>
-void launch_staged(const bf16* x, const MxColParams& p, int64_t slots, uint8_t* codes, uint8_t* scales,
-                   const MxQuantConfig& cfg, int64_t max_blocks, cudaStream_t stream) {
-  const StagedKernelFn fn = cfg.rounding == Rounding::rne ? staged_kernel<kRagged, Rounding::rne>(cfg.transform)
-                                                          : staged_kernel<kRagged, Rounding::stochastic>(cfg.transform);
-  const int64_t col_tiles = ceil_div(p.K, int64_t{detail::kColStagedTileCols});
-  const int64_t tiles = slots * col_tiles;
-  int device = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, detail::kColStagedThreads, 0));
-  int64_t blocks = int64_t{sms} * (per_sm > 0 ? per_sm : 1);
-  if (max_blocks > 0 && max_blocks < blocks) blocks = max_blocks;
-  if (tiles < blocks) blocks = tiles;
-  fn<<<static_cast<unsigned>(blocks), detail::kColStagedThreads, 0, stream>>>(x, p, codes, scales, tiles,
-                                                                               static_cast<int>(col_tiles));
-  CUDA_CHECK_LAUNCH();
-}
-
 // Pointer checks and the launch of both forms (arguments already checked).
 template <bool kRagged>
 void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int64_t M, int64_t K,
                 const int32_t* offsets, int64_t G, uint8_t* codes, uint8_t* scales, const MxQuantConfig& cfg,
-                unsigned long long* nonfinite_blocks, int64_t max_blocks, cudaStream_t stream) {
+                unsigned long long* nonfinite_blocks, cudaStream_t stream) {
   detail::check_mx_pointer(what, "x", x, 16);
   detail::check_mx_pointer(what, "codes", codes, 16);
   detail::check_mx_pointer(what, "scales", scales, 1);
@@ -318,10 +277,6 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
   const MxColParams p{cfg.scale_mode, cfg.seed, static_cast<uint64_t>(cfg.row_offset), cfg.rht_seed, M, K, offsets,
                     static_cast<int>(G), nonfinite_blocks};
   const int64_t slots = ceil_div(M, int64_t{kTileRows}) + (kRagged ? G : 0);
-  if (kernel == detail::MxColKernel::staged) {
-    launch_staged<kRagged>(x, p, slots, codes, scales, cfg, max_blocks, stream);
-    return;
-  }
   const int64_t max_y = detail::kMxColMaxGridY;
   const dim3 grid = kernel == detail::MxColKernel::shared_tile
                         ? dim3(static_cast<unsigned>(slots), static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})))
@@ -340,33 +295,33 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
 namespace detail {
 
 MxColKernel mx_col_default_kernel(Rounding, HadamardTransform) {
-  // staged for every option: block_per_thread's instructions per element (quantize_col_block) plus one 8-byte shared
-  // load per row and 16 copies per 128 x 128 tile, with the next tile's loads in flight during the current one's
-  // work instead of a load phase per thread block (mx_col_staged.cuh). bench_quant times block_per_thread beside it
-  // (bf16_to_mxfp4_col_blocks/) for the measurement that confirms the choice.
-  return MxColKernel::staged;
+  // block_per_thread for every option: its SASS needs fewer instructions per element than register_tile's for each
+  // of them (the block rule once per MX block instead of per chunk of 8 over shuffles, no transpose, the transform
+  // without shuffles), counted as reports/results/h200/quant-speed-ranks-20261202/NOTES-speed.md describes; bench_quant
+  // times the other kernels beside it (bf16_to_mxfp4_col_regs/, _shared/) for the measurement that confirms it.
+  return MxColKernel::block_per_thread;
 }
 
 void bf16_to_mxfp4_col_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
                              uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
-                             cudaStream_t stream, int64_t max_blocks) {
+                             cudaStream_t stream) {
   const char* what = "bf16_to_mxfp4_col";
   check_mx_col_config(what, M, K, false, cfg);
   if (M == 0) return;
-  launch_col<false>(kernel, what, x, M, K, nullptr, 1, codes, scales, cfg, nonfinite_blocks, max_blocks, stream);
+  launch_col<false>(kernel, what, x, M, K, nullptr, 1, codes, scales, cfg, nonfinite_blocks, stream);
 }
 
 void bf16_to_mxfp4_col_ragged_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, const int32_t* offsets,
                                     int64_t G, const int32_t* host_offsets, uint8_t* codes, uint8_t* scales,
                                     const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
-                                    cudaStream_t stream, int64_t max_blocks) {
+                                    cudaStream_t stream) {
   const char* what = "bf16_to_mxfp4_col_ragged";
   check_mx_col_config(what, M, K, true, cfg);
   FP4MOE_CHECK(G >= 1 && G <= kMaxColGroups, "{}: G must be in [1, {}], got G={}", what, kMaxColGroups, G);
   FP4MOE_CHECK(offsets != nullptr, "{}: device group offsets are null (expected int32 [G+1] = [{}])", what, G + 1);
   if (host_offsets != nullptr) validate_group_offsets(host_offsets, G, M, what);
   if (M == 0) return;  // every group is empty: the layout has no element
-  launch_col<true>(kernel, what, x, M, K, offsets, G, codes, scales, cfg, nonfinite_blocks, max_blocks, stream);
+  launch_col<true>(kernel, what, x, M, K, offsets, G, codes, scales, cfg, nonfinite_blocks, stream);
 }
 
 }  // namespace detail

@@ -69,25 +69,21 @@ namespace detail {
 // The argument checks of the column quantizers (`what` names the caller; `ragged`: any M, else M % 32 == 0).
 void check_mx_col_config(const char* what, int64_t M, int64_t K, bool ragged, const MxQuantConfig& cfg);
 
-// The four kernels behind the column quantizers (bf16_to_mxfp4_col.cu), which give the same bits:
-// staged (mx_col_staged.cuh: block_per_thread's thread work in a persistent grid of 128-thread blocks whose next
-// 128 x 128 tile is copied to shared memory with cp.async while the current one is quantized), block_per_thread
-// (mx_col_block.cuh: each thread quantizes one MX block of 4 adjacent columns, the block rule once per block, no
-// transpose), register_tile (each thread loads 8 rows x 8 columns and transposes them in registers, the block rule
-// per chunk of 8 over shuffles) and shared_tile (the earliest: 128 x 32 tiles transposed through shared memory).
-// bf16_to_mxfp4_col and bf16_to_mxfp4_col_ragged run mx_col_default_kernel(rounding, transform); bench_quant and
-// the GPU tests run all four. Same arguments and rejections as the public forms. max_blocks (staged only; others
-// ignore it): when > 0, at most that many thread blocks, each then taking more tiles (the tests use it to run the
-// persistent loop over many tiles on small inputs); 0: as many as are resident at once on the device.
-enum class MxColKernel : int { register_tile = 0, shared_tile = 1, block_per_thread = 2, staged = 3 };
+// The three kernels behind the column quantizers (bf16_to_mxfp4_col.cu), which give the same bits:
+// block_per_thread (mx_col_block.cuh: each thread quantizes one MX block of 4 adjacent columns, the block rule once
+// per block, no transpose), register_tile (each thread loads 8 rows x 8 columns and transposes them in registers,
+// the block rule per chunk of 8 over shuffles) and shared_tile (the earliest: 128 x 32 tiles transposed through
+// shared memory). bf16_to_mxfp4_col and bf16_to_mxfp4_col_ragged run mx_col_default_kernel(rounding, transform);
+// bench_quant and the GPU tests run all three. Same arguments and rejections as the public forms.
+enum class MxColKernel : int { register_tile = 0, shared_tile = 1, block_per_thread = 2 };
 MxColKernel mx_col_default_kernel(Rounding rounding, HadamardTransform transform);
 void bf16_to_mxfp4_col_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
                              uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
-                             cudaStream_t stream, int64_t max_blocks = 0);
+                             cudaStream_t stream);
 void bf16_to_mxfp4_col_ragged_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, const int32_t* offsets,
                                     int64_t G, const int32_t* host_offsets, uint8_t* codes, uint8_t* scales,
                                     const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
-                                    cudaStream_t stream, int64_t max_blocks = 0);
+                                    cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace fp4moe

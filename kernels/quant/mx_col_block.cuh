@@ -2,8 +2,6 @@
 // detail::MxColKernel::block_per_thread): one thread quantizes 4 adjacent columns x 32 rows of X, one MX block of
 // each of 4 rows of X^T, as the row quantizer's block-per-thread kernel does one block of a row: the block rule once
 // per block, the transform in registers with constant indices, one stochastic-rounding hash per 8 elements.
-// Its thread work (quantize_col_block) is also that of the staged kernel (mx_col_staged.cuh), which the quantizers
-// run; this kernel stays to be timed beside it (bench_quant bf16_to_mxfp4_col_blocks/).
 //
 // Registers: row i of the thread's block is one 8-byte load, two 32-bit words, word i of column pair 0 (columns
 // k0, k0 + 1 in its low and high halves) and of pair 1 (k0 + 2, k0 + 3). Every step works on a pair's words as
@@ -212,9 +210,7 @@ __device__ __forceinline__ void encode_col_block_rne(const PairWords (&w)[2], co
 // (mx_sr_bits8). The lane 2 apart (lane ^ 2) holds the other 4 columns of the same 8 and the same rows, so it needs
 // the same hashes: each lane of the pair computes those of the rows with i % 2 == half (`counter`: the counter of
 // row `half`'s hash; `pair_step`: the counter's step over two rows) and hands the other half to its partner with one
-// shuffle. kPartnerXor: the partner's lane is lane ^ kPartnerXor (2 in this kernel, 1 in the staged kernel,
-// mx_col_staged.cuh). `lanes`: the lanes running this (partners come in pairs).
-template <int kPartnerXor>
+// shuffle. `lanes`: the lanes running this (partners come in pairs).
 __device__ __forceinline__ void encode_col_block_sr(const PairWords (&w)[2], const ColBlockScale (&s)[4],
                                                     uint64_t counter, uint64_t pair_step, uint32_t half,
                                                     unsigned lanes, uint32_t (&codes)[4][4]) {
@@ -227,7 +223,7 @@ __device__ __forceinline__ void encode_col_block_sr(const PairWords (&w)[2], con
     const uint64_t h = sr_hash_once(counter);  // the hash of row 2 p + half
     const uint32_t lo = static_cast<uint32_t>(h), hi = static_cast<uint32_t>(h >> 32);
     const uint32_t own = half != 0 ? hi : lo;
-    const uint32_t other = __shfl_xor_sync(lanes, half != 0 ? lo : hi, kPartnerXor);  // the partner's row's half
+    const uint32_t other = __shfl_xor_sync(lanes, half != 0 ? lo : hi, 2);  // the partner's row's half
     const uint32_t draws[2] = {half != 0 ? other : own, half != 0 ? own : other};  // rows 2 p, 2 p + 1
     uint32_t c[2][2];  // [pair][row 2p + r]: magnitude codes, first column in bits 0..2, second in 16..18
 #pragma unroll
@@ -255,54 +251,6 @@ __device__ __forceinline__ void encode_col_block_sr(const PairWords (&w)[2], con
                         codes[2 * q + 1][j]);
 }
 
-// The rule on one thread's MX block of 4 columns (k0 .. k0 + 3, k0 % 4 == 0, all < K) x 32 rows (r0 .. r0 + 31 of
-// token block tb, r0 < its padded rows) held in w (rows past the tokens zeros), the codes and scales stored to the
-// layout. Returns the NaN/Inf blocks among the 4. kPartnerXor, lanes: encode_col_block_sr's (stochastic rounding).
-template <Rounding kRounding, HadamardTransform kTransform, int kPartnerXor>
-__device__ __forceinline__ unsigned quantize_col_block(PairWords (&w)[2], const MxColParams& p, const TokenBlock& tb,
-                                                       int64_t k0, int r0, unsigned lanes, uint8_t* __restrict__ codes,
-                                                       uint8_t* __restrict__ scales) {
-  if constexpr (kTransform != HadamardTransform::none) {
-    if constexpr (kTransform == HadamardTransform::rht)
-      flip_row_signs(w, rht_sign_bits32(p.rht_seed, static_cast<uint64_t>(tb.col0 + r0)));  // group position
-    transform_pair<kTransform>(w[0]);
-    transform_pair<kTransform>(w[1]);
-  }
-  const uint32_t amax0 = pair_amax_bits(w[0]), amax1 = pair_amax_bits(w[1]);
-  const ColBlockScale s[4] = {col_block_scale(amax0 & 0xFFFFu, p.mode), col_block_scale(amax0 >> 16, p.mode),
-                              col_block_scale(amax1 & 0xFFFFu, p.mode), col_block_scale(amax1 >> 16, p.mode)};
-  uint32_t out[4][4];  // column k0 + c's 16 code bytes
-  if constexpr (kRounding == Rounding::rne) {
-    encode_col_block_rne(w, s, out);
-  } else {
-    // Element (r0, k0) has flat index (row_offset + row0 + r0) K + k0, 4 half past a multiple of 8; row i is
-    // K / 8 hashes on.
-    const uint64_t first = (p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
-                           static_cast<uint64_t>(k0);
-    const uint32_t half = static_cast<uint32_t>(k0 >> 2) & 1u;
-    const uint64_t row_hashes = static_cast<uint64_t>(p.K) / 8;
-    encode_col_block_sr<kPartnerXor>(w, s, mx_sr_counter(p.seed, first / 8 + half * row_hashes),
-                                     2 * row_hashes * kMxSrWeyl, half, lanes, out);
-  }
-  const unsigned nonfinite = s[0].nonfinite + s[1].nonfinite + s[2].nonfinite + s[3].nonfinite;
-  if (nonfinite != 0) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-      if (s[c].nonfinite) out[c][0] = out[c][1] = out[c][2] = out[c][3] = 0;  // a NaN/Inf block: codes 0
-  }
-  // Column k0 + c is c rows of X^T (ld elements: ld / 32 blocks of 16 code bytes and 1 scale byte) further.
-  const int64_t e0 = col_layout_offset(tb, k0, r0);  // a multiple of 32
-  uint4* const code0 = reinterpret_cast<uint4*>(codes) + e0 / kMxBlock;
-  uint8_t* const scale0 = scales + e0 / kMxBlock;
-  const uint32_t ld_blocks = static_cast<uint32_t>(tb.ld / kMxBlock);
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    code0[c * ld_blocks] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
-    scale0[c * ld_blocks] = s[c].scale;
-  }
-  return nonfinite;
-}
-
 template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
 __global__ void __launch_bounds__(kColBlockThreads, col_block_min_blocks(kRounding, kTransform))
 bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
@@ -320,7 +268,44 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
   if (in) {
     PairWords w[2];
     load_col_block(x + (tb.row0 + r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - r0, kMxBlock), w);
-    nonfinite = quantize_col_block<kRounding, kTransform, 2>(w, p, tb, k0, r0, lanes, codes, scales);
+    if constexpr (kTransform != HadamardTransform::none) {
+      if constexpr (kTransform == HadamardTransform::rht)
+        flip_row_signs(w, rht_sign_bits32(p.rht_seed, static_cast<uint64_t>(tb.col0 + r0)));  // group position
+      transform_pair<kTransform>(w[0]);
+      transform_pair<kTransform>(w[1]);
+    }
+    const uint32_t amax0 = pair_amax_bits(w[0]), amax1 = pair_amax_bits(w[1]);
+    const ColBlockScale s[4] = {col_block_scale(amax0 & 0xFFFFu, p.mode), col_block_scale(amax0 >> 16, p.mode),
+                                col_block_scale(amax1 & 0xFFFFu, p.mode), col_block_scale(amax1 >> 16, p.mode)};
+    uint32_t out[4][4];  // column k0 + c's 16 code bytes
+    if constexpr (kRounding == Rounding::rne) {
+      encode_col_block_rne(w, s, out);
+    } else {
+      // Element (r0, k0) has flat index (row_offset + row0 + r0) K + k0, 4 half past a multiple of 8; row i is
+      // K / 8 hashes on.
+      const uint64_t first = (p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
+                             static_cast<uint64_t>(k0);
+      const uint32_t half = static_cast<uint32_t>(k0 >> 2) & 1u;
+      const uint64_t row_hashes = static_cast<uint64_t>(p.K) / 8;
+      encode_col_block_sr(w, s, mx_sr_counter(p.seed, first / 8 + half * row_hashes), 2 * row_hashes * kMxSrWeyl,
+                          half, lanes, out);
+    }
+    nonfinite = s[0].nonfinite + s[1].nonfinite + s[2].nonfinite + s[3].nonfinite;
+    if (nonfinite != 0) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (s[c].nonfinite) out[c][0] = out[c][1] = out[c][2] = out[c][3] = 0;  // a NaN/Inf block: codes 0
+    }
+    // Column k0 + c is c rows of X^T (ld elements: ld / 32 blocks of 16 code bytes and 1 scale byte) further.
+    const int64_t e0 = col_layout_offset(tb, k0, r0);  // a multiple of 32
+    uint4* const code0 = reinterpret_cast<uint4*>(codes) + e0 / kMxBlock;
+    uint8_t* const scale0 = scales + e0 / kMxBlock;
+    const uint32_t ld_blocks = static_cast<uint32_t>(tb.ld / kMxBlock);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      code0[c * ld_blocks] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
+      scale0[c * ld_blocks] = s[c].scale;
+    }
   }
   if (p.nonfinite_blocks != nullptr) {
     const unsigned warp_total = __reduce_add_sync(0xFFFFFFFFu, nonfinite);

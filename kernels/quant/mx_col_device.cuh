@@ -1,7 +1,6 @@
-// What the kernels of the BF16 -> MXFP4 column quantizers share (bf16_to_mxfp4_col.cu, mx_col_block.cuh,
-// mx_col_staged.cuh): their parameters, the token block of 128 rows a thread block quantizes (a slot of the dense
-// tensor, or found from the ragged groups' device offsets) and where a run of tokens of one column sits in the layout
-// (bf16_to_mxfp4_col.h).
+// What the kernels of the BF16 -> MXFP4 column quantizers share (bf16_to_mxfp4_col.cu, mx_col_block.cuh): their
+// parameters, the token block of 128 rows a thread block quantizes (a slot of the dense tensor, or found from the
+// ragged groups' device offsets) and where a run of tokens of one column sits in the layout (bf16_to_mxfp4_col.h).
 #pragma once
 
 #include <cstdint>

@@ -35,28 +35,27 @@ struct ColRun {
 };
 
 // The kernels behind the column quantizers (bf16_to_mxfp4_col.h): each must give the reference's bits.
-constexpr detail::MxColKernel kAllKernels[] = {detail::MxColKernel::staged, detail::MxColKernel::block_per_thread,
+constexpr detail::MxColKernel kAllKernels[] = {detail::MxColKernel::block_per_thread,
                                                detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile};
 
 // The dense (offsets empty) or ragged GPU quantizer into outputs of `codes_n` and `scales_n` bytes, poisoned first.
 ColRun run_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const std::vector<int32_t>& offsets,
                int64_t codes_n, int64_t scales_n, const MxQuantConfig& cfg, bool pass_host_offsets,
-               detail::MxColKernel kernel, int64_t max_blocks = 0) {
+               detail::MxColKernel kernel) {
   Guarded<bf16> dx(static_cast<size_t>(M * K));
   Guarded<uint8_t> codes(static_cast<size_t>(codes_n)), scales(static_cast<size_t>(scales_n));
   DeviceBuffer<unsigned long long> counter(1);
   dx.upload(x);
   CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
   if (offsets.empty()) {
-    detail::bf16_to_mxfp4_col_using(kernel, dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr,
-                                    max_blocks);
+    detail::bf16_to_mxfp4_col_using(kernel, dx.ptr(), M, K, codes.ptr(), scales.ptr(), cfg, counter.ptr, nullptr);
   } else {
     DeviceBuffer<int32_t> d_offsets(offsets.size());
     d_offsets.upload(offsets);
     const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
     detail::bf16_to_mxfp4_col_ragged_using(kernel, dx.ptr(), M, K, d_offsets.ptr, G,
                                            pass_host_offsets ? offsets.data() : nullptr, codes.ptr(), scales.ptr(),
-                                           cfg, counter.ptr, nullptr, max_blocks);
+                                           cfg, counter.ptr, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
   }
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -166,55 +165,6 @@ TEST(Bf16ToMxfp4ColGpu, StochasticRoundingDoesNotDependOnTheLaunchSplit) {
         }
       }
     }
-}
-
-// The staged kernel's persistent loop: few thread blocks (max_blocks 1, 2, 5), each taking many 128 x 128 tiles in
-// turn, the next tile's copies in flight while the current one is quantized. Dense shapes with M not a multiple of
-// 64 or 128 and K not a multiple of 128 (partial tiles, and K = 16: one partial column tile); ragged splits with
-// empty groups, groups of 1, 33, 63 and 303 tokens, and the empty slots past the last token block.
-TEST(Bf16ToMxfp4ColGpu, StagedKernelTakesManyTilesPerThreadBlock) {
-  FP4MOE_REQUIRE_DEVICE();
-  const std::pair<int64_t, int64_t> dense[] = {{352, 200}, {96, 1032}, {32, 16}, {416, 136}};
-  const std::vector<std::vector<int32_t>> splits = {{0, 0, 1, 34, 97, 97, 400}, {0, 33, 33, 34}};
-  uint32_t seed = 60;
-  for (int64_t max_blocks : {int64_t{1}, int64_t{2}, int64_t{5}})
-    for (HadamardTransform t : kAllTransforms)
-      for (Rounding r : {Rounding::rne, Rounding::stochastic}) {
-        MxQuantConfig cfg = config(r, t, seed % 2 == 0 ? MxScaleMode::floor : MxScaleMode::ceil, seed);
-        cfg.row_offset = 77;
-        for (const auto& [M, K] : dense) {
-          SCOPED_TRACE(testing::Message() << "dense M=" << M << " K=" << K << " max_blocks=" << max_blocks
-                                          << " transform=" << int(t) << " rounding=" << int(r));
-          const std::vector<bf16> x = test::mx_random_bf16(M, K, seed, /*nonfinite=*/seed % 3 == 0);
-          std::vector<uint8_t> codes(M * K / 2), scales(M * K / 32);
-          const int64_t nonfinite = bf16_to_mxfp4_col_ref(x.data(), M, K, codes.data(), scales.data(), cfg);
-          const ColRun got =
-              run_gpu(x, M, K, {}, M * K / 2, M * K / 32, cfg, true, detail::MxColKernel::staged, max_blocks);
-          EXPECT_EQ(got.codes, codes);
-          EXPECT_EQ(got.scales, scales);
-          EXPECT_EQ(got.nonfinite, nonfinite);
-          EXPECT_TRUE(got.guards_intact);
-          ++seed;
-        }
-        for (const auto& offsets : splits)
-          for (int64_t K : {int64_t{16}, int64_t{136}}) {
-            const int64_t G = static_cast<int64_t>(offsets.size()) - 1, M = offsets.back();
-            SCOPED_TRACE(testing::Message() << "ragged M=" << M << " G=" << G << " K=" << K << " max_blocks="
-                                            << max_blocks << " transform=" << int(t) << " rounding=" << int(r));
-            const std::vector<bf16> x = test::mx_random_bf16(M, K, seed, /*nonfinite=*/seed % 3 == 1);
-            const int64_t codes_n = mxfp4_col_codes_capacity(M, K, G), scales_n = mxfp4_col_scales_capacity(M, K, G);
-            std::vector<uint8_t> codes(codes_n, test::kNanPoison), scales(scales_n, test::kNanPoison);
-            const int64_t nonfinite =
-                bf16_to_mxfp4_col_ragged_ref(x.data(), M, K, offsets.data(), G, codes.data(), scales.data(), cfg);
-            const ColRun got =
-                run_gpu(x, M, K, offsets, codes_n, scales_n, cfg, true, detail::MxColKernel::staged, max_blocks);
-            EXPECT_EQ(got.codes, codes);  // the poison past the extent included
-            EXPECT_EQ(got.scales, scales);
-            EXPECT_EQ(got.nonfinite, nonfinite);
-            EXPECT_TRUE(got.guards_intact);
-            ++seed;
-          }
-      }
 }
 
 // More than 65535 token blocks: the register-tile kernel's slots run over the grid's y and z dimensions.
