@@ -371,9 +371,11 @@ void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_
                             GemmOutput dw, cudaStream_t stream, int64_t token_pad) {
   const char* what = "grouped wgrad_fp8";
   if (runs_sm90_wgrad(N, K, split.G, token_pad)) {
-    // One launch from the device offsets: the host copy is not read here, so the token bound is the kernel's
-    // largest (the split must be valid, as everywhere); the kernel checks the arguments itself.
-    grouped_wgrad_fp8_sm90(dy, x, kWgradSm90MaxTokens, N, K, split.offsets, split.G, dw, stream, token_pad);
+    // One launch from the device offsets. With a host copy, the split is validated as on every path and its M
+    // bounds the kernel's reads; without one (a caller with no host synchronisation), the kernel's largest token
+    // bound, and the split must be valid. The kernel checks the other arguments itself.
+    const int64_t M = split.host_offsets != nullptr ? check_common(what, N, K, split, dw, true) : kWgradSm90MaxTokens;
+    grouped_wgrad_fp8_sm90(dy, x, M, N, K, split.offsets, split.G, dw, stream, token_pad);
     return;
   }
   check_common(what, N, K, split, dw, true);

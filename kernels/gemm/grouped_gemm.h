@@ -30,9 +30,11 @@
 // which reads the device offsets) instead of the per-expert calls where tuning().sm90 and the rule of
 // grouped_gemm_heuristics.h choose it and the kernel takes the shape (N, K multiples of 128, compute capability 9.0).
 // wgrad_fp8 (any output: BF16, FP32, FP32 accumulated) runs as one launch of the Hopper Wgrad kernel
-// (grouped_wgrad_sm90.h: tokens grouped by expert, offsets read on the device, the host copy not read) where
-// tuning().sm90 is always and the kernel takes the problem (N, K multiples of 128, G <= 1024, compute capability
-// 9.0); automatic keeps cuBLASLt for Wgrad until measured (grouped_gemm_heuristics.h grouped_wgrad_prefers_sm90).
+// (grouped_wgrad_sm90.h: tokens grouped by expert, offsets read on the device) where tuning().sm90 is always and
+// the kernel takes the problem (N, K multiples of 128, G <= 1024, compute capability 9.0); there a null host copy
+// of the offsets is accepted (nothing on that path needs it; the split must then be valid, its reads bounded by
+// the kernel's largest token count), and a given one is validated as everywhere. automatic keeps cuBLASLt for
+// Wgrad: the kernel runs at about half of cuBLASLt's rate (grouped_gemm_heuristics.h grouped_wgrad_prefers_sm90).
 //
 // Shape rules: N % 16 == 0 and K % 16 == 0 (FP8 tensor cores read 16-byte rows; the quantizers impose the same);
 // any M_g >= 0. All device pointers 16-byte aligned. Rejected with fp4moe::Error before anything is launched:
@@ -119,7 +121,7 @@ struct Fp8RowStack {
 // recomputed rows (a 4-row GEMM instead of their group's) may differ in the last bits from a one-stream run.
 // FP8 Fprop/Dgrad with 128x128 block weights into a BF16 output (fprop_fp8, dgrad_fp8) through the Hopper kernel
 // (grouped_gemm_sm90.h), and FP8 Wgrad (wgrad_fp8, any output) through grouped_wgrad_sm90.h, instead of one
-// cuBLASLt call per expert: automatic = where grouped_gemm_heuristics.h prefers it (never yet for Wgrad);
+// cuBLASLt call per expert: automatic = where grouped_gemm_heuristics.h prefers it (not for Wgrad: slower);
 // always = wherever it takes the problem; never = cuBLASLt only. It takes N and K multiples of 128
 // on a device of compute capability 9.0 (else cuBLASLt runs); its output is deterministic but may differ from
 // cuBLASLt's in the last bits (another summation order inside a 128-block).

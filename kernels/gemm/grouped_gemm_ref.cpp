@@ -57,8 +57,11 @@ std::vector<int64_t> group_of_rows(const int32_t* offsets, int64_t G, int64_t M)
 void check_args(const char* what, const void* a, const void* b, const void* out, int64_t M, int64_t N, int64_t K,
                 const int32_t* offsets, int64_t G, bool out_empty_without_tokens) {
   FP4MOE_CHECK(M >= 0 && N >= 1 && K >= 1, "{}: expected M >= 0, N >= 1, K >= 1, got M={} N={} K={}", what, M, N, K);
-  FP4MOE_CHECK(M == 0 || (a && b), "{}: null operand with M = {} tokens", what, M);
-  FP4MOE_CHECK(out || (M == 0 && out_empty_without_tokens), "{}: null output", what);
+  FP4MOE_CHECK(M == 0 || (a && b), "{}: both operands must be non-null when M > 0, got {} and {} with M={}", what,
+               a, b, M);
+  FP4MOE_CHECK(out || (M == 0 && out_empty_without_tokens),
+               "{}: the output must be non-null{}", what,
+               out_empty_without_tokens ? " when M > 0" : " (Wgrad writes [G, N, K] even when M = 0)");
   validate_group_offsets(offsets, G, M, what);
 }
 

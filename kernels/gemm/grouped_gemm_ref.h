@@ -10,7 +10,8 @@
 // rows: which output rows to compute (token rows of y/dx for Fprop/Dgrad, rows n of every dw_g for Wgrad);
 // empty means all. Rows not listed are left untouched, so a test can check a sample of a large output.
 // Work is spread over the machine's hardware threads (results do not depend on their number).
-// Rejects: M < 0, N < 1, K < 1, null pointers, rows out of range.
+// Rejects: M < 0, N < 1, K < 1, null pointers (the operands may be null when M = 0, and so may the output of Fprop
+// and Dgrad, which is then empty; Wgrad's [G, N, K] output may not), rows out of range.
 #pragma once
 
 #include <cstdint>

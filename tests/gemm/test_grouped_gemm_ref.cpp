@@ -159,6 +159,14 @@ TEST(GroupedGemmRef, RejectsInvalidSplitsShapesAndRows) {
   const int32_t ok[] = {0, 1, 3};
   EXPECT_THROW(grouped_fprop_ref(a.data(), b.data(), 3, 0, 2, ok, 2, out.data()), Error);
   EXPECT_THROW(grouped_fprop_ref(nullptr, b.data(), 3, 2, 2, ok, 2, out.data()), Error);
+  // No tokens: nothing is read, so the operands may be null; Wgrad still writes its zeros, so its output may not.
+  const int32_t none[] = {0, 0, 0};
+  std::vector<float> dw(2 * 2 * 2, 7.0f);
+  EXPECT_NO_THROW(grouped_wgrad_ref(nullptr, nullptr, 0, 2, 2, none, 2, dw.data()));
+  EXPECT_EQ(dw, std::vector<float>(dw.size(), 0.0f)) << "an empty group's dW is zero";
+  EXPECT_THROW(grouped_wgrad_ref(nullptr, nullptr, 0, 2, 2, none, 2, nullptr), Error);
+  EXPECT_NO_THROW(grouped_fprop_ref(nullptr, nullptr, 0, 2, 2, none, 2, nullptr));
+  EXPECT_THROW(grouped_wgrad_ref(a.data(), nullptr, 3, 2, 2, ok, 2, out.data()), Error);
   const std::vector<int64_t> bad_rows = {3};
   EXPECT_THROW(grouped_fprop_ref(a.data(), b.data(), 3, 2, 2, ok, 2, out.data(), bad_rows), Error);
   const std::vector<int64_t> bad_wrows = {2};

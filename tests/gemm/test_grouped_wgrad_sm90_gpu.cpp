@@ -166,7 +166,7 @@ TEST(GroupedWgradSm90, Fp32Scales) {
 }
 
 // GroupedGemm::wgrad_fp8 runs the kernel with Sm90Path::always (its bits, no cuBLASLt query, no host offsets
-// needed: the split's host copy is null) and cuBLASLt with automatic (the rule says not yet) and never.
+// needed: the split's host copy is null) and cuBLASLt with automatic (the rule says no) and never.
 TEST(GroupedWgradSm90, GroupedGemmChoosesThePathByItsRule) {
   REQUIRE_SM90();
   const int64_t N = 256, K = 384;
@@ -192,7 +192,7 @@ TEST(GroupedWgradSm90, GroupedGemmChoosesThePathByItsRule) {
     CUDA_CHECK(cudaDeviceSynchronize());
     return out.download();
   }();
-  EXPECT_FALSE(grouped_wgrad_prefers_sm90(N, K, G)) << "automatic keeps Wgrad on cuBLASLt until measured";
+  EXPECT_FALSE(grouped_wgrad_prefers_sm90(N, K, G)) << "automatic keeps Wgrad on cuBLASLt (the kernel is slower there)";
   for (Sm90Path path : {Sm90Path::always, Sm90Path::automatic, Sm90Path::never}) {
     const bool sm90 = path == Sm90Path::always;
     const std::string what = fmt::format("path {}", static_cast<int>(path));
@@ -209,12 +209,24 @@ TEST(GroupedWgradSm90, GroupedGemmChoosesThePathByItsRule) {
     }
     expect_wgrad_close(what, got, ref, nullptr, N, K, offsets, rows, 1e-3);
   }
+  // With a host copy the Hopper path validates it, as every path does, and bounds the kernel's reads by its M.
+  GroupedGemm gemm;
+  gemm.set_tuning({1, Sm90Path::always});
+  OutBuffer out(G * N * K, GemmOutType::fp32);
+  ASSERT_TRUE(run_case("always, host copy",
+                       [&] { gemm.wgrad_fp8(dy_op, x_op, N, K, GroupSplit{d_offsets->ptr, offsets.data(), G},
+                                            out.output(), nullptr); }));
+  EXPECT_EQ(first_bit_difference(out.download(), direct), -1) << "always with a host copy: not the kernel's bits";
+  std::vector<int32_t> bad = offsets;
+  bad[2] = bad[1] - 1;  // decreasing: not a split
+  EXPECT_THROW(gemm.wgrad_fp8(dy_op, x_op, N, K, GroupSplit{d_offsets->ptr, bad.data(), G}, out.output(), nullptr),
+               Error);
 }
 
 TEST(GroupedWgradSm90, RejectsWhatItDoesNotTake) {
   REQUIRE_SM90();
   EXPECT_NE(grouped_wgrad_sm90_unsupported(576, 2048, 8, 16).find("multiples of 128"), std::string::npos);
-  EXPECT_NE(grouped_wgrad_sm90_unsupported(4096, 7168, 1025, 16).find("G"), std::string::npos);
+  EXPECT_NE(grouped_wgrad_sm90_unsupported(4096, 7168, 1025, 16).find("1024"), std::string::npos);
   EXPECT_NE(grouped_wgrad_sm90_unsupported(4096, 7168, 8, 8).find("token_pad"), std::string::npos);
   EXPECT_EQ(grouped_wgrad_sm90_unsupported(4096, 7168, 8, 16), "") << "the V3 shapes run on this device";
   EXPECT_EQ(grouped_wgrad_sm90_unsupported(7168, 2048, 256, 32), "");
