@@ -20,7 +20,7 @@ constexpr int64_t kSm90MaxMeanGroupRows = 2048;
 inline bool grouped_gemm_prefers_sm90(int64_t M, int64_t G) { return G > 0 && M <= kSm90MaxMeanGroupRows * G; }
 
 // Whether the Hopper Wgrad kernel (grouped_wgrad_sm90.h) is preferred under Sm90Path::automatic for an (N, K, G)
-// problem: never for now. On the H200 it runs at 0.46-0.69x of the cuBLASLt path at the V3 shapes
+// problem: never for now. On the H200 it runs at 0.46-0.77x of the cuBLASLt path at the V3 shapes
 // (bench_grouped_gemm's wgrad/fp8_sm90 rows beside wgrad/fp8, reports/results/h200/wgrad-quant-20261203/), so
 // automatic keeps Wgrad on cuBLASLt. A rule that replaces this one takes no host offsets (the kernel needs none).
 inline bool grouped_wgrad_prefers_sm90(int64_t N, int64_t K, int64_t G) {

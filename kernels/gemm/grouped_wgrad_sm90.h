@@ -20,7 +20,8 @@
 //                                                                         per-column factor, one FMA each)
 // Tokens of a group's last block past M_g contribute exactly 0 (their codes are zero up to L_g, and the chunks
 // past L_g are zero-filled in shared memory, never read). The result equals the FP64 product of the dequantized
-// operands within the tensor cores' accumulation inside a 128-block and the output's rounding; deterministic (the
+// operands within the tensor cores' accumulation inside a 128-block, the FP32 rounding of the scale product
+// dy_scale * x_scale (exact for power-of-two scales) and the output's rounding; deterministic (the
 // same bits run after run), not bit-equal to cuBLASLt's (another summation order).
 //
 // Kernel (grouped_wgrad_sm90.cu), design:
@@ -46,7 +47,8 @@
 // positive multiple of 128, G outside [1, 1024], more than INT32_MAX output tiles, token_pad other than 16 or 32,
 // M outside [0, kWgradSm90MaxTokens], null or not 4-byte aligned offsets, accumulation into a BF16 output, a null or
 // not 16-byte aligned operand (codes, scales) or output pointer; then no usable device or one of compute capability
-// other than 9.0 (the kernel is built for sm_90a only), too little shared memory per block. M = 0 still launches
+// other than 9.0 (the kernel is built for sm_90a only), too little shared memory per block, a build whose register
+// count per thread cannot hold the setmaxnreg counts (setmaxnreg_check.h). M = 0 still launches
 // (every group empty: zeros, or dW unchanged when accumulating). Asynchronous on `stream`; never synchronises.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The arithmetic of the launch-time setmaxnreg check (kernels/gemm/setmaxnreg_check.h): the pool of a block,
 // numRegs x threads, must hold 128 x the sum of the warpgroups' counts; the message names the kernel, numRegs,
-// threads and the counts. The counts of the four warp-specialised kernels fit at the 168 registers ptxas gives a
+// threads and the counts. The counts of the five warp-specialised kernels fit at the 168 registers ptxas gives a
 // 384-thread block at one block per SM, and fail one allocation step (8 registers) below.
 #include <gtest/gtest.h>
 
