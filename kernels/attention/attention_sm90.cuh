@@ -16,6 +16,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/attention/attention_params.cuh"
 #include "kernels/attention/attention_tile.cuh"
@@ -130,10 +131,11 @@ struct Sm90BwdTensorMaps {
 };
 inline Sm90BwdTensorMaps sm90_bwd_tensor_maps(const char* what, const BwdParams& p, int64_t B, int64_t Dqk,
                                               int64_t Dv, uint32_t q_rows, uint32_t kv_rows) {
-  return {attention_tensor_map(what, p.q, B, p.T, p.H, Dqk, q_rows),
-          attention_tensor_map(what, p.k, B, p.T, p.H, Dqk, kv_rows),
-          attention_tensor_map(what, p.v, B, p.T, p.H, Dv, kv_rows),
-          attention_tensor_map(what, p.dout, B, p.T, p.H, Dv, q_rows)};
+  const std::string w = what;  // errors name the operand, as the forward's do
+  return {attention_tensor_map((w + ": q").c_str(), p.q, B, p.T, p.H, Dqk, q_rows),
+          attention_tensor_map((w + ": k").c_str(), p.k, B, p.T, p.H, Dqk, kv_rows),
+          attention_tensor_map((w + ": v").c_str(), p.v, B, p.T, p.H, Dv, kv_rows),
+          attention_tensor_map((w + ": dout").c_str(), p.dout, B, p.T, p.H, Dv, q_rows)};
 }
 
 // Launches `kernel` (named `name` in errors) on `grid` blocks of kThreads threads with `smem_bytes` of dynamic shared

@@ -10,6 +10,7 @@
 #include "kernels/gemm/grouped_tiles.h"
 #include "kernels/gemm/setmaxnreg_check.h"
 #include "kernels/gemm/sm90_grouped_device.cuh"
+#include "kernels/gemm/sm90_launch.h"
 #include "kernels/gemm/sm90_ptx.cuh"
 #include "kernels/gemm/tensor_map.h"
 #include "kernels/quant/cp_async.cuh"
@@ -35,7 +36,6 @@ static_assert(sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProd
                   sm90::setmaxnreg_fits(kThreads, kThreads - kConsumerThreads, kProducerRegsMx, kConsumerRegsMx),
               "setmaxnreg asks for more registers than the thread block holds");
 constexpr int kProducerThreads = kThreads - kConsumerThreads;
-constexpr size_t kMaxSmemPerBlock = 232448;  // sm_90's opt-in maximum of dynamic shared memory per block (227 KiB)
 static_assert(kBlockK == 128, "one 128-byte swizzle row of E4M3 per stage and per row");
 static_assert(kBlockK % kWgmmaK == 0, "whole WGMMA steps per K block");
 
@@ -49,7 +49,7 @@ struct Layout {
   static constexpr bool kMxOperand = kMx;
   static constexpr int kBlockN = 128 * kNSub;
   // kMx: the producer converts K block i while the copies of blocks i + 1 .. i + kLookahead are in flight, in
-  // kLookahead + 1 staging slots; the ring gives up a stage where the slots would not fit (kMaxSmemPerBlock).
+  // kLookahead + 1 staging slots; the ring gives up a stage where the slots would not fit (kSm90MaxSmemPerBlock).
   static constexpr int kLookahead = kMx ? (kNSub == 1 ? 2 : 1) : 0;
   static constexpr int kStagingSlots = kMx ? kLookahead + 1 : 0;
   static constexpr int kStages = kNSub == 1 ? (kMx ? 5 : 6) : 4;
@@ -81,7 +81,7 @@ struct Layout {
   static_assert(kSaBytes % 16 == 0 && kSaSlot % 128 == 0 && kOffSb % 16 == 0 && kOffStaging % 16 == 0 &&
                     kOffBars % 8 == 0,
                 "TMA, cp.async and mbarrier alignment");
-  static_assert(1024 + kOffGroups + 2 * sizeof(int32_t) * (kMaxGroups + 1) <= kMaxSmemPerBlock,
+  static_assert(1024 + kOffGroups + 2 * sizeof(int32_t) * (kMaxGroups + 1) <= kSm90MaxSmemPerBlock,
                 "the ring, the staging slots and the largest group table fit one block's shared memory");
   // The producer converts block i after waiting for block i + kLookahead's stage, which the consumers free once
   // block i + kLookahead - kStages is done, in the overlapped main loop only when block i + kLookahead - kStages + 1
@@ -553,15 +553,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-int current_device_attribute(cudaDeviceAttr attr) {
-  int device = 0, value = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-  return value;
-}
-
 // Row operand [M, R] times each expert's block tensor [P, R]^T into out [M, P] (Fprop: P = N, R = K; Dgrad: P = K,
 // R = N), with the kernel of the template arguments.
 template <int kNSub, bool kOverlap, bool kCoalesced, bool kMx>
@@ -688,8 +679,8 @@ void row_times_blocks(const char* what, Fp8RowOperand rows, Fp8BlockStack w, int
                       Sm90GemmConfig config) {
   // Every argument check before the first CUDA call.
   if (!check_arguments(what, M, P, N, K, offsets, G, config)) return;
-  FP4MOE_CHECK(aligned16(rows.codes) && aligned16(rows.scales) && aligned16(w.codes) && aligned16(w.scales) &&
-                   aligned16(out),
+  FP4MOE_CHECK(nonnull_aligned16(rows.codes) && nonnull_aligned16(rows.scales) && nonnull_aligned16(w.codes) &&
+                   nonnull_aligned16(w.scales) && nonnull_aligned16(out),
                "{}: operands and output must be non-null 16-byte aligned device pointers, got codes {} scales {}, "
                "weights {} scales {}, output {}", what, static_cast<const void*>(rows.codes),
                static_cast<const void*>(rows.scales), static_cast<const void*>(w.codes),
@@ -730,8 +721,8 @@ void grouped_fprop_mxfp4_sm90(Mxfp4RowOperand x, Fp8BlockStack w, int64_t M, int
                               const int32_t* offsets, int64_t G, bf16* y, cudaStream_t stream, Sm90GemmConfig config) {
   const char* what = "grouped_fprop_mxfp4_sm90";
   if (!check_arguments(what, M, N, N, K, offsets, G, config)) return;
-  FP4MOE_CHECK(aligned16(x.codes) && x.scales != nullptr && reinterpret_cast<uintptr_t>(x.scales) % 4 == 0 &&
-                   aligned16(w.codes) && aligned16(w.scales) && aligned16(y),
+  FP4MOE_CHECK(nonnull_aligned16(x.codes) && x.scales != nullptr && reinterpret_cast<uintptr_t>(x.scales) % 4 == 0 &&
+                   nonnull_aligned16(w.codes) && nonnull_aligned16(w.scales) && nonnull_aligned16(y),
                "{}: expected non-null device pointers, MXFP4 codes 16-byte and scales 4-byte aligned, weights, their "
                "scales and the output 16-byte aligned; got codes {} scales {}, weights {} scales {}, output {}",
                what, static_cast<const void*>(x.codes), static_cast<const void*>(x.scales),

@@ -10,6 +10,7 @@
 #include "kernels/gemm/grouped_gemm_sm90.h"
 #include "kernels/gemm/setmaxnreg_check.h"
 #include "kernels/gemm/sm90_grouped_device.cuh"
+#include "kernels/gemm/sm90_launch.h"
 #include "kernels/gemm/sm90_ptx.cuh"
 #include "kernels/quant/cp_async.cuh"
 #include "kernels/quant/layouts.h"
@@ -48,10 +49,9 @@ constexpr uint32_t kOffSb = kOffSa + kStages * kScaleBytes;
 constexpr uint32_t kOffBars = kOffSb + kStages * kScaleBytes;
 constexpr uint32_t kOffGroups = kOffBars + 2 * kStages * sizeof(uint64_t);
 constexpr size_t smem_bytes(int64_t G) { return 1024 + kOffGroups + 3 * sizeof(int32_t) * static_cast<size_t>(G + 1); }
-constexpr size_t kMaxSmemPerBlock = 232448;  // sm_90's opt-in maximum of dynamic shared memory per block
 static_assert(kOffB % 1024 == 0 && kOffSa % 1024 == 0 && kOpBytes % 1024 == 0, "tiles on 1024-byte swizzle atoms");
 static_assert(kOffSb % 16 == 0 && kOffBars % 8 == 0, "cp.async and mbarrier alignment");
-static_assert(smem_bytes(kMaxGroups) <= kMaxSmemPerBlock, "the ring and the largest group table fit one block");
+static_assert(smem_bytes(kMaxGroups) <= kSm90MaxSmemPerBlock, "the ring and the largest group table fit one block");
 
 enum class WgradOut { bf16, fp32, fp32_accumulate };
 
@@ -271,20 +271,11 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_wgrad_sm90_kernel(const W
   }
 }
 
-bool aligned16(const void* ptr) { return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-int device_attribute(cudaDeviceAttr attr) {
-  int device = 0, value = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-  return value;
-}
-
 template <WgradOut kOut>
 void launch(const WgradParams& p, cudaStream_t stream) {
   const auto kernel = grouped_wgrad_sm90_kernel<kOut>;
   const size_t smem = smem_bytes(p.G);
-  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  const int optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   FP4MOE_CHECK(smem <= static_cast<size_t>(optin),
                "grouped Wgrad (sm90): the kernel needs {} bytes of shared memory per block, the device offers {}", smem,
                optin);
@@ -292,7 +283,7 @@ void launch(const WgradParams& p, cudaStream_t stream) {
                         {kConsumerRegs, kConsumerRegs, kProducerRegs});
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int64_t tiles = int64_t{p.G} * (p.N / kTile) * (p.K / kTile);
-  const int64_t grid = std::min<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount), tiles);
+  const int64_t grid = std::min<int64_t>(current_device_attribute(cudaDevAttrMultiProcessorCount), tiles);
   kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
@@ -326,12 +317,12 @@ void grouped_wgrad_fp8_sm90(Fp8ColOperand dy, Fp8ColOperand x, int64_t M, int64_
   FP4MOE_CHECK(M >= 0 && M <= kWgradSm90MaxTokens, "{}: expected 0 <= M <= {} tokens, got M={}", what,
                kWgradSm90MaxTokens, M);
   FP4MOE_CHECK(offsets != nullptr && reinterpret_cast<uintptr_t>(offsets) % 4 == 0,
-               "{}: device group offsets must be a non-null int32 pointer, got {}", what,
+               "{}: device group offsets must be a non-null 4-byte aligned int32 pointer, got {}", what,
                static_cast<const void*>(offsets));
   FP4MOE_CHECK(!dw.accumulate || dw.type == GemmOutType::fp32,
                "{}: accumulation needs an FP32 output (the master gradient), got a BF16 output", what);
-  FP4MOE_CHECK(aligned16(dy.codes) && aligned16(dy.scales) && aligned16(x.codes) && aligned16(x.scales) &&
-                   aligned16(dw.data),
+  FP4MOE_CHECK(nonnull_aligned16(dy.codes) && nonnull_aligned16(dy.scales) && nonnull_aligned16(x.codes) &&
+                   nonnull_aligned16(x.scales) && nonnull_aligned16(dw.data),
                "{}: operands and output must be non-null 16-byte aligned device pointers, got dy codes {} scales {}, "
                "x codes {} scales {}, output {}", what, static_cast<const void*>(dy.codes),
                static_cast<const void*>(dy.scales), static_cast<const void*>(x.codes),

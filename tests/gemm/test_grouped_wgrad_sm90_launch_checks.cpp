@@ -31,6 +31,9 @@ TEST(GroupedWgradSm90LaunchChecks, RejectsBeforeAnyCudaCall) {
   expect_rejected(wgrad(dy, -1, 512, 2048, 8, offsets, fp32, 16), "M=-1");
   expect_rejected(wgrad(dy, kWgradSm90MaxTokens + 1, 512, 2048, 8, offsets, fp32, 16), "tokens");
   expect_rejected(wgrad(dy, 64, 512, 2048, 8, nullptr, fp32, 16), "offsets");
+  expect_rejected(wgrad(dy, 64, 512, 2048, 8, fake_device_pointer<const int32_t>(0x10002), fp32, 16),
+                  "4-byte aligned");
+  expect_rejected(wgrad(dy, 64, int64_t{1} << 18, int64_t{1} << 18, 1024, offsets, fp32, 16), "fit int32");
   expect_rejected(wgrad(dy, 64, 512, 2048, 8, offsets, GemmOutput{fp32.data, GemmOutType::bf16, true}, 16),
                   "accumulation");
   const Fp8ColOperand odd_codes{fake_device_pointer<const uint8_t>(0x20008), dy.scales};
