@@ -23,6 +23,7 @@
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/gemm/grouped_gemm_heuristics.h"
 #include "kernels/gemm/grouped_gemm_ref.h"
+#include "kernels/gemm/grouped_tiles.h"
 #include "kernels/gemm/grouped_wgrad_sm90.h"
 #include "tests/common/grouped_gemm_sm90_test_util.h"
 #include "tests/common/grouped_gemm_test_util.h"
@@ -138,6 +139,38 @@ TEST(GroupedWgradSm90, NoTokens) {
   REQUIRE_SM90();
   check_wgrad_case({"M = 0", 256, 256, {0, 0, 0}}, 6);
   check_wgrad_case({"M = 0 pad 32", 128, 384, {0}, kMxBlock}, 7);
+}
+
+// Raw device offsets that are not a split (negative, decreasing, past M) are made safe on the device (clamped to
+// [0, M], non-decreasing: grouped_tiles.h safe_group_offset): the result is the reference's on the safe split, and
+// nothing outside the operands is read (the capacity's NaN end would show up) nor any group's dW left unwritten.
+TEST(GroupedWgradSm90, BadOffsetsAreMadeSafeOnTheDevice) {
+  REQUIRE_SM90();
+  const int64_t N = 256, K = 384, M = 300;
+  const std::vector<int32_t> raw{-3, 50, 20, 400, 7, 250};
+  const int64_t G = static_cast<int64_t>(raw.size()) - 1;
+  std::vector<int32_t> safe(raw.size());
+  int32_t previous = 0;
+  for (size_t i = 0; i < raw.size(); ++i) previous = safe[i] = safe_group_offset(raw[i], previous, static_cast<int32_t>(M));
+  ASSERT_EQ(safe, (std::vector<int32_t>{0, 50, 50, 300, 300, 300}));
+  Rng rng(31);
+  const HostFp8 x = make_col_tensor(M, K, safe, ScaleKind::pow2, rng);
+  const HostFp8 dy = make_col_tensor(M, N, safe, ScaleKind::pow2, rng);
+  std::vector<int64_t> rows(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) rows[static_cast<size_t>(n)] = n;
+  std::vector<float> ref(static_cast<size_t>(G * N * K), 0.0f);
+  grouped_wgrad_ref(dy.deq.data(), x.deq.data(), M, N, K, safe.data(), G, ref.data(), rows);
+  auto d_raw = upload(raw);
+  auto d_x = upload(x.codes);
+  auto d_xs = upload(x.scales);
+  auto d_dy = upload(dy.codes);
+  auto d_dys = upload(dy.scales);
+  OutBuffer out(G * N * K, GemmOutType::fp32);
+  ASSERT_TRUE(run_case("bad offsets", [&] {
+    grouped_wgrad_fp8_sm90({d_dy->ptr, d_dys->ptr}, {d_x->ptr, d_xs->ptr}, M, N, K, d_raw->ptr, G, out.output(),
+                           nullptr);
+  }));
+  expect_wgrad_close("bad offsets", out.download(), ref, nullptr, N, K, safe, rows, 1e-3);
 }
 
 TEST(GroupedWgradSm90, OneHugeGroup) {
