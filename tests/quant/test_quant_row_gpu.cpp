@@ -137,16 +137,19 @@ QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const
   return r;
 }
 
-// Both kernels behind bf16_to_mxfp4_row (bf16_to_mxfp4_row.h detail::MxRowKernel): they must agree bit for bit
+// Every kernel behind bf16_to_mxfp4_row (bf16_to_mxfp4_row.h detail::MxRowKernel): they must agree bit for bit
 // (codes, scales, NaN/Inf count, untouched guards); the block-per-thread kernel's run is returned for the caller's
 // comparison with the reference.
 QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const MxQuantConfig& cfg) {
-  const QuantRun lanes = quantize_on_gpu(x, M, K, cfg, detail::MxRowKernel::chunk_per_lane);
   const QuantRun blocks = quantize_on_gpu(x, M, K, cfg, detail::MxRowKernel::block_per_thread);
-  EXPECT_EQ(first_mismatch(lanes.codes, blocks.codes), -1) << "the two row kernels' codes differ";
-  EXPECT_EQ(first_mismatch(lanes.scales, blocks.scales), -1) << "the two row kernels' scales differ";
-  EXPECT_EQ(lanes.nonfinite, blocks.nonfinite);
-  EXPECT_TRUE(lanes.guards_intact);
+  for (detail::MxRowKernel other : {detail::MxRowKernel::chunk_per_lane, detail::MxRowKernel::block_prefetch}) {
+    SCOPED_TRACE(testing::Message() << "kernel " << static_cast<int>(other) << " against block_per_thread");
+    const QuantRun run = quantize_on_gpu(x, M, K, cfg, other);
+    EXPECT_EQ(first_mismatch(run.codes, blocks.codes), -1) << "the row kernels' codes differ";
+    EXPECT_EQ(first_mismatch(run.scales, blocks.scales), -1) << "the row kernels' scales differ";
+    EXPECT_EQ(run.nonfinite, blocks.nonfinite);
+    EXPECT_TRUE(run.guards_intact);
+  }
   return blocks;
 }
 
