@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,32 @@ void check_wgrad_case(const WgradCase& c, uint64_t seed) {
   }
 }
 
+// FP8 column operands over `offsets` (token pad 16, power-of-two scales) on the host and the device, and the
+// reference dW over every row n, for the cases that check one output against all of it.
+struct WgradOperands {
+  int64_t M, N, K, G;
+  HostFp8 x, dy;
+  std::vector<int64_t> rows;
+  std::vector<float> ref;
+  std::unique_ptr<DeviceBuffer<uint8_t>> d_x, d_dy;
+  std::unique_ptr<DeviceBuffer<float>> d_xs, d_dys;
+  WgradOperands(int64_t n, int64_t k, const std::vector<int32_t>& offsets, uint64_t seed)
+      : M(offsets.back()), N(n), K(k), G(static_cast<int64_t>(offsets.size()) - 1) {
+    Rng rng(seed);
+    x = make_col_tensor(M, K, offsets, ScaleKind::pow2, rng);
+    dy = make_col_tensor(M, N, offsets, ScaleKind::pow2, rng);
+    for (int64_t r = 0; r < N; ++r) rows.push_back(r);
+    ref.assign(static_cast<size_t>(G * N * K), 0.0f);
+    grouped_wgrad_ref(dy.deq.data(), x.deq.data(), M, N, K, offsets.data(), G, ref.data(), rows);
+    d_x = upload(x.codes);
+    d_xs = upload(x.scales);
+    d_dy = upload(dy.codes);
+    d_dys = upload(dy.scales);
+  }
+  Fp8ColOperand dy_op() const { return {d_dy->ptr, d_dys->ptr}; }
+  Fp8ColOperand x_op() const { return {d_x->ptr, d_xs->ptr}; }
+};
+
 std::vector<int32_t> random_sizes(int64_t G, int32_t max_size, int empty_one_in, uint64_t seed) {
   Rng rng(seed);
   std::vector<int32_t> sizes(static_cast<size_t>(G));
@@ -151,26 +178,16 @@ TEST(GroupedWgradSm90, BadOffsetsAreMadeSafeOnTheDevice) {
   const int64_t G = static_cast<int64_t>(raw.size()) - 1;
   std::vector<int32_t> safe(raw.size());
   int32_t previous = 0;
-  for (size_t i = 0; i < raw.size(); ++i) previous = safe[i] = safe_group_offset(raw[i], previous, static_cast<int32_t>(M));
+  for (size_t i = 0; i < raw.size(); ++i)
+    previous = safe[i] = safe_group_offset(raw[i], previous, static_cast<int32_t>(M));
   ASSERT_EQ(safe, (std::vector<int32_t>{0, 50, 50, 300, 300, 300}));
-  Rng rng(31);
-  const HostFp8 x = make_col_tensor(M, K, safe, ScaleKind::pow2, rng);
-  const HostFp8 dy = make_col_tensor(M, N, safe, ScaleKind::pow2, rng);
-  std::vector<int64_t> rows(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) rows[static_cast<size_t>(n)] = n;
-  std::vector<float> ref(static_cast<size_t>(G * N * K), 0.0f);
-  grouped_wgrad_ref(dy.deq.data(), x.deq.data(), M, N, K, safe.data(), G, ref.data(), rows);
+  const WgradOperands w(N, K, safe, 31);
   auto d_raw = upload(raw);
-  auto d_x = upload(x.codes);
-  auto d_xs = upload(x.scales);
-  auto d_dy = upload(dy.codes);
-  auto d_dys = upload(dy.scales);
   OutBuffer out(G * N * K, GemmOutType::fp32);
   ASSERT_TRUE(run_case("bad offsets", [&] {
-    grouped_wgrad_fp8_sm90({d_dy->ptr, d_dys->ptr}, {d_x->ptr, d_xs->ptr}, M, N, K, d_raw->ptr, G, out.output(),
-                           nullptr);
+    grouped_wgrad_fp8_sm90(w.dy_op(), w.x_op(), M, N, K, d_raw->ptr, G, out.output(), nullptr);
   }));
-  expect_wgrad_close("bad offsets", out.download(), ref, nullptr, N, K, safe, rows, 1e-3);
+  expect_wgrad_close("bad offsets", out.download(), w.ref, nullptr, N, K, safe, w.rows, 1e-3);
 }
 
 TEST(GroupedWgradSm90, OneHugeGroup) {
@@ -205,20 +222,12 @@ TEST(GroupedWgradSm90, GroupedGemmChoosesThePathByItsRule) {
   const int64_t N = 256, K = 384;
   const std::vector<int32_t> sizes{100, 0, 300, 7};
   const std::vector<int32_t> offsets = offsets_of(sizes);
-  const int64_t G = 4, M = offsets[G];
-  Rng rng(30);
-  const HostFp8 x = make_col_tensor(M, K, offsets, ScaleKind::pow2, rng);
-  const HostFp8 dy = make_col_tensor(M, N, offsets, ScaleKind::pow2, rng);
-  std::vector<int64_t> rows(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) rows[static_cast<size_t>(n)] = n;
-  std::vector<float> ref(static_cast<size_t>(G * N * K), 0.0f);
-  grouped_wgrad_ref(dy.deq.data(), x.deq.data(), M, N, K, offsets.data(), G, ref.data(), rows);
+  const WgradOperands w(N, K, offsets, 30);
+  const int64_t G = w.G, M = w.M;
+  const std::vector<float>& ref = w.ref;
+  const std::vector<int64_t>& rows = w.rows;
   auto d_offsets = upload(offsets);
-  auto d_x = upload(x.codes);
-  auto d_xs = upload(x.scales);
-  auto d_dy = upload(dy.codes);
-  auto d_dys = upload(dy.scales);
-  const Fp8ColOperand dy_op{d_dy->ptr, d_dys->ptr}, x_op{d_x->ptr, d_xs->ptr};
+  const Fp8ColOperand dy_op = w.dy_op(), x_op = w.x_op();
   const std::vector<float> direct = [&] {
     OutBuffer out(G * N * K, GemmOutType::fp32);
     grouped_wgrad_fp8_sm90(dy_op, x_op, M, N, K, d_offsets->ptr, G, out.output(), nullptr);
