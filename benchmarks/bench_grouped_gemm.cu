@@ -319,21 +319,34 @@ void define_cases() {
     const char* name;
     int64_t N, K;
   };
+  // The splits every op of a table is timed on, over kTokens tokens: 8, 16 and 32 ragged groups, 8 even ones and,
+  // with_dense, one group; `proto` gives the op, recipe, tuning and variant, the split fills in the rest.
+  const auto add_splits = [](Case proto, Shape s, bool with_dense) {
+    const auto add = [&](std::string shape, int64_t G, bool dense, bool even) {
+      Case c = proto;
+      c.shape = std::move(shape);
+      c.N = s.N;
+      c.K = s.K;
+      c.G = G;
+      c.dense = dense;
+      c.even = even;
+      g_cases.push_back(std::move(c));
+    };
+    for (int64_t G : {8, 16, 32}) add(fmt::format("{} {}x{}", s.name, G, kTokens / G), G, false, false);
+    add(fmt::format("{} 8x{} even", s.name, kTokens / 8), 8, false, true);
+    if (with_dense) add(fmt::format("{} 1x{}", s.name, kTokens), 1, true, false);
+  };
+  const Shape shapes[] = {{"up", 4096, 7168}, {"down", 7168, 2048}};
   // Tunings beside the default: concurrent runs of groups (GroupedGemmTuning), always the per-expert cuBLASLt
   // calls (the Hopper kernel has rows of its own below).
   const GroupedGemmTuning tunings[] = {{1, Sm90Path::never}, {2, Sm90Path::never}, {4, Sm90Path::never}};
   for (const GroupedGemmTuning& t : tunings)
     for (const char* op : {"fprop", "dgrad", "wgrad"})
       for (const char* recipe : {"bf16", "fp8"})
-        for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
-          for (int64_t G : {8, 16, 32})
-            g_cases.push_back(
-                Case{op, recipe, fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false, false, t});
-          g_cases.push_back(
-              Case{op, recipe, fmt::format("{} 8x{} even", s.name, kTokens / 8), s.N, s.K, 8, false, true, t});
-          if (t.streams == 1)  // one group: streams change nothing
-            g_cases.push_back(
-                Case{op, recipe, fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, t});
+        for (Shape s : shapes) {
+          Case proto{op, recipe, {}};
+          proto.tuning = t;
+          add_splits(proto, s, t.streams == 1);  // one group: streams change nothing
         }
   // The Hopper grouped FP8 kernel, Fprop and Dgrad, beside the fp8 (cuBLASLt) rows of the same shapes: tile width
   // automatic, forced to 128 and 256 columns; the variants: overlapped promotion (n128o), the direct epilogue at the
@@ -341,37 +354,24 @@ void define_cases() {
   const Sm90GemmConfig sm90_variants[] = {{0}, {128}, {256}, {128, true}, {0, false, false}};
   for (const Sm90GemmConfig& variant : sm90_variants)
     for (const char* op : {"fprop", "dgrad"})
-      for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
-        auto add = [&](std::string shape, int64_t G, bool dense, bool even) {
-          Case c{op, "fp8_sm90", std::move(shape), s.N, s.K, G, dense, even, {}};
-          c.sm90 = variant;
-          g_cases.push_back(c);
-        };
-        for (int64_t G : {8, 16, 32}) add(fmt::format("{} {}x{}", s.name, G, kTokens / G), G, false, false);
-        add(fmt::format("{} 8x{} even", s.name, kTokens / 8), 8, false, true);
-        add(fmt::format("{} 1x{}", s.name, kTokens), 1, true, false);
+      for (Shape s : shapes) {
+        Case proto{op, "fp8_sm90", {}};
+        proto.sm90 = variant;
+        add_splits(proto, s, true);
       }
   // The Hopper grouped Wgrad (grouped_wgrad_sm90.h, through GroupedGemm with Sm90Path::always) beside the fp8
   // (cuBLASLt) wgrad rows of the same shapes and splits; FP32 accumulated output as those.
-  for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
-    for (int64_t G : {8, 16, 32})
-      g_cases.push_back(
-          Case{"wgrad", "fp8_sm90", fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false, false, {}});
-    g_cases.push_back(
-        Case{"wgrad", "fp8_sm90", fmt::format("{} 8x{} even", s.name, kTokens / 8), s.N, s.K, 8, false, true, {}});
-    g_cases.push_back(
-        Case{"wgrad", "fp8_sm90", fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, {}});
-  }
+  for (Shape s : shapes) add_splits(Case{"wgrad", "fp8_sm90", {}}, s, true);
   // MXFP4 Fprop through the Hopper kernel: the operand read directly, and converted first.
   for (const char* recipe : {"mxfp4_sm90", "mxfp4_cvt_sm90"})
-    for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}})
+    for (Shape s : shapes)
       for (int64_t G : {8, 16, 32})
         g_cases.push_back(
             Case{"fprop", recipe, fmt::format("{} {}x{}", s.name, G, kTokens / G), s.N, s.K, G, false, false, {}});
   // MXFP4 on FP8 tensor cores (mxfp4_gemm.h), one stream: the dense Fprop GEMM and the grouped Wgrad, with and
   // without the MXFP4 -> FP8 conversions, beside the FP8 rows of the same op and shape.
   for (const char* recipe : {"mxfp4", "mxfp4_gemm"})
-    for (Shape s : {Shape{"up", 4096, 7168}, Shape{"down", 7168, 2048}}) {
+    for (Shape s : shapes) {
       g_cases.push_back(Case{"fprop", recipe, fmt::format("{} 1x{}", s.name, kTokens), s.N, s.K, 1, true, false, {}});
       for (int64_t G : {8, 32})
         g_cases.push_back(

@@ -327,6 +327,12 @@ bool GroupedGemm::runs_sm90(int64_t M, int64_t P, int64_t R, int64_t G, const Ge
   return grouped_gemm_sm90_unsupported(P, R, G).empty();
 }
 
+std::string wgrad_token_pad_problem(int64_t token_pad) {
+  if (token_pad == kColAlign || token_pad == kMxBlock) return {};
+  return fmt::format("token_pad must be {} (FP8 column tensor) or {} (converted MXFP4 column tensor), got {}",
+                     kColAlign, kMxBlock, token_pad);
+}
+
 bool GroupedGemm::runs_sm90_wgrad(int64_t N, int64_t K, int64_t G, int64_t token_pad) const {
   if (tuning_.sm90 == Sm90Path::never) return false;
   if (tuning_.sm90 == Sm90Path::automatic && !grouped_wgrad_prefers_sm90(N, K, G)) return false;
@@ -379,9 +385,8 @@ void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_
     return;
   }
   check_common(what, N, K, split, dw, true);
-  FP4MOE_CHECK(token_pad == kColAlign || token_pad == kMxBlock,
-               "{}: token_pad must be {} (FP8 column tensor) or {} (converted MXFP4 column tensor), got {}", what,
-               kColAlign, kMxBlock, token_pad);
+  const std::string pad_problem = wgrad_token_pad_problem(token_pad);
+  FP4MOE_CHECK(pad_problem.empty(), "{}: {}", what, pad_problem);
   const auto padded = [&](int64_t Mg) { return ceil_div(Mg, token_pad) * token_pad; };
   check_ptr(what, "dy codes", dy.codes);
   check_ptr(what, "dy scales", dy.scales);

@@ -69,6 +69,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/common/types.h"
@@ -131,6 +132,10 @@ struct GroupedGemmTuning {
   int streams = 1;  // 1..8 concurrent runs of groups (see "Streams" above)
   Sm90Path sm90 = Sm90Path::automatic;
 };
+
+// Empty when token_pad is a token padding wgrad_fp8 takes (16: an FP8 column tensor, layouts.h kColAlign; 32: the
+// FP8 conversion of an MXFP4 column tensor, kMxBlock), else what was expected (one statement for both Wgrad paths).
+std::string wgrad_token_pad_problem(int64_t token_pad);
 
 class GroupedGemm {
  public:

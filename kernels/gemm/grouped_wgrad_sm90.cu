@@ -294,10 +294,7 @@ std::string shape_problem(int64_t N, int64_t K, int64_t G, int64_t token_pad) {
   if (G < 1 || G > kMaxGroups) return fmt::format("expected 1 <= G <= {} groups, got G={}", kMaxGroups, G);
   if (N > INT32_MAX || K > INT32_MAX || G * (N / kTile) * (K / kTile) > INT32_MAX)
     return fmt::format("G * (N / 128) * (K / 128) tiles must fit int32, got G={} N={} K={}", G, N, K);
-  if (token_pad != kColAlign && token_pad != kMxBlock)
-    return fmt::format("token_pad must be {} (FP8 column tensor) or {} (converted MXFP4 column tensor), got {}",
-                       kColAlign, kMxBlock, token_pad);
-  return {};
+  return wgrad_token_pad_problem(token_pad);
 }
 
 }  // namespace
