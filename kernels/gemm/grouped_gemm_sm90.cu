@@ -451,7 +451,12 @@ template <class L>
 __device__ __forceinline__ void produce_mx(const ProducerCtx<L>& c, const Params& p, const CUtensorMap* map_b) {
   const int pt = static_cast<int>(threadIdx.x) - kConsumerThreads;
   MxPos<L> load_pos, convert_pos;
-  int staged = 0;  // blocks staged and not yet converted
+  detail::CpAsyncWindow<L::kLookahead> staged;  // blocks staged and not yet converted
+  const auto convert_oldest = [&] {
+    __syncwarp();  // the oldest staged block has landed and is visible to the other threads of its rows
+    convert_mx_block(c, pt, convert_pos.slot, convert_pos.ring.stage);
+    convert_pos.advance();
+  };
   for (int32_t t = blockIdx.x; t < c.tiles; t += gridDim.x) {
     const GroupedTile tile = grouped_tile(t, c.s_o, c.s_start, p.G, kBlockM, L::kBlockN, c.col_blocks);
     for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
@@ -464,21 +469,10 @@ __device__ __forceinline__ void produce_mx(const ProducerCtx<L>& c, const Params
       __syncwarp();  // the row's threads have read the slot's scale word (its previous conversion) before it refills
       stage_mx_block(c, p, pt, tile.row0, kb, load_pos.slot);
       load_pos.advance();
-      if (++staged > L::kLookahead) {
-        detail::cp_async_wait<L::kLookahead>();  // the oldest staged block has landed
-        __syncwarp();                            // and is visible to the other threads of its rows
-        convert_mx_block(c, pt, convert_pos.slot, convert_pos.ring.stage);
-        convert_pos.advance();
-        --staged;
-      }
+      staged.issued(convert_oldest);
     }
   }
-  detail::cp_async_wait<0>();
-  __syncwarp();
-  for (; staged > 0; --staged) {
-    convert_mx_block(c, pt, convert_pos.slot, convert_pos.ring.stage);
-    convert_pos.advance();
-  }
+  staged.drain(convert_oldest);
 }
 
 // kNSub column sub-tiles of 128; kOverlap: mainloop_overlapped (kNSub = 1 only), else mainloop_serial; kCoalesced:

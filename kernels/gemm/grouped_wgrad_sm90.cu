@@ -133,22 +133,18 @@ __device__ __forceinline__ void produce(const WgradParams& p, uint8_t* smem, uin
                                         const int32_t* s_o, const int32_t* s_p, const int32_t* s_q, int32_t tiles) {
   const int pt = static_cast<int>(threadIdx.x) - kConsumerThreads;
   sm90::RingPos<kStages> load_pos, ready_pos;
-  int in_flight = 0;
+  detail::CpAsyncWindow<kLookahead> window;
+  const auto hand_over_oldest = [&] { hand_over(full, ready_pos); };
   for (int32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const WgradTile tile = wgrad_tile(t, p, s_o, s_p, s_q);
     for (int32_t b = 0; b < tile.blocks; ++b) {
       sm90::mbar_wait(&empty[load_pos.stage], load_pos.phase ^ 1);
       load_stage(p, smem, pt, tile, b, load_pos.stage);
       load_pos.advance();
-      if (++in_flight > kLookahead) {
-        detail::cp_async_wait<kLookahead>();
-        hand_over(full, ready_pos);
-        --in_flight;
-      }
+      window.issued(hand_over_oldest);
     }
   }
-  detail::cp_async_wait<0>();
-  for (; in_flight > 0; --in_flight) hand_over(full, ready_pos);
+  window.drain(hand_over_oldest);
 }
 
 // ---- consumer warpgroups ---------------------------------------------------------------------------------------

@@ -30,4 +30,27 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// A producer thread's window of committed cp.async groups, each a unit of work (a block of a tile) to finish once
+// its copies have landed: issued() after committing one, which finishes the oldest once more than kLookahead are
+// in flight (after waiting for its copies); drain() at the end, which finishes the rest in order. finish() is
+// called once per group, oldest first.
+template <int kLookahead>
+struct CpAsyncWindow {
+  static_assert(kLookahead >= 0, "a non-negative number of groups left in flight");
+  int in_flight = 0;
+  template <class Finish>
+  __device__ __forceinline__ void issued(Finish&& finish) {
+    if (++in_flight > kLookahead) {
+      cp_async_wait<kLookahead>();
+      finish();
+      --in_flight;
+    }
+  }
+  template <class Finish>
+  __device__ __forceinline__ void drain(Finish&& finish) {
+    cp_async_wait<0>();
+    for (; in_flight > 0; --in_flight) finish();
+  }
+};
+
 }  // namespace fp4moe::detail
