@@ -27,7 +27,7 @@
 //   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_0-9]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
 // The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column, dense
 // and ragged over 32 experts, each with all of its kernels (row: bf16_to_mxfp4_row/ and _row_lanes/, _row_blocks/,
-// _row_prefetch/; column: bf16_to_mxfp4_col/ and _col_blocks/, _col_regs/, _col_shared/):
+// _row_prefetch/, _row_mma/; column: bf16_to_mxfp4_col/ and _col_blocks/, _col_regs/, _col_shared/):
 //   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|col)[a-z_]*/[a-z_0-9]+/(16384|65536)x7168(/g32)?/|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -136,17 +136,20 @@ void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rou
 // variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none). One case per row
 // kernel (bf16_to_mxfp4_row.h detail::MxRowKernel; the same bits), side by side: bf16_to_mxfp4_row/<variant> runs
 // the kernel bf16_to_mxfp4_row runs for it (mx_row_default_kernel), bf16_to_mxfp4_row_lanes/<variant>,
-// bf16_to_mxfp4_row_blocks/<variant> and bf16_to_mxfp4_row_prefetch/<variant> the others (chunk_per_lane,
-// block_per_thread, block_prefetch) where they are not the default.
+// bf16_to_mxfp4_row_blocks/<variant>, bf16_to_mxfp4_row_prefetch/<variant> and bf16_to_mxfp4_row_mma/<variant> the
+// others (chunk_per_lane, block_per_thread, block_prefetch, block_mma: with a transform only) where they are not the
+// default.
 void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
                        const char* variant) {
   const detail::MxRowKernel used = detail::mx_row_default_kernel(transform);
   for (detail::MxRowKernel kernel : {detail::MxRowKernel::chunk_per_lane, detail::MxRowKernel::block_per_thread,
-                                     detail::MxRowKernel::block_prefetch}) {
+                                     detail::MxRowKernel::block_prefetch, detail::MxRowKernel::block_mma}) {
+    if (kernel == detail::MxRowKernel::block_mma && transform == HadamardTransform::none) continue;  // no products
     const char* name = kernel == used                                  ? "bf16_to_mxfp4_row"
                        : kernel == detail::MxRowKernel::chunk_per_lane   ? "bf16_to_mxfp4_row_lanes"
                        : kernel == detail::MxRowKernel::block_per_thread ? "bf16_to_mxfp4_row_blocks"
-                                                                         : "bf16_to_mxfp4_row_prefetch";
+                       : kernel == detail::MxRowKernel::block_prefetch   ? "bf16_to_mxfp4_row_prefetch"
+                                                                         : "bf16_to_mxfp4_row_mma";
     add_bf16_to_mxfp4_with(M, K, mode, rounding, transform, fmt::format("{}/{}", name, variant), kernel);
   }
 }

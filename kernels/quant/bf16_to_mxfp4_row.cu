@@ -35,6 +35,7 @@
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mx_quant_device.cuh"
 #include "kernels/quant/mx_row_checks.h"
+#include "kernels/quant/mx_row_mma.cuh"
 
 namespace fp4moe {
 namespace {
@@ -316,6 +317,16 @@ void launch_row(unsigned grid, cudaStream_t stream, const uint4* x, int64_t num_
   } else if constexpr (kKernel == detail::MxRowKernel::block_per_thread) {
     bf16_to_mxfp4_row_block_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
         x, num_chunks / 4, p, reinterpret_cast<uint4*>(codes), scales);
+  } else if constexpr (kKernel == detail::MxRowKernel::block_mma && kTransform != HadamardTransform::none) {
+    // Warps of 4 units of 8 MX blocks: a quarter of the block-per-thread kernel's thread blocks.
+    constexpr int64_t kBlocksPerCta = int64_t{kThreads / 32} * detail::kMmaUnitBlocks * detail::kMmaUnitsInFlight;
+    const int64_t ctas = ceil_div(num_chunks / 4, kBlocksPerCta);
+    detail::bf16_to_mxfp4_row_mma_kernel<kRounding, kTransform, kThreads>
+        <<<static_cast<unsigned>(ctas < INT_MAX ? ctas : INT_MAX), kThreads, 0, stream>>>(x, num_chunks / 4, p, codes,
+                                                                                       scales);
+  } else if constexpr (kKernel == detail::MxRowKernel::block_mma) {  // no transform: nothing for the tensor cores
+    bf16_to_mxfp4_row_block_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
+        x, num_chunks / 4, p, reinterpret_cast<uint4*>(codes), scales);
   } else {
     // Persistent: no more thread blocks than are resident at once (grid: one pass's worth, the upper bound).
     const auto kernel = bf16_to_mxfp4_row_prefetch_kernel<kRounding, kTransform>;
@@ -387,7 +398,8 @@ void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64
                       nonfinite_blocks};
   const RowLaunch launch = kernel == MxRowKernel::chunk_per_lane     ? row_launch<MxRowKernel::chunk_per_lane>(cfg)
                            : kernel == MxRowKernel::block_per_thread ? row_launch<MxRowKernel::block_per_thread>(cfg)
-                                                                     : row_launch<MxRowKernel::block_prefetch>(cfg);
+                           : kernel == MxRowKernel::block_prefetch   ? row_launch<MxRowKernel::block_prefetch>(cfg)
+                                                                     : row_launch<MxRowKernel::block_mma>(cfg);
   launch(grid, stream, reinterpret_cast<const uint4*>(x), num_chunks, p, codes, scales);
   CUDA_CHECK_LAUNCH();
 }
