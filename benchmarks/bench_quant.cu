@@ -26,8 +26,8 @@
 // 16384x7168 (every case moving >= 150 MB) with the copies and naive paths they are compared with:
 //   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_0-9]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
 // The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column, dense
-// and ragged over 32 experts, each with all of its kernels (row: bf16_to_mxfp4_row/ and _row_lanes/, _row_blocks/,
-// _row_prefetch/, _row_mma/; column: bf16_to_mxfp4_col/ and _col_blocks/, _col_regs/, _col_shared/):
+// and ragged over 32 experts, each with all of its kernels (row: bf16_to_mxfp4_row/ and _row_lanes/ or
+// _row_blocks/; column: bf16_to_mxfp4_col/ and _col_blocks/, _col_regs/, _col_shared/):
 //   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|col)[a-z_]*/[a-z_0-9]+/(16384|65536)x7168(/g32)?/|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -133,23 +133,19 @@ MxQuantConfig quant_config(MxScaleMode mode, Rounding rounding, HadamardTransfor
 void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
                             const std::string& name, detail::MxRowKernel kernel);
 
-// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none). One case per row
-// kernel (bf16_to_mxfp4_row.h detail::MxRowKernel; the same bits), side by side: bf16_to_mxfp4_row/<variant> runs
-// the kernel bf16_to_mxfp4_row runs for it (mx_row_default_kernel), bf16_to_mxfp4_row_lanes/<variant>,
-// bf16_to_mxfp4_row_blocks/<variant>, bf16_to_mxfp4_row_prefetch/<variant> and bf16_to_mxfp4_row_mma/<variant> the
-// others (chunk_per_lane, block_per_thread, block_prefetch, block_mma: with a transform only) where they are not the
-// default.
+// variant: the options, e.g. "floor_sr_rht" (scale mode, rounding, transform when not none). Two cases per option:
+// bf16_to_mxfp4_row/<variant> runs the kernel bf16_to_mxfp4_row runs for it (bf16_to_mxfp4_row.h
+// mx_row_default_kernel), bf16_to_mxfp4_row_lanes/<variant> or bf16_to_mxfp4_row_blocks/<variant> the other one
+// (chunk_per_lane or block_per_thread; the same bits), side by side.
 void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding, HadamardTransform transform,
                        const char* variant) {
   const detail::MxRowKernel used = detail::mx_row_default_kernel(transform);
-  for (detail::MxRowKernel kernel : {detail::MxRowKernel::chunk_per_lane, detail::MxRowKernel::block_per_thread,
-                                     detail::MxRowKernel::block_prefetch, detail::MxRowKernel::block_mma}) {
-    if (kernel == detail::MxRowKernel::block_mma && transform == HadamardTransform::none) continue;  // no products
-    const char* name = kernel == used                                  ? "bf16_to_mxfp4_row"
-                       : kernel == detail::MxRowKernel::chunk_per_lane   ? "bf16_to_mxfp4_row_lanes"
-                       : kernel == detail::MxRowKernel::block_per_thread ? "bf16_to_mxfp4_row_blocks"
-                       : kernel == detail::MxRowKernel::block_prefetch   ? "bf16_to_mxfp4_row_prefetch"
-                                                                         : "bf16_to_mxfp4_row_mma";
+  const detail::MxRowKernel other = used == detail::MxRowKernel::chunk_per_lane ? detail::MxRowKernel::block_per_thread
+                                                                               : detail::MxRowKernel::chunk_per_lane;
+  for (detail::MxRowKernel kernel : {used, other}) {
+    const char* name = kernel == used ? "bf16_to_mxfp4_row"
+                       : kernel == detail::MxRowKernel::chunk_per_lane ? "bf16_to_mxfp4_row_lanes"
+                                                                       : "bf16_to_mxfp4_row_blocks";
     add_bf16_to_mxfp4_with(M, K, mode, rounding, transform, fmt::format("{}/{}", name, variant), kernel);
   }
 }

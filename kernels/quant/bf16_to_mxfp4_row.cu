@@ -27,7 +27,6 @@
 // counted per warp and added with one atomic per warp at the end.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <climits>
 
 #include "kernels/formats/formats.h"
@@ -35,7 +34,6 @@
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mx_quant_device.cuh"
 #include "kernels/quant/mx_row_checks.h"
-#include "kernels/quant/mx_row_mma.cuh"
 
 namespace fp4moe {
 namespace {
@@ -193,79 +191,6 @@ __device__ __forceinline__ bool mx_h16_fold_exact(uint32_t amax_bits) {
 template <Rounding kRounding, HadamardTransform kTransform>
 constexpr bool kFoldH16Scale = kRounding == Rounding::rne && hadamard_block_size(kTransform) == 16;
 
-// One MX block b of the block-per-thread kernels, its 64 bytes already loaded into v (zeros when !in): writes its
-// codes and scale when `in`, and adds the warp's NaN/Inf blocks to `counted` (every lane of the warp calls it).
-template <Rounding kRounding, HadamardTransform kTransform>
-__device__ __forceinline__ void quantize_row_block(uint4 (&v)[4], int64_t b, bool in, const uint4* __restrict__ x,
-                                                   const QuantParams& p, uint4* __restrict__ codes,
-                                                   uint8_t* __restrict__ scales, unsigned long long& counted) {
-  uint32_t amax_bits;
-  int folded = 0;  // log2 of the factor left out of the values (kFoldH16Scale): the scale is 2^(e - folded)
-  if constexpr (kTransform == HadamardTransform::none) {
-    amax_bits = block_amax_bits(v);
-  } else {
-    uint32_t k0 = 0;  // rht: the block's first column (K <= 2^30)
-    if constexpr (kTransform == HadamardTransform::rht)
-      k0 = mod_by_inverse(static_cast<uint64_t>(b), p.k_blocks, p.k_blocks_inverse) * kMxBlock;
-    if constexpr (kFoldH16Scale<kRounding, kTransform>) {
-      transform_block<kTransform, false>(v, k0, p.rht_seed);
-      amax_bits = block_amax_bits(v);
-      folded = 2;
-      if (in && !mx_h16_fold_exact(amax_bits)) {  // rare: the rule as written on the reloaded inputs
-        folded = 0;  // (an out-of-range thread's zeros are an all-zero block, exact: it never reloads)
-        const uint4* xb = x + 4 * b;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = __ldg(xb + j);
-        transform_block<kTransform>(v, k0, p.rht_seed);
-        amax_bits = block_amax_bits(v);
-      }
-    } else {
-      transform_block<kTransform>(v, k0, p.rht_seed);
-      amax_bits = block_amax_bits(v);
-    }
-  }
-  const bool nonfinite = amax_bits >= detail::kBf16AbsNonFinite;
-  uint32_t packed[4] = {0, 0, 0, 0};  // NaN/Inf block and all-zero block: codes 0
-  uint8_t scale = nonfinite ? kUE8M0NaN : 0;
-  if (!nonfinite && amax_bits != 0) {
-    const int e = detail::block_exponent(amax_bits, p.mode);
-    scale = static_cast<uint8_t>(e - folded + kUE8M0Bias);
-    if constexpr (kRounding == Rounding::rne) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) packed[j] = detail::encode_chunk_rne(v[j], e);
-    } else {
-      // Chunk j's 8 consecutive flat indices start at a multiple of 8 (one hash, as mx_sr_bits8 packs them):
-      // hash n0 + j.
-      const uint64_t n0 = (p.index_base + static_cast<uint64_t>(b) * kMxBlock) / 8;
-      if (e >= detail::kSrBf16x2MinExponent) {  // all but tiny blocks (amax below about 2^-108)
-        const __nv_bfloat162 inv2 = detail::sr_bf16x2_scale(e);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          packed[j] = detail::encode_chunk_stochastic_bf16x2(v[j], inv2, detail::chunk_draws(p.seed, n0 + j));
-      } else {
-        const float inv_scale = detail::inv_block_scale(e);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          packed[j] = detail::encode_chunk_stochastic(v[j], inv_scale, detail::chunk_draws(p.seed, n0 + j));
-      }
-    }
-  }
-  if (in) {
-    codes[b] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    scales[b] = scale;
-  }
-  if (p.nonfinite_blocks != nullptr)
-    counted += static_cast<unsigned long long>(__popc(__ballot_sync(0xFFFFFFFFu, in && nonfinite)));
-}
-
-// Loads MX block b's 64 bytes (four 16-byte loads at constant offsets from one address), zeros when !in.
-__device__ __forceinline__ void load_row_block(const uint4* __restrict__ x, int64_t b, bool in, uint4 (&v)[4]) {
-  const uint4* xb = x + 4 * b;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = in ? __ldg(xb + j) : make_uint4(0, 0, 0, 0);
-}
-
-// block_per_thread: one pass per thread block (the grid covers the tensor; past 2^31 - 1 tiles the blocks stride).
 template <Rounding kRounding, HadamardTransform kTransform>
 __global__ void __launch_bounds__(kThreads)
 bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, QuantParams p,
@@ -275,32 +200,69 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
   for (int64_t base = int64_t{blockIdx.x} * kThreads; base < num_blocks; base += int64_t{gridDim.x} * kThreads) {
     const int64_t b = base + threadIdx.x;  // this thread's MX block (flat)
     const bool in = b < num_blocks;
-    uint4 v[4];
-    load_row_block(x, b, in, v);
-    quantize_row_block<kRounding, kTransform>(v, b, in, x, p, codes, scales, counted);
-  }
-  if (p.nonfinite_blocks != nullptr && (threadIdx.x & 31) == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
-}
-
-// block_prefetch: the same per-block work, the grid sized to the blocks resident at once (persistent), each thread
-// loading its next MX block (one grid stride further) before it quantizes the current one, so that a thread's
-// 64 bytes of the next pass are in flight while it computes (16 more registers a thread).
-template <Rounding kRounding, HadamardTransform kTransform>
-__global__ void __launch_bounds__(kThreads)
-bf16_to_mxfp4_row_prefetch_kernel(const uint4* __restrict__ x, int64_t num_blocks, QuantParams p,
-                                  uint4* __restrict__ codes, uint8_t* __restrict__ scales) {
-  unsigned long long counted = 0;
-  const int64_t stride = int64_t{gridDim.x} * kThreads;
-  int64_t base = int64_t{blockIdx.x} * kThreads;
-  uint4 v[4];
-  load_row_block(x, base + threadIdx.x, base + threadIdx.x < num_blocks, v);
-  for (; base < num_blocks; base += stride) {  // the same `base` for the whole thread block (the ballot)
-    const int64_t b = base + threadIdx.x;
-    uint4 next[4];
-    load_row_block(x, b + stride, b + stride < num_blocks, next);
-    quantize_row_block<kRounding, kTransform>(v, b, b < num_blocks, x, p, codes, scales, counted);
+    uint4 v[4] = {};
+    if (in) {
+      const uint4* xb = x + 4 * b;  // one address, the four loads at constant offsets from it
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = next[j];
+      for (int j = 0; j < 4; ++j) v[j] = __ldg(xb + j);
+    }
+    uint32_t amax_bits;
+    int folded = 0;  // log2 of the factor left out of the values (kFoldH16Scale): the scale is 2^(e - folded)
+    if constexpr (kTransform == HadamardTransform::none) {
+      amax_bits = block_amax_bits(v);
+    } else {
+      uint32_t k0 = 0;  // rht: the block's first column (K <= 2^30)
+      if constexpr (kTransform == HadamardTransform::rht)
+        k0 = mod_by_inverse(static_cast<uint64_t>(b), p.k_blocks, p.k_blocks_inverse) * kMxBlock;
+      if constexpr (kFoldH16Scale<kRounding, kTransform>) {
+        transform_block<kTransform, false>(v, k0, p.rht_seed);
+        amax_bits = block_amax_bits(v);
+        folded = 2;
+        if (in && !mx_h16_fold_exact(amax_bits)) {  // rare: the rule as written on the reloaded inputs
+          folded = 0;  // (an out-of-range thread's zeros are an all-zero block, exact: it never reloads)
+          const uint4* xb = x + 4 * b;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) v[j] = __ldg(xb + j);
+          transform_block<kTransform>(v, k0, p.rht_seed);
+          amax_bits = block_amax_bits(v);
+        }
+      } else {
+        transform_block<kTransform>(v, k0, p.rht_seed);
+        amax_bits = block_amax_bits(v);
+      }
+    }
+    const bool nonfinite = amax_bits >= detail::kBf16AbsNonFinite;
+    uint32_t packed[4] = {0, 0, 0, 0};  // NaN/Inf block and all-zero block: codes 0
+    uint8_t scale = nonfinite ? kUE8M0NaN : 0;
+    if (!nonfinite && amax_bits != 0) {
+      const int e = detail::block_exponent(amax_bits, p.mode);
+      scale = static_cast<uint8_t>(e - folded + kUE8M0Bias);
+      if constexpr (kRounding == Rounding::rne) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) packed[j] = detail::encode_chunk_rne(v[j], e);
+      } else {
+        // Chunk j's 8 consecutive flat indices start at a multiple of 8 (one hash, as mx_sr_bits8 packs them):
+        // hash n0 + j.
+        const uint64_t n0 = (p.index_base + static_cast<uint64_t>(b) * kMxBlock) / 8;
+        if (e >= detail::kSrBf16x2MinExponent) {  // all but tiny blocks (amax below about 2^-108)
+          const __nv_bfloat162 inv2 = detail::sr_bf16x2_scale(e);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            packed[j] = detail::encode_chunk_stochastic_bf16x2(v[j], inv2, detail::chunk_draws(p.seed, n0 + j));
+        } else {
+          const float inv_scale = detail::inv_block_scale(e);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            packed[j] = detail::encode_chunk_stochastic(v[j], inv_scale, detail::chunk_draws(p.seed, n0 + j));
+        }
+      }
+    }
+    if (in) {
+      codes[b] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      scales[b] = scale;
+    }
+    if (p.nonfinite_blocks != nullptr)
+      counted += static_cast<unsigned long long>(__popc(__ballot_sync(0xFFFFFFFFu, in && nonfinite)));
   }
   if (p.nonfinite_blocks != nullptr && (threadIdx.x & 31) == 0 && counted != 0) atomicAdd(p.nonfinite_blocks, counted);
 }
@@ -311,33 +273,12 @@ using RowLaunch = void (*)(unsigned grid, cudaStream_t stream, const uint4* x, i
 template <detail::MxRowKernel kKernel, Rounding kRounding, HadamardTransform kTransform>
 void launch_row(unsigned grid, cudaStream_t stream, const uint4* x, int64_t num_chunks, const QuantParams& p,
                 uint8_t* codes, uint8_t* scales) {
-  if constexpr (kKernel == detail::MxRowKernel::chunk_per_lane) {
+  if constexpr (kKernel == detail::MxRowKernel::chunk_per_lane)
     bf16_to_mxfp4_row_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
         x, num_chunks, p, reinterpret_cast<uint32_t*>(codes), scales);
-  } else if constexpr (kKernel == detail::MxRowKernel::block_per_thread) {
+  else
     bf16_to_mxfp4_row_block_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
         x, num_chunks / 4, p, reinterpret_cast<uint4*>(codes), scales);
-  } else if constexpr (kKernel == detail::MxRowKernel::block_mma && kTransform != HadamardTransform::none) {
-    // Warps of 4 units of 8 MX blocks: a quarter of the block-per-thread kernel's thread blocks.
-    constexpr int64_t kBlocksPerCta = int64_t{kThreads / 32} * detail::kMmaUnitBlocks * detail::kMmaUnitsInFlight;
-    const int64_t ctas = ceil_div(num_chunks / 4, kBlocksPerCta);
-    detail::bf16_to_mxfp4_row_mma_kernel<kRounding, kTransform, kThreads>
-        <<<static_cast<unsigned>(ctas < INT_MAX ? ctas : INT_MAX), kThreads, 0, stream>>>(x, num_chunks / 4, p, codes,
-                                                                                       scales);
-  } else if constexpr (kKernel == detail::MxRowKernel::block_mma) {  // no transform: nothing for the tensor cores
-    bf16_to_mxfp4_row_block_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
-        x, num_chunks / 4, p, reinterpret_cast<uint4*>(codes), scales);
-  } else {
-    // Persistent: no more thread blocks than are resident at once (grid: one pass's worth, the upper bound).
-    const auto kernel = bf16_to_mxfp4_row_prefetch_kernel<kRounding, kTransform>;
-    int per_sm = 0, sms = 0, device = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-    const unsigned resident = static_cast<unsigned>(std::max(per_sm, 1) * sms);
-    kernel<<<std::min(grid, resident), kThreads, 0, stream>>>(x, num_chunks / 4, p, reinterpret_cast<uint4*>(codes),
-                                                              scales);
-  }
 }
 
 template <detail::MxRowKernel kKernel, Rounding kRounding>
@@ -396,10 +337,8 @@ void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64
                       k_blocks,
                       0xFFFFFFFFu / k_blocks,  // mod_by_inverse's inverse of k_blocks
                       nonfinite_blocks};
-  const RowLaunch launch = kernel == MxRowKernel::chunk_per_lane     ? row_launch<MxRowKernel::chunk_per_lane>(cfg)
-                           : kernel == MxRowKernel::block_per_thread ? row_launch<MxRowKernel::block_per_thread>(cfg)
-                           : kernel == MxRowKernel::block_prefetch   ? row_launch<MxRowKernel::block_prefetch>(cfg)
-                                                                     : row_launch<MxRowKernel::block_mma>(cfg);
+  const RowLaunch launch = kernel == MxRowKernel::chunk_per_lane ? row_launch<MxRowKernel::chunk_per_lane>(cfg)
+                                                                 : row_launch<MxRowKernel::block_per_thread>(cfg);
   launch(grid, stream, reinterpret_cast<const uint4*>(x), num_chunks, p, codes, scales);
   CUDA_CHECK_LAUNCH();
 }

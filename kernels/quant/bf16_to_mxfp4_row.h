@@ -73,16 +73,13 @@ void check_mx_quant_options(const char* what, const MxQuantConfig& cfg);
 int64_t mx_quantize_values_ref(const float* v, int64_t L, uint64_t index_base, uint64_t index_stride,
                                uint8_t* codes, uint8_t* scales, const MxQuantConfig& cfg);
 
-// The kernels behind bf16_to_mxfp4_row (bf16_to_mxfp4_row.cu), which give the same bits: chunk_per_lane (four
-// lanes per MX block, 8 elements each, the block amax and the Hadamard stages h >= 8 over warp shuffles),
-// block_per_thread (one MX block per thread, no shuffle, one hash for rht's 32 signs) and block_prefetch (the same
-// per-block work in a persistent grid, each thread's next block loaded before it quantizes the current one) and
-// block_mma (the transforms' butterflies as BF16 tensor-core products where they give the same bits, the
-// chunk-per-lane code elsewhere: mx_row_mma.cuh; without a transform, block_per_thread).
-// bf16_to_mxfp4_row runs mx_row_default_kernel(transform) (the measurement behind the choice: bf16_to_mxfp4_row.cu);
-// bench_quant and the GPU tests run all of them. bf16_to_mxfp4_row_using: same arguments and rejections as
-// bf16_to_mxfp4_row.
-enum class MxRowKernel : int { chunk_per_lane = 0, block_per_thread = 1, block_prefetch = 2, block_mma = 3 };
+// The two kernels behind bf16_to_mxfp4_row (bf16_to_mxfp4_row.cu), which give the same bits: chunk_per_lane (four
+// lanes per MX block, 8 elements each, the block amax and the Hadamard stages h >= 8 over warp shuffles) and
+// block_per_thread (one MX block per thread, no shuffle, one hash for rht's 32 signs). bf16_to_mxfp4_row runs
+// mx_row_default_kernel(transform) (block_per_thread for every option; the measurement behind it:
+// bf16_to_mxfp4_row.cu); bench_quant and the GPU tests run both. bf16_to_mxfp4_row_using: same arguments and
+// rejections as bf16_to_mxfp4_row.
+enum class MxRowKernel : int { chunk_per_lane = 0, block_per_thread = 1 };
 MxRowKernel mx_row_default_kernel(HadamardTransform t);
 void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
                              uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,
