@@ -17,9 +17,8 @@
 // ceil, rounding rne or sr (stochastic), transform none, h16, h32 or rht (mx_transform.h); the case names them,
 // e.g. bf16_to_mxfp4_row/floor_sr_rht. bf16_to_mxfp4_col (along tokens, bf16_to_mxfp4_col.h) runs in RNE, SR, each
 // transform, SR with h16 and SR with rht, dense and ragged over 32 balanced experts (shape .../g32), with each of its
-// kernels (bf16_to_mxfp4_col.h detail::MxColKernel; bf16_to_mxfp4_col/ the one the quantizer runs, _col_narrow/
-// (RNE options only), _col_regs/ and _col_shared/ the others; _col_blocks/ names block_per_thread wherever it is not
-// the default).
+// three kernels (bf16_to_mxfp4_col.h detail::MxColKernel; bf16_to_mxfp4_col/ the one the quantizer runs,
+// _col_regs/ and _col_shared/ the others; _col_blocks/ names block_per_thread wherever it is not the default).
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
@@ -173,16 +172,13 @@ void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rou
 // The column quantizer (bf16_to_mxfp4_col.h) in the same options: dense (G = 0, shape MxK) or ragged over G balanced
 // groups (shape MxK/gG, groups padded to 32 tokens). Cases bf16_to_mxfp4_col/... run the kernel the quantizer runs
 // for the option (detail::mx_col_default_kernel), the others the other kernels (the same bits), side by side:
-// bf16_to_mxfp4_col_blocks/ (block_per_thread, where it is not the default), bf16_to_mxfp4_col_narrow/ (block_narrow,
-// RNE options only: with stochastic rounding it runs block_per_thread), bf16_to_mxfp4_col_regs/ (register_tile) and
+// bf16_to_mxfp4_col_blocks/ (block_per_thread, where it is not the default), bf16_to_mxfp4_col_regs/ (register_tile) and
 // bf16_to_mxfp4_col_shared/ (shared_tile, the earliest).
 const char* col_case_name(detail::MxColKernel kernel, Rounding rounding, HadamardTransform transform) {
   if (kernel == detail::mx_col_default_kernel(rounding, transform)) return "bf16_to_mxfp4_col";
   switch (kernel) {
     case detail::MxColKernel::block_per_thread:
       return "bf16_to_mxfp4_col_blocks";
-    case detail::MxColKernel::block_narrow:
-      return "bf16_to_mxfp4_col_narrow";
     case detail::MxColKernel::register_tile:
       return "bf16_to_mxfp4_col_regs";
     default:
@@ -192,7 +188,6 @@ const char* col_case_name(detail::MxColKernel kernel, Rounding rounding, Hadamar
 
 void add_bf16_to_mxfp4_col(int64_t M, int64_t K, int64_t G, Rounding rounding, HadamardTransform transform,
                            const char* variant, detail::MxColKernel kernel) {
-  if (kernel == detail::MxColKernel::block_narrow && rounding == Rounding::stochastic) return;  // block_per_thread's
   const char* name = col_case_name(kernel, rounding, transform);
   const std::vector<int32_t> off = G > 0 ? balanced_offsets(M, G) : std::vector<int32_t>{};
   int64_t padded = 0;
@@ -363,8 +358,8 @@ void define_cases() {
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::rne, HadamardTransform::rht, "floor_rne_rht");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::rht, "floor_sr_rht");
-      for (detail::MxColKernel kc : {detail::MxColKernel::block_per_thread, detail::MxColKernel::block_narrow,
-                                     detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile})
+      for (detail::MxColKernel kc : {detail::MxColKernel::block_per_thread, detail::MxColKernel::register_tile,
+                                     detail::MxColKernel::shared_tile})
         for (int64_t G : {int64_t{0}, int64_t{32}}) {  // dense, and ragged over 32 experts
           add_bf16_to_mxfp4_col(M, K, G, Rounding::rne, HadamardTransform::none, "floor_rne", kc);
           add_bf16_to_mxfp4_col(M, K, G, Rounding::stochastic, HadamardTransform::none, "floor_sr", kc);

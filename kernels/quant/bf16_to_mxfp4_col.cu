@@ -229,9 +229,6 @@ ColKernelFn col_kernel(detail::MxColKernel kernel) {
       return bf16_to_mxfp4_col_kernel<kRounding, kTransform, kRagged>;
     case detail::MxColKernel::register_tile:
       return bf16_to_mxfp4_col_regs_kernel<kRounding, kTransform, kRagged>;
-    case detail::MxColKernel::block_narrow:  // RNE: one column pair per thread; stochastic rounding: two
-      if constexpr (kRounding == Rounding::rne) return detail::bf16_to_mxfp4_col_narrow_kernel<kRounding, kTransform, kRagged>;
-      return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged>;
     default:
       return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged>;
   }
@@ -239,20 +236,16 @@ ColKernelFn col_kernel(detail::MxColKernel kernel) {
 
 // Threads per block.
 int block_threads(detail::MxColKernel kernel) {
-  return kernel == detail::MxColKernel::block_per_thread || kernel == detail::MxColKernel::block_narrow
-             ? detail::kColBlockThreads
-             : kThreads;
+  return kernel == detail::MxColKernel::block_per_thread ? detail::kColBlockThreads : kThreads;
 }
 
 // Columns of X per thread block (the grid's first dimension: column tiles).
-int64_t tile_cols(detail::MxColKernel kernel, Rounding rounding) {
+int64_t tile_cols(detail::MxColKernel kernel) {
   switch (kernel) {
     case detail::MxColKernel::shared_tile:
       return kTileCols;
     case detail::MxColKernel::register_tile:
       return kRegTileCols;
-    case detail::MxColKernel::block_narrow:
-      return detail::col_block_tile_cols(rounding == Rounding::rne ? 1 : 2);
     default:
       return detail::kColBlockTileCols;
   }
@@ -287,7 +280,7 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
   const int64_t max_y = detail::kMxColMaxGridY;
   const dim3 grid = kernel == detail::MxColKernel::shared_tile
                         ? dim3(static_cast<unsigned>(slots), static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})))
-                        : dim3(static_cast<unsigned>(ceil_div(K, tile_cols(kernel, cfg.rounding))),
+                        : dim3(static_cast<unsigned>(ceil_div(K, tile_cols(kernel))),
                                static_cast<unsigned>(slots < max_y ? slots : max_y),
                                static_cast<unsigned>(ceil_div(slots, max_y)));
   const ColKernelFn fn = cfg.rounding == Rounding::rne

@@ -43,62 +43,46 @@ namespace fp4moe::detail {
 // Thread blocks of 4 warps, each over 128 rows x 128 columns: small blocks that start and end apart keep loads in
 // flight while others compute.
 constexpr int kColBlockThreads = 128;
-// Columns of X per thread block with kPairs column pairs per thread (2: 4 columns; 1: 2 columns, RNE only, half the
-// registers): 4 warps of 64 rows x 32 kPairs columns.
-constexpr int col_block_tile_cols(int pairs) { return 64 * pairs; }
-constexpr int kColBlockTileCols = col_block_tile_cols(2);
-static_assert(kMxColTileRows == 2 * 64 && kColBlockThreads == 4 * 32, "4 warps of 64 rows each");
+constexpr int kColBlockTileCols = 128;  // columns of X per thread block
+static_assert(kMxColTileRows == 2 * 64 && kColBlockTileCols == 2 * 64 && kColBlockThreads == 4 * 32,
+              "4 warps of 64 rows x 64 columns");
 
-// Blocks per SM the kernel is compiled for (__launch_bounds__). Two column pairs per thread: 5 (96 registers per
-// thread) where the option fits in them with no more instructions (RNE alone, with h16 or with rht; ragged rht
-// spills one word), else 4 (128 registers: h32's 2 x 32 FP32 butterfly values and stochastic rounding's hashes
-// spill at 96). One pair (RNE only): 8 (64 registers), 7 ragged (the token block search), or 6 for h32 (its 2 x 32
-// FP32 values, 80 registers).
-constexpr int col_block_min_blocks(Rounding r, HadamardTransform t, int pairs = 2, bool ragged = false) {
-  if (pairs == 1) return t == HadamardTransform::h32 ? 6 : (ragged ? 7 : 8);
+// Blocks per SM the kernel is compiled for (__launch_bounds__): 5 (96 registers per thread) where the option fits
+// in them with no more instructions (RNE alone, with h16 or with rht; ragged rht spills one word), else 4 (128
+// registers: h32's 2 x 32 FP32 butterfly values and stochastic rounding's hashes spill at 96).
+constexpr int col_block_min_blocks(Rounding r, HadamardTransform t) {
   return r == Rounding::rne && t != HadamardTransform::h32 ? 5 : 4;
 }
 
 // The 32 words of one column pair of an MX block (word i: row i; low half the pair's first column).
 using PairWords = uint32_t[kMxBlock];
 
-// Row i's 2 kPairs columns, row_bytes (2 K) per row past x0: its address one 32 x 32 -> 64-bit multiply-add from x0
-// (the empty asm keeps the compiler from turning the rows' addresses into a chain of 64-bit additions, two
-// instructions per row). Read once: evict first. Word q of the result: column pair q.
-template <int kPairs>
-__device__ __forceinline__ void load_col_row(const bf16* x0, uint32_t row_bytes, int i, uint32_t (&u)[kPairs]) {
+// Row i's 4 columns, row_bytes (2 K) per row past x0: its address one 32 x 32 -> 64-bit multiply-add from x0 (the
+// empty asm keeps the compiler from turning the rows' addresses into a chain of 64-bit additions, two instructions
+// per row). Read once: evict first.
+__device__ __forceinline__ uint2 load_col_row(const bf16* x0, uint32_t row_bytes, int i) {
   asm("" : "+r"(row_bytes));
   const char* row = reinterpret_cast<const char*>(x0) + static_cast<uint64_t>(static_cast<uint32_t>(i)) * row_bytes;
-  if constexpr (kPairs == 2) {
-    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(row));
-    u[0] = v.x;
-    u[1] = v.y;
-  } else {
-    static_assert(kPairs == 1, "one or two column pairs per thread");
-    u[0] = __ldcs(reinterpret_cast<const unsigned int*>(row));
-  }
+  return __ldcs(reinterpret_cast<const uint2*>(row));
 }
 
-// Rows r0 .. r0 + 31 of 2 kPairs columns from x0 (row r0's first column; rows K elements apart, K < 2^21): `rows` of
-// them exist (1..32), the rest are zeros. All 32 loads are issued before any is used.
-template <int kPairs>
-__device__ __forceinline__ void load_col_block(const bf16* x0, uint32_t K, int rows, PairWords (&w)[kPairs]) {
+// Rows r0 .. r0 + 31 of 4 columns from x0 (row r0's first column; rows K elements apart, K < 2^21): `rows` of them
+// exist (1..32), the rest are zeros. All 32 loads are issued before any is used.
+__device__ __forceinline__ void load_col_block(const bf16* x0, uint32_t K, int rows, PairWords (&w)[2]) {
   const uint32_t row_bytes = K * static_cast<uint32_t>(sizeof(bf16));
   if (rows == kMxBlock) {
 #pragma unroll
     for (int i = 0; i < kMxBlock; ++i) {
-      uint32_t u[kPairs];
-      load_col_row<kPairs>(x0, row_bytes, i, u);
-#pragma unroll
-      for (int q = 0; q < kPairs; ++q) w[q][i] = u[q];
+      const uint2 u = load_col_row(x0, row_bytes, i);
+      w[0][i] = u.x;
+      w[1][i] = u.y;
     }
   } else {
 #pragma unroll
     for (int i = 0; i < kMxBlock; ++i) {
-      uint32_t u[kPairs] = {};
-      if (i < rows) load_col_row<kPairs>(x0, row_bytes, i, u);
-#pragma unroll
-      for (int q = 0; q < kPairs; ++q) w[q][i] = u[q];
+      const uint2 u = i < rows ? load_col_row(x0, row_bytes, i) : make_uint2(0, 0);
+      w[0][i] = u.x;
+      w[1][i] = u.y;
     }
   }
 }
@@ -106,14 +90,13 @@ __device__ __forceinline__ void load_col_block(const bf16* x0, uint32_t K, int r
 // rht: s_i of the block's row i (bit i of signs) flips both halves of word i of both pairs. Row i's sign is brought
 // to bits 15 and 31 of one shifted word (bits 0..15 of signs doubled into both halves for rows 0..15, bits 16..31
 // for rows 16..31).
-template <int kPairs>
-__device__ __forceinline__ void flip_row_signs(PairWords (&w)[kPairs], uint32_t signs) {
+__device__ __forceinline__ void flip_row_signs(PairWords (&w)[2], uint32_t signs) {
   const uint32_t lo = __byte_perm(signs, 0, 0x1010), hi = __byte_perm(signs, 0, 0x3232);
 #pragma unroll
   for (int i = 0; i < kMxBlock; ++i) {
     const uint32_t m = (i < 16 ? lo << (15 - i) : hi << (31 - i)) & 0x80008000u;
-#pragma unroll
-    for (int q = 0; q < kPairs; ++q) w[q][i] ^= m;
+    w[0][i] ^= m;
+    w[1][i] ^= m;
   }
 }
 
@@ -194,19 +177,16 @@ __device__ __forceinline__ void gather_pair_codes(uint32_t y0, uint32_t y1, uint
 }
 
 // sign_mask of pack_row_pair for the pair of columns 2q, 2q + 1.
-template <int kColumns>
-__device__ __forceinline__ uint32_t pair_sign_mask(const ColBlockScale (&s)[kColumns], int q) {
+__device__ __forceinline__ uint32_t pair_sign_mask(const ColBlockScale (&s)[4], int q) {
   return (s[2 * q].regular ? 0x00000808u : 0u) | (s[2 * q + 1].regular ? 0x08080000u : 0u);
 }
 
-// RNE codes of the 2 kPairs columns (codes[c][q]: column k0 + c's word q, rows 8q .. 8q + 7); a NaN/Inf block's
-// codes are replaced later.
-template <int kPairs>
-__device__ __forceinline__ void encode_col_block_rne(const PairWords (&w)[kPairs],
-                                                     const ColBlockScale (&s)[2 * kPairs],
-                                                     uint32_t (&codes)[2 * kPairs][4]) {
+// RNE codes of the 4 columns (codes[c][q]: column k0 + c's word q, rows 8q .. 8q + 7); a NaN/Inf block's codes are
+// replaced later.
+__device__ __forceinline__ void encode_col_block_rne(const PairWords (&w)[2], const ColBlockScale (&s)[4],
+                                                     uint32_t (&codes)[4][4]) {
 #pragma unroll
-  for (int q = 0; q < kPairs; ++q) {
+  for (int q = 0; q < 2; ++q) {
     // 2^-e of both columns, BF16 normals for e in [-127, 126].
     const __nv_bfloat162 inv2 = bf162_from_bits((static_cast<uint32_t>(127 - s[2 * q].e) << 7) |
                                                 (static_cast<uint32_t>(127 - s[2 * q + 1].e) << 23));
@@ -287,10 +267,10 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
   const unsigned lanes = kRounding == Rounding::stochastic ? __ballot_sync(0xFFFFFFFFu, in) : 0u;
   if (in) {
     PairWords w[2];
-    load_col_block<2>(x + (tb.row0 + r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - r0, kMxBlock), w);
+    load_col_block(x + (tb.row0 + r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - r0, kMxBlock), w);
     if constexpr (kTransform != HadamardTransform::none) {
       if constexpr (kTransform == HadamardTransform::rht)
-        flip_row_signs<2>(w, rht_sign_bits32(p.rht_seed, static_cast<uint64_t>(tb.col0 + r0)));  // group position
+        flip_row_signs(w, rht_sign_bits32(p.rht_seed, static_cast<uint64_t>(tb.col0 + r0)));  // group position
       transform_pair<kTransform>(w[0]);
       transform_pair<kTransform>(w[1]);
     }
@@ -299,7 +279,7 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
                                 col_block_scale(amax1 & 0xFFFFu, p.mode), col_block_scale(amax1 >> 16, p.mode)};
     uint32_t out[4][4];  // column k0 + c's 16 code bytes
     if constexpr (kRounding == Rounding::rne) {
-      encode_col_block_rne<2>(w, s, out);
+      encode_col_block_rne(w, s, out);
     } else {
       // Element (r0, k0) has flat index (row_offset + row0 + r0) K + k0, 4 half past a multiple of 8; row i is
       // K / 8 hashes on.
@@ -323,65 +303,6 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
     const uint32_t ld_blocks = static_cast<uint32_t>(tb.ld / kMxBlock);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      code0[c * ld_blocks] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
-      scale0[c * ld_blocks] = s[c].scale;
-    }
-  }
-  if (p.nonfinite_blocks != nullptr) {
-    const unsigned warp_total = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
-    if (lane == 0 && warp_total != 0) atomicAdd(p.nonfinite_blocks, static_cast<unsigned long long>(warp_total));
-  }
-}
-
-// The narrow form (detail::MxColKernel::block_narrow), RNE only: one column pair per thread, lane 2 c + b holding
-// MX block b of columns 2 c, 2 c + 1 of the warp's 32 (a warp: 64 rows x 32 columns; a thread block: 128 x 64), the
-// same steps on half the registers.
-template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
-__global__ void __launch_bounds__(kColBlockThreads, col_block_min_blocks(kRounding, kTransform, 1, kRagged))
-bf16_to_mxfp4_col_narrow_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
-                               uint8_t* __restrict__ scales) {
-  static_assert(kRounding == Rounding::rne, "stochastic rounding shares each row's hash over 4 columns a lane");
-  constexpr int kPairs = 1, kColumns = 2;  // column pairs and columns per thread
-  TokenBlock tb;
-  if (!find_col_token_block<kRagged, kColBlockThreads>(p, col_grid_slot(), tb)) return;  // the whole thread block
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
-  const int r0 = 64 * (warp & 1) + kMxBlock * (lane & 1);  // first row of the thread's MX block in the token block
-  const int64_t k0 = int64_t{blockIdx.x} * col_block_tile_cols(kPairs) + 16 * kColumns * (warp >> 1) +
-                     kColumns * (lane >> 1);  // first column
-  // K % 8 == 0: the thread's columns are all in or all out. r0 < padded rows: at least one of the block's rows exists.
-  const bool in = k0 < p.K && r0 < padded_tile_rows(tb);
-  unsigned nonfinite = 0;
-  if (in) {
-    PairWords w[kPairs];
-    load_col_block<kPairs>(x + (tb.row0 + r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - r0, kMxBlock), w);
-    if constexpr (kTransform != HadamardTransform::none) {
-      if constexpr (kTransform == HadamardTransform::rht)
-        flip_row_signs<kPairs>(w, rht_sign_bits32(p.rht_seed, static_cast<uint64_t>(tb.col0 + r0)));  // group position
-#pragma unroll
-      for (int q = 0; q < kPairs; ++q) transform_pair<kTransform>(w[q]);
-    }
-    uint32_t amax[kPairs];
-#pragma unroll
-    for (int q = 0; q < kPairs; ++q) amax[q] = pair_amax_bits(w[q]);
-    ColBlockScale s[kColumns];
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) s[c] = col_block_scale((amax[c / 2] >> (16 * (c % 2))) & 0xFFFFu, p.mode);
-    uint32_t out[kColumns][4];  // column k0 + c's 16 code bytes
-    encode_col_block_rne<kPairs>(w, s, out);
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) nonfinite += s[c].nonfinite;
-    if (nonfinite != 0) {
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c)
-        if (s[c].nonfinite) out[c][0] = out[c][1] = out[c][2] = out[c][3] = 0;  // a NaN/Inf block: codes 0
-    }
-    // Column k0 + c is c rows of X^T (ld elements: ld / 32 blocks of 16 code bytes and 1 scale byte) further.
-    const int64_t e0 = col_layout_offset(tb, k0, r0);  // a multiple of 32
-    uint4* const code0 = reinterpret_cast<uint4*>(codes) + e0 / kMxBlock;
-    uint8_t* const scale0 = scales + e0 / kMxBlock;
-    const uint32_t ld_blocks = static_cast<uint32_t>(tb.ld / kMxBlock);
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) {
       code0[c * ld_blocks] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
       scale0[c * ld_blocks] = s[c].scale;
     }

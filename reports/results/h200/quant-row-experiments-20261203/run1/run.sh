@@ -21,6 +21,6 @@ timeout 40 /usr/local/cuda/bin/ncu -k regex:row_prefetch_kernel -c 1 $S build/be
 for v in floor_rne floor_rne_h16; do
   timeout 40 /usr/local/cuda/bin/ncu -k regex:col_block_kernel -c 1 $S build/benchmarks/bench_quant --benchmark_filter="^bf16_to_mxfp4_col/$v/65536x7168/" > $R/ncu_col_$v.txt 2>&1; t "ncu col $v rc=$?"
 done
-sed -i "s#$PWD/##g; s###g" $R/*.log $R/*.txt 2>/dev/null
+sed -i "s#$PWD/##g; s#$OUT/r/##g" $R/*.log $R/*.txt 2>/dev/null
 t done
 cd $OUT && tar czf r.tgz r && rm -rf r

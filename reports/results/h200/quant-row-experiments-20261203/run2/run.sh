@@ -15,6 +15,6 @@ cp $R/fp/fingerprint.txt $R/fingerprint.txt 2>/dev/null; rm -rf $R/fp
 F='^bf16_to_mxfp4_row[a-z_]*/[a-z_0-9]+/(16384x7168|65536x7168)/|^copy/[0-9]{9,}B'
 timeout 80 build/benchmarks/bench_quant --h5 $R/bench_quant.h5 --benchmark_filter="$F" > $R/bench_quant.log 2>&1; t "bench quant rc=$?"
 timeout 60 build/benchmarks/bench_group_linear --h5 $R/bench_gl.h5 --benchmark_filter='^fwd[+]bwd' > $R/bench_gl.log 2>&1; t "bench gl rc=$?"
-sed -i "s#$PWD/##g; s###g" $R/*.log $R/*.txt 2>/dev/null
+sed -i "s#$PWD/##g; s#$OUT/r/##g" $R/*.log $R/*.txt 2>/dev/null
 t done
 cd $OUT && tar czf r.tgz r && rm -rf r
