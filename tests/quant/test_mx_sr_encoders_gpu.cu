@@ -85,9 +85,11 @@ TEST(MxSrEncodersGpu, Bf16x2ScalingMatchesFp32ScalingAtEveryExponentAndMagnitude
                         << ", codes XOR 0x" << std::hex << r[5];
 }
 
-// A test that cannot fail is a defect: a one-bit change of the FP32 path's scale must be seen.
+// A test that cannot fail is a defect: the comparison must see the BF16x2 encoder given the next block exponent
+// (e = 1 against the FP32 encoder's e = 0).
 __global__ void encoders_differ_when_scales_differ(unsigned long long* out) {
-  const uint4 v = make_uint4(0x3F803FC0u, 0x40204060u, 0xBF80BFC0u, 0x3E803EC0u);  // 1, 1.5, 2.5, 3.5, -1, ...
+  // Elements 0..7 (element 2i in the low half of word i, 2i + 1 in the high): 1.5, 1, 3.5, 2.5, -1.5, -1, 0.375, 0.25.
+  const uint4 v = make_uint4(0x3F803FC0u, 0x40204060u, 0xBF80BFC0u, 0x3E803EC0u);
   const detail::ChunkDraws draws{{0x80808080u, 0x80808080u}};
   const uint32_t want = detail::encode_chunk_stochastic(v, detail::inv_block_scale(0), draws);
   const uint32_t got = detail::encode_chunk_stochastic_bf16x2(v, detail::sr_bf16x2_scale(1), draws);
