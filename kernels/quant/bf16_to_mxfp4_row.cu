@@ -157,12 +157,22 @@ __device__ __forceinline__ void transform_block(uint4 (&v)[4], uint32_t k0, uint
   }
 }
 
-// Largest BF16 magnitude bits of one MX block held by one thread (>= kBf16AbsNonFinite: NaN or Inf).
+// Largest BF16 magnitude bits of one MX block held by one thread (>= kBf16AbsNonFinite: NaN or Inf): the per-half
+// maxima of its magnitudes over all 16 words, then the larger half. The magnitudes: for RNE those of
+// detail::chunk_magnitudes (the FMA pipe, as the RNE encoder takes them); for stochastic rounding, whose encoder
+// keeps the FMA pipe busier, masks on the integer/logic pipe (the faster choice for each when timed, bench_quant).
+template <Rounding kRounding>
 __device__ __forceinline__ uint32_t block_amax_bits(const uint4 (&v)[4]) {
-  uint32_t amax_bits = 0;
+  uint32_t m2 = 0;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) amax_bits = max(amax_bits, detail::chunk_amax_bits(v[j]));
-  return amax_bits;
+  for (int j = 0; j < 4; ++j) {
+    const uint4 m = kRounding == Rounding::rne
+                        ? detail::chunk_magnitudes(v[j])
+                        : make_uint4(v[j].x & 0x7FFF7FFFu, v[j].y & 0x7FFF7FFFu, v[j].z & 0x7FFF7FFFu,
+                                     v[j].w & 0x7FFF7FFFu);
+    m2 = __vmaxu2(m2, __vmaxu2(__vmaxu2(m.x, m.y), __vmaxu2(m.z, m.w)));
+  }
+  return max(m2 & 0xFFFFu, m2 >> 16);
 }
 
 // RNE with a 16-point transform (h16, rht): the scale 1/4 folded into the block exponent. The rule's values are
@@ -209,14 +219,14 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
     uint32_t amax_bits;
     int folded = 0;  // log2 of the factor left out of the values (kFoldH16Scale): the scale is 2^(e - folded)
     if constexpr (kTransform == HadamardTransform::none) {
-      amax_bits = block_amax_bits(v);
+      amax_bits = block_amax_bits<kRounding>(v);
     } else {
       uint32_t k0 = 0;  // rht: the block's first column (K <= 2^30)
       if constexpr (kTransform == HadamardTransform::rht)
         k0 = mod_by_inverse(static_cast<uint64_t>(b), p.k_blocks, p.k_blocks_inverse) * kMxBlock;
       if constexpr (kFoldH16Scale<kRounding, kTransform>) {
         transform_block<kTransform, false>(v, k0, p.rht_seed);
-        amax_bits = block_amax_bits(v);
+        amax_bits = block_amax_bits<kRounding>(v);
         folded = 2;
         if (in && !mx_h16_fold_exact(amax_bits)) {  // rare: the rule as written on the reloaded inputs
           folded = 0;  // (an out-of-range thread's zeros are an all-zero block, exact: it never reloads)
@@ -224,11 +234,11 @@ bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, 
 #pragma unroll
           for (int j = 0; j < 4; ++j) v[j] = __ldg(xb + j);
           transform_block<kTransform>(v, k0, p.rht_seed);
-          amax_bits = block_amax_bits(v);
+          amax_bits = block_amax_bits<kRounding>(v);
         }
       } else {
         transform_block<kTransform>(v, k0, p.rht_seed);
-        amax_bits = block_amax_bits(v);
+        amax_bits = block_amax_bits<kRounding>(v);
       }
     }
     const bool nonfinite = amax_bits >= detail::kBf16AbsNonFinite;

@@ -39,16 +39,59 @@ FP4MOE_HD uint32_t bits_of_bf162(__nv_bfloat162 v) {
   return r;
 }
 
-// The magnitude codes alone (per half 0..7, no sign bit): the kernels gather the signs of a whole chunk apart.
-FP4MOE_HD uint32_t e2m1_pair_magnitude_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
+// The magnitudes of the two BF16 halves of w: w & 0x7FFF7FFF for finite values (on the device a BF16x2 absolute
+// value, an operand modifier of a fused multiply-add on the FMA pipe, where a mask would take the integer/logic
+// pipe); for a NaN half some NaN, whose bits as an unsigned integer are >= 0x7F81 either way.
+FP4MOE_HD uint32_t bf16x2_magnitude(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return bits_of_bf162(__habs2(bf162_from_bits(w)));
+#else
+  return w & 0x7FFF7FFFu;
+#endif
+}
+
+// The magnitude codes alone, times 2^12 (per half 0..7 in bits 12..14 and 28..30, the high nibbles of bytes 1 and
+// 3; bits 15 and 31 are 0, the other bits hold other values): the form the kernels gather (encode_chunk_rne in
+// mx_quant_device.cuh), where each element's code sits below its BF16 sign bit. With s = t - magic (per half the
+// rounded steps, 0..4) and k = (magic - kBase) / 2^7 (the binade above the first, 0..2), the code is s + 2k, and
+// 2^12 (s + 2k) = 2^12 t - 4032 magic - 64 kBase per half; each half's value lies in [0, 7 * 2^12], so the 32-bit
+// word holds both without a carry or borrow between them. The word computed is
+// (2^12 + 2^16) t - (2^12 + 2^16 - 64) magic - 64 kBase: the extra 2^16 (t - magic) adds the low half's steps
+// (0..4) to bits 16..18 and nothing else (the high half's share is past bit 31). Neither factor is then a power of
+// two, so the compiler keeps both multiply-adds on the FMA pipe (a power of two becomes a shift or LEA).
+// On the device, with the same bits: 2^E_a * 2^6 by a BF16x2 product (exact) instead of the exponent field plus 6
+// (where that field is 0, a < 2^-126, both are below 2^6 and the maximum is kBase either way), on the FMA pipe
+// rather than the integer/logic pipe, which bounds the quantizers with a transform (DESIGN.md "What bounds the
+// quantizers' speed"). mag: the magnitudes of both elements (bf16x2_magnitude of their word).
+FP4MOE_HD uint32_t e2m1_pair_magnitude_x4096_rne_bf16x2(uint32_t mag, __nv_bfloat162 inv2) {
   constexpr uint32_t kSixes = 0x40C040C0u;  // 6.0, 6.0
   constexpr uint32_t kBase = 0x42804280u;   // 64.0 = 2^6, 2^6: the magic number of the first binade (step 0.5)
-  const __nv_bfloat162 a2 = __hmul2_rn(bf162_from_bits(w & 0x7FFF7FFFu), inv2);
+  const __nv_bfloat162 a2 = __hmul2_rn(bf162_from_bits(mag), inv2);
   const uint32_t a = bits_of_bf162(__hmin2(a2, bf162_from_bits(kSixes)));
+#if defined(__CUDA_ARCH__)
+  const uint32_t magic = bits_of_bf162(
+      __hmax2(__hmul2_rn(bf162_from_bits(a & 0x7F807F80u), bf162_from_bits(kBase)), bf162_from_bits(kBase)));
+#else
   const uint32_t magic =
       bits_of_bf162(__hmax2(bf162_from_bits((a & 0x7F807F80u) + 0x03000300u), bf162_from_bits(kBase)));
+#endif
   const uint32_t t = bits_of_bf162(__hadd2_rn(bf162_from_bits(a), bf162_from_bits(magic)));
-  return t - magic + ((magic - kBase) >> 6);  // per half 0..7
+  constexpr uint32_t kT = (1u << 12) + (1u << 16);
+#if defined(__CUDA_ARCH__)
+  // Two multiply-adds in this order (left to itself, the compiler puts both constant terms in registers and
+  // reloads the factor per call): magic (64 - kT) - 64 kBase, then t kT plus that.
+  uint32_t r;
+  asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(magic), "n"(64u - kT), "r"(0u - 64u * kBase));
+  asm("mad.lo.u32 %0, %1, %2, %0;" : "+r"(r) : "r"(t), "n"(kT));
+  return r;
+#else
+  return kT * t - (kT - 64u) * magic - 64u * kBase;  // modulo 2^32
+#endif
+}
+
+// The magnitude codes alone (per half 0..7 in bits 0..2 and 16..18, no sign bit).
+FP4MOE_HD uint32_t e2m1_pair_magnitude_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {
+  return (e2m1_pair_magnitude_x4096_rne_bf16x2(bf16x2_magnitude(w), inv2) >> 12) & 0x00070007u;
 }
 
 FP4MOE_HD uint32_t e2m1_pair_rne_bf16x2(uint32_t w, __nv_bfloat162 inv2) {

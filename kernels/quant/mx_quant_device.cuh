@@ -10,7 +10,9 @@
 // H200 moves about 1.7e12 elements/s (2.5 bytes each: BF16 in, code and scale out) and issues about 33e12 thread
 // instructions/s (132 SMs x 4 schedulers x 32 lanes x 1.98 GHz), so about 20 instructions per element at full
 // issue, about 16 for 0.80 of copy at a realistic issue efficiency.
-//   - RNE: about 7 (the BF16x2 encoder, two elements per instruction, plus the amax): memory-bound.
+//   - RNE: about 7 (the BF16x2 encoder, two elements per instruction, plus the amax): memory-bound. Its integer
+//     steps are multiply-adds and its magnitudes absolute-value operands, on the FMA pipe (encode_chunk_rne;
+//     reports/results/h200/quant-encoder-alu-20261203/), which matters once a transform makes it compute-bound.
 //   - SR: one hash per eight elements (mx_random.h mx_sr_hash64, 8-bit draws), about 14 instructions (two 64-bit
 //     multiplies between three folds by 32 bits, the counter one 64-bit addition), 1.7 per element; the encoder
 //     (encode_chunk_stochastic) about 11.6 per element with its loads and store (a product, a minimum, a sum
@@ -55,10 +57,16 @@ static_assert(kMxBlock == 4 * kMxChunk, "four lanes per MX block");
 
 constexpr uint32_t kBf16AbsNonFinite = 0x7F80;  // |x| bits >= this: Inf or NaN
 
-// Largest BF16 magnitude bits of one chunk (bits order like magnitudes; >= kBf16AbsNonFinite: Inf or NaN).
+// The magnitudes of a chunk's 8 elements (bf16x2_magnitude of each word).
+__device__ __forceinline__ uint4 chunk_magnitudes(const uint4& v) {
+  return make_uint4(bf16x2_magnitude(v.x), bf16x2_magnitude(v.y), bf16x2_magnitude(v.z), bf16x2_magnitude(v.w));
+}
+
+// Largest BF16 magnitude bits of one chunk (bits order like magnitudes; >= kBf16AbsNonFinite: Inf or NaN), from
+// chunk_magnitudes (the same operation as encode_chunk_rne's).
 __device__ __forceinline__ uint32_t chunk_amax_bits(const uint4& v) {
-  const uint32_t m2 = __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu),
-                               __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu));
+  const uint4 m = chunk_magnitudes(v);
+  const uint32_t m2 = __vmaxu2(__vmaxu2(m.x, m.y), __vmaxu2(m.z, m.w));
   return max(m2 & 0xFFFFu, m2 >> 16);
 }
 
@@ -90,21 +98,25 @@ __device__ __forceinline__ float inv_block_scale(int e) {
 
 // RNE: two elements per BF16x2 instruction (mx_fast_codecs.h e2m1_pair_rne_bf16x2): half the instructions of an
 // fp32 encoder (one fp32 product and one rounding per element), which it replaced when timed faster (bench_quant).
-// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3. The magnitudes of a
-// pair packed into one byte with one shift-add (their bits are disjoint), the signs gathered per chunk.
-// e: the block exponent, in [-127, 126].
+// Encode 8 BF16 (one chunk) of a finite block with RNE: element i's code in bits 4i..4i+3. Each pair's codes come
+// times 2^12 (e2m1_pair_magnitude_x4096_rne_bf16x2: element 2i's in the high nibble of byte 1 of word i, element
+// 2i+1's in that of byte 3, right below their BF16 sign bits, which one masked OR per word adds); four byte
+// permutations gather the even and the odd elements' nibbles, and one shift-add packs them. e: the block exponent,
+// in [-127, 126].
 __device__ __forceinline__ uint32_t encode_chunk_rne(const uint4& v, int e) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  const uint4 mag = chunk_magnitudes(v);
+  const uint32_t m[4] = {mag.x, mag.y, mag.z, mag.w};
   // 2^-e in both BF16 halves (a BF16 normal for e in [-127, 126]: exponent field 127 - e in [1, 254]).
   const __nv_bfloat162 inv2 = bf162_from_bits((static_cast<uint32_t>(127 - e) << 7) * 0x00010001u);
-  uint32_t byte[4];
+  uint32_t c[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t c = e2m1_pair_magnitude_rne_bf16x2(w[i], inv2);
-    byte[i] = c + (c >> 12);  // byte 0: element 2i low nibble, element 2i+1 high nibble
-  }
-  return __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410) |
-         chunk_sign_bits(v);
+  for (int i = 0; i < 4; ++i) c[i] = e2m1_pair_magnitude_x4096_rne_bf16x2(m[i], inv2) | (w[i] & 0x80008000u);
+  const uint32_t p01 = __byte_perm(c[0], c[1], 0x7351);  // high nibbles: elements 0, 2, 1, 3
+  const uint32_t p23 = __byte_perm(c[2], c[3], 0x7351);  // 4, 6, 5, 7
+  const uint32_t even = __byte_perm(p01, p23, 0x5410);   // 0, 2, 4, 6 (low nibbles 0)
+  const uint32_t odd = __byte_perm(p01, p23, 0x7632);    // 1, 3, 5, 7 (low nibbles 0)
+  return (odd & 0xF0F0F0F0u) + (even >> 4);              // byte j: element 2j low nibble, 2j + 1 high
 }
 
 // One butterfly stage across lanes `kLaneXor` apart: the lower lane holds a = y_j, the upper b = y_{j+h}; the
@@ -340,7 +352,11 @@ __device__ __forceinline__ void block_butterflies(float (&y)[kMxBlock]) {
 // rht's sign flips on the BF16 words of one MX block held by one thread in the row layout (word i of chunk j holds
 // elements 8 j + 2 i and 8 j + 2 i + 1 in its low and high halves), signs = rht_sign_bits32 of the block: the sign
 // of element 2 m + 1 moved 15 places up beside that of element 2 m (per half of the block), so that one shift and
-// one masked XOR flip both halves of word m (exact, as the FP32 flips of mx_transform.h).
+// one masked XOR flip both halves of word m (exact, as the FP32 flips of mx_transform.h). The shift by
+// s = 15 - 2 (m % 8) is a product by 3 * 2^(s - 1) = 2^s + 2^(s - 1): the sign words hold bits at even positions
+// only, so the two shifted copies (odd and even positions) never overlap or carry, and bits 15 and 31 are those of
+// the shift. An integer multiply runs on the FMA pipe, where a shift would take the integer/logic pipe (the one
+// that bounds the quantizers with a transform); a power of two alone would become a shift again.
 __device__ __forceinline__ void flip_block_signs(uint4 (&v)[4], uint32_t signs) {
   // Word m < 8 (elements 0..15): bit 2 m = s_2m, bit 2 m + 16 = s_2m+1; word m >= 8 likewise from elements 16..31.
   const uint32_t lo = (signs & 0x5555u) | ((signs & 0xAAAAu) << 15);
@@ -351,8 +367,9 @@ __device__ __forceinline__ void flip_block_signs(uint4 (&v)[4], uint32_t signs) 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int m = 4 * j + i;  // elements 2 m, 2 m + 1
-      const uint32_t spread = m < 8 ? lo << (15 - 2 * m) : hi << (15 - 2 * (m - 8));
-      w[i] ^= spread & 0x80008000u;
+      const uint32_t spread = (m < 8 ? lo : hi) * (3u << (14 - 2 * (m % 8)));
+      // w ^ (spread & 0x80008000) as one LOP3 (left to itself, the compiler masks and XORs apart).
+      asm("lop3.b32 %0, %0, %1, %2, 0x78;" : "+r"(w[i]) : "r"(spread), "n"(0x80008000u));
     }
     v[j] = make_uint4(w[0], w[1], w[2], w[3]);
   }
