@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
+#include <string>
 #include <vector>
 
 #include "kernels/common/check.h"
@@ -38,17 +40,24 @@ struct ScratchLayout {
   }
 };
 
-// Shared argument checks of every entry point; returns M.
+// Shared argument checks of every entry point; returns M (host_offsets[G], or, without a host copy, split.rows,
+// which then must be >= 0 unless rows_optional).
 int64_t check_common(const char* what, int64_t N, int64_t K, const GroupSplit& split, const GemmOutput& out,
-                     bool wgrad) {
+                     bool wgrad, bool rows_optional = false) {
   FP4MOE_CHECK(N >= 16 && K >= 16 && N % 16 == 0 && K % 16 == 0,
                "{}: N and K must be positive multiples of 16 (FP8 tensor-core rows), got N={} K={}", what, N, K);
   FP4MOE_CHECK(split.G >= 1 && split.G <= 65535, "{}: expected 1 <= G <= 65535 groups, got G={}", what, split.G);
   FP4MOE_CHECK(split.offsets != nullptr, "{}: device group offsets are null", what);
-  FP4MOE_CHECK(split.host_offsets != nullptr,
-               "{}: the host copy of the group offsets is null (fetch it once per layer, see grouped_gemm.h)", what);
-  const int64_t M = split.host_offsets[split.G];
-  validate_group_offsets(split.host_offsets, split.G, M, what);
+  int64_t M = split.rows;
+  if (split.host_offsets != nullptr) {
+    M = split.host_offsets[split.G];
+    validate_group_offsets(split.host_offsets, split.G, M, what);
+  } else {
+    FP4MOE_CHECK(rows_optional || (split.rows >= 0 && split.rows <= INT32_MAX),
+                 "{}: a split without the host copy of its offsets must give its token count (rows in [0, 2^31)), "
+                 "got rows={}",
+                 what, split.rows);
+  }
   FP4MOE_CHECK(out.data != nullptr && aligned16(out.data), "{}: output must be a non-null 16-byte aligned pointer, "
                "got {}", what, out.data);
   FP4MOE_CHECK(!out.accumulate || out.type == GemmOutType::fp32,
@@ -56,6 +65,26 @@ int64_t check_common(const char* what, int64_t N, int64_t K, const GroupSplit& s
   FP4MOE_CHECK(!out.accumulate || wgrad,
                "{}: accumulation is only offered for Wgrad (Fprop/Dgrad write their ragged tails in place)", what);
   return M;
+}
+
+// The paths that read the counts on the host (cuBLASLt per group) reject a split without its host copy, naming
+// why the Hopper kernel, which would not need it, does not run instead (sm90_problem: empty for the BF16 paths).
+void require_host_offsets(const char* what, const GroupSplit& split, const std::string& sm90_problem) {
+  FP4MOE_CHECK(split.host_offsets != nullptr,
+               "{}: the host copy of the group offsets is null, which only the Hopper kernels take (fprop_fp8, "
+               "dgrad_fp8, wgrad_fp8; see grouped_gemm.h \"Without a host copy\"){}{} (or fetch the host copy once "
+               "per layer)",
+               what, sm90_problem.empty() ? "" : ", and they do not take this call: ", sm90_problem);
+}
+
+// Why the Hopper Fprop/Dgrad kernel cannot take a call apart from the automatic rule (empty: it can), for a split
+// without its host copy. P: output width, R: reduction dimension.
+std::string sm90_rows_problem(const GroupedGemmTuning& tuning, int64_t P, int64_t R, int64_t G,
+                              const GemmOutput& out) {
+  if (tuning.sm90 == Sm90Path::never) return "tuning().sm90 is never";
+  if (out.type != GemmOutType::bf16 || out.accumulate)
+    return "the output is not BF16 or accumulates (the kernel writes BF16 without accumulation)";
+  return grouped_gemm_sm90_unsupported(P, R, G);
 }
 
 void check_ptr(const char* what, const char* name, const void* p) {
@@ -215,7 +244,8 @@ void GroupedGemm::for_each_group(const GroupSplit& split, cudaStream_t caller, P
 void GroupedGemm::fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K, const GroupSplit& split,
                              GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_bf16";
-  const int64_t M = check_common(what, N, K, split, y, false);
+  const int64_t M = check_common(what, N, K, split, y, false, /*rows_optional=*/true);
+  require_host_offsets(what, split, "");
   check_ptr(what, "x", x);
   check_ptr(what, "w", w);
   (void)M;
@@ -232,7 +262,8 @@ void GroupedGemm::fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K,
 void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K, const GroupSplit& split,
                              GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_bf16";
-  check_common(what, N, K, split, dx, false);
+  check_common(what, N, K, split, dx, false, /*rows_optional=*/true);
+  require_host_offsets(what, split, "");
   check_ptr(what, "dy", dy);
   check_ptr(what, "w", w);
   for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
@@ -249,7 +280,8 @@ void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K
 void GroupedGemm::wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K, const GroupSplit& split,
                              GemmOutput dw, cudaStream_t stream) {
   const char* what = "grouped wgrad_bf16";
-  check_common(what, N, K, split, dw, true);
+  check_common(what, N, K, split, dw, true, /*rows_optional=*/true);
+  require_host_offsets(what, split, "");
   check_ptr(what, "dy", dy);
   check_ptr(what, "x", x);
   for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
@@ -343,16 +375,20 @@ void GroupedGemm::fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t
                             GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8";
   const int64_t M = check_common(what, N, K, split, y, false);
-  if (runs_sm90(M, N, K, split.G, y))
+  const std::string sm90_problem = sm90_rows_problem(tuning_, N, K, split.G, y);
+  if (split.host_offsets == nullptr ? sm90_problem.empty() : runs_sm90(M, N, K, split.G, y)) {
     grouped_fprop_fp8_sm90(x, w, M, N, K, split.offsets, split.G, static_cast<bf16*>(y.data), stream);
-  else
+  } else {
+    require_host_offsets(what, split, sm90_problem);
     row_times_weights_fp8(what, x, w.codes, w.scales, false, N, K, split, y, stream);
+  }
 }
 
 void GroupedGemm::fprop_fp8_row_weights(Fp8RowOperand x, Fp8RowStack w, int64_t N, int64_t K,
                                         const GroupSplit& split, GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8 (1x128 weights)";
-  check_common(what, N, K, split, y, false);
+  check_common(what, N, K, split, y, false, /*rows_optional=*/true);
+  require_host_offsets(what, split, "1x128 weights (a stack of row tensors) run on cuBLASLt");
   row_times_weights_fp8(what, x, w.codes, w.scales, true, N, K, split, y, stream);
 }
 
@@ -360,31 +396,39 @@ void GroupedGemm::dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int6
                             GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_fp8";
   const int64_t M = check_common(what, N, K, split, dx, false);
-  if (runs_sm90(M, K, N, split.G, dx))
+  const std::string sm90_problem = sm90_rows_problem(tuning_, K, N, split.G, dx);
+  if (split.host_offsets == nullptr ? sm90_problem.empty() : runs_sm90(M, K, N, split.G, dx)) {
     grouped_dgrad_fp8_sm90(dy, w_t, M, N, K, split.offsets, split.G, static_cast<bf16*>(dx.data), stream);
-  else
+  } else {
+    require_host_offsets(what, split, sm90_problem);
     row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, false, K, N, split, dx, stream);
+  }
 }
 
 void GroupedGemm::dgrad_fp8_row_weights(Fp8RowOperand dy, Fp8RowStack w_t, int64_t N, int64_t K,
                                         const GroupSplit& split, GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_fp8 (1x128 weights)";
-  check_common(what, N, K, split, dx, false);
+  check_common(what, N, K, split, dx, false, /*rows_optional=*/true);
+  require_host_offsets(what, split, "1x128 weights (a stack of row tensors) run on cuBLASLt");
   row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, true, K, N, split, dx, stream);
 }
 
 void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput dw, cudaStream_t stream, int64_t token_pad) {
   const char* what = "grouped wgrad_fp8";
-  if (runs_sm90_wgrad(N, K, split.G, token_pad)) {
+  const std::string sm90_problem =
+      tuning_.sm90 == Sm90Path::never ? "tuning().sm90 is never" : grouped_wgrad_sm90_unsupported(N, K, split.G, token_pad);
+  if (split.host_offsets == nullptr ? sm90_problem.empty() : runs_sm90_wgrad(N, K, split.G, token_pad)) {
     // One launch from the device offsets. With a host copy, the split is validated as on every path and its M
-    // bounds the kernel's reads; without one (a caller with no host synchronisation), the kernel's largest token
-    // bound, and the split must be valid. The kernel checks the other arguments itself.
-    const int64_t M = split.host_offsets != nullptr ? check_common(what, N, K, split, dw, true) : kWgradSm90MaxTokens;
-    grouped_wgrad_fp8_sm90(dy, x, M, N, K, split.offsets, split.G, dw, stream, token_pad);
+    // bounds the kernel's reads; without one (a caller with no host synchronisation), split.rows, or the kernel's
+    // largest token bound where rows < 0, and the split must be valid. The kernel checks the other arguments.
+    const int64_t M = check_common(what, N, K, split, dw, true, /*rows_optional=*/true);
+    grouped_wgrad_fp8_sm90(dy, x, M >= 0 ? M : kWgradSm90MaxTokens, N, K, split.offsets, split.G, dw, stream,
+                           token_pad);
     return;
   }
-  check_common(what, N, K, split, dw, true);
+  check_common(what, N, K, split, dw, true, /*rows_optional=*/true);
+  require_host_offsets(what, split, sm90_problem);
   const std::string pad_problem = wgrad_token_pad_problem(token_pad);
   FP4MOE_CHECK(pad_problem.empty(), "{}: {}", what, pad_problem);
   const auto padded = [&](int64_t Mg) { return ceil_div(Mg, token_pad) * token_pad; };

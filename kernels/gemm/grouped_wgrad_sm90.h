@@ -70,7 +70,8 @@ std::string grouped_wgrad_sm90_unsupported(int64_t N, int64_t K, int64_t G, int6
 // dw [G, N, K] (+)= dY_g^T X_g per group. dy: column tensor over [M, N]; x: column tensor over [M, K]; offsets:
 // device int32 [G+1], made safe on the device (clamped to [0, M], non-decreasing) so that even a bad split reads
 // nothing outside the operands' capacities for M tokens (layouts.h) and writes nothing outside dw; a caller
-// without a host copy of the offsets passes M = kWgradSm90MaxTokens and must pass a valid split.
+// without a host copy of the offsets passes its token count (GroupSplit::rows), or M = kWgradSm90MaxTokens where
+// it has none, and must pass a valid split.
 void grouped_wgrad_fp8_sm90(Fp8ColOperand dy, Fp8ColOperand x, int64_t M, int64_t N, int64_t K,
                             const int32_t* offsets, int64_t G, GemmOutput dw, cudaStream_t stream,
                             int64_t token_pad = 16);

@@ -1,9 +1,11 @@
 // Cheaper formulations of the E2M1 encoders of formats.h, used by the BF16 -> MXFP4 row kernel
 // (bf16_to_mxfp4_row.cu): the same results bit for bit, computed with fewer instructions.
-// Host and device alike, so that tests compare them with formats.h without a device: the BF16x2 RNE encoder on
-// every BF16 pair (tests/quant/test_quant_row_gpu.cpp, host-only tests), the stochastic encoder on every E2M1
-// boundary and its FP32 neighbours, random FP32 values and subnormals, with draws around each decision (CPU tests,
-// tests/quant/test_mx_fast_codecs.cpp).
+// Host and device, so that tests compare them with formats.h without a device: the BF16x2 RNE encoder on every
+// BF16 pair (tests/quant/test_quant_row_gpu.cpp, host-only tests), the stochastic encoder on every E2M1 boundary
+// and its FP32 neighbours, random FP32 values and subnormals, with draws around each decision (CPU tests,
+// tests/quant/test_mx_fast_codecs.cpp). Where a device branch computes the same bits otherwise (intrinsics and
+// pinned instructions for the pipes), a GPU test covers it: tests/quant/test_mx_rne_encoder_gpu.cu,
+// tests/quant/test_mx_sr_encoders_gpu.cu.
 #pragma once
 
 #include <cuda_bf16.h>

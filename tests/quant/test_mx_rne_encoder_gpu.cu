@@ -1,6 +1,7 @@
 // The BF16x2 RNE pair encoder of the quantizers (kernels/quant/mx_fast_codecs.h e2m1_pair_rne_bf16x2), compiled for
-// the device as the kernels run it: its device branch computes the codes' final shift-add as a multiply-add on the
-// FMA pipe instead of the host branch's shift and addition. It must give the codes of f32_to_e2m1_rne (formats.h,
+// the device as the kernels run it: its device branch takes magnitudes by a BF16x2 absolute value, the binade's
+// magic number by a BF16x2 product and the codes by two pinned integer multiply-adds, where the host branch masks
+// and adds. It must give the codes of f32_to_e2m1_rne (formats.h,
 // OCP MX v1.0 E2M1 with round-to-nearest-even and saturation) for every finite BF16 value (both signs, subnormals
 // and -0 included) at every block exponent e in [-127, 126] that keeps |v| 2^-e below 8, in both halves of the
 // word, as the host branch does (tests/quant/test_quant_row_gpu.cpp, MxFastCodecs.*: the same pairs).

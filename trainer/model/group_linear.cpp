@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "kernels/common/check.h"
+#include "kernels/gemm/grouped_gemm_sm90.h"
+#include "kernels/gemm/grouped_wgrad_sm90.h"
 #include "kernels/gemm/mxfp4_gemm.h"
 #include "kernels/quant/bf16_to_fp8.h"
 #include "kernels/quant/bf16_to_mxfp4_col.h"
@@ -282,14 +284,40 @@ size_t GroupLinear::weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N
   return sum;
 }
 
+int64_t GroupLinear::split_tokens(const GroupSplit& split, const char* what) const {
+  FP4MOE_CHECK(split.G == G_, "{}: expected a split of {} groups, got G={}", what, G_, split.G);
+  if (split.host_offsets != nullptr) return split.host_offsets[G_];
+  // Without the host copy the FP8 expert GEMMs run on the Hopper kernels (kernels/gemm/grouped_gemm.h); the GEMMs
+  // that read the counts on the host, and the shapes the kernels do not take, are refused here, before any launch.
+  const char* host_gemms = bf16_gemms(recipe_)       ? "BF16 expert GEMMs (cuBLASLt per expert)"
+                           : is_mx(recipe_.wgrad)     ? "an MXFP4 Wgrad (cuBLASLt per expert)"
+                           : G_ > 1 && (is_mx(recipe_.fprop) || is_mx(recipe_.dgrad))
+                               ? "an MXFP4 Fprop or Dgrad of routed experts (1x128 weights, cuBLASLt per expert)"
+                               : nullptr;
+  FP4MOE_CHECK(host_gemms == nullptr,
+               "{}: a split without the host copy of its offsets needs expert GEMMs that read the counts on the "
+               "device, but recipe {} has {}",
+               what, recipe_name(recipe_), host_gemms);
+  FP4MOE_CHECK(split.rows >= 0 && split.rows <= kWgradSm90MaxTokens,
+               "{}: a split without the host copy of its offsets must give its token count (rows in [0, 2^30]), "
+               "got rows={}",
+               what, split.rows);
+  std::string problem;
+  if (!is_mx(recipe_.fprop) || !is_mx(recipe_.dgrad)) problem = grouped_gemm_sm90_unsupported(N_, K_, G_);
+  if (problem.empty()) problem = grouped_wgrad_sm90_unsupported(N_, K_, G_, kColAlign);  // FP8 column tensors
+  FP4MOE_CHECK(problem.empty(),
+               "{}: a split without the host copy of its offsets runs the FP8 expert GEMMs on the Hopper kernels, "
+               "which do not take this layer (G={}, N={}, K={}): {}",
+               what, G_, N_, K_, problem);
+  return split.rows;
+}
+
 void GroupLinear::forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream) {
   const char* what = "GroupLinear::forward";
   FP4MOE_CHECK(w_ != nullptr, "{}: set_weights was not called", what);
-  FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr,
-               "{}: expected a split of {} groups with its host copy of the offsets, got G={}", what, G_, split.G);
+  const int64_t M = split_tokens(split, what);
   check_input(x, what);
   const bool mx = recipe_.mxfp4_input;
-  const int64_t M = split.host_offsets[G_];
   const GemmOutput out{y, GemmOutType::bf16, false};
   cached_M_[slot()] = M;
   if (bf16_gemms(recipe_)) {
@@ -371,8 +399,7 @@ void GroupLinear::fprop_fp8_rows(Fp8RowOperand x, const GroupSplit& split, bf16*
                "{}: only an fp8 Fprop of a BF16 input takes an FP8 row copy of X, this layer is {}", what,
                recipe_name(recipe_));
   FP4MOE_CHECK(w_ != nullptr, "{}: set_weights was not called", what);
-  FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr,
-               "{}: expected a split of {} groups with its host copy of the offsets, got G={}", what, G_, split.G);
+  split_tokens(split, what);
   FP4MOE_CHECK(x.codes != nullptr && x.scales != nullptr,
                "{}: null codes or scales (expected an FP8 1x128 row tensor [M, {}], layouts.h)", what, K_);
   gemm_.fprop_fp8(x, {static_cast<uint8_t*>(w_codes_.ptr), static_cast<float*>(w_scales_.ptr)}, N_, K_, split,
@@ -385,7 +412,7 @@ void GroupLinear::backward(const GroupLinearInput& x, const bf16* dy, const Grou
   const int64_t M = cached_M_[slot()];  // the active slot's forward
   FP4MOE_CHECK(M >= 0, "{}: no forward to differentiate", what);
   FP4MOE_CHECK(dy != nullptr, "{}: null dY (expected BF16 [M, N])", what);
-  FP4MOE_CHECK(split.G == G_ && split.host_offsets != nullptr && split.host_offsets[G_] == M,
+  FP4MOE_CHECK(split.G == G_ && split_tokens(split, what) == M,
                "{}: the split must be the forward's ({} groups, {} tokens)", what, G_, M);
   const bool reads_x = recipe_.mxfp4_input || bf16_gemms(recipe_);  // fp8: its own column copy
   if (dw_master && reads_x) check_input(x, what);

@@ -115,9 +115,16 @@ class GroupLinear {
   // step) changes nothing. Default 0.
   void set_quant_seed(uint64_t seed);
 
-  // y [M, N] BF16, device, M = split.host_offsets[G]. Rejects (before any launch) a forward before set_weights,
-  // a split whose G differs from the layer's or that has no host copy of the offsets, the wrong kind of input for
-  // the recipe (null x for bf16/fp8, null mx_codes or mx_scales for mxfp4), and everything GroupedGemm rejects.
+  // y [M, N] BF16, device, M = split.host_offsets[G], or split.rows for a split without a host copy of its
+  // offsets: then nothing of forward, backward or fprop_fp8_rows reads the counts on the host, and no host
+  // synchronisation is left, for the recipes whose expert GEMMs the Hopper kernels take (fp8 and mxfp4, N and K
+  // multiples of 128, rows <= 2^30; kernels/gemm/grouped_gemm.h "Without a host copy"); the others are rejected
+  // with the reason. A CUDA graph can then hold a forward and backward, captured after an eager one with the same
+  // rows (which allocates the buffers; a larger M later reallocates them and leaves the graph's pointers
+  // dangling): it bakes in M, the buffers, the active slot and the stochastic-rounding stream of its backward
+  // (every replay draws the same numbers), while the device offsets may change between replays. Rejects (before any launch) a forward before set_weights, a split whose G
+  // differs from the layer's or that has neither a host copy nor rows, the wrong kind of input for the recipe
+  // (null x for bf16/fp8, null mx_codes or mx_scales for mxfp4), and everything GroupedGemm rejects.
   void forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream);
 
   // x: the forward's input, with the forward's values (the same tensor, or one rebuilt at another address, e.g.
@@ -131,7 +138,7 @@ class GroupLinear {
 
   // The fp8 recipe's Fprop again, from an FP8 1x128 row copy of X that the caller made with bf16_to_fp8_row
   // (this layer's scale_mode()) and kept: x.codes E4M3 [M, K], x.scales FP32 [fp8_row_scale_count(M, K)]
-  // (layouts.h), device, M = split.host_offsets[G]. y [M, N] BF16 gets the bits forward gave for the BF16 X those
+  // (layouts.h), device, M as in forward. y [M, N] BF16 gets the bits forward gave for the BF16 X those
   // rows came from (the same operands, the same grouped GEMM). Fprop only: the FP8 column copy of X that the last
   // forward made for Wgrad, and what backward reads, are left as they are (a recompute of Y from a kept FP8 input,
   // trainer/model/moe_experts.h). Rejects (before any launch) a recipe other than fp8, a call before set_weights,
@@ -216,6 +223,8 @@ class GroupLinear {
   void check_mx_tokens(int64_t M, const char* gemm) const;
   // Checks that input `x` is the recipe's kind (BF16 or MXFP4); `what` names the call.
   void check_input(const GroupLinearInput& x, const char* what) const;
+  // The split's token count M (host_offsets[G], or rows without a host copy); rejects another G, or neither.
+  int64_t split_tokens(const GroupSplit& split, const char* what) const;
   // The active in-flight slot (allocator_.slots; 0 without), and its copy of X's FP8 columns: the fp8 recipe's held
   // activation (one per slot), the mxfp4 recipe's backward scratch (one).
   size_t slot() const { return static_cast<size_t>(checked_slot(allocator_.slots, cached_M_.size(), "GroupLinear")); }
