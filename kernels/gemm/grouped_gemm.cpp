@@ -67,14 +67,22 @@ int64_t check_common(const char* what, int64_t N, int64_t K, const GroupSplit& s
   return M;
 }
 
-// The paths that read the counts on the host (cuBLASLt per group) reject a split without its host copy, naming
-// why the Hopper kernel, which would not need it, does not run instead (sm90_problem: empty for the BF16 paths).
-void require_host_offsets(const char* what, const GroupSplit& split, const std::string& sm90_problem) {
+// The entry points that only run cuBLASLt per group (BF16 operands, 1x128 weights) read the counts on the host:
+// they reject a split without its host copy.
+void require_host_offsets(const char* what, const GroupSplit& split) {
   FP4MOE_CHECK(split.host_offsets != nullptr,
                "{}: the host copy of the group offsets is null, which only the Hopper kernels take (fprop_fp8, "
-               "dgrad_fp8, wgrad_fp8; see grouped_gemm.h \"Without a host copy\"){}{} (or fetch the host copy once "
-               "per layer)",
-               what, sm90_problem.empty() ? "" : ", and they do not take this call: ", sm90_problem);
+               "dgrad_fp8, wgrad_fp8; see grouped_gemm.h \"Without a host copy\"); fetch it once per layer",
+               what);
+}
+
+// A split without its host copy runs on the Hopper kernel or not at all: rejects it naming why the kernel cannot
+// take the call (sm90_problem, empty: it can).
+void require_sm90_for_device_split(const char* what, const std::string& sm90_problem) {
+  FP4MOE_CHECK(sm90_problem.empty(),
+               "{}: a split without the host copy of its offsets runs only on the Hopper kernel, which does not "
+               "take this call: {} (or fetch the host copy once per layer)",
+               what, sm90_problem);
 }
 
 // Why the Hopper Fprop/Dgrad kernel cannot take a call apart from the automatic rule (empty: it can), for a split
@@ -245,7 +253,7 @@ void GroupedGemm::fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K,
                              GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_bf16";
   const int64_t M = check_common(what, N, K, split, y, false, /*rows_optional=*/true);
-  require_host_offsets(what, split, "");
+  require_host_offsets(what, split);
   check_ptr(what, "x", x);
   check_ptr(what, "w", w);
   (void)M;
@@ -263,7 +271,7 @@ void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K
                              GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_bf16";
   check_common(what, N, K, split, dx, false, /*rows_optional=*/true);
-  require_host_offsets(what, split, "");
+  require_host_offsets(what, split);
   check_ptr(what, "dy", dy);
   check_ptr(what, "w", w);
   for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
@@ -281,7 +289,7 @@ void GroupedGemm::wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K
                              GemmOutput dw, cudaStream_t stream) {
   const char* what = "grouped wgrad_bf16";
   check_common(what, N, K, split, dw, true, /*rows_optional=*/true);
-  require_host_offsets(what, split, "");
+  require_host_offsets(what, split);
   check_ptr(what, "dy", dy);
   check_ptr(what, "x", x);
   for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
@@ -375,20 +383,18 @@ void GroupedGemm::fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t
                             GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8";
   const int64_t M = check_common(what, N, K, split, y, false);
-  const std::string sm90_problem = sm90_rows_problem(tuning_, N, K, split.G, y);
-  if (split.host_offsets == nullptr ? sm90_problem.empty() : runs_sm90(M, N, K, split.G, y)) {
-    grouped_fprop_fp8_sm90(x, w, M, N, K, split.offsets, split.G, static_cast<bf16*>(y.data), stream);
-  } else {
-    require_host_offsets(what, split, sm90_problem);
-    row_times_weights_fp8(what, x, w.codes, w.scales, false, N, K, split, y, stream);
-  }
+  if (split.host_offsets == nullptr)
+    require_sm90_for_device_split(what, sm90_rows_problem(tuning_, N, K, split.G, y));
+  else if (!runs_sm90(M, N, K, split.G, y))
+    return row_times_weights_fp8(what, x, w.codes, w.scales, false, N, K, split, y, stream);
+  grouped_fprop_fp8_sm90(x, w, M, N, K, split.offsets, split.G, static_cast<bf16*>(y.data), stream);
 }
 
 void GroupedGemm::fprop_fp8_row_weights(Fp8RowOperand x, Fp8RowStack w, int64_t N, int64_t K,
                                         const GroupSplit& split, GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8 (1x128 weights)";
   check_common(what, N, K, split, y, false, /*rows_optional=*/true);
-  require_host_offsets(what, split, "1x128 weights (a stack of row tensors) run on cuBLASLt");
+  require_host_offsets(what, split);
   row_times_weights_fp8(what, x, w.codes, w.scales, true, N, K, split, y, stream);
 }
 
@@ -396,29 +402,29 @@ void GroupedGemm::dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int6
                             GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_fp8";
   const int64_t M = check_common(what, N, K, split, dx, false);
-  const std::string sm90_problem = sm90_rows_problem(tuning_, K, N, split.G, dx);
-  if (split.host_offsets == nullptr ? sm90_problem.empty() : runs_sm90(M, K, N, split.G, dx)) {
-    grouped_dgrad_fp8_sm90(dy, w_t, M, N, K, split.offsets, split.G, static_cast<bf16*>(dx.data), stream);
-  } else {
-    require_host_offsets(what, split, sm90_problem);
-    row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, false, K, N, split, dx, stream);
-  }
+  if (split.host_offsets == nullptr)
+    require_sm90_for_device_split(what, sm90_rows_problem(tuning_, K, N, split.G, dx));
+  else if (!runs_sm90(M, K, N, split.G, dx))
+    return row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, false, K, N, split, dx, stream);
+  grouped_dgrad_fp8_sm90(dy, w_t, M, N, K, split.offsets, split.G, static_cast<bf16*>(dx.data), stream);
 }
 
 void GroupedGemm::dgrad_fp8_row_weights(Fp8RowOperand dy, Fp8RowStack w_t, int64_t N, int64_t K,
                                         const GroupSplit& split, GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_fp8 (1x128 weights)";
   check_common(what, N, K, split, dx, false, /*rows_optional=*/true);
-  require_host_offsets(what, split, "1x128 weights (a stack of row tensors) run on cuBLASLt");
+  require_host_offsets(what, split);
   row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, true, K, N, split, dx, stream);
 }
 
 void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput dw, cudaStream_t stream, int64_t token_pad) {
   const char* what = "grouped wgrad_fp8";
-  const std::string sm90_problem =
-      tuning_.sm90 == Sm90Path::never ? "tuning().sm90 is never" : grouped_wgrad_sm90_unsupported(N, K, split.G, token_pad);
-  if (split.host_offsets == nullptr ? sm90_problem.empty() : runs_sm90_wgrad(N, K, split.G, token_pad)) {
+  if (split.host_offsets == nullptr)
+    require_sm90_for_device_split(what, tuning_.sm90 == Sm90Path::never
+                                            ? "tuning().sm90 is never"
+                                            : grouped_wgrad_sm90_unsupported(N, K, split.G, token_pad));
+  if (split.host_offsets == nullptr || runs_sm90_wgrad(N, K, split.G, token_pad)) {
     // One launch from the device offsets. With a host copy, the split is validated as on every path and its M
     // bounds the kernel's reads; without one (a caller with no host synchronisation), split.rows, or the kernel's
     // largest token bound where rows < 0, and the split must be valid. The kernel checks the other arguments.
@@ -427,8 +433,7 @@ void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_
                            token_pad);
     return;
   }
-  check_common(what, N, K, split, dw, true, /*rows_optional=*/true);
-  require_host_offsets(what, split, sm90_problem);
+  check_common(what, N, K, split, dw, true);
   const std::string pad_problem = wgrad_token_pad_problem(token_pad);
   FP4MOE_CHECK(pad_problem.empty(), "{}: {}", what, pad_problem);
   const auto padded = [&](int64_t Mg) { return ceil_div(Mg, token_pad) * token_pad; };

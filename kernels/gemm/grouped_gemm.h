@@ -20,11 +20,12 @@
 //         g * fp8_block_scale_count(rows, cols) floats.
 //
 // Routing counts on the host: each entry point takes the device offsets and ONE host copy of the same offsets
-// (GroupSplit; the Hopper paths also take a split without it, "Without a host copy" below). The caller fetches that copy once per MoE layer and step, where the token counts per expert
-// become known (after the dispatch's count exchange, before the expert GEMMs), and passes the same copy to the
-// Fprop, Dgrad and Wgrad of all the layer's expert GEMMs. The GEMMs themselves never synchronise: one cuBLASLt
-// call per non-empty expert (plus at most three small 4-row calls for the ragged tails at the end of the tensor,
-// and with several streams the recomputed rows below), launched back to back.
+// (GroupSplit; the Hopper paths also take a split without it, "Without a host copy" below). The caller fetches that
+// copy once per MoE layer and step, where the token counts per expert become known (after the dispatch's count
+// exchange, before the expert GEMMs), and passes the same copy to the Fprop, Dgrad and Wgrad of all the layer's expert
+// GEMMs. The GEMMs themselves never synchronise: one cuBLASLt call per non-empty expert (plus at most three small 4-row
+// calls for the ragged tails at the end of the tensor, and with several streams the recomputed rows below), launched
+// back to back.
 //
 // Hopper path: fprop_fp8 and dgrad_fp8 into a BF16 output run as one launch of our kernel (grouped_gemm_sm90.h,
 // which reads the device offsets) instead of the per-expert calls where tuning().sm90 and the rule of
@@ -35,13 +36,13 @@
 // for Wgrad: the kernel runs at about half of cuBLASLt's rate (grouped_gemm_heuristics.h grouped_wgrad_prefers_sm90).
 //
 // Without a host copy (a caller with no host synchronisation, e.g. a step captured in a CUDA graph): a split whose
-// host_offsets is null, with its token count in `rows`, is taken by fprop_fp8 and dgrad_fp8 (into a BF16 output
-// without accumulation) and by wgrad_fp8, which then run the Hopper kernels whenever tuning().sm90 is not never and the kernel takes the problem
-// (whatever the automatic rule prefers: cuBLASLt needs the counts on the host), and rejected with the reason
-// everywhere else (BF16 operands, 1x128 weights, another device or shape). The device offsets must then be a valid
-// split of `rows` tokens; the kernels never read or write past them either way (an invalid split writes nothing
-// from a group it cannot place). wgrad_fp8 also takes rows < 0 there, its reads bounded by the kernel's largest
-// token count. A given host copy is validated as everywhere.
+// host_offsets is null, with its token count in `rows`, is taken by fprop_fp8 and dgrad_fp8 (into a BF16 output without
+// accumulation) and by wgrad_fp8, which then run the Hopper kernels whenever tuning().sm90 is not never and the kernel
+// takes the problem (whatever the automatic rule prefers: cuBLASLt needs the counts on the host), and rejected with the
+// reason everywhere else (BF16 operands, 1x128 weights, another device or shape). The device offsets must then be a
+// valid split of `rows` tokens; the kernels never read or write past them either way (an invalid split writes nothing
+// from a group it cannot place). wgrad_fp8 also takes rows < 0 there, its reads bounded by the kernel's largest token
+// count. A given host copy is validated as everywhere.
 //
 // Shape rules: N % 16 == 0 and K % 16 == 0 (FP8 tensor cores read 16-byte rows; the quantizers impose the same);
 // any M_g >= 0. All device pointers 16-byte aligned. Rejected with fp4moe::Error before anything is launched:

@@ -85,7 +85,8 @@ struct Operands {
     CUDA_CHECK(cudaDeviceSynchronize());
   }
   GroupLinearInput input(const Recipe& r) const {
-    return r.mxfp4_input ? GroupLinearInput{nullptr, mx_codes.ptr, mx_scales.ptr} : GroupLinearInput{x.ptr, nullptr, nullptr};
+    return r.mxfp4_input ? GroupLinearInput{nullptr, mx_codes.ptr, mx_scales.ptr}
+                         : GroupLinearInput{x.ptr, nullptr, nullptr};
   }
   // Poisons Y and dX, restores the master gradient, sets the device offsets; done when it returns (the layer's
   // stream does not wait for the legacy stream these copies run on).

@@ -115,16 +115,16 @@ class GroupLinear {
   // step) changes nothing. Default 0.
   void set_quant_seed(uint64_t seed);
 
-  // y [M, N] BF16, device, M = split.host_offsets[G], or split.rows for a split without a host copy of its
-  // offsets: then nothing of forward, backward or fprop_fp8_rows reads the counts on the host, and no host
-  // synchronisation is left, for the recipes whose expert GEMMs the Hopper kernels take (fp8 and mxfp4, N and K
-  // multiples of 128, rows <= 2^30; kernels/gemm/grouped_gemm.h "Without a host copy"); the others are rejected
-  // with the reason. A CUDA graph can then hold a forward and backward, captured after an eager one with the same
-  // rows (which allocates the buffers; a larger M later reallocates them and leaves the graph's pointers
-  // dangling): it bakes in M, the buffers, the active slot and the stochastic-rounding stream of its backward
-  // (every replay draws the same numbers), while the device offsets may change between replays. Rejects (before any launch) a forward before set_weights, a split whose G
-  // differs from the layer's or that has neither a host copy nor rows, the wrong kind of input for the recipe
-  // (null x for bf16/fp8, null mx_codes or mx_scales for mxfp4), and everything GroupedGemm rejects.
+  // y [M, N] BF16, device, M = split.host_offsets[G], or split.rows for a split without a host copy of its offsets:
+  // then nothing of forward, backward or fprop_fp8_rows reads the counts on the host, and no host synchronisation is
+  // left, for the recipes whose expert GEMMs the Hopper kernels take (fp8 and mxfp4, N and K multiples of 128, rows <=
+  // 2^30; kernels/gemm/grouped_gemm.h "Without a host copy"); the others are rejected with the reason. A CUDA graph can
+  // then hold a forward and backward, captured after an eager one with the same rows (which allocates the buffers; a
+  // larger M later reallocates them and leaves the graph's pointers dangling): it bakes in M, the buffers, the active
+  // slot and the stochastic-rounding stream of its backward (every replay draws the same numbers), while the device
+  // offsets may change between replays. Rejects (before any launch) a forward before set_weights, a split whose G
+  // differs from the layer's or that has neither a host copy nor rows, the wrong kind of input for the recipe (null x
+  // for bf16/fp8, null mx_codes or mx_scales for mxfp4), and everything GroupedGemm rejects.
   void forward(const GroupLinearInput& x, const GroupSplit& split, bf16* y, cudaStream_t stream);
 
   // x: the forward's input, with the forward's values (the same tensor, or one rebuilt at another address, e.g.
