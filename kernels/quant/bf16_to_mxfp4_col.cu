@@ -229,14 +229,21 @@ ColKernelFn col_kernel(detail::MxColKernel kernel) {
       return bf16_to_mxfp4_col_kernel<kRounding, kTransform, kRagged>;
     case detail::MxColKernel::register_tile:
       return bf16_to_mxfp4_col_regs_kernel<kRounding, kTransform, kRagged>;
+    case detail::MxColKernel::block_staged:
+      return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged, true>;
+    case detail::MxColKernel::block_l2_prefetch:
+      return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged, true, true>;
     default:
-      return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged>;
+      return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged, false>;
   }
 }
 
 // Threads per block.
 int block_threads(detail::MxColKernel kernel) {
-  return kernel == detail::MxColKernel::block_per_thread ? detail::kColBlockThreads : kThreads;
+  return kernel == detail::MxColKernel::block_per_thread || kernel == detail::MxColKernel::block_staged ||
+                 kernel == detail::MxColKernel::block_l2_prefetch
+             ? detail::kColBlockThreads
+             : kThreads;
 }
 
 // Columns of X per thread block (the grid's first dimension: column tiles).
@@ -274,8 +281,8 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
   detail::check_mx_pointer(what, "codes", codes, 16);
   detail::check_mx_pointer(what, "scales", scales, 1);
   if (nonfinite_blocks != nullptr) detail::check_mx_pointer(what, "nonfinite_blocks", nonfinite_blocks, 8);
-  const MxColParams p{cfg.scale_mode, cfg.seed, static_cast<uint64_t>(cfg.row_offset), cfg.rht_seed, M, K, offsets,
-                    static_cast<int>(G), nonfinite_blocks};
+  MxColParams p{cfg.scale_mode, cfg.seed, static_cast<uint64_t>(cfg.row_offset), cfg.rht_seed, M, K, offsets,
+                static_cast<int>(G), nonfinite_blocks, 0};
   const int64_t slots = ceil_div(M, int64_t{kTileRows}) + (kRagged ? G : 0);
   const int64_t max_y = detail::kMxColMaxGridY;
   const dim3 grid = kernel == detail::MxColKernel::shared_tile
@@ -286,6 +293,13 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
   const ColKernelFn fn = cfg.rounding == Rounding::rne
                              ? col_kernel<kRagged, Rounding::rne>(kernel, cfg.transform)
                              : col_kernel<kRagged, Rounding::stochastic>(kernel, cfg.transform);
+  if (kernel == detail::MxColKernel::block_l2_prefetch) {
+    int per_sm = 0, device = 0, sms = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, block_threads(kernel), 0));
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    p.prefetch_tiles = static_cast<long long>(per_sm > 0 ? per_sm : 1) * sms;
+  }
   fn<<<grid, block_threads(kernel), 0, stream>>>(x, p, codes, scales);
   CUDA_CHECK_LAUNCH();
 }

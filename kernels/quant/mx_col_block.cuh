@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "kernels/formats/formats.h"
+#include "kernels/quant/cp_async.cuh"
 #include "kernels/quant/mx_col_device.cuh"
 #include "kernels/quant/mx_fast_codecs.h"
 #include "kernels/quant/mx_quant_device.cuh"
@@ -251,11 +252,79 @@ __device__ __forceinline__ void encode_col_block_sr(const PairWords (&w)[2], con
                         codes[2 * q + 1][j]);
 }
 
-template <Rounding kRounding, HadamardTransform kTransform, bool kRagged>
+// The outputs of one thread block (128 columns x 4 MX blocks of the token block) gathered in shared memory, then
+// written by whole runs: each column's 64 code bytes (a row of X^T, 4 blocks of 16) by 4 adjacent lanes, 8 rows of
+// X^T per store instruction, and its 4 scale bytes by one 4-byte store where they start on 4 bytes (else one store
+// per byte). Without it every thread stores its own 16 code bytes and scale byte per column: 32 code bytes and 2
+// scale bytes of one row of X^T per store instruction and sector, so that each sector of scales is written by 8
+// stores of 2 bytes (and each run of 4 by two warps). The block index of a column's 16-byte slot is XORed with
+// (column / 4) % 4 so that the 8 lanes of a store phase meet at most two to a bank group when they put, none when
+// they store (a column's 4 slots stay in its own 64 bytes).
+template <bool kStaged>
+struct StagedColOutput {
+  __device__ __forceinline__ void put(int, int, uint4, uint8_t) {}
+};
+
+template <>
+struct StagedColOutput<true> {
+  uint4 code[kColBlockTileCols * 4];  // [column][block ^ swizzle]
+  uint32_t scale[kColBlockTileCols];  // [column]: byte b the scale of block b
+
+  static __device__ __forceinline__ int slot(int col, int block) { return 4 * col + (block ^ ((col >> 2) & 3)); }
+
+  // Column col's block `block` (both within the thread block's tile).
+  __device__ __forceinline__ void put(int col, int block, uint4 codes, uint8_t s) {
+    code[slot(col, block)] = codes;
+    reinterpret_cast<uint8_t*>(scale)[4 * col + block] = s;
+  }
+
+  // Writes columns k_tile .. k_tile + cols - 1 (cols a multiple of 4), blocks 0 .. blocks - 1, of the token block.
+  // After a barrier; every thread of the block calls it.
+  __device__ __forceinline__ void store(const TokenBlock& tb, int64_t k_tile, int cols, int blocks,
+                                        uint8_t* __restrict__ codes, uint8_t* __restrict__ scales) const {
+    const int t = static_cast<int>(threadIdx.x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = j * kColBlockThreads + t, col = i >> 2, block = i & 3;
+      if (col < cols && block < blocks)
+        reinterpret_cast<uint4*>(codes)[col_layout_offset(tb, k_tile + col, kMxBlock * block) / kMxBlock] =
+            code[slot(col, block)];
+    }
+    static_assert(kColBlockThreads == kColBlockTileCols, "one thread per column for the scales");
+    if (t < cols) {
+      uint8_t* const dst = scales + col_layout_offset(tb, k_tile + t, 0) / kMxBlock;
+      const uint32_t v = scale[t];
+      if (blocks == 4 && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      } else {
+        for (int b = 0; b < blocks; ++b) dst[b] = static_cast<uint8_t>(v >> (8 * b));
+      }
+    }
+  }
+};
+
+// kStaged: the thread block's codes and scales go through shared memory (StagedColOutput) instead of each thread
+// storing its own. kL2Prefetch: before its own loads, the thread block asks the L2 for the tile of the thread block
+// launched p.prefetch_tiles after it (one wave of resident blocks later, in launch order: column tiles first), one
+// bulk prefetch per row, so that the next wave's loads find their data in L2 while this wave computes.
+template <Rounding kRounding, HadamardTransform kTransform, bool kRagged, bool kStaged, bool kL2Prefetch = false>
 __global__ void __launch_bounds__(kColBlockThreads, col_block_min_blocks(kRounding, kTransform))
 bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
                                uint8_t* __restrict__ scales) {
+  __shared__ StagedColOutput<kStaged> staged;
   TokenBlock tb;
+  if constexpr (kL2Prefetch) {
+    const long long tiles_x = gridDim.x, next = col_grid_slot() * tiles_x + blockIdx.x + p.prefetch_tiles;
+    TokenBlock nb;
+    if (find_col_token_block<kRagged, kColBlockThreads>(p, next / tiles_x, nb)) {
+      const int64_t k = next % tiles_x * kColBlockTileCols;
+      const int r = static_cast<int>(threadIdx.x);
+      static_assert(kColBlockThreads >= kMxColTileRows, "one row per thread");
+      if (r < nb.rows && k < p.K)
+        l2_prefetch_bulk(x + (nb.row0 + r) * p.K + k,
+                         static_cast<uint32_t>(2 * (p.K - k < kColBlockTileCols ? p.K - k : kColBlockTileCols)));
+    }
+  }
   if (!find_col_token_block<kRagged, kColBlockThreads>(p, col_grid_slot(), tb)) return;  // the whole thread block
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
   const int r0 = 64 * (warp & 1) + kMxBlock * (lane & 1);  // first row of the thread's MX block in the token block
@@ -296,16 +365,29 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
       for (int c = 0; c < 4; ++c)
         if (s[c].nonfinite) out[c][0] = out[c][1] = out[c][2] = out[c][3] = 0;  // a NaN/Inf block: codes 0
     }
-    // Column k0 + c is c rows of X^T (ld elements: ld / 32 blocks of 16 code bytes and 1 scale byte) further.
-    const int64_t e0 = col_layout_offset(tb, k0, r0);  // a multiple of 32
-    uint4* const code0 = reinterpret_cast<uint4*>(codes) + e0 / kMxBlock;
-    uint8_t* const scale0 = scales + e0 / kMxBlock;
-    const uint32_t ld_blocks = static_cast<uint32_t>(tb.ld / kMxBlock);
+    if constexpr (kStaged) {
+      const int col = 64 * (warp >> 1) + 4 * (lane >> 1), block = 2 * (warp & 1) + (lane & 1);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      code0[c * ld_blocks] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
-      scale0[c * ld_blocks] = s[c].scale;
+      for (int c = 0; c < 4; ++c) staged.put(col + c, block, make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]),
+                                             s[c].scale);
+    } else {
+      // Column k0 + c is c rows of X^T (ld elements: ld / 32 blocks of 16 code bytes and 1 scale byte) further.
+      const int64_t e0 = col_layout_offset(tb, k0, r0);  // a multiple of 32
+      uint4* const code0 = reinterpret_cast<uint4*>(codes) + e0 / kMxBlock;
+      uint8_t* const scale0 = scales + e0 / kMxBlock;
+      const uint32_t ld_blocks = static_cast<uint32_t>(tb.ld / kMxBlock);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        code0[c * ld_blocks] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
+        scale0[c * ld_blocks] = s[c].scale;
+      }
     }
+  }
+  if constexpr (kStaged) {
+    __syncthreads();
+    const int64_t k_tile = int64_t{blockIdx.x} * kColBlockTileCols;
+    const int64_t cols = p.K - k_tile < kColBlockTileCols ? p.K - k_tile : kColBlockTileCols;
+    staged.store(tb, k_tile, static_cast<int>(cols), padded_tile_rows(tb) / kMxBlock, codes, scales);
   }
   if (p.nonfinite_blocks != nullptr) {
     const unsigned warp_total = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
