@@ -142,10 +142,9 @@ void add_bf16_to_mxfp4(int64_t M, int64_t K, MxScaleMode mode, Rounding rounding
   const detail::MxRowKernel used = detail::mx_row_default_kernel(transform);
   const detail::MxRowKernel other = used == detail::MxRowKernel::chunk_per_lane ? detail::MxRowKernel::block_per_thread
                                                                                : detail::MxRowKernel::chunk_per_lane;
-  for (detail::MxRowKernel kernel : {used, other, detail::MxRowKernel::block_l2_prefetch}) {
+  for (detail::MxRowKernel kernel : {used, other}) {
     const char* name = kernel == used ? "bf16_to_mxfp4_row"
                        : kernel == detail::MxRowKernel::chunk_per_lane ? "bf16_to_mxfp4_row_lanes"
-                       : kernel == detail::MxRowKernel::block_l2_prefetch ? "bf16_to_mxfp4_row_l2pf"
                                                                        : "bf16_to_mxfp4_row_blocks";
     add_bf16_to_mxfp4_with(M, K, mode, rounding, transform, fmt::format("{}/{}", name, variant), kernel);
   }
@@ -182,8 +181,10 @@ const char* col_case_name(detail::MxColKernel kernel, Rounding rounding, Hadamar
       return "bf16_to_mxfp4_col_blocks";
     case detail::MxColKernel::block_staged:
       return "bf16_to_mxfp4_col_staged";
-    case detail::MxColKernel::block_l2_prefetch:
-      return "bf16_to_mxfp4_col_l2pf";
+    case detail::MxColKernel::block_pipelined:
+      return "bf16_to_mxfp4_col_pipe4";
+    case detail::MxColKernel::block_pipelined3:
+      return "bf16_to_mxfp4_col_pipe3";
     case detail::MxColKernel::register_tile:
       return "bf16_to_mxfp4_col_regs";
     default:
@@ -364,7 +365,8 @@ void define_cases() {
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::rht, "floor_sr_rht");
       for (detail::MxColKernel kc : {detail::MxColKernel::block_per_thread, detail::MxColKernel::block_staged,
-                                     detail::MxColKernel::block_l2_prefetch, detail::MxColKernel::register_tile,
+                                     detail::MxColKernel::block_pipelined, detail::MxColKernel::block_pipelined3,
+                                               detail::MxColKernel::register_tile,
                                      detail::MxColKernel::shared_tile})
         for (int64_t G : {int64_t{0}, int64_t{32}}) {  // dense, and ragged over 32 experts
           add_bf16_to_mxfp4_col(M, K, G, Rounding::rne, HadamardTransform::none, "floor_rne", kc);

@@ -231,8 +231,10 @@ ColKernelFn col_kernel(detail::MxColKernel kernel) {
       return bf16_to_mxfp4_col_regs_kernel<kRounding, kTransform, kRagged>;
     case detail::MxColKernel::block_staged:
       return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged, true>;
-    case detail::MxColKernel::block_l2_prefetch:
-      return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged, true, true>;
+    case detail::MxColKernel::block_pipelined:
+      return detail::bf16_to_mxfp4_col_pipelined_kernel<kRounding, kTransform, kRagged, 4>;
+    case detail::MxColKernel::block_pipelined3:
+      return detail::bf16_to_mxfp4_col_pipelined_kernel<kRounding, kTransform, kRagged, 3>;
     default:
       return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged, false>;
   }
@@ -241,7 +243,7 @@ ColKernelFn col_kernel(detail::MxColKernel kernel) {
 // Threads per block.
 int block_threads(detail::MxColKernel kernel) {
   return kernel == detail::MxColKernel::block_per_thread || kernel == detail::MxColKernel::block_staged ||
-                 kernel == detail::MxColKernel::block_l2_prefetch
+                 kernel == detail::MxColKernel::block_pipelined || kernel == detail::MxColKernel::block_pipelined3
              ? detail::kColBlockThreads
              : kThreads;
 }
@@ -281,24 +283,27 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
   detail::check_mx_pointer(what, "codes", codes, 16);
   detail::check_mx_pointer(what, "scales", scales, 1);
   if (nonfinite_blocks != nullptr) detail::check_mx_pointer(what, "nonfinite_blocks", nonfinite_blocks, 8);
-  MxColParams p{cfg.scale_mode, cfg.seed, static_cast<uint64_t>(cfg.row_offset), cfg.rht_seed, M, K, offsets,
-                static_cast<int>(G), nonfinite_blocks, 0};
+  const MxColParams p{cfg.scale_mode, cfg.seed, static_cast<uint64_t>(cfg.row_offset), cfg.rht_seed, M, K, offsets,
+                      static_cast<int>(G), nonfinite_blocks};
   const int64_t slots = ceil_div(M, int64_t{kTileRows}) + (kRagged ? G : 0);
   const int64_t max_y = detail::kMxColMaxGridY;
-  const dim3 grid = kernel == detail::MxColKernel::shared_tile
-                        ? dim3(static_cast<unsigned>(slots), static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})))
-                        : dim3(static_cast<unsigned>(ceil_div(K, tile_cols(kernel))),
-                               static_cast<unsigned>(slots < max_y ? slots : max_y),
-                               static_cast<unsigned>(ceil_div(slots, max_y)));
   const ColKernelFn fn = cfg.rounding == Rounding::rne
                              ? col_kernel<kRagged, Rounding::rne>(kernel, cfg.transform)
                              : col_kernel<kRagged, Rounding::stochastic>(kernel, cfg.transform);
-  if (kernel == detail::MxColKernel::block_l2_prefetch) {
+  dim3 grid;
+  if (kernel == detail::MxColKernel::block_pipelined || kernel == detail::MxColKernel::block_pipelined3) {
+    // Persistent: one wave of resident blocks at most (tiles of 128 x 128 over the slots).
     int per_sm = 0, device = 0, sms = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, block_threads(kernel), 0));
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    p.prefetch_tiles = static_cast<long long>(per_sm > 0 ? per_sm : 1) * sms;
+    const int64_t tiles = slots * ceil_div(K, tile_cols(kernel)), wave = int64_t{per_sm > 0 ? per_sm : 1} * sms;
+    grid = dim3(static_cast<unsigned>(tiles < wave ? tiles : wave));
+  } else if (kernel == detail::MxColKernel::shared_tile) {
+    grid = dim3(static_cast<unsigned>(slots), static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})));
+  } else {
+    grid = dim3(static_cast<unsigned>(ceil_div(K, tile_cols(kernel))), static_cast<unsigned>(slots < max_y ? slots : max_y),
+                static_cast<unsigned>(ceil_div(slots, max_y)));
   }
   fn<<<grid, block_threads(kernel), 0, stream>>>(x, p, codes, scales);
   CUDA_CHECK_LAUNCH();

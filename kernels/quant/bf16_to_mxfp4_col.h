@@ -76,7 +76,7 @@ void check_mx_col_config(const char* what, int64_t M, int64_t K, bool ragged, co
 // shared memory). bf16_to_mxfp4_col and bf16_to_mxfp4_col_ragged run mx_col_default_kernel(rounding, transform);
 // bench_quant and the GPU tests run all three. Same arguments and rejections as the public forms.
 enum class MxColKernel : int { register_tile = 0, shared_tile = 1, block_per_thread = 2, block_staged = 3,
-                             block_l2_prefetch = 4 };
+                             block_pipelined = 4, block_pipelined3 = 5 };
 MxColKernel mx_col_default_kernel(Rounding rounding, HadamardTransform transform);
 void bf16_to_mxfp4_col_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
                              uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,

@@ -31,7 +31,6 @@
 
 #include "kernels/formats/formats.h"
 #include "kernels/quant/bf16_to_mxfp4_row.h"
-#include "kernels/quant/cp_async.cuh"
 #include "kernels/quant/layouts.h"
 #include "kernels/quant/mx_quant_device.cuh"
 #include "kernels/quant/mx_row_checks.h"
@@ -55,7 +54,6 @@ struct QuantParams {
   uint32_t k_blocks;
   uint32_t k_blocks_inverse;
   unsigned long long* nonfinite_blocks;
-  int64_t prefetch_blocks;  // block_l2_prefetch: MX blocks of the thread blocks resident at once
 };
 
 // Writes a chunk's codes and (one lane in four) its block's scale, and counts its NaN/Inf block on the warp.
@@ -203,21 +201,13 @@ __device__ __forceinline__ bool mx_h16_fold_exact(uint32_t amax_bits) {
 template <Rounding kRounding, HadamardTransform kTransform>
 constexpr bool kFoldH16Scale = kRounding == Rounding::rne && hadamard_block_size(kTransform) == 16;
 
-// kL2Prefetch: each tile first asks the L2 for the tile p.prefetch_blocks MX blocks further (one wave of resident
-// thread blocks later), one bulk prefetch by thread 0, so that the next wave's loads find their data in L2.
-template <Rounding kRounding, HadamardTransform kTransform, bool kL2Prefetch = false>
+template <Rounding kRounding, HadamardTransform kTransform>
 __global__ void __launch_bounds__(kThreads)
 bf16_to_mxfp4_row_block_kernel(const uint4* __restrict__ x, int64_t num_blocks, QuantParams p,
                                uint4* __restrict__ codes, uint8_t* __restrict__ scales) {
   unsigned long long counted = 0;
   // `base` is the same for the whole thread block: every lane runs every iteration (the ballot needs whole warps).
   for (int64_t base = int64_t{blockIdx.x} * kThreads; base < num_blocks; base += int64_t{gridDim.x} * kThreads) {
-    if constexpr (kL2Prefetch) {
-      const int64_t next = base + p.prefetch_blocks;
-      if (threadIdx.x == 0 && next < num_blocks)
-        detail::l2_prefetch_bulk(x + 4 * next,
-                                 static_cast<uint32_t>(64 * (num_blocks - next < kThreads ? num_blocks - next : kThreads)));
-    }
     const int64_t b = base + threadIdx.x;  // this thread's MX block (flat)
     const bool in = b < num_blocks;
     uint4 v[4] = {};
@@ -296,23 +286,9 @@ void launch_row(unsigned grid, cudaStream_t stream, const uint4* x, int64_t num_
   if constexpr (kKernel == detail::MxRowKernel::chunk_per_lane)
     bf16_to_mxfp4_row_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
         x, num_chunks, p, reinterpret_cast<uint32_t*>(codes), scales);
-  else if constexpr (kKernel == detail::MxRowKernel::block_per_thread)
+  else
     bf16_to_mxfp4_row_block_kernel<kRounding, kTransform><<<grid, kThreads, 0, stream>>>(
         x, num_chunks / 4, p, reinterpret_cast<uint4*>(codes), scales);
-  else {
-    constexpr auto kernel = bf16_to_mxfp4_row_block_kernel<kRounding, kTransform, true>;
-    static const int per_sm = [] {
-      int n = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
-      return n > 0 ? n : 1;
-    }();
-    int device = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    QuantParams q = p;
-    q.prefetch_blocks = int64_t{per_sm} * sms * kThreads;
-    kernel<<<grid, kThreads, 0, stream>>>(x, num_chunks / 4, q, reinterpret_cast<uint4*>(codes), scales);
-  }
 }
 
 template <detail::MxRowKernel kKernel, Rounding kRounding>
@@ -370,11 +346,9 @@ void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64
                       static_cast<uint32_t>(K <= kRhtMaxK ? K : 0),  // read by rht only, which takes K <= 2^30
                       k_blocks,
                       0xFFFFFFFFu / k_blocks,  // mod_by_inverse's inverse of k_blocks
-                      nonfinite_blocks,
-                      0};
-  const RowLaunch launch = kernel == MxRowKernel::chunk_per_lane      ? row_launch<MxRowKernel::chunk_per_lane>(cfg)
-                           : kernel == MxRowKernel::block_l2_prefetch ? row_launch<MxRowKernel::block_l2_prefetch>(cfg)
-                                                                      : row_launch<MxRowKernel::block_per_thread>(cfg);
+                      nonfinite_blocks};
+  const RowLaunch launch = kernel == MxRowKernel::chunk_per_lane ? row_launch<MxRowKernel::chunk_per_lane>(cfg)
+                                                                 : row_launch<MxRowKernel::block_per_thread>(cfg);
   launch(grid, stream, reinterpret_cast<const uint4*>(x), num_chunks, p, codes, scales);
   CUDA_CHECK_LAUNCH();
 }

@@ -79,7 +79,7 @@ int64_t mx_quantize_values_ref(const float* v, int64_t L, uint64_t index_base, u
 // mx_row_default_kernel(transform) (block_per_thread for every option; the measurement behind it:
 // bf16_to_mxfp4_row.cu); bench_quant and the GPU tests run both. bf16_to_mxfp4_row_using: same arguments and
 // rejections as bf16_to_mxfp4_row.
-enum class MxRowKernel : int { chunk_per_lane = 0, block_per_thread = 1, block_l2_prefetch = 2 };
+enum class MxRowKernel : int { chunk_per_lane = 0, block_per_thread = 1 };
 MxRowKernel mx_row_default_kernel(HadamardTransform t);
 void bf16_to_mxfp4_row_using(MxRowKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
                              uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,

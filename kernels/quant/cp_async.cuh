@@ -22,14 +22,6 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool va
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes) : "memory");
 }
 
-// Asks the L2 to fetch gmem .. gmem + bytes - 1 from device memory (the bulk prefetch of sm_90; gmem and bytes
-// multiples of 16): no registers, nothing to wait for. A hint: the data is not checked or used here.
-__device__ __forceinline__ void l2_prefetch_bulk(const void* gmem, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-#endif
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most N of this thread's committed groups are still in flight.

@@ -303,76 +303,96 @@ struct StagedColOutput<true> {
   }
 };
 
+// Quantizes the thread's MX block of 4 columns from its 32 rows (w, rows past the token block's zeros; consumed):
+// the transform, the block rule per column, the codes (out[c]: column k0 + c's 16 bytes, zeros for a NaN/Inf
+// block) and the scales (s). r0, k0: the block's first row within the token block and its first column. lanes: the
+// lanes of the warp running this (stochastic rounding's partners, lane ^ 2, are in or out together). Returns the
+// number of NaN/Inf blocks among the 4.
+template <Rounding kRounding, HadamardTransform kTransform>
+__device__ __forceinline__ unsigned quantize_col_block(PairWords (&w)[2], const MxColParams& p, const TokenBlock& tb,
+                                                       int r0, int64_t k0, unsigned lanes, uint32_t (&out)[4][4],
+                                                       ColBlockScale (&s)[4]) {
+  if constexpr (kTransform != HadamardTransform::none) {
+    if constexpr (kTransform == HadamardTransform::rht)
+      flip_row_signs(w, rht_sign_bits32(p.rht_seed, static_cast<uint64_t>(tb.col0 + r0)));  // group position
+    transform_pair<kTransform>(w[0]);
+    transform_pair<kTransform>(w[1]);
+  }
+  const uint32_t amax0 = pair_amax_bits(w[0]), amax1 = pair_amax_bits(w[1]);
+  s[0] = col_block_scale(amax0 & 0xFFFFu, p.mode);
+  s[1] = col_block_scale(amax0 >> 16, p.mode);
+  s[2] = col_block_scale(amax1 & 0xFFFFu, p.mode);
+  s[3] = col_block_scale(amax1 >> 16, p.mode);
+  if constexpr (kRounding == Rounding::rne) {
+    encode_col_block_rne(w, s, out);
+  } else {
+    // Element (r0, k0) has flat index (row_offset + row0 + r0) K + k0, 4 half past a multiple of 8; row i is
+    // K / 8 hashes on.
+    const uint64_t first = (p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
+                           static_cast<uint64_t>(k0);
+    const uint32_t half = static_cast<uint32_t>(k0 >> 2) & 1u;
+    const uint64_t row_hashes = static_cast<uint64_t>(p.K) / 8;
+    encode_col_block_sr(w, s, mx_sr_counter(p.seed, first / 8 + half * row_hashes), 2 * row_hashes * kMxSrWeyl, half,
+                        lanes, out);
+  }
+  const unsigned nonfinite = s[0].nonfinite + s[1].nonfinite + s[2].nonfinite + s[3].nonfinite;
+  if (nonfinite != 0) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      if (s[c].nonfinite) out[c][0] = out[c][1] = out[c][2] = out[c][3] = 0;  // a NaN/Inf block: codes 0
+  }
+  return nonfinite;
+}
+
+// The thread's place in the thread block's tile: its MX block's first row within the token block and its first
+// column within the tile's 128.
+struct ColThreadPlace {
+  int warp, lane, r0, col;
+  __device__ __forceinline__ ColThreadPlace()
+      : warp(static_cast<int>(threadIdx.x) / 32),
+        lane(static_cast<int>(threadIdx.x) & 31),
+        r0(64 * (warp & 1) + kMxBlock * (lane & 1)),
+        col(64 * (warp >> 1) + 4 * (lane >> 1)) {}
+  __device__ __forceinline__ int block() const { return 2 * (warp & 1) + (lane & 1); }  // MX block in the token block
+};
+
+// Adds the warp's NaN/Inf blocks to p.nonfinite_blocks (every lane calls it).
+__device__ __forceinline__ void count_col_nonfinite(const MxColParams& p, unsigned nonfinite, int lane) {
+  if (p.nonfinite_blocks != nullptr) {
+    const unsigned warp_total = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
+    if (lane == 0 && warp_total != 0) atomicAdd(p.nonfinite_blocks, static_cast<unsigned long long>(warp_total));
+  }
+}
+
 // kStaged: the thread block's codes and scales go through shared memory (StagedColOutput) instead of each thread
-// storing its own. kL2Prefetch: before its own loads, the thread block asks the L2 for the tile of the thread block
-// launched p.prefetch_tiles after it (one wave of resident blocks later, in launch order: column tiles first), one
-// bulk prefetch per row, so that the next wave's loads find their data in L2 while this wave computes.
-template <Rounding kRounding, HadamardTransform kTransform, bool kRagged, bool kStaged, bool kL2Prefetch = false>
+// storing its own.
+template <Rounding kRounding, HadamardTransform kTransform, bool kRagged, bool kStaged>
 __global__ void __launch_bounds__(kColBlockThreads, col_block_min_blocks(kRounding, kTransform))
 bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
                                uint8_t* __restrict__ scales) {
   __shared__ StagedColOutput<kStaged> staged;
   TokenBlock tb;
-  if constexpr (kL2Prefetch) {
-    const long long tiles_x = gridDim.x, next = col_grid_slot() * tiles_x + blockIdx.x + p.prefetch_tiles;
-    TokenBlock nb;
-    if (find_col_token_block<kRagged, kColBlockThreads>(p, next / tiles_x, nb)) {
-      const int64_t k = next % tiles_x * kColBlockTileCols;
-      const int r = static_cast<int>(threadIdx.x);
-      static_assert(kColBlockThreads >= kMxColTileRows, "one row per thread");
-      if (r < nb.rows && k < p.K)
-        l2_prefetch_bulk(x + (nb.row0 + r) * p.K + k,
-                         static_cast<uint32_t>(2 * (p.K - k < kColBlockTileCols ? p.K - k : kColBlockTileCols)));
-    }
-  }
   if (!find_col_token_block<kRagged, kColBlockThreads>(p, col_grid_slot(), tb)) return;  // the whole thread block
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
-  const int r0 = 64 * (warp & 1) + kMxBlock * (lane & 1);  // first row of the thread's MX block in the token block
-  const int64_t k0 = int64_t{blockIdx.x} * kColBlockTileCols + 64 * (warp >> 1) + 4 * (lane >> 1);  // first column
+  const ColThreadPlace at;
+  const int64_t k_tile = int64_t{blockIdx.x} * kColBlockTileCols, k0 = k_tile + at.col;
   // K % 8 == 0: the 4 columns are all in or all out. r0 < padded rows: at least one of the block's rows exists.
-  const bool in = k0 < p.K && r0 < padded_tile_rows(tb);
+  const bool in = k0 < p.K && at.r0 < padded_tile_rows(tb);
   unsigned nonfinite = 0;
   // The lanes with work: the stochastic-rounding partners (lane ^ 2) are in or out together.
   const unsigned lanes = kRounding == Rounding::stochastic ? __ballot_sync(0xFFFFFFFFu, in) : 0u;
   if (in) {
     PairWords w[2];
-    load_col_block(x + (tb.row0 + r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - r0, kMxBlock), w);
-    if constexpr (kTransform != HadamardTransform::none) {
-      if constexpr (kTransform == HadamardTransform::rht)
-        flip_row_signs(w, rht_sign_bits32(p.rht_seed, static_cast<uint64_t>(tb.col0 + r0)));  // group position
-      transform_pair<kTransform>(w[0]);
-      transform_pair<kTransform>(w[1]);
-    }
-    const uint32_t amax0 = pair_amax_bits(w[0]), amax1 = pair_amax_bits(w[1]);
-    const ColBlockScale s[4] = {col_block_scale(amax0 & 0xFFFFu, p.mode), col_block_scale(amax0 >> 16, p.mode),
-                                col_block_scale(amax1 & 0xFFFFu, p.mode), col_block_scale(amax1 >> 16, p.mode)};
+    load_col_block(x + (tb.row0 + at.r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - at.r0, kMxBlock), w);
     uint32_t out[4][4];  // column k0 + c's 16 code bytes
-    if constexpr (kRounding == Rounding::rne) {
-      encode_col_block_rne(w, s, out);
-    } else {
-      // Element (r0, k0) has flat index (row_offset + row0 + r0) K + k0, 4 half past a multiple of 8; row i is
-      // K / 8 hashes on.
-      const uint64_t first = (p.row_offset + static_cast<uint64_t>(tb.row0 + r0)) * static_cast<uint64_t>(p.K) +
-                             static_cast<uint64_t>(k0);
-      const uint32_t half = static_cast<uint32_t>(k0 >> 2) & 1u;
-      const uint64_t row_hashes = static_cast<uint64_t>(p.K) / 8;
-      encode_col_block_sr(w, s, mx_sr_counter(p.seed, first / 8 + half * row_hashes), 2 * row_hashes * kMxSrWeyl,
-                          half, lanes, out);
-    }
-    nonfinite = s[0].nonfinite + s[1].nonfinite + s[2].nonfinite + s[3].nonfinite;
-    if (nonfinite != 0) {
+    ColBlockScale s[4];
+    nonfinite = quantize_col_block<kRounding, kTransform>(w, p, tb, at.r0, k0, lanes, out, s);
+    if constexpr (kStaged) {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        if (s[c].nonfinite) out[c][0] = out[c][1] = out[c][2] = out[c][3] = 0;  // a NaN/Inf block: codes 0
-    }
-    if constexpr (kStaged) {
-      const int col = 64 * (warp >> 1) + 4 * (lane >> 1), block = 2 * (warp & 1) + (lane & 1);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) staged.put(col + c, block, make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]),
-                                             s[c].scale);
+        staged.put(at.col + c, at.block(), make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]), s[c].scale);
     } else {
       // Column k0 + c is c rows of X^T (ld elements: ld / 32 blocks of 16 code bytes and 1 scale byte) further.
-      const int64_t e0 = col_layout_offset(tb, k0, r0);  // a multiple of 32
+      const int64_t e0 = col_layout_offset(tb, k0, at.r0);  // a multiple of 32
       uint4* const code0 = reinterpret_cast<uint4*>(codes) + e0 / kMxBlock;
       uint8_t* const scale0 = scales + e0 / kMxBlock;
       const uint32_t ld_blocks = static_cast<uint32_t>(tb.ld / kMxBlock);
@@ -385,14 +405,111 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
   }
   if constexpr (kStaged) {
     __syncthreads();
-    const int64_t k_tile = int64_t{blockIdx.x} * kColBlockTileCols;
     const int64_t cols = p.K - k_tile < kColBlockTileCols ? p.K - k_tile : kColBlockTileCols;
     staged.store(tb, k_tile, static_cast<int>(cols), padded_tile_rows(tb) / kMxBlock, codes, scales);
   }
-  if (p.nonfinite_blocks != nullptr) {
-    const unsigned warp_total = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
-    if (lane == 0 && warp_total != 0) atomicAdd(p.nonfinite_blocks, static_cast<unsigned long long>(warp_total));
+  count_col_nonfinite(p, nonfinite, at.lane);
+}
+
+// The pipelined kernel's input tile: 128 rows x 128 columns of X (32 KB), row r's 16-byte chunk j at
+// chunk[r][j ^ 4 ((r / 32) % 2)]: a thread's 8-byte reads (rows r0 + i, r0 = 32 b + ..., for lanes 2 c + b) then
+// fall in the two halves of the banks for b = 0 and b = 1, so that a half-warp's read meets no bank conflict.
+// Addresses are formed from one base per call and constant offsets (the compiler would otherwise keep the 32 row
+// addresses, which do not change from tile to tile, in registers across the loop).
+struct ColInputTile {
+  static constexpr int kChunks = kColBlockTileCols / 8;  // 16-byte chunks per row
+  static constexpr int kRowsPerPass = kColBlockThreads / kChunks;  // rows one copy instruction per thread covers
+  uint4 chunk[kMxColTileRows][kChunks];
+
+  // Issues the copies of the token block's rows, columns k_tile .. k_tile + 127, one commit group: rows past
+  // tb.rows and columns past K are written as zeros. Every thread of the block calls it. Thread t copies chunk
+  // t % 16 of rows t / 16 + 8 j (j = 0..15): row 8 j + t / 16 has (row / 32) % 2 = (j / 4) % 2.
+  __device__ __forceinline__ void load_async(const bf16* __restrict__ x, const MxColParams& p, const TokenBlock& tb,
+                                             int64_t k_tile) {
+    static_assert(kRowsPerPass == 8 && kMxColTileRows == 16 * kRowsPerPass, "16 passes of 8 rows");
+    const int c = static_cast<int>(threadIdx.x) % kChunks, r = static_cast<int>(threadIdx.x) / kChunks;
+    const bool cols_in = k_tile + 8 * c < p.K;  // K % 8 == 0: a chunk is all in or all out
+    const bf16* const src0 = x + (tb.row0 + r) * p.K + k_tile + 8 * c;
+    uint4* const dst[2] = {&chunk[r][c], &chunk[r][c ^ 4]};
+#pragma unroll
+    for (int j = 0; j < kMxColTileRows / kRowsPerPass; ++j) {
+      const bool valid = cols_in && r + kRowsPerPass * j < tb.rows;
+      cp_async_16(dst[(j / 4) % 2] + j * kRowsPerPass * kChunks, valid ? src0 + int64_t{kRowsPerPass * j} * p.K : x,
+                  valid);
+    }
+    cp_async_commit();
   }
+
+  // The 32 rows from r0 (r0 % 32 == 0) of the 4 columns from col (col % 4 == 0) into a thread's words.
+  __device__ __forceinline__ void read(int r0, int col, PairWords (&w)[2]) const {
+    const uint2* const base =
+        reinterpret_cast<const uint2*>(&chunk[r0][(col / 8) ^ (((r0 >> 5) & 1) << 2)]) + (col / 4) % 2;
+#pragma unroll
+    for (int i = 0; i < kMxBlock; ++i) {
+      const uint2 u = base[i * 2 * kChunks];  // row r0 + i: the same chunk slot for the 32 rows
+      w[0][i] = u.x;
+      w[1][i] = u.y;
+    }
+  }
+};
+
+// The pipelined kernel (detail::MxColKernel::block_pipelined): the block-per-thread kernel's work per tile, with
+// the tile loaded into shared memory by asynchronous copies (cp.async) while the previous tile is quantized. A
+// persistent grid (at most one wave of resident thread blocks) walks the tiles t = blockIdx.x, + gridDim.x, ...
+// (tile t: token-block slot t / tiles_x, column tile t % tiles_x); per tile, each thread reads its 32 rows x 4
+// columns from shared memory, the block then starts the next tile's copies into the same buffer and quantizes,
+// and the outputs leave through StagedColOutput. The walk ends at the first slot without a token block (the slots
+// past the last one, or invalid device offsets: nothing is written then).
+template <Rounding kRounding, HadamardTransform kTransform, bool kRagged, int kMinBlocks>
+__global__ void __launch_bounds__(kColBlockThreads, kMinBlocks)
+bf16_to_mxfp4_col_pipelined_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
+                                   uint8_t* __restrict__ scales) {
+  __shared__ ColInputTile tile;
+  __shared__ StagedColOutput<true> staged;
+  const long long tiles_x = (p.K + kColBlockTileCols - 1) / kColBlockTileCols;
+  const long long tiles = tiles_x * ((p.M + kMxColTileRows - 1) / kMxColTileRows + (kRagged ? p.G : 0));
+  long long t = blockIdx.x;
+  TokenBlock tb;
+  if (t >= tiles || !find_col_token_block<kRagged, kColBlockThreads>(p, t / tiles_x, tb)) return;
+  tile.load_async(x, p, tb, t % tiles_x * kColBlockTileCols);
+  const ColThreadPlace at;
+  unsigned nonfinite = 0;
+  for (;;) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile t in shared memory; the previous tile's outputs stored
+    PairWords w[2];
+    tile.read(at.r0, at.col, w);
+    __syncthreads();  // every thread has its words: the buffer takes the next tile
+    const long long next = t + gridDim.x;
+    bool more;
+    {
+      TokenBlock nb;  // found again after the stores (fewer registers held across the quantization)
+      more = next < tiles && find_col_token_block<kRagged, kColBlockThreads>(p, next / tiles_x, nb);
+      if (more) tile.load_async(x, p, nb, next % tiles_x * kColBlockTileCols);
+    }
+    // The words pass through empty volatile statements after the copies were issued, so that the transform is not
+    // scheduled above them (it would hold its FP32 values across the barrier and the copies: spills).
+#pragma unroll
+    for (int i = 0; i < kMxBlock; ++i) asm volatile("" : "+r"(w[0][i]), "+r"(w[1][i]));
+    const int64_t k_tile = t % tiles_x * kColBlockTileCols, k0 = k_tile + at.col;
+    const bool in = k0 < p.K && at.r0 < padded_tile_rows(tb);
+    const unsigned lanes = kRounding == Rounding::stochastic ? __ballot_sync(0xFFFFFFFFu, in) : 0u;
+    if (in) {
+      uint32_t out[4][4];
+      ColBlockScale s[4];
+      nonfinite += quantize_col_block<kRounding, kTransform>(w, p, tb, at.r0, k0, lanes, out, s);
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        staged.put(at.col + c, at.block(), make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]), s[c].scale);
+    }
+    __syncthreads();
+    const int64_t cols = p.K - k_tile < kColBlockTileCols ? p.K - k_tile : kColBlockTileCols;
+    staged.store(tb, k_tile, static_cast<int>(cols), padded_tile_rows(tb) / kMxBlock, codes, scales);
+    if (!more) break;
+    t = next;
+    find_col_token_block<kRagged, kColBlockThreads>(p, t / tiles_x, tb);  // found above: true
+  }
+  count_col_nonfinite(p, nonfinite, at.lane);
 }
 
 }  // namespace fp4moe::detail

@@ -30,7 +30,6 @@ struct MxColParams {
   const int32_t* offsets;  // ragged only
   int G;
   unsigned long long* nonfinite_blocks;
-  long long prefetch_tiles;  // block_l2_prefetch: thread blocks resident at once (the tile it asks the L2 for)
 };
 
 // The token block of kMxColTileRows rows in slot `slot`: from the device offsets (ragged) or the slot itself

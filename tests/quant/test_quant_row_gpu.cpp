@@ -143,11 +143,6 @@ QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const
 QuantRun quantize_on_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const MxQuantConfig& cfg) {
   const QuantRun lanes = quantize_on_gpu(x, M, K, cfg, detail::MxRowKernel::chunk_per_lane);
   const QuantRun blocks = quantize_on_gpu(x, M, K, cfg, detail::MxRowKernel::block_per_thread);
-  const QuantRun prefetching = quantize_on_gpu(x, M, K, cfg, detail::MxRowKernel::block_l2_prefetch);
-  EXPECT_EQ(first_mismatch(prefetching.codes, blocks.codes), -1) << "the prefetching kernel's codes differ";
-  EXPECT_EQ(first_mismatch(prefetching.scales, blocks.scales), -1) << "the prefetching kernel's scales differ";
-  EXPECT_EQ(prefetching.nonfinite, blocks.nonfinite);
-  EXPECT_TRUE(prefetching.guards_intact);
   EXPECT_EQ(first_mismatch(lanes.codes, blocks.codes), -1) << "the two row kernels' codes differ";
   EXPECT_EQ(first_mismatch(lanes.scales, blocks.scales), -1) << "the two row kernels' scales differ";
   EXPECT_EQ(lanes.nonfinite, blocks.nonfinite);
