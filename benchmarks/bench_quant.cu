@@ -17,8 +17,9 @@
 // ceil, rounding rne or sr (stochastic), transform none, h16, h32 or rht (mx_transform.h); the case names them,
 // e.g. bf16_to_mxfp4_row/floor_sr_rht. bf16_to_mxfp4_col (along tokens, bf16_to_mxfp4_col.h) runs in RNE, SR, each
 // transform, SR with h16 and SR with rht, dense and ragged over 32 balanced experts (shape .../g32), with each of its
-// three kernels (bf16_to_mxfp4_col.h detail::MxColKernel; bf16_to_mxfp4_col/ the one the quantizer runs,
-// _col_regs/ and _col_shared/ the others; _col_blocks/ names block_per_thread wherever it is not the default).
+// four kernels (bf16_to_mxfp4_col.h detail::MxColKernel; bf16_to_mxfp4_col/ the one the quantizer runs,
+// _col_regs/ and _col_shared/ the others; _col_blocks/ and _col_staged/ name block_per_thread and block_staged
+// wherever they are not the default).
 // Shapes: activations tokens {4096, 16384, 65536} x K {7168, 5120, 2048, 1536} (DeepSeek-V3 and V2 hidden and
 // expert sizes); ragged groups of 8/16/32 balanced experts; weights of DeepSeek-V3 experts 4096x7168 (fused
 // gate/up) and 7168x2048 (down), DeepSeek-V2 3072x5120 and 5120x1536, each also transposed (for Dgrad).
@@ -27,7 +28,7 @@
 //   bench_quant --benchmark_filter='^(bf16_to_mxfp4_row/[a-z_0-9]+|mxfp4_row_to_fp8_(row|col)(_naive)?)/(65536x|16384x7168)|^copy/[0-9]{9,}B'
 // The quantizer options alone on inputs of >= 64 MiB (the ladder's target: >= 0.80 x copy), row and column, dense
 // and ragged over 32 experts, each with all of its kernels (row: bf16_to_mxfp4_row/ and _row_lanes/ or
-// _row_blocks/; column: bf16_to_mxfp4_col/ and _col_blocks/, _col_regs/, _col_shared/):
+// _row_blocks/; column: bf16_to_mxfp4_col/ and _col_blocks/ or _col_staged/, _col_regs/, _col_shared/):
 //   bench_quant --benchmark_filter='^bf16_to_mxfp4_(row|col)[a-z_]*/[a-z_0-9]+/(16384|65536)x7168(/g32)?/|^copy/[0-9]{9,}B'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -172,8 +173,8 @@ void add_bf16_to_mxfp4_with(int64_t M, int64_t K, MxScaleMode mode, Rounding rou
 // The column quantizer (bf16_to_mxfp4_col.h) in the same options: dense (G = 0, shape MxK) or ragged over G balanced
 // groups (shape MxK/gG, groups padded to 32 tokens). Cases bf16_to_mxfp4_col/... run the kernel the quantizer runs
 // for the option (detail::mx_col_default_kernel), the others the other kernels (the same bits), side by side:
-// bf16_to_mxfp4_col_blocks/ (block_per_thread, where it is not the default), bf16_to_mxfp4_col_regs/ (register_tile) and
-// bf16_to_mxfp4_col_shared/ (shared_tile, the earliest).
+// bf16_to_mxfp4_col_blocks/ and bf16_to_mxfp4_col_staged/ (block_per_thread and block_staged, where not the
+// default), bf16_to_mxfp4_col_regs/ (register_tile) and bf16_to_mxfp4_col_shared/ (shared_tile, the earliest).
 const char* col_case_name(detail::MxColKernel kernel, Rounding rounding, HadamardTransform transform) {
   if (kernel == detail::mx_col_default_kernel(rounding, transform)) return "bf16_to_mxfp4_col";
   switch (kernel) {
@@ -181,10 +182,6 @@ const char* col_case_name(detail::MxColKernel kernel, Rounding rounding, Hadamar
       return "bf16_to_mxfp4_col_blocks";
     case detail::MxColKernel::block_staged:
       return "bf16_to_mxfp4_col_staged";
-    case detail::MxColKernel::block_pipelined:
-      return "bf16_to_mxfp4_col_pipe4";
-    case detail::MxColKernel::block_pipelined3:
-      return "bf16_to_mxfp4_col_pipe3";
     case detail::MxColKernel::register_tile:
       return "bf16_to_mxfp4_col_regs";
     default:
@@ -365,9 +362,7 @@ void define_cases() {
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::h16, "floor_sr_h16");
       add_bf16_to_mxfp4(M, K, MxScaleMode::floor, Rounding::stochastic, HadamardTransform::rht, "floor_sr_rht");
       for (detail::MxColKernel kc : {detail::MxColKernel::block_per_thread, detail::MxColKernel::block_staged,
-                                     detail::MxColKernel::block_pipelined, detail::MxColKernel::block_pipelined3,
-                                               detail::MxColKernel::register_tile,
-                                     detail::MxColKernel::shared_tile})
+                                     detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile})
         for (int64_t G : {int64_t{0}, int64_t{32}}) {  // dense, and ragged over 32 experts
           add_bf16_to_mxfp4_col(M, K, G, Rounding::rne, HadamardTransform::none, "floor_rne", kc);
           add_bf16_to_mxfp4_col(M, K, G, Rounding::stochastic, HadamardTransform::none, "floor_sr", kc);

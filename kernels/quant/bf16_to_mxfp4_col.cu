@@ -1,9 +1,10 @@
 // BF16 -> MXFP4 column quantization (bf16_to_mxfp4_col.h).
 // bench_quant times it against the copy ceiling (results: reports/results/h200/README.md).
 //
-// Three kernels with the same bits (detail::MxColKernel): the block-per-thread kernel, which the quantizers run
-// (mx_col_block.cuh), and two earlier ones kept to be timed beside it: the register-tile kernel, described above
-// its definition below, and the shared-tile kernel, which works as follows.
+// Four kernels with the same bits (detail::MxColKernel): the block-per-thread kernel with its outputs stored by
+// each thread or staged in shared memory (mx_col_block.cuh; the quantizers run one or the other per option,
+// mx_col_default_kernel), and two earlier ones kept to be timed beside it: the register-tile kernel, described
+// above its definition below, and the shared-tile kernel, which works as follows.
 // One thread block per tile of 128 rows (one token block of a group, or of the dense tensor) x 32 columns of X:
 // grid (token-block slots, column tiles). The block loads the tile with 16-byte loads (four per row) into shared
 // memory, rows padded to 34 BF16 so that the transposed reads below meet no bank conflicts; for stochastic
@@ -231,10 +232,6 @@ ColKernelFn col_kernel(detail::MxColKernel kernel) {
       return bf16_to_mxfp4_col_regs_kernel<kRounding, kTransform, kRagged>;
     case detail::MxColKernel::block_staged:
       return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged, true>;
-    case detail::MxColKernel::block_pipelined:
-      return detail::bf16_to_mxfp4_col_pipelined_kernel<kRounding, kTransform, kRagged, 4>;
-    case detail::MxColKernel::block_pipelined3:
-      return detail::bf16_to_mxfp4_col_pipelined_kernel<kRounding, kTransform, kRagged, 3>;
     default:
       return detail::bf16_to_mxfp4_col_block_kernel<kRounding, kTransform, kRagged, false>;
   }
@@ -242,8 +239,7 @@ ColKernelFn col_kernel(detail::MxColKernel kernel) {
 
 // Threads per block.
 int block_threads(detail::MxColKernel kernel) {
-  return kernel == detail::MxColKernel::block_per_thread || kernel == detail::MxColKernel::block_staged ||
-                 kernel == detail::MxColKernel::block_pipelined || kernel == detail::MxColKernel::block_pipelined3
+  return kernel == detail::MxColKernel::block_per_thread || kernel == detail::MxColKernel::block_staged
              ? detail::kColBlockThreads
              : kThreads;
 }
@@ -290,21 +286,11 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
   const ColKernelFn fn = cfg.rounding == Rounding::rne
                              ? col_kernel<kRagged, Rounding::rne>(kernel, cfg.transform)
                              : col_kernel<kRagged, Rounding::stochastic>(kernel, cfg.transform);
-  dim3 grid;
-  if (kernel == detail::MxColKernel::block_pipelined || kernel == detail::MxColKernel::block_pipelined3) {
-    // Persistent: one wave of resident blocks at most (tiles of 128 x 128 over the slots).
-    int per_sm = 0, device = 0, sms = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, block_threads(kernel), 0));
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int64_t tiles = slots * ceil_div(K, tile_cols(kernel)), wave = int64_t{per_sm > 0 ? per_sm : 1} * sms;
-    grid = dim3(static_cast<unsigned>(tiles < wave ? tiles : wave));
-  } else if (kernel == detail::MxColKernel::shared_tile) {
-    grid = dim3(static_cast<unsigned>(slots), static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})));
-  } else {
-    grid = dim3(static_cast<unsigned>(ceil_div(K, tile_cols(kernel))), static_cast<unsigned>(slots < max_y ? slots : max_y),
-                static_cast<unsigned>(ceil_div(slots, max_y)));
-  }
+  const dim3 grid = kernel == detail::MxColKernel::shared_tile
+                        ? dim3(static_cast<unsigned>(slots), static_cast<unsigned>(ceil_div(K, int64_t{kTileCols})))
+                        : dim3(static_cast<unsigned>(ceil_div(K, tile_cols(kernel))),
+                               static_cast<unsigned>(slots < max_y ? slots : max_y),
+                               static_cast<unsigned>(ceil_div(slots, max_y)));
   fn<<<grid, block_threads(kernel), 0, stream>>>(x, p, codes, scales);
   CUDA_CHECK_LAUNCH();
 }
@@ -313,12 +299,16 @@ void launch_col(detail::MxColKernel kernel, const char* what, const bf16* x, int
 
 namespace detail {
 
-MxColKernel mx_col_default_kernel(Rounding, HadamardTransform) {
-  // block_per_thread for every option: its SASS needs fewer instructions per element than register_tile's for each
-  // of them (the block rule once per MX block instead of per chunk of 8 over shuffles, no transpose, the transform
-  // without shuffles), counted as reports/results/h200/quant-speed-ranks-20261202/NOTES-speed.md describes; bench_quant
-  // times the other kernels beside it (bf16_to_mxfp4_col_regs/, _shared/) for the measurement that confirms it.
-  return MxColKernel::block_per_thread;
+MxColKernel mx_col_default_kernel(Rounding rounding, HadamardTransform transform) {
+  // The block-per-thread kernel for every option: its SASS needs fewer instructions per element than register_tile's
+  // (the block rule once per MX block instead of per chunk of 8 over shuffles, no transpose, the transform without
+  // shuffles; reports/results/h200/quant-speed-ranks-20261202/NOTES-speed.md). Its outputs go through shared memory
+  // (block_staged) where that was faster: RNE without a transform, 0.82-0.91 of copy against 0.76-0.84 with each
+  // thread storing its own; with a transform or stochastic rounding, bound by its instructions, the two were level
+  // or the direct stores ahead by up to 0.03 (reports/results/h200/quant-col-staged-20261203/). bench_quant times
+  // the others beside it (bf16_to_mxfp4_col_blocks/, _staged/, _regs/, _shared/).
+  return rounding == Rounding::rne && transform == HadamardTransform::none ? MxColKernel::block_staged
+                                                                           : MxColKernel::block_per_thread;
 }
 
 void bf16_to_mxfp4_col_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,

@@ -69,14 +69,15 @@ namespace detail {
 // The argument checks of the column quantizers (`what` names the caller; `ragged`: any M, else M % 32 == 0).
 void check_mx_col_config(const char* what, int64_t M, int64_t K, bool ragged, const MxQuantConfig& cfg);
 
-// The three kernels behind the column quantizers (bf16_to_mxfp4_col.cu), which give the same bits:
+// The four kernels behind the column quantizers (bf16_to_mxfp4_col.cu), which give the same bits:
 // block_per_thread (mx_col_block.cuh: each thread quantizes one MX block of 4 adjacent columns, the block rule once
-// per block, no transpose), register_tile (each thread loads 8 rows x 8 columns and transposes them in registers,
-// the block rule per chunk of 8 over shuffles) and shared_tile (the earliest: 128 x 32 tiles transposed through
-// shared memory). bf16_to_mxfp4_col and bf16_to_mxfp4_col_ragged run mx_col_default_kernel(rounding, transform);
-// bench_quant and the GPU tests run all three. Same arguments and rejections as the public forms.
-enum class MxColKernel : int { register_tile = 0, shared_tile = 1, block_per_thread = 2, block_staged = 3,
-                             block_pipelined = 4, block_pipelined3 = 5 };
+// per block, no transpose, and stores its own codes and scales), block_staged (the same, the thread block's outputs
+// gathered in shared memory and stored as whole runs per row of X^T), register_tile (each thread loads 8 rows x 8
+// columns and transposes them in registers, the block rule per chunk of 8 over shuffles) and shared_tile (the
+// earliest: 128 x 32 tiles transposed through shared memory). bf16_to_mxfp4_col and bf16_to_mxfp4_col_ragged run
+// mx_col_default_kernel(rounding, transform); bench_quant and the GPU tests run all four. Same arguments and
+// rejections as the public forms.
+enum class MxColKernel : int { register_tile = 0, shared_tile = 1, block_per_thread = 2, block_staged = 3 };
 MxColKernel mx_col_default_kernel(Rounding rounding, HadamardTransform transform);
 void bf16_to_mxfp4_col_using(MxColKernel kernel, const bf16* x, int64_t M, int64_t K, uint8_t* codes,
                              uint8_t* scales, const MxQuantConfig& cfg, unsigned long long* nonfinite_blocks,

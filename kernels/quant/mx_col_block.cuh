@@ -1,5 +1,5 @@
 // The block-per-thread kernel of the BF16 -> MXFP4 column quantizers (bf16_to_mxfp4_col.h,
-// detail::MxColKernel::block_per_thread): one thread quantizes 4 adjacent columns x 32 rows of X, one MX block of
+// detail::MxColKernel::block_per_thread and block_staged): one thread quantizes 4 adjacent columns x 32 rows of X, one MX block of
 // each of 4 rows of X^T, as the row quantizer's block-per-thread kernel does one block of a row: the block rule once
 // per block, the transform in registers with constant indices, one stochastic-rounding hash per 8 elements.
 //
@@ -22,9 +22,9 @@
 // Thread block: 4 warps over a token block of 128 rows x 128 columns. Warp w holds rows 64 (w % 2) .. + 63 and
 // columns 64 (w / 2) .. + 63; lane 2 c + b holds MX block b (rows 32 b .. 32 b + 31 of the warp's) of columns
 // 4 c .. 4 c + 3. A load instruction of a warp reads 2 rows x 128 contiguous bytes; a store, 16 rows of X^T x 32
-// contiguous bytes (the two lanes that hold one column). Threads whose MX block lies past the token block's padded
-// rows or whose columns lie past K do nothing. Grid: (column tiles, token-block slots over y and z), as the
-// register-tile kernel's.
+// contiguous bytes (the two lanes that hold one column), or with block_staged (StagedColOutput) 8 rows of X^T x 64
+// bytes. Threads whose MX block lies past the token block's padded rows or whose columns lie past K do nothing.
+// Grid: (column tiles, token-block slots over y and z), as the register-tile kernel's.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -32,7 +32,6 @@
 #include <cstdint>
 
 #include "kernels/formats/formats.h"
-#include "kernels/quant/cp_async.cuh"
 #include "kernels/quant/mx_col_device.cuh"
 #include "kernels/quant/mx_fast_codecs.h"
 #include "kernels/quant/mx_quant_device.cuh"
@@ -255,11 +254,11 @@ __device__ __forceinline__ void encode_col_block_sr(const PairWords (&w)[2], con
 // The outputs of one thread block (128 columns x 4 MX blocks of the token block) gathered in shared memory, then
 // written by whole runs: each column's 64 code bytes (a row of X^T, 4 blocks of 16) by 4 adjacent lanes, 8 rows of
 // X^T per store instruction, and its 4 scale bytes by one 4-byte store where they start on 4 bytes (else one store
-// per byte). Without it every thread stores its own 16 code bytes and scale byte per column: 32 code bytes and 2
-// scale bytes of one row of X^T per store instruction and sector, so that each sector of scales is written by 8
-// stores of 2 bytes (and each run of 4 by two warps). The block index of a column's 16-byte slot is XORed with
-// (column / 4) % 4 so that the 8 lanes of a store phase meet at most two to a bank group when they put, none when
-// they store (a column's 4 slots stay in its own 64 bytes).
+// per byte). Without it (StagedColOutput<false>, which holds nothing) every thread stores its own 16 code bytes and
+// scale byte per column: a store instruction writes 32 code bytes or 2 scale bytes into each sector it touches,
+// and the L2 handles twice the write requests (Nsight Compute: reports/results/h200/quant-col-staged-20261203/).
+// The block index of a column's 16-byte slot is XORed with (column / 4) % 4 so that the 8 lanes of a store phase
+// meet at most two to a bank group when they put, none when they store (a column's 4 slots stay in its 64 bytes).
 template <bool kStaged>
 struct StagedColOutput {
   __device__ __forceinline__ void put(int, int, uint4, uint8_t) {}
@@ -407,107 +406,6 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
     __syncthreads();
     const int64_t cols = p.K - k_tile < kColBlockTileCols ? p.K - k_tile : kColBlockTileCols;
     staged.store(tb, k_tile, static_cast<int>(cols), padded_tile_rows(tb) / kMxBlock, codes, scales);
-  }
-  count_col_nonfinite(p, nonfinite, at.lane);
-}
-
-// The pipelined kernel's input tile: 128 rows x 128 columns of X (32 KB), row r's 16-byte chunk j at
-// chunk[r][j ^ 4 ((r / 32) % 2)]: a thread's 8-byte reads (rows r0 + i, r0 = 32 b + ..., for lanes 2 c + b) then
-// fall in the two halves of the banks for b = 0 and b = 1, so that a half-warp's read meets no bank conflict.
-// Addresses are formed from one base per call and constant offsets (the compiler would otherwise keep the 32 row
-// addresses, which do not change from tile to tile, in registers across the loop).
-struct ColInputTile {
-  static constexpr int kChunks = kColBlockTileCols / 8;  // 16-byte chunks per row
-  static constexpr int kRowsPerPass = kColBlockThreads / kChunks;  // rows one copy instruction per thread covers
-  uint4 chunk[kMxColTileRows][kChunks];
-
-  // Issues the copies of the token block's rows, columns k_tile .. k_tile + 127, one commit group: rows past
-  // tb.rows and columns past K are written as zeros. Every thread of the block calls it. Thread t copies chunk
-  // t % 16 of rows t / 16 + 8 j (j = 0..15): row 8 j + t / 16 has (row / 32) % 2 = (j / 4) % 2.
-  __device__ __forceinline__ void load_async(const bf16* __restrict__ x, const MxColParams& p, const TokenBlock& tb,
-                                             int64_t k_tile) {
-    static_assert(kRowsPerPass == 8 && kMxColTileRows == 16 * kRowsPerPass, "16 passes of 8 rows");
-    const int c = static_cast<int>(threadIdx.x) % kChunks, r = static_cast<int>(threadIdx.x) / kChunks;
-    const bool cols_in = k_tile + 8 * c < p.K;  // K % 8 == 0: a chunk is all in or all out
-    const bf16* const src0 = x + (tb.row0 + r) * p.K + k_tile + 8 * c;
-    uint4* const dst[2] = {&chunk[r][c], &chunk[r][c ^ 4]};
-#pragma unroll
-    for (int j = 0; j < kMxColTileRows / kRowsPerPass; ++j) {
-      const bool valid = cols_in && r + kRowsPerPass * j < tb.rows;
-      cp_async_16(dst[(j / 4) % 2] + j * kRowsPerPass * kChunks, valid ? src0 + int64_t{kRowsPerPass * j} * p.K : x,
-                  valid);
-    }
-    cp_async_commit();
-  }
-
-  // The 32 rows from r0 (r0 % 32 == 0) of the 4 columns from col (col % 4 == 0) into a thread's words.
-  __device__ __forceinline__ void read(int r0, int col, PairWords (&w)[2]) const {
-    const uint2* const base =
-        reinterpret_cast<const uint2*>(&chunk[r0][(col / 8) ^ (((r0 >> 5) & 1) << 2)]) + (col / 4) % 2;
-#pragma unroll
-    for (int i = 0; i < kMxBlock; ++i) {
-      const uint2 u = base[i * 2 * kChunks];  // row r0 + i: the same chunk slot for the 32 rows
-      w[0][i] = u.x;
-      w[1][i] = u.y;
-    }
-  }
-};
-
-// The pipelined kernel (detail::MxColKernel::block_pipelined): the block-per-thread kernel's work per tile, with
-// the tile loaded into shared memory by asynchronous copies (cp.async) while the previous tile is quantized. A
-// persistent grid (at most one wave of resident thread blocks) walks the tiles t = blockIdx.x, + gridDim.x, ...
-// (tile t: token-block slot t / tiles_x, column tile t % tiles_x); per tile, each thread reads its 32 rows x 4
-// columns from shared memory, the block then starts the next tile's copies into the same buffer and quantizes,
-// and the outputs leave through StagedColOutput. The walk ends at the first slot without a token block (the slots
-// past the last one, or invalid device offsets: nothing is written then).
-template <Rounding kRounding, HadamardTransform kTransform, bool kRagged, int kMinBlocks>
-__global__ void __launch_bounds__(kColBlockThreads, kMinBlocks)
-bf16_to_mxfp4_col_pipelined_kernel(const bf16* __restrict__ x, MxColParams p, uint8_t* __restrict__ codes,
-                                   uint8_t* __restrict__ scales) {
-  __shared__ ColInputTile tile;
-  __shared__ StagedColOutput<true> staged;
-  const long long tiles_x = (p.K + kColBlockTileCols - 1) / kColBlockTileCols;
-  const long long tiles = tiles_x * ((p.M + kMxColTileRows - 1) / kMxColTileRows + (kRagged ? p.G : 0));
-  long long t = blockIdx.x;
-  TokenBlock tb;
-  if (t >= tiles || !find_col_token_block<kRagged, kColBlockThreads>(p, t / tiles_x, tb)) return;
-  tile.load_async(x, p, tb, t % tiles_x * kColBlockTileCols);
-  const ColThreadPlace at;
-  unsigned nonfinite = 0;
-  for (;;) {
-    cp_async_wait<0>();
-    __syncthreads();  // tile t in shared memory; the previous tile's outputs stored
-    PairWords w[2];
-    tile.read(at.r0, at.col, w);
-    __syncthreads();  // every thread has its words: the buffer takes the next tile
-    const long long next = t + gridDim.x;
-    bool more;
-    {
-      TokenBlock nb;  // found again after the stores (fewer registers held across the quantization)
-      more = next < tiles && find_col_token_block<kRagged, kColBlockThreads>(p, next / tiles_x, nb);
-      if (more) tile.load_async(x, p, nb, next % tiles_x * kColBlockTileCols);
-    }
-    // The words pass through empty volatile statements after the copies were issued, so that the transform is not
-    // scheduled above them (it would hold its FP32 values across the barrier and the copies: spills).
-#pragma unroll
-    for (int i = 0; i < kMxBlock; ++i) asm volatile("" : "+r"(w[0][i]), "+r"(w[1][i]));
-    const int64_t k_tile = t % tiles_x * kColBlockTileCols, k0 = k_tile + at.col;
-    const bool in = k0 < p.K && at.r0 < padded_tile_rows(tb);
-    const unsigned lanes = kRounding == Rounding::stochastic ? __ballot_sync(0xFFFFFFFFu, in) : 0u;
-    if (in) {
-      uint32_t out[4][4];
-      ColBlockScale s[4];
-      nonfinite += quantize_col_block<kRounding, kTransform>(w, p, tb, at.r0, k0, lanes, out, s);
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        staged.put(at.col + c, at.block(), make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]), s[c].scale);
-    }
-    __syncthreads();
-    const int64_t cols = p.K - k_tile < kColBlockTileCols ? p.K - k_tile : kColBlockTileCols;
-    staged.store(tb, k_tile, static_cast<int>(cols), padded_tile_rows(tb) / kMxBlock, codes, scales);
-    if (!more) break;
-    t = next;
-    find_col_token_block<kRagged, kColBlockThreads>(p, t / tiles_x, tb);  // found above: true
   }
   count_col_nonfinite(p, nonfinite, at.lane);
 }

@@ -36,9 +36,7 @@ struct ColRun {
 
 // The kernels behind the column quantizers (bf16_to_mxfp4_col.h): each must give the reference's bits.
 constexpr detail::MxColKernel kAllKernels[] = {detail::MxColKernel::block_per_thread, detail::MxColKernel::block_staged,
-                                               detail::MxColKernel::block_pipelined, detail::MxColKernel::block_pipelined3,
-                                               detail::MxColKernel::register_tile,
-                                               detail::MxColKernel::shared_tile};
+                                               detail::MxColKernel::register_tile, detail::MxColKernel::shared_tile};
 
 // The dense (offsets empty) or ragged GPU quantizer into outputs of `codes_n` and `scales_n` bytes, poisoned first.
 ColRun run_gpu(const std::vector<bf16>& x, int64_t M, int64_t K, const std::vector<int32_t>& offsets,
