@@ -1,23 +1,25 @@
 // The block-per-thread kernel of the BF16 -> MXFP4 column quantizers (bf16_to_mxfp4_col.h,
-// detail::MxColKernel::block_per_thread and block_staged): one thread quantizes 4 adjacent columns x 32 rows of X, one MX block of
-// each of 4 rows of X^T, as the row quantizer's block-per-thread kernel does one block of a row: the block rule once
-// per block, the transform in registers with constant indices, one stochastic-rounding hash per 8 elements.
+// detail::MxColKernel::block_per_thread and block_staged): one thread quantizes 4 adjacent columns x 32 rows of X,
+// one MX block of each of 4 rows of X^T, as the row quantizer's block-per-thread kernel does one block of a row: the
+// block rule once per block, the transform in registers with constant indices, one stochastic-rounding hash per 8
+// elements.
 //
 // Registers: row i of the thread's block is one 8-byte load, two 32-bit words, word i of column pair 0 (columns
 // k0, k0 + 1 in its low and high halves) and of pair 1 (k0 + 2, k0 + 3). Every step works on a pair's words as
 // they were loaded, without a transpose:
 //   - amax: 16-bit maxima of the magnitudes over the 32 words (one three-input DPX maximum per two words) give both
 //     columns' amax, one per half;
-//   - RNE: e2m1_pair_magnitude_rne_bf16x2 with each half's own 2^-e (the two columns' scales in one BF16x2);
+//   - RNE: e2m1_pair_magnitude_x4096_rne_bf16x2 with each half's own 2^-e (the two columns' scales in one BF16x2),
+//     the codes right below their sign bits, packed by byte permutations (encode_col_block_rne);
 //   - SR: the row quantizer's FP32 path per element; row i's hash mx_sr_hash64(seed, (m K + k0) / 8) holds the
 //     draws of the 8 columns k0 - k0 % 8 .. + 7, the thread's 4 in one 32-bit half (one byte per column): the two
 //     lanes holding those 8 columns share the hashes of their 32 rows, half each, by one shuffle per row pair;
 //   - transforms: a pair's two columns unpacked to FP32 (2 x 32 values), the row kernel's butterflies along the
 //     rows, rounded back into the pair's words; rht's sign of row i flips both halves of word i of both pairs (one
 //     shift shared by the pairs and one masked XOR per word);
-//   - codes: rows 2p and 2p + 1 of a pair make one word of four codes (byte 0: the first column's rows 2p, 2p + 1;
-//     byte 2: the second column's), the signs placed by one byte permutation that replicates each element's sign
-//     bit over its byte and one masked OR, and one shift-add packs each column's two codes into its byte; four
+//   - SR codes: rows 2p and 2p + 1 of a pair make one word of four codes (byte 0: the first column's rows 2p,
+//     2p + 1; byte 2: the second column's), the signs placed by one byte permutation that replicates each element's
+//     sign bit over its byte and one masked OR, and one shift-add packs each column's two codes into its byte; four
 //     byte permutations per 16 elements gather each column's bytes into its 16 bytes of codes.
 // Thread block: 4 warps over a token block of 128 rows x 128 columns. Warp w holds rows 64 (w % 2) .. + 63 and
 // columns 64 (w / 2) .. + 63; lane 2 c + b holds MX block b (rows 32 b .. 32 b + 31 of the warp's) of columns
@@ -182,7 +184,12 @@ __device__ __forceinline__ uint32_t pair_sign_mask(const ColBlockScale (&s)[4], 
 }
 
 // RNE codes of the 4 columns (codes[c][q]: column k0 + c's word q, rows 8q .. 8q + 7); a NaN/Inf block's codes are
-// replaced later.
+// replaced later. Per word (one row, both columns of a pair): e2m1_pair_magnitude_x4096_rne_bf16x2 puts each
+// column's magnitude code right below its BF16 sign bit (bits 12..14 and 28..30, the high nibbles of bytes 1 and
+// 3), one masked OR adds the signs of regular blocks, so that byte 1 of word i holds the first column's code of row
+// i in its high nibble and byte 3 the second column's. Per 4 rows, two byte permutations gather those bytes (rows
+// 0 and 2, rows 1 and 3) and one shift and one masked merge pack each column's two rows per byte; per 8 rows, two
+// more permutations give each column's word.
 __device__ __forceinline__ void encode_col_block_rne(const PairWords (&w)[2], const ColBlockScale (&s)[4],
                                                      uint32_t (&codes)[4][4]) {
 #pragma unroll
@@ -190,17 +197,25 @@ __device__ __forceinline__ void encode_col_block_rne(const PairWords (&w)[2], co
     // 2^-e of both columns, BF16 normals for e in [-127, 126].
     const __nv_bfloat162 inv2 = bf162_from_bits((static_cast<uint32_t>(127 - s[2 * q].e) << 7) |
                                                 (static_cast<uint32_t>(127 - s[2 * q + 1].e) << 23));
-    const uint32_t sign_mask = pair_sign_mask(s, q);
+    // The sign bits kept: a regular block's (an all-zero block has none; a NaN/Inf block's codes are replaced).
+    const uint32_t sign_mask = (s[2 * q].regular ? 0x00008000u : 0u) | (s[2 * q + 1].regular ? 0x80000000u : 0u);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      uint32_t y[4];
+      uint32_t r[8];  // rows 8 j .. 8 j + 7: codes and signs in the high nibbles of bytes 1 and 3
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const int r = 8 * j + 2 * t;
-        y[t] = pack_row_pair(e2m1_pair_magnitude_rne_bf16x2(w[q][r], inv2),
-                             e2m1_pair_magnitude_rne_bf16x2(w[q][r + 1], inv2), w[q][r], w[q][r + 1], sign_mask);
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t word = w[q][8 * j + i];
+        r[i] = e2m1_pair_magnitude_x4096_rne_bf16x2(bf16x2_magnitude(word), inv2) | (word & sign_mask);
       }
-      gather_pair_codes(y[0], y[1], y[2], y[3], codes[2 * q][j], codes[2 * q + 1][j]);
+      uint32_t t[2];  // rows 4h .. 4h + 3: bytes [first column rows 0|1, rows 2|3, second column rows 0|1, 2|3]
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t even = __byte_perm(r[4 * h], r[4 * h + 2], 0x7351);     // rows 0, 2 of each column
+        const uint32_t odd = __byte_perm(r[4 * h + 1], r[4 * h + 3], 0x7351);  // rows 1, 3
+        t[h] = (odd & 0xF0F0F0F0u) | ((even >> 4) & 0x0F0F0F0Fu);
+      }
+      codes[2 * q][j] = __byte_perm(t[0], t[1], 0x5410);
+      codes[2 * q + 1][j] = __byte_perm(t[0], t[1], 0x7632);
     }
   }
 }

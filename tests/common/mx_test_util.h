@@ -31,6 +31,47 @@ inline std::vector<bf16> mx_random_bf16(int64_t M, int64_t K, uint32_t seed, boo
   return x;
 }
 
+// The edges of the folded 1/4 of h16 and rht under RNE (bf16_to_mxfp4_row.cu mx_h16_fold_exact) and of the BF16x2
+// scaling of stochastic rounding, as MX blocks of 32 elements: two 16-element halves, each zero but for its first
+// two elements (a, b), so that every transformed value of a half is +-(a + b) or +-(a - b) (rht: with its signs).
+// The big half's pairs put the block amax at and around the bounds of the folded path (2^-100, 2^126), in the
+// window where an FP32 sum rounds to a BF16 Inf but its quarter does not (2^128 - 2^119), at the largest BF16, at
+// NaN/Inf, at 0, and at BF16 subnormals; the tiny half's pairs (+-2^-133, +-2^-132, 3 2^-133, 2^-126, 2^-123 and
+// their sums) have quarters that round to 0 or to other subnormals than bf16(y) / 4. Every big pair with every tiny
+// pair, the tiny half first and second: 384 blocks, element i of block n at blocks[32 n + i].
+inline std::vector<bf16> mx_fold_edge_blocks() {
+  const uint16_t big[][2] = {
+      {0x3F80, 0x0000}, {0x3F80, 0x3F00},  // 1; 1 and 0.5
+      {0x0D80, 0x0000}, {0x0D7F, 0x0000},  // 2^-100 and the BF16 below it
+      {0x0D00, 0x0D00}, {0x0CFF, 0x0CFF},  // a + b at 2^-100 (and just under), a - b = 0
+      {0x7E80, 0x0000}, {0x7E7F, 0x0000},  // 2^126 and the BF16 below it
+      {0x7E00, 0x7E00}, {0x7DFF, 0x7E00},  // a + b = 2^126; just under it (FP32 sum, BF16 round up)
+      {0x7F7F, 0x7B00}, {0x7F7F, 0x7A80},  // 2^128 - 2^120 + 2^119 (FP32 finite, BF16 Inf; its quarter finite)
+      {0x7F7F, 0x0000}, {0x7F7F, 0x7F7F},  // largest BF16; its double (FP32 Inf)
+      {0x7F80, 0x0000}, {0x7FC0, 0x3F80},  // Inf; NaN
+      {0x0000, 0x8000}, {0x0001, 0x0000},  // +0, -0; 2^-133
+      {0x0003, 0x0002}, {0x0080, 0x0001},  // subnormal sums; 2^-126 +- 2^-133
+      {0x0200, 0x0000}, {0x0180, 0x0100},  // 2^-123; 2^-124 +- 2^-125
+      {0x4040, 0x3DCC}, {0xC2F0, 0x4100},  // ordinary values, signs mixed
+  };
+  const uint16_t tiny[][2] = {{0x0000, 0x0000}, {0x0001, 0x0000}, {0x0002, 0x0000}, {0x0003, 0x0001},
+                              {0x8001, 0x0002}, {0x0080, 0x0000}, {0x0200, 0x8001}, {0x0001, 0x0001}};
+  std::vector<bf16> blocks;
+  for (const auto& hi : big)
+    for (const auto& lo : tiny)
+      for (int swap = 0; swap < 2; ++swap) {  // the tiny half first or second
+        bf16 block[32];
+        for (auto& e : block) e = bf16_from_bits(0);
+        const int h0 = swap ? 16 : 0, h1 = swap ? 0 : 16;
+        block[h0] = bf16_from_bits(hi[0]);
+        block[h0 + 1] = bf16_from_bits(hi[1]);
+        block[h1] = bf16_from_bits(lo[0]);
+        block[h1 + 1] = bf16_from_bits(lo[1]);
+        blocks.insert(blocks.end(), block, block + 32);
+      }
+  return blocks;
+}
+
 // An MXFP4 row tensor [R, K] in host memory.
 struct MxTensor {
   int64_t R, K;

@@ -230,6 +230,24 @@ TEST(Bf16ToMxfp4ColGpu, EdgeBlocksMatchReferenceInEveryKernelAndOption) {
         }
 }
 
+// The edges of the folded 1/4 of h16 and rht under RNE and of the BF16x2 scaling of stochastic rounding
+// (test::mx_fold_edge_blocks) along tokens: block n in column n % 8, rows 32 (n / 8) .. 32 (n / 8) + 31. Every
+// kernel, both scale modes, both roundings, every transform.
+TEST(Bf16ToMxfp4ColGpu, FoldedScaleAndScaledSrEdgesMatchReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const std::vector<bf16> blocks = test::mx_fold_edge_blocks();
+  const int64_t K = 8, n = static_cast<int64_t>(blocks.size()) / 32, M = 32 * ((n + K - 1) / K);
+  std::vector<bf16> x(static_cast<size_t>(M * K), bf16_from_bits(0x3F80));
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < 32; ++i) x[(32 * (b / K) + i) * K + b % K] = blocks[32 * b + i];
+  for (MxScaleMode mode : {MxScaleMode::floor, MxScaleMode::ceil})
+    for (HadamardTransform t : kAllTransforms)
+      for (Rounding r : {Rounding::rne, Rounding::stochastic}) {
+        SCOPED_TRACE(testing::Message() << "mode=" << int(mode) << " transform=" << int(t) << " rounding=" << int(r));
+        expect_every_kernel_matches_ref(x, M, K, config(r, t, mode, 31));
+      }
+}
+
 TEST(Bf16ToMxfp4ColGpu, InvalidDeviceOffsetsWriteNothing) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t M = 64, K = 16;

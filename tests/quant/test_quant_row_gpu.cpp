@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/common/gpu_test_util.h"
+#include "tests/common/mx_test_util.h"
 #include "kernels/common/check.h"
 #include "kernels/common/types.h"
 #include "kernels/formats/formats.h"
@@ -318,46 +319,13 @@ TEST(Bf16ToMxfp4RowGpu, EveryMagnitudeAtEveryBlockExponentMatchesReference) {
   }
 }
 
-// The edges of the folded 1/4 of h16 and rht under RNE (bf16_to_mxfp4_row.cu mx_h16_fold_exact) and of the
-// BF16x2 scaling of stochastic rounding: MX blocks made of two 16-element halves, each zero but for its first two
-// elements (a, b), so that every transformed value of a half is +-(a + b) or +-(a - b) (rht: with its signs). The
-// first half's pairs put the block amax at and around the bounds of the folded path (2^-100, 2^126), in the
-// window where an FP32 sum rounds to a BF16 Inf but its quarter does not (2^128 - 2^119), at the largest BF16, at
-// NaN/Inf, at 0, and at BF16 subnormals; the second half's pairs are tiny (+-2^-133, +-2^-132, 3 2^-133, 2^-126,
-// 2^-123 and their sums), whose quarters round to 0 or to other subnormals than bf16(y) / 4. Both scale modes,
-// both roundings, every transform.
+// The edges of the folded 1/4 of h16 and rht under RNE and of the BF16x2 scaling of stochastic rounding
+// (test::mx_fold_edge_blocks) along rows, the rest of the last row ones. Both scale modes, both roundings,
+// every transform.
 TEST(Bf16ToMxfp4RowGpu, FoldedScaleAndScaledSrEdgesMatchReference) {
   FP4MOE_REQUIRE_DEVICE();
-  const uint16_t big[][2] = {
-      {0x3F80, 0x0000}, {0x3F80, 0x3F00},  // 1; 1 and 0.5
-      {0x0D80, 0x0000}, {0x0D7F, 0x0000},  // 2^-100 and the BF16 below it
-      {0x0D00, 0x0D00}, {0x0CFF, 0x0CFF},  // a + b at 2^-100 (and just under), a - b = 0
-      {0x7E80, 0x0000}, {0x7E7F, 0x0000},  // 2^126 and the BF16 below it
-      {0x7E00, 0x7E00}, {0x7DFF, 0x7E00},  // a + b = 2^126; just under it (FP32 sum, BF16 round up)
-      {0x7F7F, 0x7B00}, {0x7F7F, 0x7A80},  // 2^128 - 2^120 + 2^119 (FP32 finite, BF16 Inf; its quarter finite)
-      {0x7F7F, 0x0000}, {0x7F7F, 0x7F7F},  // largest BF16; its double (FP32 Inf)
-      {0x7F80, 0x0000}, {0x7FC0, 0x3F80},  // Inf; NaN
-      {0x0000, 0x8000}, {0x0001, 0x0000},  // +0, -0; 2^-133
-      {0x0003, 0x0002}, {0x0080, 0x0001},  // subnormal sums; 2^-126 +- 2^-133
-      {0x0200, 0x0000}, {0x0180, 0x0100},  // 2^-123; 2^-124 +- 2^-125
-      {0x4040, 0x3DCC}, {0xC2F0, 0x4100},  // ordinary values, signs mixed
-  };
-  const uint16_t tiny[][2] = {{0x0000, 0x0000}, {0x0001, 0x0000}, {0x0002, 0x0000}, {0x0003, 0x0001},
-                              {0x8001, 0x0002}, {0x0080, 0x0000}, {0x0200, 0x8001}, {0x0001, 0x0001}};
   const int64_t K = 32 * 8;
-  std::vector<bf16> x;
-  for (const auto& hi : big)
-    for (const auto& lo : tiny)
-      for (int swap = 0; swap < 2; ++swap) {  // the tiny half first or second
-        bf16 block[32];
-        for (auto& e : block) e = bf16_from_bits(0);
-        const int h0 = swap ? 16 : 0, h1 = swap ? 0 : 16;
-        block[h0] = bf16_from_bits(hi[0]);
-        block[h0 + 1] = bf16_from_bits(hi[1]);
-        block[h1] = bf16_from_bits(lo[0]);
-        block[h1 + 1] = bf16_from_bits(lo[1]);
-        x.insert(x.end(), block, block + 32);
-      }
+  std::vector<bf16> x = test::mx_fold_edge_blocks();
   const int64_t M = (static_cast<int64_t>(x.size()) + K - 1) / K;
   x.resize(static_cast<size_t>(M * K), bf16_from_bits(0x3F80));
   for (auto mode : {MxScaleMode::floor, MxScaleMode::ceil}) {
