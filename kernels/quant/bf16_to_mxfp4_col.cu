@@ -303,10 +303,11 @@ MxColKernel mx_col_default_kernel(Rounding rounding, HadamardTransform transform
   // The block-per-thread kernel for every option: its SASS needs fewer instructions per element than register_tile's
   // (the block rule once per MX block instead of per chunk of 8 over shuffles, no transpose, the transform without
   // shuffles; reports/results/h200/quant-speed-ranks-20261202/NOTES-speed.md). Its outputs go through shared memory
-  // (block_staged) where that was faster: RNE without a transform, 0.82-0.91 of copy against 0.76-0.84 with each
-  // thread storing its own; with a transform or stochastic rounding, bound by its instructions, the two were level
-  // or the direct stores ahead by up to 0.03 (reports/results/h200/quant-col-staged-20261203/). bench_quant times
-  // the others beside it (bf16_to_mxfp4_col_blocks/, _staged/, _regs/, _shared/).
+  // (block_staged) where that was faster: RNE without a transform, 0.81-0.91 of copy against 0.74-0.84 with each
+  // thread storing its own. With a transform or stochastic rounding the kernel is bound by its instructions: with a
+  // transform the two are within 0.02 either way (staged ahead by at most 0.008 with the current RNE encoder), with
+  // stochastic rounding the direct stores ahead by 0.005-0.024 (reports/results/h200/quant-col-staged-20261203/).
+  // bench_quant times the others beside it (bf16_to_mxfp4_col_blocks/, _staged/, _regs/, _shared/).
   return rounding == Rounding::rne && transform == HadamardTransform::none ? MxColKernel::block_staged
                                                                            : MxColKernel::block_per_thread;
 }

@@ -54,10 +54,11 @@ FP4MOE_HD uint32_t bf16x2_magnitude(uint32_t w) {
 
 // The magnitude codes alone, times 2^12 (per half 0..7 in bits 12..14 and 28..30, the high nibbles of bytes 1 and
 // 3; bits 15 and 31 are 0, the other bits hold other values): the form the kernels gather (encode_chunk_rne in
-// mx_quant_device.cuh), where each element's code sits below its BF16 sign bit. With s = t - magic (per half the
-// rounded steps, 0..4) and k = (magic - kBase) / 2^7 (the binade above the first, 0..2), the code is s + 2k, and
-// 2^12 (s + 2k) = 2^12 t - 4032 magic - 64 kBase per half; each half's value lies in [0, 7 * 2^12], so the 32-bit
-// word holds both without a carry or borrow between them. The word computed is
+// mx_quant_device.cuh, encode_col_block_rne in mx_col_block.cuh), where each element's code sits below its BF16
+// sign bit. With s = t - magic (per half the rounded steps, 0..4) and k = (magic - kBase) / 2^7 (the binade above
+// the first, 0..2), the code is s + 2k, and 2^12 (s + 2k) = 2^12 t - 4032 magic - 64 kBase per half; each half's
+// value lies in [0, 7 * 2^12], so the 32-bit word holds both without a carry or borrow between them. The word
+// computed is
 // (2^12 + 2^16) t - (2^12 + 2^16 - 64) magic - 64 kBase: the extra 2^16 (t - magic) adds the low half's steps
 // (0..4) to bits 16..18 and nothing else (the high half's share is past bit 31). Neither factor is then a power of
 // two, so the compiler keeps both multiply-adds on the FMA pipe (a power of two becomes a shift or LEA).

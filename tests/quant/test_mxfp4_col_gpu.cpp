@@ -230,10 +230,11 @@ TEST(Bf16ToMxfp4ColGpu, EdgeBlocksMatchReferenceInEveryKernelAndOption) {
         }
 }
 
-// The edges of the folded 1/4 of h16 and rht under RNE and of the BF16x2 scaling of stochastic rounding
-// (test::mx_fold_edge_blocks) along tokens: block n in column n % 8, rows 32 (n / 8) .. 32 (n / 8) + 31. Every
-// kernel, both scale modes, both roundings, every transform.
-TEST(Bf16ToMxfp4ColGpu, FoldedScaleAndScaledSrEdgesMatchReference) {
+// The row quantizer's fold and BF16x2-scaling edge blocks (test::mx_fold_edge_blocks) along tokens: block n in
+// column n % 8, rows 32 (n / 8) .. 32 (n / 8) + 31. For the column kernels they are transforms whose FP32 sums leave
+// BF16's range or fall to subnormals, tiny, NaN and Inf blocks, and columns of very different scales side by side
+// in one BF16x2 word. Every kernel, both scale modes, both roundings, every transform.
+TEST(Bf16ToMxfp4ColGpu, TransformAndScalingEdgeBlocksMatchReference) {
   FP4MOE_REQUIRE_DEVICE();
   const std::vector<bf16> blocks = test::mx_fold_edge_blocks();
   const int64_t K = 8, n = static_cast<int64_t>(blocks.size()) / 32, M = 32 * ((n + K - 1) / K);

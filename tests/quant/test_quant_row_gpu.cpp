@@ -320,8 +320,8 @@ TEST(Bf16ToMxfp4RowGpu, EveryMagnitudeAtEveryBlockExponentMatchesReference) {
 }
 
 // The edges of the folded 1/4 of h16 and rht under RNE and of the BF16x2 scaling of stochastic rounding
-// (test::mx_fold_edge_blocks) along rows, the rest of the last row ones. Both scale modes, both roundings,
-// every transform.
+// (test::mx_fold_edge_blocks) along rows (48 rows of 256; a partial last row would be filled with ones). Both scale
+// modes, both roundings, every transform.
 TEST(Bf16ToMxfp4RowGpu, FoldedScaleAndScaledSrEdgesMatchReference) {
   FP4MOE_REQUIRE_DEVICE();
   const int64_t K = 32 * 8;

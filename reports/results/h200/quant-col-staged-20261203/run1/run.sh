@@ -1,5 +1,5 @@
 #!/bin/bash
-# session 15 run 1: column quantizer with staged outputs (block_staged) beside block_per_thread; L2 breakdown
+# run 1: column quantizer with staged outputs (block_staged) beside block_per_thread; L2 breakdown
 set -u
 R=$OUT/r; mkdir -p $R
 T0=$(date +%s); t(){ echo "$(( $(date +%s)-T0 ))s $*" >> $R/summary.txt; }

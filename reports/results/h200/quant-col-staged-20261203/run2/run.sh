@@ -1,5 +1,5 @@
 #!/bin/bash
-# session 15 run 2: L2 bulk prefetch of the next wave's tile (row block_l2_prefetch, column block_l2_prefetch) beside
+# run 2: L2 bulk prefetch of the next wave's tile (row block_l2_prefetch, column block_l2_prefetch) beside
 # block_per_thread / block_staged; instruction counts per option
 set -u
 R=$OUT/r; mkdir -p $R

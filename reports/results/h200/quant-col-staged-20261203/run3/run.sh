@@ -1,5 +1,5 @@
 #!/bin/bash
-# session 15 run 3: the pipelined column kernel (cp.async tile loads overlapped with the previous tile's
+# run 3: the pipelined column kernel (cp.async tile loads overlapped with the previous tile's
 # quantization; 4 or 3 blocks per SM) beside block_per_thread and block_staged
 set -u
 R=$OUT/r; mkdir -p $R

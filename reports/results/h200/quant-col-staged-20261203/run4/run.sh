@@ -1,6 +1,7 @@
 #!/bin/bash
-# session 15 run 4: the column RNE encoder with codes below their sign bits (tree) against HEAD's (exp_old/):
+# run 4: the column RNE encoder with codes below their sign bits (tree) against HEAD's (exp_old/):
 # build all, every GPU test program, loss fingerprint; bench_quant column rows new/old interleaved; instructions
+# exp_old/mx_col_block.cuh was made with: git show 6457916:kernels/quant/mx_col_block.cuh > exp_old/mx_col_block.cuh
 set -u
 R=$OUT/r; mkdir -p $R
 T0=$(date +%s); t(){ echo "$(( $(date +%s)-T0 ))s $*" >> $R/summary.txt; }
