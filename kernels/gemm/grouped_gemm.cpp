@@ -11,6 +11,7 @@
 #include "kernels/common/offsets.h"
 #include "kernels/gemm/group_row_scales.h"
 #include "kernels/gemm/grouped_gemm_heuristics.h"
+#include "kernels/gemm/grouped_gemm_simt.h"
 #include "kernels/gemm/grouped_gemm_sm90.h"
 #include "kernels/gemm/grouped_wgrad_sm90.h"
 #include "kernels/gemm/grouped_runs.h"
@@ -67,37 +68,28 @@ int64_t check_common(const char* what, int64_t N, int64_t K, const GroupSplit& s
   return M;
 }
 
-// The entry points that only run cuBLASLt per group (BF16 operands, 1x128 weights) read the counts on the host:
-// they reject a split without its host copy.
-void require_host_offsets(const char* what, const GroupSplit& split) {
-  FP4MOE_CHECK(split.host_offsets != nullptr,
-               "{}: the host copy of the group offsets is null, which only the Hopper kernels take (fprop_fp8, "
-               "dgrad_fp8, wgrad_fp8; see grouped_gemm.h \"Without a host copy\"); fetch it once per layer",
-               what);
-}
-
-// A split without its host copy runs on the Hopper kernel or not at all: rejects it naming why the kernel cannot
-// take the call (sm90_problem, empty: it can).
-void require_sm90_for_device_split(const char* what, const std::string& sm90_problem) {
-  FP4MOE_CHECK(sm90_problem.empty(),
-               "{}: a split without the host copy of its offsets runs only on the Hopper kernel, which does not "
-               "take this call: {} (or fetch the host copy once per layer)",
-               what, sm90_problem);
-}
-
-// Why the Hopper Fprop/Dgrad kernel cannot take a call apart from the automatic rule (empty: it can), for a split
-// without its host copy. P: output width, R: reduction dimension.
-std::string sm90_rows_problem(const GroupedGemmTuning& tuning, int64_t P, int64_t R, int64_t G,
-                              const GemmOutput& out) {
-  if (tuning.sm90 == Sm90Path::never) return "tuning().sm90 is never";
-  if (out.type != GemmOutType::bf16 || out.accumulate)
-    return "the output is not BF16 or accumulates (the kernel writes BF16 without accumulation)";
-  return grouped_gemm_sm90_unsupported(P, R, G);
+// Whether the Hopper Fprop/Dgrad kernel takes a call apart from the automatic rule, for a split without its host
+// copy (the CUDA-core kernels of grouped_gemm_simt.h take the others). P: output width, R: reduction dimension.
+bool sm90_takes_rows(const GroupedGemmTuning& tuning, int64_t P, int64_t R, int64_t G, const GemmOutput& out) {
+  return tuning.sm90 != Sm90Path::never && out.type == GemmOutType::bf16 && !out.accumulate &&
+         grouped_gemm_sm90_unsupported(P, R, G).empty();
 }
 
 void check_ptr(const char* what, const char* name, const void* p) {
   FP4MOE_CHECK(p != nullptr && aligned16(p), "{}: {} must be a non-null 16-byte aligned device pointer, got {}", what,
                name, p);
+}
+
+// An FP8 row operand [M, R] times each expert's weights [P, R]^T on the CUDA-core kernel, from the device offsets.
+void rows_simt_fp8(const char* what, Fp8RowOperand rows, const uint8_t* w_codes, const float* w_scales,
+                   SimtWeightScales w_kind, int64_t M, int64_t P, int64_t R, const GroupSplit& split,
+                   const GemmOutput& out, cudaStream_t stream) {
+  check_ptr(what, "row operand codes", rows.codes);
+  check_ptr(what, "row operand scales", rows.scales);
+  check_ptr(what, "weight codes", w_codes);
+  check_ptr(what, "weight scales", w_scales);
+  grouped_rows_simt(SimtRowsProblem{true, rows.codes, rows.scales, w_codes, w_scales, w_kind, false, M, P, R},
+                    split.offsets, split.G, out, stream);
 }
 
 LtOutput lt_out(const GemmOutput& out, size_t byte_offset, int64_t ld) {
@@ -252,11 +244,12 @@ void GroupedGemm::for_each_group(const GroupSplit& split, cudaStream_t caller, P
 void GroupedGemm::fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K, const GroupSplit& split,
                              GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_bf16";
-  const int64_t M = check_common(what, N, K, split, y, false, /*rows_optional=*/true);
-  require_host_offsets(what, split);
+  const int64_t M = check_common(what, N, K, split, y, false);
   check_ptr(what, "x", x);
   check_ptr(what, "w", w);
-  (void)M;
+  if (split.host_offsets == nullptr)
+    return grouped_rows_simt(SimtRowsProblem{false, x, nullptr, w, nullptr, SimtWeightScales::none, false, M, N, K},
+                             split.offsets, split.G, y, stream);
   for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
     if (Mg == 0) return;
     const int64_t off = split.host_offsets[g];
@@ -270,10 +263,12 @@ void GroupedGemm::fprop_bf16(const bf16* x, const bf16* w, int64_t N, int64_t K,
 void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K, const GroupSplit& split,
                              GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_bf16";
-  check_common(what, N, K, split, dx, false, /*rows_optional=*/true);
-  require_host_offsets(what, split);
+  const int64_t M = check_common(what, N, K, split, dx, false);
   check_ptr(what, "dy", dy);
   check_ptr(what, "w", w);
+  if (split.host_offsets == nullptr)  // dX_g = dY_g W_g: W_g [N, K] read as the transposed [K, N] weight
+    return grouped_rows_simt(SimtRowsProblem{false, dy, nullptr, w, nullptr, SimtWeightScales::none, true, M, K, N},
+                             split.offsets, split.G, dx, stream);
   for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
     if (Mg == 0) return;
     const int64_t off = split.host_offsets[g];
@@ -288,10 +283,12 @@ void GroupedGemm::dgrad_bf16(const bf16* dy, const bf16* w, int64_t N, int64_t K
 void GroupedGemm::wgrad_bf16(const bf16* dy, const bf16* x, int64_t N, int64_t K, const GroupSplit& split,
                              GemmOutput dw, cudaStream_t stream) {
   const char* what = "grouped wgrad_bf16";
-  check_common(what, N, K, split, dw, true, /*rows_optional=*/true);
-  require_host_offsets(what, split);
+  const int64_t M = check_common(what, N, K, split, dw, true);
   check_ptr(what, "dy", dy);
   check_ptr(what, "x", x);
+  if (split.host_offsets == nullptr)
+    return grouped_wgrad_simt(SimtWgradProblem{false, dy, nullptr, x, nullptr, M, N, K, 0}, split.offsets, split.G,
+                              dw, stream);
   for_each_group(split, stream, [&](int, int64_t g, int64_t Mg, CublasLtMatmul& lt, cudaStream_t st) {
     if (Mg == 0) return zero_empty_wgrad(dw, g, N, K, st);
     const int64_t off = split.host_offsets[g];
@@ -383,9 +380,9 @@ void GroupedGemm::fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t
                             GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8";
   const int64_t M = check_common(what, N, K, split, y, false);
-  if (split.host_offsets == nullptr)
-    require_sm90_for_device_split(what, sm90_rows_problem(tuning_, N, K, split.G, y));
-  else if (!runs_sm90(M, N, K, split.G, y))
+  if (split.host_offsets == nullptr && !sm90_takes_rows(tuning_, N, K, split.G, y))
+    return rows_simt_fp8(what, x, w.codes, w.scales, SimtWeightScales::block128, M, N, K, split, y, stream);
+  if (split.host_offsets != nullptr && !runs_sm90(M, N, K, split.G, y))
     return row_times_weights_fp8(what, x, w.codes, w.scales, false, N, K, split, y, stream);
   grouped_fprop_fp8_sm90(x, w, M, N, K, split.offsets, split.G, static_cast<bf16*>(y.data), stream);
 }
@@ -393,8 +390,9 @@ void GroupedGemm::fprop_fp8(Fp8RowOperand x, Fp8BlockStack w, int64_t N, int64_t
 void GroupedGemm::fprop_fp8_row_weights(Fp8RowOperand x, Fp8RowStack w, int64_t N, int64_t K,
                                         const GroupSplit& split, GemmOutput y, cudaStream_t stream) {
   const char* what = "grouped fprop_fp8 (1x128 weights)";
-  check_common(what, N, K, split, y, false, /*rows_optional=*/true);
-  require_host_offsets(what, split);
+  const int64_t M = check_common(what, N, K, split, y, false);
+  if (split.host_offsets == nullptr)
+    return rows_simt_fp8(what, x, w.codes, w.scales, SimtWeightScales::row128, M, N, K, split, y, stream);
   row_times_weights_fp8(what, x, w.codes, w.scales, true, N, K, split, y, stream);
 }
 
@@ -402,9 +400,9 @@ void GroupedGemm::dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int6
                             GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_fp8";
   const int64_t M = check_common(what, N, K, split, dx, false);
-  if (split.host_offsets == nullptr)
-    require_sm90_for_device_split(what, sm90_rows_problem(tuning_, K, N, split.G, dx));
-  else if (!runs_sm90(M, K, N, split.G, dx))
+  if (split.host_offsets == nullptr && !sm90_takes_rows(tuning_, K, N, split.G, dx))
+    return rows_simt_fp8(what, dy, w_t.codes, w_t.scales, SimtWeightScales::block128, M, K, N, split, dx, stream);
+  if (split.host_offsets != nullptr && !runs_sm90(M, K, N, split.G, dx))
     return row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, false, K, N, split, dx, stream);
   grouped_dgrad_fp8_sm90(dy, w_t, M, N, K, split.offsets, split.G, static_cast<bf16*>(dx.data), stream);
 }
@@ -412,18 +410,28 @@ void GroupedGemm::dgrad_fp8(Fp8RowOperand dy, Fp8BlockStack w_t, int64_t N, int6
 void GroupedGemm::dgrad_fp8_row_weights(Fp8RowOperand dy, Fp8RowStack w_t, int64_t N, int64_t K,
                                         const GroupSplit& split, GemmOutput dx, cudaStream_t stream) {
   const char* what = "grouped dgrad_fp8 (1x128 weights)";
-  check_common(what, N, K, split, dx, false, /*rows_optional=*/true);
-  require_host_offsets(what, split);
+  const int64_t M = check_common(what, N, K, split, dx, false);
+  if (split.host_offsets == nullptr)
+    return rows_simt_fp8(what, dy, w_t.codes, w_t.scales, SimtWeightScales::row128, M, K, N, split, dx, stream);
   row_times_weights_fp8(what, dy, w_t.codes, w_t.scales, true, K, N, split, dx, stream);
 }
 
 void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput dw, cudaStream_t stream, int64_t token_pad) {
   const char* what = "grouped wgrad_fp8";
-  if (split.host_offsets == nullptr)
-    require_sm90_for_device_split(what, tuning_.sm90 == Sm90Path::never
-                                            ? "tuning().sm90 is never"
-                                            : grouped_wgrad_sm90_unsupported(N, K, split.G, token_pad));
+  if (split.host_offsets == nullptr &&
+      (tuning_.sm90 == Sm90Path::never || !grouped_wgrad_sm90_unsupported(N, K, split.G, token_pad).empty())) {
+    // The CUDA-core kernel from the device offsets (any shape): split.rows is the token count.
+    const int64_t M = check_common(what, N, K, split, dw, true);
+    const std::string pad_problem = wgrad_token_pad_problem(token_pad);
+    FP4MOE_CHECK(pad_problem.empty(), "{}: {}", what, pad_problem);
+    check_ptr(what, "dy codes", dy.codes);
+    check_ptr(what, "dy scales", dy.scales);
+    check_ptr(what, "x codes", x.codes);
+    check_ptr(what, "x scales", x.scales);
+    return grouped_wgrad_simt(SimtWgradProblem{true, dy.codes, dy.scales, x.codes, x.scales, M, N, K, token_pad},
+                              split.offsets, split.G, dw, stream);
+  }
   if (split.host_offsets == nullptr || runs_sm90_wgrad(N, K, split.G, token_pad)) {
     // One launch from the device offsets. With a host copy, the split is validated as on every path and its M
     // bounds the kernel's reads; without one (a caller with no host synchronisation), split.rows, or the kernel's

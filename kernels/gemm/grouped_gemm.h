@@ -36,13 +36,15 @@
 // for Wgrad: the kernel runs at about half of cuBLASLt's rate (grouped_gemm_heuristics.h grouped_wgrad_prefers_sm90).
 //
 // Without a host copy (a caller with no host synchronisation, e.g. a step captured in a CUDA graph): a split whose
-// host_offsets is null, with its token count in `rows`, is taken by fprop_fp8 and dgrad_fp8 (into a BF16 output without
-// accumulation) and by wgrad_fp8, which then run the Hopper kernels whenever tuning().sm90 is not never and the kernel
-// takes the problem (whatever the automatic rule prefers: cuBLASLt needs the counts on the host), and rejected with the
-// reason everywhere else (BF16 operands, 1x128 weights, another device or shape). The device offsets must then be a
-// valid split of `rows` tokens; the kernels never read or write past them either way (an invalid split writes nothing
-// from a group it cannot place). wgrad_fp8 also takes rows < 0 there, its reads bounded by the kernel's largest token
-// count. A given host copy is validated as everywhere.
+// host_offsets is null, with its token count in `rows`, is taken by every entry point. fprop_fp8 and dgrad_fp8 (into
+// a BF16 output without accumulation) and wgrad_fp8 run the Hopper kernels whenever tuning().sm90 is not never and
+// the kernel takes the problem (whatever the automatic rule prefers: cuBLASLt needs the counts on the host); every
+// other call (BF16 operands, 1x128 weights, FP32 outputs, shapes or devices the Hopper kernels do not take,
+// Sm90Path::never) runs the CUDA-core kernels of grouped_gemm_simt.h, which read the device offsets at any shape
+// and are slow (plain FP32 tiles, for small problems and graph capture). The device offsets must then be a valid
+// split of `rows` tokens; the kernels never read or write past them either way (an invalid split writes nothing from
+// a group it cannot place). The Hopper wgrad_fp8 path also takes rows < 0, its reads bounded by the kernel's largest
+// token count. A given host copy is validated as everywhere.
 //
 // Shape rules: N % 16 == 0 and K % 16 == 0 (FP8 tensor cores read 16-byte rows; the quantizers impose the same);
 // any M_g >= 0. All device pointers 16-byte aligned. Rejected with fp4moe::Error before anything is launched:

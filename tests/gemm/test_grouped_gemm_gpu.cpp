@@ -102,16 +102,19 @@ const char* split_name(int kind) { return kind == 0 ? "issue" : kind == 1 ? "one
 // ---- the grouped GEMMs over every shape class --------------------------------------------------------------------
 
 // Every grouped GEMM (BF16 and FP8; BF16 and FP32 outputs; Wgrad with and without accumulation) of one shape
-// and split against the FP32 reference, run by a GroupedGemm with `tuning`. Returns the rows it recomputed after
-// joining its streams.
+// and split against the FP32 reference, run by a GroupedGemm with `tuning` (the Hopper kernels off: they have their
+// own tests). device_split: the split without its host copy, which runs every call on the CUDA-core kernels
+// (grouped_gemm_simt.h). Returns the rows it recomputed after joining its streams.
 int64_t check_grouped_gemms(int64_t N, int64_t K, const std::vector<int32_t>& sizes, uint64_t seed,
-                            const std::string& split_label, const GroupedGemmTuning& tuning) {
+                            const std::string& split_label, const GroupedGemmTuning& tuning,
+                            bool device_split = false) {
   const std::vector<int32_t> offsets = offsets_of(sizes);
   const int64_t G = static_cast<int64_t>(sizes.size()), M = offsets[G];
   std::string split_str;
   for (auto s : sizes) split_str += fmt::format("{}{}", split_str.empty() ? "" : ",", s);
   const std::string shape =
-      fmt::format("M={} N={} K={} split {} [{}], {} stream(s)", M, N, K, split_label, split_str, tuning.streams);
+      fmt::format("M={} N={} K={} split {} [{}], {} stream(s){}", M, N, K, split_label, split_str, tuning.streams,
+                  device_split ? ", device offsets only (CUDA-core kernels)" : "");
   SCOPED_TRACE(shape);
 
   Rng rng(seed);
@@ -153,7 +156,8 @@ int64_t check_grouped_gemms(int64_t N, int64_t K, const std::vector<int32_t>& si
   GroupedGemmTuning lt_only = tuning;
   lt_only.sm90 = Sm90Path::never;  // these tests are of the cuBLASLt calls; the Hopper kernel has its own
   gemm.set_tuning(lt_only);
-  const GroupSplit split{d_offsets->ptr, offsets.data(), G};
+  const GroupSplit split =
+      device_split ? GroupSplit{d_offsets->ptr, nullptr, G, M} : GroupSplit{d_offsets->ptr, offsets.data(), G};
   const cudaStream_t stream = nullptr;
   for (bool fp8 : {false, true}) {
     for (GemmOutType ot : {GemmOutType::bf16, GemmOutType::fp32}) {
@@ -223,6 +227,89 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("N{}_K{}_{}", std::get<0>(info.param), std::get<1>(info.param),
                          split_name(std::get<2>(info.param)));
     });
+
+// The same GEMMs from the device offsets alone (grouped_gemm_simt.h), at the shapes of the tiny model's experts
+// (N 32, K 64: below the Hopper kernels' 128) and at shapes with ragged 128-blocks of the reduction.
+class GroupedGemmSimtShapes : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int>> {};
+
+TEST_P(GroupedGemmSimtShapes, FpropDgradWgradMatchReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const auto [N, K, kind] = GetParam();
+  const uint64_t seed = static_cast<uint64_t>(N * 17 + K * 5 + kind);
+  check_grouped_gemms(N, K, split_sizes(kind, seed), seed, split_name(kind), GroupedGemmTuning{}, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DeviceSplit, GroupedGemmSimtShapes,
+    ::testing::Combine(::testing::Values<int64_t>(32, 576), ::testing::Values<int64_t>(64, 2048),
+                       ::testing::Values(0, 1, 2)),
+    [](const ::testing::TestParamInfo<GroupedGemmSimtShapes::ParamType>& info) {
+      return fmt::format("N{}_K{}_{}", std::get<0>(info.param), std::get<1>(info.param),
+                         split_name(std::get<2>(info.param)));
+    });
+
+// Paper 2's grouped products on the CUDA-core kernels: 1x128 weights (Fprop, Dgrad) and the FP8 column tensors of
+// converted MXFP4 (token padding 32) for Wgrad, from the device offsets alone, against the FP32 reference.
+TEST(GroupedGemmSimt, RowWeightsAndPadding32MatchReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  const int64_t N = 160, K = 320;
+  const std::vector<int32_t> offsets = offsets_of({70, 0, 1, 133, 40});
+  const int64_t G = 5, M = offsets[G];
+  Rng rng(91);
+  const HostFp8 x = make_row_tensor(M, K, ScaleKind::fp32, rng), dy = make_row_tensor(M, N, ScaleKind::fp32, rng);
+  HostFp8 w, w_t;  // G stacked 1x128 row tensors [N, K] and [K, N]; w_t's values are w's transposed
+  std::vector<float> w_deq(G * N * K);
+  for (int64_t g = 0; g < G; ++g) {
+    const HostFp8 wg = make_row_tensor(N, K, ScaleKind::fp32, rng), wtg = make_row_tensor(K, N, ScaleKind::fp32, rng);
+    w.codes.insert(w.codes.end(), wg.codes.begin(), wg.codes.end());
+    w.scales.insert(w.scales.end(), wg.scales.begin(), wg.scales.end());
+    w.deq.insert(w.deq.end(), wg.deq.begin(), wg.deq.end());
+    w_t.codes.insert(w_t.codes.end(), wtg.codes.begin(), wtg.codes.end());
+    w_t.scales.insert(w_t.scales.end(), wtg.scales.begin(), wtg.scales.end());
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n) w_deq[(g * N + n) * K + k] = wtg.deq[k * N + n];
+  }
+  const HostFp8 x_col = make_col_tensor(M, K, offsets, ScaleKind::fp32, rng, kMxBlock);
+  const HostFp8 dy_col = make_col_tensor(M, N, offsets, ScaleKind::fp32, rng, kMxBlock);
+  std::vector<float> y_ref(M * N), dx_ref(M * K), dw_ref(G * N * K);
+  grouped_fprop_ref(x.deq.data(), w.deq.data(), M, N, K, offsets.data(), G, y_ref.data());
+  grouped_dgrad_ref(dy.deq.data(), w_deq.data(), M, N, K, offsets.data(), G, dx_ref.data());
+  grouped_wgrad_ref(dy_col.deq.data(), x_col.deq.data(), M, N, K, offsets.data(), G, dw_ref.data());
+  std::vector<int64_t> all_rows(M), all_n(N);
+  for (int64_t i = 0; i < M; ++i) all_rows[i] = i;
+  for (int64_t i = 0; i < N; ++i) all_n[i] = i;
+
+  auto d_offsets = upload(offsets);
+  auto d_x8 = upload(x.codes);
+  auto d_xs = upload(x.scales);
+  auto d_dy8 = upload(dy.codes);
+  auto d_dys = upload(dy.scales);
+  auto d_w8 = upload(w.codes);
+  auto d_ws = upload(w.scales);
+  auto d_wt8 = upload(w_t.codes);
+  auto d_wts = upload(w_t.scales);
+  auto d_xc8 = upload(x_col.codes);
+  auto d_xcs = upload(x_col.scales);
+  auto d_dyc8 = upload(dy_col.codes);
+  auto d_dycs = upload(dy_col.scales);
+  GroupedGemm gemm;
+  const GroupSplit split{d_offsets->ptr, nullptr, G, M};
+  OutBuffer y(M * N, GemmOutType::fp32), dx(M * K, GemmOutType::fp32), dw(G * N * K, GemmOutType::fp32);
+  if (run_case("Fprop fp8, 1x128 weights, device offsets", [&] {
+        gemm.fprop_fp8_row_weights({d_x8->ptr, d_xs->ptr}, {d_w8->ptr, d_ws->ptr}, N, K, split, y.output(), nullptr);
+      }))
+    expect_token_rows_close("Fprop 1x128 weights", y.download(), y_ref, N, offsets, all_rows, kTolFp32Out);
+  if (run_case("Dgrad fp8, 1x128 weights, device offsets", [&] {
+        gemm.dgrad_fp8_row_weights({d_dy8->ptr, d_dys->ptr}, {d_wt8->ptr, d_wts->ptr}, N, K, split, dx.output(),
+                                   nullptr);
+      }))
+    expect_token_rows_close("Dgrad 1x128 weights", dx.download(), dx_ref, K, offsets, all_rows, kTolFp32Out);
+  if (run_case("Wgrad fp8, token padding 32, device offsets", [&] {
+        gemm.wgrad_fp8({d_dyc8->ptr, d_dycs->ptr}, {d_xc8->ptr, d_xcs->ptr}, N, K, split, dw.output(), nullptr,
+                       kMxBlock);
+      }))
+    expect_wgrad_close("Wgrad padding 32", dw.download(), dw_ref, nullptr, N, K, offsets, all_n, kTolFp32Out);
+}
 
 // Concurrent runs of groups (GroupedGemmTuning::streams): the same references. The crafted split makes run 0's
 // last groups (301 and 2 rows, padded to 304 and 4) write two rows of run 1's first group with two streams, which

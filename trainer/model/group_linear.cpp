@@ -287,28 +287,17 @@ size_t GroupLinear::weight_copy_bytes(const Recipe& recipe, int64_t G, int64_t N
 int64_t GroupLinear::split_tokens(const GroupSplit& split, const char* what) const {
   FP4MOE_CHECK(split.G == G_, "{}: expected a split of {} groups, got G={}", what, G_, split.G);
   if (split.host_offsets != nullptr) return split.host_offsets[G_];
-  // Without the host copy the FP8 expert GEMMs run on the Hopper kernels (kernels/gemm/grouped_gemm.h); the GEMMs
-  // that read the counts on the host, and the shapes the kernels do not take, are refused here, before any launch.
-  const char* host_gemms = bf16_gemms(recipe_)       ? "BF16 expert GEMMs (cuBLASLt per expert)"
-                           : is_mx(recipe_.wgrad)     ? "an MXFP4 Wgrad (cuBLASLt per expert)"
-                           : G_ > 1 && (is_mx(recipe_.fprop) || is_mx(recipe_.dgrad))
-                               ? "an MXFP4 Fprop or Dgrad of routed experts (1x128 weights, cuBLASLt per expert)"
-                               : nullptr;
-  FP4MOE_CHECK(host_gemms == nullptr,
+  // Without the host copy every expert GEMM reads the device offsets (the Hopper kernels where they take the
+  // problem, else the CUDA-core kernels: kernels/gemm/grouped_gemm.h "Without a host copy") but paper 2's MXFP4
+  // Wgrad, which converts each group on the host's counts: refused here, before any launch.
+  FP4MOE_CHECK(!is_mx(recipe_.wgrad),
                "{}: a split without the host copy of its offsets needs expert GEMMs that read the counts on the "
-               "device, but recipe {} has {}",
-               what, recipe_name(recipe_), host_gemms);
+               "device, but recipe {} has an MXFP4 Wgrad (converted per expert from the host counts)",
+               what, recipe_name(recipe_));
   FP4MOE_CHECK(split.rows >= 0 && split.rows <= kWgradSm90MaxTokens,
                "{}: a split without the host copy of its offsets must give its token count (rows in [0, 2^30]), "
                "got rows={}",
                what, split.rows);
-  std::string problem;
-  if (!is_mx(recipe_.fprop) || !is_mx(recipe_.dgrad)) problem = grouped_gemm_sm90_unsupported(N_, K_, G_);
-  if (problem.empty()) problem = grouped_wgrad_sm90_unsupported(N_, K_, G_, kColAlign);  // FP8 column tensors
-  FP4MOE_CHECK(problem.empty(),
-               "{}: a split without the host copy of its offsets runs the FP8 expert GEMMs on the Hopper kernels, "
-               "which do not take this layer (G={}, N={}, K={}): {}",
-               what, G_, N_, K_, problem);
   return split.rows;
 }
 

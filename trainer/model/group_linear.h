@@ -117,8 +117,9 @@ class GroupLinear {
 
   // y [M, N] BF16, device, M = split.host_offsets[G], or split.rows for a split without a host copy of its offsets:
   // then nothing of forward, backward or fprop_fp8_rows reads the counts on the host, and no host synchronisation is
-  // left, for the recipes whose expert GEMMs the Hopper kernels take (fp8 and mxfp4, N and K multiples of 128, rows <=
-  // 2^30; kernels/gemm/grouped_gemm.h "Without a host copy"); the others are rejected with the reason. A CUDA graph can
+  // left (rows <= 2^30; the expert GEMMs on the Hopper kernels where they take the problem, else on the CUDA-core
+  // kernels: kernels/gemm/grouped_gemm.h "Without a host copy"), for every recipe but paper 2's MXFP4 Wgrad, which
+  // is rejected with the reason. A CUDA graph can
   // then hold a forward and backward, captured after an eager one with the same rows (which allocates the buffers; a
   // larger M later reallocates them and leaves the graph's pointers dangling): it bakes in M, the buffers, the active
   // slot and the stochastic-rounding stream of its backward (every replay draws the same numbers), while the device
