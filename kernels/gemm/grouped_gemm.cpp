@@ -80,14 +80,19 @@ void check_ptr(const char* what, const char* name, const void* p) {
                name, p);
 }
 
-// An FP8 row operand [M, R] times each expert's weights [P, R]^T on the CUDA-core kernel, from the device offsets.
-void rows_simt_fp8(const char* what, Fp8RowOperand rows, const uint8_t* w_codes, const float* w_scales,
-                   SimtWeightScales w_kind, int64_t M, int64_t P, int64_t R, const GroupSplit& split,
-                   const GemmOutput& out, cudaStream_t stream) {
+// The pointers of an FP8 row operand times each expert's weights (Fprop, Dgrad).
+void check_fp8_rows_ptrs(const char* what, Fp8RowOperand rows, const uint8_t* w_codes, const float* w_scales) {
   check_ptr(what, "row operand codes", rows.codes);
   check_ptr(what, "row operand scales", rows.scales);
   check_ptr(what, "weight codes", w_codes);
   check_ptr(what, "weight scales", w_scales);
+}
+
+// An FP8 row operand [M, R] times each expert's weights [P, R]^T on the CUDA-core kernel, from the device offsets.
+void rows_simt_fp8(const char* what, Fp8RowOperand rows, const uint8_t* w_codes, const float* w_scales,
+                   SimtWeightScales w_kind, int64_t M, int64_t P, int64_t R, const GroupSplit& split,
+                   const GemmOutput& out, cudaStream_t stream) {
+  check_fp8_rows_ptrs(what, rows, w_codes, w_scales);
   grouped_rows_simt(SimtRowsProblem{true, rows.codes, rows.scales, w_codes, w_scales, w_kind, false, M, P, R},
                     split.offsets, split.G, out, stream);
 }
@@ -306,10 +311,7 @@ void GroupedGemm::row_times_weights_fp8(const char* what, Fp8RowOperand rows, co
                                         const float* w_scales, bool w_rows, int64_t P, int64_t R,
                                         const GroupSplit& split, GemmOutput out, cudaStream_t stream) {
   const int64_t M = split.host_offsets[split.G];
-  check_ptr(what, "row codes", rows.codes);
-  check_ptr(what, "row scales", rows.scales);
-  check_ptr(what, "weight codes", w_codes);
-  check_ptr(what, "weight scales", w_scales);
+  check_fp8_rows_ptrs(what, rows, w_codes, w_scales);
   if (M == 0) return;
 
   int64_t max_rows = 0;
@@ -359,9 +361,8 @@ void GroupedGemm::row_times_weights_fp8(const char* what, Fp8RowOperand rows, co
 }
 
 bool GroupedGemm::runs_sm90(int64_t M, int64_t P, int64_t R, int64_t G, const GemmOutput& out) const {
-  if (tuning_.sm90 == Sm90Path::never || out.type != GemmOutType::bf16 || out.accumulate) return false;
-  if (tuning_.sm90 == Sm90Path::automatic && !grouped_gemm_prefers_sm90(M, G)) return false;
-  return grouped_gemm_sm90_unsupported(P, R, G).empty();
+  return sm90_takes_rows(tuning_, P, R, G, out) &&
+         (tuning_.sm90 != Sm90Path::automatic || grouped_gemm_prefers_sm90(M, G));
 }
 
 std::string wgrad_token_pad_problem(int64_t token_pad) {
@@ -419,20 +420,9 @@ void GroupedGemm::dgrad_fp8_row_weights(Fp8RowOperand dy, Fp8RowStack w_t, int64
 void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_t K, const GroupSplit& split,
                             GemmOutput dw, cudaStream_t stream, int64_t token_pad) {
   const char* what = "grouped wgrad_fp8";
-  if (split.host_offsets == nullptr &&
-      (tuning_.sm90 == Sm90Path::never || !grouped_wgrad_sm90_unsupported(N, K, split.G, token_pad).empty())) {
-    // The CUDA-core kernel from the device offsets (any shape): split.rows is the token count.
-    const int64_t M = check_common(what, N, K, split, dw, true);
-    const std::string pad_problem = wgrad_token_pad_problem(token_pad);
-    FP4MOE_CHECK(pad_problem.empty(), "{}: {}", what, pad_problem);
-    check_ptr(what, "dy codes", dy.codes);
-    check_ptr(what, "dy scales", dy.scales);
-    check_ptr(what, "x codes", x.codes);
-    check_ptr(what, "x scales", x.scales);
-    return grouped_wgrad_simt(SimtWgradProblem{true, dy.codes, dy.scales, x.codes, x.scales, M, N, K, token_pad},
-                              split.offsets, split.G, dw, stream);
-  }
-  if (split.host_offsets == nullptr || runs_sm90_wgrad(N, K, split.G, token_pad)) {
+  const bool sm90_takes = tuning_.sm90 != Sm90Path::never &&
+                          grouped_wgrad_sm90_unsupported(N, K, split.G, token_pad).empty();
+  if (split.host_offsets == nullptr ? sm90_takes : runs_sm90_wgrad(N, K, split.G, token_pad)) {
     // One launch from the device offsets. With a host copy, the split is validated as on every path and its M
     // bounds the kernel's reads; without one (a caller with no host synchronisation), split.rows, or the kernel's
     // largest token bound where rows < 0, and the split must be valid. The kernel checks the other arguments.
@@ -441,14 +431,17 @@ void GroupedGemm::wgrad_fp8(Fp8ColOperand dy, Fp8ColOperand x, int64_t N, int64_
                            token_pad);
     return;
   }
-  check_common(what, N, K, split, dw, true);
+  const int64_t M = check_common(what, N, K, split, dw, true);
   const std::string pad_problem = wgrad_token_pad_problem(token_pad);
   FP4MOE_CHECK(pad_problem.empty(), "{}: {}", what, pad_problem);
-  const auto padded = [&](int64_t Mg) { return ceil_div(Mg, token_pad) * token_pad; };
   check_ptr(what, "dy codes", dy.codes);
   check_ptr(what, "dy scales", dy.scales);
   check_ptr(what, "x codes", x.codes);
   check_ptr(what, "x scales", x.scales);
+  if (split.host_offsets == nullptr)  // the CUDA-core kernel from the device offsets (any shape)
+    return grouped_wgrad_simt(SimtWgradProblem{true, dy.codes, dy.scales, x.codes, x.scales, M, N, K, token_pad},
+                              split.offsets, split.G, dw, stream);
+  const auto padded = [&](int64_t Mg) { return ceil_div(Mg, token_pad) * token_pad; };
   const size_t es = out_elem_bytes(dw.type);
   std::vector<int64_t> P(static_cast<size_t>(split.G) + 1, 0), Q(P);  // padded tokens, 128-token blocks before g
   for (int64_t g = 0; g < split.G; ++g) {

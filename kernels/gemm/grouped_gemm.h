@@ -1,4 +1,6 @@
-// Grouped GEMMs of the MoE experts (Group Linear) over ragged token groups, through cuBLASLt.
+// Grouped GEMMs of the MoE experts (Group Linear) over ragged token groups: cuBLASLt per expert, our Hopper kernels
+// (grouped_gemm_sm90.h, grouped_wgrad_sm90.h), and CUDA-core kernels for splits without a host copy
+// (grouped_gemm_simt.h).
 //
 // Per expert g with M_g = offsets[g+1] - offsets[g] routed tokens (rows offsets[g] .. offsets[g+1]-1):
 //   Fprop  Y_g  = X_g  W_g^T    X [M, K], W [G, N, K], Y  [M, N]
@@ -20,7 +22,7 @@
 //         g * fp8_block_scale_count(rows, cols) floats.
 //
 // Routing counts on the host: each entry point takes the device offsets and ONE host copy of the same offsets
-// (GroupSplit; the Hopper paths also take a split without it, "Without a host copy" below). The caller fetches that
+// (GroupSplit; every entry point also takes a split without it, "Without a host copy" below). The caller fetches that
 // copy once per MoE layer and step, where the token counts per expert become known (after the dispatch's count
 // exchange, before the expert GEMMs), and passes the same copy to the Fprop, Dgrad and Wgrad of all the layer's expert
 // GEMMs. The GEMMs themselves never synchronise: one cuBLASLt call per non-empty expert (plus at most three small 4-row
@@ -41,10 +43,10 @@
 // the kernel takes the problem (whatever the automatic rule prefers: cuBLASLt needs the counts on the host); every
 // other call (BF16 operands, 1x128 weights, FP32 outputs, shapes or devices the Hopper kernels do not take,
 // Sm90Path::never) runs the CUDA-core kernels of grouped_gemm_simt.h, which read the device offsets at any shape
-// and are slow (plain FP32 tiles, for small problems and graph capture). The device offsets must then be a valid
-// split of `rows` tokens; the kernels never read or write past them either way (an invalid split writes nothing from
-// a group it cannot place). The Hopper wgrad_fp8 path also takes rows < 0, its reads bounded by the kernel's largest
-// token count. A given host copy is validated as everywhere.
+// and are slow (plain FP32 tiles, for small problems and graph capture; G <= 2048, M <= 2^30). The device offsets
+// must then be a valid split of `rows` tokens; the kernels never read or write past them either way (an invalid
+// split writes nothing from a group it cannot place). The Hopper wgrad_fp8 path also takes rows < 0, its reads
+// bounded by the kernel's largest token count. A given host copy is validated as everywhere.
 //
 // Shape rules: N % 16 == 0 and K % 16 == 0 (FP8 tensor cores read 16-byte rows; the quantizers impose the same);
 // any M_g >= 0. All device pointers 16-byte aligned. Rejected with fp4moe::Error before anything is launched:
@@ -134,9 +136,10 @@ struct Fp8RowStack {
 // FP8 Fprop/Dgrad with 128x128 block weights into a BF16 output (fprop_fp8, dgrad_fp8) through the Hopper kernel
 // (grouped_gemm_sm90.h), and FP8 Wgrad (wgrad_fp8, any output) through grouped_wgrad_sm90.h, instead of one
 // cuBLASLt call per expert: automatic = where grouped_gemm_heuristics.h prefers it (not for Wgrad: slower);
-// always = wherever it takes the problem; never = cuBLASLt only. It takes N and K multiples of 128
-// on a device of compute capability 9.0 (else cuBLASLt runs); its output is deterministic but may differ from
-// cuBLASLt's in the last bits (another summation order inside a 128-block).
+// always = wherever it takes the problem; never = cuBLASLt only (for a split without a host copy: the CUDA-core
+// kernels, "Without a host copy"). It takes N and K multiples of 128 on a device of compute capability 9.0 (else
+// cuBLASLt runs); its output is deterministic but may differ from cuBLASLt's in the last bits (another summation
+// order inside a 128-block).
 enum class Sm90Path { automatic, always, never };
 
 struct GroupedGemmTuning {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include "kernels/common/check.h"
 #include "kernels/formats/formats.h"
@@ -86,6 +87,18 @@ __device__ __forceinline__ void slice_products(const float (&As)[kStep][kLd], co
   }
 }
 
+// acc[i][j] += part[i][j] * (sa[i] * sb[j]), then part = 0: the promotion of one 128-block's FP8 partial sums.
+__device__ __forceinline__ void promote(float (&acc)[4][4], float (&part)[4][4], const float (&sa)[4],
+                                        const float (&sb)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      acc[i][j] = __fmaf_rn(part[i][j], sa[i] * sb[j], acc[i][j]);
+      part[i][j] = 0.0f;
+    }
+}
+
 // Warp 0 loads the raw offsets [G+1] into s_o and makes them safe (grouped_tiles.h).
 __device__ __forceinline__ void load_safe_offsets(const int32_t* offsets, int32_t G, int32_t M, int32_t* s_o) {
   for (int i = static_cast<int>(threadIdx.x); i <= G; i += 32) s_o[i] = offsets[i];
@@ -148,13 +161,7 @@ __global__ void __launch_bounds__(kThreads) grouped_rows_simt_kernel(RowsParams 
                     : kScales == SimtWeightScales::block128 ? bs[(col / kFp8Block) * p.b_scale_ld + kb]
                                                             : bs[kb * p.b_scale_ld + col];
           }
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              acc[i][j] = __fmaf_rn(part[i][j], sa[i] * sb[j], acc[i][j]);
-              part[i][j] = 0.0f;
-            }
+          promote(acc, part, sa, sb);
         }
       }
     }
@@ -228,13 +235,7 @@ __global__ void __launch_bounds__(kThreads) grouped_wgrad_simt_kernel(WgradParam
             const int32_t k = k0 + 4 * tx + j;
             sb[j] = k < p.K ? p.x_scales[b * p.K + k] : 0.0f;
           }
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              acc[i][j] = __fmaf_rn(part[i][j], sa[i] * sb[j], acc[i][j]);
-              part[i][j] = 0.0f;
-            }
+          promote(acc, part, sa, sb);
         }
       }
     }
@@ -265,7 +266,7 @@ void check_groups(const char* what, const int32_t* offsets, int64_t G, int64_t M
   FP4MOE_CHECK(G >= 1 && G <= kGroupedSimtMaxGroups, "{}: expected 1 <= G <= {} groups, got G={}", what,
                kGroupedSimtMaxGroups, G);
   FP4MOE_CHECK(offsets != nullptr, "{}: device group offsets are null (expected int32 [G+1] = [{}])", what, G + 1);
-  FP4MOE_CHECK(M >= 0 && M <= INT32_MAX, "{}: the token count M must be in [0, 2^31), got M={}", what, M);
+  FP4MOE_CHECK(M >= 0 && M <= kGroupedSimtMaxTokens, "{}: the token count M must be in [0, 2^30], got M={}", what, M);
 }
 
 void check_output(const char* what, const GemmOutput& out, bool wgrad) {
@@ -330,9 +331,10 @@ void grouped_wgrad_simt(const SimtWgradProblem& pr, const int32_t* offsets, int6
   check_groups(what, offsets, G, pr.M);
   FP4MOE_CHECK(pr.N >= 1 && pr.K >= 1 && pr.N <= INT32_MAX && pr.K <= INT32_MAX,
                "{}: N and K must be in [1, 2^31), got N={} K={}", what, pr.N, pr.K);
-  FP4MOE_CHECK(!pr.fp8 || pr.token_pad == kColAlign || pr.token_pad == kMxBlock,
-               "{}: the FP8 column tensors' token padding must be {} or {}, got {}", what, kColAlign, kMxBlock,
-               pr.token_pad);
+  if (pr.fp8) {
+    const std::string pad_problem = wgrad_token_pad_problem(pr.token_pad);
+    FP4MOE_CHECK(pad_problem.empty(), "{}: {}", what, pad_problem);
+  }
   check_output(what, out, true);
   FP4MOE_CHECK(pr.M == 0 || (pr.dy != nullptr && pr.x != nullptr &&
                              (!pr.fp8 || (pr.dy_scales != nullptr && pr.x_scales != nullptr))),

@@ -25,7 +25,7 @@
 // offsets (grouped_tiles.h: clamped to [0, M], non-decreasing) and per-group prefixes computed once per thread block
 // in shared memory: an invalid split makes no access outside [0, M) rows (M: the split's token count, which the
 // caller gives), it may leave rows unwritten.
-// Rejects (fp4moe::Error, before launching): G outside [1, kGroupedSimtMaxGroups], M outside [0, 2^31), P or Q
+// Rejects (fp4moe::Error, before launching): G outside [1, kGroupedSimtMaxGroups], M outside [0, 2^30], P or Q
 // (N or K) < 1, null pointers (operands and scales may be null when M = 0), accumulation outside Wgrad or into
 // BF16, a Wgrad token padding other than 16 or 32 for fp8, b_transposed with fp8 operands.
 // Asynchronous on `stream`; no host synchronisation, no allocation: capturable in a CUDA graph.
@@ -41,6 +41,7 @@
 namespace fp4moe {
 
 constexpr int64_t kGroupedSimtMaxGroups = 2048;
+constexpr int64_t kGroupedSimtMaxTokens = int64_t{1} << 30;  // int32 prefixes of padded groups never overflow
 
 enum class SimtWeightScales { none, block128, row128 };
 

@@ -1,5 +1,6 @@
-// Output tiles of a grouped GEMM over ragged row groups, numbered for a persistent kernel that reads the group
-// offsets on the device (grouped_gemm_sm90.h). Host and device share these functions (the CPU tests walk them).
+// Output tiles of a grouped GEMM over ragged row groups, numbered for a persistent kernel that reads the group offsets
+// on the device (grouped_gemm_sm90.h, grouped_gemm_simt.h). Host and device share these functions (the CPU tests walk
+// them).
 //
 // Groups: int32 offsets [G+1] over the M rows of the output, group g = rows [o[g], o[g+1]). The offsets are made
 // safe first, whatever they hold: clamped to [0, M] and made non-decreasing (a running maximum), so that no tile

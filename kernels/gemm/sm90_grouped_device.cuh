@@ -1,6 +1,7 @@
-// Device pieces shared by the persistent Hopper grouped GEMM kernels (grouped_gemm_sm90.cu, grouped_wgrad_sm90.cu):
-// the position in a ring of shared-memory stages, and the warp-wide scans that turn the device group offsets into
-// safe offsets (grouped_tiles.h's rule) and into per-group prefix sums, computed once per CTA in shared memory.
+// Device pieces shared by the persistent grouped GEMM kernels (grouped_gemm_sm90.cu, grouped_wgrad_sm90.cu, and the
+// CUDA-core grouped_gemm_simt.cu): the position in a ring of shared-memory stages, and the warp-wide scans that turn
+// the device group offsets into safe offsets (grouped_tiles.h's rule) and into per-group prefix sums, computed once per
+// CTA in shared memory.
 #pragma once
 
 #include <cstdint>

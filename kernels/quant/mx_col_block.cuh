@@ -358,26 +358,6 @@ __device__ __forceinline__ unsigned quantize_col_block(PairWords (&w)[2], const 
   return nonfinite;
 }
 
-// The thread's place in the thread block's tile: its MX block's first row within the token block and its first
-// column within the tile's 128.
-struct ColThreadPlace {
-  int warp, lane, r0, col;
-  __device__ __forceinline__ ColThreadPlace()
-      : warp(static_cast<int>(threadIdx.x) / 32),
-        lane(static_cast<int>(threadIdx.x) & 31),
-        r0(64 * (warp & 1) + kMxBlock * (lane & 1)),
-        col(64 * (warp >> 1) + 4 * (lane >> 1)) {}
-  __device__ __forceinline__ int block() const { return 2 * (warp & 1) + (lane & 1); }  // MX block in the token block
-};
-
-// Adds the warp's NaN/Inf blocks to p.nonfinite_blocks (every lane calls it).
-__device__ __forceinline__ void count_col_nonfinite(const MxColParams& p, unsigned nonfinite, int lane) {
-  if (p.nonfinite_blocks != nullptr) {
-    const unsigned warp_total = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
-    if (lane == 0 && warp_total != 0) atomicAdd(p.nonfinite_blocks, static_cast<unsigned long long>(warp_total));
-  }
-}
-
 // kStaged: the thread block's codes and scales go through shared memory (StagedColOutput) instead of each thread
 // storing its own.
 template <Rounding kRounding, HadamardTransform kTransform, bool kRagged, bool kStaged>
@@ -387,26 +367,30 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
   __shared__ StagedColOutput<kStaged> staged;
   TokenBlock tb;
   if (!find_col_token_block<kRagged, kColBlockThreads>(p, col_grid_slot(), tb)) return;  // the whole thread block
-  const ColThreadPlace at;
-  const int64_t k_tile = int64_t{blockIdx.x} * kColBlockTileCols, k0 = k_tile + at.col;
+  // Warp w: rows 64 (w % 2) .. + 63 and columns 64 (w / 2) .. + 63 of the tile; lane 2 c + b: MX block b of those
+  // rows (first row r0 within the token block), columns col .. col + 3 within the tile.
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
+  const int r0 = 64 * (warp & 1) + kMxBlock * (lane & 1), col = 64 * (warp >> 1) + 4 * (lane >> 1);
+  const int64_t k_tile = int64_t{blockIdx.x} * kColBlockTileCols, k0 = k_tile + col;
   // K % 8 == 0: the 4 columns are all in or all out. r0 < padded rows: at least one of the block's rows exists.
-  const bool in = k0 < p.K && at.r0 < padded_tile_rows(tb);
+  const bool in = k0 < p.K && r0 < padded_tile_rows(tb);
   unsigned nonfinite = 0;
   // The lanes with work: the stochastic-rounding partners (lane ^ 2) are in or out together.
   const unsigned lanes = kRounding == Rounding::stochastic ? __ballot_sync(0xFFFFFFFFu, in) : 0u;
   if (in) {
     PairWords w[2];
-    load_col_block(x + (tb.row0 + at.r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - at.r0, kMxBlock), w);
+    load_col_block(x + (tb.row0 + r0) * p.K + k0, static_cast<uint32_t>(p.K), min(tb.rows - r0, kMxBlock), w);
     uint32_t out[4][4];  // column k0 + c's 16 code bytes
     ColBlockScale s[4];
-    nonfinite = quantize_col_block<kRounding, kTransform>(w, p, tb, at.r0, k0, lanes, out, s);
+    nonfinite = quantize_col_block<kRounding, kTransform>(w, p, tb, r0, k0, lanes, out, s);
     if constexpr (kStaged) {
+      const int block = r0 / kMxBlock;  // the MX block within the token block
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        staged.put(at.col + c, at.block(), make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]), s[c].scale);
+        staged.put(col + c, block, make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]), s[c].scale);
     } else {
       // Column k0 + c is c rows of X^T (ld elements: ld / 32 blocks of 16 code bytes and 1 scale byte) further.
-      const int64_t e0 = col_layout_offset(tb, k0, at.r0);  // a multiple of 32
+      const int64_t e0 = col_layout_offset(tb, k0, r0);  // a multiple of 32
       uint4* const code0 = reinterpret_cast<uint4*>(codes) + e0 / kMxBlock;
       uint8_t* const scale0 = scales + e0 / kMxBlock;
       const uint32_t ld_blocks = static_cast<uint32_t>(tb.ld / kMxBlock);
@@ -422,7 +406,10 @@ bf16_to_mxfp4_col_block_kernel(const bf16* __restrict__ x, MxColParams p, uint8_
     const int64_t cols = p.K - k_tile < kColBlockTileCols ? p.K - k_tile : kColBlockTileCols;
     staged.store(tb, k_tile, static_cast<int>(cols), padded_tile_rows(tb) / kMxBlock, codes, scales);
   }
-  count_col_nonfinite(p, nonfinite, at.lane);
+  if (p.nonfinite_blocks != nullptr) {  // the warp's NaN/Inf blocks, one atomic
+    const unsigned warp_total = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
+    if (lane == 0 && warp_total != 0) atomicAdd(p.nonfinite_blocks, static_cast<unsigned long long>(warp_total));
+  }
 }
 
 }  // namespace fp4moe::detail

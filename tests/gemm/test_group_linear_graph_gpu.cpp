@@ -5,10 +5,12 @@
 // capture mode: a stream or device synchronisation, a synchronous copy or an allocation inside would fail the
 // capture), then replayed after the device offsets change to another split of the same tokens: every output must
 // equal, bit for bit, an eager run of the same split, and each eager run must agree with the layer given the host
-// copy (which may take cuBLASLt). Outputs are poisoned before each run. Paper 2's MXFP4 Wgrad, which needs the
-// counts on the host, must refuse such a split with the reason, before launching anything.
+// copy (which may take cuBLASLt); paper 2's MXFP4 Fprop and Dgrad (1x128 weights) run the same way. Outputs are
+// poisoned before each run. Paper 2's MXFP4 Wgrad, which needs the counts on the host, must refuse such a split with
+// the reason, before launching anything.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -119,8 +121,10 @@ class DeviceOnlySplit : public ::testing::TestWithParam<std::tuple<Recipe, Shape
 
 std::string device_only_case_name(const ::testing::TestParamInfo<DeviceOnlySplit::ParamType>& info) {
   const Shape shape = std::get<1>(info.param);
-  return std::string(recipe_name(std::get<0>(info.param))) + "_N" + std::to_string(shape.first) + "_K" +
-         std::to_string(shape.second);
+  std::string name = recipe_name(std::get<0>(info.param));
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return name + "_N" + std::to_string(shape.first) + "_K" + std::to_string(shape.second);
 }
 
 TEST_P(DeviceOnlySplit, OneCapturedGraphReplaysEveryRoutingLikeEagerRuns) {
@@ -197,7 +201,8 @@ TEST_P(DeviceOnlySplit, OneCapturedGraphReplaysEveryRoutingLikeEagerRuns) {
 
 INSTANTIATE_TEST_SUITE_P(
     Recipes, DeviceOnlySplit,
-    ::testing::Combine(::testing::Values(Recipe::bf16, Recipe::fp8, Recipe::mxfp4),
+    ::testing::Combine(::testing::Values(Recipe::bf16, Recipe::fp8, Recipe::mxfp4,
+                                         parse_recipe("fp8 fprop=mxfp4 dgrad=mxfp4", "test")),
                        ::testing::Values(Shape(256, 384), Shape(32, 64))),
     device_only_case_name);
 

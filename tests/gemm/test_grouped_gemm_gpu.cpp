@@ -204,6 +204,9 @@ int64_t check_grouped_gemms(int64_t N, int64_t K, const std::vector<int32_t>& si
       }
     }
   }
+  if (device_split) {
+    EXPECT_EQ(gemm.lt().heuristic_queries(), 0) << "a split without its host copy reached cuBLASLt";
+  }
   std::cout << "[ shape    ] " << shape << ": " << gemm.lt().heuristic_queries() << " cuBLASLt heuristic queries, "
             << gemm.lt().exact_shape_fallbacks() << " exact-shape fallbacks, " << gemm.rows_recomputed()
             << " rows recomputed after a join\n";
@@ -257,7 +260,7 @@ TEST(GroupedGemmSimt, RowWeightsAndPadding32MatchReference) {
   const int64_t G = 5, M = offsets[G];
   Rng rng(91);
   const HostFp8 x = make_row_tensor(M, K, ScaleKind::fp32, rng), dy = make_row_tensor(M, N, ScaleKind::fp32, rng);
-  HostFp8 w, w_t;  // G stacked 1x128 row tensors [N, K] and [K, N]; w_t's values are w's transposed
+  HostFp8 w, w_t;  // G stacked 1x128 row tensors [N, K] (Fprop) and [K, N] (Dgrad, drawn apart: w_deq is its W)
   std::vector<float> w_deq(G * N * K);
   for (int64_t g = 0; g < G; ++g) {
     const HostFp8 wg = make_row_tensor(N, K, ScaleKind::fp32, rng), wtg = make_row_tensor(K, N, ScaleKind::fp32, rng);
@@ -435,9 +438,9 @@ TEST(GroupedGemm, RejectsBadArgumentsBeforeLaunching) {
   expect_error("decreasing host offsets", [&] {
     gemm.fprop_bf16(act.ptr, act.ptr, 128, 128, GroupSplit{d_offsets->ptr, bad_offsets.data(), 2}, y, nullptr);
   }, "non-decreasing");
-  expect_error("no host copy", [&] {
+  expect_error("neither a host copy nor a token count", [&] {
     gemm.fprop_bf16(act.ptr, act.ptr, 128, 128, GroupSplit{d_offsets->ptr, nullptr, 2}, y, nullptr);
-  }, "host copy");
+  }, "token count");
   expect_error("accumulate into bf16", [&] {
     gemm.wgrad_bf16(act.ptr, act.ptr, 128, 128, split, GemmOutput{out.ptr, GemmOutType::bf16, true}, nullptr);
   }, "FP32 output");

@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "kernels/common/check.h"
-#include "kernels/gemm/grouped_gemm_sm90.h"
 #include "kernels/gemm/grouped_wgrad_sm90.h"
 #include "kernels/gemm/mxfp4_gemm.h"
 #include "kernels/quant/bf16_to_fp8.h"
@@ -298,6 +297,10 @@ int64_t GroupLinear::split_tokens(const GroupSplit& split, const char* what) con
                "{}: a split without the host copy of its offsets must give its token count (rows in [0, 2^30]), "
                "got rows={}",
                what, split.rows);
+  FP4MOE_CHECK(G_ <= 1024,
+               "{}: a split without the host copy of its offsets takes at most 1024 experts (the column quantizers "
+               "and the device-offset GEMMs), got G={}",
+               what, G_);
   return split.rows;
 }
 
