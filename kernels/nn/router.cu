@@ -225,6 +225,45 @@ void router_bias_update(const int32_t* counts, int64_t E, int64_t total_assignme
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+__global__ void tally_counts_kernel(const int32_t* __restrict__ counts, int E, int32_t* __restrict__ tally) {
+  const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (e < E) tally[e] += counts[e];
+}
+}  // namespace
+
+// One thread per expert: the tally's total (a block sum in int64), the bias rule of bias_update_kernel, the tally
+// zeroed.
+__global__ void bias_update_from_tally_kernel(int32_t* __restrict__ tally, int E, float gamma,
+                                              float* __restrict__ bias) {
+  __shared__ unsigned long long total;
+  const int e = threadIdx.x;
+  if (e == 0) total = 0;
+  __syncthreads();
+  const int32_t count = e < E ? tally[e] : 0;
+  if (count != 0) atomicAdd(&total, static_cast<unsigned long long>(count));  // integers: exact in any order
+  __syncthreads();
+  if (e >= E) return;
+  const int64_t load = static_cast<int64_t>(count) * E, t = static_cast<int64_t>(total);
+  if (load > t) bias[e] = __fsub_rn(bias[e], gamma);
+  else if (load < t) bias[e] = __fadd_rn(bias[e], gamma);
+  tally[e] = 0;
+}
+
+void router_bias_update_from_tally(int32_t* tally, int64_t E, float gamma, float* bias, cudaStream_t stream) {
+  detail::check_bias_update("router_bias_update_from_tally", tally, E, 0, gamma, bias);
+  bias_update_from_tally_kernel<<<1, static_cast<unsigned>(E), 0, stream>>>(tally, static_cast<int>(E), gamma, bias);
+  CUDA_CHECK_LAUNCH();
+}
+
+void router_tally_counts(const int32_t* counts, int64_t E, int32_t* tally, cudaStream_t stream) {
+  FP4MOE_CHECK(E >= 1 && E <= kRouterMaxExperts, "router_tally_counts: E must be in [1, {}], got E={}",
+               kRouterMaxExperts, E);
+  FP4MOE_CHECK(counts != nullptr && tally != nullptr, "router_tally_counts: null counts or tally");
+  tally_counts_kernel<<<static_cast<unsigned>((E + 255) / 256), 256, 0, stream>>>(counts, static_cast<int>(E), tally);
+  CUDA_CHECK_LAUNCH();
+}
+
 void expert_counts_and_offsets(const int32_t* topk_idx, int64_t T, int64_t k, int64_t E, int32_t* counts,
                                int32_t* offsets, cudaStream_t stream) {
   const char* what = "expert_counts_and_offsets";

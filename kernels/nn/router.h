@@ -131,6 +131,16 @@ void expert_counts_and_offsets(const int32_t* topk_idx, int64_t T, int64_t k, in
 void router_bias_update(const int32_t* counts, int64_t E, int64_t total_assignments, float gamma, float* bias,
                         cudaStream_t stream);
 
+// The step's expert loads on the device (a step without host synchronisation, moe_router.h): tally[e] += counts[e]
+// for e in [0, E), int32 device arrays. Rejects E outside [1, kRouterMaxExperts] and null pointers. The caller keeps
+// the sums within int32 (a step's assignments).
+void router_tally_counts(const int32_t* counts, int64_t E, int32_t* tally, cudaStream_t stream);
+// router_bias_update from a device tally with its total summed on the device (total_assignments = sum_e tally[e],
+// in int64), then the tally zeroed for the next step: no host value depends on the step's loads, so a captured step
+// replayed any number of times updates from what its replays counted. Same rule, bits and rejections as
+// router_bias_update (bar total_assignments).
+void router_bias_update_from_tally(int32_t* tally, int64_t E, float gamma, float* bias, cudaStream_t stream);
+
 // ---- CPU references (router_ref.cpp), Real = float or double, host memory, same layouts and rejections -------
 // The forward also validates nothing about the values (logits may be anything finite). Written from the rules
 // above, sequential sums in index order.
@@ -145,6 +155,10 @@ void router_backward_ref(const Real* probs, const int32_t* topk_idx, const int32
 
 // Same rule and rejections as router_bias_update; host memory.
 void router_bias_update_ref(const int32_t* counts, int64_t E, int64_t total_assignments, float gamma, float* bias);
+
+// Same rules and rejections as router_tally_counts and router_bias_update_from_tally; host memory.
+void router_tally_counts_ref(const int32_t* counts, int64_t E, int32_t* tally);
+void router_bias_update_from_tally_ref(int32_t* tally, int64_t E, float gamma, float* bias);
 
 // Rejects topk_idx entries outside [0, E) or repeated within a token (message names the token).
 void expert_counts_and_offsets_ref(const int32_t* topk_idx, int64_t T, int64_t k, int64_t E, int32_t* counts,

@@ -48,6 +48,21 @@ void router_bias_update_ref(const int32_t* counts, int64_t E, int64_t total_assi
   }
 }
 
+void router_tally_counts_ref(const int32_t* counts, int64_t E, int32_t* tally) {
+  FP4MOE_CHECK(E >= 1 && E <= kRouterMaxExperts, "router_tally_counts_ref: E must be in [1, {}], got E={}",
+               kRouterMaxExperts, E);
+  FP4MOE_CHECK(counts != nullptr && tally != nullptr, "router_tally_counts_ref: null counts or tally");
+  for (int64_t e = 0; e < E; ++e) tally[e] += counts[e];
+}
+
+void router_bias_update_from_tally_ref(int32_t* tally, int64_t E, float gamma, float* bias) {
+  detail::check_bias_update("router_bias_update_from_tally_ref", tally, E, 0, gamma, bias);
+  int64_t total = 0;
+  for (int64_t e = 0; e < E; ++e) total += tally[e];
+  router_bias_update_ref(tally, E, total, gamma, bias);
+  for (int64_t e = 0; e < E; ++e) tally[e] = 0;
+}
+
 template <typename Real>
 void detail::combine_weights_ref(const Real* p, const int32_t* idx, int64_t k, bool v3, Real scale, Real* weight) {
   Real denom = 1;

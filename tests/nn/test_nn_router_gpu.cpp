@@ -261,5 +261,56 @@ TEST(NnMoeRouter, BiasUpdateMatchesReference) {
   }
 }
 
+// The device tally of a step's loads: tally += counts, over the block edges of its grid.
+TEST(NnMoeRouter, TallyCountsMatchesReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  for (int64_t E : {1, 7, 256, 257, 1024}) {
+    SCOPED_TRACE("E=" + std::to_string(E));
+    std::mt19937 rng(static_cast<uint32_t>(E) + 5);
+    std::vector<int32_t> counts(E), tally(E);
+    for (auto& c : counts) c = static_cast<int32_t>(rng() % 5000);
+    for (auto& t : tally) t = static_cast<int32_t>(rng() % 100000);
+    std::vector<int32_t> ref = tally;
+    router_tally_counts_ref(counts.data(), E, ref.data());
+    DeviceBuffer<int32_t> d_counts(E), d_tally(E);
+    d_counts.upload(counts);
+    d_tally.upload(tally);
+    router_tally_counts(d_counts.ptr, E, d_tally.ptr, nullptr);
+    router_tally_counts(d_counts.ptr, E, d_tally.ptr, nullptr);  // twice: a second micro-batch
+    router_tally_counts_ref(counts.data(), E, ref.data());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(d_tally.download(), ref);
+  }
+  EXPECT_THROW(router_tally_counts(nullptr, 4, nullptr, nullptr), Error);
+}
+
+// The bias update from a device tally (its total summed on the device), then the tally zeroed: as the reference,
+// and as router_bias_update given the host total.
+TEST(NnMoeRouter, BiasUpdateFromTallyMatchesReference) {
+  FP4MOE_REQUIRE_DEVICE();
+  for (int64_t E : {1, 7, 256, 1024}) {
+    SCOPED_TRACE("E=" + std::to_string(E));
+    std::mt19937 rng(static_cast<uint32_t>(E) + 11);
+    std::vector<int32_t> tally(E);
+    for (auto& c : tally) c = static_cast<int32_t>(rng() % 9);
+    if (E > 2) tally[1] = static_cast<int32_t>(std::accumulate(tally.begin(), tally.end(), int64_t{0}) / E);
+    const int64_t total = std::accumulate(tally.begin(), tally.end(), int64_t{0});
+    const std::vector<float> bias = uniform(E, 17);
+    std::vector<float> ref = bias, ref_total = bias;
+    std::vector<int32_t> ref_tally = tally;
+    router_bias_update_from_tally_ref(ref_tally.data(), E, 0.001f, ref.data());
+    router_bias_update_ref(tally.data(), E, total, 0.001f, ref_total.data());
+    EXPECT_TRUE(same_bits(ref, ref_total));
+    DeviceBuffer<int32_t> d_tally(E);
+    DeviceBuffer<float> d_bias(E);
+    d_tally.upload(tally);
+    d_bias.upload(bias);
+    router_bias_update_from_tally(d_tally.ptr, E, 0.001f, d_bias.ptr, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(d_bias.download(), ref));
+    EXPECT_EQ(d_tally.download(), std::vector<int32_t>(static_cast<size_t>(E), 0)) << "the tally was not zeroed";
+  }
+}
+
 }  // namespace
 }  // namespace fp4moe

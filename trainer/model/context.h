@@ -36,6 +36,11 @@ struct ModelContext {
   // the model's, with its cuDNN workspace from DeviceMemory's workspace category); null (the default) runs our
   // kernels (flash_attention.h).
   AttentionCore* attention = nullptr;
+  // The pass runs without host synchronisation (Model::set_host_sync_free, so that a step's forward and backward can
+  // be captured in a CUDA graph): the routers keep the expert counts on the device (moe_router.h), the expert GEMMs
+  // read the device offsets (kernels/gemm/grouped_gemm.h "Without a host copy"). False (the default): one host copy
+  // of the counts per MoE layer.
+  bool host_sync_free = false;
 };
 
 // ctx.scratch, or fp4moe::Error naming `who` when the context has none.

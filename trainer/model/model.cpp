@@ -411,7 +411,8 @@ StepStats Model::forward_in_slot(int64_t slot, const int32_t* tokens, const int3
   ProfileScope profile(ctx_, ProfileModule::other, ProfilePass::forward);  // the pass: what its modules leave
   Impl::Slot& st = slots[slot];
   st.stats = StepStats{};
-  st.stats.tokens = impl_->check_batch(tokens, targets, M, ctx_.stream);
+  const bool sync_free = ctx_.host_sync_free;  // set_host_sync_free: nothing read back here
+  st.stats.tokens = sync_free ? 0 : impl_->check_batch(tokens, targets, M, ctx_.stream);
   st.stats.has_loss = impl_->stage.last();
   // The slot's own copies of what its backward reads: the tokens (embedding backward, first stage) and the targets
   // (the loss, last stage). A later stage's forward reads the caller's tokens (the stand-in input).
@@ -421,7 +422,10 @@ StepStats Model::forward_in_slot(int64_t slot, const int32_t* tokens, const int3
   if (impl_->stage.last())
     CUDA_CHECK(cudaMemcpyAsync(impl_->kept_targets.data(), targets, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
   impl_->forward(ctx_, impl_->stage.first() ? impl_->kept_tokens.data() : tokens, M);
-  for (const DecoderLayer* moe : impl_->moe_layers()) st.stats.aux_loss += moe->moe_aux_loss_host();
+  if (sync_free)
+    st.stats.aux_loss = std::numeric_limits<float>::quiet_NaN();
+  else
+    for (const DecoderLayer* moe : impl_->moe_layers()) st.stats.aux_loss += moe->moe_aux_loss_host();
   st.M = M;
   st.in_flight = true;
   return st.stats;
@@ -444,9 +448,19 @@ StepStats Model::backward_in_slot(int64_t slot, float grad_scale) {
   const float scale = grad_scale / static_cast<float>(world_size());
   impl_->backward(ctx_, impl_->stage.first() ? impl_->kept_tokens.data() : nullptr, targets, st.M, scale);
   StepStats stats = st.stats;
-  stats.loss = impl_->loss_host(ctx_.stream);
+  stats.loss = ctx_.host_sync_free ? std::numeric_limits<float>::quiet_NaN() : impl_->loss_host(ctx_.stream);
   return stats;
 }
+
+void Model::set_host_sync_free(bool on) {
+  FP4MOE_CHECK(!on || impl_->transport == nullptr,
+               "Model set_host_sync_free: not over a transport (its exchanges size their buffers on the host)");
+  for (size_t s = 0; s < impl_->slots.size(); ++s)
+    FP4MOE_CHECK(!impl_->slots[s].in_flight, "Model set_host_sync_free: slot {} holds a micro-batch in flight", s);
+  ctx_.host_sync_free = on;
+}
+
+const float* Model::loss_device() const { return impl_->loss.data(); }
 
 void Model::begin_step(uint64_t step) {
   ctx_.quant_seed = splitmix64_at(cfg_.train.seed, step);

@@ -195,6 +195,22 @@ class Model {
   StepStats backward_in_slot(int64_t slot, float grad_scale);
   const PipelinePosition& position() const { return position_; }
 
+  // Without host synchronisation (on = true): forward_in_slot and backward_in_slot then neither copy nor wait for
+  // anything on the host, so that a step's forwards and backwards can be captured in one CUDA graph (after one
+  // eager step with the same B, which allocates every buffer; tests/trainer/test_step_graph_gpu.cpp): the tokens and
+  // targets are not range-checked (the caller checks them on the host before it uploads them), their stats hold
+  // tokens 0, aux_loss and loss NaN (the loss of the last backward stays on the device: loss_device()), the routers
+  // keep the expert counts on the device (moe_router.h) and the expert GEMMs read the device offsets
+  // (ModelContext::host_sync_free). The same weights and batch give the same loss and gradients as an eager pass in
+  // the same mode, bit for bit, and within the GEMMs' summation-order differences of a pass with it off (whose
+  // expert GEMMs may run on cuBLASLt). forward (evaluation) and end_step are unchanged by it (end_step waits for
+  // nothing in this mode either). Rejects (fp4moe::Error) on = true over a transport (its exchanges size their
+  // buffers on the host) and while a micro-batch is in flight.
+  void set_host_sync_free(bool on);
+  bool host_sync_free() const { return ctx_.host_sync_free; }
+  // The last backward's mean cross-entropy, device FP32 [1] (a stage without the LM head: never written).
+  const float* loss_device() const;
+
   // Over a transport of W ranks (above): backward_in_slot and forward_backward add (grad_scale / W) d(L_r)/dθ, the
   // rank's part of the group's objective; reduce_gradients() then sums the replicated parameters' gradients over the
   // ranks (in place, asynchronous on the model's stream; the routed experts' stay local). A collective, once per

@@ -328,7 +328,7 @@ void MoeRoutedExperts::backward_from_rows(ModelContext& ctx, const GroupLinearIn
 
 void MoeRoutedExperts::run_to_ys(ModelContext& ctx, const bf16* x, const MoeRouting& r, const Tensors& t) {
   const int64_t M = r.M, R = r.rows;
-  const GroupSplit split{r.offsets, r.host_offsets, E_};
+  const GroupSplit split{r.offsets, r.host_offsets, E_, R};
   cudaStream_t s = ctx.stream;
   ProfileScope permute(ctx, ProfileModule::moe_permute);
   if (R == M * k_) {
@@ -365,7 +365,7 @@ void MoeRoutedExperts::recompute(ModelContext& ctx, const MoeRouting& r) {
   bind_recompute(arena, R, t_);
   cudaStream_t s = ctx.stream;
   if (whole_) {  // the experts from the kept dispatched input (the weights' FP8 copies of this step are in fc1_, fc2_)
-    const GroupSplit split{r.offsets, r.host_offsets, E_};
+    const GroupSplit split{r.offsets, r.host_offsets, E_, R};
     if (t_.xs_fp8_codes)  // fp8 Fprop of a BF16 input: the kept FP8 row copy
       fc1_->fprop_fp8_rows(Fp8RowOperand{t_.xs_fp8_codes, t_.xs_fp8_scales}, split, t_.h, s);
     else
@@ -391,7 +391,7 @@ void MoeRoutedExperts::backward(ModelContext& ctx, const bf16* dy, const MoeRout
   ScratchScope scope(arena);
   const BufferPlan& p = plan_for(R);
   bf16* drows = take_planned<bf16>(arena, p.at("d rows"), "experts d rows");
-  const GroupSplit split{r.offsets, r.host_offsets, E_};
+  const GroupSplit split{r.offsets, r.host_offsets, E_, R};
   cudaStream_t s = ctx.stream;
   ProfileScope unpermute(ctx, ProfileModule::moe_permute);
   unpermute_backward(dy, t_.ys, r.topk_weight, t_.row_of, M, k_, d_, drows, dweights, s);  // dys of the M k rows

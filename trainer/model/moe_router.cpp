@@ -52,6 +52,7 @@ MoeRouter::MoeRouter(ParamStore& store, const std::string& prefix, const Trainer
       w_(nullptr),
       last_M_(mem.slots(), -1),
       last_counts_(mem.slots(), std::vector<int64_t>(static_cast<size_t>(E_), 0)),
+      sync_free_(mem.slots(), 0),
       host_offsets_(mem.slots()) {
   const char* what = "MoeRouter";
   FP4MOE_CHECK(max_tokens >= 0, "{} {}: max_tokens must be >= 0, got {}", what, prefix, max_tokens);
@@ -114,6 +115,7 @@ BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_lo
   p.add("local counts", local ? E_local : 0, ElemType::int32);
   p.add("local offsets", local ? E_local + 1 : 0, ElemType::int32);
   const MemCategory ws = MemCategory::workspace;
+  p.add("step tally", E, ElemType::int32, true, ws, Lifetime::first_forward);
   p.add("logits (FP32)", tokens * E, ElemType::fp32, true, ws, Lifetime::forward_scratch);
   p.add("dlogits (FP32)", tokens * E, ElemType::fp32, true, ws, Lifetime::backward_scratch);
   p.add("dlogits (BF16)", tokens * E, ElemType::bf16, true, ws, Lifetime::backward_scratch);
@@ -122,11 +124,13 @@ BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_lo
 
 MoeRouting MoeRouter::routing() const {
   const int64_t M = std::max<int64_t>(last_M_.get(), 0), k = rcfg_.top_k;
+  const bool host = sync_free_.get() == 0;  // without host synchronisation the device offsets alone
   if (El_ < E_)
     return MoeRouting{M, El_, k, routed_row_count(M * k, routed_load_), local_idx_.data(), topk_weight_.data(),
-                      local_offsets_.data(), static_cast<const int32_t*>(host_local_offsets_.get().get())};
+                      local_offsets_.data(),
+                      host ? static_cast<const int32_t*>(host_local_offsets_.get().get()) : nullptr};
   return MoeRouting{M, E_, k, M * k, topk_idx_.data(), topk_weight_.data(), offsets_.data(),
-                    static_cast<const int32_t*>(host_offsets_.get().get())};
+                    host ? static_cast<const int32_t*>(host_offsets_.get().get()) : nullptr};
 }
 
 void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
@@ -134,7 +138,14 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
                prefix_, max_tokens_, M);
   auto* host_offsets = static_cast<int32_t*>(host_offsets_.get().get());
   std::vector<int64_t>& last_counts = last_counts_.get();
+  if (step_tally_.data() == nullptr) {  // at the first forward, as its plan says (zeroed on the stream)
+    FP4MOE_CHECK(ctx.mem != nullptr, "MoeRouter {} forward: the ModelContext has no DeviceMemory", prefix_);
+    step_tally_ = buffers(max_tokens_, E_, rcfg_.top_k, El_, max_rows_)
+                      .allocate<int32_t>(*ctx.mem, "step tally", prefix_ + " router");
+    CUDA_CHECK(cudaMemsetAsync(step_tally_.data(), 0, static_cast<size_t>(E_) * sizeof(int32_t), ctx.stream));
+  }
   last_M_.get() = M;
+  sync_free_.get() = 0;
   aux_host_ = 0.0f;
   if (M == 0) {
     std::fill(host_offsets, host_offsets + E_ + 1, 0);
@@ -164,12 +175,17 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
     router_gates_for_indices(probs_.data(), topk_idx_.data(), counts_.data(), M, E_, rcfg_, topk_weight_.data(),
                              v2 ? aux_.data() : nullptr, ctx.stream);
   }
-  if (El_ < E_) {  // expert parallelism: this GPU's share of the rows, skewed or not (layout_emulation.h)
+  if (El_ < E_)  // expert parallelism: this GPU's share of the rows, skewed or not (layout_emulation.h)
     local_expert_routing(topk_idx_.data(), M * k, routed_row_count(M * k, routed_load_), El_, local_idx_.data(),
                          local_counts_.data(), local_offsets_.data(), ctx.stream);
+  if (ctx.host_sync_free) {  // the counts stay on the device (above)
+    sync_free_.get() = 1;
+    aux_host_ = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  if (El_ < E_)
     CUDA_CHECK(cudaMemcpyAsync(host_local_offsets_.get().get(), local_offsets_.data(), (El_ + 1) * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, ctx.stream));
-  }
   // The layer's one host synchronisation: the expert token counts (and the v2 loss) come to the host.
   CUDA_CHECK(cudaMemcpyAsync(host_offsets, offsets_.data(), (E_ + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                              ctx.stream));
@@ -196,7 +212,12 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
   FP4MOE_CHECK(dweights && x && dx32, "MoeRouter {} backward: dweights [M, k], x [M, {}] and dx32 [M, {}] must not "
                "be null", prefix_, d_, d_);
   ScratchArena& arena = scratch_of(ctx, "MoeRouter " + prefix_);
-  for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts[e];
+  if (sync_free_.get() == 0) {
+    for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts[e];
+  } else if (bias_ != nullptr) {  // v3 without host synchronisation: the tally on the device
+    router_tally_counts(counts_.data(), E_, step_tally_.data(), ctx.stream);
+    device_tally_ = true;
+  }
   ScratchScope scope(arena);
   ProfileScope profile(ctx, ProfileModule::router, ProfilePass::backward);
   const BufferPlan plan = buffers(M, E_, rcfg_.top_k, El_, routed_row_count(M * rcfg_.top_k, routed_load_));
@@ -224,6 +245,15 @@ void MoeRouter::set_step_counts(std::vector<int64_t> counts) {
 
 void MoeRouter::end_step(ModelContext& ctx) {
   if (rcfg_.style != RouterStyle::v3_sigmoid) return;
+  if (device_tally_) {  // the step ran without host synchronisation: the device tally and its device total
+    FP4MOE_CHECK(std::all_of(tally_.begin(), tally_.end(), [](int64_t c) { return c == 0; }),
+                 "MoeRouter {} end_step: the step's micro-batches ran both with and without host synchronisation",
+                 prefix_);
+    ProfileScope profile(ctx, ProfileModule::router, ProfilePass::update);
+    router_bias_update_from_tally(step_tally_.data(), E_, gamma_, bias_->data, ctx.stream);  // zeroes the tally
+    device_tally_ = false;
+    return;
+  }
   int64_t total = 0;
   std::vector<int32_t> counts(E_);
   for (int64_t e = 0; e < E_; ++e) {

@@ -39,6 +39,14 @@
 // Expert loads for the v3 bias: the counts of a forward join the step's tally when its backward runs (so that
 // evaluation forwards do not move the bias); end_step applies router_bias_update with the tally (gamma =
 // moe.bias_update_rate) and clears it.
+// Without host synchronisation (ModelContext::host_sync_free): forward skips the host copy and its synchronisation
+// (and the check of the offsets' end, which a forced selection could fail); routing() then hands no host offsets
+// (the expert GEMMs read the device ones, GroupSplit::rows = R); the v2 loss is not read (aux_loss_host() NaN); the
+// v3 tally is kept on the device ("step tally", router_tally_counts per backward) and end_step updates the bias from
+// it and its total summed on the device (router_bias_update_from_tally, which zeroes it), with the same bits as from
+// the host tally: a captured step replayed any number of times updates from what its replays counted. A step's
+// micro-batches all run one way or the other (end_step rejects a step that mixed them); step_counts() holds the
+// host tally only.
 // In-flight micro-batches (trainer/memory/device_memory.h): what a forward writes and its backward reads has one copy
 // per slot: probs, topk_idx, topk_weight, counts, offsets, aux (device), the pinned host offsets, the token count and
 // the host counts; routing() and backward read the active slot's. One copy: the step's tally (host), the v2 loss read
@@ -158,7 +166,10 @@ class MoeRouter {
   KeptValue<int64_t> last_M_;               // per slot: tokens of its forward (-1: none)
   float aux_host_ = 0.0f;
   KeptValue<std::vector<int64_t>> last_counts_;  // per slot: [E] its forward's counts (from the host offsets)
+  KeptValue<int> sync_free_;                     // per slot: 1 when its forward ran without host synchronisation
   std::vector<int64_t> tally_;        // [E] counts of the step's micro-batches whose backward ran
+  DeviceArray<int32_t> step_tally_;   // [E] the same on the device, without host synchronisation (workspace)
+  bool device_tally_ = false;         // a backward since the last end_step added to step_tally_
   PassScratch scratch_;               // scratch() at max_tokens
 
   // Per in-flight slot (KeptArray, KeptValue):
