@@ -232,6 +232,7 @@ __global__ void tally_counts_kernel(const int32_t* __restrict__ counts, int E, i
 }
 }  // namespace
 
+namespace {
 // One thread per expert: the tally's total (a block sum in int64), the bias rule of bias_update_kernel, the tally
 // zeroed.
 __global__ void bias_update_from_tally_kernel(int32_t* __restrict__ tally, int E, float gamma,
@@ -249,6 +250,7 @@ __global__ void bias_update_from_tally_kernel(int32_t* __restrict__ tally, int E
   else if (load < t) bias[e] = __fadd_rn(bias[e], gamma);
   tally[e] = 0;
 }
+}  // namespace
 
 void router_bias_update_from_tally(int32_t* tally, int64_t E, float gamma, float* bias, cudaStream_t stream) {
   detail::check_bias_update("router_bias_update_from_tally", tally, E, 0, gamma, bias);

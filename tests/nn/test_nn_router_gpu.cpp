@@ -292,8 +292,13 @@ TEST(NnMoeRouter, BiasUpdateFromTallyMatchesReference) {
     SCOPED_TRACE("E=" + std::to_string(E));
     std::mt19937 rng(static_cast<uint32_t>(E) + 11);
     std::vector<int32_t> tally(E);
-    for (auto& c : tally) c = static_cast<int32_t>(rng() % 9);
-    if (E > 2) tally[1] = static_cast<int32_t>(std::accumulate(tally.begin(), tally.end(), int64_t{0}) / E);
+    for (auto& c : tally) c = static_cast<int32_t>(8 * (rng() % 9));
+    // An expert exactly at the mean: E - 1 loads, then the last one making the total E times the first's.
+    if (E > 2) {
+      const int64_t others = std::accumulate(tally.begin() + 1, tally.end() - 1, int64_t{0});
+      const int64_t last = static_cast<int64_t>(tally[0]) * E - tally[0] - others;
+      if (last >= 0) tally[E - 1] = static_cast<int32_t>(last);
+    }
     const int64_t total = std::accumulate(tally.begin(), tally.end(), int64_t{0});
     const std::vector<float> bias = uniform(E, 17);
     std::vector<float> ref = bias, ref_total = bias;
@@ -309,6 +314,10 @@ TEST(NnMoeRouter, BiasUpdateFromTallyMatchesReference) {
     CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_TRUE(same_bits(d_bias.download(), ref));
     EXPECT_EQ(d_tally.download(), std::vector<int32_t>(static_cast<size_t>(E), 0)) << "the tally was not zeroed";
+    // A zero tally (a step without tokens) leaves the bias unchanged.
+    router_bias_update_from_tally(d_tally.ptr, E, 0.001f, d_bias.ptr, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(d_bias.download(), ref));
   }
 }
 

@@ -9,7 +9,9 @@
 //   - the mode's loss is within 1e-3 (relative) of the same step with host synchronisation, whose expert GEMMs run
 //     on cuBLASLt (another summation order), on a model with the same weights;
 //   - v3: the bias update from the router's device tally equals the one from its host tally, bit for bit, after one
-//     eager step and after two eager steps and four replays (the replays count their loads on the device).
+//     eager step, after two eager steps and four replays (the replays count their loads on the device), and after
+//     replay, end_step, replay, end_step;
+//   - an evaluation forward in the mode still reads its loss and the v2 balance loss on the host.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -189,6 +191,22 @@ TEST_P(StepGraph, CapturedStepReplaysTheEagerLossAndGradients) {
     EXPECT_TRUE(same_bits(sf_six.states[i], host_six.states[i]))
         << "state tensor " << i << " (the v3 bias) after two eager steps and four replays differs from six eager "
            "steps with host synchronisation";
+  // Replays between optimizer steps (replay, end_step, replay, end_step): each update counts its replay's loads.
+  for (uint32_t batch : {1u, 2u}) {
+    sf.upload_batch(batch);
+    CUDA_CHECK(cudaGraphLaunch(exec, sf.stream));
+    sf.model->end_step();
+    host.upload_batch(batch);
+    host.step();
+    host.model->end_step();
+  }
+  const Snapshot host_two = host.snapshot(), sf_two = sf.snapshot();
+  for (size_t i = 0; i < sf_two.states.size(); ++i)
+    EXPECT_TRUE(same_bits(sf_two.states[i], host_two.states[i]))
+        << "state tensor " << i << " (the v3 bias) after replay, end_step, replay, end_step differs";
+  const StepStats eval = sf.model->forward(sf.tokens.ptr, sf.targets.ptr, sf.B);
+  EXPECT_TRUE(std::isfinite(eval.loss) && std::isfinite(eval.aux_loss) && eval.tokens > 0)
+      << "evaluation in the mode: loss " << eval.loss << ", aux " << eval.aux_loss << ", tokens " << eval.tokens;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }

@@ -379,6 +379,13 @@ StepStats Model::forward(const int32_t* tokens, const int32_t* targets, int64_t 
     FP4MOE_CHECK(!impl_->slots[s].in_flight, "Model forward: slot {} holds a micro-batch whose backward has not run "
                  "(evaluate between optimizer steps)", s);
   ctx_.mem->slots().set_active(0);
+  // An evaluation reads its loss on the host anyway: the routers take their host copy whatever the mode.
+  struct ModeGuard {
+    bool& flag;
+    bool saved;
+    ~ModeGuard() { flag = saved; }
+  } mode{ctx_.host_sync_free, ctx_.host_sync_free};
+  ctx_.host_sync_free = false;
   StepStats stats;
   stats.tokens = impl_->check_batch(tokens, targets, M, ctx_.stream);
   impl_->forward(ctx_, tokens, M);

@@ -1,5 +1,7 @@
 #include "trainer/model/moe_router.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 
@@ -115,7 +117,6 @@ BufferPlan MoeRouter::buffers(int64_t tokens, int64_t E, int64_t k, int64_t E_lo
   p.add("local counts", local ? E_local : 0, ElemType::int32);
   p.add("local offsets", local ? E_local + 1 : 0, ElemType::int32);
   const MemCategory ws = MemCategory::workspace;
-  p.add("step tally", E, ElemType::int32, true, ws, Lifetime::first_forward);
   p.add("logits (FP32)", tokens * E, ElemType::fp32, true, ws, Lifetime::forward_scratch);
   p.add("dlogits (FP32)", tokens * E, ElemType::fp32, true, ws, Lifetime::backward_scratch);
   p.add("dlogits (BF16)", tokens * E, ElemType::bf16, true, ws, Lifetime::backward_scratch);
@@ -138,12 +139,6 @@ void MoeRouter::forward(ModelContext& ctx, const bf16* x, int64_t M) {
                prefix_, max_tokens_, M);
   auto* host_offsets = static_cast<int32_t*>(host_offsets_.get().get());
   std::vector<int64_t>& last_counts = last_counts_.get();
-  if (step_tally_.data() == nullptr) {  // at the first forward, as its plan says (zeroed on the stream)
-    FP4MOE_CHECK(ctx.mem != nullptr, "MoeRouter {} forward: the ModelContext has no DeviceMemory", prefix_);
-    step_tally_ = buffers(max_tokens_, E_, rcfg_.top_k, El_, max_rows_)
-                      .allocate<int32_t>(*ctx.mem, "step tally", prefix_ + " router");
-    CUDA_CHECK(cudaMemsetAsync(step_tally_.data(), 0, static_cast<size_t>(E_) * sizeof(int32_t), ctx.stream));
-  }
   last_M_.get() = M;
   sync_free_.get() = 0;
   aux_host_ = 0.0f;
@@ -215,8 +210,18 @@ void MoeRouter::backward(ModelContext& ctx, const float* dweights, const bf16* x
   if (sync_free_.get() == 0) {
     for (int64_t e = 0; e < E_; ++e) tally_[e] += last_counts[e];
   } else if (bias_ != nullptr) {  // v3 without host synchronisation: the tally on the device
+    if (step_tally_.data() == nullptr) {  // the mode's first backward, which must run eagerly
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      CUDA_CHECK(cudaStreamIsCapturing(ctx.stream, &capturing));
+      FP4MOE_CHECK(capturing == cudaStreamCaptureStatusNone,
+                   "MoeRouter {} backward: the device tally is allocated by the first backward without host "
+                   "synchronisation, which must run eagerly (run one step in the mode before capturing one)",
+                   prefix_);
+      FP4MOE_CHECK(ctx.mem != nullptr, "MoeRouter {} backward: the ModelContext has no DeviceMemory", prefix_);
+      step_tally_ = DeviceArray<int32_t>(*ctx.mem, E_, MemCategory::workspace, prefix_ + " router step tally");
+      CUDA_CHECK(cudaMemsetAsync(step_tally_.data(), 0, static_cast<size_t>(E_) * sizeof(int32_t), ctx.stream));
+    }
     router_tally_counts(counts_.data(), E_, step_tally_.data(), ctx.stream);
-    device_tally_ = true;
   }
   ScratchScope scope(arena);
   ProfileScope profile(ctx, ProfileModule::router, ProfilePass::backward);
@@ -245,13 +250,19 @@ void MoeRouter::set_step_counts(std::vector<int64_t> counts) {
 
 void MoeRouter::end_step(ModelContext& ctx) {
   if (rcfg_.style != RouterStyle::v3_sigmoid) return;
-  if (device_tally_) {  // the step ran without host synchronisation: the device tally and its device total
-    FP4MOE_CHECK(std::all_of(tally_.begin(), tally_.end(), [](int64_t c) { return c == 0; }),
-                 "MoeRouter {} end_step: the step's micro-batches ran both with and without host synchronisation",
-                 prefix_);
+  if (ctx.host_sync_free) {  // the device tally and its device total (replays count there too); no host wait
+    if (!std::all_of(tally_.begin(), tally_.end(), [](int64_t c) { return c == 0; })) {
+      std::fill(tally_.begin(), tally_.end(), 0);
+      fail(__FILE__, __LINE__,
+           fmt::format("MoeRouter {} end_step: the step has micro-batches counted with host synchronisation, but "
+                       "ends without it (switch the mode between optimizer steps, after end_step); their counts "
+                       "were dropped",
+                       prefix_));
+    }
+    if (step_tally_.data() == nullptr) return;  // no backward in the mode yet: nothing counted
     ProfileScope profile(ctx, ProfileModule::router, ProfilePass::update);
+    // A zero tally leaves the bias unchanged (every load equals the total, 0), as the host path's early return.
     router_bias_update_from_tally(step_tally_.data(), E_, gamma_, bias_->data, ctx.stream);  // zeroes the tally
-    device_tally_ = false;
     return;
   }
   int64_t total = 0;

@@ -42,14 +42,17 @@
 // Without host synchronisation (ModelContext::host_sync_free): forward skips the host copy and its synchronisation
 // (and the check of the offsets' end, which a forced selection could fail); routing() then hands no host offsets
 // (the expert GEMMs read the device ones, GroupSplit::rows = R); the v2 loss is not read (aux_loss_host() NaN); the
-// v3 tally is kept on the device ("step tally", router_tally_counts per backward) and end_step updates the bias from
-// it and its total summed on the device (router_bias_update_from_tally, which zeroes it), with the same bits as from
-// the host tally: a captured step replayed any number of times updates from what its replays counted. A step's
-// micro-batches all run one way or the other (end_step rejects a step that mixed them); step_counts() holds the
-// host tally only.
+// v3 tally is kept on the device ("<prefix> router step tally", [E] int32 under MemCategory::workspace, allocated by
+// the mode's first backward, which must run eagerly; not in buffers(): only this mode holds it), router_tally_counts
+// per backward, and end_step in the mode updates the bias from it and its total summed on the device
+// (router_bias_update_from_tally, which zeroes it), with the same bits as from the host tally: a captured step
+// replayed any number of times updates from what its replays counted. The mode is switched between optimizer steps
+// (after end_step); end_step in the mode rejects a step with micro-batches counted on the host (and drops them).
+// step_counts() holds the host tally only. The device tally is int32: a step's assignments per expert stay below
+// 2^31 (the host path checks it; the device one does not).
 // In-flight micro-batches (trainer/memory/device_memory.h): what a forward writes and its backward reads has one copy
 // per slot: probs, topk_idx, topk_weight, counts, offsets, aux (device), the pinned host offsets, the token count and
-// the host counts; routing() and backward read the active slot's. One copy: the step's tally (host), the v2 loss read
+// the host counts; routing() and backward read the active slot's. One copy: the step's tally (host, and the device one without host synchronisation), the v2 loss read
 // back at the forward (aux_loss_host, its pinned copy).
 #pragma once
 
@@ -127,7 +130,8 @@ class MoeRouter {
   void force_routing(const int32_t* topk) { forced_ = topk; }
 
   MoeRouting routing() const;  // the active slot's
-  float aux_loss_host() const { return aux_host_; }  // v2 loss of the last forward (0 for v3 and M = 0)
+  // v2 loss of the last forward (0 for v3 and M = 0; NaN without host synchronisation)
+  float aux_loss_host() const { return aux_host_; }
   const int32_t* topk_idx() const { return topk_idx_.data(); }  // the active slot's
   const RouterConfig& config() const { return rcfg_; }
   const Param& weight() const { return *w_; }
@@ -168,8 +172,7 @@ class MoeRouter {
   KeptValue<std::vector<int64_t>> last_counts_;  // per slot: [E] its forward's counts (from the host offsets)
   KeptValue<int> sync_free_;                     // per slot: 1 when its forward ran without host synchronisation
   std::vector<int64_t> tally_;        // [E] counts of the step's micro-batches whose backward ran
-  DeviceArray<int32_t> step_tally_;   // [E] the same on the device, without host synchronisation (workspace)
-  bool device_tally_ = false;         // a backward since the last end_step added to step_tally_
+  DeviceArray<int32_t> step_tally_;   // [E] the same on the device, without host synchronisation (workspace; v3)
   PassScratch scratch_;               // scratch() at max_tokens
 
   // Per in-flight slot (KeptArray, KeptValue):
