@@ -123,6 +123,8 @@ ConfigOptions::ConfigOptions(CLI::App& app, TrainerConfig& cfg) : cfg_(cfg) {
   add("train.non_finite", non_finite_, "skip or stop on a non-finite loss or gradient norm");
   add("train.checkpoint_interval", t.checkpoint_interval, "steps between checkpoints (0: none)");
   add("train.checkpoint_dir", t.checkpoint_dir, "checkpoint folder");
+  add("train.cuda_graph", t.cuda_graph,
+      "true or false: replay each step's forwards and backwards from one CUDA graph (no host synchronisation)");
   add("recipe.attention", recipe_attention_,
       "bf16, fp8 or mxfp4 for the MLA projections, then overrides (fp8 fprop=mxfp4 rounding=sr transform=h16)");
   add("recipe.dense_mlp", recipe_dense_,
@@ -395,6 +397,35 @@ void validate_parallel(const TrainerConfig& cfg) {
                cfg.train.grad_accum, p.micro_batches, p.gpus());
 }
 
+// train.cuda_graph = true (trainer/train/step_graph.h): what a replayed step graph would run wrongly or cannot hold.
+// Stochastic rounding and the random Hadamard take each step's seed as a launch argument from the host, which a
+// replay would repeat; the routed experts' MXFP4 Wgrad needs the host copy of the counts; cuDNN's fused attention is
+// not captured.
+void check_cuda_graph(const TrainerConfig& cfg) {
+  const RecipeConfig& r = cfg.recipe;
+  const bool moe = cfg.model.n_dense_layers < cfg.model.layers;
+  const std::pair<const char*, const Recipe*> used[] = {
+      {"recipe.attention", &r.attention},
+      {"recipe.dense_mlp", cfg.model.n_dense_layers > 0 ? &r.dense_mlp : nullptr},
+      {"recipe.shared_experts", moe && cfg.moe.shared_experts > 0 ? &r.shared_experts : nullptr},
+      {"recipe.routed_experts", moe ? &r.routed_experts : nullptr}};
+  for (const auto& [name, recipe] : used)
+    FP4MOE_CHECK(recipe == nullptr || (recipe->mx.rounding == Rounding::rne && recipe->mx.transform != MxTransform::rht),
+                 "train.cuda_graph = true with {} = '{}': stochastic rounding and the random Hadamard draw fresh bits "
+                 "each step from a host seed, which a replayed step graph would repeat (use rounding=rne and "
+                 "transform none, h16 or h32, or train.cuda_graph = false)",
+                 name, recipe_name(*recipe));
+  FP4MOE_CHECK(!moe || r.routed_experts.wgrad != GemmPrecision::mxfp4,
+               "train.cuda_graph = true with recipe.routed_experts = '{}': paper 2's MXFP4 Wgrad of the routed experts "
+               "converts each expert's operands from the host's counts, which the step graph does not read (use "
+               "wgrad=fp8 or wgrad=bf16 there, or train.cuda_graph = false)",
+               recipe_name(r.routed_experts));
+  FP4MOE_CHECK(cfg.model.attention_backend == AttentionBackend::own,
+               "train.cuda_graph = true needs model.attention_backend = own, got {}: cuDNN's fused attention is not "
+               "captured in the step graph",
+               attention_backend_name(cfg.model.attention_backend));
+}
+
 }  // namespace
 
 void validate_config(const TrainerConfig& cfg) {
@@ -515,6 +546,7 @@ void validate_config(const TrainerConfig& cfg) {
   FP4MOE_CHECK(!seen.count("full") || seen.size() == 1,
                "recompute.modules: 'full' recomputes the whole layer and cannot be combined with {}",
                fmt::join(cfg.recompute.modules, ", "));
+  if (t.cuda_graph) check_cuda_graph(cfg);
   validate_parallel(cfg);
 }
 

@@ -16,10 +16,11 @@
 // after a '#' outside a string (a '#' inside "a#b" is part of the string), a UTF-8 byte order mark, basic and
 // literal strings with escapes ("a\tb", 'C:\path'), multi-line strings, arrays over several lines with comments
 // and a trailing comma, `section.key = v` dotted keys and inline tables. Each option takes one TOML type: an
-// integer (64 = ok, 64.0 is not) for the sizes, steps and seed; a boolean (true, false; on the command line also
-// 1, 0, yes, no) for parallel.zero1 and model.attention_deterministic; a float or an integer (3e-4, 1, inf and nan
-// parse, validation rejects the last two) for the rates and coefficients; a string for names, paths, recipes,
-// router, policy, the attention backend and train.moments; an array of strings for recompute.modules (`[]`: none).
+// integer (64 = ok, 64.0 is not) for the sizes, steps and seed; a boolean (true or false, in the file and on the
+// command line) for parallel.zero1, model.attention_deterministic and train.cuda_graph; a float or an integer (3e-4,
+// 1, inf and nan parse, validation rejects the last two) for the rates and coefficients; a string for names, paths,
+// recipes, router, policy, the attention backend and train.moments; an array of strings for recompute.modules (`[]`:
+// none).
 //
 // Loading rejects (fp4moe::Error, one line naming the file, with the line and column): a file that is not TOML
 // (an unterminated string, a key or section given twice, ...), a key no option has, a value of the wrong type;
@@ -128,6 +129,12 @@ struct TrainingConfig {
   NonFinitePolicy non_finite = NonFinitePolicy::skip;
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: none)
   std::string checkpoint_dir;        // where checkpoints go (needed when checkpoint_interval > 0)
+  // Every step's forwards and backwards replayed from one CUDA graph (trainer/train/step_graph.h): the model runs
+  // without host synchronisation (Model::set_host_sync_free), the first step eagerly, the second captured. Not with
+  // what draws per-step host values into its launches or is not captured yet (validate_config and check_trainable
+  // say which: stochastic rounding and the random Hadamard, the cuDNN attention backend, emulated layouts, ranks,
+  // --profile). Not part of the model's identity: a checkpoint resumes with it on or off.
+  bool cuda_graph = false;
 
   // seq_len x micro_batch x grad_accum (validate_config checks that it fits in int64_t).
   int64_t tokens_per_step() const { return seq_len * micro_batch * grad_accum; }

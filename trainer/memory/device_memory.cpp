@@ -61,6 +61,7 @@ void DeviceMemory::release(void* p) {
   current_[static_cast<int>(it->second.category)] -= it->second.bytes;
   current_total_ -= it->second.bytes;
   blocks_.erase(it);
+  ++releases_;
 }
 
 void DeviceMemory::reset_peaks() {

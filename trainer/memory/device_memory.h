@@ -73,6 +73,9 @@ class DeviceMemory {
   size_t peak_total() const { return peak_total_; }
   size_t budget() const { return budget_; }
   void reset_peaks();  // peaks := current values
+  // Buffers freed so far (release of a non-null pointer): a CUDA graph that captured device addresses stays valid
+  // while this count does not change (trainer/train/step_graph.h).
+  uint64_t releases() const { return releases_; }
   // One line per category: current and peak in GiB, then the totals and the budget.
   std::string report() const;
 
@@ -88,6 +91,7 @@ class DeviceMemory {
   size_t budget_;
   std::array<size_t, kMemCategories> current_{}, peak_{};
   size_t current_total_ = 0, peak_total_ = 0;
+  uint64_t releases_ = 0;
   std::unordered_map<void*, Block> blocks_;
   ActivationSlots slots_;
 };

@@ -280,6 +280,11 @@ MemoryEstimate estimate_memory_stage(const TrainerConfig& cfg, const ParallelLay
       merge(e.terms, std::move(t));
     }
     e.layer_activation_bytes.push_back(kept);
+    if (cfg.train.cuda_graph && cfg.is_moe_layer(l) && cfg.moe.router == RouterStyle::v3_sigmoid)
+      // the v3 router's expert loads counted on the device (moe_router.h), by the first backward without host
+      // synchronisation
+      merge(e.terms, MemoryTerm{MemCategory::workspace, "moe.router", "step tally (train.cuda_graph)",
+                                4 * cfg.moe.routed_experts, 1, true, true, true});
     layers_scratch += static_cast<int64_t>(DecoderLayer::scratch(cfg, l, shape).high_water());
   }
   // cub's sort storage of the embedding backward: only a device can tell it (not counted).

@@ -118,6 +118,9 @@ std::vector<MemoryTerm> model_terms(const TrainerConfig& cfg, const ParallelLayo
   trainer.add("batch targets", 4 * N);
   trainer.add("gradient norm partial sums", 8 * kGradNormSlots);
   trainer.add("gradient norm and clip scale", 8);
+  if (cfg.train.cuda_graph) {  // trainer/train/step_graph.h
+    trainer.add("step losses", 4 * cfg.train.grad_accum);
+  }
   return out;
 }
 

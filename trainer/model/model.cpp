@@ -227,18 +227,7 @@ struct Model::Impl {
     CUDA_CHECK(cudaMemcpyAsync(host_tokens.data(), tokens, M * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaMemcpyAsync(host_targets.data(), targets, M * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    int64_t valid = 0;
-    for (int64_t m = 0; m < M; ++m) {
-      FP4MOE_CHECK(host_tokens[m] >= 0 && host_tokens[m] < V,
-                   "Model: token id {} at position {} (row {}, t={}) is outside [0, vocab_size = {})", host_tokens[m],
-                   m, m / T, m % T, V);
-      const int32_t t = host_targets[m];
-      FP4MOE_CHECK(t == kIgnoreIndex || (t >= 0 && t < V),
-                   "Model: target {} at position {} (row {}, t={}) is neither in [0, vocab_size = {}) nor {} (ignored)",
-                   t, m, m / T, m % T, V, kIgnoreIndex);
-      valid += t != kIgnoreIndex;
-    }
-    return valid;
+    return check_batch_ids(host_tokens, host_targets, V, T, "Model");
   }
 
   // Every layer call starts from an empty scratch (each layer's scopes give back all they take).
@@ -528,6 +517,25 @@ size_t Model::head_activation_bytes() const {
 }
 
 const PipelineStage& Model::stage() const { return impl_->stage; }
+
+int64_t check_batch_ids(std::span<const int32_t> tokens, std::span<const int32_t> targets, int64_t vocab, int64_t T,
+                        const char* who) {
+  FP4MOE_CHECK(T >= 1 && tokens.size() == targets.size(), "{}: {} tokens and {} targets in rows of T = {}, expected "
+               "as many of each and T >= 1", who, tokens.size(), targets.size(), T);
+  int64_t valid = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto m = static_cast<int64_t>(i);
+    FP4MOE_CHECK(tokens[i] >= 0 && tokens[i] < vocab,
+                 "{}: token id {} at position {} (row {}, t={}) is outside [0, vocab_size = {})", who, tokens[i], m,
+                 m / T, m % T, vocab);
+    const int32_t t = targets[i];
+    FP4MOE_CHECK(t == kIgnoreIndex || (t >= 0 && t < vocab),
+                 "{}: target {} at position {} (row {}, t={}) is neither in [0, vocab_size = {}) nor {} (ignored)", who,
+                 t, m, m / T, m % T, vocab, kIgnoreIndex);
+    valid += t != kIgnoreIndex;
+  }
+  return valid;
+}
 
 bool emulates_layout(const TrainerConfig& cfg) { return cfg.parallel.gpus() > 1 || cfg.parallel.ep > 1; }
 

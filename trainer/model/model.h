@@ -69,6 +69,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,13 @@ struct StepStats {
   float aux_loss = 0.0f;  // v2 router balance loss summed over MoE layers (0 for v3), already in the gradient
   int64_t tokens = 0;     // valid targets
 };
+
+// Host tokens and targets [M] of a batch of rows of T tokens (T >= 1): rejects (fp4moe::Error, naming `who`, the
+// position, its row and t) a token outside [0, vocab) or a target neither in [0, vocab) nor kIgnoreIndex; returns
+// the valid targets. What Model::forward and forward_in_slot check on the host before a pass with host
+// synchronisation, and what a caller of the mode without it checks before it uploads (trainer/train/step_graph.h).
+int64_t check_batch_ids(std::span<const int32_t> tokens, std::span<const int32_t> targets, int64_t vocab, int64_t T,
+                        const char* who);
 
 // Whether cfg's [parallel] section describes one GPU of a larger layout, which the model emulates: tp x pp x dp > 1
 // or ep > 1 (a section of one GPU, micro-batches or ZeRO-1 alone, builds the whole model).

@@ -48,6 +48,7 @@ Attributes train_settings(const TrainerConfig& cfg) {
   add("train.non_finite", std::string(t.non_finite == NonFinitePolicy::stop ? "stop" : "skip"));
   add("train.checkpoint_interval", t.checkpoint_interval);
   add("train.checkpoint_dir", t.checkpoint_dir);
+  add("train.cuda_graph", std::string(t.cuda_graph ? "true" : "false"));
   add("train.tokens_per_step", t.tokens_per_step());
   add("recompute.modules", cfg.recompute.modules.empty() ? std::string("none")
                                                          : fmt::format("{}", fmt::join(cfg.recompute.modules, " ")));

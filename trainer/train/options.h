@@ -61,6 +61,10 @@ struct TrainerOptions {
   // Not set by the command line; needs no signal handlers.
   int64_t inject_stop_step = 0;
   int inject_stop_rank = 0;
+  // Test hook: false runs every step of train.cuda_graph eagerly in the same mode without host synchronisation (the
+  // reference whose losses and weights the replayed graph must give bit for bit; trainer/train/step_graph.h). Not
+  // set by the command line.
+  bool capture_step_graph = true;
 };
 
 }  // namespace fp4moe

@@ -36,6 +36,15 @@ void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options) {
   if (!cfg.train.checkpoint_dir.empty() || !options.resume_path.empty())  // a ZeRO-1 shard: no whole-tensor checkpoint
     require_whole_optimizer_state(layout_of(cfg).zero1_parts(),
                                   !options.resume_path.empty() ? "--resume" : "train.checkpoint_dir");
+  if (cfg.train.cuda_graph) {  // trainer/train/step_graph.h
+    FP4MOE_CHECK(!options.ranks && !options.transport, "train.cuda_graph = true is not supported over ranks: the "
+                 "expert-parallel exchanges size their buffers on the host every step (set train.cuda_graph = false)");
+    FP4MOE_CHECK(!emulates_layout(cfg), "train.cuda_graph = true is not supported with an emulated [parallel] layout "
+                 "(tp {} pp {} dp {} ep {}): its passes are not captured (set train.cuda_graph = false)",
+                 cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.ep);
+    FP4MOE_CHECK(!options.profile, "train.cuda_graph = true with --profile: the step profile times each module's "
+                 "kernels in an eager step, which a replayed graph does not run one by one (drop one of the two)");
+  }
   if (!emulates_layout(cfg)) return;
   const ParallelConfig& p = cfg.parallel;
   const std::string layout = fmt::format("the emulated layout (tp {} pp {} dp {} ep {})", p.tp, p.pp, p.dp, p.ep);
@@ -69,6 +78,7 @@ double training_flops_per_token(const TrainerConfig& cfg) {
 
 Trainer::State::~State() {
   if (stream) cudaStreamSynchronize(stream);  // no throw from a destructor
+  graph.reset();  // its graph and losses, before the model
   model.reset();
   profiler.reset();  // its events, before the stream
   tokens.reset();
@@ -148,8 +158,10 @@ void Trainer::State::setup() {
   }
   CUDA_CHECK(cudaStreamCreate(&stream));
   CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), static_cast<size_t>(2 * B * T) * sizeof(int32_t),
-                           cudaHostAllocDefault));
+  // [2][B*T]: one micro-batch's tokens and targets; train.cuda_graph: [grad_accum][2][B*T], the step's (StepGraph)
+  const int64_t staged = t.cuda_graph ? t.grad_accum : 1;
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned),
+                           static_cast<size_t>(2 * B * T * staged) * sizeof(int32_t), cudaHostAllocDefault));
   mem = std::make_unique<DeviceMemory>(opts.memory_budget_bytes);
   model = std::make_unique<Model>(cfg, *mem, stream, transport);
   const PipelinePosition& at = model->position();
@@ -161,6 +173,10 @@ void Trainer::State::setup() {
   tokens = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch tokens [B*T]");
   targets = DeviceArray<int32_t>(*mem, B * T, MemCategory::workspace, "batch targets [B*T]");
   grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport);
+  if (t.cuda_graph) {
+    model->set_host_sync_free(true);
+    graph = std::make_unique<StepGraph>(*model, *mem, stream, t.grad_accum, opts.capture_step_graph);
+  }
   model->set_exchange_timing(transport != nullptr);  // the step's all-to-all time (trainer_step.cpp)
   if (transport) rank_value = DeviceArray<float>(*mem, 3, MemCategory::workspace, "values summed over the ranks");
   if (opts.profile) {
@@ -196,12 +212,27 @@ void Trainer::State::setup() {
   progress = std::make_unique<ProgressPrinter>(opts.log, terminal, opts.log_interval);
 }
 
-void Trainer::State::upload(TokenBatches& source) {
+void Trainer::State::draw(TokenBatches& source) {
   for (int r = 0; r < world; ++r) {  // the group's next W batches; this rank's is the rank-th
     if (r != rank) source.next(other_rows);
     else source.next(rows);
   }
+}
+
+void Trainer::State::upload(TokenBatches& source) {
+  draw(source);
   upload_rows(B);
+}
+
+void Trainer::State::stage_step_batches() {
+  CUDA_CHECK(cudaEventSynchronize(uploaded));  // the previous copies out of `pinned` have finished
+  const size_t n = static_cast<size_t>(B * T);
+  for (int64_t i = 0; i < cfg.train.grad_accum; ++i) {
+    draw(*train);
+    const std::span<int32_t> tok(pinned + 2 * i * n, n), tgt(pinned + (2 * i + 1) * n, n);
+    split_rows(std::span<const int32_t>(rows).first(static_cast<size_t>(B * (T + 1))), B, T, tok, tgt);
+    check_batch_ids(tok, tgt, cfg.model.vocab_size, T, "training batch");
+  }
 }
 
 void Trainer::State::sum_over_ranks(std::span<double> values) {
@@ -296,6 +327,14 @@ TrainResult Trainer::run() {
       s.opts.synthetic_data ? std::string("synthetic tokens") : fmt::format("shards of {}", t.data_dir),
       s.opts.out_path.empty() ? std::string() : fmt::format(", results in {}", s.opts.out_path)));
   if (s.cfg.model.attention_backend != AttentionBackend::own) s.progress->message(s.model->attention_backend_note());
+  const Recipe& routed = s.cfg.recipe.routed_experts;
+  if (s.graph && s.cfg.model.n_dense_layers < s.cfg.model.layers &&
+      (routed.fprop == GemmPrecision::bf16 || routed.dgrad == GemmPrecision::bf16 || routed.wgrad == GemmPrecision::bf16))
+    s.progress->message(fmt::format(
+        "train.cuda_graph: the routed experts' GEMMs read the expert counts on the device; their BF16 ones (recipe "
+        "{}) run on CUDA cores there (kernels/gemm/grouped_gemm_simt.h), slower than the cuBLASLt calls of a step "
+        "without the graph beyond small shapes (scripts/graph_step_time.sh measures both)",
+        recipe_name(routed)));
   if (s.transport) {
     const int64_t E = s.cfg.moe.routed_experts;
     s.progress->message(fmt::format("rank {} of {}: expert parallel ({} of {} routed experts per MoE layer on each "
@@ -357,6 +396,10 @@ TrainResult Trainer::run() {
   if (s.result.skipped > 0) summary += fmt::format(", {} steps skipped", s.result.skipped);
   if (!s.opts.out_path.empty()) summary += fmt::format("; results in {}", s.opts.out_path);
   if (!s.result.last_checkpoint.empty()) summary += fmt::format("; last checkpoint {}", s.result.last_checkpoint);
+  if (s.graph) {
+    s.result.graph_captures = s.graph->captures();
+    s.result.graph_replays = s.graph->replays();
+  }
   if (s.profile) {
     s.result.profile = s.profile->rows();
     s.progress->message(StepProfile::format(s.profile->run_rows()));

@@ -27,6 +27,11 @@
 // replaces the periodic one of the last step), a checkpoint when checkpoint_dir is set and the last step had none,
 // the metrics file.
 //
+// train.cuda_graph (trainer/train/step_graph.h): part 1 of a step first draws all its micro-batches into the pinned
+// staging (their tokens and targets checked on the host: check_batch_ids, model.h), then the StepGraph queues the
+// passes (eagerly, captured or replayed) and the host waits for them and reads the losses; parts 2 to 4 as above.
+// check_trainable refuses it over ranks, with an emulated layout and with options.profile.
+//
 // Evaluation, forward only: the validation batches (val shards in file order, or the synthetic validation stream)
 // are reset, so every periodic evaluation of every run (any seed, any recipe) sees the same first eval_steps
 // batches of B rows. The final evaluation sees every window of the val shards once, in file order (B at a time, the
@@ -87,10 +92,10 @@ class Model;
 // Rejects (fp4moe::Error, one line naming the option), before anything is allocated, what training cfg with
 // `options` cannot do: check_emulated_layout's (model.h: parallel.tp > 1); over options.ranks, check_ranks_config's
 // (model.h: a [parallel] layout, routed experts that do not split over the ranks); options.ranks with
-// options.transport; with pp > 1 or
-// ep > 1 (the GPU holds a stage or an expert share, not the whole model) checkpoints (train.checkpoint_dir set) and
-// options.resume_path; train.eval_interval > 0 on a stage without the LM head (no loss to evaluate); periodic
-// evaluations of the whole validation split (train.eval_steps = 0) on synthetic data, which has none. ZeRO-1's own
+// options.transport; with pp > 1 or ep > 1 (the GPU holds a stage or an expert share, not the whole model)
+// checkpoints (train.checkpoint_dir set) and options.resume_path; train.eval_interval > 0 on a stage without the LM
+// head (no loss to evaluate); periodic evaluations of the whole validation split (train.eval_steps = 0) on synthetic
+// data, which has none; train.cuda_graph over ranks, with an emulated layout or with options.profile. ZeRO-1's own
 // rule on checkpoints is require_whole_optimizer_state's. Validates cfg first (validate_config).
 void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options);
 
@@ -106,6 +111,8 @@ struct TrainResult {
   int stop_signal = 0;          // the SIGINT/SIGTERM that ended the run early; 0 when it reached train.steps
   std::string last_checkpoint;  // the last checkpoint written, "" when none
   std::vector<ProfileRow> profile;  // with options.profile: the step profile's rows (StepProfile::rows); else empty
+  int64_t graph_captures = 0;   // train.cuda_graph: the steps captured in a CUDA graph (StepGraph::captures)
+  int64_t graph_replays = 0;    // train.cuda_graph: the steps that replayed a captured graph (StepGraph::replays)
 };
 
 class Trainer {

@@ -20,6 +20,7 @@
 #include "trainer/train/optimizer_step.h"
 #include "trainer/train/pipeline_schedule.h"
 #include "trainer/train/progress.h"
+#include "trainer/train/step_graph.h"
 #include "trainer/train/step_profile.h"
 #include "trainer/train/trainer.h"
 
@@ -37,7 +38,8 @@ struct Trainer::State {
 
   cudaStream_t stream = nullptr;
   cudaEvent_t uploaded = nullptr;  // recorded after the copies out of `pinned`
-  int32_t* pinned = nullptr;       // host, page-locked [2 * B * T]: tokens, then targets
+  int32_t* pinned = nullptr;       // host, page-locked [2 * B * T]: tokens, then targets; train.cuda_graph:
+                                   // [grad_accum][2][B * T], the step's micro-batches (StepGraph::Batch)
   int rank = 0, world = 1;         // this rank of the expert- and data-parallel group (one GPU: 0 of 1)
   std::vector<int32_t> rows;       // host [B, T+1], the batch as the source gives it
   std::vector<int32_t> other_rows; // host [B, T+1], the other ranks' batches (read past, rank-strided)
@@ -49,6 +51,7 @@ struct Trainer::State {
   std::vector<PipelineStep> schedule;  // one step's passes: 1F1B of the model's stage over train.grad_accum
   DeviceArray<int32_t> tokens, targets;  // device [B * T]
   std::unique_ptr<GradNorm> grad_norm;   // the step's global gradient norm and clip scale (over the group)
+  std::unique_ptr<StepGraph> graph;      // train.cuda_graph: the step's passes (step_graph.h); else null
   DeviceArray<float> rank_value;         // device [3]: values summed over the ranks (sum_over_ranks)
 
   std::unique_ptr<TokenBatches> train, val;  // val: null when eval_interval = 0
@@ -70,6 +73,10 @@ struct Trainer::State {
   // The next batch of `source` -> tokens, targets (on `stream`); over W ranks the next W batches are read and this
   // rank's (the rank-th) is kept, so every rank's source stays at the same position.
   void upload(TokenBatches& source);
+  void draw(TokenBatches& source);    // upload's batches -> rows (this rank's), without the copy
+  // train.cuda_graph: the step's grad_accum batches of `train` -> pinned ([grad_accum][2][B*T]), checked on the
+  // host (check_batch_ids), after the previous copies out of it have finished.
+  void stage_step_batches();
   // values (at most 3) summed in place over the group's ranks: one FP32 all-reduce, each value rounded to FP32
   // first; unchanged on one GPU.
   void sum_over_ranks(std::span<double> values);

@@ -28,22 +28,34 @@ StepRecord Trainer::State::train_step() {
   model->take_exchange_totals();  // the evaluations' exchanges since the last step are not this step's
   if (profiler) profiler->begin_step();  // --profile: the step's first event (trainer/model/profile.h)
   const ModelContext& ctx = model->context();
-  {
-    ProfileScope profile_scope(ctx, ProfileModule::optimizer, ProfilePass::update);
-    store.zero_grads(stream);
-  }
   model->begin_step(static_cast<uint64_t>(s));  // the step's MXFP4 quantizer seed
   const float grad_scale = 1.0f / static_cast<float>(t.grad_accum);
   double loss_sum = 0;   // summed in micro-batch order: the backwards run in that order
   bool has_loss = true;  // false on an emulated pipeline stage without the LM head: loss NaN, not a divergence
-  for (const PipelineStep& op : schedule) {
-    if (op.pass == PipelinePass::forward) {
-      upload(*train);  // micro-batch op.micro_batch: the batches are drawn in forward order
-      model->forward_in_slot(op.slot, tokens.data(), targets.data(), B);
-    } else {
-      const StepStats stats = model->backward_in_slot(op.slot, grad_scale);
-      loss_sum += stats.loss;
-      has_loss = stats.has_loss;
+  if (graph) {           // train.cuda_graph: the gradients zeroed and every pass in the graph (step_graph.h)
+    stage_step_batches();
+    const StepGraph::Pass pass = graph->run({pinned, tokens.data(), targets.data(), B, T}, grad_scale, s);
+    CUDA_CHECK(cudaEventRecord(uploaded, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    loss_sum = graph->loss_sum();
+    if (pass == StepGraph::Pass::captured)
+      progress->message(fmt::format("step {}: its forwards and backwards captured in a CUDA graph (train.cuda_graph){}",
+                                    s, graph->captures() > 1 ? ", again: a buffer was freed since the last capture"
+                                                             : "; the next steps replay it"));
+  } else {
+    {
+      ProfileScope profile_scope(ctx, ProfileModule::optimizer, ProfilePass::update);
+      store.zero_grads(stream);
+    }
+    for (const PipelineStep& op : schedule) {
+      if (op.pass == PipelinePass::forward) {
+        upload(*train);  // micro-batch op.micro_batch: the batches are drawn in forward order
+        model->forward_in_slot(op.slot, tokens.data(), targets.data(), B);
+      } else {
+        const StepStats stats = model->backward_in_slot(op.slot, grad_scale);
+        loss_sum += stats.loss;
+        has_loss = stats.has_loss;
+      }
     }
   }
   double loss = loss_sum / static_cast<double>(t.grad_accum);
