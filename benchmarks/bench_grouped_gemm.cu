@@ -17,7 +17,9 @@
 // recipe mxfp4 (the MXFP4 -> FP8 conversions included) and mxfp4_gemm (the cuBLASLt step alone, on operands
 // converted before timing); FLOPs count the GEMM only.
 // Hopper grouped FP8 Wgrad (kernels/gemm/grouped_wgrad_sm90.h, recipe fp8_sm90, op wgrad): GroupedGemm::wgrad_fp8
-// with Sm90Path::always, one launch from the device offsets, FP32 accumulated output, beside the wgrad fp8 rows.
+// with Sm90Path::always, one launch from the device offsets, FP32 accumulated output, beside the wgrad fp8 rows;
+// its variants beside them (Sm90WgradConfig): @serial (each block's WGMMAs waited for before the promotion) and
+// @rmw (the accumulation read, added and written back by the thread instead of reductions at the L2).
 // Hopper grouped FP8 kernel (kernels/gemm/grouped_gemm_sm90.h, recipe fp8_sm90), Fprop and Dgrad: one launch per
 // call from the device offsets (no host copy), beside the cuBLASLt path (recipe fp8) on the same shapes and splits;
 // its tile width chosen automatically (tuning none) and forced to 128 and 256 columns (tunings n128, n256), and its
@@ -138,8 +140,14 @@ struct Case {
   bool even = false;  // G groups of exactly kTokens / G tokens (else ragged +-25 %)
   GroupedGemmTuning tuning{};
   Sm90GemmConfig sm90{};  // fp8_sm90: the kernel's variant (default: automatic width, coalesced epilogue)
+  Sm90WgradConfig wgrad_sm90{};  // fp8_sm90 wgrad: the Wgrad kernel's variant (default: overlapped promotion)
   std::string tuning_label() const {
     if (recipe != "fp8_sm90") return label_of(tuning);
+    if (op == "wgrad") {  // serial: promotion after waiting for the block's WGMMAs; rmw: accumulation read-add-write
+      std::string label = wgrad_sm90.overlap_promotion ? "" : "serial";
+      if (!wgrad_sm90.reduce_accumulate) label += label.empty() ? "rmw" : "_rmw";
+      return label.empty() ? std::string("none") : label;
+    }
     // nW: width forced to W columns; o: overlapped promotion; d (direct alone): the direct epilogue
     std::string label = sm90.block_n != 0 ? fmt::format("n{}", sm90.block_n) : std::string();
     if (sm90.overlap_promotion) label += "o";
@@ -269,7 +277,12 @@ std::unique_ptr<Workload> build(const Case& c) {
       gemm.set_tuning({1, Sm90Path::always});
       FP4MOE_CHECK(grouped_wgrad_sm90_unsupported(N, K, G, kColAlign).empty(), "wgrad fp8_sm90: {}",
                    grouped_wgrad_sm90_unsupported(N, K, G, kColAlign));
-      w->launch = [=, &gemm] { gemm.wgrad_fp8(dy, x, N, K, split, dw, nullptr); };
+      if (c.wgrad_sm90.overlap_promotion && c.wgrad_sm90.reduce_accumulate) {
+        w->launch = [=, &gemm] { gemm.wgrad_fp8(dy, x, N, K, split, dw, nullptr); };
+      } else {  // a variant, called directly (GroupedGemm runs the default)
+        const Sm90WgradConfig wc = c.wgrad_sm90;
+        w->launch = [=] { grouped_wgrad_fp8_sm90(dy, x, M, N, K, offsets, G, dw, nullptr, kColAlign, wc); };
+      }
     } else if (c.op == "fprop") {
       Fp8RowOperand x{p.codes(M * K, 4), p.scales(fp8_row_scale_count(M, K), 5)};
       Fp8BlockStack wt{p.codes(G * N * K, 6), p.scales(G * fp8_block_scale_count(N, K), 7)};
@@ -362,6 +375,12 @@ void define_cases() {
   // The Hopper grouped Wgrad (grouped_wgrad_sm90.h, through GroupedGemm with Sm90Path::always) beside the fp8
   // (cuBLASLt) wgrad rows of the same shapes and splits; FP32 accumulated output as those.
   for (Shape s : shapes) add_splits(Case{"wgrad", "fp8_sm90", {}}, s, true);
+  for (const Sm90WgradConfig variant : {Sm90WgradConfig{false, true}, Sm90WgradConfig{true, false}})
+    for (Shape s : shapes) {  // its variants: serial promotion; accumulation by reading, adding and writing
+      Case proto{"wgrad", "fp8_sm90", {}};
+      proto.wgrad_sm90 = variant;
+      add_splits(proto, s, true);
+    }
   // MXFP4 Fprop through the Hopper kernel: the operand read directly, and converted first.
   for (const char* recipe : {"mxfp4_sm90", "mxfp4_cvt_sm90"})
     for (Shape s : shapes)

@@ -397,10 +397,7 @@ void validate_parallel(const TrainerConfig& cfg) {
                cfg.train.grad_accum, p.micro_batches, p.gpus());
 }
 
-// train.cuda_graph = true (trainer/train/step_graph.h): what a replayed step graph would run wrongly or cannot hold.
-// Stochastic rounding and the random Hadamard take each step's seed as a launch argument from the host, which a
-// replay would repeat; the routed experts' MXFP4 Wgrad needs the host copy of the counts; cuDNN's fused attention is
-// not captured.
+// train.cuda_graph = true: validate_config's refusals of TrainingConfig::cuda_graph (config.h).
 void check_cuda_graph(const TrainerConfig& cfg) {
   const RecipeConfig& r = cfg.recipe;
   const bool moe = cfg.model.n_dense_layers < cfg.model.layers;
@@ -420,6 +417,10 @@ void check_cuda_graph(const TrainerConfig& cfg) {
                "converts each expert's operands from the host's counts, which the step graph does not read (use "
                "wgrad=fp8 or wgrad=bf16 there, or train.cuda_graph = false)",
                recipe_name(r.routed_experts));
+  FP4MOE_CHECK(!moe || cfg.moe.router != RouterStyle::v3_sigmoid || cfg.train.tokens_per_step() < (int64_t{1} << 31),
+               "train.cuda_graph = true with {} tokens per step: the v3 router's expert loads are counted on the "
+               "device in int32 (at most 2^31 - 1 tokens per step)",
+               cfg.train.tokens_per_step());
   FP4MOE_CHECK(cfg.model.attention_backend == AttentionBackend::own,
                "train.cuda_graph = true needs model.attention_backend = own, got {}: cuDNN's fused attention is not "
                "captured in the step graph",

@@ -129,11 +129,14 @@ struct TrainingConfig {
   NonFinitePolicy non_finite = NonFinitePolicy::skip;
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: none)
   std::string checkpoint_dir;        // where checkpoints go (needed when checkpoint_interval > 0)
-  // Every step's forwards and backwards replayed from one CUDA graph (trainer/train/step_graph.h): the model runs
-  // without host synchronisation (Model::set_host_sync_free), the first step eagerly, the second captured. Not with
-  // what draws per-step host values into its launches or is not captured yet (validate_config and check_trainable
-  // say which: stochastic rounding and the random Hadamard, the cuDNN attention backend, emulated layouts, ranks,
-  // --profile). Not part of the model's identity: a checkpoint resumes with it on or off.
+  // The steps' forwards and backwards replayed from one CUDA graph (trainer/train/step_graph.h): the model runs
+  // without host synchronisation (Model::set_host_sync_free), the first step eagerly, the second captured. Refused,
+  // one line each, where a replay would not give the eager step's result or the passes are not captured:
+  // validate_config: stochastic rounding and the random Hadamard in a layer class the model has (their per-step
+  // seed is a launch argument), the routed experts' MXFP4 Wgrad (converted per expert from the host's counts),
+  // model.attention_backend cudnn or auto (cuDNN's fused attention is not captured), a v3 router with 2^31 or more
+  // tokens per step (its device tally is int32); check_trainable: ranks, an emulated [parallel] layout, --profile.
+  // Not part of the model's identity: a checkpoint resumes with it on or off.
   bool cuda_graph = false;
 
   // seq_len x micro_batch x grad_accum (validate_config checks that it fits in int64_t).

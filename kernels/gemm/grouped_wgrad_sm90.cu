@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "kernels/common/check.h"
 #include "kernels/gemm/grouped_gemm_sm90.h"
@@ -39,7 +40,10 @@ constexpr int kStages = 6;
 // i's empty barrier having handed over every stage up to i - 1 - kLookahead, and stage i is free once the
 // consumers are done with i - kStages: handed over already when kLookahead <= kStages - 1 (no wait on itself).
 constexpr int kLookahead = 3;
-static_assert(kLookahead >= 0 && kLookahead <= kStages - 1, "the producer never waits for a stage it still holds");
+// The overlapped consumers hold two stages (the block being promoted and the one whose WGMMAs run): the producer,
+// waiting for stage i's release, has handed over every stage up to i - 1 - kLookahead, and the consumers release
+// stage i - kStages once stage i - kStages + 2 has arrived.
+static_assert(kLookahead >= 0 && kLookahead + 2 <= kStages, "the producer never waits for a stage it still holds");
 constexpr uint32_t kOpBytes = kTile * kTile;  // 16 KiB: 128 rows of 128 bytes
 constexpr uint32_t kScaleBytes = kTile * sizeof(float);
 constexpr uint32_t kOffA = 0;
@@ -53,7 +57,7 @@ static_assert(kOffB % 1024 == 0 && kOffSa % 1024 == 0 && kOpBytes % 1024 == 0, "
 static_assert(kOffSb % 16 == 0 && kOffBars % 8 == 0, "cp.async and mbarrier alignment");
 static_assert(smem_bytes(kMaxGroups) <= kSm90MaxSmemPerBlock, "the ring and the largest group table fit one block");
 
-enum class WgradOut { bf16, fp32, fp32_accumulate };
+enum class WgradOut { bf16, fp32, fp32_accumulate, fp32_reduce };  // fp32_reduce: accumulate by red
 
 struct WgradParams {
   const int32_t* offsets;  // device [G+1], raw
@@ -154,27 +158,37 @@ __device__ __forceinline__ void fence_fragment(float (&f)[64]) {
   for (int i = 0; i < 64; ++i) sm90::fence_operand(f[i]);
 }
 
-// One block in `stage`: partial = dY tile rows (this warpgroup's 64) x X tile^T over 128 tokens, four
-// m64n128k32 WGMMAs, waited for; then acc[n, k] += partial[n, k] * (dy_scale[n] * x_scale[k]). Fragment (sm90_ptx.cuh):
-// acc[4 j + e] is row row_in_tile + 8 (e / 2), column 8 j + 2 q + e % 2.
-__device__ __forceinline__ void mma_block(const uint8_t* smem, uint32_t stage, int wg, int row_in_tile, int q,
-                                          float (&acc)[64], float (&partial)[64]) {
-  const uint64_t desc_a = sm90::smem_desc_k_major_sw128(smem + kOffA + stage * kOpBytes + 64 * wg * kTile);
-  const uint64_t desc_b = sm90::smem_desc_k_major_sw128(smem + kOffB + stage * kOpBytes);
+// What a consumer thread works with: its warpgroup's rows of the tile and its lane's fragment coordinates
+// (sm90_ptx.cuh: acc[4 j + e] is row row_in_tile + 8 (e / 2), column 8 j + 2 q + e % 2).
+struct ConsumerCtx {
+  const uint8_t* smem;
+  uint64_t* full;
+  uint64_t* empty;
+  int wg, row_in_tile, q, lane;
+};
+
+// partial = dY tile rows (this warpgroup's 64) x X tile^T over the 128 tokens in `stage`: four m64n128k32 WGMMAs,
+// committed as one group (asynchronous: wait for the group before reading partial).
+__device__ __forceinline__ void issue_block(const ConsumerCtx& c, uint32_t stage, float (&partial)[64]) {
+  const uint64_t desc_a = sm90::smem_desc_k_major_sw128(c.smem + kOffA + stage * kOpBytes + 64 * c.wg * kTile);
+  const uint64_t desc_b = sm90::smem_desc_k_major_sw128(c.smem + kOffB + stage * kOpBytes);
   fence_fragment(partial);
   sm90::wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kTile / kWgmmaK; ++k)  // + 32 bytes along the tokens = + 2 in the descriptor's address field
     sm90::wgmma_m64n128k32_e4m3(partial, desc_a + 2 * k, desc_b + 2 * k, k > 0 ? 1u : 0u);
   sm90::wgmma_commit();
-  sm90::wgmma_wait<0>();
-  fence_fragment(partial);
-  const float* sa = reinterpret_cast<const float*>(smem + kOffSa + stage * kScaleBytes);
-  const float2* sb = reinterpret_cast<const float2*>(smem + kOffSb + stage * kScaleBytes);
-  const float s_lo = sa[row_in_tile], s_hi = sa[row_in_tile + 8];
+}
+
+// acc[n, k] += partial[n, k] * (dy_scale[n] * x_scale[k]) with the block's scales in `stage`.
+__device__ __forceinline__ void promote(const ConsumerCtx& c, uint32_t stage, float (&acc)[64],
+                                        const float (&partial)[64]) {
+  const float* sa = reinterpret_cast<const float*>(c.smem + kOffSa + stage * kScaleBytes);
+  const float2* sb = reinterpret_cast<const float2*>(c.smem + kOffSb + stage * kScaleBytes);
+  const float s_lo = sa[c.row_in_tile], s_hi = sa[c.row_in_tile + 8];
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const float2 s = sb[4 * j + q];
+    const float2 s = sb[4 * j + c.q];
     acc[4 * j] = __fmaf_rn(partial[4 * j], s_lo * s.x, acc[4 * j]);
     acc[4 * j + 1] = __fmaf_rn(partial[4 * j + 1], s_lo * s.y, acc[4 * j + 1]);
     acc[4 * j + 2] = __fmaf_rn(partial[4 * j + 2], s_hi * s.x, acc[4 * j + 2]);
@@ -182,7 +196,76 @@ __device__ __forceinline__ void mma_block(const uint8_t* smem, uint32_t stage, i
   }
 }
 
-// This thread's two rows of the tile into dW_g: pairs of columns, FP32 (written or added to) or BF16.
+// This warp is done with `stage` (its WGMMAs that read it complete, its scales read): one of the kConsumerWarps
+// arrivals that let the producer refill it.
+__device__ __forceinline__ void release_stage(const ConsumerCtx& c, uint32_t stage) {
+  __syncwarp();
+  if (c.lane == 0) sm90::mbar_arrive(&c.empty[stage]);
+}
+
+// Main loop, serial: per block, the WGMMAs, waited for, then the promotion.
+__device__ __forceinline__ void mainloop_serial(const ConsumerCtx& c, int32_t blocks, sm90::RingPos<kStages>& pos,
+                                                float (&acc)[64], float (&partial)[64]) {
+  for (int32_t b = 0; b < blocks; ++b) {
+    sm90::mbar_wait(&c.full[pos.stage], pos.phase);
+    issue_block(c, pos.stage, partial);
+    sm90::wgmma_wait<0>();
+    fence_fragment(partial);
+    promote(c, pos.stage, acc, partial);
+    release_stage(c, pos.stage);
+    pos.advance();
+  }
+}
+
+// One step of the overlapped main loop: the block in stage `held` has its WGMMAs (into `cur`) in flight; issue the
+// next block's into `next` from the stage at `pos`, wait until only those are pending, promote `cur` from `held`'s
+// scales while the next block runs on the tensor cores, release `held`.
+__device__ __forceinline__ void overlapped_step(const ConsumerCtx& c, sm90::RingPos<kStages>& pos, uint32_t& held,
+                                                float (&acc)[64], float (&cur)[64], float (&next)[64]) {
+  sm90::mbar_wait(&c.full[pos.stage], pos.phase);
+  issue_block(c, pos.stage, next);
+  sm90::wgmma_wait<1>();  // groups complete in order: the held block's is done, the next may run
+  fence_fragment(cur);
+  promote(c, held, acc, cur);
+  release_stage(c, held);
+  held = pos.stage;
+  pos.advance();
+}
+
+// The last block of a tile, in `cur`: wait for it, promote, release its stage.
+__device__ __forceinline__ void overlapped_finish(const ConsumerCtx& c, uint32_t held, float (&acc)[64],
+                                                  float (&cur)[64]) {
+  sm90::wgmma_wait<0>();
+  fence_fragment(cur);
+  promote(c, held, acc, cur);
+  release_stage(c, held);
+}
+
+// Main loop, overlapped: two partials used alternately over the blocks (block b in p0 for even b, in p1 for odd b:
+// two calls per turn keep every register index static), so that block b + 1's WGMMAs run while block b is promoted.
+// The same products, promotions and order as mainloop_serial: the same bits. blocks >= 1.
+__device__ __forceinline__ void mainloop_overlapped(const ConsumerCtx& c, int32_t blocks, sm90::RingPos<kStages>& pos,
+                                                    float (&acc)[64], float (&p0)[64], float (&p1)[64]) {
+  sm90::mbar_wait(&c.full[pos.stage], pos.phase);
+  issue_block(c, pos.stage, p0);
+  uint32_t held = pos.stage;
+  pos.advance();
+  for (int32_t b = 0;; b += 2) {
+    if (b + 1 == blocks) {
+      overlapped_finish(c, held, acc, p0);
+      break;
+    }
+    overlapped_step(c, pos, held, acc, p0, p1);
+    if (b + 2 == blocks) {
+      overlapped_finish(c, held, acc, p1);
+      break;
+    }
+    overlapped_step(c, pos, held, acc, p1, p0);
+  }
+}
+
+// This thread's two rows of the tile into dW_g: pairs of columns, FP32 (written, added to after reading the old
+// pair, or added to by reductions in global memory) or BF16.
 template <WgradOut kOut>
 __device__ __forceinline__ void store_tile(const WgradParams& p, const WgradTile& tile, int row_in_tile, int q,
                                            const float (&acc)[64]) {
@@ -198,6 +281,11 @@ __device__ __forceinline__ void store_tile(const WgradParams& p, const WgradTile
       float2* out_lo = reinterpret_cast<float2*>(static_cast<float*>(p.out) + lo + 8 * j);
       float2* out_hi = reinterpret_cast<float2*>(static_cast<float*>(p.out) + hi + 8 * j);
       float2 v_lo = make_float2(acc[4 * j], acc[4 * j + 1]), v_hi = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+      if constexpr (kOut == WgradOut::fp32_reduce) {  // the adds at the L2: no read of the old pairs here
+        sm90::red_add_global_v2(&out_lo->x, v_lo.x, v_lo.y);
+        sm90::red_add_global_v2(&out_hi->x, v_hi.x, v_hi.y);
+        continue;
+      }
       if constexpr (kOut == WgradOut::fp32_accumulate) {
         const float2 o_lo = *out_lo, o_hi = *out_hi;
         v_lo = make_float2(o_lo.x + v_lo.x, o_lo.y + v_lo.y);
@@ -209,7 +297,7 @@ __device__ __forceinline__ void store_tile(const WgradParams& p, const WgradTile
   }
 }
 
-template <WgradOut kOut>
+template <WgradOut kOut, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1) grouped_wgrad_sm90_kernel(const WgradParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023);
@@ -245,31 +333,32 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_wgrad_sm90_kernel(const W
 
   sm90::warpgroup_regs_inc<kConsumerRegs>();
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int row_in_tile = 64 * wg + 16 * warp + lane / 4, q = lane % 4;
-  float partial[64];
+  const ConsumerCtx c{smem, full, empty, wg, 64 * wg + 16 * warp + lane / 4, lane % 4, lane};
+  float partial[kOverlap ? 2 : 1][64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) partial[i] = 0.0f;
+  for (int b = 0; b < (kOverlap ? 2 : 1); ++b)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) partial[b][i] = 0.0f;
   sm90::RingPos<kStages> pos;
   for (int32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const WgradTile tile = wgrad_tile(t, p, s_o, s_p, s_q);
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    for (int32_t b = 0; b < tile.blocks; ++b) {
-      sm90::mbar_wait(&full[pos.stage], pos.phase);
-      mma_block(smem, pos.stage, wg, row_in_tile, q, acc, partial);
-      __syncwarp();  // the warp's WGMMAs and scale reads of the stage are done
-      if (lane == 0) sm90::mbar_arrive(&empty[pos.stage]);
-      pos.advance();
+    if (tile.blocks == 0) {
+      if (kOut == WgradOut::fp32_accumulate || kOut == WgradOut::fp32_reduce) continue;  // dW_g unchanged
+    } else if constexpr (kOverlap) {
+      mainloop_overlapped(c, tile.blocks, pos, acc, partial[0], partial[kOverlap ? 1 : 0]);
+    } else {
+      mainloop_serial(c, tile.blocks, pos, acc, partial[0]);
     }
-    if (kOut == WgradOut::fp32_accumulate && tile.blocks == 0) continue;  // an empty group leaves dW_g unchanged
-    store_tile<kOut>(p, tile, row_in_tile, q, acc);
+    store_tile<kOut>(p, tile, c.row_in_tile, c.q, acc);
   }
 }
 
-template <WgradOut kOut>
+template <WgradOut kOut, bool kOverlap>
 void launch(const WgradParams& p, cudaStream_t stream) {
-  const auto kernel = grouped_wgrad_sm90_kernel<kOut>;
+  const auto kernel = grouped_wgrad_sm90_kernel<kOut, kOverlap>;
   const size_t smem = smem_bytes(p.G);
   const int optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   FP4MOE_CHECK(smem <= static_cast<size_t>(optin),
@@ -302,7 +391,7 @@ std::string grouped_wgrad_sm90_unsupported(int64_t N, int64_t K, int64_t G, int6
 
 void grouped_wgrad_fp8_sm90(Fp8ColOperand dy, Fp8ColOperand x, int64_t M, int64_t N, int64_t K,
                             const int32_t* offsets, int64_t G, GemmOutput dw, cudaStream_t stream,
-                            int64_t token_pad) {
+                            int64_t token_pad, Sm90WgradConfig config) {
   const char* what = "grouped_wgrad_fp8_sm90";
   // Every argument check before the first CUDA call.
   const std::string shape = shape_problem(N, K, G, token_pad);
@@ -333,9 +422,15 @@ void grouped_wgrad_fp8_sm90(Fp8ColOperand dy, Fp8ColOperand x, int64_t M, int64_
                       x.codes,
                       x.scales,
                       dw.data};
-  if (dw.type == GemmOutType::bf16) launch<WgradOut::bf16>(p, stream);
-  else if (dw.accumulate) launch<WgradOut::fp32_accumulate>(p, stream);
-  else launch<WgradOut::fp32>(p, stream);
+  const auto run = [&](auto overlap) {
+    constexpr bool kOverlap = decltype(overlap)::value;
+    if (dw.type == GemmOutType::bf16) launch<WgradOut::bf16, kOverlap>(p, stream);
+    else if (dw.accumulate && config.reduce_accumulate) launch<WgradOut::fp32_reduce, kOverlap>(p, stream);
+    else if (dw.accumulate) launch<WgradOut::fp32_accumulate, kOverlap>(p, stream);
+    else launch<WgradOut::fp32, kOverlap>(p, stream);
+  };
+  if (config.overlap_promotion) run(std::true_type{});
+  else run(std::false_type{});
 }
 
 }  // namespace fp4moe

@@ -37,8 +37,9 @@
 //   (cp.async.wait_group) it orders its writes before the async proxy (fence.proxy.async) and arrives on that
 //   stage's full barrier (128 arrivals, no transaction bytes).
 // - Consumers: two warpgroups of 64 rows (n) each, m64n128k32 E4M3 WGMMAs per 32 tokens, promotion as above after
-//   each block, the stage released per warp; epilogue straight from the registers (row-major stores of the FP32
-//   pairs, or BF16 pairs rounded to nearest even; accumulation reads the old pair first).
+//   each block (overlapped with the next block's WGMMAs: Sm90WgradConfig), the stage released per warp; epilogue
+//   straight from the registers (row-major stores of the FP32 pairs, or BF16 pairs rounded to nearest even;
+//   accumulation reads the old pair first).
 // - Registers: setmaxnreg 56 for the producer, 224 for the consumers (sm90::setmaxnreg_fits).
 // Sources: PTX ISA 8.x (wgmma.mma_async and its shared-memory matrix descriptor with the 128-byte swizzle; cp.async
 // with src-size zero-fill; cp.async.wait_group; mbarrier; fence.proxy.async; setmaxnreg).
@@ -67,6 +68,19 @@ constexpr int64_t kWgradSm90MaxTokens = (int64_t{1} << 30);
 // Empty when the kernel takes an (N, K, G, token_pad) problem on the current device, else why not.
 std::string grouped_wgrad_sm90_unsupported(int64_t N, int64_t K, int64_t G, int64_t token_pad);
 
+// The kernel's variant. overlap_promotion (the default): two partial accumulators used alternately over a tile's
+// 128-token blocks, so that block b + 1's WGMMAs run while block b is promoted (64 accumulator and 2 x 64 partial
+// registers per consumer thread; the stage of the block being promoted is held until then); false: each block's
+// WGMMAs waited for before its promotion (kept for the benchmark's comparison). The same bits either way.
+// reduce_accumulate (the default), for an accumulated FP32 output: each pair added by a reduction in global memory
+// (red.global.add.v2.f32, sm90_ptx.cuh), performed at the L2 while the thread goes on to the next tile, instead of
+// read, added and written back by the thread; the same bits, but that the L2's add flushes subnormal inputs and
+// results to zero (a dW element below 2^-126 in magnitude). Each element is added to once per call: deterministic.
+struct Sm90WgradConfig {
+  bool overlap_promotion = true;
+  bool reduce_accumulate = true;
+};
+
 // dw [G, N, K] (+)= dY_g^T X_g per group. dy: column tensor over [M, N]; x: column tensor over [M, K]; offsets:
 // device int32 [G+1], made safe on the device (clamped to [0, M], non-decreasing) so that even a bad split reads
 // nothing outside the operands' capacities for M tokens (layouts.h) and writes nothing outside dw; a caller
@@ -74,6 +88,6 @@ std::string grouped_wgrad_sm90_unsupported(int64_t N, int64_t K, int64_t G, int6
 // it has none, and must pass a valid split.
 void grouped_wgrad_fp8_sm90(Fp8ColOperand dy, Fp8ColOperand x, int64_t M, int64_t N, int64_t K,
                             const int32_t* offsets, int64_t G, GemmOutput dw, cudaStream_t stream,
-                            int64_t token_pad = 16);
+                            int64_t token_pad = 16, Sm90WgradConfig config = {});
 
 }  // namespace fp4moe

@@ -99,6 +99,14 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
 
 // ---- global stores ------------------------------------------------------------------------------------------------
 
+// *p += (a, b) as one FP32 pair reduction in global memory (red.global.add.v2.f32, sm_90): performed at the L2,
+// fire and forget (the thread does not wait for it). Each add rounds to nearest even, and the L2's FP32 add flushes
+// subnormal inputs and results to sign-preserving zero (PTX ISA, red/atom .add.f32). p: 8-byte aligned, global.
+__device__ __forceinline__ void red_add_global_v2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(__cvta_generic_to_global(p)), "f"(a), "f"(b)
+               : "memory");
+}
+
 // 16 bytes to a 16-byte aligned global address as one vector store (the compiler may otherwise split a uint4 store).
 __device__ __forceinline__ void st_global_v4(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)), "r"(a), "r"(b),

@@ -9,7 +9,8 @@
 // afterwards every element must be finite, empty groups exactly zero (or their initial values when accumulating),
 // the others within the tolerance of the reference over the sampled rows n (relative L2 per group: 1e-2 for BF16,
 // 1e-3 for FP32, as the cuBLASLt tests) and of cuBLASLt's output over all elements. A second run gives the same
-// bits. Each case prints its errors against both, so that one run tells where a failure lies.
+// bits, and so do the variants (Sm90WgradConfig) that wait for each block's WGMMAs before promoting it and that
+// accumulate by reading, adding and writing back rather than by reductions in global memory. Each case prints its errors against both, so that one run tells where a failure lies.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -90,6 +91,18 @@ void check_wgrad_case(const WgradCase& c, uint64_t seed) {
     expect_wgrad_close(what, got, ref, acc ? &init : nullptr, N, K, offsets, rows, tol);
     if (run(what + " (again)", sm90, again)) {
       EXPECT_EQ(first_bit_difference(got, again), -1) << what << ": a second run gave other bits";
+    }
+    const auto serial = [&](GemmOutput dw) {
+      grouped_wgrad_fp8_sm90(dy_op, x_op, M, N, K, d_offsets->ptr, G, dw, nullptr, c.pad, Sm90WgradConfig{false});
+    };
+    if (run(what + " (serial promotion)", serial, again)) {
+      EXPECT_EQ(first_bit_difference(got, again), -1) << what << ": the serial variant gave other bits";
+    }
+    const auto rmw = [&](GemmOutput dw) {  // no subnormal sums here: the same bits as the reductions
+      grouped_wgrad_fp8_sm90(dy_op, x_op, M, N, K, d_offsets->ptr, G, dw, nullptr, c.pad, Sm90WgradConfig{true, false});
+    };
+    if (acc && run(what + " (read-add-write accumulation)", rmw, again)) {
+      EXPECT_EQ(first_bit_difference(got, again), -1) << what << ": the read-add-write variant gave other bits";
     }
     if (run(what + " cuBLASLt",
             [&](GemmOutput dw) { lt_gemm.wgrad_fp8(dy_op, x_op, N, K, split, dw, nullptr, c.pad); }, lt)) {

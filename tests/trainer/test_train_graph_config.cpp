@@ -48,9 +48,11 @@ TEST(TrainGraphConfig, RefusesPerStepHostSeedsMxfp4WgradOfRoutedExpertsAndCudnn)
                 "--recipe.routed_experts", r});
   graph_with({"--recipe.attention", "fp8 fprop=mxfp4 wgrad=mxfp4 transform=h32",
               "--recipe.routed_experts", "fp8 fprop=mxfp4 dgrad=mxfp4 transform=h16"});
-  // The same without the graph: every one of the refused below is accepted.
-  tiny_with({"--recipe.dense_mlp", "fp8 fprop=mxfp4 dgrad=mxfp4 rounding=sr", "--recipe.routed_experts",
-             "fp8 fprop=mxfp4 wgrad=mxfp4", "--model.attention_backend", "cudnn"});
+  // The same without the graph: accepted.
+  tiny_with({"--recipe.dense_mlp", "fp8 fprop=mxfp4 dgrad=mxfp4 rounding=sr", "--recipe.attention",
+             "fp8 fprop=mxfp4 transform=rht", "--recipe.shared_experts", "fp8 fprop=mxfp4 dgrad=mxfp4 rounding=sr",
+             "--recipe.routed_experts", "fp8 fprop=mxfp4 wgrad=mxfp4", "--model.attention_backend", "cudnn"});
+  tiny_with({"--model.attention_backend", "auto", "--train.grad_accum", "8388608"});
 
   expect_error_with([] { graph_with({"--recipe.dense_mlp", "fp8 fprop=mxfp4 dgrad=mxfp4 rounding=sr"}); },
                     {"train.cuda_graph = true with recipe.dense_mlp", "rounding=sr", "stochastic rounding",
@@ -64,6 +66,11 @@ TEST(TrainGraphConfig, RefusesPerStepHostSeedsMxfp4WgradOfRoutedExpertsAndCudnn)
   expect_error_with([] { graph_with({"--model.attention_backend", "cudnn"}); },
                     {"train.cuda_graph = true needs model.attention_backend = own", "cudnn"});
   expect_error_with([] { graph_with({"--model.attention_backend", "auto"}); }, {"attention_backend = own"});
+  // 2^31 tokens per step (64 x 4 x 2^23): the v3 router's int32 device tally; the v2 router keeps no tally.
+  expect_error_with([] { graph_with({"--train.grad_accum", "8388608"}); },
+                    {"train.cuda_graph = true with 2147483648 tokens per step", "int32"});
+  graph_with({"--train.grad_accum", "8388607"});
+  graph_with({"--train.grad_accum", "8388608", "--moe.router", "v2"});
   // A class the model does not have is not checked: a dense model's routed experts.
   graph_with({"--model.n_dense_layers", "2", "--recipe.routed_experts", "fp8 fprop=mxfp4 wgrad=mxfp4 rounding=sr"});
 }

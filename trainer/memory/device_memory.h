@@ -73,8 +73,8 @@ class DeviceMemory {
   size_t peak_total() const { return peak_total_; }
   size_t budget() const { return budget_; }
   void reset_peaks();  // peaks := current values
-  // Buffers freed so far (release of a non-null pointer): a CUDA graph that captured device addresses stays valid
-  // while this count does not change (trainer/train/step_graph.h).
+  // Buffers freed so far (release of a non-null pointer): a CUDA graph that captured addresses of this allocator's
+  // buffers may hold a freed one once this count has changed (trainer/train/step_graph.h).
   uint64_t releases() const { return releases_; }
   // One line per category: current and peak in GiB, then the totals and the budget.
   std::string report() const;

@@ -41,6 +41,11 @@ struct ModelContext {
   // read the device offsets (kernels/gemm/grouped_gemm.h "Without a host copy"). False (the default): one host copy
   // of the counts per MoE layer.
   bool host_sync_free = false;
+  // Writes to the device of state that a layer keeps there across passes and rewrites only when the pass's shape
+  // changes (a quantized Linear's one-group offsets {0, M}, linear_quantized.h): a CUDA graph captured without such
+  // a write replays the state as it was at its capture, so it is valid while this count is unchanged
+  // (trainer/train/step_graph.h).
+  uint64_t device_state_writes = 0;
 };
 
 // ctx.scratch, or fp4moe::Error naming `who` when the context has none.

@@ -57,20 +57,23 @@ void LinearQuantized::bind(const ModelContext& ctx, const char* what) {
 
 // The split of one group, {0, M}: the host copy for Group Linear's checks and loops, the device copy for the
 // column quantizers. The device copy is rewritten only when M changes (pageable memory: the call returns once the
-// 8 bytes are staged, so the host array may change afterwards).
-void LinearQuantized::set_tokens(int64_t M, cudaStream_t stream) {
+// 8 bytes are staged, so the host array may change afterwards), and each rewrite is counted in
+// ctx.device_state_writes.
+void LinearQuantized::set_tokens(ModelContext& ctx, int64_t M) {
   FP4MOE_CHECK(M >= 1 && M < (int64_t{1} << 31), "Linear {}: M must be in [1, 2^31), got {}", name_, M);
   host_offsets_[0] = 0;
   host_offsets_[1] = static_cast<int32_t>(M);
   if (device_M_ == M) return;
-  CUDA_CHECK(cudaMemcpyAsync(offsets_.data(), host_offsets_, sizeof(host_offsets_), cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaMemcpyAsync(offsets_.data(), host_offsets_, sizeof(host_offsets_), cudaMemcpyHostToDevice,
+                             ctx.stream));
   device_M_ = M;
+  ++ctx.device_state_writes;
 }
 
 void LinearQuantized::forward(ModelContext& ctx, const bf16* w, const bf16* x, int64_t M, bf16* y) {
   bind(ctx, "forward");
   last_M_.get() = -1;  // until this forward has been queued: a backward after a failed forward is rejected
-  set_tokens(M, ctx.stream);
+  set_tokens(ctx, M);
   gl_->set_quant_seed(layer_quant_seed(ctx.quant_seed, name_));  // this step's, this layer's
   gl_->set_weights(w, ctx.stream);  // the weight copies (the parameters changed since the last step)
   GroupLinearInput in{x, nullptr, nullptr};
@@ -100,7 +103,7 @@ void LinearQuantized::backward(ModelContext& ctx, const bf16* dy, int64_t M, con
                "Linear {} backward: M={} is not the last forward's M={} (backward differentiates the layer's last "
                "forward in the active slot)",
                name_, M, last_M_.get());
-  set_tokens(M, ctx.stream);  // the split of this slot's forward (another slot's forward may have changed it)
+  set_tokens(ctx, M);  // the split of this slot's forward (another slot's forward may have changed it)
   bf16* dx16 = static_cast<bf16*>(dx.data);
   if (dx.data && dx.fp32) {
     if (M > dx_rows_) {

@@ -43,7 +43,7 @@ class LinearQuantized {
 
  private:
   void bind(const ModelContext& ctx, const char* what);
-  void set_tokens(int64_t M, cudaStream_t stream);
+  void set_tokens(ModelContext& ctx, int64_t M);
   GroupSplit split() const { return GroupSplit{offsets_.data(), host_offsets_, 1}; }
 
   std::string name_;

@@ -218,6 +218,9 @@ class Model {
   bool host_sync_free() const { return ctx_.host_sync_free; }
   // The last backward's mean cross-entropy, device FP32 [1] (a stage without the LM head: never written).
   const float* loss_device() const;
+  // ModelContext::device_state_writes of the model's passes so far: a CUDA graph of its passes stays valid while this
+  // count (and DeviceMemory::releases) is unchanged; an evaluation forward of another B changes it.
+  uint64_t device_state_writes() const { return ctx_.device_state_writes; }
 
   // Over a transport of W ranks (above): backward_in_slot and forward_backward add (grad_scale / W) d(L_r)/dθ, the
   // rank's part of the group's objective; reduce_gradients() then sums the replicated parameters' gradients over the

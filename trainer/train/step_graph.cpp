@@ -4,17 +4,21 @@
 
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "kernels/common/check.h"
 
 namespace fp4moe {
 
-StepGraph::StepGraph(Model& model, DeviceMemory& mem, cudaStream_t stream, int64_t micro_batches, bool capture)
-    : model_(model), mem_(mem), stream_(stream), capture_(capture) {
+StepGraph::StepGraph(Model& model, DeviceMemory& mem, cudaStream_t stream, std::vector<PipelineStep> schedule,
+                     bool capture)
+    : model_(model), mem_(mem), stream_(stream), schedule_(std::move(schedule)), capture_(capture) {
   FP4MOE_CHECK(model.host_sync_free(), "StepGraph: the model must run without host synchronisation "
                "(Model::set_host_sync_free(true) first)");
-  FP4MOE_CHECK(micro_batches >= 1, "StepGraph: micro_batches must be >= 1, got {}", micro_batches);
-  schedule_ = one_f_one_b_schedule(1, 0, micro_batches);
+  const auto micro_batches = static_cast<int64_t>(schedule_.size() / 2);
+  FP4MOE_CHECK(micro_batches >= 1 && schedule_ == one_f_one_b_schedule(1, 0, micro_batches),
+               "StepGraph: expected the schedule of one pipeline stage (F0 B0 F1 B1 ...), got {}",
+               schedule_text(schedule_));
   losses_ = DeviceArray<float>(mem, micro_batches, MemCategory::workspace, "step losses");
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_losses_), static_cast<size_t>(micro_batches) * sizeof(float),
                            cudaHostAllocDefault));
@@ -48,23 +52,28 @@ void StepGraph::enqueue(const Batch& b, float grad_scale) {
   }
 }
 
+StepGraph::Epoch StepGraph::epoch() const { return Epoch{mem_.releases(), model_.device_state_writes()}; }
+
 StepGraph::Pass StepGraph::run(const Batch& b, float grad_scale, int64_t step) {
   FP4MOE_CHECK(b.pinned && b.tokens && b.targets && b.B >= 1 && b.T >= 1,
                "StepGraph: step {}: a batch without its arrays or with B = {}, T = {}", step, b.B, b.T);
-  if (B_ == 0) {
-    B_ = b.B;
-    T_ = b.T;
+  if (batch_.pinned == nullptr) {
+    batch_ = b;
+    grad_scale_ = grad_scale;
   }
-  FP4MOE_CHECK(b.B == B_ && b.T == T_, "StepGraph: step {}: a batch of {} x {} tokens, the graph's are {} x {}", step,
-               b.B, b.T, B_, T_);
-  const uint64_t releases = mem_.releases();
-  if (exec_ && releases != releases_at_capture_) drop_graph();  // a buffer it addresses may be gone
+  FP4MOE_CHECK(b.pinned == batch_.pinned && b.tokens == batch_.tokens && b.targets == batch_.targets &&
+                   b.B == batch_.B && b.T == batch_.T && grad_scale == grad_scale_,
+               "StepGraph: step {}: a batch of {} x {} tokens in other arrays or a grad_scale of {}, where the first "
+               "step's were {} x {} and {} (a graph holds them)",
+               step, b.B, b.T, grad_scale, batch_.B, batch_.T, grad_scale_);
+  const Epoch now = epoch();
+  if (exec_ && !(now == at_capture_)) drop_graph();  // a buffer it addresses, or state it left, may be gone
   Pass pass = Pass::replayed;
   if (!exec_) {
-    if (!capture_ || !warm_ || releases != warm_releases_) {
+    if (!capture_ || !warm_ || !(now == at_eager_)) {
       enqueue(b, grad_scale);
       warm_ = true;
-      warm_releases_ = mem_.releases();
+      at_eager_ = epoch();
       pass = Pass::eager;
     } else {
       CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
@@ -80,14 +89,17 @@ StepGraph::Pass StepGraph::run(const Batch& b, float grad_scale, int64_t step) {
         if (graph) cudaGraphDestroy(graph);
         cudaGetLastError();  // the capture's error, reported below
         const std::string why = !failed.empty() ? failed : std::string(cudaGetErrorString(end));
-        FP4MOE_CHECK(false, "StepGraph: step {}: capturing the step's passes in a CUDA graph failed: {} (something "
-                     "in them synchronises with the host; train.cuda_graph = false runs without the graph)",
+        FP4MOE_CHECK(false, "StepGraph: step {}: capturing the step's passes in a CUDA graph failed: {} (a host "
+                     "synchronisation, synchronous copy or allocation in the passes, or the error itself; "
+                     "train.cuda_graph = false runs without the graph)",
                      step, why);
       }
-      const cudaError_t inst = cudaGraphInstantiate(&exec_, graph, 0);
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
       cudaGraphDestroy(graph);
       CUDA_CHECK(inst);
-      releases_at_capture_ = mem_.releases();
+      exec_ = exec;
+      at_capture_ = epoch();
       ++captures_;
       pass = Pass::captured;
     }

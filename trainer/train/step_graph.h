@@ -18,9 +18,14 @@
 //
 // Which pass runs (run()): the first step is queued eagerly in the same mode (it allocates the buffers a first forward
 // allocates, and the v3 routers' device tallies); the next one is captured and launched; later ones launch the graph.
-// A graph holds device addresses: when a DeviceMemory buffer has been freed since the capture (DeviceMemory::
-// releases), the graph is dropped, the step runs eagerly and the next one is captured again. capture = false (a test
-// hook, TrainerOptions::capture_step_graph) queues every step eagerly: the reference the replays equal bit for bit.
+// A graph holds device addresses and what the layers last wrote of their per-shape device state. It is dropped when
+// a DeviceMemory buffer has been freed since its capture (DeviceMemory::releases) or a pass has rewritten such state
+// (Model::device_state_writes: an evaluation forward of fewer rows rewrites the quantized Linears' offsets); that
+// step then runs eagerly and the next one is captured again. What neither count sees, and the graph relies on: the
+// buffers that grow outside DeviceMemory when a pass has more rows (GroupedGemm's scratch, the LM head's chunks) do
+// not grow after the capture, because no pass has more than the B x T rows of a training micro-batch.
+// capture = false (a test hook, TrainerOptions::capture_step_graph) queues every step eagerly: the reference the
+// replays equal bit for bit.
 //
 // Any host synchronisation, synchronous copy or allocation inside the passes fails the capture (global capture mode):
 // fp4moe::Error naming the step. Not thread-safe; one per Model.
@@ -39,11 +44,11 @@ namespace fp4moe {
 
 class StepGraph {
  public:
-  // model: in the mode without host synchronisation, one pipeline stage (schedule: F0 B0 F1 B1 ... over
-  // micro_batches), outliving this. mem: the model's. Device losses [micro_batches] FP32 from mem under
-  // MemCategory::workspace ("step losses"); host page-locked [micro_batches]. Rejects (fp4moe::Error) a model with
-  // host synchronisation, micro_batches < 1.
-  StepGraph(Model& model, DeviceMemory& mem, cudaStream_t stream, int64_t micro_batches, bool capture);
+  // model: in the mode without host synchronisation, outliving this. mem: the model's. schedule: the step's passes
+  // (pipeline_schedule.h) of one stage, F0 B0 F1 B1 ... over m >= 1 micro-batches. Device losses [m] FP32 from mem
+  // under MemCategory::workspace ("step losses"); host page-locked [m]. Rejects (fp4moe::Error) a model with host
+  // synchronisation and any other schedule.
+  StepGraph(Model& model, DeviceMemory& mem, cudaStream_t stream, std::vector<PipelineStep> schedule, bool capture);
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
@@ -57,7 +62,8 @@ class StepGraph {
   enum class Pass { eager, captured, replayed };
 
   // Queues one step's passes (above) on the stream, asynchronously; `step` names the step in errors. The staging must
-  // stay unchanged until the stream has passed this step's copies. Rejects a B or T other than the first run's.
+  // stay unchanged until the stream has passed this step's copies. Rejects a batch or grad_scale other than the first
+  // run's (a graph holds its arrays, sizes and scale).
   Pass run(const Batch& batch, float grad_scale, int64_t step);
   // The step's micro-batch losses summed in micro-batch order (FP64 of each FP32 loss), after the stream has
   // synchronised past run().
@@ -78,10 +84,16 @@ class StepGraph {
   DeviceArray<float> losses_;      // device [micro_batches]
   float* host_losses_ = nullptr;   // page-locked [micro_batches]
   cudaGraphExec_t exec_ = nullptr;
-  uint64_t releases_at_capture_ = 0;
-  bool warm_ = false;              // an eager step ran and no buffer was freed since (warm_releases_)
-  uint64_t warm_releases_ = 0;
-  int64_t B_ = 0, T_ = 0;
+  // DeviceMemory::releases and Model::device_state_writes, at the capture and after the last eager step
+  struct Epoch {
+    uint64_t releases = 0, state_writes = 0;
+    bool operator==(const Epoch& o) const { return releases == o.releases && state_writes == o.state_writes; }
+  };
+  Epoch epoch() const;
+  Epoch at_capture_, at_eager_;
+  bool warm_ = false;              // an eager step ran (at_eager_)
+  Batch batch_{};                  // the first run's, which every run must give
+  float grad_scale_ = 0;
   int64_t captures_ = 0, replays_ = 0;
 };
 

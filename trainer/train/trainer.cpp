@@ -175,7 +175,7 @@ void Trainer::State::setup() {
   grad_norm = std::make_unique<GradNorm>(model->params(), *mem, transport);
   if (t.cuda_graph) {
     model->set_host_sync_free(true);
-    graph = std::make_unique<StepGraph>(*model, *mem, stream, t.grad_accum, opts.capture_step_graph);
+    graph = std::make_unique<StepGraph>(*model, *mem, stream, schedule, opts.capture_step_graph);
   }
   model->set_exchange_timing(transport != nullptr);  // the step's all-to-all time (trainer_step.cpp)
   if (transport) rank_value = DeviceArray<float>(*mem, 3, MemCategory::workspace, "values summed over the ranks");

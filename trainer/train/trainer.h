@@ -30,7 +30,6 @@
 // train.cuda_graph (trainer/train/step_graph.h): part 1 of a step first draws all its micro-batches into the pinned
 // staging (their tokens and targets checked on the host: check_batch_ids, model.h), then the StepGraph queues the
 // passes (eagerly, captured or replayed) and the host waits for them and reads the losses; parts 2 to 4 as above.
-// check_trainable refuses it over ranks, with an emulated layout and with options.profile.
 //
 // Evaluation, forward only: the validation batches (val shards in file order, or the synthetic validation stream)
 // are reset, so every periodic evaluation of every run (any seed, any recipe) sees the same first eval_steps
@@ -95,7 +94,7 @@ class Model;
 // options.transport; with pp > 1 or ep > 1 (the GPU holds a stage or an expert share, not the whole model)
 // checkpoints (train.checkpoint_dir set) and options.resume_path; train.eval_interval > 0 on a stage without the LM
 // head (no loss to evaluate); periodic evaluations of the whole validation split (train.eval_steps = 0) on synthetic
-// data, which has none; train.cuda_graph over ranks, with an emulated layout or with options.profile. ZeRO-1's own
+// data, which has none; train.cuda_graph's (config.h). ZeRO-1's own
 // rule on checkpoints is require_whole_optimizer_state's. Validates cfg first (validate_config).
 void check_trainable(const TrainerConfig& cfg, const TrainerOptions& options);
 
