@@ -42,7 +42,8 @@ constexpr int kStages = 6;
 constexpr int kLookahead = 3;
 // The overlapped consumers hold two stages (the block being promoted and the one whose WGMMAs run): the producer,
 // waiting for stage i's release, has handed over every stage up to i - 1 - kLookahead, and the consumers release
-// stage i - kStages once stage i - kStages + 2 has arrived.
+// stage i - kStages once stage i - kStages + 1 has arrived (so i - kStages + 1 <= i - 1 - kLookahead suffices; one
+// stage more is kept as margin).
 static_assert(kLookahead >= 0 && kLookahead + 2 <= kStages, "the producer never waits for a stage it still holds");
 constexpr uint32_t kOpBytes = kTile * kTile;  // 16 KiB: 128 rows of 128 bytes
 constexpr uint32_t kScaleBytes = kTile * sizeof(float);

@@ -39,7 +39,7 @@
 // - Consumers: two warpgroups of 64 rows (n) each, m64n128k32 E4M3 WGMMAs per 32 tokens, promotion as above after
 //   each block (overlapped with the next block's WGMMAs: Sm90WgradConfig), the stage released per warp; epilogue
 //   straight from the registers (row-major stores of the FP32 pairs, or BF16 pairs rounded to nearest even;
-//   accumulation reads the old pair first).
+//   accumulation by pair reductions in global memory, or reading the old pair first: Sm90WgradConfig).
 // - Registers: setmaxnreg 56 for the producer, 224 for the consumers (sm90::setmaxnreg_fits).
 // Sources: PTX ISA 8.x (wgmma.mma_async and its shared-memory matrix descriptor with the 128-byte swizzle; cp.async
 // with src-size zero-fill; cp.async.wait_group; mbarrier; fence.proxy.async; setmaxnreg).
@@ -74,8 +74,10 @@ std::string grouped_wgrad_sm90_unsupported(int64_t N, int64_t K, int64_t G, int6
 // WGMMAs waited for before its promotion (kept for the benchmark's comparison). The same bits either way.
 // reduce_accumulate (the default), for an accumulated FP32 output: each pair added by a reduction in global memory
 // (red.global.add.v2.f32, sm90_ptx.cuh), performed at the L2 while the thread goes on to the next tile, instead of
-// read, added and written back by the thread; the same bits, but that the L2's add flushes subnormal inputs and
-// results to zero (a dW element below 2^-126 in magnitude). Each element is added to once per call: deterministic.
+// read, added and written back by the thread. The same bits except where the old value, the call's contribution or
+// the exact sum is subnormal (magnitude below 2^-126): the L2's add flushes subnormal inputs and results to zero
+// (REDG ... FTZ), so such an element can come out different, even as a normal number. Each element is added to once
+// per call: deterministic. GroupedGemm (and so the trainer) runs the default.
 struct Sm90WgradConfig {
   bool overlap_promotion = true;
   bool reduce_accumulate = true;

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -179,6 +180,37 @@ TEST(GroupedWgradSm90, NoTokens) {
   REQUIRE_SM90();
   check_wgrad_case({"M = 0", 256, 256, {0, 0, 0}}, 6);
   check_wgrad_case({"M = 0 pad 32", 128, 384, {0}, kMxBlock}, 7);
+}
+
+// The accumulation by reductions in global memory (Sm90WgradConfig::reduce_accumulate, the default) flushes subnormal
+// values to zero, as the L2's FP32 add does; the read-add-write variant keeps them. One group of 128 tokens whose
+// codes are all zero (a zero product) added onto dW = 2^-140 everywhere: 0 with the reductions, 2^-140 without.
+TEST(GroupedWgradSm90, ReductionsFlushSubnormalsAndReadAddWriteKeepsThem) {
+  REQUIRE_SM90();
+  const int64_t N = 128, K = 128, M = 128, G = 1;
+  const std::vector<int32_t> offsets{0, static_cast<int32_t>(M)};
+  auto d_offsets = upload(offsets);
+  const auto zeros = [](int64_t n) { return std::vector<uint8_t>(static_cast<size_t>(n), 0); };
+  const auto ones = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 1.0f); };
+  auto d_dy = upload(zeros(fp8_col_codes_capacity(M, N, G)));
+  auto d_dys = upload(ones(fp8_col_scales_capacity(M, N, G)));
+  auto d_x = upload(zeros(fp8_col_codes_capacity(M, K, G)));
+  auto d_xs = upload(ones(fp8_col_scales_capacity(M, K, G)));
+  const float tiny = std::ldexp(1.0f, -140);
+  for (const bool reduce : {true, false}) {
+    SCOPED_TRACE(reduce ? "reductions" : "read-add-write");
+    OutBuffer out(G * N * K, GemmOutType::fp32);
+    out.buf.upload(std::vector<float>(static_cast<size_t>(G * N * K), tiny));
+    ASSERT_TRUE(run_case("subnormal dW", [&] {
+      grouped_wgrad_fp8_sm90({d_dy->ptr, d_dys->ptr}, {d_x->ptr, d_xs->ptr}, M, N, K, d_offsets->ptr, G,
+                             out.output(true), nullptr, kColAlign, Sm90WgradConfig{true, reduce});
+    }));
+    const std::vector<float> got = out.download();
+    const float want = reduce ? 0.0f : tiny;
+    int64_t wrong = 0;
+    for (const float v : got) wrong += v != want;
+    EXPECT_EQ(wrong, 0) << "elements other than " << want << ", e.g. " << got[0];
+  }
 }
 
 // Raw device offsets that are not a split (negative, decreasing, past M) are made safe on the device (clamped to

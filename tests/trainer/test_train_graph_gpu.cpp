@@ -222,9 +222,10 @@ TEST(StepGraphRuns, AnEvaluationOfFewerRowsDropsTheGraph) {
     stage(2);
     CUDA_CHECK(cudaMemcpy(tokens.ptr, pinned, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(targets.ptr, pinned + n, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice));
-    const uint64_t writes = model.device_state_writes();
+    const uint64_t writes = model.device_state_writes(), releases = mem.releases();
     EXPECT_TRUE(std::isfinite(model.forward(tokens.ptr, targets.ptr, B - 1).loss));
     EXPECT_GT(model.device_state_writes(), writes);
+    EXPECT_EQ(mem.releases(), releases);  // the drop below is the state writes', not a freed buffer's
 
     stage(1);
     expect_same_step(run(StepGraph::Pass::eager, "after the evaluation"), ref, "eager step after the evaluation");

@@ -40,7 +40,8 @@ StepRecord Trainer::State::train_step() {
     loss_sum = graph->loss_sum();
     if (pass == StepGraph::Pass::captured)
       progress->message(fmt::format("step {}: its forwards and backwards captured in a CUDA graph (train.cuda_graph){}",
-                                    s, graph->captures() > 1 ? ", again: a buffer was freed since the last capture"
+                                    s, graph->captures() > 1 ? ", again: since the last capture a buffer was freed "
+                                                               "or an evaluation of fewer rows rewrote layer state"
                                                              : "; the next steps replay it"));
   } else {
     {

@@ -1,5 +1,5 @@
 #!/bin/bash
-# run 3: the grouped Wgrad kernel with its promotion overlapped with the next block's WGMMAs (Sm90WgradConfig): its
+# run 1: the grouped Wgrad kernel with its promotion overlapped with the next block's WGMMAs (Sm90WgradConfig): its
 # GPU tests (the serial variant bit for bit), the Wgrad rows of bench_grouped_gemm (cuBLASLt, overlapped, serial),
 # Nsight Compute on the overlapped kernel; then the BF16 v3_layer loss per step with and without train.cuda_graph
 # and with the cuDNN attention backend (how far two summation orders drift in 12 steps).

@@ -1,5 +1,5 @@
 #!/bin/bash
-# run 4: the grouped Wgrad kernel's accumulation by reductions in global memory (Sm90WgradConfig::reduce_accumulate)
+# run 2: the grouped Wgrad kernel's accumulation by reductions in global memory (Sm90WgradConfig::reduce_accumulate)
 # and its promotion overlapped: GPU tests (the variants bit for bit), the Wgrad rows (cuBLASLt, default, @serial,
 # @rmw); the train.cuda_graph tests after the review (an evaluation of fewer rows drops the graph; recompute
 # policies); v3_layer tokens/s with and without the graph.
