@@ -36,11 +36,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$out" ]] || { echo "graph_step_time.sh: --out DIR is required" >&2; usage >&2; exit 2; }
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
-build="${BUILD:-$root/build}"
-python="${PYTHON:-$(for p in python3 /usr/bin/python3; do $p -c 'import h5py' 2>/dev/null && { echo $p; break; }; done)}"
-[[ -x "$build/fp4moe" ]] || die "no fp4moe in $build (build first, or set BUILD)"
-[[ -n "$python" ]] || die "no python3 imports h5py (run scripts/setup.sh)"
+script_name=graph_step_time.sh
+source "$(dirname "$0")/run_env.sh"  # root, build, python
 for config in $configs; do
   [[ -f "$root/configs/$config.toml" ]] || die "no preset configs/$config.toml"
 done

@@ -28,11 +28,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$out" ]] || { echo "train_fingerprint.sh: --out DIR is required" >&2; usage >&2; exit 2; }
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
-build="${BUILD:-$root/build}"
-python="${PYTHON:-$(for p in python3 /usr/bin/python3; do $p -c 'import h5py' 2>/dev/null && { echo $p; break; }; done)}"
-[[ -x "$build/fp4moe" ]] || { echo "train_fingerprint.sh: no fp4moe in $build (build first, or set BUILD)" >&2; exit 2; }
-[[ -n "$python" ]] || { echo "train_fingerprint.sh: no python3 imports h5py (run scripts/setup.sh)" >&2; exit 2; }
+script_name=train_fingerprint.sh
+source "$(dirname "$0")/run_env.sh"  # root, build, python
 mkdir -p "$out" || exit 2
 : >"$out/fingerprint.txt"
 
