@@ -8,6 +8,9 @@ on the same layers, experts, tokens and splits, in two PyTorch recipes:
                 along the reduction dimension for Fprop and Dgrad, dY and X per expert along tokens for Wgrad
                 (per-group column scales), power-of-two scales as TransformerEngine and torchao round them; the
                 quantizers are plain PyTorch operations (amax, scale, cast), no fused kernels
+    torch_fp8_compiled  torch_fp8 with its quantizers compiled by torch.compile (dynamic shapes, compiled once per
+                process and warmed up before timing): the fused amax/scale/cast kernels a PyTorch user would get,
+                the strongest FP8 peer; the same GEMMs and the same quantization rule as torch_fp8
 
     benchmarks/peers/group_linear_torch.py --h5 PATH [--filter REGEX] [--all] [--min-time S]
     benchmarks/peers/group_linear_torch.py --list [--filter REGEX] [--all]      (no torch needed)
@@ -55,7 +58,8 @@ FAMILY = "group_linear_torch"
 UNAVAILABLE = 3
 LAYERS = {"v3_fc1": (4096, 7168), "v3_fc2": (7168, 2048), "v2_fc1": (3072, 5120), "v2_fc2": (5120, 1536)}
 PASSES = ("fwd", "bwd", "fwd+bwd")
-RECIPES = ("torch_bf16", "torch_fp8")
+RECIPES = ("torch_bf16", "torch_fp8", "torch_fp8_compiled")
+FP8_RECIPES = ("torch_fp8", "torch_fp8_compiled")
 ZIPF_UNIT = 1 << 40
 TOKEN_ALIGN = 16
 E4M3_MAX = 448.0
@@ -174,11 +178,29 @@ def quantize_group_columns(torch, t, gid, experts):
     return q.t().contiguous(), (1.0 / s).reshape(-1).contiguous()
 
 
-class Workload:
-    """One configuration and recipe: inputs, quantized weights and the three passes as callables."""
+class Quantizers:
+    """The activation quantizers of an FP8 recipe: rows(t) and columns(t, gid, experts), as quantize_rows and
+    quantize_group_columns. compiled: both through torch.compile (dynamic shapes, so one compilation serves every
+    layer, expert count and split of a run; the first call of each compiles)."""
 
-    def __init__(self, torch, recipe, n, k, sizes, seed):
-        self.torch, self.recipe, self.n, self.k = torch, recipe, n, k
+    def __init__(self, torch, compiled):
+        def rows(t):
+            return quantize_rows(torch, t)
+
+        def columns(t, gid, experts):
+            return quantize_group_columns(torch, t, gid, experts)
+
+        if compiled:
+            rows, columns = torch.compile(rows, dynamic=True), torch.compile(columns, dynamic=True)
+        self.rows, self.columns = rows, columns
+
+
+class Workload:
+    """One configuration and recipe: inputs, quantized weights and the three passes as callables. quantizers: the
+    FP8 recipes' Quantizers (None for torch_bf16)."""
+
+    def __init__(self, torch, recipe, n, k, sizes, seed, quantizers=None):
+        self.torch, self.recipe, self.n, self.k, self.q = torch, recipe, n, k, quantizers
         dev = "cuda"
         g = len(sizes)
         padded = [round_up(s, TOKEN_ALIGN) for s in sizes]
@@ -208,7 +230,7 @@ class Workload:
         self.gid = torch.repeat_interleave(torch.arange(g, device=dev), torch.tensor(padded, device=dev))
         self.experts = g
         self.wgrad_mat_a_view = True  # dY^T as a transposed view for the BF16 Wgrad (a copy if torch refuses it)
-        if recipe == "torch_fp8":  # once per optimizer step: outside the timed region
+        if recipe in FP8_RECIPES:  # once per optimizer step: outside the timed region (plain PyTorch in both)
             wq, self.sw = quantize_rows(torch, self.w)                                 # [G, N, K], scales [G, N]
             self.wq_t = wq.transpose(-2, -1)                                           # [G, K, N] column-major
             wtq, self.swt = quantize_rows(torch, self.w.transpose(-2, -1).contiguous())  # [G, K, N], scales [G, K]
@@ -227,7 +249,7 @@ class Workload:
         if self.recipe == "torch_bf16":
             self.y = t._grouped_mm(self.x, self.w.transpose(-2, -1), offs=self.offs)
         else:
-            xq, sx = quantize_rows(t, self.x)
+            xq, sx = self.q.rows(self.x)
             self.y = t._scaled_grouped_mm(xq, self.wq_t, sx, self.sw, offs=self.offs, out_dtype=t.bfloat16,
                                           use_fast_accum=True)
 
@@ -238,11 +260,11 @@ class Workload:
             dyt = self.dy.t() if self.wgrad_mat_a_view else self.dy.t().contiguous()
             self.dw = t._grouped_mm(dyt, self.x, offs=self.offs)
         else:
-            dyq, sdy = quantize_rows(t, self.dy)
+            dyq, sdy = self.q.rows(self.dy)
             self.dx = t._scaled_grouped_mm(dyq, self.wtq_t, sdy, self.swt, offs=self.offs, out_dtype=t.bfloat16,
                                            use_fast_accum=True)
-            dyc, sdyc = quantize_group_columns(t, self.dy, self.gid, self.experts)  # dY^T [N, M]
-            xc, sxc = quantize_group_columns(t, self.x, self.gid, self.experts)     # X^T [K, M]
+            dyc, sdyc = self.q.columns(self.dy, self.gid, self.experts)  # dY^T [N, M]
+            xc, sxc = self.q.columns(self.x, self.gid, self.experts)     # X^T [K, M]
             self.dw = t._scaled_grouped_mm(dyc, xc.t(), sdyc, sxc, offs=self.offs, out_dtype=t.bfloat16,
                                            use_fast_accum=True)
 
@@ -306,10 +328,12 @@ def table_attributes(torch, command):
         "speedup_vs_bf16": "time of torch_bf16 over this row's, same pass and shape",
         "held_bytes": "activation bytes kept from forward to backward: the BF16 X (padded) in both recipes",
         "weight_copy_bytes": "FP8 copies of W and W^T with their rowwise scales (0 for torch_bf16)",
-        "rel_err_vs_bf16": "largest relative L2 error of Y, dX, dW against torch_bf16 (torch_fp8 rows)",
+        "rel_err_vs_bf16": "largest relative L2 error of Y, dX, dW against torch_bf16 (the FP8 recipes' rows)",
         "padded_tokens": "routed tokens after padding each expert to a multiple of 16",
         "recipe": "torch_bf16: torch._grouped_mm; torch_fp8: torch._scaled_grouped_mm, rowwise power-of-two "
-                  "scales, quantization in plain PyTorch operations included; weights quantized before timing",
+                  "scales, quantization in plain PyTorch operations included; torch_fp8_compiled: the same with "
+                  "the activation quantizers compiled by torch.compile (dynamic shapes, compiled before timing); "
+                  "weights quantized before timing",
         "torch_version": str(torch.__version__),
         "peer_command": command,
         "gbps": "not measured (NaN)",
@@ -327,6 +351,7 @@ def write_into(path, rows, attributes, new_file_root):
 def measure(torch, cases, min_time_s):
     """Rows of the table for the selected cases, and the names of the cases that failed."""
     rows, failed = [], []
+    quantizers = {}  # recipe -> Quantizers, made on first use: one torch.compile per process, not per configuration
     by_cfg = {}
     for cfg, recipe, p in cases:
         by_cfg.setdefault(cfg, {}).setdefault(recipe, []).append(p)
@@ -336,16 +361,19 @@ def measure(torch, cases, min_time_s):
         sizes = split_sizes(split, experts, tokens)
         times = {}
         ref = None
-        # torch_bf16 first: it is torch_fp8's reference in the check
+        # torch_bf16 first: it is the FP8 recipes' reference in the check
         for recipe in RECIPES:
-            if recipe not in recipes and not (recipe == "torch_bf16" and "torch_fp8" in recipes):
+            if recipe not in recipes and not (recipe == "torch_bf16" and any(r in recipes for r in FP8_RECIPES)):
                 continue
             name0 = case_name("*", recipe, *cfg)
             try:
-                work = Workload(torch, recipe, n, k, sizes, seed=1000 * experts + tokens + (n ^ k))
-                err = work.check(ref if recipe == "torch_fp8" else None)
-            except (RuntimeError, ValueError) as e:
-                print(f"{PROGRAM}: {name0}: {e}", file=sys.stderr, flush=True)
+                if recipe in FP8_RECIPES and recipe not in quantizers:
+                    quantizers[recipe] = Quantizers(torch, compiled=recipe == "torch_fp8_compiled")
+                work = Workload(torch, recipe, n, k, sizes, seed=1000 * experts + tokens + (n ^ k),
+                                quantizers=quantizers.get(recipe))
+                err = work.check(ref if recipe in FP8_RECIPES else None)
+            except Exception as e:  # noqa: BLE001 (torch.compile raises its own classes; one line and the case fails)
+                print(f"{PROGRAM}: {name0}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 failed += [case_name(p, recipe, *cfg) for p in recipes.get(recipe, [])]
                 continue
             for p in recipes.get(recipe, []):

@@ -90,9 +90,11 @@ def group_linear_tables(seed, layers=("v3_fc1", "v2_fc2"), experts=(8, 32), toke
                         bench["speedup_vs_bf16"][i] = t["bf16"] / t[recipe]
                         bench["fraction_of_dense"][i] = r["tflops"] / (peer.flops(p, tokens, n, k) / dense[p] * 1e-6)
                     tb = float(rng.uniform(1000, 1800))
-                    for recipe, tt in (("torch_bf16", tb), ("torch_fp8", tb / float(rng.uniform(1.0, 1.4)))):
+                    tf = tb / float(rng.uniform(1.0, 1.4))
+                    for recipe, tt in (("torch_bf16", tb), ("torch_fp8", tf),
+                                       ("torch_fp8_compiled", tf / float(rng.uniform(1.0, 1.3)))):
                         add(torch_cols, p, layer, g, split, recipe, tt, 2.0 * tokens * k,
-                            {"rel_err_vs_bf16": 0.05 if recipe == "torch_fp8" else math.nan,
+                            {"rel_err_vs_bf16": 0.05 if recipe in peer.FP8_RECIPES else math.nan,
                              "padded_tokens": tokens, "speedup_vs_bf16": tb / tt})
     return bench, torch_cols
 
@@ -136,9 +138,9 @@ class GroupLinearScenario(Tmp):
         self.assertTrue(paper.comparable)
         self.assertIn("not TransformerEngine", paper.note)
         peer_rows = [r for r in s.rows if "peer" in r.row.lower()]
-        self.assertEqual(len(peer_rows), 3)
+        self.assertEqual(len(peer_rows), 4)
         for r in peer_rows:
-            self.assertRegex(r.ours.numerator.where["recipe"], r"^torch_(fp8|bf16)$")
+            self.assertIn(r.ours.numerator.where["recipe"], peer.RECIPES)
             self.assertEqual(r.ours.match, ["case", "shape"])
 
     def test_rows_compute_from_the_benchmark_and_peer_tables(self):
@@ -163,9 +165,15 @@ class GroupLinearScenario(Tmp):
 
         torch_t = by_key(torch_cols, "time_us", case="fwd+bwd", recipe="torch_fp8")
         mx_t = by_key(bench, "time_us", case="fwd+bwd", recipe="mxfp4")
-        vs_peer = next(r for k, r in rows.items() if "PyTorch FP8 peer" in k and "mxfp4" in k)
+        vs_peer = next(r for k, r in rows.items() if "rowwise) time over our mxfp4" in k)
         self.assertAlmostEqual(vs_peer["ours"], util.geomean([torch_t[key] / mx_t[key] for key in mx_t]), places=9)
         self.assertEqual(vs_peer["count"], 8)
+        compiled_t = by_key(torch_cols, "time_us", case="fwd+bwd", recipe="torch_fp8_compiled")
+        vs_compiled = next(r for k, r in rows.items() if "compiled quantization" in k)
+        self.assertAlmostEqual(vs_compiled["ours"], util.geomean([compiled_t[key] / mx_t[key] for key in mx_t]),
+                               places=9)
+        self.assertEqual(vs_compiled["count"], 8)
+        self.assertLess(vs_compiled["ours"], vs_peer["ours"])  # the synthetic compiled peer is the faster one
 
         held = next(r for k, r in rows.items() if k.endswith("bf16 recipe over mxfp4 recipe") and "memory" in k)
         self.assertAlmostEqual(held["ours"], 2.0 / 0.53125, places=9)
@@ -248,9 +256,9 @@ class PeerProgram(Tmp):
                     peer_names = p.stdout.splitlines()
                     self.assertTrue(peer_names)
                     self.assertEqual({n.split("/", 2)[2] for n in peer_names}, ours_layer)
-                    self.assertEqual({n.split("/")[1] for n in peer_names}, {"torch_bf16", "torch_fp8"})
+                    self.assertEqual({n.split("/")[1] for n in peer_names}, set(peer.RECIPES))
                     per_recipe = [n for n in ours_names if n.split("/")[1] == "fp8" and "_dense/" not in n]
-                    self.assertEqual(len(peer_names), 2 * len(per_recipe))
+                    self.assertEqual(len(peer_names), len(peer.RECIPES) * len(per_recipe))
 
     def test_refuses_clearly_without_pytorch(self):
         if torch_importable():
@@ -401,7 +409,7 @@ class RunWithPeer(Tmp):
             g = f["repro/group_linear"]
             self.assertEqual(result_file.text(g.attrs["peer_exit_code"]), 0)
             self.assertEqual(result_file.text(g.attrs["peer"]), "benchmarks/peers/group_linear_torch.py")
-        vs_peer = t[t["row"].str.contains("time over our mxfp4")].iloc[0]
+        vs_peer = t[t["row"].str.contains(r"rowwise\) time over our mxfp4")].iloc[0]
         torch_t = by_key(self.torch_cols, "time_us", case="fwd+bwd", recipe="torch_fp8")
         mx_t = by_key(self.bench, "time_us", case="fwd+bwd", recipe="mxfp4")
         self.assertAlmostEqual(vs_peer["ours"], util.geomean([torch_t[k] / mx_t[k] for k in mx_t]), places=9)
