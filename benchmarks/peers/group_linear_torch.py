@@ -170,9 +170,13 @@ def quantize_rows(torch, t):
 def quantize_group_columns(torch, t, gid, experts):
     """t [M, C] (tokens x features) -> (E4M3 codes of t^T [C, M], row-major; FP32 dequantization scales [G * C],
     expert-major), one power-of-two scale per expert and feature (amax over the expert's tokens): the layout
-    torch._scaled_grouped_mm takes for a 2d x 2d grouped product over token groups."""
-    a = t.abs().float()
-    amax = torch.zeros(experts, t.shape[1], device=t.device, dtype=torch.float32).index_reduce_(0, gid, a, "amax")
+    torch._scaled_grouped_mm takes for a 2d x 2d grouped product over token groups. Experts are padded to
+    TOKEN_ALIGN tokens, so the amax goes over chunks of TOKEN_ALIGN tokens first (none straddles two experts) and then
+    over each expert's chunks: the same maxima with a 16 times smaller scatter."""
+    m, c = t.shape
+    chunks = t.view(m // TOKEN_ALIGN, TOKEN_ALIGN, c).abs().amax(dim=1).float()
+    amax = torch.zeros(experts, c, device=t.device, dtype=torch.float32).index_reduce_(0, gid[::TOKEN_ALIGN], chunks,
+                                                                                       "amax")
     s = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax))), torch.ones_like(amax))
     q = (t.float() * s[gid]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.t().contiguous(), (1.0 / s).reshape(-1).contiguous()

@@ -39,10 +39,16 @@ constexpr int kProducerThreads = kThreads - kConsumerThreads;
 static_assert(kBlockK == 128, "one 128-byte swizzle row of E4M3 per stage and per row");
 static_assert(kBlockK % kWgmmaK == 0, "whole WGMMA steps per K block");
 
+// The direct rule's per-block tables (e2m1_e4m3_lut.h) of an MXFP4 row operand, in shared memory: entry
+// shift - kMxLutShiftMin for the shifts kMxLutShiftMin .. 6 (below -12 every E2M1 magnitude rounds to zero, so
+// shifts under the range take its first entry), and entry kMxLutNaN the NaN block's 0x7F codes (its signs dropped).
+constexpr int kMxLutShiftMin = -15, kMxLutShiftMax = 6;
+constexpr int kMxLutNaN = kMxLutShiftMax - kMxLutShiftMin + 1, kMxLutEntries = kMxLutNaN + 1;
+
 // Shared memory of the kernel with kNSub column sub-tiles of 128 (BLOCK_N = 128 kNSub), from a 1024-byte aligned
 // base: the stage ring (A tiles, B tiles, the rows' X scales, the W scales), with an MXFP4 row operand (kMx) the
-// staging slots of its packed codes and scale bytes, the full and empty barriers of each stage, the safe group
-// offsets and tile starts [G+1] each.
+// staging slots of its packed codes and scale bytes, the full and empty barriers of each stage, with an MXFP4 row
+// operand the conversion tables, the safe group offsets and tile starts [G+1] each.
 template <int kNSub, bool kMx = false>
 struct Layout {
   static constexpr int kNSubTiles = kNSub;
@@ -64,8 +70,9 @@ struct Layout {
   static constexpr uint32_t kSaSlot = (kSaBytes + 127) / 128 * 128;
   static constexpr uint32_t kSbBytes = 16 * kNSub;   // per column block: w_scale[nb, kb & ~3 .. + 3]
   static constexpr uint32_t kTxBytes = kMx ? kBBytes + kSbBytes : kABytes + kBBytes + kSaBytes + kSbBytes;
-  // A staging slot (kMx): the tile's packed E2M1 codes of one K block, 16 bytes (one MX block) per producer thread
-  // and pass, [kMxPasses][128 threads][16 bytes]; then each row's four UE8M0 scale bytes as one word, [128].
+  // A staging slot (kMx): the tile's packed E2M1 codes of one K block, 32 bytes (two MX blocks) per producer thread
+  // and pass, [kMxPasses][128 threads][32 bytes]; then each row's four UE8M0 scale bytes as one word, [128] in
+  // the order of the threads that copy them (mx_scale_word_row).
   static constexpr uint32_t kStagedCodeBytes = kBlockM * kBlockK / 2;
   static constexpr uint32_t kSlotBytes = kStagedCodeBytes + kBlockM * 4;
   static constexpr uint32_t kOffA = 0;
@@ -74,12 +81,13 @@ struct Layout {
   static constexpr uint32_t kOffSb = kOffSa + kStages * kSaSlot;
   static constexpr uint32_t kOffStaging = kOffSb + kStages * kSbBytes;
   static constexpr uint32_t kOffBars = kOffStaging + kStagingSlots * kSlotBytes;
-  static constexpr uint32_t kOffGroups = kOffBars + 2 * kStages * sizeof(uint64_t);
+  static constexpr uint32_t kOffLut = kOffBars + 2 * kStages * sizeof(uint64_t);  // kMx: kMxLutEntries tables
+  static constexpr uint32_t kOffGroups = kOffLut + (kMx ? kMxLutEntries * sizeof(uint2) : 0);
   static size_t bytes(int64_t G) { return 1024 + kOffGroups + 2 * sizeof(int32_t) * static_cast<size_t>(G + 1); }
   static_assert(kOffB % 1024 == 0 && kOffSa % 1024 == 0 && kABytes % 1024 == 0 && kBBytes % 1024 == 0,
                 "WGMMA tiles start on 1024-byte swizzle atoms");
   static_assert(kSaBytes % 16 == 0 && kSaSlot % 128 == 0 && kOffSb % 16 == 0 && kOffStaging % 16 == 0 &&
-                    kOffBars % 8 == 0,
+                    kOffBars % 8 == 0 && kOffLut % 8 == 0,
                 "TMA, cp.async and mbarrier alignment");
   static_assert(1024 + kOffGroups + 2 * sizeof(int32_t) * (kMaxGroups + 1) <= kSm90MaxSmemPerBlock,
                 "the ring, the staging slots and the largest group table fit one block's shared memory");
@@ -374,37 +382,79 @@ __device__ __forceinline__ void produce_fp8(const ProducerCtx<L>& c, const Param
 }
 
 // MXFP4 row operand, the producer warpgroup's thread pt (0..127) in each of kMxPasses passes: tile row
-// 32 pass + pt / 4, MX block pt % 4 of the K block (16 code bytes; the four threads of a row read its 64
-// contiguous bytes).
-constexpr int kMxPasses = kBlockM * kBlockK / 32 / kProducerThreads;
-static_assert(kMxPasses == 4 && kBlockK / kMxBlock == 4, "four MX blocks per K block, one per thread of a quad");
+// pt / 2 + 64 pass, MX blocks 2 (pt % 2) and 2 (pt % 2) + 1 of the K block (32 code bytes; the two threads of a
+// row, neighbours in one warp, read its 64 contiguous bytes). The passes are unrolled: their addresses differ by
+// constants.
+constexpr int kMxPasses = 2;
+constexpr int kMxRowsPerPass = kProducerThreads / 2;
+static_assert(kMxPasses * kMxRowsPerPass == kBlockM && kBlockK / kMxBlock == 4,
+              "four MX blocks per K block, two per thread of a pair, every row of the tile in one of the passes");
 
-// Stages K block kb of the tile's rows from row0 into staging `slot` with cp.async (one commit group): this
-// thread's 16 code bytes per pass, and, for the first thread of a row, the row's four scale bytes (one word: the
-// row's K/32 scale bytes are a multiple of 4). Rows at or past M are zero-filled (never stored).
+// The tile row whose scale word thread pt copies: the pair's rows pt / 2 and pt / 2 + 64, one each, so that both
+// threads of a pair find both words written by their own warp.
+__device__ __forceinline__ int mx_scale_word_row(int pt) { return pt / 2 + kMxRowsPerPass * (pt % 2); }
+
+// Where thread pt copies the codes and scale bytes of one tile from (the tile's K block 0), and which of its rows
+// lie inside the operand (bit pass: row pt / 2 + 64 pass < M; bit kMxPasses: its scale word's row).
+struct MxTileSource {
+  const uint8_t* codes;   // row pt / 2, bytes 32 (pt % 2) ..
+  const uint8_t* scales;  // row mx_scale_word_row(pt)
+  uint32_t valid;
+};
+
+__device__ __forceinline__ MxTileSource mx_tile_source(const Params& p, int pt, int32_t row0) {
+  const int64_t code_ld = int64_t{p.k_blocks} * (kBlockK / 2), scale_ld = int64_t{p.k_blocks} * (kBlockK / kMxBlock);
+  const int64_t r = int64_t{row0} + pt / 2, r_scale = int64_t{row0} + mx_scale_word_row(pt);
+  uint32_t valid = r_scale < p.M ? 1u << kMxPasses : 0u;
+#pragma unroll
+  for (int pass = 0; pass < kMxPasses; ++pass) valid |= r + kMxRowsPerPass * pass < p.M ? 1u << pass : 0u;
+  // Rows past M are never read (their copies zero-fill), so their pointers are clamped to the operand's start.
+  return {valid & 1u ? p.mx_codes + r * code_ld + 32 * (pt % 2) : p.mx_codes,
+          valid >> kMxPasses ? p.mx_scales + r_scale * scale_ld : p.mx_scales, valid};
+}
+
+// Stages K block kb of the tile into staging `slot` with cp.async (one commit group): this thread's 32 code bytes
+// per pass and one row's four scale bytes (one word: the row's K/32 scale bytes are a multiple of 4). Rows at or
+// past M are zero-filled (never stored).
 template <class L>
-__device__ __forceinline__ void stage_mx_block(const ProducerCtx<L>& c, const Params& p, int pt, int32_t row0,
-                                               int32_t kb, int slot) {
+__device__ __forceinline__ void stage_mx_block(const ProducerCtx<L>& c, const Params& p, int pt,
+                                               const MxTileSource& src, int32_t kb, int slot) {
   uint8_t* staged = c.smem + L::kOffStaging + slot * L::kSlotBytes;
   uint32_t* words = reinterpret_cast<uint32_t*>(staged + L::kStagedCodeBytes);
-  const int64_t code_ld = int64_t{p.k_blocks} * (kBlockK / 2), scale_ld = int64_t{p.k_blocks} * (kBlockK / kMxBlock);
-  const int b = pt % 4;
-#pragma unroll 1  // a pass at a time: the producer's register budget
+  const int64_t pass_ld = int64_t{kMxRowsPerPass} * p.k_blocks * (kBlockK / 2);
+  const uint8_t* codes = src.codes + kb * (kBlockK / 2);
+#pragma unroll
   for (int pass = 0; pass < kMxPasses; ++pass) {
-    const int row = 32 * pass + pt / 4;
-    const int64_t r = int64_t{row0} + row;
-    const bool valid = r < p.M;
-    const uint8_t* codes = valid ? p.mx_codes + r * code_ld + kb * (kBlockK / 2) + 16 * b : p.mx_codes;
-    detail::cp_async_16(staged + (pass * kProducerThreads + pt) * 16, codes, valid);
-    if (b == 0)
-      detail::cp_async_4(words + row, valid ? p.mx_scales + r * scale_ld + kb * (kBlockK / kMxBlock) : p.mx_scales,
-                         valid);
+    const bool valid = (src.valid >> pass) & 1u;
+    const uint8_t* from = valid ? codes + pass * pass_ld : p.mx_codes;
+    uint8_t* to = staged + (pass * kProducerThreads + pt) * 32;
+    detail::cp_async_16(to, from, valid);
+    detail::cp_async_16(to + 16, from + 16, valid);
   }
+  const bool valid = (src.valid >> kMxPasses) & 1u;
+  detail::cp_async_4(words + pt, valid ? src.scales + kb * (kBlockK / kMxBlock) : p.mx_scales, valid);
   detail::cp_async_commit();
 }
 
+// 32 E4M3 codes of MX block b (16 code bytes q) of a row whose scale word is `word` and group scale exponent s,
+// with the kernel's tables (luts): the direct rule's bytes (mxfp4_fp8_direct.cuh), 0x7F for a NaN block.
+__device__ __forceinline__ void convert_mx32(const uint2* luts, uint4 q, uint32_t word, int b, int s, uint4& lo,
+                                             uint4& hi) {
+  const uint32_t own = (word >> (8 * b)) & 0xFFu;
+  const bool nan = own == kUE8M0NaN;
+  const int shift = min(max(static_cast<int>(own) - kUE8M0Bias - s, kMxLutShiftMin), kMxLutShiftMax);
+  const uint2 lut = luts[nan ? kMxLutNaN : shift - kMxLutShiftMin];
+  const E2M1ToE4M3Lut t{lut.x, lut.y};
+  const uint32_t sign_mask = nan ? 0u : 0x80808080u;
+  const uint2 e0 = detail::convert8(q.x, t, sign_mask), e1 = detail::convert8(q.y, t, sign_mask);
+  const uint2 e2 = detail::convert8(q.z, t, sign_mask), e3 = detail::convert8(q.w, t, sign_mask);
+  lo = make_uint4(e0.x, e0.y, e1.x, e1.y);
+  hi = make_uint4(e2.x, e2.y, e3.x, e3.y);
+}
+
 // Converts staging `slot` (complete and visible to this warp) into `stage`'s A tile and X scales with the direct
-// rule (mxfp4_fp8_direct.cuh: the bytes of mxfp4_row_to_fp8_row), then hands them to WGMMA: this thread's ordinary
+// rule (the bytes of mxfp4_row_to_fp8_row: mxfp4_fp8_direct.cuh's group scale and code conversion, the block's
+// table read from the kernel's tables instead of computed), then hands them to WGMMA: this thread's ordinary
 // shared-memory writes ordered before the async proxy's reads, and one of the 128 converter arrivals on the
 // stage's full barrier. A tile: K-major, 128 bytes per row, as the copy engine's 128-byte swizzle writes it
 // (16-byte chunk c of row r at chunk c ^ (r % 8), the tile 1024-byte aligned); X scale of tile row i at float i.
@@ -412,20 +462,26 @@ template <class L>
 __device__ __forceinline__ void convert_mx_block(const ProducerCtx<L>& c, int pt, int slot, uint32_t stage) {
   const uint8_t* staged = c.smem + L::kOffStaging + slot * L::kSlotBytes;
   const uint32_t* words = reinterpret_cast<const uint32_t*>(staged + L::kStagedCodeBytes);
-  uint8_t* a = c.smem + L::kOffA + stage * L::kABytes;
-  float* sa = reinterpret_cast<float*>(c.smem + L::kOffSa + stage * L::kSaSlot);
-  const int b = pt % 4;
-#pragma unroll 1  // a pass at a time: the producer's register budget
+  const uint2* luts = reinterpret_cast<const uint2*>(c.smem + L::kOffLut);
+  const int h = pt % 2, r = pt / 2;  // MX blocks 2h, 2h + 1 of rows r + 64 pass
+  // Rows r + 64 pass share r % 8, so each pass writes the same four swizzled chunks of its row.
+  uint8_t* a = c.smem + L::kOffA + stage * L::kABytes + r * kBlockK;
+  float* sa = reinterpret_cast<float*>(c.smem + L::kOffSa + stage * L::kSaSlot) + r;
+#pragma unroll
   for (int pass = 0; pass < kMxPasses; ++pass) {
-    const int row = 32 * pass + pt / 4;
-    const uint4 q = *reinterpret_cast<const uint4*>(staged + (pass * kProducerThreads + pt) * 16);
-    const uint32_t word = words[row];
+    const uint32_t word = words[2 * r + pass];  // copied by thread 2r + pass (mx_scale_word_row)
     const int s = detail::group_scale_exponent(word);
-    const uint32_t own = (word >> (8 * b)) & 0xFFu;
-    uint8_t* a_row = a + row * kBlockK;
-    *reinterpret_cast<uint4*>(a_row + ((2 * b) ^ (row % 8)) * 16) = detail::convert16_block(q.x, q.y, own, s);
-    *reinterpret_cast<uint4*>(a_row + ((2 * b + 1) ^ (row % 8)) * 16) = detail::convert16_block(q.z, q.w, own, s);
-    if (b == 0) sa[row] = exp2_exact(s);
+    const uint4* q = reinterpret_cast<const uint4*>(staged + (pass * kProducerThreads + pt) * 32);
+    uint8_t* a_row = a + kMxRowsPerPass * pass * kBlockK;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int b = 2 * h + j;
+      uint4 lo, hi;
+      convert_mx32(luts, q[j], word, b, s, lo, hi);
+      *reinterpret_cast<uint4*>(a_row + ((2 * b) ^ (r % 8)) * 16) = lo;
+      *reinterpret_cast<uint4*>(a_row + ((2 * b + 1) ^ (r % 8)) * 16) = hi;
+    }
+    if (h == 0) sa[kMxRowsPerPass * pass] = exp2_exact(s);
   }
   sm90::fence_proxy_async_shared();
   sm90::mbar_arrive(&c.full[stage]);
@@ -459,6 +515,7 @@ __device__ __forceinline__ void produce_mx(const ProducerCtx<L>& c, const Params
   };
   for (int32_t t = blockIdx.x; t < c.tiles; t += gridDim.x) {
     const GroupedTile tile = grouped_tile(t, c.s_o, c.s_start, p.G, kBlockM, L::kBlockN, c.col_blocks);
+    const MxTileSource src = mx_tile_source(p, pt, tile.row0);
     for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
       const uint32_t stage = load_pos.ring.stage;
       sm90::mbar_wait(&c.empty[stage], load_pos.ring.phase ^ 1);  // its A tile and scales are ours to write
@@ -466,8 +523,8 @@ __device__ __forceinline__ void produce_mx(const ProducerCtx<L>& c, const Params
         sm90::mbar_arrive_expect_tx(&c.full[stage], L::kTxBytes);
         load_b(c, p, map_b, tile, kb, stage);
       }
-      __syncwarp();  // the row's threads have read the slot's scale word (its previous conversion) before it refills
-      stage_mx_block(c, p, pt, tile.row0, kb, load_pos.slot);
+      __syncwarp();  // the pair has read the slot's scale words (its previous conversion) before they refill
+      stage_mx_block(c, p, pt, src, kb, load_pos.slot);
       load_pos.advance();
       staged.issued(convert_oldest);
     }
@@ -504,6 +561,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (!kMx) sm90::prefetch_tensor_map(&map_a);
     sm90::prefetch_tensor_map(&map_b);
     if constexpr (!kMx) sm90::prefetch_tensor_map(&map_sa);
+  }
+  if constexpr (kMx) {
+    if (threadIdx.x < kMxLutEntries) {
+      const int e = static_cast<int>(threadIdx.x);
+      const E2M1ToE4M3Lut t = e == kMxLutNaN ? E2M1ToE4M3Lut{0x7F7F7F7Fu, 0x7F7F7F7Fu} : e2m1_to_e4m3_lut(e + kMxLutShiftMin);
+      reinterpret_cast<uint2*>(smem + L::kOffLut)[e] = make_uint2(t.lo, t.hi);
+    }
   }
   for (int i = threadIdx.x; i <= p.G; i += kThreads) s_o[i] = p.offsets[i];  // one load in flight per thread
   __syncthreads();
