@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """group_linear_torch: the PyTorch peer of bench_group_linear, run on the same GPU. The same Group Linear (the MoE
 routed experts' linear layer, Y_g = X_g W_g^T over ragged token groups), forward, backward and forward+backward,
-on the same layers, experts, tokens and splits, in two PyTorch recipes:
+on the same layers, experts, tokens and splits, in three PyTorch recipes:
 
     torch_bf16  torch._grouped_mm on BF16 operands (Fprop, Dgrad; Wgrad as the 2d x 2d grouped product dY^T X)
     torch_fp8   torch._scaled_grouped_mm with rowwise FP8 (E4M3) scales, quantization included: X and dY rowwise
                 along the reduction dimension for Fprop and Dgrad, dY and X per expert along tokens for Wgrad
                 (per-group column scales), power-of-two scales as TransformerEngine and torchao round them; the
                 quantizers are plain PyTorch operations (amax, scale, cast), no fused kernels
-    torch_fp8_compiled  torch_fp8 with its quantizers compiled by torch.compile (dynamic shapes, compiled once per
-                process and warmed up before timing): the fused amax/scale/cast kernels a PyTorch user would get,
-                the strongest FP8 peer; the same GEMMs and the same quantization rule as torch_fp8
+    torch_fp8_compiled  torch_fp8 with its quantizers compiled by torch.compile (dynamic shapes, compiled on
+                first use and warmed up before timing): the fused amax/scale/cast kernels a PyTorch user would
+                get, the strongest FP8 peer; the same GEMMs and the same quantization rule as torch_fp8
 
     benchmarks/peers/group_linear_torch.py --h5 PATH [--filter REGEX] [--all] [--min-time S]
     benchmarks/peers/group_linear_torch.py --list [--filter REGEX] [--all]      (no torch needed)
@@ -23,14 +23,14 @@ same format as `bench_group_linear --list_splits`). Each expert's tokens are pad
 (as PyTorch MoE code such as torchtitan pads them for the FP8 grouped GEMMs); FLOPs count the real tokens only.
 Weights are quantized once outside the timed region (once per optimizer step), as in bench_group_linear; dW comes
 out in BF16 (the grouped GEMMs' only output type), where our layer accumulates into an FP32 master gradient.
-Check before timing (once per configuration): outputs finite and mostly nonzero, and for torch_fp8 a relative L2
+Check before timing (once per configuration): outputs finite and mostly nonzero, and for the FP8 recipes a relative L2
 error against the BF16 recipe's outputs below 0.25 (a wrong scale or operand layout fails the case).
 Timing: CUDA events around one pass, at least 5 passes and --min-time seconds after a warm-up; the median.
 
 Writes the table /bench/group_linear_torch into the HDF5 result file PATH (reports/result_file.py; the layout of
 results/h5_file.h): added to the file when it exists (the benchmark's own result file; replaced if already there),
 else a new file with the root attributes of this machine. Written to a temporary copy and renamed. Columns: those of
-/bench/group_linear (case = pass, shape "<layer> e<experts> t<tokens> <split>", recipe torch_bf16 or torch_fp8,
+/bench/group_linear (case = pass, shape "<layer> e<experts> t<tokens> <split>", recipe torch_bf16, torch_fp8 or torch_fp8_compiled,
 time_us, tflops, ...), speedup NaN (the ratios to our recipes are computed by the reproduction suite), plus
 rel_err_vs_bf16 and padded_tokens.
 
@@ -39,6 +39,7 @@ Exit codes: 0 every selected case ran; 1 a case failed or the file could not be 
 """
 
 import argparse
+import importlib
 import math
 import os
 import re
@@ -195,6 +196,11 @@ class Quantizers:
             return quantize_group_columns(torch, t, gid, experts)
 
         if compiled:
+            # Past its recompile limit Dynamo would run a function eagerly without a word: room for every shape.
+            config = importlib.import_module("torch._dynamo").config
+            for limit in ("recompile_limit", "cache_size_limit"):
+                if hasattr(config, limit):
+                    setattr(config, limit, max(64, getattr(config, limit)))
             rows, columns = torch.compile(rows, dynamic=True), torch.compile(columns, dynamic=True)
         self.rows, self.columns = rows, columns
 
@@ -242,7 +248,7 @@ class Workload:
             self.weight_copy_bytes = 2 * g * n * k + 4 * (g * n + g * k)
         else:
             self.weight_copy_bytes = 0
-        # Held from forward to backward: the BF16 X in both recipes (torch_fp8 quantizes X per expert along tokens
+        # Held from forward to backward: the BF16 X in every recipe (the FP8 recipes quantize X per expert along tokens
         # again in backward, as torchao's float8 grouped GEMM keeps the high-precision input).
         self.held_bytes = 2 * self.padded_tokens * k
         self.y = self.dx = self.dw = None
@@ -330,7 +336,7 @@ def table_attributes(torch, command):
         "tflops": "fwd 2 M N K, bwd 4 M N K, fwd+bwd 6 M N K over time_us; M = tokens (real, not padded)",
         "speedup": "NaN: the ratios to bench_group_linear's recipes are computed by the reproduction suite",
         "speedup_vs_bf16": "time of torch_bf16 over this row's, same pass and shape",
-        "held_bytes": "activation bytes kept from forward to backward: the BF16 X (padded) in both recipes",
+        "held_bytes": "activation bytes kept from forward to backward: the BF16 X (padded) in every recipe",
         "weight_copy_bytes": "FP8 copies of W and W^T with their rowwise scales (0 for torch_bf16)",
         "rel_err_vs_bf16": "largest relative L2 error of Y, dX, dW against torch_bf16 (the FP8 recipes' rows)",
         "padded_tokens": "routed tokens after padding each expert to a multiple of 16",
@@ -414,7 +420,8 @@ def measure(torch, cases, min_time_s):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="PyTorch peer of bench_group_linear (torch._grouped_mm BF16, "
-                                            "torch._scaled_grouped_mm rowwise FP8)")
+                                            "torch._scaled_grouped_mm rowwise FP8, its quantizers plain or "
+                                            "compiled)")
     p.add_argument("--h5", help="HDF5 result file to add /bench/group_linear_torch to (created if absent)")
     p.add_argument("--filter", default="", help="regular expression on case names (re.search), as "
                                                 "--benchmark_filter for bench_group_linear")

@@ -383,8 +383,8 @@ __device__ __forceinline__ void produce_fp8(const ProducerCtx<L>& c, const Param
 
 // MXFP4 row operand, the producer warpgroup's thread pt (0..127) in each of kMxPasses passes: tile row
 // pt / 2 + 64 pass, MX blocks 2 (pt % 2) and 2 (pt % 2) + 1 of the K block (32 code bytes; the two threads of a
-// row, neighbours in one warp, read its 64 contiguous bytes). The passes are unrolled: their addresses differ by
-// constants.
+// row, neighbours in one warp, read its 64 contiguous bytes). The passes are unrolled: their shared-memory addresses
+// differ by constants, their global ones by 64 rows of the operand.
 constexpr int kMxPasses = 2;
 constexpr int kMxRowsPerPass = kProducerThreads / 2;
 static_assert(kMxPasses * kMxRowsPerPass == kBlockM && kBlockK / kMxBlock == 4,

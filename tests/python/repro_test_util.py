@@ -73,8 +73,8 @@ def quant_table(seed):
 def gemm_table(seed):
     """/bench/grouped_gemm columns: Fprop/Dgrad/Wgrad x BF16/FP8 over three grouped shapes (ragged 8 and 32
     experts, even 8) and their dense ceilings, each grouped shape on one stream (tuning "none") and two ("s2"); the
-    Hopper kernel (fp8_sm90) on one stream at the grouped shapes, and MXFP4 Fprop read directly and converted first
-    (mxfp4_sm90, mxfp4_cvt_sm90) at the ragged ones."""
+    Hopper kernel (fp8_sm90) at the grouped shapes in its default variant (tuning "none") and one other, and MXFP4
+    Fprop read directly and converted first (mxfp4_sm90, mxfp4_cvt_sm90) at the ragged ones."""
     rng = np.random.default_rng(seed)
     cols = {c: [] for c in ["case", "shape", "recipe", "time_us", "tflops", "gbps", "fraction_of_copy_bw", "speedup",
                             "fraction_of_dense", "experts", "n", "k", "tuning"]}
@@ -106,15 +106,20 @@ def gemm_table(seed):
     # converted first (mxfp4_cvt_sm90).
     fp8 = [i for i in range(len(cols["case"])) if cols["recipe"][i] == "fp8" and cols["tuning"][i] == "none"
            and not cols["case"][i].endswith("_dense")]
+    # Each fp8_sm90 row has a variant beside it (a forced tile width, or the Wgrad kernel's serial promotion), which
+    # the rows of the default variant must leave out.
     for i in fp8:
-        recipes = [("fp8_sm90", cols["time_us"][i] / float(rng.uniform(0.6, 1.3)))]
+        variant = "serial" if cols["case"][i] == "wgrad" else "n128"
+        recipes = [("fp8_sm90", "none", cols["time_us"][i] / float(rng.uniform(0.6, 1.3))),
+                   ("fp8_sm90", variant, cols["time_us"][i] / float(rng.uniform(0.6, 1.3)))]
         if cols["case"][i] == "fprop" and not cols["shape"][i].endswith("even"):
             t_cvt = cols["time_us"][i] / float(rng.uniform(0.8, 1.2))
-            recipes += [("mxfp4_cvt_sm90", t_cvt), ("mxfp4_sm90", t_cvt / float(rng.uniform(0.4, 1.1)))]
-        for recipe, t in recipes:
+            recipes += [("mxfp4_cvt_sm90", "none", t_cvt), ("mxfp4_sm90", "none", t_cvt / float(rng.uniform(0.4, 1.1)))]
+        for recipe, tuning, t in recipes:
             for c in cols:
                 cols[c].append(cols[c][i])
             cols["recipe"][-1] = recipe
+            cols["tuning"][-1] = tuning
             cols["time_us"][-1] = t
             cols["tflops"][-1] = 2 * 16384 * cols["n"][i] * cols["k"][i] / t * 1e-6
             cols["speedup"][-1] = math.nan

@@ -278,19 +278,22 @@ class OursValues(unittest.TestCase):
                      and "over the per-expert cuBLASLt path" in r["row"])
             lt = {g["shape"][i]: g["time_us"][i] for i in util.rows_where(g, case=op, recipe="fp8", tuning="none")
                   if not g["shape"][i].endswith(("even", "16384"))}
-            ours_t = {g["shape"][i]: g["time_us"][i] for i in util.rows_where(g, case=op, recipe="fp8_sm90")
+            ours_t = {g["shape"][i]: g["time_us"][i]
+                      for i in util.rows_where(g, case=op, recipe="fp8_sm90", tuning="none")
                       if not g["shape"][i].endswith("even")}
             self.assertEqual(sorted(lt), sorted(ours_t))
             self.assertEqual(r["count"], 4)
             self.assertAlmostEqual(r["ours"], util.geomean([lt[k] / ours_t[k] for k in lt]), places=12)
-        deepgemm = next(r for r in rows.values() if r["paper"] == "1346")
-        (t,) = self.col(g, "tflops", case="fprop", recipe="fp8_sm90", shape="up 8x2048")
-        self.assertEqual(deepgemm["ours"], t)
+        for paper, shape in (("1346", "up 8x2048"), ("1214", "down 8x2048")):
+            deepgemm = next(r for r in rows.values() if r["paper"] == paper)
+            (t,) = self.col(g, "tflops", case="fprop", recipe="fp8_sm90", shape=shape, tuning="none")
+            self.assertEqual(deepgemm["ours"], t)
         k_grouped = [r for r in rows.values() if r["paper"] == "813-873"]
         self.assertEqual(len(k_grouped), 2)
-        (t,) = self.col(g, "tflops", case="wgrad", recipe="fp8_sm90", shape="up 8x2048")
-        self.assertEqual(k_grouped[0]["ours"], t)
-        self.assertAlmostEqual(k_grouped[0]["ratio"], t / 843, places=12)
+        for r, shape in zip(k_grouped, ("up 8x2048", "down 8x2048")):
+            (t,) = self.col(g, "tflops", case="wgrad", recipe="fp8_sm90", shape=shape, tuning="none")
+            self.assertEqual(r["ours"], t)
+            self.assertAlmostEqual(r["ratio"], t / 843, places=12)
         direct = next(r for r in rows.values() if r["row"].startswith("Fprop, MXFP4 row operand read directly"))
         cvt = {g["shape"][i]: g["time_us"][i] for i in util.rows_where(g, recipe="mxfp4_cvt_sm90")}
         mx = {g["shape"][i]: g["time_us"][i] for i in util.rows_where(g, recipe="mxfp4_sm90")}
@@ -503,7 +506,7 @@ class FakeMachine(Tmp):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("[1/2] conversion_kernels: bench_quant (filter ", r.stdout)
         self.assertIn("[2/2] group_linear_gemm: bench_grouped_gemm (filter ", r.stdout)
-        self.assertRegex(r.stdout, r"\[2/2\] group_linear_gemm: done in \d+s, /bench/grouped_gemm 110 rows")
+        self.assertRegex(r.stdout, r"\[2/2\] group_linear_gemm: done in \d+s, /bench/grouped_gemm 128 rows")
         runs = os.listdir(self.path("runs"))
         (h5,) = [n for n in runs if n.endswith(".h5")]
         self.assertRegex(h5, r"^\d{8}-\d{6}-nvidia-h200\.h5$")
