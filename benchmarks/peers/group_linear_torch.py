@@ -30,8 +30,8 @@ Timing: CUDA events around one pass, at least 5 passes and --min-time seconds af
 Writes the table /bench/group_linear_torch into the HDF5 result file PATH (reports/result_file.py; the layout of
 results/h5_file.h): added to the file when it exists (the benchmark's own result file; replaced if already there),
 else a new file with the root attributes of this machine. Written to a temporary copy and renamed. Columns: those of
-/bench/group_linear (case = pass, shape "<layer> e<experts> t<tokens> <split>", recipe torch_bf16, torch_fp8 or torch_fp8_compiled,
-time_us, tflops, ...), speedup NaN (the ratios to our recipes are computed by the reproduction suite), plus
+/bench/group_linear (case = pass, shape "<layer> e<experts> t<tokens> <split>", recipe torch_bf16, torch_fp8 or
+torch_fp8_compiled, time_us, tflops, ...), speedup NaN (the ratios to our recipes are computed by the reproduction suite), plus
 rel_err_vs_bf16 and padded_tokens.
 
 Exit codes: 0 every selected case ran; 1 a case failed or the file could not be written; 2 bad arguments;

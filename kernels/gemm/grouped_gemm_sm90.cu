@@ -565,7 +565,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kMx) {
     if (threadIdx.x < kMxLutEntries) {
       const int e = static_cast<int>(threadIdx.x);
-      const E2M1ToE4M3Lut t = e == kMxLutNaN ? E2M1ToE4M3Lut{0x7F7F7F7Fu, 0x7F7F7F7Fu} : e2m1_to_e4m3_lut(e + kMxLutShiftMin);
+      const E2M1ToE4M3Lut t =
+          e == kMxLutNaN ? E2M1ToE4M3Lut{0x7F7F7F7Fu, 0x7F7F7F7Fu} : e2m1_to_e4m3_lut(e + kMxLutShiftMin);
       reinterpret_cast<uint2*>(smem + L::kOffLut)[e] = make_uint2(t.lo, t.hi);
     }
   }

@@ -18,7 +18,8 @@ $NCU -i $R/mx_up.ncu-rep --page details > $R/ncu_details.txt 2>&1
 $NCU -i $R/mx_up.ncu-rep --page source --csv --print-source sass > $R/ncu_source.csv 2>&1; t "ncu export rc=$?"
 cp kernels/gemm/grouped_gemm_sm90.cu /tmp/orig.cu
 for v in v1 v2; do
-  cp .deps/mx/$v.cu kernels/gemm/grouped_gemm_sm90.cu
+  cp /tmp/orig.cu kernels/gemm/grouped_gemm_sm90.cu
+  patch -p1 < "$(dirname "$0")/variant_$v.diff"
   cmake --build build -j 16 --target bench_grouped_gemm > $R/build_$v.log 2>&1; t "build $v rc=$?"
   build/benchmarks/bench_grouped_gemm --benchmark_filter="$F" > $R/bench_$v.log 2>&1; t "bench $v rc=$?"
 done
